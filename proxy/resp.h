@@ -1,0 +1,69 @@
+/* resp.h - I/O-free, incremental RESP request parser and reply scanner.
+ *
+ * Both work on a caller-owned byte buffer whose first byte is the first
+ * unconsumed byte of the stream. A call either completes one message (and
+ * says how many bytes it spans) or asks for more bytes; in that case the
+ * caller keeps those bytes, appends new ones, and calls again with the same
+ * prefix: the parser resumes where it stopped instead of rescanning. */
+#ifndef FERRY_RESP_H
+#define FERRY_RESP_H
+
+#include <stddef.h>
+
+#define RESP_OK 0     /* one message complete */
+#define RESP_AGAIN 1  /* incomplete: call again with more bytes */
+#define RESP_ERR (-1) /* protocol error: errstr says which; sticky */
+
+#define RESP_DEFAULT_MAX_BULK_LEN (512UL * 1024 * 1024) /* proto-max-bulk-len */
+#define RESP_DEFAULT_MAX_ARGS (1024UL * 1024)           /* multibulk length cap */
+#define RESP_DEFAULT_MAX_INLINE_LEN (64UL * 1024)       /* PROTO_INLINE_MAX_SIZE */
+
+typedef struct resp_limits {
+    size_t max_bulk_len;   /* longest bulk string argument */
+    size_t max_args;       /* most arguments in one request */
+    size_t max_inline_len; /* longest inline command line */
+} resp_limits;
+
+typedef struct resp_arg {
+    const char *ptr; /* into the caller's buffer, or the parser's scratch (inline) */
+    size_t len;
+} resp_arg;
+
+typedef struct resp_request {
+    size_t len;           /* bytes of input this request spans (consume them) */
+    int is_inline;        /* 1 if sent as an inline command */
+    size_t argc;          /* 0 for an empty line / empty multibulk: ignore it */
+    const resp_arg *argv; /* argc entries; valid until the next call or free */
+} resp_request;
+
+typedef struct resp_parser resp_parser;
+
+/* Returns a new parser with the given limits (NULL: the defaults); aborts on OOM. */
+resp_parser *resp_parser_new(const resp_limits *limits);
+void resp_parser_free(resp_parser *p); /* accepts NULL */
+/* Forget any partial request (the caller dropped its buffer). Clears errors. */
+void resp_parser_reset(resp_parser *p);
+
+/* Parse the next request from buf[0..len). On RESP_OK fills *req (pointers
+ * valid until the next call on this parser and while buf is unchanged). On
+ * RESP_ERR the error is sticky and resp_parser_error() returns the text Redis
+ * would send after "-ERR ", e.g. "Protocol error: invalid bulk length". */
+int resp_parse_request(resp_parser *p, const char *buf, size_t len, resp_request *req);
+const char *resp_parser_error(const resp_parser *p);
+
+/* Reply scanner: frames one complete reply (RESP2, and RESP3 types for later)
+ * without building objects; the bytes are forwarded as Redis sent them.
+ * State is a position and a count of pending elements: no allocation. */
+typedef struct resp_scanner {
+    size_t pos;      /* bytes of the current reply already scanned */
+    long long need;  /* elements still missing to complete the reply */
+    int err;         /* sticky: nonzero after a protocol error */
+    char errstr[128];
+} resp_scanner;
+
+void resp_scanner_init(resp_scanner *s);
+/* Frame the next reply in buf[0..len). RESP_OK: *reply_len is its length and
+ * the scanner is ready for the next one. RESP_AGAIN: keep the bytes. */
+int resp_scan_reply(resp_scanner *s, const char *buf, size_t len, size_t *reply_len);
+
+#endif
