@@ -37,6 +37,10 @@ typedef struct config {
     int nsentinels;
     char *sentinel_username;                   /* sentinel.username (to sentinels) */
     char *sentinel_password;                   /* sentinel.password (to sentinels) */
+    uint64_t sentinel_resolve_interval_ms;     /* sentinel.resolve_interval_ms (1000):
+                                                  how often the master is re-asked */
+    uint64_t sentinel_timeout_ms;              /* sentinel.timeout_ms (1000): connect and
+                                                  reply timeout towards one sentinel */
     /* Redis credentials in sentinel mode also come from redis.username/password
      * given without redis.address. */
 
@@ -73,6 +77,17 @@ typedef struct config {
     char *fallback_path;                       /* fallback.path, NULL = none */
 
     uint64_t shutdown_timeout_ms;              /* shutdown_timeout_ms (5000) */
+
+    /* durability: checks on the master's persistence and replication */
+    int require_aof;                           /* durability.require_aof (0): refuse
+                                                  writes unless appendonly is yes */
+    int replicas_ack;                          /* durability.replicas_ack (0 = off, 0..16):
+                                                  replicas that must ack writes (WAIT) */
+    uint64_t replicas_ack_timeout_ms;          /* durability.replicas_ack_timeout_ms (1000) */
+    uint64_t enforce_interval_ms;              /* durability.enforce_interval_ms (5000):
+                                                  how often the checks are re-run */
+    char *config_command;                      /* durability.config_command ("CONFIG"):
+                                                  the master's name for CONFIG, if renamed */
 } config;
 
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the

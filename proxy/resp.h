@@ -9,6 +9,7 @@
 #define FERRY_RESP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define RESP_OK 0     /* one message complete */
 #define RESP_AGAIN 1  /* incomplete: call again with more bytes */
@@ -17,7 +18,20 @@
 #define RESP_DEFAULT_MAX_BULK_LEN (512UL * 1024 * 1024) /* proto-max-bulk-len */
 #define RESP_DEFAULT_MAX_ARGS (1024UL * 1024)           /* multibulk length cap */
 #define RESP_DEFAULT_MAX_INLINE_LEN (64UL * 1024)       /* PROTO_INLINE_MAX_SIZE */
+#define RESP_MAX_COUNT_LINE (64UL * 1024) /* longest *N or $N line of a request */
 
+/* Reply scanner bounds: longest header line (type byte included, CRLF not),
+ * largest aggregate count, largest bulk, most pending elements. */
+#define RESP_MAX_REPLY_LINE (64UL * 1024)
+#define RESP_MAX_REPLY_COUNT 2147483647LL
+#define RESP_MAX_REPLY_BULK ((unsigned long long)(SIZE_MAX >> 1))
+#define RESP_MAX_REPLY_NEED (1LL << 62)
+
+/* The one request error Redis has no text for: it silently skips the two
+ * bytes after bulk data; ferry insists they are CRLF. */
+#define RESP_ERR_BULK_FORMAT "Protocol error: invalid bulk format"
+
+/* A zero field means its default. */
 typedef struct resp_limits {
     size_t max_bulk_len;   /* longest bulk string argument */
     size_t max_args;       /* most arguments in one request */
@@ -49,7 +63,7 @@ void resp_parser_reset(resp_parser *p);
  * RESP_ERR the error is sticky and resp_parser_error() returns the text Redis
  * would send after "-ERR ", e.g. "Protocol error: invalid bulk length". */
 int resp_parse_request(resp_parser *p, const char *buf, size_t len, resp_request *req);
-const char *resp_parser_error(const resp_parser *p);
+const char *resp_parser_error(const resp_parser *p); /* "" when none */
 
 /* Reply scanner: frames one complete reply (RESP2, and RESP3 types for later)
  * without building objects; the bytes are forwarded as Redis sent them.

@@ -1,0 +1,117 @@
+/* buf.c - growable byte buffers and double-buffered socket output. */
+#include "buf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.h"
+
+#define BUF_MIN 512
+
+void buf_init(buf *b)
+{
+    b->data = NULL;
+    b->pos = b->len = b->cap = 0;
+}
+
+void buf_free(buf *b)
+{
+    free(b->data);
+    buf_init(b);
+}
+
+void buf_reserve(buf *b, size_t n)
+{
+    if (b->cap - b->len >= n) {
+        return;
+    }
+    if (b->pos > 0 && b->cap - (b->len - b->pos) >= n && b->pos >= (b->len - b->pos)) {
+        /* Compact instead of growing when the live part is small. */
+        memmove(b->data, b->data + b->pos, b->len - b->pos);
+        b->len -= b->pos;
+        b->pos = 0;
+        return;
+    }
+    size_t need = b->len + n;
+    size_t cap = b->cap ? b->cap : BUF_MIN;
+    while (cap < need) {
+        cap = cap < (64u << 20) ? cap * 2 : cap + (64u << 20);
+    }
+    b->data = xrealloc(b->data, cap);
+    b->cap = cap;
+}
+
+void buf_append(buf *b, const void *p, size_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    buf_reserve(b, n);
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+void buf_append_str(buf *b, const char *s)
+{
+    buf_append(b, s, strlen(s));
+}
+
+void buf_consume(buf *b, size_t n)
+{
+    b->pos += n;
+    if (b->pos >= b->len) {
+        b->pos = b->len = 0;
+    }
+}
+
+void buf_clear(buf *b)
+{
+    b->pos = b->len = 0;
+}
+
+void buf_shrink(buf *b, size_t keep)
+{
+    if (b->cap > keep && buf_used(b) == 0) {
+        buf_free(b);
+    }
+}
+
+void outq_init(outq *q)
+{
+    buf_init(&q->fill);
+    buf_init(&q->busy);
+    memset(&q->wreq, 0, sizeof(q->wreq));
+    q->writing = 0;
+}
+
+void outq_free(outq *q)
+{
+    buf_free(&q->fill);
+    buf_free(&q->busy);
+}
+
+int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
+{
+    if (q->writing || buf_used(&q->fill) == 0) {
+        return 1;
+    }
+    /* Swap: the filled buffer goes to libuv, the drained one takes new bytes. */
+    buf tmp = q->busy;
+    q->busy = q->fill;
+    q->fill = tmp;
+    buf_clear(&q->fill);
+    uv_buf_t ub = uv_buf_init(buf_head(&q->busy), (unsigned int)buf_used(&q->busy));
+    int rc = uv_write(&q->wreq, stream, &ub, 1, cb);
+    if (rc < 0) {
+        return rc;
+    }
+    q->writing = 1;
+    return 0;
+}
+
+void outq_done(outq *q)
+{
+    q->writing = 0;
+    buf_clear(&q->busy);
+    buf_shrink(&q->busy, 1u << 20);
+}

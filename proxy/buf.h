@@ -1,0 +1,59 @@
+/* buf.h - growable byte buffers with a read cursor, and the double-buffered
+ * output queue every socket uses (one buffer filling while the other is
+ * being written by libuv, which needs it intact until the write callback). */
+#ifndef FERRY_BUF_H
+#define FERRY_BUF_H
+
+#include <stddef.h>
+#include <uv.h>
+
+typedef struct buf {
+    char *data; /* heap storage, NULL when empty and never used */
+    size_t pos; /* first unconsumed byte */
+    size_t len; /* end of valid bytes */
+    size_t cap; /* bytes allocated */
+} buf;
+
+/* Unconsumed bytes. */
+static inline size_t buf_used(const buf *b)
+{
+    return b->len - b->pos;
+}
+
+static inline char *buf_head(const buf *b)
+{
+    return b->data + b->pos;
+}
+
+void buf_init(buf *b);
+void buf_free(buf *b);
+/* Make room for n more bytes after len (compacting consumed bytes first). */
+void buf_reserve(buf *b, size_t n);
+void buf_append(buf *b, const void *p, size_t n);
+void buf_append_str(buf *b, const char *s);
+/* Consume n bytes from the front; resets to empty when all are consumed. */
+void buf_consume(buf *b, size_t n);
+void buf_clear(buf *b);
+/* Drop the storage if it grew past keep bytes (so idle objects stay small). */
+void buf_shrink(buf *b, size_t keep);
+
+typedef struct outq {
+    buf fill;        /* bytes queued, not yet handed to libuv */
+    buf busy;        /* bytes being written */
+    uv_write_t wreq; /* the write in progress; wreq.data = owner */
+    int writing;     /* 1 while wreq is in flight */
+} outq;
+
+void outq_init(outq *q);
+void outq_free(outq *q);
+static inline size_t outq_len(const outq *q)
+{
+    return buf_used(&q->fill) + buf_used(&q->busy);
+}
+/* Start writing what is queued if no write is in flight. Returns 0, a
+ * negative uv error (cb is not called), or 1 when nothing was started. */
+int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
+/* Call from the write callback: marks the write done, drops its bytes. */
+void outq_done(outq *q);
+
+#endif

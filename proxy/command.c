@@ -1,0 +1,196 @@
+/* command.c - lookups in the generated Redis 7.0 command table
+ * (command_table.h): a hash index for top-level names, binary search within a
+ * container's subcommands, and the argument-dependent blocking check. */
+#include "command.h"
+
+#include "command_table.h"
+
+#include <stdint.h>
+
+#define FNV_PRIME 16777619u /* 32-bit FNV-1a, as scripts/gen-commands */
+
+static unsigned char lower_ascii(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z') {
+        return (unsigned char)(c - 'A' + 'a');
+    }
+    return c;
+}
+
+/* Compares a NUL-terminated table name with key[0..len) (already lowercase)
+ * in byte order, as the generator sorts: <0, 0 or >0 like strcmp. */
+static int compare_name(const char *entry, const unsigned char *key, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char e = (unsigned char)entry[i];
+        if (e == '\0') {
+            return -1; /* entry is a proper prefix of key */
+        }
+        if (e != key[i]) {
+            return (int)e - (int)key[i];
+        }
+    }
+    return entry[len] == '\0' ? 0 : 1;
+}
+
+const command *command_lookup(const char *name, size_t len)
+{
+    unsigned char lower[COMMAND_NAME_MAX];
+    uint32_t hash = COMMAND_HASH_SEED;
+
+    if (name == NULL || len == 0 || len > COMMAND_NAME_MAX) {
+        return NULL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        lower[i] = lower_ascii((unsigned char)name[i]);
+        hash ^= lower[i];
+        hash *= FNV_PRIME;
+    }
+    size_t pos = hash & (COMMAND_HASH_SIZE - 1);
+    for (int probe = 0; probe < COMMAND_HASH_MAX_PROBE; probe++) {
+        unsigned slot = command_hash_slots[pos];
+        if (slot == 0) {
+            return NULL;
+        }
+        const command *cmd = &command_entries[slot - 1];
+        if (compare_name(cmd->name, lower, len) == 0) {
+            return cmd;
+        }
+        pos = (pos + 1) & (COMMAND_HASH_SIZE - 1);
+    }
+    return NULL;
+}
+
+/* The subcommand of container whose name after "container|" is sub (any
+ * case), or NULL. */
+static const command *subcommand_lookup(const command *container, const char *sub, size_t len)
+{
+    unsigned char lower[COMMAND_SUBNAME_MAX];
+    size_t prefix = 0;
+
+    if (sub == NULL || len == 0 || len > COMMAND_SUBNAME_MAX) {
+        return NULL;
+    }
+    for (size_t i = 0; i < len; i++) {
+        lower[i] = lower_ascii((unsigned char)sub[i]);
+    }
+    while (container->name[prefix] != '\0') {
+        prefix++;
+    }
+    prefix++; /* the '|' */
+
+    size_t lo = 0;
+    size_t hi = container->nsub;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int cmp = compare_name(container->sub[mid].name + prefix, lower, len);
+        if (cmp == 0) {
+            return &container->sub[mid];
+        }
+        if (cmp < 0) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return NULL;
+}
+
+const command *command_lookup_argv(size_t argc, const char *const *argv, const size_t *lens)
+{
+    if (argc == 0 || argv == NULL || lens == NULL) {
+        return NULL;
+    }
+    const command *cmd = command_lookup(argv[0], lens[0]);
+    if (cmd != NULL && cmd->nsub > 0 && argc >= 2) {
+        const command *sub = subcommand_lookup(cmd, argv[1], lens[1]);
+        if (sub != NULL) {
+            return sub;
+        }
+    }
+    return cmd;
+}
+
+const command *command_table(size_t *count)
+{
+    if (count != NULL) {
+        *count = COMMAND_TABLE_COUNT;
+    }
+    return command_entries;
+}
+
+/* True if arg[0..len) equals the lowercase word, in any case. */
+static int arg_is(const char *arg, size_t len, const char *word)
+{
+    size_t i = 0;
+    for (; i < len; i++) {
+        if (word[i] == '\0' || lower_ascii((unsigned char)arg[i]) != (unsigned char)word[i]) {
+            return 0;
+        }
+    }
+    return word[i] == '\0';
+}
+
+/* Parses XREAD/XREADGROUP options the way Redis 7.0 does (xreadCommand) up to
+ * STREAMS: blocks only with a BLOCK option; option values are skipped, so a
+ * group or consumer named "block" does not count. A request Redis rejects
+ * with a syntax error does not block. */
+static int xread_blocks(int group, size_t argc, const char *const *argv, const size_t *lens)
+{
+    for (size_t i = 1; i < argc; i++) {
+        size_t more = argc - i - 1;
+        if (arg_is(argv[i], lens[i], "block") && more > 0) {
+            return 1;
+        } else if (arg_is(argv[i], lens[i], "count") && more > 0) {
+            i++;
+        } else if (arg_is(argv[i], lens[i], "streams") && more > 0) {
+            return 0;
+        } else if (group && arg_is(argv[i], lens[i], "group") && more >= 2) {
+            i += 2;
+        } else if (group && arg_is(argv[i], lens[i], "noack")) {
+            continue;
+        } else {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+int command_is_blocking(const command *cmd, size_t argc, const char *const *argv,
+                        const size_t *lens)
+{
+    if (cmd == NULL || cmd->cls != CMD_BLOCKING) {
+        return 0;
+    }
+    if (cmd->name[0] == 'x') {
+        int group = compare_name(cmd->name, (const unsigned char *)"xreadgroup", 10) == 0;
+        if (group || compare_name(cmd->name, (const unsigned char *)"xread", 5) == 0) {
+            if (argv == NULL || lens == NULL) {
+                return 0;
+            }
+            return xread_blocks(group, argc, argv, lens);
+        }
+    }
+    return 1;
+}
+
+const char *command_class_name(command_class cls)
+{
+    switch (cls) {
+    case CMD_STATELESS:
+        return "stateless";
+    case CMD_BLOCKING:
+        return "blocking";
+    case CMD_PUBSUB:
+        return "pubsub";
+    case CMD_TRANSACTION:
+        return "transaction";
+    case CMD_CONNSTATE:
+        return "connstate";
+    case CMD_DENIED:
+        return "denied";
+    case CMD_LOCAL:
+        return "local";
+    }
+    return "unknown";
+}

@@ -1,0 +1,258 @@
+/* core.c - the context's life: start-up, the per-turn flush that coalesces
+ * every session's and link's output into one write each, the periodic tick
+ * (timeouts, health pings, reconnects), signals and graceful shutdown. */
+#include "core.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "session.h"
+#include "upstream.h"
+
+#define TICK_MS 50
+
+void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (p == NULL) {
+        log_error("out of memory allocating %zu bytes", n);
+        abort();
+    }
+    return p;
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (p == NULL) {
+        log_error("out of memory allocating %zu bytes", n * size);
+        abort();
+    }
+    return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (q == NULL) {
+        log_error("out of memory allocating %zu bytes", n);
+        abort();
+    }
+    return q;
+}
+
+char *xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+const char *ferry_strerror(int err)
+{
+    switch (err) {
+    case FERRY_EPROTO:
+        return "protocol error";
+    case FERRY_ECONFIG:
+        return "bad configuration";
+    case FERRY_ETIMEDOUT:
+        return "timed out";
+    case FERRY_EAUTH:
+        return "authentication refused";
+    default:
+        return err < 0 && err > -4096 ? uv_strerror(err) : "unknown error";
+    }
+}
+
+static void flush_cb(uv_prepare_t *h)
+{
+    ferry *f = h->data;
+    while (!list_empty(&f->dirty_links)) {
+        list_node *n = list_first(&f->dirty_links);
+        link *l = list_entry(n, link, dirty_node);
+        list_del(n);
+        link_flush(l);
+    }
+    session_flush_all(f);
+}
+
+static void close_everything(ferry *f)
+{
+    if (f->closed) {
+        return;
+    }
+    f->closed = 1;
+    server_stop(f);
+    session_stop_all(f, 1);
+    if (f->up != NULL) {
+        upstream_close(f->up);
+    }
+    uv_prepare_stop(&f->flush);
+    uv_timer_stop(&f->tick);
+    uv_close((uv_handle_t *)&f->flush, NULL);
+    uv_close((uv_handle_t *)&f->tick, NULL);
+    uv_close((uv_handle_t *)&f->sig_term, NULL);
+    uv_close((uv_handle_t *)&f->sig_int, NULL);
+    uv_close((uv_handle_t *)&f->sig_hup, NULL);
+}
+
+static int busy_sessions(ferry *f)
+{
+    int n = 0;
+    list_node *p;
+    list_foreach(p, &f->sessions)
+    {
+        n++;
+    }
+    return n;
+}
+
+static void tick_cb(uv_timer_t *h)
+{
+    ferry *f = h->data;
+    uint64_t now = uv_now(f->loop);
+
+    if (f->up != NULL) {
+        upstream_tick(f->up, now);
+    }
+    session_tick(f, now);
+    if (f->stopping) {
+        session_stop_all(f, 0);
+        if (busy_sessions(f) == 0) {
+            log_info("all clients done; exiting");
+            close_everything(f);
+        } else if (now >= f->stop_deadline) {
+            log_warn("shutdown timeout: closing %d client(s) with work in flight",
+                     busy_sessions(f));
+            close_everything(f);
+        }
+    }
+}
+
+void core_stop(ferry *f, const char *why)
+{
+    if (f->stopping) {
+        return;
+    }
+    log_info("stopping (%s): no new clients, finishing requests in flight", why);
+    f->stopping = 1;
+    f->stop_deadline = uv_now(f->loop) + f->cfg->shutdown_timeout_ms;
+    server_stop(f);
+    session_stop_all(f, 0);
+}
+
+static void signal_cb(uv_signal_t *h, int signum)
+{
+    ferry *f = h->data;
+    if (signum == SIGHUP) {
+        int rc = log_reopen();
+        if (rc < 0) {
+            log_error("SIGHUP: cannot reopen the log file: %s", uv_strerror(rc));
+        } else {
+            log_info("SIGHUP: log file reopened");
+        }
+        return;
+    }
+    if (f->stopping) {
+        log_warn("second %s: exiting now", signum == SIGINT ? "SIGINT" : "SIGTERM");
+        close_everything(f);
+        return;
+    }
+    core_stop(f, signum == SIGINT ? "SIGINT" : "SIGTERM");
+}
+
+int core_init(ferry *f, uv_loop_t *loop, config *cfg)
+{
+    memset(f, 0, sizeof(*f));
+    f->loop = loop;
+    f->cfg = cfg;
+    loop->data = f;
+    f->limits.max_bulk_len = cfg->max_bulk_len;
+    f->limits.max_args = cfg->max_args;
+    f->limits.max_inline_len = cfg->max_inline_len;
+    list_init(&f->sessions);
+    list_init(&f->waiting);
+    list_init(&f->dirty);
+    list_init(&f->dirty_links);
+    list_init(&f->free_reqs);
+    f->started_ms = uv_now(loop);
+
+    /* Resolve the deny list once; entries Redis 7.0 does not know are kept
+     * out (a warning names them). */
+    for (int i = 0; i < cfg->ndeny; i++) {
+        const char *words[2];
+        size_t lens[2];
+        char tmp[128];
+        snprintf(tmp, sizeof(tmp), "%s", cfg->deny[i]);
+        char *sp = strchr(tmp, ' ');
+        size_t n = 1;
+        words[0] = tmp;
+        if (sp != NULL) {
+            *sp = '\0';
+            words[1] = sp + 1;
+            lens[1] = strlen(sp + 1);
+            n = 2;
+        }
+        lens[0] = strlen(tmp);
+        const command *c = command_lookup_argv(n, words, lens);
+        if (c == NULL || (n == 2 && c->sub != NULL)) {
+            log_warn("deny: '%s' is not a Redis 7.0 command; ignored", cfg->deny[i]);
+            continue;
+        }
+        f->deny[f->ndeny++] = c;
+    }
+
+    uv_prepare_init(loop, &f->flush);
+    f->flush.data = f;
+    uv_prepare_start(&f->flush, flush_cb);
+    uv_timer_init(loop, &f->tick);
+    f->tick.data = f;
+    uv_signal_init(loop, &f->sig_term);
+    uv_signal_init(loop, &f->sig_int);
+    uv_signal_init(loop, &f->sig_hup);
+    f->sig_term.data = f->sig_int.data = f->sig_hup.data = f;
+    uv_signal_start(&f->sig_term, signal_cb, SIGTERM);
+    uv_signal_start(&f->sig_int, signal_cb, SIGINT);
+    uv_signal_start(&f->sig_hup, signal_cb, SIGHUP);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = server_start(f);
+    if (rc < 0) {
+        close_everything(f);
+        uv_run(loop, UV_RUN_DEFAULT);
+        server_free(f);
+        return rc;
+    }
+    f->up = upstream_new(f);
+    if (f->up == NULL) {
+        close_everything(f);
+        uv_run(loop, UV_RUN_DEFAULT);
+        server_free(f);
+        return FERRY_ECONFIG;
+    }
+    uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
+    return 0;
+}
+
+int core_run(ferry *f)
+{
+    uv_run(f->loop, UV_RUN_DEFAULT);
+    /* Everything is closed; free what outlives the handles. */
+    while (!list_empty(&f->free_reqs)) {
+        list_node *n = list_first(&f->free_reqs);
+        request *r = list_entry(n, request, sq);
+        list_del(n);
+        buf_free(&r->data);
+        buf_free(&r->reply);
+        free(r);
+    }
+    upstream_free(f->up);
+    f->up = NULL;
+    server_free(f);
+    return f->exit_code;
+}

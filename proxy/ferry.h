@@ -1,0 +1,125 @@
+/* ferry.h - the one context struct every module hangs off, the request
+ * object that travels from a client session to an upstream link and back,
+ * error codes, and the allocation policy (abort on OOM).
+ *
+ *   client --> session: parse (resp), classify (command), queue in order
+ *                 |  held requests (no link yet / link switch pending)
+ *                 v
+ *              dispatch --> shared link (pipelined, all sessions)
+ *                       \-> dedicated link (blocking, MULTI, SELECT n, pub/sub)
+ *   upstream reply scanner --> request answered --> session flushes replies
+ *                                                   strictly in request order
+ */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "buf.h"
+#include "command.h"
+#include "config.h"
+#include "list.h"
+#include "resp.h"
+
+/* ferry's own error codes, below libuv's range (UV_EOF is -4095). */
+enum ferry_err {
+    FERRY_EPROTO = -5000, /* protocol error from a peer */
+    FERRY_ECONFIG = -5001, /* bad configuration */
+    FERRY_ETIMEDOUT = -5002, /* a named timeout expired */
+    FERRY_EAUTH = -5003 /* Redis refused ferry's credentials */
+};
+const char *ferry_strerror(int err);
+
+/* Allocation: log and abort on OOM, so callers never check for NULL. */
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+
+struct session;
+struct link;
+struct request;
+struct upstream;
+struct stats;
+
+/* Where a request is in its life. */
+typedef enum req_state {
+    REQ_HELD = 0, /* queued in its session, not sent yet */
+    REQ_SENT,     /* written (or queued for writing) on a link, awaiting a reply */
+    REQ_ANSWERED  /* reply known, waiting for earlier requests to be flushed */
+} req_state;
+
+#define REQ_F_INTERNAL (1u << 0) /* ferry's own (AUTH, PING, SELECT): no session */
+#define REQ_F_QUIT (1u << 1)     /* close the client after this reply */
+#define REQ_F_BLOCKING (1u << 2) /* may block on the server */
+#define REQ_F_WRITE (1u << 3)    /* may modify data */
+
+typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
+
+typedef struct request {
+    list_node sq;           /* in session->requests, in arrival order */
+    list_node lq;           /* in link->pending while sent */
+    struct session *s;      /* owner; NULL once the client is gone (reply discarded) */
+    struct link *link;      /* link it was sent on, while SENT */
+    req_state state;        /* see req_state */
+    unsigned flags;         /* REQ_F_* */
+    const command *cmd;     /* table entry, NULL for unknown commands */
+    buf data;               /* the request as multibulk bytes (kept for retries) */
+    buf reply;              /* reply bytes when answered out of order */
+    uint64_t born;          /* uv_now() when parsed */
+    int retries;            /* times re-sent after a lost link */
+    uint64_t seq;           /* position in its session (orders requeues) */
+    uint64_t held_since;    /* uv_now() when it last became HELD */
+    int route;              /* how the session routes it (session.c) */
+    long long arg;          /* route argument (db for SELECT, auth result) */
+    req_done_cb done;       /* internal requests: called with the reply */
+} request;
+
+typedef struct ferry_stats {
+    uint64_t clients_total;       /* accepted client connections */
+    uint64_t clients_rejected;    /* refused at max_clients */
+    uint64_t commands_total;      /* requests parsed */
+    uint64_t commands_local;      /* answered by ferry itself */
+    uint64_t commands_denied;     /* refused by the deny list */
+    uint64_t protocol_errors;     /* clients closed for malformed input */
+    uint64_t upstream_errors;     /* links lost or refused */
+    uint64_t requests_retried;    /* re-sent after a lost link */
+    uint64_t requests_tryagain;   /* answered -TRYAGAIN after hold_timeout_ms */
+    uint64_t links_opened;        /* upstream connections made */
+} ferry_stats;
+
+typedef struct ferry {
+    uv_loop_t *loop;           /* the one event loop */
+    config *cfg;               /* loaded configuration (owned by main) */
+    resp_limits limits;        /* request parser limits from cfg */
+    const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
+    int ndeny;
+    void *servers;             /* listeners (server.c) */
+    struct upstream *up;       /* the master and its links */
+    list_node sessions;        /* every open session */
+    list_node waiting;         /* sessions with held requests and no link */
+    list_node dirty;           /* sessions with output to flush this turn */
+    list_node dirty_links;     /* links with output to flush this turn */
+    list_node free_reqs;       /* recycled request objects */
+    size_t nfree_reqs;
+    uint64_t nclients;         /* sessions open */
+    size_t held_bytes;         /* request bytes held for lack of a master */
+    uint64_t next_id;          /* ids for sessions and links */
+    uint64_t started_ms;       /* uv_now() at start */
+    uv_prepare_t flush;        /* writes everything queued in one turn */
+    uv_timer_t tick;           /* timeouts, health pings, reconnects */
+    uv_signal_t sig_term, sig_int, sig_hup;
+    int stopping;              /* graceful shutdown in progress */
+    uint64_t stop_deadline;    /* uv_now() after which shutdown is forced */
+    int exit_code;
+    int closed;                /* every handle has been closed */
+    ferry_stats stats;
+} ferry;
+
+/* Request objects (recycled through f->free_reqs). */
+request *request_new(ferry *f);
+void request_free(ferry *f, request *r);
+
+#endif

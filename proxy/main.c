@@ -1,0 +1,103 @@
+/* main.c - ferry's command line: load and check the configuration, set up
+ * logging, run the proxy until a signal stops it. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "core.h"
+#include "log.h"
+
+#define EXIT_USAGE 2  /* bad command line */
+#define EXIT_CONFIG 1 /* configuration invalid */
+#define EXIT_RUNTIME 3 /* could not start (listen, resolve) */
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: ferry -c FILE [-t]\n"
+            "       ferry -V | -h\n"
+            "\n"
+            "ferry is a high-availability RESP proxy for Redis queue workloads.\n"
+            "\n"
+            "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
+            "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
+            "  -V, --version      print the version and exit\n"
+            "  -h, --help         this text\n"
+            "\n"
+            "Exit codes: 0 clean shutdown or valid config, 1 invalid config,\n"
+            "2 bad command line, 3 could not start.\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'}, {"test", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *path = NULL;
+    int test = 0, c;
+
+    while ((c = getopt_long(argc, argv, "c:tVh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            path = optarg;
+            break;
+        case 't':
+            test = 1;
+            break;
+        case 'V':
+            printf("ferry %s\n", FERRY_VERSION);
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (path == NULL || optind != argc) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+
+    config cfg;
+    char err[512];
+    if (config_load(&cfg, path, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return EXIT_CONFIG;
+    }
+    if (test) {
+        printf("ferry: configuration %s is valid\n", path);
+        config_free(&cfg);
+        return 0;
+    }
+    int rc = log_init(cfg.log_level, cfg.log_file);
+    if (rc < 0) {
+        fprintf(stderr, "ferry: cannot open log file %s: %s\n", cfg.log_file, strerror(-rc));
+        config_free(&cfg);
+        return EXIT_RUNTIME;
+    }
+    log_info("ferry %s starting with %s", FERRY_VERSION, path);
+
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ferry f;
+    rc = core_init(&f, &loop, &cfg);
+    int code;
+    if (rc < 0) {
+        log_error("ferry could not start: %s", ferry_strerror(rc));
+        code = EXIT_RUNTIME;
+    } else {
+        code = core_run(&f);
+        log_info("ferry stopped");
+    }
+    if (uv_loop_close(&loop) != 0) {
+        log_warn("event loop closed with handles still open");
+    }
+    config_free(&cfg);
+    log_close();
+    return code;
+}

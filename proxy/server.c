@@ -1,0 +1,126 @@
+/* server.c - listeners: accept client connections on TCP or unix sockets
+ * and hand each to a new session. */
+#include "server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "session.h"
+
+typedef struct listener {
+    ferry *f;            /* context */
+    union {
+        uv_handle_t h;
+        uv_stream_t s;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } io;                /* listening socket */
+    int is_unix;         /* pipe or tcp */
+    char name[300];      /* address for logs */
+    int open;            /* handle initialised and not closed */
+} listener;
+
+typedef struct servers {
+    listener l[CONFIG_MAX_LISTEN]; /* one per configured address */
+    int n;
+} servers;
+
+static void server_close_cb(uv_handle_t *h)
+{
+    (void)h;
+}
+
+static void server_conn_cb(uv_stream_t *st, int status)
+{
+    listener *ls = st->data;
+    if (status < 0) {
+        log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(status));
+        return;
+    }
+    if (ls->f->stopping) {
+        return;
+    }
+    int rc = session_accept(ls->f, st, ls->is_unix);
+    if (rc < 0) {
+        log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(rc));
+    }
+}
+
+static int listen_one(ferry *f, listener *ls, const config_addr *a)
+{
+    int rc;
+    ls->f = f;
+    config_addr_str(a, ls->name, sizeof(ls->name));
+    if (a->is_unix) {
+        ls->is_unix = 1;
+        uv_pipe_init(f->loop, &ls->io.pipe, 0);
+        ls->io.h.data = ls;
+        ls->open = 1;
+        unlink(a->path); /* a stale socket file from an earlier run */
+        rc = uv_pipe_bind(&ls->io.pipe, a->path);
+    } else {
+        struct sockaddr_storage ss;
+        uv_tcp_init(f->loop, &ls->io.tcp);
+        ls->io.h.data = ls;
+        ls->open = 1;
+        if (strchr(a->host, ':') != NULL) {
+            rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
+        } else {
+            rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
+        }
+        if (rc == 0) {
+            rc = uv_tcp_bind(&ls->io.tcp, (const struct sockaddr *)&ss, 0);
+        }
+    }
+    if (rc == 0) {
+        rc = uv_listen(&ls->io.s, 511, server_conn_cb);
+    }
+    if (rc < 0) {
+        log_error("cannot listen on %s: %s", ls->name, uv_strerror(rc));
+        return rc;
+    }
+    log_info("listening on %s", ls->name);
+    return 0;
+}
+
+int server_start(ferry *f)
+{
+    servers *sv = xcalloc(1, sizeof(*sv));
+    f->servers = sv;
+    for (int i = 0; i < f->cfg->nlisten; i++) {
+        int rc = listen_one(f, &sv->l[i], &f->cfg->listen[i]);
+        sv->n = i + 1;
+        if (rc < 0) {
+            server_stop(f);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void server_stop(ferry *f)
+{
+    servers *sv = f->servers;
+    if (sv == NULL) {
+        return;
+    }
+    for (int i = 0; i < sv->n; i++) {
+        if (sv->l[i].open) {
+            sv->l[i].open = 0;
+            uv_close(&sv->l[i].io.h, server_close_cb);
+            if (sv->l[i].is_unix) {
+                unlink(f->cfg->listen[i].path);
+            }
+        }
+    }
+    sv->n = 0;
+}
+
+void server_free(ferry *f)
+{
+    free(f->servers);
+    f->servers = NULL;
+}

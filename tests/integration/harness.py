@@ -1,0 +1,785 @@
+"""Shared fixtures for ferry's integration tests (python3 + python3-redis).
+
+Public API (other test files depend on it; keep it stable):
+
+    free_port()                       -> unused 127.0.0.1 TCP port
+    wait_until(pred, timeout=10.0, interval=0.02, msg='')
+    RedisServer(conf=None)            .port .pid .dir .client() .stop() .kill() .log()
+                                      .start() (again, same port/dir, after stop/kill)
+    Ferry(redis, conf=None, extra_yaml='', wait='ping')
+                                      .port .stats_port .pid .dir .config_path
+                                      .client() .raw() .stop(sig) .kill() .log() .output()
+    Ferry.check_config(path)          -> (exit code, stdout+stderr) of `ferry -t -c path`
+    resp_send(sock, data)             send bytes (or a list of args, RESP-encoded)
+    resp_read_reply(sock, timeout)    read exactly one reply, decoded (see below)
+    resp_read_raw(sock, timeout)      read exactly one reply, as its raw bytes
+    resp_encode(*args)                -> RESP array-of-bulk-strings bytes
+    RespError                         returned (not raised) for '-' replies
+    render_yaml(obj)                  -> YAML text for nested dicts/lists/scalars
+
+Environment:
+    FERRY_BIN          ferry binary (default <repo>/build/ferry)
+    FERRY_TEST_DIRECT  =1: Ferry starts nothing and .port is the Redis port (to
+                       validate tests against plain Redis; never used by CI)
+    FERRY_TEST_KEEP    =1: keep temp dirs (logs, configs) after the run
+
+Every process started here is killed at interpreter exit if a test forgot to
+stop it (and, via PR_SET_PDEATHSIG, if the python process dies abruptly).
+"""
+
+import atexit
+import copy
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import redis
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FERRY_BIN = os.environ.get('FERRY_BIN') or os.path.join(REPO, 'build', 'ferry')
+DIRECT = os.environ.get('FERRY_TEST_DIRECT') == '1'
+KEEP = os.environ.get('FERRY_TEST_KEEP') == '1'
+REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
+
+STOP_TIMEOUT = 15.0   # seconds a process gets after SIGTERM before SIGKILL
+START_TIMEOUT = 10.0  # seconds a process gets to answer PING after start
+
+# --------------------------------------------------------------------------
+# process registry and cleanup
+
+_lock = threading.Lock()
+_live = set()      # objects with _force_kill(), still possibly running
+_tmpdirs = []      # temp dirs to remove at exit (unless FERRY_TEST_KEEP=1)
+_ports_given = set()
+
+
+def _register(obj):
+    with _lock:
+        _live.add(obj)
+
+
+def _unregister(obj):
+    with _lock:
+        _live.discard(obj)
+
+
+def _mkdtemp(prefix):
+    d = tempfile.mkdtemp(prefix=prefix)
+    with _lock:
+        _tmpdirs.append(d)
+    return d
+
+
+@atexit.register
+def _cleanup():
+    with _lock:
+        live = list(_live)
+    for obj in live:
+        try:
+            obj._force_kill()
+        except Exception:
+            pass
+    if not KEEP:
+        for d in _tmpdirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _sigterm_to_exit(signum, frame):
+    # Turn SIGTERM (e.g. from `timeout`) into SystemExit so atexit runs.
+    raise SystemExit(128 + signum)
+
+
+if threading.current_thread() is threading.main_thread():
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _sigterm_to_exit)
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover
+    _libc = None
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup():
+    # Runs in the child between fork and exec: die with the parent, and get
+    # a process group of our own so terminal signals go to the runner only.
+    os.setpgrp()
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _spawn(argv, out_path, cwd=None, env=None):
+    out = open(out_path, 'ab')
+    try:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                preexec_fn=_child_setup, close_fds=True)
+    finally:
+        out.close()
+
+
+def _terminate(proc, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):
+    """Send sig to proc, wait up to timeout, then SIGKILL. Returns the exit code
+    (negative signal number if killed by a signal)."""
+    if proc is None:
+        return 0
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return proc.returncode
+
+
+_ADDR_IN_USE = 'address already in use'
+
+
+def _wait_up(proc, check, what, timeout=START_TIMEOUT):
+    """Poll check() like wait_until, but fail at once if proc exits."""
+    def pred():
+        if proc.poll() is not None:
+            raise _Exited(proc.returncode)
+        return check()
+    try:
+        return wait_until(pred, timeout=timeout, interval=0.02, msg=what)
+    except _Exited as e:
+        raise AssertionError('%s: process exited with code %s' % (what, e.args[0])) from None
+
+
+class _Exited(BaseException):
+    """Not an Exception: wait_until must not swallow it."""
+
+
+def _size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read(path):
+    try:
+        with open(path, 'r', errors='replace') as f:
+            return f.read()
+    except OSError:
+        return ''
+
+# --------------------------------------------------------------------------
+# small helpers
+
+
+def free_port():
+    """An unused loopback TCP port (not one handed out before in this run)."""
+    for _ in range(100):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(('127.0.0.1', 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        with _lock:
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
+    raise RuntimeError('free_port: no unused port found')
+
+
+def wait_until(pred, timeout=10.0, interval=0.02, msg=''):
+    """Call pred() until it returns something truthy (which is returned), or
+    raise AssertionError(msg) after timeout seconds. Exceptions raised by pred
+    count as 'not yet'; the last one is reported on timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+            last_exc = None
+        except Exception as e:  # noqa: BLE001 - polled, reported below
+            last_exc = e
+        if time.monotonic() >= deadline:
+            text = 'timed out after %.1fs waiting for %s' % (
+                timeout, msg or getattr(pred, '__name__', 'condition'))
+            if last_exc is not None:
+                text += ' (last error: %r)' % (last_exc,)
+            raise AssertionError(text)
+        time.sleep(interval)
+
+
+def _yaml_scalar(v):
+    if v is None:
+        return 'null'
+    if v is True:
+        return 'true'
+    if v is False:
+        return 'false'
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))  # a JSON string is a valid double-quoted YAML scalar
+
+
+def _yaml_key(k):
+    k = str(k)
+    return k if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_.-]*', k) else json.dumps(k)
+
+
+def render_yaml(obj, indent=0):
+    """YAML text for nested dicts / lists / scalars (block style)."""
+    pad = '  ' * indent
+    lines = []
+    if isinstance(obj, dict):
+        if not obj:
+            return pad + '{}\n'
+        for k, v in obj.items():
+            if isinstance(v, dict) and v:
+                lines.append('%s%s:\n%s' % (pad, _yaml_key(k), render_yaml(v, indent + 1)))
+            elif isinstance(v, (list, tuple)) and v:
+                lines.append('%s%s:\n%s' % (pad, _yaml_key(k), render_yaml(v, indent + 1)))
+            elif isinstance(v, dict):
+                lines.append('%s%s: {}\n' % (pad, _yaml_key(k)))
+            elif isinstance(v, (list, tuple)):
+                lines.append('%s%s: []\n' % (pad, _yaml_key(k)))
+            else:
+                lines.append('%s%s: %s\n' % (pad, _yaml_key(k), _yaml_scalar(v)))
+    elif isinstance(obj, (list, tuple)):
+        if not obj:
+            return pad + '[]\n'
+        for v in obj:
+            if isinstance(v, (dict, list, tuple)):
+                sub = render_yaml(v, indent + 1)
+                lines.append('%s- %s' % (pad, sub.lstrip(' ')))
+            else:
+                lines.append('%s- %s\n' % (pad, _yaml_scalar(v)))
+    else:
+        lines.append(pad + _yaml_scalar(obj) + '\n')
+    return ''.join(lines)
+
+
+def _merge(base, over):
+    """Deep-merge over into base (in place). A None value deletes the key."""
+    for k, v in over.items():
+        if v is None:
+            base.pop(k, None)
+        elif isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def _port_of(addr):
+    """Port of 'host:port' / '[v6]:port'; None for unix:/path or junk."""
+    if not isinstance(addr, str) or addr.startswith('unix:'):
+        return None
+    m = re.search(r':(\d+)$', addr)
+    return int(m.group(1)) if m else None
+
+# --------------------------------------------------------------------------
+# RESP helpers for raw protocol tests
+
+
+class RespError(Exception):
+    """A '-' error reply. resp_read_reply returns it (does not raise it)."""
+
+    def __eq__(self, other):
+        return isinstance(other, RespError) and str(self) == str(other)
+
+    def __hash__(self):
+        return hash(str(self))
+
+
+def resp_encode(*args):
+    """Encode a command as a RESP array of bulk strings."""
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = args[0]
+    out = [b'*%d\r\n' % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, (int, float)):
+            a = str(a).encode()
+        out.append(b'$%d\r\n%s\r\n' % (len(a), a))
+    return b''.join(out)
+
+
+def resp_send(sock, data):
+    """Send raw bytes (str is utf-8 encoded; a list/tuple is resp_encode()d)."""
+    if isinstance(data, (list, tuple)):
+        data = resp_encode(*data)
+    elif isinstance(data, str):
+        data = data.encode()
+    sock.sendall(data)
+
+
+class _Reader:
+    """Reads from a socket without ever consuming bytes past the current reply
+    (MSG_PEEK for lines, exact-size recv for payloads), so raw recv() calls and
+    further reads on the same socket see exactly what follows."""
+
+    def __init__(self, sock, timeout):
+        self.sock = sock
+        self.deadline = time.monotonic() + timeout
+        self.raw = bytearray()
+
+    def _left(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout('timed out reading a RESP reply')
+        return left
+
+    def line(self):
+        buf = bytearray()
+        while True:
+            self.sock.settimeout(self._left())
+            chunk = self.sock.recv(65536, socket.MSG_PEEK)
+            if not chunk:
+                raise ConnectionError('connection closed by peer (partial: %r)'
+                                      % bytes(self.raw + buf))
+            if buf.endswith(b'\r') and chunk.startswith(b'\n'):
+                take = 1  # CRLF split across two reads
+            else:
+                i = chunk.find(b'\r\n')
+                take = i + 2 if i >= 0 else len(chunk)
+            got = self.exact_nocopy(take)
+            buf += got
+            if buf.endswith(b'\r\n'):
+                self.raw += buf
+                return bytes(buf[:-2])
+
+    def exact_nocopy(self, n):
+        buf = bytearray()
+        while len(buf) < n:
+            self.sock.settimeout(self._left())
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError('connection closed by peer (partial: %r)'
+                                      % bytes(self.raw + buf))
+            buf += chunk
+        return bytes(buf)
+
+    def exact(self, n):
+        b = self.exact_nocopy(n)
+        self.raw += b
+        return b
+
+    def reply(self):
+        line = self.line()
+        if not line:
+            raise ValueError('protocol error: empty line')
+        t, rest = line[:1], line[1:]
+        if t == b'+':
+            return rest.decode(errors='replace')
+        if t == b'-':
+            return RespError(rest.decode(errors='replace'))
+        if t == b':':
+            return int(rest)
+        if t in (b'$', b'=', b'!'):  # bulk, RESP3 verbatim, RESP3 bulk error
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.exact(n + 2)
+            if data[-2:] != b'\r\n':
+                raise ValueError('protocol error: bulk not terminated by CRLF')
+            if t == b'!':
+                return RespError(data[:-2].decode(errors='replace'))
+            return data[:-2]
+        if t in (b'*', b'~', b'>'):  # array, RESP3 set, RESP3 push
+            n = int(rest)
+            if n < 0:
+                return None
+            return [self.reply() for _ in range(n)]
+        if t == b'%':  # RESP3 map
+            n = int(rest)
+            return {_hashable(self.reply()): self.reply() for _ in range(n)}
+        if t == b'|':  # RESP3 attribute: read and drop, then the real reply
+            n = int(rest)
+            for _ in range(2 * n):
+                self.reply()
+            return self.reply()
+        if t == b'_':
+            return None
+        if t == b'#':
+            return rest == b't'
+        if t == b',':
+            return float(rest)
+        if t == b'(':
+            return int(rest)
+        raise ValueError('protocol error: unknown reply type %r in %r' % (t, line))
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _with_timeout(sock, timeout, fn):
+    old = sock.gettimeout()
+    try:
+        return fn(_Reader(sock, timeout))
+    finally:
+        try:
+            sock.settimeout(old)
+        except OSError:
+            pass
+
+
+def resp_read_reply(sock, timeout=10.0):
+    """Read exactly one reply and decode it: '+' -> str, '-' -> RespError
+    (returned), ':' -> int, '$' -> bytes or None, '*' -> list or None (RESP3
+    types too). Raises socket.timeout after timeout seconds, ConnectionError
+    if the peer closes first. Consumes no byte beyond the reply."""
+    return _with_timeout(sock, timeout, lambda r: r.reply())
+
+
+def resp_read_raw(sock, timeout=10.0):
+    """Like resp_read_reply but returns the reply's exact bytes."""
+    def go(r):
+        r.reply()
+        return bytes(r.raw)
+    return _with_timeout(sock, timeout, go)
+
+
+def _ping(port=None, unix=None, timeout=2.0, password=None, username=None):
+    """True if a PING on a new connection gets +PONG (or, with a password
+    configured but not given, -NOAUTH: the server did answer)."""
+    if unix:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        s.connect(unix)
+    else:
+        s = socket.create_connection(('127.0.0.1', port), timeout=timeout)
+    try:
+        if password is not None:
+            args = ['AUTH', username, password] if username else ['AUTH', password]
+            resp_send(s, args)
+            r = resp_read_reply(s, timeout)
+            if isinstance(r, RespError):
+                raise AssertionError('AUTH failed: %s' % r)
+        resp_send(s, b'PING\r\n')
+        r = resp_read_reply(s, timeout)
+        if r == 'PONG':
+            return True
+        if isinstance(r, RespError) and str(r).startswith('NOAUTH'):
+            return True
+        raise AssertionError('PING answered %r' % (r,))
+    finally:
+        s.close()
+
+# --------------------------------------------------------------------------
+# redis-server
+
+
+def _redis_value(v):
+    if v is True:
+        return 'yes'
+    if v is False:
+        return 'no'
+    v = str(v)
+    return '""' if v == '' else v
+
+
+class RedisServer:
+    """A redis-server on 127.0.0.1:<free port> in a fresh temp dir.
+
+    conf: redis.conf directives merged over the defaults; a value may be a
+    list (directive repeated, e.g. 'save': ['900 1', '60 100']), True/False
+    (yes/no) or None (drop a default). Values are written verbatim after the
+    directive name, so 'save': '900 1' is two arguments."""
+
+    def __init__(self, conf=None, port=None):
+        self.dir = _mkdtemp('ferry-redis-')
+        self.conf_path = os.path.join(self.dir, 'redis.conf')
+        self.log_path = os.path.join(self.dir, 'redis.log')
+        self.out_path = os.path.join(self.dir, 'redis.out')
+        self.user_conf = dict(conf or {})
+        self._fixed_port = port is not None or 'port' in self.user_conf
+        self.port = int(self.user_conf.get('port') or port or free_port())
+        self.proc = None
+        self.pid = None
+        self.start()
+
+    def _conf(self):
+        c = {
+            'bind': '127.0.0.1',
+            'port': self.port,
+            'daemonize': 'no',
+            'dir': self.dir,
+            'logfile': self.log_path,
+            'loglevel': 'notice',
+            'save': '',
+            'appendonly': 'no',
+            'protected-mode': 'no',
+            'enable-debug-command': 'yes',
+            'enable-protected-configs': 'yes',
+        }
+        for k, v in self.user_conf.items():
+            if v is None:
+                c.pop(k, None)
+            else:
+                c[k] = v
+        c['port'] = self.port
+        lines = []
+        for k, v in c.items():
+            for item in (v if isinstance(v, (list, tuple)) else [v]):
+                lines.append('%s %s' % (k, _redis_value(item)))
+        return '\n'.join(lines) + '\n'
+
+    def start(self):
+        """Start (or restart after stop/kill) on the same port and dir."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError('redis-server already running (pid %d)' % self.proc.pid)
+        for attempt in range(3):
+            with open(self.conf_path, 'w') as f:
+                f.write(self._conf())
+            log_start = _size(self.log_path)
+            self.proc = _spawn([REDIS_SERVER, self.conf_path], self.out_path, cwd=self.dir)
+            self.pid = self.proc.pid
+            _register(self)
+            try:
+                _wait_up(self.proc, self._up, 'redis-server PING on port %d' % self.port)
+                return self
+            except AssertionError as e:
+                _terminate(self.proc, signal.SIGKILL)
+                _unregister(self)
+                newlog = self.log()[log_start:]
+                if not self._fixed_port and attempt < 2 and _ADDR_IN_USE in newlog.lower():
+                    self.port = free_port()
+                    continue
+                raise AssertionError('%s\n--- redis log (%s) ---\n%s\n--- output ---\n%s' % (
+                    e, self.log_path, newlog[-4000:], _read(self.out_path)[-2000:])) from None
+
+    def _up(self):
+        pw = self.user_conf.get('requirepass')
+        return _ping(self.port, password=pw if pw else None, timeout=1.0)
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def client(self, **kw):
+        kw.setdefault('socket_timeout', 10)
+        kw.setdefault('socket_connect_timeout', 5)
+        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, **kw)
+
+    def stop(self):
+        """SIGTERM, bounded wait, then SIGKILL. Returns the exit code."""
+        rc = _terminate(self.proc, signal.SIGTERM)
+        _unregister(self)
+        return rc
+
+    def kill(self):
+        rc = _terminate(self.proc, signal.SIGKILL)
+        _unregister(self)
+        return rc
+
+    def _force_kill(self):
+        _terminate(self.proc, signal.SIGKILL)
+
+    def log(self):
+        return _read(self.log_path)
+
+    def __repr__(self):
+        return '<RedisServer port=%s pid=%s>' % (self.port, self.pid)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+# --------------------------------------------------------------------------
+# ferry
+
+
+class Ferry:
+    """ferry in front of a RedisServer (or of whatever conf names).
+
+    conf is merged as nested dicts over the generated config; a None value
+    removes a key (e.g. {'redis': None, 'sentinel': {...}}). extra_yaml is
+    appended verbatim. wait: 'ping' (default: port accepts and PING through
+    ferry answers), 'port' (port accepts only, e.g. when Redis is down) or
+    None (don't wait)."""
+
+    def __init__(self, redis, conf=None, extra_yaml='', wait='ping'):
+        self.redis = redis
+        self.user_conf = conf or {}
+        self.extra_yaml = extra_yaml
+        self.wait = wait
+        self.dir = _mkdtemp('ferry-')
+        self.config_path = os.path.join(self.dir, 'ferry.yml')
+        self.log_path = os.path.join(self.dir, 'ferry.log')
+        self.out_path = os.path.join(self.dir, 'ferry.out')
+        self.proc = None
+        self.pid = None
+        self.unix_path = None
+        user_listen = 'listen' in self.user_conf
+        user_stats = isinstance(self.user_conf.get('stats'), dict) and 'listen' in self.user_conf['stats']
+        self._fixed_ports = user_listen and user_stats
+        for attempt in range(3):
+            self._write_config()
+            if DIRECT:
+                if redis is None:
+                    raise RuntimeError('FERRY_TEST_DIRECT=1 needs a RedisServer')
+                self.port = redis.port
+                self.stats_port = None
+                return
+            try:
+                self._start()
+                return
+            except _AddrInUse:
+                if self._fixed_ports or attempt == 2:
+                    raise AssertionError('ferry: address in use\n' + self._diag()) from None
+
+    def _write_config(self):
+        self.port = free_port()
+        self.stats_port = free_port()
+        c = {
+            'listen': '127.0.0.1:%d' % self.port,
+            'stats': {'listen': '127.0.0.1:%d' % self.stats_port},
+            'log': {'level': 'debug', 'file': self.log_path},
+        }
+        if self.redis is not None:
+            c['redis'] = {'address': '127.0.0.1:%d' % self.redis.port}
+        _merge(c, copy.deepcopy(self.user_conf))
+        listen = c.get('listen')
+        first = listen[0] if isinstance(listen, list) and listen else listen
+        self.port = _port_of(first)
+        self.unix_path = first[5:] if isinstance(first, str) and first.startswith('unix:') else None
+        stats = c.get('stats') if isinstance(c.get('stats'), dict) else {}
+        self.stats_port = _port_of(stats.get('listen'))
+        client = c.get('client') if isinstance(c.get('client'), dict) else {}
+        self._password = client.get('password')
+        self.conf = c
+        text = '# generated by tests/integration/harness.py\n' + render_yaml(c)
+        if self.extra_yaml:
+            text += self.extra_yaml if self.extra_yaml.endswith('\n') else self.extra_yaml + '\n'
+        with open(self.config_path, 'w') as f:
+            f.write(text)
+
+    def _start(self):
+        if not os.access(FERRY_BIN, os.X_OK):
+            raise RuntimeError('ferry binary not found or not executable: %s (set FERRY_BIN)' % FERRY_BIN)
+        offsets = (_size(self.log_path), _size(self.out_path))
+        self.proc = _spawn([FERRY_BIN, '-c', self.config_path], self.out_path, cwd=self.dir)
+        self.pid = self.proc.pid
+        _register(self)
+        if not self.wait:
+            return
+        try:
+            _wait_up(self.proc, self._up,
+                     'ferry (pid %d) to answer on %s' % (self.pid, self.unix_path or self.port))
+        except AssertionError as e:
+            _terminate(self.proc, signal.SIGKILL)
+            _unregister(self)
+            diag = self._diag()
+            new = self.log()[offsets[0]:] + self.output()[offsets[1]:]
+            if _ADDR_IN_USE in new.lower():
+                raise _AddrInUse() from None
+            raise AssertionError('%s\n%s' % (e, diag)) from None
+
+    def _up(self):
+        if self.wait == 'port':
+            s = self.raw(timeout=1.0)
+            s.close()
+            return True
+        return _ping(self.port, unix=self.unix_path, timeout=2.0, password=self._password)
+
+    def _diag(self):
+        return '--- ferry config (%s) ---\n%s--- ferry log (%s) ---\n%s\n--- ferry stdout/stderr ---\n%s' % (
+            self.config_path, _read(self.config_path), self.log_path, self.log()[-6000:],
+            self.output()[-3000:])
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def client(self, **kw):
+        kw.setdefault('socket_timeout', 10)
+        kw.setdefault('socket_connect_timeout', 5)
+        if self.unix_path and not DIRECT:
+            return redis.Redis(unix_socket_path=self.unix_path, decode_responses=True, **kw)
+        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, **kw)
+
+    def raw(self, timeout=10.0):
+        """A plain connected socket to ferry's (first) listen address."""
+        if self.unix_path and not DIRECT:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            s.connect(self.unix_path)
+            return s
+        s = socket.create_connection(('127.0.0.1', self.port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def stop(self, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):
+        """Send sig, wait up to timeout, then SIGKILL. Returns the exit code
+        (negative signal number if it died of a signal; 0 in direct mode)."""
+        rc = _terminate(self.proc, sig, timeout)
+        _unregister(self)
+        return rc
+
+    def kill(self):
+        rc = _terminate(self.proc, signal.SIGKILL)
+        _unregister(self)
+        return rc
+
+    def signal(self, sig):
+        """Send a signal without waiting (e.g. SIGHUP for log reopen)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def _force_kill(self):
+        _terminate(self.proc, signal.SIGKILL)
+
+    def log(self):
+        """ferry's log file (log.file)."""
+        return _read(self.log_path)
+
+    def output(self):
+        """What ferry wrote to stdout/stderr."""
+        return _read(self.out_path)
+
+    @staticmethod
+    def check_config(path, timeout=30):
+        """Run `ferry -t -c path`; returns (exit code, stdout+stderr text)."""
+        p = subprocess.run([FERRY_BIN, '-t', '-c', path], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        return p.returncode, p.stdout.decode(errors='replace')
+
+    def __repr__(self):
+        return '<Ferry port=%s pid=%s>' % (self.port, self.pid)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class _AddrInUse(Exception):
+    pass
+
+
+__all__ = ['free_port', 'wait_until', 'RedisServer', 'Ferry', 'resp_send', 'resp_read_reply',
+           'resp_read_raw', 'resp_encode', 'RespError', 'render_yaml', 'REPO', 'FERRY_BIN', 'DIRECT']
+
+if __name__ == '__main__':  # pragma: no cover - manual smoke test
+    r = RedisServer()
+    print(r, r.client().ping())
+    r.stop()
+    sys.exit(0)
