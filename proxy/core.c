@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "sentinel.h"
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
@@ -72,6 +73,10 @@ const char *ferry_strerror(int err)
 static void flush_cb(uv_prepare_t *h)
 {
     ferry *f = h->data;
+    if (f->wake_pending) {
+        f->wake_pending = 0;
+        session_wake_all(f);
+    }
     while (!list_empty(&f->dirty_links)) {
         list_node *n = list_first(&f->dirty_links);
         link *l = list_entry(n, link, dirty_node);
@@ -88,7 +93,11 @@ static void close_everything(ferry *f)
     }
     f->closed = 1;
     server_stop(f);
+    stats_stop(f);
     session_stop_all(f, 1);
+    if (f->sentinel != NULL) {
+        sentinel_close(f->sentinel);
+    }
     if (f->up != NULL) {
         upstream_close(f->up);
     }
@@ -117,6 +126,9 @@ static void tick_cb(uv_timer_t *h)
     ferry *f = h->data;
     uint64_t now = uv_now(f->loop);
 
+    if (f->sentinel != NULL && !f->closed) {
+        sentinel_tick(f->sentinel, now);
+    }
     if (f->up != NULL) {
         upstream_tick(f->up, now);
     }
@@ -222,10 +234,14 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     signal(SIGPIPE, SIG_IGN);
 
     int rc = server_start(f);
+    if (rc == 0) {
+        rc = stats_start(f);
+    }
     if (rc < 0) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
+        stats_free(f);
         return rc;
     }
     f->up = upstream_new(f);
@@ -233,7 +249,11 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
+        stats_free(f);
         return FERRY_ECONFIG;
+    }
+    if (cfg->has_sentinel) {
+        f->sentinel = sentinel_new(f);
     }
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
@@ -251,8 +271,11 @@ int core_run(ferry *f)
         buf_free(&r->reply);
         free(r);
     }
+    sentinel_free(f->sentinel);
+    f->sentinel = NULL;
     upstream_free(f->up);
     f->up = NULL;
     server_free(f);
+    stats_free(f);
     return f->exit_code;
 }

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "list.h"
 #include "resp.h"
+#include "stats.h"
 
 /* ferry's own error codes, below libuv's range (UV_EOF is -4095). */
 enum ferry_err {
@@ -42,7 +43,8 @@ struct session;
 struct link;
 struct request;
 struct upstream;
-struct stats;
+struct sentinel_client;
+struct stats_server;
 
 /* Where a request is in its life. */
 typedef enum req_state {
@@ -69,6 +71,8 @@ typedef struct request {
     buf data;               /* the request as multibulk bytes (kept for retries) */
     buf reply;              /* reply bytes when answered out of order */
     uint64_t born;          /* uv_now() when parsed */
+    uint64_t born_ns;       /* uv_hrtime() when parsed (latency stats) */
+    uint64_t sent_ns;       /* uv_hrtime() when last sent to a link, 0 = never */
     int retries;            /* times re-sent after a lost link */
     uint64_t seq;           /* position in its session (orders requeues) */
     uint64_t held_since;    /* uv_now() when it last became HELD */
@@ -76,19 +80,6 @@ typedef struct request {
     long long arg;          /* route argument (db for SELECT, auth result) */
     req_done_cb done;       /* internal requests: called with the reply */
 } request;
-
-typedef struct ferry_stats {
-    uint64_t clients_total;       /* accepted client connections */
-    uint64_t clients_rejected;    /* refused at max_clients */
-    uint64_t commands_total;      /* requests parsed */
-    uint64_t commands_local;      /* answered by ferry itself */
-    uint64_t commands_denied;     /* refused by the deny list */
-    uint64_t protocol_errors;     /* clients closed for malformed input */
-    uint64_t upstream_errors;     /* links lost or refused */
-    uint64_t requests_retried;    /* re-sent after a lost link */
-    uint64_t requests_tryagain;   /* answered -TRYAGAIN after hold_timeout_ms */
-    uint64_t links_opened;        /* upstream connections made */
-} ferry_stats;
 
 typedef struct ferry {
     uv_loop_t *loop;           /* the one event loop */
@@ -98,6 +89,8 @@ typedef struct ferry {
     int ndeny;
     void *servers;             /* listeners (server.c) */
     struct upstream *up;       /* the master and its links */
+    struct sentinel_client *sentinel; /* Sentinel client, NULL with a fixed master */
+    int wake_pending;          /* dispatch waiting sessions at the next flush */
     list_node sessions;        /* every open session */
     list_node waiting;         /* sessions with held requests and no link */
     list_node dirty;           /* sessions with output to flush this turn */
@@ -115,7 +108,8 @@ typedef struct ferry {
     uint64_t stop_deadline;    /* uv_now() after which shutdown is forced */
     int exit_code;
     int closed;                /* every handle has been closed */
-    ferry_stats stats;
+    ferry_stats stats;         /* counters, declared in stats.h */
+    struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;
 
 /* Request objects (recycled through f->free_reqs). */

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "core.h"
 #include "log.h"
+#include "stats.h"
 
 #define EXIT_USAGE 2  /* bad command line */
 #define EXIT_CONFIG 1 /* configuration invalid */
@@ -17,17 +18,26 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: ferry -c FILE [-t]\n"
-            "       ferry -V | -h\n"
+            "       ferry -V | -h | -D\n"
             "\n"
             "ferry is a high-availability RESP proxy for Redis queue workloads.\n"
             "\n"
             "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
             "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
             "  -V, --version      print the version and exit\n"
+            "  -D, --describe-stats\n"
+            "                     list every statistic (JSON path, type, Prometheus\n"
+            "                     name, meaning) and exit\n"
             "  -h, --help         this text\n"
             "\n"
-            "Exit codes: 0 clean shutdown or valid config, 1 invalid config,\n"
-            "2 bad command line, 3 could not start.\n");
+            "Signals: SIGTERM/SIGINT stop gracefully (a second one stops at once),\n"
+            "SIGHUP reopens the log file.\n"
+            "\n"
+            "Exit codes:\n"
+            "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
+            "  1  invalid configuration (message: file:line:column: ...)\n"
+            "  2  bad command line\n"
+            "  3  could not start (listen, resolve, open the log file)\n");
 }
 
 int main(int argc, char **argv)
@@ -35,11 +45,11 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'}, {"test", no_argument, NULL, 't'},
         {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+        {"describe-stats", no_argument, NULL, 'D'}, {NULL, 0, NULL, 0}};
     const char *path = NULL;
     int test = 0, c;
 
-    while ((c = getopt_long(argc, argv, "c:tVh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:tVhD", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
             path = optarg;
@@ -52,6 +62,9 @@ int main(int argc, char **argv)
             return 0;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'D':
+            stats_describe(stdout);
             return 0;
         default:
             usage(stderr);

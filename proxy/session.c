@@ -81,6 +81,8 @@ request *request_new(ferry *f)
     r->flags = 0;
     r->cmd = NULL;
     r->born = uv_now(f->loop);
+    r->born_ns = uv_hrtime();
+    r->sent_ns = 0;
     r->held_since = r->born;
     r->retries = 0;
     r->done = NULL;
@@ -484,6 +486,7 @@ static void session_classify(session *s, request *r, const resp_request *req)
     }
     const command *cmd = command_lookup_argv(nlook, s->av, s->al);
     r->cmd = cmd;
+    stats_count_command(&f->stats, cmd);
     if (cmd == NULL) {
         r->route = RT_SHARED; /* Redis answers unknown commands itself */
         return;
@@ -754,6 +757,7 @@ static void answer_hello(session *s, request *r)
         session_answer_str(s, r, "-ERR Syntax error in HELLO option\r\n");
         return;
     case HELLO_AUTH_FAIL:
+        s->f->stats.auth_failures++;
         session_answer_str(s, r, "-WRONGPASS invalid username-password pair or user is "
                                  "disabled.\r\n");
         return;
@@ -818,6 +822,15 @@ static int session_dispatch_one(session *s, request *r)
         session_answer_str(s, r, "-NOAUTH Authentication required.\r\n");
         return DISPATCH_DONE;
     }
+    if (f->cfg->require_aof && (r->flags & REQ_F_WRITE) && f->up->state == UP_UP &&
+        !f->up->aof_ok) {
+        char line[400];
+        snprintf(line, sizeof(line), "-ERR ferry: writes refused: durability (appendonly yes, "
+                                     "appendfsync always) is not enforced on the master: %s\r\n",
+                 f->up->aof_error[0] ? f->up->aof_error : "not yet asserted");
+        session_answer_str(s, r, line);
+        return DISPATCH_DONE;
+    }
     switch (r->route) {
     case RT_ERROR:
         r->state = REQ_ANSWERED; /* the reply was composed when it was parsed */
@@ -834,6 +847,7 @@ static int session_dispatch_one(session *s, request *r)
                                      "configured for the default user. Are you sure your "
                                      "configuration is correct?\r\n");
         } else {
+            f->stats.auth_failures++;
             session_answer_str(s, r, "-WRONGPASS invalid username-password pair or user is "
                                      "disabled.\r\n");
         }
@@ -950,6 +964,7 @@ static int session_dispatch_one(session *s, request *r)
         break;
     }
     r->s = s;
+    r->sent_ns = uv_hrtime();
     link_send(target, r);
     s->inflight++;
     s->flight_link = target;
@@ -999,6 +1014,7 @@ static void session_dispatch(session *s)
             f->held_bytes -= s->held_bytes - held;
         }
         s->held_bytes = held;
+        stats_held(&f->stats, f->held_bytes);
         if (f->held_bytes > f->cfg->hold_max_bytes) {
             /* Past the bound, the newest held requests are refused at once. */
             for (list_node *m = s->requests.prev; m != &s->requests && f->held_bytes >
@@ -1042,6 +1058,7 @@ static void session_maybe_release(session *s)
 
 void session_on_reply(session *s, request *r, const char *p, size_t n)
 {
+    stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     s->inflight--;
     if (s->inflight == 0) {
         s->flight_link = NULL;
@@ -1092,6 +1109,7 @@ void session_on_lost(session *s, request *r, const char *reason)
         }
         s->in_multi = 0;
         s->watching = 0;
+        f->stats.requests_failed++;
         snprintf(line, sizeof(line), "-ERR ferry: the connection to Redis was lost inside a "
                                      "transaction (%s)\r\n", reason);
         session_answer_str(s, r, line);
@@ -1114,6 +1132,7 @@ void session_on_lost(session *s, request *r, const char *reason)
                   reason);
         return;
     }
+    f->stats.requests_failed++;
     snprintf(line, sizeof(line), "-ERR ferry: request failed %d times: %s\r\n", r->retries + 1,
              reason);
     session_answer_str(s, r, line);

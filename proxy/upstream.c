@@ -1,22 +1,35 @@
-/* upstream.c - connections to the Redis master. Shared links pipeline the
- * stateless commands of all sessions and match replies to requests by order;
- * dedicated links are lent to one session and pooled afterwards. Every link
- * authenticates itself first, is health-checked when idle, and goes through
- * one close path that hands its unanswered requests back to their sessions. */
+/* upstream.c - connections to the Redis master and the master view.
+ *
+ * Shared links pipeline the stateless commands of all sessions and match
+ * replies to requests by order; dedicated links are lent to one session and
+ * pooled afterwards. A new shared link authenticates, checks ROLE (a master
+ * is only used when it says so itself) and asserts durability before it
+ * carries a single client request.
+ *
+ * The master view is UP, SWITCHING or DOWN. At the first sign of a failover
+ * (link error, READONLY/LOADING/MASTERDOWN, a Sentinel event) nothing new is
+ * sent to the old master; links with requests in flight are fenced: a WAIT
+ * follows what they carry, their replies are held until WAIT says a replica
+ * has the writes, and writes it cannot confirm are retried on the next
+ * master. Then the links close. */
 #include "upstream.h"
 
+#include <hiredis/hiredis.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "log.h"
+#include "sentinel.h"
 #include "session.h"
 
 #define LINK_READ_CHUNK (64 * 1024)
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 #define LINK_KEEPALIVE_S 30
+#define FENCE_TIMEOUT_MS 1000
 
 static link *link_new(upstream *up, link_kind kind);
 static void link_connect_cb(uv_connect_t *req, int status);
@@ -28,6 +41,62 @@ static void link_internal(link *l, const char *const *argv, int argc, req_done_c
 static void link_mark_dirty(link *l);
 static void upstream_connect_shared(upstream *up);
 static void upstream_set_state(upstream *up, upstream_state st, const char *reason);
+static void link_enforce(link *l);
+
+/* ---------------------------------------------------------------- helpers */
+
+const char *upstream_state_name(upstream_state st)
+{
+    switch (st) {
+    case UP_UP:
+        return "UP";
+    case UP_SWITCHING:
+        return "SWITCHING";
+    default:
+        return "DOWN";
+    }
+}
+
+const char *upstream_name(const upstream *up)
+{
+    return up->target_set ? up->name : "";
+}
+
+/* Parse one complete reply (ferry's own requests only; not the hot path). */
+static redisReply *parse_reply(const char *p, size_t n)
+{
+    void *reply = NULL;
+    redisReader *rd = redisReaderCreate();
+    if (rd == NULL) {
+        return NULL;
+    }
+    if (redisReaderFeed(rd, p, n) != REDIS_OK || redisReaderGetReply(rd, &reply) != REDIS_OK) {
+        reply = NULL;
+    }
+    redisReaderFree(rd);
+    return reply;
+}
+
+/* Text of an error reply without the leading '-' and the CRLF. */
+static void error_text(const char *p, size_t n, char *out, size_t len)
+{
+    size_t m = n >= 3 ? n - 3 : 0;
+    if (m >= len) {
+        m = len - 1;
+    }
+    memcpy(out, p + (n > 0), m);
+    out[m] = '\0';
+}
+
+/* Redis refused because it is not (or not yet) a usable master: nothing was
+ * applied, the request can go to the next master as it is. */
+static int is_not_master_error(const char *p, size_t n)
+{
+    return n > 1 && p[0] == '-' &&
+           ((n >= 9 && memcmp(p, "-READONLY", 9) == 0) ||
+            (n >= 8 && memcmp(p, "-LOADING", 8) == 0) ||
+            (n >= 11 && memcmp(p, "-MASTERDOWN", 11) == 0));
+}
 
 /* ---------------------------------------------------------------- address */
 
@@ -76,13 +145,22 @@ upstream *upstream_new(ferry *f)
     if (up->nshared > 64) {
         up->nshared = 64;
     }
+    up->state = UP_DOWN;
+    up->down_since_ms = uv_now(f->loop);
+    up->switch_started_ms = up->down_since_ms;
+    up->backoff_ms = BACKOFF_MIN_MS;
+    up->epoch = 0;
+    snprintf(up->last_reason, sizeof(up->last_reason), "starting");
+    if (f->cfg->has_sentinel) {
+        up->sentinel_mode = 1;
+        up->target_set = 0; /* Sentinel will name the master */
+        return up;
+    }
     if (resolve(up, &f->cfg->redis_addr) != 0) {
         free(up);
         return NULL;
     }
-    up->state = UP_DOWN;
-    up->down_since_ms = uv_now(f->loop);
-    up->backoff_ms = BACKOFF_MIN_MS;
+    up->target_set = 1;
     up->epoch = 1;
     upstream_connect_shared(up);
     return up;
@@ -111,25 +189,40 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
         return;
     }
     uint64_t now = uv_now(up->f->loop);
+    upstream_state old = up->state;
     if (st == UP_UP) {
-        log_info("master %s is UP (epoch %llu) after %llu ms: %s", up->name,
-                 (unsigned long long)up->epoch, (unsigned long long)(now - up->down_since_ms),
-                 reason);
+        uint64_t took = now - up->switch_started_ms;
+        log_info("master view: %s -> UP(%s, epoch %llu) after %llu ms: %s",
+                 upstream_state_name(old), up->name, (unsigned long long)up->epoch,
+                 (unsigned long long)took, reason);
+        if (up->switches > 0) {
+            up->last_switch_ms = took;
+            if (took > up->longest_switch_ms) {
+                up->longest_switch_ms = took;
+            }
+        }
         up->up_since_ms = now;
         up->backoff_ms = BACKOFF_MIN_MS;
+        up->f->wake_pending = 1;
     } else {
-        log_warn("master %s is DOWN: %s", up->name, reason);
-        up->down_since_ms = now;
+        log_warn("master view: %s(%s) -> %s: %s", upstream_state_name(old),
+                 up->target_set ? up->name : "none", upstream_state_name(st), reason);
+        if (old == UP_UP) {
+            up->down_since_ms = now;
+            up->switch_started_ms = now;
+            up->switches++;
+            snprintf(up->last_reason, sizeof(up->last_reason), "%s", reason);
+        }
     }
     up->state = st;
-    if (st == UP_UP) {
-        session_wake_all(up->f);
-    }
 }
 
 /* (Re)open every missing shared link. */
 static void upstream_connect_shared(upstream *up)
 {
+    if (!up->target_set) {
+        return;
+    }
     for (int i = 0; i < up->nshared; i++) {
         if (up->shared[i] == NULL) {
             link *l = link_new(up, LINK_SHARED);
@@ -149,7 +242,7 @@ link *upstream_shared(upstream *up, uint64_t hint)
     }
     for (int i = 0; i < up->nshared; i++) {
         link *l = up->shared[(hint + (uint64_t)i) % (uint64_t)up->nshared];
-        if (l != NULL && l->state == LINK_READY) {
+        if (l != NULL && l->state == LINK_READY && l->verified) {
             return l;
         }
     }
@@ -159,8 +252,9 @@ link *upstream_shared(upstream *up, uint64_t hint)
 static void select_done(link *l, request *r, const char *reply, size_t len)
 {
     if (reply != NULL && len > 0 && reply[0] == '-') {
-        log_error("link %llu: SELECT refused by Redis: %.*s", (unsigned long long)l->id,
-                  (int)(len > 2 ? len - 2 : len), reply);
+        char why[200];
+        error_text(reply, len, why, sizeof(why));
+        log_error("link %llu: SELECT refused by Redis: %s", (unsigned long long)l->id, why);
         link_close(l, "SELECT refused");
     }
 }
@@ -176,7 +270,7 @@ link *upstream_acquire(upstream *up, struct session *s)
         l = list_entry(n, link, pool_node);
         list_del(n);
         up->npool--;
-        if (l->state == LINK_READY) {
+        if (l->state == LINK_READY && l->epoch == up->epoch) {
             break;
         }
         link_close(l, "stale in pool");
@@ -204,7 +298,8 @@ link *upstream_acquire(upstream *up, struct session *s)
 void upstream_release(upstream *up, link *l)
 {
     l->owner = NULL;
-    if (l->state == LINK_READY && !l->passthrough && l->npending == 0 && l->db == 0 &&
+    if (l->state == LINK_READY && !l->passthrough && !l->fencing && l->npending == 0 &&
+        l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
         up->npool < up->f->cfg->pool_idle && !up->f->stopping) {
         list_add_head(&up->pool, &l->pool_node);
         up->npool++;
@@ -213,17 +308,98 @@ void upstream_release(upstream *up, link *l)
     link_close(l, "released with connection state");
 }
 
-/* ------------------------------------------------------------------ links */
+/* ------------------------------------------------------- link verification */
 
 static void auth_done(link *l, request *r, const char *reply, size_t len)
 {
     if (reply != NULL && len > 0 && reply[0] == '-') {
-        log_error("link %llu: Redis %s refused ferry's credentials: %.*s",
-                  (unsigned long long)l->id, l->up->name, (int)(len > 2 ? len - 2 : len), reply);
+        char why[200];
+        error_text(reply, len, why, sizeof(why));
+        log_error("link %llu: Redis %s refused ferry's credentials: %s", (unsigned long long)l->id,
+                  l->up->name, why);
         l->f->stats.upstream_errors++;
         link_close(l, "authentication failed");
     }
 }
+
+/* ROLE on the link itself: only a node that says it is a master is used. */
+static void role_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    redisReply *rr = parse_reply(reply, len);
+    char role[32] = "?";
+    if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements > 0 &&
+        rr->element[0]->type == REDIS_REPLY_STRING) {
+        snprintf(role, sizeof(role), "%s", rr->element[0]->str);
+    } else if (rr != NULL && rr->type == REDIS_REPLY_ERROR) {
+        snprintf(role, sizeof(role), "error");
+    }
+    freeReplyObject(rr);
+    if (strcmp(role, "master") == 0) {
+        return;
+    }
+    char why[400];
+    snprintf(why, sizeof(why), "%s answers ROLE '%s', not master", up->name, role);
+    log_warn("link %llu: %s", (unsigned long long)l->id, why);
+    if (l->epoch == up->epoch && l->kind == LINK_SHARED) {
+        if (up->state == UP_UP) {
+            upstream_switch(up, why);
+        }
+        if (up->sentinel_mode) {
+            up->target_set = 0; /* ask Sentinel again */
+            if (up->f->sentinel != NULL) {
+                sentinel_trigger(up->f->sentinel);
+            }
+        }
+    }
+    link_close(l, why);
+}
+
+static void enforce_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    uint64_t now = uv_now(l->f->loop);
+    if (l->epoch != up->epoch) {
+        return;
+    }
+    if (reply != NULL && len > 0 && reply[0] == '-') {
+        char why[200];
+        error_text(reply, len, why, sizeof(why));
+        if (up->aof_ok || up->aof_error[0] == '\0' || strcmp(up->aof_error, why) != 0) {
+            log_error("durability: cannot enforce appendonly yes / appendfsync always on %s: %s",
+                      up->name, why);
+        } else {
+            log_error("durability: still not enforced on %s: %s", up->name, why);
+        }
+        snprintf(up->aof_error, sizeof(up->aof_error), "%s", why);
+        up->aof_ok = 0;
+    } else {
+        if (!up->aof_ok) {
+            log_info("durability: appendonly yes, appendfsync always, no-appendfsync-on-rewrite no "
+                     "asserted on %s", up->name);
+            up->aof_since_ms = now;
+        }
+        up->aof_ok = 1;
+        up->aof_error[0] = '\0';
+    }
+    if (l->kind == LINK_SHARED && !l->verified && l->state == LINK_READY) {
+        l->verified = 1;
+        if (up->state != UP_UP) {
+            upstream_set_state(up, UP_UP, "link connected, ROLE master, durability asserted");
+        }
+    }
+}
+
+static void link_enforce(link *l)
+{
+    const config *cfg = l->f->cfg;
+    const char *argv[] = {cfg->config_command ? cfg->config_command : "CONFIG", "SET",
+                          "appendonly", "yes", "appendfsync", "always",
+                          "no-appendfsync-on-rewrite", "no"};
+    link_internal(l, argv, 8, enforce_done);
+}
+
+/* ------------------------------------------------------------------ links */
 
 static link *link_new(upstream *up, link_kind kind)
 {
@@ -236,11 +412,13 @@ static link *link_new(upstream *up, link_kind kind)
     l->id = ++f->next_id;
     l->kind = kind;
     l->slot = -1;
+    l->epoch = up->epoch;
     l->state = LINK_CONNECTING;
     outq_init(&l->out);
     buf_init(&l->in);
     resp_scanner_init(&l->sc);
     list_init(&l->pending);
+    list_init(&l->fenced);
     list_init(&l->pool_node);
     list_init(&l->dirty_node);
     l->opened_ms = l->last_io_ms = uv_now(f->loop);
@@ -257,6 +435,7 @@ static link *link_new(upstream *up, link_kind kind)
         rc = uv_tcp_connect(&l->creq, &l->io.tcp, (const struct sockaddr *)&up->addr,
                             link_connect_cb);
     }
+    l->creq.data = l;
     list_add_tail(&up->links, &l->node);
     up->nlinks++;
     f->stats.links_opened++;
@@ -268,10 +447,9 @@ static link *link_new(upstream *up, link_kind kind)
         uv_close(&l->io.h, link_close_cb);
         return NULL;
     }
-    l->creq.data = l;
-    log_debug("link %llu: connecting to %s (%s)", (unsigned long long)l->id, up->name,
-              kind == LINK_SHARED ? "shared" : "dedicated");
-    /* Credentials go first: Redis handles them before anything queued behind. */
+    log_debug("link %llu: connecting to %s (%s, epoch %llu)", (unsigned long long)l->id, up->name,
+              kind == LINK_SHARED ? "shared" : "dedicated", (unsigned long long)l->epoch);
+    /* Redis handles these before anything queued behind them. */
     const config *cfg = f->cfg;
     if (cfg->redis_password != NULL) {
         if (cfg->redis_username != NULL) {
@@ -281,6 +459,11 @@ static link *link_new(upstream *up, link_kind kind)
             const char *argv[] = {"AUTH", cfg->redis_password};
             link_internal(l, argv, 2, auth_done);
         }
+    }
+    if (kind == LINK_SHARED) {
+        static const char *const role[] = {"ROLE"};
+        link_internal(l, role, 1, role_done);
+        link_enforce(l);
     }
     return l;
 }
@@ -313,9 +496,6 @@ static void link_connect_cb(uv_connect_t *req, int status)
     }
     if (buf_used(&l->out.fill) > 0) {
         link_mark_dirty(l);
-    }
-    if (l->kind == LINK_SHARED) {
-        upstream_set_state(up, UP_UP, "shared link connected");
     }
 }
 
@@ -425,6 +605,20 @@ static void link_deliver(link *l, const char *p, size_t n)
             request_free(l->f, r);
         } else if (r->s == NULL) {
             request_free(l->f, r); /* the client left; drop the reply */
+        } else if (is_not_master_error(p, n)) {
+            /* Nothing was applied: retry on the master that replaces this one. */
+            char why[160];
+            error_text(p, n, why, sizeof(why));
+            session_on_lost(r->s, r, why);
+            if (l->epoch == l->up->epoch) {
+                upstream_switch(l->up, why);
+            }
+        } else if (l->fencing) {
+            /* Held until WAIT says a replica has it. */
+            buf_clear(&r->reply);
+            buf_append(&r->reply, p, n);
+            r->link = l;
+            list_add_tail(&l->fenced, &r->lq);
         } else {
             session_on_reply(r->s, r, p, n);
         }
@@ -433,6 +627,9 @@ static void link_deliver(link *l, const char *p, size_t n)
     if (l->passthrough && l->owner != NULL) {
         session_on_stream(l->owner, p, n);
         return;
+    }
+    if (l->passthrough) {
+        return; /* a tunnel whose client left: drop */
     }
     link_close(l, "reply without a request (protocol desync)");
 }
@@ -445,8 +642,18 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     }
     if (nread < 0) {
         char why[128];
-        snprintf(why, sizeof(why), "%s", nread == UV_EOF ? "closed by Redis" : uv_strerror((int)nread));
+        snprintf(why, sizeof(why), "%s",
+                 nread == UV_EOF ? "closed by Redis" : uv_strerror((int)nread));
         l->f->stats.upstream_errors++;
+        if (l->epoch == l->up->epoch && l->up->state == UP_UP &&
+            (l->kind == LINK_SHARED || l->npending > 0)) {
+            /* A master connection broke: hold everything until we know
+             * which master to use (Sentinel) or it is back (fixed). */
+            char sw[500];
+            snprintf(sw, sizeof(sw), "link %llu to %s: %s", (unsigned long long)l->id,
+                     l->up->name, why);
+            upstream_switch(l->up, sw);
+        }
         link_close(l, why);
         return;
     }
@@ -488,9 +695,10 @@ void link_close(link *l, const char *reason)
     }
     int was_ready = l->state == LINK_READY;
     l->state = LINK_CLOSING;
-    log_info("link %llu to %s closed (%s, %s, %zu pending): %s", (unsigned long long)l->id,
-             up->name, l->kind == LINK_SHARED ? "shared" : "dedicated",
-             was_ready ? "was connected" : "never connected", l->npending, reason);
+    log_info("link %llu to %s closed (%s, epoch %llu, %s, %zu pending): %s",
+             (unsigned long long)l->id, up->name, l->kind == LINK_SHARED ? "shared" : "dedicated",
+             (unsigned long long)l->epoch, was_ready ? "was connected" : "never connected",
+             l->npending, reason);
     if (list_linked(&l->dirty_node)) {
         list_del(&l->dirty_node);
     }
@@ -500,6 +708,18 @@ void link_close(link *l, const char *reason)
     }
     if (l->slot >= 0 && up->shared[l->slot] == l) {
         up->shared[l->slot] = NULL;
+    }
+    /* Replies held by a fence were never confirmed: retry those requests. */
+    while (!list_empty(&l->fenced)) {
+        request *r = list_entry(list_first(&l->fenced), request, lq);
+        list_del(&r->lq);
+        r->link = NULL;
+        buf_clear(&r->reply);
+        if (r->s == NULL) {
+            request_free(f, r);
+        } else {
+            session_on_lost(r->s, r, reason);
+        }
     }
     /* Unanswered requests go back to their sessions, oldest first. */
     while (!list_empty(&l->pending)) {
@@ -523,19 +743,21 @@ void link_close(link *l, const char *reason)
     }
     l->closing_cb_pending = 1;
     uv_close(&l->io.h, link_close_cb);
+    f->wake_pending = 1;
 
-    if (l->kind == LINK_SHARED && !f->stopping) {
+    if (l->kind == LINK_SHARED && !f->stopping && l->epoch == up->epoch && l->slot >= 0) {
         int any = 0;
         for (int i = 0; i < up->nshared; i++) {
-            if (up->shared[i] != NULL && up->shared[i]->state == LINK_READY) {
+            if (up->shared[i] != NULL && up->shared[i]->state == LINK_READY &&
+                up->shared[i]->verified) {
                 any = 1;
             }
         }
-        if (!any) {
-            upstream_set_state(up, UP_DOWN, reason);
+        if (!any && up->state == UP_UP) {
+            upstream_switch(up, reason);
         }
         uint64_t now = uv_now(f->loop);
-        if (was_ready) {
+        if (was_ready && l->verified) {
             up->next_connect_ms = now; /* a working link broke: retry at once */
         } else {
             up->next_connect_ms = now + up->backoff_ms;
@@ -555,6 +777,157 @@ static void link_close_cb(uv_handle_t *h)
     free(l);
 }
 
+/* ----------------------------------------------------------------- fences */
+
+static void fence_done(link *l, request *w, const char *reply, size_t len)
+{
+    long long acked = 0;
+    redisReply *rr = parse_reply(reply, len);
+    if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
+        acked = rr->integer;
+    }
+    freeReplyObject(rr);
+    log_info("link %llu: fence WAIT: %lld replica(s) have what the old master acknowledged",
+             (unsigned long long)l->id, acked);
+    while (!list_empty(&l->fenced)) {
+        request *r = list_entry(list_first(&l->fenced), request, lq);
+        list_del(&r->lq);
+        r->link = NULL;
+        if (r->s == NULL) {
+            request_free(l->f, r);
+            continue;
+        }
+        if (acked < 1 && (r->flags & REQ_F_WRITE)) {
+            buf_clear(&r->reply);
+            session_on_lost(r->s, r, "write not confirmed by a replica before the switch");
+            continue;
+        }
+        buf tmp = r->reply;
+        buf_init(&r->reply);
+        session_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+        buf_free(&tmp);
+    }
+    link_close(l, "old master let go after the fence");
+}
+
+/* Hold what l has in flight until a replica confirms it, then let go. */
+static void link_fence(link *l)
+{
+    upstream *up = l->up;
+    char timeout[24];
+    snprintf(timeout, sizeof(timeout), "%llu", (unsigned long long)FENCE_TIMEOUT_MS);
+    const char *argv[] = {"WAIT", "1", timeout};
+
+    l->fencing = 1;
+    l->fence_started_ms = uv_now(l->f->loop);
+    if (l->slot >= 0 && up->shared[l->slot] == l) {
+        up->shared[l->slot] = NULL;
+    }
+    l->slot = -1;
+    if (l->owner != NULL) {
+        struct session *s = l->owner;
+        l->owner = NULL;
+        if (s->dlink == l) {
+            s->dlink = NULL;
+        }
+    }
+    link_internal(l, argv, 3, fence_done);
+    log_info("link %llu: fencing %zu request(s) in flight on the old master",
+             (unsigned long long)l->id, l->npending - 1);
+}
+
+static int link_has_blocking(const link *l)
+{
+    const list_node *n;
+    list_foreach(n, &l->pending)
+    {
+        const request *r = list_entry(n, request, lq);
+        if (r->flags & REQ_F_BLOCKING) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void upstream_switch(upstream *up, const char *reason)
+{
+    list_node *n, *t;
+    if (up->state != UP_UP) {
+        return;
+    }
+    upstream_set_state(up, UP_SWITCHING, reason);
+    if (up->sentinel_mode) {
+        up->target_set = 0;
+        if (up->f->sentinel != NULL) {
+            sentinel_trigger(up->f->sentinel);
+        }
+    } else {
+        up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;
+    }
+    up->epoch++; /* links of the old epoch never take a new request */
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->state == LINK_CLOSING || l->fencing) {
+            continue;
+        }
+        size_t user = 0;
+        list_node *m;
+        list_foreach(m, &l->pending)
+        {
+            if (!(list_entry(m, request, lq)->flags & REQ_F_INTERNAL)) {
+                user++;
+            }
+        }
+        struct session *o = l->owner;
+        int stateful = o != NULL && (o->in_multi || o->watching || l->passthrough);
+        if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
+            link_fence(l);
+        } else {
+            link_close(l, "master switch");
+        }
+    }
+}
+
+void upstream_set_master(upstream *up, const char *ip, int port, const char *why)
+{
+    char name[300];
+    snprintf(name, sizeof(name), strchr(ip, ':') ? "[%s]:%d" : "%s:%d", ip, port);
+    int same = up->target_set && strcmp(name, up->name) == 0;
+    if (same) {
+        return; /* connected or connecting already */
+    }
+    if (up->state == UP_UP) {
+        char sw[400];
+        snprintf(sw, sizeof(sw), "Sentinel names a new master %s (%s)", name, why);
+        upstream_switch(up, sw);
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    int rc = strchr(ip, ':') ? uv_ip6_addr(ip, port, (struct sockaddr_in6 *)&ss)
+                             : uv_ip4_addr(ip, port, (struct sockaddr_in *)&ss);
+    if (rc != 0) {
+        log_error("Sentinel named master '%s' port %d: not a numeric address", ip, port);
+        return;
+    }
+    memcpy(&up->addr, &ss, sizeof(ss));
+    up->is_unix = 0;
+    snprintf(up->name, sizeof(up->name), "%s", name);
+    up->epoch++;
+    up->target_set = 1;
+    up->aof_ok = 0;
+    up->backoff_ms = BACKOFF_MIN_MS;
+    log_info("master view: connecting to %s (epoch %llu): %s", up->name,
+             (unsigned long long)up->epoch, why);
+    /* Shared links of an older epoch are gone (closed or fencing). */
+    for (int i = 0; i < up->nshared; i++) {
+        if (up->shared[i] != NULL && up->shared[i]->epoch != up->epoch) {
+            link_close(up->shared[i], "replaced by a new master");
+        }
+    }
+    upstream_connect_shared(up);
+}
+
 /* --------------------------------------------------------------- periodic */
 
 static void ping_done(link *l, request *r, const char *reply, size_t len)
@@ -568,7 +941,7 @@ void upstream_tick(upstream *up, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
-    if (!f->stopping && now >= up->next_connect_ms) {
+    if (!f->stopping && up->target_set && now >= up->next_connect_ms) {
         int missing = 0;
         for (int i = 0; i < up->nshared; i++) {
             missing += up->shared[i] == NULL;
@@ -577,23 +950,50 @@ void upstream_tick(upstream *up, uint64_t now)
             upstream_connect_shared(up);
         }
     }
+    if (up->state == UP_UP && up->shared[0] != NULL && up->shared[0]->verified) {
+        link *l = up->shared[0];
+        if (now >= up->next_enforce_ms) {
+            up->next_enforce_ms = now + cfg->enforce_interval_ms;
+            link_enforce(l);
+        }
+        if (up->sentinel_mode && now >= up->next_role_ms) {
+            static const char *const role[] = {"ROLE"};
+            up->next_role_ms = now + cfg->sentinel_resolve_interval_ms;
+            link_internal(l, role, 1, role_done);
+        }
+    }
     list_foreach_safe(n, t, &up->links)
     {
         link *l = list_entry(n, link, node);
+        if (l->state == LINK_CLOSING) {
+            continue;
+        }
         if (l->state == LINK_CONNECTING && now - l->opened_ms >= cfg->connect_timeout_ms) {
             l->f->stats.upstream_errors++;
             link_close(l, "connect timeout");
             continue;
         }
+        if (l->fencing && now - l->fence_started_ms >= FENCE_TIMEOUT_MS + 500) {
+            link_close(l, "fence timeout: the old master does not answer");
+            continue;
+        }
         /* Keep idle links alive through Redis' own 'timeout' and NATs. A link
          * inside MULTI or in a pass-through tunnel must not see a stray PING. */
         if (l->state == LINK_READY && cfg->ping_interval_ms > 0 && l->npending == 0 &&
-            !l->passthrough && !l->ping_pending && now - l->last_io_ms >= cfg->ping_interval_ms &&
+            !l->passthrough && !l->ping_pending && !l->fencing &&
+            now - l->last_io_ms >= cfg->ping_interval_ms &&
             (l->owner == NULL || (!l->owner->in_multi))) {
             static const char *const argv[] = {"PING"};
             l->ping_pending = 1;
             link_internal(l, argv, 1, ping_done);
             l->last_io_ms = now;
+        }
+        /* A health PING unanswered for long means a frozen master. */
+        if (l->state == LINK_READY && l->ping_pending && l->npending > 0 &&
+            cfg->ping_interval_ms > 0 && now - l->last_io_ms >= 3 * cfg->ping_interval_ms +
+                                                                 cfg->connect_timeout_ms &&
+            l->kind == LINK_SHARED) {
+            link_close(l, "health check: no reply from Redis");
         }
     }
 }

@@ -50,11 +50,18 @@ typedef struct link {
     uint64_t last_io_ms;       /* last read or write */
     int ping_pending;          /* a health PING is in flight */
     int closing_cb_pending;    /* uv_close called */
+    int verified;              /* shared: ROLE said master and durability was asserted */
+    uint64_t epoch;            /* master epoch the link belongs to */
+    int fencing;               /* master switch: replies held until WAIT confirms them */
+    uint64_t fence_started_ms; /* when fencing began */
+    list_node fenced;          /* answered requests held while fencing */
 } link;
 
+/* The master view (DESIGN.md "The master view and failover"). */
 typedef enum upstream_state {
-    UP_DOWN = 0, /* no shared link is connected */
-    UP_UP        /* the master answers */
+    UP_DOWN = 0,  /* no master known or reachable: requests are held */
+    UP_SWITCHING, /* the old master is being let go: requests are held */
+    UP_UP         /* a verified master answers */
 } upstream_state;
 
 typedef struct upstream {
@@ -75,6 +82,18 @@ typedef struct upstream {
     uint64_t backoff_ms;
     uint64_t epoch;                      /* bumped on each new master */
     int nlinks;
+    int sentinel_mode;                   /* the master comes from Sentinel */
+    int target_set;                      /* an address to connect to is known */
+    int aof_ok;                          /* appendonly/appendfsync asserted on this master */
+    uint64_t aof_since_ms;               /* when they were last asserted */
+    char aof_error[256];                 /* last enforcement error, "" if none */
+    uint64_t next_enforce_ms;            /* next periodic enforcement */
+    uint64_t next_role_ms;               /* next periodic ROLE check */
+    uint64_t switches;                   /* master switches started */
+    uint64_t switch_started_ms;          /* when the current switch began */
+    uint64_t last_switch_ms;             /* duration of the last completed switch */
+    uint64_t longest_switch_ms;          /* longest completed switch */
+    char last_reason[160];               /* why the last switch started */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting.
@@ -101,7 +120,16 @@ void link_flush(link *l);
 /* The one close path: requeue or fail pending requests, log reason. */
 void link_close(link *l, const char *reason);
 
-/* Periodic: reconnects, connect timeouts, health pings. */
+/* Periodic: reconnects, connect timeouts, health pings, fence timeouts,
+ * durability enforcement and ROLE checks. */
 void upstream_tick(upstream *up, uint64_t now);
+/* Stop sending to the current master (a failover sign): held requests wait
+ * for the next master; links in flight are fenced with WAIT or closed. */
+void upstream_switch(upstream *up, const char *reason);
+/* Sentinel named this master (ip is numeric). Connects and verifies it. */
+void upstream_set_master(upstream *up, const char *ip, int port, const char *why);
+/* "ip:port" of the current master target, "" when none. */
+const char *upstream_name(const upstream *up);
+const char *upstream_state_name(upstream_state st);
 
 #endif

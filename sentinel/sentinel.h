@@ -1,5 +1,30 @@
-/* sentinel.h - finding and watching the master through Redis Sentinel
- * (not yet built: ferry follows a fixed redis.address for now). */
+/* sentinel.h - finding and watching the master through Redis Sentinel: every
+ * configured (and discovered) sentinel is polled with SENTINEL MASTER and
+ * watched over pub/sub; a master is accepted when a majority of the
+ * sentinels that answer name it (highest config epoch wins) and none of its
+ * supporters reports it down or failing over. ROLE is then checked on the
+ * very link ferry uses (upstream.c). */
 #ifndef FERRY_SENTINEL_H
 #define FERRY_SENTINEL_H
+
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct sentinel_client sentinel_client;
+
+/* Start talking to the configured sentinels. Never fails (unreachable
+ * sentinels are retried); returns a new client. */
+sentinel_client *sentinel_new(ferry *f);
+/* Periodic: reconnects, timeouts, poll rounds. */
+void sentinel_tick(sentinel_client *sc, uint64_t now);
+/* Start a poll round as soon as possible (a failover sign was seen). */
+void sentinel_trigger(sentinel_client *sc);
+/* Close every connection (their handles close on the loop). */
+void sentinel_close(sentinel_client *sc);
+void sentinel_free(sentinel_client *sc); /* accepts NULL */
+/* Sentinels known / answering in the last round. */
+int sentinel_known(const sentinel_client *sc);
+int sentinel_reachable(const sentinel_client *sc);
+
 #endif

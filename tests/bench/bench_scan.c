@@ -14,6 +14,7 @@
 #define READ_SIZE (16 * 1024) /* bytes per simulated socket read */
 #define STREAM_SIZE (16UL * 1024 * 1024) /* approximate size of the reply stream */
 #define RUNS 5
+#define PASSES 10 /* times each run frames the stream, so a run lasts long enough to time */
 
 /* A reply stream and how many replies it holds. */
 typedef struct stream {
@@ -184,17 +185,20 @@ static void bench(const char *name, size_t (*fn)(const stream *), const stream *
 
     for (i = 0; i < RUNS; i++) {
         double t0 = now_sec();
-        size_t n = fn(s);
-        secs[i] = now_sec() - t0;
-        if (n != s->replies) {
-            fprintf(stderr, "%s framed %zu replies, expected %zu\n", name, n, s->replies);
-            exit(1);
+        int pass;
+        for (pass = 0; pass < PASSES; pass++) {
+            size_t n = fn(s);
+            if (n != s->replies) {
+                fprintf(stderr, "%s framed %zu replies, expected %zu\n", name, n, s->replies);
+                exit(1);
+            }
         }
+        secs[i] = (now_sec() - t0) / PASSES;
     }
     qsort(secs, RUNS, sizeof(secs[0]), cmp_double);
     med = secs[RUNS / 2];
-    printf("%-22s %9.1f MB/s %12.0f replies/s  (median of %d, %.2f ms)\n", name,
-           (double)s->len / med / 1e6, (double)s->replies / med, RUNS, med * 1e3);
+    printf("%-22s %8.0f MB/s %11.0f replies/s  (median of %d runs, %.2f ms per pass)\n",
+           name, (double)s->len / med / 1e6, (double)s->replies / med, RUNS, med * 1e3);
 }
 
 int main(void)

@@ -10,6 +10,21 @@ Public API (other test files depend on it; keep it stable):
                                       .port .stats_port .pid .dir .config_path
                                       .client() .raw() .stop(sig) .kill() .log() .output()
     Ferry.check_config(path)          -> (exit code, stdout+stderr) of `ferry -t -c path`
+    Ferry(None, sentinel=topology_or_section, ...)
+                                      sentinel mode: no redis.address, a sentinel:
+                                      section (master, addresses, resolve_interval_ms
+                                      200, timeout_ms 500; conf overrides)
+    RedisServer extras                .restart() .sigstop() .sigcont() .role()
+                                      .start(write_conf=False) keeps a rewritten conf
+    SentinelServer(master_name, master_port, ...)
+                                      .port .pid .dir .client() .start() .stop() .kill()
+                                      .log() .running()
+    SentinelTopology(down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
+                     redis_conf=None, replica_conf=None)
+                                      1 master + 2 replicas + 3 sentinels, all in sync;
+                                      .redis .sentinels .master_name .master_port()
+                                      .sentinel_addresses() .wait_failover(old_port)
+                                      .restart_redis(i) .redis_by_port(p) .stop()
     resp_send(sock, data)             send bytes (or a list of args, RESP-encoded)
     resp_read_reply(sock, timeout)    read exactly one reply, decoded (see below)
     resp_read_raw(sock, timeout)      read exactly one reply, as its raw bytes
@@ -93,14 +108,17 @@ def _cleanup():
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _sigterm_to_exit(signum, frame):
-    # Turn SIGTERM (e.g. from `timeout`) into SystemExit so atexit runs.
-    raise SystemExit(128 + signum)
+def _on_sigterm(signum, frame):
+    # e.g. from `timeout`: kill what we started, then die of SIGTERM as usual
+    # (raising SystemExit would be caught by unittest as a test error).
+    _cleanup()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if threading.current_thread() is threading.main_thread():
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _sigterm_to_exit)
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
@@ -541,13 +559,16 @@ class RedisServer:
                 lines.append('%s %s' % (k, _redis_value(item)))
         return '\n'.join(lines) + '\n'
 
-    def start(self):
-        """Start (or restart after stop/kill) on the same port and dir."""
+    def start(self, write_conf=True):
+        """Start (or restart after stop/kill) on the same port and dir.
+        write_conf=False reuses the config file as it is (Redis or Sentinel may
+        have rewritten it, e.g. with CONFIG REWRITE after REPLICAOF)."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError('redis-server already running (pid %d)' % self.proc.pid)
         for attempt in range(3):
-            with open(self.conf_path, 'w') as f:
-                f.write(self._conf())
+            if write_conf or not os.path.exists(self.conf_path):
+                with open(self.conf_path, 'w') as f:
+                    f.write(self._conf())
             log_start = _size(self.log_path)
             self.proc = _spawn([REDIS_SERVER, self.conf_path], self.out_path, cwd=self.dir)
             self.pid = self.proc.pid
@@ -559,7 +580,8 @@ class RedisServer:
                 _terminate(self.proc, signal.SIGKILL)
                 _unregister(self)
                 newlog = self.log()[log_start:]
-                if not self._fixed_port and attempt < 2 and _ADDR_IN_USE in newlog.lower():
+                if (not self._fixed_port and write_conf and attempt < 2
+                        and _ADDR_IN_USE in newlog.lower()):
                     self.port = free_port()
                     continue
                 raise AssertionError('%s\n--- redis log (%s) ---\n%s\n--- output ---\n%s' % (
@@ -591,11 +613,398 @@ class RedisServer:
     def _force_kill(self):
         _terminate(self.proc, signal.SIGKILL)
 
+    def restart(self):
+        """Start again after kill/stop: same port, dir and config file (as
+        Redis may have rewritten it), so AOF/RDB data is loaded again."""
+        if self.running():
+            self.kill()
+        return self.start(write_conf=False)
+
+    def sigstop(self):
+        """Freeze the process (SIGSTOP); undo with sigcont()."""
+        if self.running():
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def sigcont(self):
+        if self.running():
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def role(self, timeout=2.0):
+        """First element of ROLE ('master', 'slave'), on a new connection."""
+        c = self.client(socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            r = c.execute_command('ROLE')
+            return r[0] if isinstance(r, (list, tuple)) else r
+        finally:
+            c.close()
+
     def log(self):
         return _read(self.log_path)
 
     def __repr__(self):
         return '<RedisServer port=%s pid=%s>' % (self.port, self.pid)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+# --------------------------------------------------------------------------
+# redis-sentinel
+
+REDIS_SENTINEL = shutil.which('redis-sentinel')
+
+
+def _kv(flat):
+    """['k1', 'v1', 'k2', 'v2'] (or a dict) -> dict."""
+    if isinstance(flat, dict):
+        return flat
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+
+
+def _sentinel_argv(conf_path):
+    if REDIS_SENTINEL:
+        return [REDIS_SENTINEL, conf_path]
+    return [REDIS_SERVER, conf_path, '--sentinel']
+
+
+class SentinelServer:
+    """A redis-sentinel on 127.0.0.1:<free port> in a fresh temp dir, with its
+    own (writable: Sentinel rewrites it) sentinel.conf monitoring one master."""
+
+    def __init__(self, master_name, master_port, quorum=2, down_after_ms=1000,
+                 failover_timeout_ms=5000, parallel_syncs=1, extra=None):
+        self.dir = _mkdtemp('ferry-sentinel-')
+        self.conf_path = os.path.join(self.dir, 'sentinel.conf')
+        self.log_path = os.path.join(self.dir, 'sentinel.log')
+        self.out_path = os.path.join(self.dir, 'sentinel.out')
+        self.master_name = master_name
+        self.master_port = master_port
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.parallel_syncs = parallel_syncs
+        self.extra = list(extra or [])
+        self.port = free_port()
+        self.proc = None
+        self.pid = None
+        self._started_once = False
+        self.start()
+
+    def _conf(self):
+        m = self.master_name
+        lines = [
+            'port %d' % self.port,
+            'bind 127.0.0.1',
+            'daemonize no',
+            'protected-mode no',
+            'dir %s' % self.dir,
+            'logfile %s' % self.log_path,
+            'sentinel resolve-hostnames no',
+            'sentinel monitor %s 127.0.0.1 %d %d' % (m, self.master_port, self.quorum),
+            'sentinel down-after-milliseconds %s %d' % (m, self.down_after_ms),
+            'sentinel failover-timeout %s %d' % (m, self.failover_timeout_ms),
+            'sentinel parallel-syncs %s %d' % (m, self.parallel_syncs),
+        ] + self.extra
+        return '\n'.join(lines) + '\n'
+
+    def start(self):
+        """Start; after stop/kill, restart on the same port with the config
+        file as Sentinel last rewrote it (known master, replicas, epochs)."""
+        if self.running():
+            raise RuntimeError('redis-sentinel already running (pid %d)' % self.proc.pid)
+        for attempt in range(3):
+            if not self._started_once:
+                with open(self.conf_path, 'w') as f:
+                    f.write(self._conf())
+            log_start = _size(self.log_path)
+            self.proc = _spawn(_sentinel_argv(self.conf_path), self.out_path, cwd=self.dir)
+            self.pid = self.proc.pid
+            _register(self)
+            try:
+                _wait_up(self.proc, lambda: _ping(self.port, timeout=1.0),
+                         'redis-sentinel PING on port %d' % self.port)
+                self._started_once = True
+                return self
+            except AssertionError as e:
+                _terminate(self.proc, signal.SIGKILL)
+                _unregister(self)
+                newlog = self.log()[log_start:]
+                if not self._started_once and attempt < 2 and _ADDR_IN_USE in newlog.lower():
+                    self.port = free_port()
+                    continue
+                raise AssertionError('%s\n--- sentinel log (%s) ---\n%s\n--- output ---\n%s' % (
+                    e, self.log_path, newlog[-4000:], _read(self.out_path)[-2000:])) from None
+
+    def running(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def client(self, **kw):
+        kw.setdefault('socket_timeout', 2)
+        kw.setdefault('socket_connect_timeout', 2)
+        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, **kw)
+
+    def command(self, *args, timeout=2.0):
+        """One command on a new connection (raw reply, decoded strings)."""
+        c = self.client(socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return c.execute_command(*args)
+        finally:
+            c.close()
+
+    def master_addr(self, timeout=2.0):
+        """(host, port) this sentinel announces for the master, or None."""
+        r = self.command('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', self.master_name, timeout=timeout)
+        if not r:
+            return None
+        return r[0], int(r[1])
+
+    def replicas(self):
+        return [_kv(x) for x in self.command('SENTINEL', 'REPLICAS', self.master_name)]
+
+    def others(self):
+        return [_kv(x) for x in self.command('SENTINEL', 'SENTINELS', self.master_name)]
+
+    def stop(self):
+        rc = _terminate(self.proc, signal.SIGTERM)
+        _unregister(self)
+        return rc
+
+    def kill(self):
+        rc = _terminate(self.proc, signal.SIGKILL)
+        _unregister(self)
+        return rc
+
+    def _force_kill(self):
+        _terminate(self.proc, signal.SIGKILL)
+
+    def log(self):
+        return _read(self.log_path)
+
+    def __repr__(self):
+        return '<SentinelServer port=%s pid=%s>' % (self.port, self.pid)
+
+
+def _flags_ok(info):
+    flags = set(str(info.get('flags', '')).split(','))
+    return not flags & {'s_down', 'o_down', 'disconnected'}
+
+
+class SentinelTopology:
+    """1 master + 2 replicas (appendonly yes, appendfsync always unless
+    redis_conf/replica_conf say otherwise) watched by 3 sentinels (quorum 2).
+    The constructor returns once the replicas are in sync and every sentinel
+    sees 2 healthy replicas and the 2 other sentinels.
+
+    redis_conf is merged over the defaults for every node, replica_conf over
+    that for the replicas only. .redis[0] is the initial master."""
+
+    SYNC_TIMEOUT = 20.0
+    DISCOVERY_TIMEOUT = 20.0   # hello messages go out every 2 s
+
+    def __init__(self, down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
+                 redis_conf=None, replica_conf=None, nreplicas=2, nsentinels=3, quorum=2):
+        self.master_name = master_name
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.redis = []
+        self.sentinels = []
+        _register(self)
+        try:
+            base = {'appendonly': 'yes', 'appendfsync': 'always'}
+            base.update(redis_conf or {})
+            master = RedisServer(base)
+            self.redis.append(master)
+            rconf = dict(base)
+            rconf.update(replica_conf or {})
+            rconf['replicaof'] = '127.0.0.1 %d' % master.port
+            for _ in range(nreplicas):
+                self.redis.append(RedisServer(rconf))
+            self.wait_replicas_synced(master, nreplicas)
+            for _ in range(nsentinels):
+                self.sentinels.append(SentinelServer(
+                    master_name, master.port, quorum=quorum, down_after_ms=down_after_ms,
+                    failover_timeout_ms=failover_timeout_ms))
+            self.wait_sentinels_ready(nreplicas)
+        except BaseException:
+            self.stop()
+            raise
+
+    # ---- readiness
+
+    def wait_replicas_synced(self, master, n, timeout=None):
+        """Until master has n connected replicas, each with master_link_status:up."""
+        def synced():
+            info = master.client(socket_timeout=2).info('replication')
+            if info.get('role') != 'master' or info.get('connected_slaves', 0) < n:
+                return False
+            for r in self.redis:
+                if r is master or not r.running():
+                    continue
+                ri = r.client(socket_timeout=2).info('replication')
+                if ri.get('role') != 'slave' or ri.get('master_port') != master.port \
+                        or ri.get('master_link_status') != 'up':
+                    return False
+            return True
+        wait_until(synced, timeout=timeout or self.SYNC_TIMEOUT, interval=0.1,
+                   msg='%d replica(s) in sync with master %d' % (n, master.port))
+
+    def wait_sentinels_ready(self, nreplicas=2, timeout=None):
+        """Until every running sentinel sees nreplicas healthy replicas and all
+        other running sentinels."""
+        live = [s for s in self.sentinels if s.running()]
+
+        def ready():
+            for s in live:
+                reps = [r for r in s.replicas() if _flags_ok(r)
+                        and r.get('master-link-status') == 'ok']
+                others = [o for o in s.others() if _flags_ok(o)]
+                if len(reps) < nreplicas or len(others) < len(live) - 1:
+                    return False
+            return True
+        wait_until(ready, timeout=timeout or self.DISCOVERY_TIMEOUT, interval=0.2,
+                   msg='sentinels to see %d replicas and each other' % nreplicas)
+
+    # ---- queries
+
+    def sentinel_addresses(self):
+        return ['127.0.0.1:%d' % s.port for s in self.sentinels]
+
+    def master_port(self):
+        """The master port announced by the first sentinel that answers."""
+        last = None
+        for s in self.sentinels:
+            if not s.running():
+                continue
+            try:
+                addr = s.master_addr()
+                if addr:
+                    return addr[1]
+            except Exception as e:  # noqa: BLE001 - try the next one
+                last = e
+        raise AssertionError('no sentinel answered get-master-addr-by-name (last error: %r)'
+                             % (last,))
+
+    def redis_by_port(self, port):
+        for r in self.redis:
+            if r.port == port:
+                return r
+        return None
+
+    def master(self):
+        """The RedisServer the sentinels announce."""
+        return self.redis_by_port(self.master_port())
+
+    def sentinel_views(self):
+        """{sentinel port: announced master port or an exception}."""
+        out = {}
+        for s in self.sentinels:
+            if not s.running():
+                continue
+            try:
+                addr = s.master_addr(timeout=1.0)
+                out[s.port] = addr[1] if addr else None
+            except Exception as e:  # noqa: BLE001
+                out[s.port] = e
+        return out
+
+    def wait_failover(self, old_port, timeout=30.0):
+        """Until a majority of all sentinels announce one master other than
+        old_port and that node's ROLE says master; returns its port."""
+        need = len(self.sentinels) // 2 + 1
+        state = {}
+
+        def moved():
+            views = self.sentinel_views()
+            state['views'] = views
+            counts = {}
+            for p in views.values():
+                if isinstance(p, int) and p != old_port:
+                    counts[p] = counts.get(p, 0) + 1
+            for p, n in counts.items():
+                node = self.redis_by_port(p)
+                if n >= need and node is not None and node.running() and node.role(1.0) == 'master':
+                    return p
+            return None
+        try:
+            return wait_until(moved, timeout=timeout, interval=0.1,
+                              msg='failover away from master %d' % old_port)
+        except AssertionError as e:
+            raise AssertionError('%s; sentinel views: %r' % (e, state.get('views'))) from None
+
+    def wait_stable(self, timeout=30.0, nreplicas=None):
+        """Until every running sentinel announces the same master, whose ROLE
+        is master, and every other running node is its replica with the link
+        up; returns the master port."""
+        state = {}
+
+        def stable():
+            views = self.sentinel_views()
+            state['views'] = views
+            ports = set(views.values())
+            if len(ports) != 1:
+                return None
+            p = ports.pop()
+            node = self.redis_by_port(p) if isinstance(p, int) else None
+            if node is None or not node.running():
+                return None
+            info = node.client(socket_timeout=1).info('replication')
+            if info.get('role') != 'master':
+                return None
+            others = [r for r in self.redis if r is not node and r.running()]
+            want = len(others) if nreplicas is None else nreplicas
+            if info.get('connected_slaves', 0) < want:
+                return None
+            for r in others:
+                ri = r.client(socket_timeout=1).info('replication')
+                state['last'] = (r.port, ri.get('role'), ri.get('master_port'),
+                                 ri.get('master_link_status'))
+                if ri.get('role') != 'slave' or ri.get('master_port') != p \
+                        or ri.get('master_link_status') != 'up':
+                    return None
+            return p
+        try:
+            return wait_until(stable, timeout=timeout, interval=0.2, msg='a stable topology')
+        except AssertionError as e:
+            raise AssertionError('%s; sentinel views: %r; last replica: %r' % (
+                e, state.get('views'), state.get('last'))) from None
+
+    # ---- faults
+
+    def restart_redis(self, i):
+        """Restart node i (killed or stopped) on its port/dir/config file."""
+        return self.redis[i].restart()
+
+    def failover(self, sentinel=0):
+        """SENTINEL FAILOVER <master> sent to one sentinel."""
+        return self.sentinels[sentinel].command('SENTINEL', 'FAILOVER', self.master_name)
+
+    def logs(self, tail=3000):
+        """Every process' log tail, for diagnostics."""
+        parts = []
+        for i, r in enumerate(self.redis):
+            parts.append('--- redis[%d] port %d (%s) ---\n%s' % (i, r.port, r.log_path,
+                                                                  r.log()[-tail:]))
+        for i, s in enumerate(self.sentinels):
+            parts.append('--- sentinel[%d] port %d (%s) ---\n%s' % (i, s.port, s.log_path,
+                                                                     s.log()[-tail:]))
+        return '\n'.join(parts)
+
+    def stop(self):
+        """SIGKILL every process (by pid)."""
+        for s in self.sentinels:
+            s.kill()
+        for r in self.redis:
+            r.kill()
+        _unregister(self)
+
+    def _force_kill(self):
+        self.stop()
+
+    def __repr__(self):
+        return '<SentinelTopology redis=%s sentinels=%s>' % (
+            [r.port for r in self.redis], [s.port for s in self.sentinels])
 
     def __enter__(self):
         return self
@@ -616,8 +1025,11 @@ class Ferry:
     ferry answers), 'port' (port accepts only, e.g. when Redis is down) or
     None (don't wait)."""
 
-    def __init__(self, redis, conf=None, extra_yaml='', wait='ping'):
+    def __init__(self, redis=None, conf=None, extra_yaml='', wait='ping', sentinel=None):
         self.redis = redis
+        # sentinel: a SentinelTopology (or anything with .master_name and
+        # .sentinel_addresses()) or a dict used as the sentinel: section.
+        self.sentinel = sentinel
         self.user_conf = conf or {}
         self.extra_yaml = extra_yaml
         self.wait = wait
@@ -634,6 +1046,10 @@ class Ferry:
         for attempt in range(3):
             self._write_config()
             if DIRECT:
+                if redis is None and hasattr(sentinel, 'master_port'):
+                    self.port = sentinel.master_port()
+                    self.stats_port = None
+                    return
                 if redis is None:
                     raise RuntimeError('FERRY_TEST_DIRECT=1 needs a RedisServer')
                 self.port = redis.port
@@ -656,6 +1072,8 @@ class Ferry:
         }
         if self.redis is not None:
             c['redis'] = {'address': '127.0.0.1:%d' % self.redis.port}
+        elif self.sentinel is not None:
+            c['sentinel'] = self._sentinel_section()
         _merge(c, copy.deepcopy(self.user_conf))
         listen = c.get('listen')
         first = listen[0] if isinstance(listen, list) and listen else listen
@@ -671,6 +1089,15 @@ class Ferry:
             text += self.extra_yaml if self.extra_yaml.endswith('\n') else self.extra_yaml + '\n'
         with open(self.config_path, 'w') as f:
             f.write(text)
+
+    def _sentinel_section(self):
+        sec = {'resolve_interval_ms': 200, 'timeout_ms': 500}
+        if isinstance(self.sentinel, dict):
+            sec.update(copy.deepcopy(self.sentinel))
+        else:
+            sec = {'master': self.sentinel.master_name,
+                   'addresses': list(self.sentinel.sentinel_addresses()), **sec}
+        return sec
 
     def _start(self):
         if not os.access(FERRY_BIN, os.X_OK):
@@ -775,7 +1202,7 @@ class _AddrInUse(Exception):
     pass
 
 
-__all__ = ['free_port', 'wait_until', 'RedisServer', 'Ferry', 'resp_send', 'resp_read_reply',
+__all__ = ['free_port', 'wait_until', 'RedisServer', 'SentinelServer', 'SentinelTopology', 'Ferry', 'resp_send', 'resp_read_reply',
            'resp_read_raw', 'resp_encode', 'RespError', 'render_yaml', 'REPO', 'FERRY_BIN', 'DIRECT']
 
 if __name__ == '__main__':  # pragma: no cover - manual smoke test

@@ -482,14 +482,16 @@ class TestDenied(Base):
         # nothing happened on Redis
         self.assertTrue(self.direct.ping())
         self.assertEqual(self.direct.config_get('maxmemory')['maxmemory'], str(100 * 1024 * 1024))
-        self.assertEqual(self.direct.config_get('appendfsync')['appendfsync'], 'everysec')
+        # ferry itself enforces appendfsync always on the master it uses
+        self.assertEqual(self.direct.config_get('appendfsync')['appendfsync'], 'always')
         self.assertEqual(self.direct.info('replication')['role'], 'master')
         self.assertServing()
 
     def test_allowed_admin_commands(self):
         s = self.raw()
         self.direct.config_set('maxmemory-policy', 'allkeys-lru')
-        self.assertEqual(self.call(s, 'CONFIG', 'GET', 'appendfsync'), ['appendfsync', 'everysec'])
+        self.assertEqual(self.call(s, 'CONFIG', 'GET', 'appendfsync'),
+                         ['appendfsync', 'everysec' if DIRECT else 'always'])
         self.assertEqual(self.call(s, 'CONFIG', 'SET', 'maxmemory-policy', 'noeviction'), 'OK')
         self.assertEqual(self.direct.config_get('maxmemory-policy')['maxmemory-policy'],
                          'noeviction')

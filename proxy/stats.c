@@ -1,0 +1,933 @@
+/* stats.c - the statistics generated from FERRY_STATS (stats.h): updates,
+ * the JSON document, the Prometheus text exposition, --describe-stats, and
+ * the stats port: a listener on ferry's loop that answers a silent (plain)
+ * connection with the JSON document, nutcracker style, and an HTTP GET with
+ * /metrics, /stats or /healthz.
+ *
+ *   accept --> READING --(200 ms of silence, or not HTTP)--> JSON --+
+ *                 \--(GET request line + headers)--> route ---------+
+ *                                                                   v
+ *              closed <--(peer EOF or linger timeout)-- LINGERING <-- WRITING
+ */
+#include "stats.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.h"
+#include "log.h"
+#include "sentinel.h"
+#include "upstream.h"
+
+#define STATS_MAX_CONNS 64            /* stats connections open at once */
+#define STATS_MAX_REQUEST 8192        /* bytes of an HTTP request line and headers */
+#define STATS_PLAIN_WAIT_MS 200       /* silence after which a connection is plain */
+#define STATS_REQUEST_TIMEOUT_MS 5000 /* an HTTP request must be complete by then */
+#define STATS_WRITE_TIMEOUT_MS 5000   /* the response must be written by then */
+#define STATS_LINGER_MS 1000          /* after the response, wait this long for EOF */
+
+typedef struct stat_desc {
+    const char *section; /* JSON object it belongs to ("top": the document) */
+    const char *name;    /* field and JSON key */
+    stat_type type;      /* see stat_type */
+    const char *prom;    /* Prometheus name, "" = JSON only */
+    const char *help;    /* one line */
+    size_t offset;       /* of the field in ferry_stats */
+} stat_desc;
+
+#define STATS_DESC(section, name, type, prom, help)                                                \
+    {#section, #name, STAT_##type, prom, help, offsetof(ferry_stats, name)},
+
+static const stat_desc stat_descs[] = {FERRY_STATS(STATS_DESC)};
+#define STATS_NDESC (sizeof(stat_descs) / sizeof(stat_descs[0]))
+
+const uint64_t stats_bucket_us[STATS_NBUCKETS - 1] = {
+    100,    250,    500,     1000,    2500,    5000,    10000,   25000,
+    50000,  100000, 250000,  500000,  1000000, 2500000, 5000000, 10000000};
+
+/* Where a stats connection is; see the diagram above. */
+typedef enum sconn_state {
+    SCONN_READING = 0, /* waiting for a request, or for silence */
+    SCONN_WRITING,     /* the response is being written */
+    SCONN_LINGERING,   /* written and shut down; reading until the peer closes */
+    SCONN_CLOSING      /* uv_close called on its handles */
+} sconn_state;
+
+struct stats_server;
+
+typedef struct sconn {
+    struct stats_server *sv; /* the port it came in on */
+    uint64_t id;             /* for logs */
+    char peer[64];           /* peer address, for logs */
+    union {
+        uv_handle_t h;
+        uv_stream_t s;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } io;                    /* the connection */
+    uv_timer_t timer;        /* plain-wait, request, write and linger timeouts */
+    uv_write_t wreq;         /* the response write */
+    uv_shutdown_t sreq;      /* half-close after the response */
+    list_node node;          /* in sv->conns until closed */
+    buf in;                  /* request bytes (bounded by STATS_MAX_REQUEST) */
+    buf out;                 /* the response, alive until the write callback */
+    sconn_state state;       /* see sconn_state */
+    int http_wait;           /* a partial HTTP request got the longer timeout */
+    int nhandles;            /* handles not yet closed (freed at 0) */
+} sconn;
+
+typedef struct stats_server {
+    ferry *f; /* context */
+    union {
+        uv_handle_t h;
+        uv_stream_t s;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } io;             /* listening socket */
+    int is_unix;      /* pipe or tcp */
+    int open;         /* listener initialised and not closed */
+    char name[300];   /* address, for logs */
+    list_node conns;  /* open sconns */
+    int nconns;       /* entries in conns */
+} stats_server;
+
+static void stats_printf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void stats_snapshot(ferry *f, ferry_stats *st);
+static void sconn_close(sconn *c, const char *reason);
+static void sconn_close_cb(uv_handle_t *h);
+static void sconn_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
+static void sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
+static void sconn_timer_cb(uv_timer_t *t);
+static void sconn_write_cb(uv_write_t *w, int status);
+static void sconn_shutdown_cb(uv_shutdown_t *r, int status);
+
+/* ---------------------------------------------------------------- updates */
+
+void stats_count_command(ferry_stats *st, const struct command *cmd)
+{
+    if (cmd == NULL) {
+        st->class_unknown++;
+        return;
+    }
+    switch (cmd->cls) {
+    case CMD_STATELESS:
+        st->class_stateless++;
+        break;
+    case CMD_BLOCKING:
+        st->class_blocking++;
+        break;
+    case CMD_PUBSUB:
+        st->class_pubsub++;
+        break;
+    case CMD_TRANSACTION:
+        st->class_transaction++;
+        break;
+    case CMD_CONNSTATE:
+        st->class_connstate++;
+        break;
+    case CMD_DENIED:
+        st->class_denied++;
+        break;
+    case CMD_LOCAL:
+        st->class_local++;
+        break;
+    }
+}
+
+void stats_observe(stats_histogram *h, uint64_t us)
+{
+    int i = 0;
+    while (i < STATS_NBUCKETS - 1 && us > stats_bucket_us[i]) {
+        i++;
+    }
+    h->bucket[i]++;
+    h->count++;
+    h->sum_us += us;
+}
+
+void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, uint64_t now_ns,
+                         int is_error)
+{
+    if (is_error) {
+        st->redis_errors++;
+    }
+    if (now_ns == 0) {
+        return;
+    }
+    if (born_ns != 0 && now_ns >= born_ns) {
+        stats_observe(&st->request_duration_seconds, (now_ns - born_ns) / 1000);
+    }
+    if (sent_ns != 0 && now_ns >= sent_ns) {
+        stats_observe(&st->upstream_duration_seconds, (now_ns - sent_ns) / 1000);
+    }
+}
+
+void stats_held(ferry_stats *st, uint64_t held_bytes)
+{
+    if (held_bytes > st->held_bytes_peak) {
+        st->held_bytes_peak = held_bytes;
+    }
+}
+
+/* ----------------------------------------------------------------- output */
+
+static void stats_printf(buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    buf_reserve(b, 256);
+    va_start(ap, fmt);
+    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        return;
+    }
+    if ((size_t)n >= b->cap - b->len) {
+        buf_reserve(b, (size_t)n + 1);
+        va_start(ap, fmt);
+        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
+}
+
+/* A JSON string: quotes, backslashes, control and non-ASCII bytes escaped
+ * (so the document is valid whatever bytes a reason or name holds). */
+static void json_string(buf *b, const char *s)
+{
+    buf_append(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\') {
+            char e[2] = {'\\', (char)*p};
+            buf_append(b, e, 2);
+        } else if (*p < 0x20 || *p >= 0x7f) {
+            stats_printf(b, "\\u%04x", *p);
+        } else {
+            buf_append(b, p, 1);
+        }
+    }
+    buf_append(b, "\"", 1);
+}
+
+/* Prometheus escaping: HELP text escapes \ and newline; label values also ". */
+static void prom_escape(buf *b, const char *s, int label)
+{
+    for (const char *p = s; *p != '\0'; p++) {
+        if (*p == '\\') {
+            buf_append(b, "\\\\", 2);
+        } else if (*p == '\n') {
+            buf_append(b, "\\n", 2);
+        } else if (*p == '"' && label) {
+            buf_append(b, "\\\"", 2);
+        } else {
+            buf_append(b, p, 1);
+        }
+    }
+}
+
+static uint64_t stat_num(const ferry_stats *st, const stat_desc *d)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)st + d->offset, sizeof(v));
+    return v;
+}
+
+static const char *stat_text(const ferry_stats *st, const stat_desc *d)
+{
+    return (const char *)st + d->offset;
+}
+
+static const stats_histogram *stat_hist(const ferry_stats *st, const stat_desc *d)
+{
+    return (const stats_histogram *)(const void *)((const char *)st + d->offset);
+}
+
+/* A bucket bound as Prometheus writes it: seconds, shortest form ("0.0025"). */
+static void bucket_label(char *out, size_t len, int i)
+{
+    if (i >= STATS_NBUCKETS - 1) {
+        snprintf(out, len, "+Inf");
+    } else {
+        snprintf(out, len, "%g", (double)stats_bucket_us[i] / 1e6);
+    }
+}
+
+/* Copy a TEXT stat, truncated to STATS_TEXT_MAX - 1 bytes. */
+static void text_set(char *dst, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= STATS_TEXT_MAX) {
+        n = STATS_TEXT_MAX - 1;
+    }
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Unix seconds of a uv_now() instant 'then', given both clocks now. */
+static uint64_t unix_of(uint64_t now_ms, uint64_t then_ms, int64_t unix_now)
+{
+    uint64_t ago = now_ms >= then_ms ? (now_ms - then_ms) / 1000 : 0;
+    return unix_now > 0 && (uint64_t)unix_now > ago ? (uint64_t)unix_now - ago : 0;
+}
+
+/* f->stats plus the live values, computed now from the context. */
+static void stats_snapshot(ferry *f, ferry_stats *st)
+{
+    const upstream *up = f->up;
+    uint64_t now = uv_now(f->loop);
+    uv_timeval64_t tv;
+    char host[256];
+    size_t hlen = sizeof(host);
+
+    *st = f->stats;
+    if (uv_gettimeofday(&tv) != 0) {
+        tv.tv_sec = 0;
+    }
+    if (uv_os_gethostname(host, &hlen) != 0) {
+        snprintf(host, sizeof(host), "unknown");
+    }
+    snprintf(st->service, sizeof(st->service), "ferry");
+    text_set(st->source, host);
+    text_set(st->version, FERRY_VERSION);
+    st->uptime = (now - f->started_ms) / 1000;
+    st->timestamp = (uint64_t)tv.tv_sec;
+    st->total_connections = st->clients_total;
+    st->curr_connections = f->nclients;
+    st->held_bytes = f->held_bytes;
+    st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
+    if (f->sentinel != NULL) {
+        st->sentinels_known = (uint64_t)sentinel_known(f->sentinel);
+        st->sentinels_reachable = (uint64_t)sentinel_reachable(f->sentinel);
+    }
+    snprintf(st->upstream_state, sizeof(st->upstream_state), "DOWN");
+    if (up == NULL) {
+        return;
+    }
+    int is_up = up->state == UP_UP;
+    st->upstream_up = (uint64_t)is_up;
+    text_set(st->upstream_state, upstream_state_name(up->state));
+    text_set(st->master_addr, upstream_name(up));
+    st->epoch = up->epoch;
+    st->connected_since = is_up ? unix_of(now, up->up_since_ms, tv.tv_sec) : 0;
+    st->down_for_ms = is_up ? 0 : now - up->down_since_ms;
+    st->links_open = (uint64_t)up->nlinks;
+    st->pool_idle = (uint64_t)up->npool;
+    st->failovers = up->switches;
+    st->failover_last_ms = up->last_switch_ms;
+    st->failover_longest_ms = up->longest_switch_ms;
+    text_set(st->failover_last_reason, up->last_reason);
+    st->aof_enforced = (uint64_t)(up->aof_ok != 0);
+    st->aof_enforced_since = up->aof_ok ? unix_of(now, up->aof_since_ms, tv.tv_sec) : 0;
+    text_set(st->durability_last_error, up->aof_error);
+}
+
+static void json_histogram(buf *b, const stats_histogram *h)
+{
+    char le[32];
+    uint64_t cum = 0;
+    stats_printf(b, "{\"count\":%llu,\"sum_seconds\":%.6f,\"buckets\":{",
+                 (unsigned long long)h->count, (double)h->sum_us / 1e6);
+    for (int i = 0; i < STATS_NBUCKETS; i++) {
+        cum += h->bucket[i];
+        bucket_label(le, sizeof(le), i);
+        stats_printf(b, "%s\"%s\":%llu", i > 0 ? "," : "", le, (unsigned long long)cum);
+    }
+    buf_append_str(b, "}}");
+}
+
+void stats_render_json(ferry *f, buf *out)
+{
+    ferry_stats *st = xmalloc(sizeof(*st));
+    const char *section = "top";
+    int first = 1;
+
+    stats_snapshot(f, st);
+    buf_append_str(out, "{");
+    for (size_t i = 0; i < STATS_NDESC; i++) {
+        const stat_desc *d = &stat_descs[i];
+        if (strcmp(d->section, section) != 0) {
+            if (strcmp(section, "top") != 0) {
+                buf_append_str(out, "}");
+            }
+            section = d->section;
+            buf_append_str(out, ",");
+            json_string(out, section);
+            buf_append_str(out, ":{");
+            first = 1;
+        }
+        if (!first) {
+            buf_append_str(out, ",");
+        }
+        first = 0;
+        json_string(out, d->name);
+        buf_append_str(out, ":");
+        switch (d->type) {
+        case STAT_COUNTER:
+        case STAT_GAUGE:
+        case STAT_MSEC:
+            stats_printf(out, "%llu", (unsigned long long)stat_num(st, d));
+            break;
+        case STAT_BOOL:
+            buf_append_str(out, stat_num(st, d) ? "true" : "false");
+            break;
+        case STAT_TEXT:
+            json_string(out, stat_text(st, d));
+            break;
+        case STAT_HISTOGRAM:
+            json_histogram(out, stat_hist(st, d));
+            break;
+        }
+    }
+    if (strcmp(section, "top") != 0) {
+        buf_append_str(out, "}");
+    }
+    buf_append_str(out, "}\n");
+    free(st);
+}
+
+static void prom_header(buf *b, const char *family, const char *help, const char *type)
+{
+    stats_printf(b, "# HELP %s ", family);
+    prom_escape(b, help, 0);
+    stats_printf(b, "\n# TYPE %s %s\n", family, type);
+}
+
+/* TEXT entries descs[i..] sharing a Prometheus name: one info gauge whose
+ * labels are their values. Returns the index after the run. */
+static size_t prom_info(buf *b, const ferry_stats *st, size_t i)
+{
+    const stat_desc *d0 = &stat_descs[i];
+    size_t j = i;
+    buf help;
+
+    buf_init(&help);
+    buf_append_str(&help, "Always 1; text stats as labels:");
+    while (j < STATS_NDESC && stat_descs[j].type == STAT_TEXT &&
+           strcmp(stat_descs[j].prom, d0->prom) == 0) {
+        stats_printf(&help, "%s %s: %s", j > i ? ";" : "", stat_descs[j].name, stat_descs[j].help);
+        j++;
+    }
+    buf_append(&help, "", 1);
+    prom_header(b, d0->prom, help.data, "gauge");
+    buf_free(&help);
+    stats_printf(b, "%s{", d0->prom);
+    for (size_t k = i; k < j; k++) {
+        stats_printf(b, "%s%s=\"", k > i ? "," : "", stat_descs[k].name);
+        prom_escape(b, stat_text(st, &stat_descs[k]), 1);
+        buf_append_str(b, "\"");
+    }
+    buf_append_str(b, "} 1\n");
+    return j;
+}
+
+static void prom_histogram(buf *b, const stat_desc *d, const stats_histogram *h)
+{
+    char le[32];
+    uint64_t cum = 0;
+    prom_header(b, d->prom, d->help, "histogram");
+    for (int i = 0; i < STATS_NBUCKETS; i++) {
+        cum += h->bucket[i];
+        bucket_label(le, sizeof(le), i);
+        stats_printf(b, "%s_bucket{le=\"%s\"} %llu\n", d->prom, le, (unsigned long long)cum);
+    }
+    stats_printf(b, "%s_sum %.6f\n", d->prom, (double)h->sum_us / 1e6);
+    stats_printf(b, "%s_count %llu\n", d->prom, (unsigned long long)h->count);
+}
+
+void stats_render_prometheus(ferry *f, buf *out)
+{
+    ferry_stats *st = xmalloc(sizeof(*st));
+    size_t i = 0;
+
+    stats_snapshot(f, st);
+    while (i < STATS_NDESC) {
+        const stat_desc *d = &stat_descs[i];
+        if (d->prom[0] == '\0') {
+            i++;
+            continue;
+        }
+        switch (d->type) {
+        case STAT_TEXT:
+            i = prom_info(out, st, i);
+            continue;
+        case STAT_COUNTER:
+            prom_header(out, d->prom, d->help, "counter");
+            stats_printf(out, "%s %llu\n", d->prom, (unsigned long long)stat_num(st, d));
+            break;
+        case STAT_GAUGE:
+        case STAT_BOOL:
+            prom_header(out, d->prom, d->help, "gauge");
+            stats_printf(out, "%s %llu\n", d->prom, (unsigned long long)stat_num(st, d));
+            break;
+        case STAT_MSEC:
+            prom_header(out, d->prom, d->help, "gauge");
+            stats_printf(out, "%s %.3f\n", d->prom, (double)stat_num(st, d) / 1000.0);
+            break;
+        case STAT_HISTOGRAM:
+            prom_histogram(out, d, stat_hist(st, d));
+            break;
+        }
+        i++;
+    }
+    free(st);
+}
+
+static const char *stat_type_name(stat_type t)
+{
+    switch (t) {
+    case STAT_COUNTER:
+        return "counter";
+    case STAT_GAUGE:
+        return "gauge";
+    case STAT_MSEC:
+        return "gauge_ms";
+    case STAT_BOOL:
+        return "bool";
+    case STAT_TEXT:
+        return "text";
+    case STAT_HISTOGRAM:
+        return "histogram";
+    }
+    return "?";
+}
+
+void stats_describe(FILE *out)
+{
+    for (size_t i = 0; i < STATS_NDESC; i++) {
+        const stat_desc *d = &stat_descs[i];
+        char path[96];
+        if (strcmp(d->section, "top") == 0) {
+            snprintf(path, sizeof(path), "%s", d->name);
+        } else {
+            snprintf(path, sizeof(path), "%s.%s", d->section, d->name);
+        }
+        fprintf(out, "%-36s %-9s %-54s %s\n", path, stat_type_name(d->type),
+                d->prom[0] != '\0' ? d->prom : "-", d->help);
+    }
+}
+
+/* ------------------------------------------------------------ stats port */
+
+static void sconn_close(sconn *c, const char *reason)
+{
+    if (c->state == SCONN_CLOSING) {
+        return;
+    }
+    c->state = SCONN_CLOSING;
+    log_debug("stats %llu %s closed: %s", (unsigned long long)c->id, c->peer, reason);
+    uv_timer_stop(&c->timer);
+    list_del(&c->node);
+    c->sv->nconns--;
+    uv_close(&c->io.h, sconn_close_cb);
+    uv_close((uv_handle_t *)&c->timer, sconn_close_cb);
+}
+
+static void sconn_close_cb(uv_handle_t *h)
+{
+    sconn *c = h->data;
+    if (--c->nhandles > 0) {
+        return;
+    }
+    buf_free(&c->in);
+    buf_free(&c->out);
+    free(c);
+}
+
+/* Send c->out, then half-close and linger until the peer closes (closing
+ * with unread bytes would reset the connection and could lose the reply). */
+static void sconn_send(sconn *c)
+{
+    uv_buf_t b = uv_buf_init(c->out.data, (unsigned)c->out.len);
+    c->state = SCONN_WRITING;
+    buf_clear(&c->in);
+    uv_timer_start(&c->timer, sconn_timer_cb, STATS_WRITE_TIMEOUT_MS, 0);
+    c->wreq.data = c;
+    int rc = uv_write(&c->wreq, &c->io.s, &b, 1, sconn_write_cb);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+    }
+}
+
+static void sconn_write_cb(uv_write_t *w, int status)
+{
+    sconn *c = w->data;
+    if (c->state == SCONN_CLOSING) {
+        return;
+    }
+    if (status < 0) {
+        sconn_close(c, uv_strerror(status));
+        return;
+    }
+    buf_free(&c->out);
+    c->state = SCONN_LINGERING;
+    c->sreq.data = c;
+    int rc = uv_shutdown(&c->sreq, &c->io.s, sconn_shutdown_cb);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+        return;
+    }
+    uv_timer_start(&c->timer, sconn_timer_cb, STATS_LINGER_MS, 0);
+}
+
+static void sconn_shutdown_cb(uv_shutdown_t *r, int status)
+{
+    sconn *c = r->data;
+    if (c->state != SCONN_CLOSING && status < 0) {
+        sconn_close(c, uv_strerror(status));
+    }
+}
+
+/* Answer a plain connection: the JSON document, no HTTP header. */
+static void sconn_reply_plain(sconn *c)
+{
+    buf_clear(&c->out);
+    stats_render_json(c->sv->f, &c->out);
+    log_debug("stats %llu %s: plain connection, JSON sent", (unsigned long long)c->id, c->peer);
+    sconn_send(c);
+}
+
+static void sconn_reply_http(sconn *c, int code, const char *ctype, const buf *body)
+{
+    const char *reason = code == 200   ? "OK"
+                         : code == 400 ? "Bad Request"
+                         : code == 404 ? "Not Found"
+                         : code == 405 ? "Method Not Allowed"
+                         : code == 431 ? "Request Header Fields Too Large"
+                                       : "Service Unavailable";
+    buf_clear(&c->out);
+    stats_printf(&c->out,
+                 "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                 "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
+                 code, reason, ctype, buf_used(body));
+    buf_append(&c->out, buf_head(body), buf_used(body));
+    sconn_send(c);
+}
+
+/* /healthz: 200 while the master is UP and ferry is not stopping. */
+static int healthz(ferry *f, buf *body)
+{
+    const upstream *up = f->up;
+    if (f->stopping) {
+        buf_append_str(body, "STOPPING: ferry is shutting down\n");
+        return 503;
+    }
+    if (up == NULL) {
+        buf_append_str(body, "DOWN: no master configured\n");
+        return 503;
+    }
+    if (up->state == UP_UP) {
+        stats_printf(body, "OK: master %s is UP\n", upstream_name(up));
+        return 200;
+    }
+    stats_printf(body, "%s: master %s for %llu ms: %s\n", upstream_state_name(up->state),
+                 up->target_set ? upstream_name(up) : "(none known)",
+                 (unsigned long long)(uv_now(f->loop) - up->down_since_ms),
+                 up->switches > 0 ? up->last_reason : "not connected yet");
+    return 503;
+}
+
+/* Route a complete request: method and target are NUL-terminated. */
+static void sconn_route(sconn *c, const char *method, char *target)
+{
+    ferry *f = c->sv->f;
+    buf body;
+    int code = 200;
+    const char *ctype = "text/plain; charset=utf-8";
+
+    buf_init(&body);
+    char *q = strchr(target, '?');
+    if (q != NULL) {
+        *q = '\0';
+    }
+    log_debug("stats %llu %s: %s %s", (unsigned long long)c->id, c->peer, method, target);
+    if (strcmp(method, "GET") != 0) {
+        code = 405;
+        buf_append_str(&body, "only GET is supported\n");
+    } else if (strcmp(target, "/metrics") == 0) {
+        ctype = "text/plain; version=0.0.4; charset=utf-8";
+        stats_render_prometheus(f, &body);
+    } else if (strcmp(target, "/stats") == 0) {
+        ctype = "application/json";
+        stats_render_json(f, &body);
+    } else if (strcmp(target, "/healthz") == 0) {
+        code = healthz(f, &body);
+    } else {
+        code = 404;
+        buf_append_str(&body, "not found; try /metrics, /stats or /healthz\n");
+    }
+    sconn_reply_http(c, code, ctype, &body);
+    buf_free(&body);
+}
+
+enum { PARSE_MORE = 0, PARSE_PLAIN, PARSE_HTTP };
+
+/* Look at what was read: not an HTTP request line (plain), an incomplete
+ * one (more), or a complete request (its line is then split in place). */
+static int sconn_parse(sconn *c, char **method, char **target)
+{
+    char *p = c->in.data;
+    size_t n = c->in.len;
+    size_t i = 0;
+
+    while (i < n && p[i] >= 'A' && p[i] <= 'Z') {
+        i++;
+    }
+    if (i == n) {
+        return i <= 16 ? PARSE_MORE : PARSE_PLAIN;
+    }
+    if (i == 0 || i > 16 || p[i] != ' ') {
+        return PARSE_PLAIN;
+    }
+    char *nl = memchr(p, '\n', n);
+    if (nl == NULL) {
+        return PARSE_MORE;
+    }
+    char *line_end = nl > p && nl[-1] == '\r' ? nl - 1 : nl;
+    char *t = p + i + 1;
+    if (t >= line_end || *t != '/') {
+        return PARSE_PLAIN;
+    }
+    char *sp = memchr(t, ' ', (size_t)(line_end - t));
+    int has_version = sp != NULL;
+    if (has_version) {
+        size_t vlen = (size_t)(line_end - (sp + 1));
+        if (vlen < 5 || memcmp(sp + 1, "HTTP/", 5) != 0) {
+            return PARSE_PLAIN;
+        }
+        /* HTTP/1.x: wait for the blank line that ends the headers. */
+        const char *rest = nl + 1;
+        size_t left = n - (size_t)(rest - p);
+        int done = (left >= 1 && rest[0] == '\n') || (left >= 2 && rest[0] == '\r' && rest[1] == '\n');
+        for (size_t k = 0; !done && k + 1 < left; k++) {
+            if (rest[k] == '\n' && (rest[k + 1] == '\n' ||
+                                    (rest[k + 1] == '\r' && k + 2 < left && rest[k + 2] == '\n'))) {
+                done = 1;
+            }
+        }
+        if (!done) {
+            return PARSE_MORE;
+        }
+    }
+    p[i] = '\0';
+    if (has_version) {
+        *sp = '\0';
+    } else {
+        *line_end = '\0'; /* HTTP/0.9 style "GET /path": answered at once */
+    }
+    *method = p;
+    *target = t;
+    return PARSE_HTTP;
+}
+
+static void sconn_process(sconn *c)
+{
+    char *method = NULL, *target = NULL;
+    int rc = sconn_parse(c, &method, &target);
+
+    if (rc == PARSE_PLAIN) {
+        sconn_reply_plain(c);
+    } else if (rc == PARSE_HTTP) {
+        sconn_route(c, method, target);
+    } else if (c->in.len >= STATS_MAX_REQUEST) {
+        buf body;
+        buf_init(&body);
+        buf_append_str(&body, "request too large\n");
+        sconn_reply_http(c, 431, "text/plain; charset=utf-8", &body);
+        buf_free(&body);
+    }
+}
+
+static void sconn_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
+{
+    sconn *c = h->data;
+    if (c->state != SCONN_READING) {
+        buf_clear(&c->in); /* what follows the request is read and dropped */
+    }
+    buf_reserve(&c->in, 1024);
+    size_t room = c->in.cap - c->in.len;
+    if (c->state == SCONN_READING && c->in.len + room > STATS_MAX_REQUEST) {
+        room = STATS_MAX_REQUEST - c->in.len;
+    }
+    b->base = c->in.data + c->in.len;
+    b->len = room;
+}
+
+static void sconn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
+{
+    sconn *c = st->data;
+    if (c->state == SCONN_CLOSING) {
+        return;
+    }
+    if (nread < 0) {
+        sconn_close(c, nread == UV_EOF ? "peer closed the connection" : uv_strerror((int)nread));
+        return;
+    }
+    if (nread == 0 || c->state != SCONN_READING) {
+        return;
+    }
+    c->in.len += (size_t)nread;
+    sconn_process(c);
+}
+
+static void sconn_timer_cb(uv_timer_t *t)
+{
+    sconn *c = t->data;
+    switch (c->state) {
+    case SCONN_READING:
+        if (c->in.len == 0) {
+            sconn_reply_plain(c);
+        } else if (!c->http_wait) {
+            c->http_wait = 1;
+            uv_timer_start(&c->timer, sconn_timer_cb,
+                           STATS_REQUEST_TIMEOUT_MS - STATS_PLAIN_WAIT_MS, 0);
+        } else {
+            sconn_close(c, "request timeout");
+        }
+        return;
+    case SCONN_WRITING:
+        sconn_close(c, "write timeout");
+        return;
+    case SCONN_LINGERING:
+        sconn_close(c, "done");
+        return;
+    case SCONN_CLOSING:
+        return;
+    }
+}
+
+static void stats_conn_cb(uv_stream_t *st, int status)
+{
+    stats_server *sv = st->data;
+    ferry *f = sv->f;
+
+    if (status < 0) {
+        log_warn("stats %s: accept failed: %s", sv->name, uv_strerror(status));
+        return;
+    }
+    sconn *c = xcalloc(1, sizeof(*c));
+    c->sv = sv;
+    c->id = ++f->next_id;
+    snprintf(c->peer, sizeof(c->peer), "%s", sv->is_unix ? "unix" : "?");
+    if (sv->is_unix) {
+        uv_pipe_init(f->loop, &c->io.pipe, 0);
+    } else {
+        uv_tcp_init(f->loop, &c->io.tcp);
+    }
+    uv_timer_init(f->loop, &c->timer);
+    c->io.h.data = c;
+    c->timer.data = c;
+    c->nhandles = 2;
+    buf_init(&c->in);
+    buf_init(&c->out);
+    list_add_tail(&sv->conns, &c->node);
+    sv->nconns++;
+
+    int rc = uv_accept(st, &c->io.s);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+        return;
+    }
+    if (!sv->is_unix) {
+        struct sockaddr_storage ss;
+        int len = sizeof(ss);
+        char host[48] = "?";
+        if (uv_tcp_getpeername(&c->io.tcp, (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET6) {
+                uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof(host));
+                snprintf(c->peer, sizeof(c->peer), "[%s]:%d", host,
+                         ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+            } else {
+                uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof(host));
+                snprintf(c->peer, sizeof(c->peer), "%s:%d", host,
+                         ntohs(((struct sockaddr_in *)&ss)->sin_port));
+            }
+        }
+    }
+    if (sv->nconns > STATS_MAX_CONNS) {
+        sconn_close(c, "too many stats connections");
+        return;
+    }
+    log_debug("stats %llu %s connected", (unsigned long long)c->id, c->peer);
+    rc = uv_read_start(&c->io.s, sconn_alloc_cb, sconn_read_cb);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+        return;
+    }
+    uv_timer_start(&c->timer, sconn_timer_cb, STATS_PLAIN_WAIT_MS, 0);
+}
+
+int stats_start(ferry *f)
+{
+    const config *cfg = f->cfg;
+    const config_addr *a = &cfg->stats_listen;
+    int rc;
+
+    if (!cfg->stats_enabled) {
+        return 0;
+    }
+    stats_server *sv = xcalloc(1, sizeof(*sv));
+    f->stats_srv = sv;
+    sv->f = f;
+    list_init(&sv->conns);
+    config_addr_str(a, sv->name, sizeof(sv->name));
+    if (a->is_unix) {
+        sv->is_unix = 1;
+        uv_pipe_init(f->loop, &sv->io.pipe, 0);
+        sv->io.h.data = sv;
+        sv->open = 1;
+        remove(a->path); /* a stale socket file from an earlier run */
+        rc = uv_pipe_bind(&sv->io.pipe, a->path);
+    } else {
+        struct sockaddr_storage ss;
+        uv_tcp_init(f->loop, &sv->io.tcp);
+        sv->io.h.data = sv;
+        sv->open = 1;
+        if (strchr(a->host, ':') != NULL) {
+            rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
+        } else {
+            rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
+        }
+        if (rc == 0) {
+            rc = uv_tcp_bind(&sv->io.tcp, (const struct sockaddr *)&ss, 0);
+        }
+    }
+    if (rc == 0) {
+        rc = uv_listen(&sv->io.s, 128, stats_conn_cb);
+    }
+    if (rc < 0) {
+        log_error("cannot listen on %s (stats): %s", sv->name, uv_strerror(rc));
+        stats_stop(f);
+        return rc;
+    }
+    log_info("stats on %s", sv->name);
+    return 0;
+}
+
+void stats_stop(ferry *f)
+{
+    stats_server *sv = f->stats_srv;
+    list_node *n, *t;
+
+    if (sv == NULL) {
+        return;
+    }
+    if (sv->open) {
+        sv->open = 0;
+        uv_close(&sv->io.h, NULL);
+        if (sv->is_unix) {
+            remove(f->cfg->stats_listen.path);
+        }
+    }
+    list_foreach_safe(n, t, &sv->conns)
+    {
+        sconn_close(list_entry(n, sconn, node), "ferry is stopping");
+    }
+}
+
+void stats_free(ferry *f)
+{
+    free(f->stats_srv);
+    f->stats_srv = NULL;
+}

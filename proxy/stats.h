@@ -1,0 +1,192 @@
+/* stats.h - every statistic ferry keeps, declared once in FERRY_STATS: the
+ * context's counters struct, the stats port's JSON and Prometheus output and
+ * `ferry --describe-stats` are all generated from that one list. Stats are
+ * updated on the loop only; the stats port is a listener on the same loop. */
+#ifndef FERRY_STATS_H
+#define FERRY_STATS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+struct buf;
+struct command;
+struct ferry;
+
+/* What a stat is, which decides its field type and how it is printed. */
+typedef enum stat_type {
+    STAT_COUNTER = 0, /* only grows; Prometheus counter */
+    STAT_GAUGE,       /* a number that goes up and down */
+    STAT_MSEC,        /* a gauge kept in milliseconds; Prometheus gets seconds */
+    STAT_BOOL,        /* 0 or 1; JSON true/false, Prometheus gauge */
+    STAT_TEXT,        /* a string; JSON string, Prometheus label of an info gauge */
+    STAT_HISTOGRAM    /* a latency distribution (buckets in microseconds) */
+} stat_type;
+
+/* The stat list: X(section, name, type, prometheus name, help).
+ *  - section groups stats in the JSON document ("top" is its top level,
+ *    nutcracker's keys); entries of one section stay together;
+ *  - name is the field in ferry_stats and the JSON key;
+ *  - the Prometheus name is "" for JSON-only entries; TEXT entries with the
+ *    same Prometheus name become the labels of one info gauge (value 1);
+ *  - gauges marked (live) are computed from the context when printed. */
+#define FERRY_STATS(X)                                                                             \
+    X(top, service, TEXT, "ferry_info", "always \"ferry\" (live)")                                 \
+    X(top, source, TEXT, "ferry_info", "host name (live)")                                         \
+    X(top, version, TEXT, "ferry_info", "ferry version (live)")                                    \
+    X(top, uptime, GAUGE, "ferry_uptime_seconds", "seconds since ferry started (live)")            \
+    X(top, timestamp, GAUGE, "", "unix time of this report, seconds (live)")                       \
+    X(top, total_connections, COUNTER, "",                                                         \
+      "client connections accepted; same as clients.clients_total (live)")                         \
+    X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
+                                                                                                   \
+    X(clients, clients_total, COUNTER, "ferry_clients_total", "client connections accepted")       \
+    X(clients, clients_rejected, COUNTER, "ferry_clients_rejected_total",                          \
+      "client connections refused at client.max_clients")                                          \
+                                                                                                   \
+    X(commands, commands_total, COUNTER, "ferry_commands_total", "requests parsed from clients")   \
+    X(commands, class_stateless, COUNTER, "ferry_commands_class_stateless_total",                  \
+      "requests of the stateless class (the shared link)")                                         \
+    X(commands, class_blocking, COUNTER, "ferry_commands_class_blocking_total",                    \
+      "requests of the blocking class (BLPOP, BRPOP, XREAD...)")                                   \
+    X(commands, class_pubsub, COUNTER, "ferry_commands_class_pubsub_total",                        \
+      "requests of the pub/sub class (SUBSCRIBE, PUBLISH...)")                                     \
+    X(commands, class_transaction, COUNTER, "ferry_commands_class_transaction_total",              \
+      "requests of the transaction class (MULTI, EXEC, WATCH...)")                                 \
+    X(commands, class_connstate, COUNTER, "ferry_commands_class_connstate_total",                  \
+      "requests of the connection-state class (SELECT, CLIENT SETNAME, MONITOR...)")               \
+    X(commands, class_local, COUNTER, "ferry_commands_class_local_total",                          \
+      "requests of the local class (AUTH, HELLO, QUIT, RESET)")                                    \
+    X(commands, class_denied, COUNTER, "ferry_commands_class_denied_total",                        \
+      "requests of the denied class (SHUTDOWN, REPLICAOF...)")                                     \
+    X(commands, class_unknown, COUNTER, "ferry_commands_class_unknown_total",                      \
+      "requests naming a command Redis 7.0 does not have")                                         \
+    X(commands, commands_local, COUNTER, "ferry_commands_local_total",                             \
+      "requests answered by ferry itself")                                                         \
+    X(commands, commands_denied, COUNTER, "ferry_commands_denied_total",                           \
+      "requests refused (deny list, CONFIG SET of enforced settings)")                             \
+                                                                                                   \
+    X(errors, protocol_errors, COUNTER, "ferry_protocol_errors_total",                             \
+      "clients closed for malformed input or an oversized query")                                  \
+    X(errors, upstream_errors, COUNTER, "ferry_upstream_errors_total",                             \
+      "links to Redis that failed (connect, timeout, authentication, I/O)")                        \
+    X(errors, requests_retried, COUNTER, "ferry_requests_retried_total",                           \
+      "requests re-sent after a lost link")                                                        \
+    X(errors, requests_tryagain, COUNTER, "ferry_requests_tryagain_total",                         \
+      "requests answered -TRYAGAIN (no master within hold_timeout_ms, or hold buffer full)")       \
+    X(errors, requests_failed, COUNTER, "ferry_requests_failed_total",                             \
+      "requests answered with an error after their link was lost (retries used up, transaction)")  \
+    X(errors, auth_failures, COUNTER, "ferry_auth_failures_total",                                 \
+      "client AUTH or HELLO AUTH with a wrong password")                                           \
+    X(errors, redis_errors, COUNTER, "ferry_redis_errors_total",                                   \
+      "error replies from Redis passed on to clients")                                             \
+                                                                                                   \
+    X(latency, request_duration_seconds, HISTOGRAM, "ferry_request_duration_seconds",              \
+      "client-seen latency of requests Redis answered, parse to reply (blocking calls included)")  \
+    X(latency, upstream_duration_seconds, HISTOGRAM, "ferry_upstream_duration_seconds",            \
+      "Redis round trip of those requests, send to reply")                                         \
+                                                                                                   \
+    X(upstream, upstream_up, BOOL, "ferry_upstream_up",                                            \
+      "1 while a verified master answers (live)")                                                  \
+    X(upstream, upstream_state, TEXT, "ferry_upstream_info", "UP, SWITCHING or DOWN (live)")       \
+    X(upstream, master_addr, TEXT, "ferry_upstream_info",                                          \
+      "address of the master, empty if none is known (live)")                                      \
+    X(upstream, epoch, GAUGE, "ferry_upstream_epoch",                                              \
+      "bumped each time ferry follows a new master (live)")                                        \
+    X(upstream, connected_since, GAUGE, "ferry_upstream_connected_since_timestamp_seconds",        \
+      "unix time the master last came UP, 0 while DOWN (live)")                                    \
+    X(upstream, down_for_ms, MSEC, "ferry_upstream_down_for_seconds",                              \
+      "how long there has been no UP master, 0 while UP (live)")                                   \
+    X(upstream, links_open, GAUGE, "ferry_links_open",                                             \
+      "connections to Redis open: shared, lent and pooled (live)")                                 \
+    X(upstream, links_opened, COUNTER, "ferry_links_opened_total", "connections to Redis opened")  \
+    X(upstream, pool_idle, GAUGE, "ferry_links_pool_idle", "idle dedicated links pooled (live)")   \
+    X(upstream, held_bytes, GAUGE, "ferry_held_bytes",                                             \
+      "request bytes held for lack of a master (live)")                                            \
+                                                                                                   \
+    X(failover, failovers, COUNTER, "ferry_failovers_total",                                       \
+      "times the master was lost or switched: UP to DOWN or SWITCHING (live)")                     \
+    X(failover, failover_last_ms, MSEC, "ferry_failover_last_duration_seconds",                    \
+      "how long the last failover or outage lasted, until a master was UP again (live)")           \
+    X(failover, failover_longest_ms, MSEC, "ferry_failover_longest_duration_seconds",              \
+      "the longest failover or outage (live)")                                                     \
+    X(failover, failover_last_reason, TEXT, "ferry_failover_info",                                 \
+      "why the master was last lost or switched (live)")                                           \
+    X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
+      "most request bytes held at once for lack of a master")                                      \
+                                                                                                   \
+    X(durability, aof_enforced, BOOL, "ferry_durability_aof_enforced",                             \
+      "appendonly/appendfsync asserted on the current master (live)")                              \
+    X(durability, aof_enforced_since, GAUGE,                                                       \
+      "ferry_durability_aof_enforced_since_timestamp_seconds",                                     \
+      "unix time they were last asserted, 0 if never (live)")                                      \
+    X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
+      "last durability enforcement error, empty if none (live)")                                   \
+                                                                                                   \
+    X(sentinels, sentinels_configured, GAUGE, "ferry_sentinels_configured",                        \
+      "entries in sentinel.addresses (live)")                                                      \
+    X(sentinels, sentinels_known, GAUGE, "ferry_sentinels_known",                                  \
+      "sentinels known, configured and discovered (live)")                                         \
+    X(sentinels, sentinels_reachable, GAUGE, "ferry_sentinels_reachable",                          \
+      "sentinels that answered in the last poll round (live)")                                     \
+                                                                                                   \
+    X(fallback, fallback_pending, GAUGE, "ferry_fallback_pending",                                 \
+      "writes in the fallback store awaiting replay (reserved, 0)")                                \
+    X(fallback, fallback_replayed, COUNTER, "ferry_fallback_replayed_total",                       \
+      "writes replayed from the fallback store (reserved, 0)")                                     \
+    X(fallback, fallback_oldest_ms, MSEC, "ferry_fallback_oldest_age_seconds",                     \
+      "age of the oldest pending fallback write (reserved, 0)")
+
+#define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
+#define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */
+
+/* Upper bounds of the histogram buckets in microseconds (the +Inf bucket has
+ * none): 100us 250us 500us 1ms ... 5s 10s. */
+extern const uint64_t stats_bucket_us[STATS_NBUCKETS - 1];
+
+typedef struct stats_histogram {
+    uint64_t bucket[STATS_NBUCKETS]; /* observations per bucket, not cumulative */
+    uint64_t count;                  /* observations */
+    uint64_t sum_us;                 /* their sum in microseconds */
+} stats_histogram;
+
+#define STATS_FIELD_COUNTER(name) uint64_t name;
+#define STATS_FIELD_GAUGE(name) uint64_t name;
+#define STATS_FIELD_MSEC(name) uint64_t name;
+#define STATS_FIELD_BOOL(name) uint64_t name;
+#define STATS_FIELD_TEXT(name) char name[STATS_TEXT_MAX];
+#define STATS_FIELD_HISTOGRAM(name) stats_histogram name;
+#define STATS_FIELD(section, name, type, prom, help) STATS_FIELD_##type(name)
+
+typedef struct ferry_stats {
+    FERRY_STATS(STATS_FIELD) /* one field per stat, commented in FERRY_STATS */
+} ferry_stats;
+
+/* Count a parsed request by its command's class (cmd NULL: unknown). */
+void stats_count_command(ferry_stats *st, const struct command *cmd);
+/* Record a reply from Redis to a client request: born_ns and sent_ns are the
+ * uv_hrtime() of parsing and sending, now_ns of the reply (0 = unknown);
+ * is_error if the reply is an error. */
+void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, uint64_t now_ns,
+                         int is_error);
+/* Add one observation of us microseconds to h. */
+void stats_observe(stats_histogram *h, uint64_t us);
+/* Note how many request bytes are held now (keeps the peak). */
+void stats_held(ferry_stats *st, uint64_t held_bytes);
+
+/* Append the JSON document / the Prometheus text exposition (format 0.0.4)
+ * for f to out. */
+void stats_render_json(struct ferry *f, struct buf *out);
+void stats_render_prometheus(struct ferry *f, struct buf *out);
+/* Print every stat: JSON path, type, Prometheus name ("-" if none), help;
+ * one per line (ferry --describe-stats). */
+void stats_describe(FILE *out);
+
+/* Listen on cfg->stats_listen if cfg->stats_enabled. Returns 0, or a
+ * negative uv error after logging (nothing left open). */
+int stats_start(struct ferry *f);
+/* Close the listener and every stats connection. */
+void stats_stop(struct ferry *f);
+/* Free the stats port's memory once the loop has closed its handles. */
+void stats_free(struct ferry *f);
+
+#endif
