@@ -1057,7 +1057,7 @@ void config_defaults(config *cfg)
     cfg->log_level = LOG_INFO;
     cfg->shutdown_timeout_ms = 5000;
     cfg->require_aof = 0;
-    cfg->replicas_ack = 0;
+    cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");

@@ -81,7 +81,7 @@ typedef struct config {
     /* durability: checks on the master's persistence and replication */
     int require_aof;                           /* durability.require_aof (0): refuse
                                                   writes unless appendonly is yes */
-    int replicas_ack;                          /* durability.replicas_ack (0 = off, 0..16):
+    int replicas_ack;                          /* durability.replicas_ack (-1 = auto, 0 = off, 0..16):
                                                   replicas that must ack writes (WAIT) */
     uint64_t replicas_ack_timeout_ms;          /* durability.replicas_ack_timeout_ms (1000) */
     uint64_t enforce_interval_ms;              /* durability.enforce_interval_ms (5000):

@@ -57,6 +57,7 @@ static void session_flush_answered(session *s);
 static void session_mark_dirty(session *s);
 static void session_maybe_release(session *s);
 static void session_check_reading(session *s);
+static void subs_free(sub_set *set);
 
 /* --------------------------------------------------------------- requests */
 
@@ -127,8 +128,8 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->io.h.data = s;
     rc = uv_accept(server, &s->io.s);
     if (rc < 0) {
-        free(s);
-        return rc; /* the handle was initialised: close it properly */
+        uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
+        return rc;
     }
     s->id = ++f->next_id;
     list_init(&s->node);
@@ -252,6 +253,9 @@ static void session_close_cb(uv_handle_t *h)
     outq_free(&s->out);
     free(s->av);
     free(s->al);
+    subs_free(&s->channels);
+    subs_free(&s->patterns);
+    subs_free(&s->shards);
     free(s);
 }
 
@@ -467,6 +471,129 @@ static void display_name(const command *cmd, char *out, size_t len)
     out[i] = '\0';
 }
 
+/* ---------------------------------------------------------- subscriptions */
+
+static void subs_add(sub_set *set, const char *p, size_t n)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        if (set->l[i] == n && memcmp(set->v[i], p, n) == 0) {
+            return;
+        }
+    }
+    if (set->n == set->cap) {
+        set->cap = set->cap ? set->cap * 2 : 8;
+        set->v = xrealloc(set->v, set->cap * sizeof(*set->v));
+        set->l = xrealloc(set->l, set->cap * sizeof(*set->l));
+    }
+    set->v[set->n] = xmalloc(n ? n : 1);
+    memcpy(set->v[set->n], p, n);
+    set->l[set->n++] = n;
+}
+
+static void subs_del(sub_set *set, const char *p, size_t n)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        if (set->l[i] == n && memcmp(set->v[i], p, n) == 0) {
+            free(set->v[i]);
+            set->v[i] = set->v[set->n - 1];
+            set->l[i] = set->l[set->n - 1];
+            set->n--;
+            return;
+        }
+    }
+}
+
+static void subs_clear(sub_set *set)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        free(set->v[i]);
+    }
+    set->n = 0;
+}
+
+static void subs_free(sub_set *set)
+{
+    subs_clear(set);
+    free(set->v);
+    free(set->l);
+    set->v = NULL;
+    set->l = NULL;
+    set->cap = 0;
+}
+
+/* Remember what a pub/sub command subscribes to or leaves. */
+static void subs_track(session *s, const command *cmd, const resp_request *req)
+{
+    sub_set *set;
+    int add;
+    const char *n = cmd->name;
+    if (strcmp(n, "subscribe") == 0 || strcmp(n, "unsubscribe") == 0) {
+        set = &s->channels;
+    } else if (strcmp(n, "psubscribe") == 0 || strcmp(n, "punsubscribe") == 0) {
+        set = &s->patterns;
+    } else {
+        set = &s->shards;
+    }
+    add = strstr(n, "unsubscribe") == NULL;
+    if (!add && req->argc == 1) {
+        subs_clear(set);
+        return;
+    }
+    for (size_t i = 1; i < req->argc; i++) {
+        if (add) {
+            subs_add(set, req->argv[i].ptr, req->argv[i].len);
+        } else {
+            subs_del(set, req->argv[i].ptr, req->argv[i].len);
+        }
+    }
+}
+
+static void encode_subscribe(buf *b, const char *verb, const sub_set *set)
+{
+    char hdr[32];
+    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n$%zu\r\n", set->n + 1, strlen(verb));
+    buf_append(b, hdr, (size_t)n);
+    buf_append_str(b, verb);
+    buf_append(b, "\r\n", 2);
+    for (size_t i = 0; i < set->n; i++) {
+        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", set->l[i]);
+        buf_append(b, hdr, (size_t)n);
+        buf_append(b, set->v[i], set->l[i]);
+        buf_append(b, "\r\n", 2);
+    }
+}
+
+/* Rebuild a pub/sub tunnel on the current master. Returns 0 when no master
+ * is UP yet (try again on wake-up). */
+static int session_resubscribe(session *s)
+{
+    link *l = upstream_acquire(s->f->up, s);
+    if (l == NULL) {
+        return 0;
+    }
+    buf b;
+    buf_init(&b);
+    if (s->channels.n > 0) {
+        encode_subscribe(&b, "SUBSCRIBE", &s->channels);
+    }
+    if (s->patterns.n > 0) {
+        encode_subscribe(&b, "PSUBSCRIBE", &s->patterns);
+    }
+    if (s->shards.n > 0) {
+        encode_subscribe(&b, "SSUBSCRIBE", &s->shards);
+    }
+    l->passthrough = 1;
+    l->swallow = (int)(s->channels.n + s->patterns.n + s->shards.n);
+    link_send_raw(l, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    s->dlink = l;
+    s->resub = 0;
+    log_info("client %llu: re-subscribed %zu channel(s), %zu pattern(s), %zu shard channel(s) on "
+             "link %llu", (unsigned long long)s->id, s->channels.n, s->patterns.n, s->shards.n,
+             (unsigned long long)l->id);
+    return 1;
+}
+
 /* Decide how r is routed from its arguments (they are gone after this). */
 static void session_classify(session *s, request *r, const resp_request *req)
 {
@@ -516,6 +643,7 @@ static void session_classify(session *s, request *r, const resp_request *req)
     }
     case CMD_PUBSUB:
         r->route = RT_TUNNEL;
+        subs_track(s, cmd, req);
         return;
     case CMD_TRANSACTION:
         if (strcmp(cmd->name, "multi") == 0) {
@@ -879,7 +1007,19 @@ static int session_dispatch_one(session *s, request *r)
     if (s->dlink != NULL && s->dlink->state == LINK_CLOSING) {
         s->dlink = NULL;
     }
+    if (s->dlink != NULL && !s->passthrough && s->dlink->epoch != f->up->epoch) {
+        /* Lent by a master ferry has let go of (a blocked call draining). */
+        if (s->inflight > 0 && s->flight_link == s->dlink) {
+            return DISPATCH_WAIT;
+        }
+        link *old = s->dlink;
+        s->dlink = NULL;
+        upstream_release(f->up, old);
+    }
     if (s->passthrough) {
+        if (s->dlink == NULL && s->resub) {
+            return DISPATCH_DOWN; /* held until the tunnel is rebuilt */
+        }
         if (s->dlink == NULL) {
             session_answer_str(s, r, "-ERR ferry: the connection to Redis was lost\r\n");
             return DISPATCH_DONE;
@@ -957,6 +1097,9 @@ static int session_dispatch_one(session *s, request *r)
     case RT_TUNNEL:
         s->passthrough = 1;
         target->passthrough = 1;
+        if (r->cmd == NULL || r->cmd->cls != CMD_PUBSUB) {
+            s->tunnel_other = 1;
+        }
         link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
         session_answer(s, r, "", 0);
         return DISPATCH_DONE;
@@ -978,6 +1121,12 @@ static void session_dispatch(session *s)
     int rc = DISPATCH_DONE;
 
     if (s->closing) {
+        return;
+    }
+    if (s->resub && !session_resubscribe(s)) {
+        if (!list_linked(&s->wait_node)) {
+            list_add_tail(&f->waiting, &s->wait_node);
+        }
         return;
     }
     while (n != &s->requests) {
@@ -1092,6 +1241,85 @@ void session_on_stream(session *s, const char *p, size_t n)
     session_mark_dirty(s);
 }
 
+/* Rewrite the timeout of a blocking request that is re-issued: it gets
+ * what is left of its own timeout, measured from when it was first sent.
+ * Returns 0, or 1 with *expired set to the reply its timeout produces. */
+static int session_rearm_blocking(session *s, request *r, uint64_t now, const char **expired)
+{
+    resp_parser *p = resp_parser_new(NULL);
+    resp_request req;
+    int rc = 0;
+    if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
+        req.argc < 2 || r->cmd == NULL) {
+        resp_parser_free(p);
+        return 0;
+    }
+    const char *name = r->cmd->name;
+    size_t ti = req.argc - 1; /* BLPOP, BRPOP, BZPOPMIN/MAX, BLMOVE, BRPOPLPUSH: last */
+    int millis = 0;
+    *expired = "*-1\r\n";
+    if (strcmp(name, "blmpop") == 0 || strcmp(name, "bzmpop") == 0) {
+        ti = 1;
+    } else if (strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0) {
+        *expired = "$-1\r\n";
+    } else if (strcmp(name, "xread") == 0 || strcmp(name, "xreadgroup") == 0) {
+        millis = 1;
+        ti = 0;
+        for (size_t i = 1; i + 1 < req.argc; i++) {
+            if (arg_eq(&req.argv[i], "block")) {
+                ti = i + 1;
+                break;
+            }
+        }
+        if (ti == 0) {
+            resp_parser_free(p);
+            return 0;
+        }
+    }
+    char tmp[64];
+    size_t tl = req.argv[ti].len < sizeof(tmp) - 1 ? req.argv[ti].len : sizeof(tmp) - 1;
+    memcpy(tmp, req.argv[ti].ptr, tl);
+    tmp[tl] = '\0';
+    char *end;
+    double t = strtod(tmp, &end);
+    if (*end != '\0' || t <= 0) {
+        resp_parser_free(p);
+        return 0; /* 0 = forever; anything odd is left for Redis to judge */
+    }
+    double elapsed = (double)(now - r->born) / (millis ? 1.0 : 1000.0);
+    double left = t - elapsed;
+    if (left <= (millis ? 1.0 : 0.001)) {
+        resp_parser_free(p);
+        return 1;
+    }
+    char nt[64];
+    if (millis) {
+        snprintf(nt, sizeof(nt), "%lld", (long long)left);
+    } else {
+        snprintf(nt, sizeof(nt), "%.3f", left);
+    }
+    buf out;
+    buf_init(&out);
+    char hdr[32];
+    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n", req.argc);
+    buf_append(&out, hdr, (size_t)n);
+    for (size_t i = 0; i < req.argc; i++) {
+        const char *a = i == ti ? nt : req.argv[i].ptr;
+        size_t al = i == ti ? strlen(nt) : req.argv[i].len;
+        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", al);
+        buf_append(&out, hdr, (size_t)n);
+        buf_append(&out, a, al);
+        buf_append(&out, "\r\n", 2);
+    }
+    resp_parser_free(p);
+    s->pending_bytes += buf_used(&out);
+    s->pending_bytes -= buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
+    buf_free(&r->data);
+    r->data = out;
+    r->born = now;
+    return rc;
+}
+
 void session_on_lost(session *s, request *r, const char *reason)
 {
     ferry *f = s->f;
@@ -1115,6 +1343,17 @@ void session_on_lost(session *s, request *r, const char *reason)
         session_answer_str(s, r, line);
         session_flush_answered(s);
         return;
+    }
+    if (r->flags & REQ_F_BLOCKING) {
+        /* A blocking pop is re-issued with what is left of its timeout; one
+         * whose time is up gets the timeout reply it would have had. */
+        const char *expired = NULL;
+        if (session_rearm_blocking(s, r, uv_now(f->loop), &expired) != 0) {
+            session_answer_str(s, r, expired);
+            session_flush_answered(s);
+            return;
+        }
+        r->retries = 0; /* a read: safe to re-issue after every failover */
     }
     if (r->retries < SESSION_MAX_RETRIES) {
         r->retries++;
@@ -1145,9 +1384,19 @@ void session_on_link_closed(session *s, struct link *l, const char *reason)
         return;
     }
     s->dlink = NULL;
+    if (s->passthrough && !s->tunnel_other && !s->f->stopping) {
+        /* Pub/sub survives a failover: subscribe again on the next master. */
+        s->resub = 1;
+        log_info("client %llu: pub/sub link lost (%s); will re-subscribe",
+                 (unsigned long long)s->id, reason);
+        if (!list_linked(&s->wait_node)) {
+            list_add_tail(&s->f->waiting, &s->wait_node);
+        }
+        return;
+    }
     if (s->passthrough) {
-        /* A tunnel cannot be rebuilt transparently yet: end it, after what
-         * was already received is written. */
+        /* MONITOR and CLIENT REPLY tunnels are not rebuilt: end it, after
+         * what was already received is written. */
         s->quitting = 1;
         session_mark_dirty(s);
         log_info("client %llu: pass-through link lost (%s)", (unsigned long long)s->id, reason);

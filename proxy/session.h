@@ -8,6 +8,14 @@
 
 struct link;
 
+/* Names a pub/sub client is subscribed to, to re-subscribe after a failover. */
+typedef struct sub_set {
+    char **v;   /* names (heap, not NUL-terminated: see l) */
+    size_t *l;  /* their lengths */
+    size_t n;   /* entries */
+    size_t cap; /* allocated */
+} sub_set;
+
 typedef struct session {
     ferry *f;                 /* context */
     uint64_t id;              /* for logs and CLIENT-like output */
@@ -38,6 +46,11 @@ typedef struct session {
     int tx_aborted;           /* link lost mid-transaction: refuse until EXEC */
     int sticky;               /* CLIENT SETNAME/TRACKING...: pinned for life */
     int passthrough;          /* pub/sub or MONITOR: a raw tunnel from now on */
+    int tunnel_other;         /* the tunnel is MONITOR or CLIENT REPLY (not rebuilt) */
+    int resub;                /* tunnel lost: re-subscribe once a master is UP */
+    sub_set channels;         /* SUBSCRIBE */
+    sub_set patterns;         /* PSUBSCRIBE */
+    sub_set shards;           /* SSUBSCRIBE */
     int authed;               /* AUTH accepted (or no password configured) */
     int reading;              /* uv_read_start active */
     int quitting;             /* close once the output is written */

@@ -45,8 +45,8 @@ static const stat_desc stat_descs[] = {FERRY_STATS(STATS_DESC)};
 #define STATS_NDESC (sizeof(stat_descs) / sizeof(stat_descs[0]))
 
 const uint64_t stats_bucket_us[STATS_NBUCKETS - 1] = {
-    100,    250,    500,     1000,    2500,    5000,    10000,   25000,
-    50000,  100000, 250000,  500000,  1000000, 2500000, 5000000, 10000000};
+    100,   250,    500,    1000,   2500,    5000,    10000,   25000,
+    50000, 100000, 250000, 500000, 1000000, 2500000, 5000000, 10000000};
 
 /* Where a stats connection is; see the diagram above. */
 typedef enum sconn_state {
@@ -67,16 +67,16 @@ typedef struct sconn {
         uv_stream_t s;
         uv_tcp_t tcp;
         uv_pipe_t pipe;
-    } io;                    /* the connection */
-    uv_timer_t timer;        /* plain-wait, request, write and linger timeouts */
-    uv_write_t wreq;         /* the response write */
-    uv_shutdown_t sreq;      /* half-close after the response */
-    list_node node;          /* in sv->conns until closed */
-    buf in;                  /* request bytes (bounded by STATS_MAX_REQUEST) */
-    buf out;                 /* the response, alive until the write callback */
-    sconn_state state;       /* see sconn_state */
-    int http_wait;           /* a partial HTTP request got the longer timeout */
-    int nhandles;            /* handles not yet closed (freed at 0) */
+    } io;               /* the connection */
+    uv_timer_t timer;   /* plain-wait, request, write and linger timeouts */
+    uv_write_t wreq;    /* the response write */
+    uv_shutdown_t sreq; /* half-close after the response */
+    list_node node;     /* in sv->conns until closed */
+    buf in;             /* request bytes (bounded by STATS_MAX_REQUEST) */
+    buf out;            /* the response, alive until the write callback */
+    sconn_state state;  /* see sconn_state */
+    int http_wait;      /* a partial HTTP request got the longer timeout */
+    int nhandles;       /* handles not yet closed (freed at 0) */
 } sconn;
 
 typedef struct stats_server {
@@ -86,12 +86,12 @@ typedef struct stats_server {
         uv_stream_t s;
         uv_tcp_t tcp;
         uv_pipe_t pipe;
-    } io;             /* listening socket */
-    int is_unix;      /* pipe or tcp */
-    int open;         /* listener initialised and not closed */
-    char name[300];   /* address, for logs */
-    list_node conns;  /* open sconns */
-    int nconns;       /* entries in conns */
+    } io;            /* listening socket */
+    int is_unix;     /* pipe or tcp */
+    int open;        /* listener initialised and not closed */
+    char name[300];  /* address, for logs */
+    list_node conns; /* open sconns */
+    int nconns;      /* entries in conns */
 } stats_server;
 
 static void stats_printf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -699,7 +699,8 @@ static int sconn_parse(sconn *c, char **method, char **target)
         /* HTTP/1.x: wait for the blank line that ends the headers. */
         const char *rest = nl + 1;
         size_t left = n - (size_t)(rest - p);
-        int done = (left >= 1 && rest[0] == '\n') || (left >= 2 && rest[0] == '\r' && rest[1] == '\n');
+        int done =
+            (left >= 1 && rest[0] == '\n') || (left >= 2 && rest[0] == '\r' && rest[1] == '\n');
         for (size_t k = 0; !done && k + 1 < left; k++) {
             if (rest[k] == '\n' && (rest[k + 1] == '\n' ||
                                     (rest[k + 1] == '\r' && k + 2 < left && rest[k + 2] == '\n'))) {

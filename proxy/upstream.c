@@ -30,6 +30,7 @@
 #define BACKOFF_MAX_MS 1000
 #define LINK_KEEPALIVE_S 30
 #define FENCE_TIMEOUT_MS 1000
+#define DRAIN_MS 300 /* how long a blocked call on an old master may still be served */
 
 static link *link_new(upstream *up, link_kind kind);
 static void link_connect_cb(uv_connect_t *req, int status);
@@ -42,6 +43,7 @@ static void link_mark_dirty(link *l);
 static void upstream_connect_shared(upstream *up);
 static void upstream_set_state(upstream *up, upstream_state st, const char *reason);
 static void link_enforce(link *l);
+static void link_wait(link *l, int fence);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -151,6 +153,7 @@ upstream *upstream_new(ferry *f)
     up->backoff_ms = BACKOFF_MIN_MS;
     up->epoch = 0;
     snprintf(up->last_reason, sizeof(up->last_reason), "starting");
+    up->replicas_ack = f->cfg->replicas_ack >= 0 ? f->cfg->replicas_ack : f->cfg->has_sentinel;
     if (f->cfg->has_sentinel) {
         up->sentinel_mode = 1;
         up->target_set = 0; /* Sentinel will name the master */
@@ -418,7 +421,7 @@ static link *link_new(upstream *up, link_kind kind)
     buf_init(&l->in);
     resp_scanner_init(&l->sc);
     list_init(&l->pending);
-    list_init(&l->fenced);
+    list_init(&l->held);
     list_init(&l->pool_node);
     list_init(&l->dirty_node);
     l->opened_ms = l->last_io_ms = uv_now(f->loop);
@@ -537,6 +540,10 @@ void link_send(link *l, request *r)
     r->link = l;
     list_add_tail(&l->pending, &r->lq);
     l->npending++;
+    if ((r->flags & REQ_F_WRITE) && !(r->flags & REQ_F_INTERNAL) && l->up->replicas_ack > 0 &&
+        !l->passthrough && (l->owner == NULL || !l->owner->in_multi)) {
+        l->need_wait = 1;
+    }
     if (l->state == LINK_READY) {
         link_mark_dirty(l);
     }
@@ -554,6 +561,9 @@ void link_flush(link *l)
 {
     if (l->state != LINK_READY) {
         return;
+    }
+    if (l->need_wait && !l->fencing && (l->owner == NULL || !l->owner->in_multi)) {
+        link_wait(l, 0); /* one WAIT covers every write in this batch */
     }
     int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
     if (rc < 0) {
@@ -613,15 +623,26 @@ static void link_deliver(link *l, const char *p, size_t n)
             if (l->epoch == l->up->epoch) {
                 upstream_switch(l->up, why);
             }
-        } else if (l->fencing) {
-            /* Held until WAIT says a replica has it. */
+        } else if (l->fencing || ((r->flags & REQ_F_WRITE) && l->up->replicas_ack > 0 &&
+                                  p[0] != '-')) {
+            /* Held until a WAIT says enough replicas have it. */
             buf_clear(&r->reply);
             buf_append(&r->reply, p, n);
             r->link = l;
-            list_add_tail(&l->fenced, &r->lq);
+            if (list_empty(&l->held)) {
+                l->held_since_ms = uv_now(l->f->loop);
+            }
+            list_add_tail(&l->held, &r->lq);
         } else {
             session_on_reply(r->s, r, p, n);
         }
+        return;
+    }
+    if (l->passthrough && l->swallow > 0 && n > 16 && p[0] == '*' &&
+        (memcmp(p, "*3\r\n$9\r\nsubscribe\r\n", 20) == 0 ||
+         memcmp(p, "*3\r\n$10\r\npsubscribe\r\n", 22 <= n ? 22 : n) == 0 ||
+         memcmp(p, "*3\r\n$10\r\nssubscribe\r\n", 22 <= n ? 22 : n) == 0)) {
+        l->swallow--; /* ferry's own re-subscription, not the client's */
         return;
     }
     if (l->passthrough && l->owner != NULL) {
@@ -709,9 +730,9 @@ void link_close(link *l, const char *reason)
     if (l->slot >= 0 && up->shared[l->slot] == l) {
         up->shared[l->slot] = NULL;
     }
-    /* Replies held by a fence were never confirmed: retry those requests. */
-    while (!list_empty(&l->fenced)) {
-        request *r = list_entry(list_first(&l->fenced), request, lq);
+    /* Replies held for a WAIT were never confirmed: retry those requests. */
+    while (!list_empty(&l->held)) {
+        request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
         r->link = NULL;
         buf_clear(&r->reply);
@@ -779,27 +800,61 @@ static void link_close_cb(uv_handle_t *h)
 
 /* ----------------------------------------------------------------- fences */
 
-static void fence_done(link *l, request *w, const char *reply, size_t len)
+/* A WAIT answered: every reply held on this link was sent before it. */
+static void wait_done(link *l, request *w, const char *reply, size_t len)
 {
-    long long acked = 0;
+    upstream *up = l->up;
+    long long acked = -1;
+    int fence = w->arg == 1;
+    long long need = fence ? 1 : up->replicas_ack;
+    if (l->fencing && !fence) {
+        return; /* on an old master only the fence decides (its WAIT comes later) */
+    }
     redisReply *rr = parse_reply(reply, len);
     if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
         acked = rr->integer;
     }
     freeReplyObject(rr);
-    log_info("link %llu: fence WAIT: %lld replica(s) have what the old master acknowledged",
-             (unsigned long long)l->id, acked);
-    while (!list_empty(&l->fenced)) {
-        request *r = list_entry(list_first(&l->fenced), request, lq);
+    if (fence) {
+        log_info("link %llu: fence WAIT: %lld replica(s) have what the old master acknowledged%s",
+                 (unsigned long long)l->id, acked,
+                 up->fence_valid ? "" : " (too late: a replica was promoted; retrying)");
+        if (!up->fence_valid) {
+            /* The replica that confirmed may be resynced from the new master. */
+            acked = 0;
+        }
+    } else if (acked < need && !list_empty(&l->held)) {
+        uint64_t waited = uv_now(l->f->loop) - l->held_since_ms;
+        if (waited < l->f->cfg->hold_timeout_ms && l->state == LINK_READY) {
+            /* Replicas reattach after a failover: keep the replies and ask
+             * again; the client sees latency, not an error. */
+            log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",
+                      (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+            link_wait(l, 0);
+            return;
+        }
+        log_warn("link %llu: WAIT %lld: only %lld replica(s) confirmed within %llu ms",
+                 (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+    }
+    while (!list_empty(&l->held)) {
+        request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
         r->link = NULL;
         if (r->s == NULL) {
             request_free(l->f, r);
             continue;
         }
-        if (acked < 1 && (r->flags & REQ_F_WRITE)) {
+        if (acked < need && (r->flags & REQ_F_WRITE)) {
             buf_clear(&r->reply);
-            session_on_lost(r->s, r, "write not confirmed by a replica before the switch");
+            if (fence) {
+                session_on_lost(r->s, r, "write not confirmed by a replica before the switch");
+            } else {
+                char line[200];
+                snprintf(line, sizeof(line), "-NOREPLICAS ferry: write applied on the master but "
+                                             "confirmed by %lld of %lld replica(s)\r\n",
+                         acked < 0 ? 0 : acked, need);
+                session_on_reply(r->s, r, line, strlen(line));
+            }
             continue;
         }
         buf tmp = r->reply;
@@ -807,16 +862,27 @@ static void fence_done(link *l, request *w, const char *reply, size_t len)
         session_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
         buf_free(&tmp);
     }
-    link_close(l, "old master let go after the fence");
+    if (fence) {
+        link_close(l, "old master let go after the fence");
+    }
+}
+
+static void link_wait(link *l, int fence)
+{
+    char n[16], timeout[24];
+    snprintf(n, sizeof(n), "%d", fence ? 1 : l->up->replicas_ack);
+    snprintf(timeout, sizeof(timeout), "%llu",
+             (unsigned long long)(fence ? FENCE_TIMEOUT_MS : l->f->cfg->replicas_ack_timeout_ms));
+    const char *argv[] = {"WAIT", n, timeout};
+    link_internal(l, argv, 3, wait_done);
+    list_entry(l->pending.prev, request, lq)->arg = fence;
+    l->need_wait = 0;
 }
 
 /* Hold what l has in flight until a replica confirms it, then let go. */
 static void link_fence(link *l)
 {
     upstream *up = l->up;
-    char timeout[24];
-    snprintf(timeout, sizeof(timeout), "%llu", (unsigned long long)FENCE_TIMEOUT_MS);
-    const char *argv[] = {"WAIT", "1", timeout};
 
     l->fencing = 1;
     l->fence_started_ms = uv_now(l->f->loop);
@@ -831,7 +897,7 @@ static void link_fence(link *l)
             s->dlink = NULL;
         }
     }
-    link_internal(l, argv, 3, fence_done);
+    link_wait(l, 1);
     log_info("link %llu: fencing %zu request(s) in flight on the old master",
              (unsigned long long)l->id, l->npending - 1);
 }
@@ -856,6 +922,7 @@ void upstream_switch(upstream *up, const char *reason)
         return;
     }
     upstream_set_state(up, UP_SWITCHING, reason);
+    up->fence_valid = 1;
     if (up->sentinel_mode) {
         up->target_set = 0;
         if (up->f->sentinel != NULL) {
@@ -868,7 +935,7 @@ void upstream_switch(upstream *up, const char *reason)
     list_foreach_safe(n, t, &up->links)
     {
         link *l = list_entry(n, link, node);
-        if (l->state == LINK_CLOSING || l->fencing) {
+        if (l->state == LINK_CLOSING || l->fencing || l->draining) {
             continue;
         }
         size_t user = 0;
@@ -883,6 +950,15 @@ void upstream_switch(upstream *up, const char *reason)
         int stateful = o != NULL && (o->in_multi || o->watching || l->passthrough);
         if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
             link_fence(l);
+        } else if (l->state == LINK_READY && !stateful && link_has_blocking(l)) {
+            /* A pop the old master serves right now must still reach its
+             * client: keep the link a moment, then re-issue the call. */
+            l->draining = 1;
+            l->drain_until_ms = uv_now(up->f->loop) + DRAIN_MS;
+            if (list_linked(&l->pool_node)) {
+                list_del(&l->pool_node);
+                up->npool--;
+            }
         } else {
             link_close(l, "master switch");
         }
@@ -912,6 +988,7 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     }
     memcpy(&up->addr, &ss, sizeof(ss));
     up->is_unix = 0;
+    up->fence_valid = 0; /* a new master: old confirmations no longer prove anything */
     snprintf(up->name, sizeof(up->name), "%s", name);
     up->epoch++;
     up->target_set = 1;
@@ -972,6 +1049,18 @@ void upstream_tick(upstream *up, uint64_t now)
             l->f->stats.upstream_errors++;
             link_close(l, "connect timeout");
             continue;
+        }
+        if (l->draining && now >= l->drain_until_ms) {
+            int fences = 0;
+            list_node *m;
+            list_foreach(m, &up->links)
+            {
+                fences += list_entry(m, link, node)->fencing;
+            }
+            if (fences == 0 || now >= l->drain_until_ms + FENCE_TIMEOUT_MS) {
+                link_close(l, "master switch: blocked call re-issued on the next master");
+                continue;
+            }
         }
         if (l->fencing && now - l->fence_started_ms >= FENCE_TIMEOUT_MS + 500) {
             link_close(l, "fence timeout: the old master does not answer");

@@ -54,7 +54,12 @@ typedef struct link {
     uint64_t epoch;            /* master epoch the link belongs to */
     int fencing;               /* master switch: replies held until WAIT confirms them */
     uint64_t fence_started_ms; /* when fencing began */
-    list_node fenced;          /* answered requests held while fencing */
+    list_node held;            /* answered requests whose replies wait for a WAIT */
+    int need_wait;             /* writes sent since the last WAIT (replicas_ack) */
+    uint64_t held_since_ms;    /* when the oldest held reply arrived */
+    int draining;              /* old master: a blocked call may still be served */
+    uint64_t drain_until_ms;   /* then it is closed and the call re-issued */
+    int swallow;               /* re-subscribe confirmations to drop (tunnel rebuilt) */
 } link;
 
 /* The master view (DESIGN.md "The master view and failover"). */
@@ -94,6 +99,9 @@ typedef struct upstream {
     uint64_t last_switch_ms;             /* duration of the last completed switch */
     uint64_t longest_switch_ms;          /* longest completed switch */
     char last_reason[160];               /* why the last switch started */
+    int replicas_ack;                    /* replicas that must confirm a write (resolved) */
+    int fence_valid;                     /* no promotion seen since the switch began: a
+                                            replica's WAIT ack on the old master still counts */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting.

@@ -223,13 +223,18 @@ static void event_cb(redisAsyncContext *ac, void *reply, void *priv)
     if (up->target_set) {
         snprintf(current, sizeof(current), "%s", up->name);
     }
+    /* "<type> <name> <ip> <port> [@ <master> <ip> <port>]": the instance the
+     * event is about is words 2 and 3, whatever master follows the '@'. */
     int mentions = 0;
-    for (int i = 0; i + 1 < nw; i++) {
+    if (nw >= 4 && current[0] != '\0') {
         char a[300];
-        snprintf(a, sizeof(a), "%s:%s", w[i], w[i + 1]);
-        if (current[0] != '\0' && strcmp(a, current) == 0) {
-            mentions = 1;
-        }
+        snprintf(a, sizeof(a), "%s:%s", w[2], w[3]);
+        mentions = strcmp(a, current) == 0;
+    }
+    if (strcmp(ev, "+promoted-slave") == 0 || strcmp(ev, "+switch-master") == 0 ||
+        strcmp(ev, "+failover-state-send-slaveof-noone") == 0 ||
+        strcmp(ev, "+failover-state-wait-promotion") == 0) {
+        up->fence_valid = 0; /* a replica is (being) promoted */
     }
     char why[400];
     snprintf(why, sizeof(why), "Sentinel event %s %s", ev, r->element[3]->str);
@@ -418,11 +423,19 @@ static void round_start(sentinel_client *sc, uint64_t now)
     }
 }
 
+static int same_master(const sentinel_node *a, const sentinel_node *b)
+{
+    return a->mport == b->mport && strcmp(a->ip, b->ip) == 0;
+}
+
+/* Close a round: accept the master a majority of the answering sentinels
+ * name (on a split, the one named at the highest config epoch is logged),
+ * unless one of them sees it objectively down or failing over. */
 static void round_evaluate(sentinel_client *sc)
 {
     upstream *up = sc->f->up;
-    sentinel_node *best = NULL;
-    int replies = 0, votes = 0, odown = 0, failing = 0, sdown = 0;
+    sentinel_node *best = NULL, *top = NULL;
+    int replies = 0, best_votes = 0, odown = 0, failing = 0, sdown = 0;
 
     sc->round_open = 0;
     for (int i = 0; i < sc->n; i++) {
@@ -431,8 +444,20 @@ static void round_evaluate(sentinel_client *sc)
             continue;
         }
         replies++;
-        if (nd->has_master && (best == NULL || nd->epoch > best->epoch)) {
+        if (!nd->has_master) {
+            continue;
+        }
+        if (top == NULL || nd->epoch > top->epoch) {
+            top = nd;
+        }
+        int votes = 0;
+        for (int j = 0; j < sc->n; j++) {
+            sentinel_node *o = sc->nodes[j];
+            votes += o->answered_round == sc->round && o->has_master && same_master(o, nd);
+        }
+        if (votes > best_votes || (votes == best_votes && best != NULL && nd->epoch > best->epoch)) {
             best = nd;
+            best_votes = votes;
         }
     }
     sc->reachable = replies;
@@ -454,9 +479,7 @@ static void round_evaluate(sentinel_client *sc)
     }
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
-        if (nd->answered_round == sc->round && nd->has_master && nd->mport == best->mport &&
-            strcmp(nd->ip, best->ip) == 0) {
-            votes++;
+        if (nd->answered_round == sc->round && nd->has_master && same_master(nd, best)) {
             odown += nd->odown;
             failing += nd->failing;
             sdown += nd->sdown;
@@ -465,11 +488,12 @@ static void round_evaluate(sentinel_client *sc)
     char name[300];
     snprintf(name, sizeof(name), strchr(best->ip, ':') ? "[%s]:%d" : "%s:%d", best->ip,
              best->mport);
-    if (votes * 2 <= replies) {
-        log_info("sentinel: no majority for a master yet (%s has %d of %d)", name, votes, replies);
+    if (best_votes * 2 <= replies) {
+        log_info("sentinel: no majority for a master yet (%s has %d of %d; highest config epoch "
+                 "%lld names %s:%d)", name, best_votes, replies, top->epoch, top->ip, top->mport);
         return;
     }
-    if (odown > 0 || failing > 0 || sdown * 2 > votes) {
+    if (odown > 0 || failing > 0 || sdown * 2 > best_votes) {
         if (up->state == UP_UP && up->target_set && strcmp(up->name, name) == 0) {
             char why[400];
             snprintf(why, sizeof(why), "Sentinel reports master %s %s", name,
@@ -479,8 +503,8 @@ static void round_evaluate(sentinel_client *sc)
         return;
     }
     char why[200];
-    snprintf(why, sizeof(why), "%d of %d sentinel(s) agree at config epoch %lld", votes, replies,
-             best->epoch);
+    snprintf(why, sizeof(why), "%d of %d sentinel(s) agree at config epoch %lld", best_votes,
+             replies, best->epoch);
     upstream_set_master(up, best->ip, best->mport, why);
 }
 

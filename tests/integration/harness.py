@@ -153,6 +153,8 @@ def _terminate(proc, sig=signal.SIGTERM, timeout=STOP_TIMEOUT):
     if proc.poll() is None:
         try:
             proc.send_signal(sig)
+            if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT):
+                proc.send_signal(signal.SIGCONT)  # a SIGSTOPped process must see it now
         except ProcessLookupError:
             pass
         try:

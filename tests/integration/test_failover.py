@@ -212,6 +212,18 @@ class Load:
         with self.lock:
             return sum(1 for t in self.acked.values() if t0 <= t < t1)
 
+    def wait_service(self, since, timeout=30.0):
+        """Until a push is acknowledged after `since` (monotonic); returns the
+        time of that acknowledgement, or None after timeout."""
+        def first():
+            with self.lock:
+                late = [t for t in self.acked.values() if t > since]
+            return min(late) if late else None
+        try:
+            return wait_until(first, timeout=timeout, interval=0.05, msg='an ack')
+        except AssertionError:
+            return None
+
     def finish(self, master_fn):
         """Stop producers, let consumers drain the list on the master that
         master_fn() returns (a RedisServer), stop consumers; returns the
@@ -254,6 +266,7 @@ class Result:
         self.drain_error = drain_error
         self.t_fault = None
         self.t_recovered = None
+        self.t_service = None
         count = {}
         self.deliveries = {}
         for item, t, ci in self.delivered:
@@ -281,6 +294,8 @@ class Result:
         extra = ''
         if self.t_fault is not None and self.t_recovered is not None:
             extra = ' sentinel_failover=%.2fs' % (self.t_recovered - self.t_fault)
+        if self.t_fault is not None and self.t_service is not None:
+            extra += ' first_ack_after_failover=%s' % self.rel(self.t_service)
         if self.gap_at is not None:
             extra += ' gap_starts_at=%s' % self.rel(self.gap_at)
         return ('[%s] acked=%d delivered=%d remaining=%d unknown=%d longest_gap_ms=%.0f '
@@ -360,7 +375,10 @@ class FailoverTest(unittest.TestCase):
         text = '\nsentinel views: %r; redis ports %r' % (views, [r.port for r in topo.redis])
         if res is not None:
             text += '\n' + res.summary('diag')
-        text += '\n--- ferry log (%s), last lines ---\n%s' % (ferry.log_path, ferry.log()[-5000:])
+        lines = [ln for ln in ferry.log().splitlines() if ' DEBUG ' not in ln
+                 and not re.search(r'client \d+ .*closed: client closed', ln)]
+        text += '\n--- ferry log (%s), last non-debug lines ---\n%s' % (
+            ferry.log_path, '\n'.join(lines[-60:]))
         out = ferry.output()
         if out.strip():
             text += '\n--- ferry stdout/stderr ---\n' + out[-2000:]
@@ -394,7 +412,10 @@ class FailoverTest(unittest.TestCase):
         """Consumers (the same threads, blocked across the failover) received
         items pushed after the recovery, before the producers stopped."""
         with self.subTest(check='consumers keep receiving after the failover'):
-            late = {i for i, t in res.acked.items() if t > t_recovered}
+            self.assertIsNotNone(res.t_service, 'no push acknowledged within 30 s of the '
+                                 'sentinels\' failover' + self.diag(topo, ferry, res))
+            t_recovered = max(t_recovered, res.t_service)
+            late = {i for i, t in res.acked.items() if t >= t_recovered}
             per = [0] * CONSUMERS
             for item, t, ci in res.delivered:
                 if item in late and t < res.load.t_stop:
@@ -435,9 +456,10 @@ class FailoverTest(unittest.TestCase):
             old.kill()
             new_port = topo.wait_failover(old.port, timeout=30)
             t_rec = now()
+            t_service = load.wait_service(t_rec)
             time.sleep(POST_RECOVERY)
             res = load.finish(lambda: current_master(topo))
-            res.t_fault, res.t_recovered = t_fault, t_rec
+            res.t_fault, res.t_recovered, res.t_service = t_fault, t_rec, t_service
             print(res.summary('kill9 run %d/%d' % (k + 1, RUNS)), flush=True)
             self.check_accounting(res, topo, ferry)
             self.check_consumers_after(res, t_rec, topo, ferry)
@@ -512,9 +534,10 @@ class FailoverTest(unittest.TestCase):
             self.assertEqual(topo.failover(0), 'OK')
             new_port = topo.wait_failover(old_port, timeout=30)
             t_rec = now()
+            t_service = load.wait_service(t_rec)
             time.sleep(POST_RECOVERY)
             res = load.finish(lambda: current_master(topo))
-            res.t_fault, res.t_recovered = t_fault, t_rec
+            res.t_fault, res.t_recovered, res.t_service = t_fault, t_rec, t_service
             print(res.summary('planned run %d/%d' % (k + 1, RUNS)), flush=True)
             self.check_accounting(res, topo, ferry)
             self.check_consumers_after(res, t_rec, topo, ferry)
@@ -599,61 +622,86 @@ class FailoverTest(unittest.TestCase):
     def test_7_hold_timeout_no_master(self):
         hold_ms = 1500
 
-        def push_raw(ferry, item, timeout=20.0):
-            """LPUSH on a fresh raw connection; (reply, seconds taken)."""
-            s = ferry.raw(timeout=timeout)
+        def push_raw(ferry, item, timeout):
+            """LPUSH on a fresh raw connection: (reply, seconds taken); the
+            reply is the exception if none came within timeout."""
+            t0 = now()
             try:
-                t0 = now()
-                resp_send(s, ['LPUSH', KEY, item])
-                r = resp_read_reply(s, timeout)
-                return r, now() - t0
-            finally:
-                s.close()
+                s = ferry.raw(timeout=timeout)
+                try:
+                    resp_send(s, ['LPUSH', KEY, item])
+                    return resp_read_reply(s, timeout), now() - t0
+                finally:
+                    s.close()
+            except Exception as e:  # noqa: BLE001 - reported by the caller
+                return e, now() - t0
+
+        def is_int(r):
+            return isinstance(r, int) and not isinstance(r, bool)
 
         def run(k, cleanups):
             topo, ferry = self.start(cleanups, ferry_conf={'upstream': {'hold_timeout_ms': hold_ms}})
             before = []
             for n in range(50):
                 item = 'hold-%d-before-%d' % (k, n)
-                r, _ = push_raw(ferry, item)
-                self.assertIsInstance(r, int, 'push before the fault: %r' % (r,))
+                r, _ = push_raw(ferry, item, 10.0)
+                self.assertTrue(is_int(r), 'push before the fault: %r' % (r,))
                 before.append(item)
             old = topo.master()
             idx = topo.redis.index(old)
             for s in topo.sentinels:   # first, so that no failover can start
                 s.kill()
             old.kill()
-            t_fault = now()
-            replies = []
+            bound = hold_ms / 1000.0 + 4.0
             for n in range(2):
-                r, took = push_raw(ferry, 'hold-%d-during-%d' % (k, n))
-                replies.append((r, took))
+                r, took = push_raw(ferry, 'hold-%d-during-%d' % (k, n), bound + 6.0)
                 print('[hold run %d/%d] reply %d after %.2fs: %r' % (k + 1, RUNS, n, took, r),
                       flush=True)
                 with self.subTest(check='TRYAGAIN after the hold bound', attempt=n):
-                    self.assertIsInstance(r, RespError, 'expected an error, got %r%s' % (
-                        r, self.diag(topo, ferry)))
+                    self.assertIsInstance(r, RespError, 'expected -%s..., got %r after %.1fs%s' % (
+                        TRYAGAIN_PREFIX, r, took, self.diag(topo, ferry)))
                     self.assertTrue(str(r).startswith(TRYAGAIN_PREFIX), '%r%s' % (
                         str(r), self.diag(topo, ferry)))
                     self.assertGreaterEqual(took, hold_ms / 1000.0 * 0.8)
-                    self.assertLess(took, hold_ms / 1000.0 + 4.0,
-                                    'answered only after %.1fs' % took)
-            topo.restart_redis(idx)
-            t_back = now()
+                    self.assertLess(took, bound, 'answered only after %.1fs' % took)
+                if not isinstance(r, RespError):
+                    break   # ferry did not answer: no point in asking again
             got = {}
 
             def push_ok():
-                r, _ = push_raw(ferry, 'hold-%d-after' % k, timeout=5.0)
+                r, _ = push_raw(ferry, 'hold-%d-after' % k, 5.0)
                 got['r'] = r
-                return isinstance(r, int) and not isinstance(r, bool)
-            with self.subTest(check='service resumes on the restarted master'):
+                return is_int(r)
+
+            # Stage 1: only the old master comes back; ferry, with no sentinel
+            # to ask, should keep (or return to) the last master it knew.
+            topo.restart_redis(idx)
+            t_back = now()
+            resumed = False
+            with self.subTest(check='service resumes on the restarted master, sentinels down'):
                 try:
-                    wait_until(push_ok, timeout=20, interval=0.3,
+                    wait_until(push_ok, timeout=15, interval=0.3,
                                msg='a push through ferry to succeed after the restart')
+                    resumed = True
                 except AssertionError as e:
                     self.fail('%s; last reply %r%s' % (e, got.get('r'), self.diag(topo, ferry)))
-                print('[hold run %d/%d] service back %.1fs after the restart (%.1fs after the '
-                      'fault)' % (k + 1, RUNS, now() - t_back, now() - t_fault), flush=True)
+                print('[hold run %d/%d] service back %.1fs after the master restart (sentinels '
+                      'down)' % (k + 1, RUNS, now() - t_back), flush=True)
+            # Stage 2 (only if stage 1 failed): the sentinels come back too.
+            if not resumed:
+                for s in topo.sentinels:
+                    s.start()
+                t_back = now()
+                with self.subTest(check='service resumes once the sentinels are back'):
+                    try:
+                        wait_until(push_ok, timeout=20, interval=0.3,
+                                   msg='a push through ferry to succeed with sentinels back')
+                    except AssertionError as e:
+                        self.fail('%s; last reply %r%s' % (e, got.get('r'),
+                                                           self.diag(topo, ferry)))
+                    print('[hold run %d/%d] service back %.1fs after the sentinels restarted'
+                          % (k + 1, RUNS, now() - t_back), flush=True)
+            with self.subTest(check='pushes acked before the kill survived it (AOF)'):
                 items = old.client(socket_timeout=2).lrange(KEY, 0, -1)
                 missing = [i for i in before if i not in items]
                 self.assertEqual(missing, [], 'acked before the kill, gone after the restart')

@@ -168,6 +168,12 @@ class CommandLineTest(unittest.TestCase):
                      'sentinels.sentinels_configured', 'fallback.fallback_pending'):
             self.assertIn(want, paths)
 
+    def test_readme_stats_table_is_current(self):
+        p = subprocess.run([os.path.join(REPO, 'scripts', 'gen-stats-doc'), '--check',
+                            '--ferry', FERRY_BIN], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stdout.decode())
+
     def test_usage_errors_exit_2(self):
         for args in ([], ['--bogus'], ['-c'], ['-t'], ['-c', 'a.yml', 'extra'], ['-x']):
             with self.subTest(args=args):

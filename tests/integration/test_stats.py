@@ -91,7 +91,9 @@ class StatsTest(unittest.TestCase):
 
     def setUp(self):
         self.redis = RedisServer()
-        self.addCleanup(self.redis.stop)
+        # SIGKILL: Redis refuses SIGTERM while it writes the first AOF, which
+        # ferry's durability enforcement may just have started.
+        self.addCleanup(self.redis.kill)
         self.ferry = Ferry(self.redis, conf=self.ferry_conf)
         self.addCleanup(self.ferry.stop)
         self.port = self.ferry.stats_port

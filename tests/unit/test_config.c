@@ -121,7 +121,7 @@ static void test_defaults(void **state)
     assert_null(cfg.fallback_path);
     assert_int_equal(cfg.shutdown_timeout_ms, 5000);
     assert_int_equal(cfg.require_aof, 0);
-    assert_int_equal(cfg.replicas_ack, 0);
+    assert_int_equal(cfg.replicas_ack, -1); /* auto */
     assert_int_equal(cfg.replicas_ack_timeout_ms, 1000);
     assert_int_equal(cfg.enforce_interval_ms, 5000);
     assert_string_equal(cfg.config_command, "CONFIG");
