@@ -1445,8 +1445,10 @@ void session_tick(ferry *f, uint64_t now)
     {
         session *s = list_entry(n, session, wait_node);
         int answered = 0;
-        for (list_node *m = s->cursor; m != &s->requests; m = m->next) {
+        list_node *next;
+        for (list_node *m = s->cursor; m != &s->requests; m = next) {
             request *r = list_entry(m, request, sq);
+            next = m->next; /* r may be written out and recycled below */
             if (r->state != REQ_HELD) {
                 continue;
             }

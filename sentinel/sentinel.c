@@ -464,8 +464,15 @@ static void round_evaluate(sentinel_client *sc)
     if (replies == 0) {
         if (!sc->all_down) {
             log_warn("sentinel: all %d sentinel(s) unreachable; keeping master %s (%s)", sc->n,
-                     up->target_set ? up->name : "none", upstream_state_name(up->state));
+                     up->epoch > 0 ? up->name : "none", upstream_state_name(up->state));
             sc->all_down = 1;
+        }
+        if (!up->target_set && up->epoch > 0) {
+            /* Nobody to ask: go on with the last master Sentinel named, as
+             * long as it says ROLE master itself. */
+            log_warn("sentinel: no sentinel reachable; retrying the last known master %s",
+                     up->name);
+            up->target_set = 1;
         }
         return;
     }

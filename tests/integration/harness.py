@@ -794,8 +794,9 @@ def _flags_ok(info):
 
 
 class SentinelTopology:
-    """1 master + 2 replicas (appendonly yes, appendfsync always unless
-    redis_conf/replica_conf say otherwise) watched by 3 sentinels (quorum 2).
+    """1 master + 2 replicas (appendonly yes, appendfsync always,
+    repl-diskless-sync-delay 0 unless redis_conf/replica_conf say otherwise)
+    watched by 3 sentinels (quorum 2).
     The constructor returns once the replicas are in sync and every sentinel
     sees 2 healthy replicas and the 2 other sentinels.
 
@@ -814,7 +815,11 @@ class SentinelTopology:
         self.sentinels = []
         _register(self)
         try:
-            base = {'appendonly': 'yes', 'appendfsync': 'always'}
+            # repl-diskless-sync-delay 0: Redis' default (5 s) would delay
+            # every full resync (initial sync, replica reconfiguration after a
+            # failover) by 5 s; pass it in redis_conf to get it back.
+            base = {'appendonly': 'yes', 'appendfsync': 'always',
+                    'repl-diskless-sync-delay': 0}
             base.update(redis_conf or {})
             master = RedisServer(base)
             self.redis.append(master)
