@@ -203,7 +203,12 @@ void session_close(session *s, const char *reason)
         return;
     }
     s->closing = 1;
-    log_info("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
+    /* A client that simply hangs up is routine; anything else is news. */
+    if (strcmp(reason, "client closed the connection") == 0) {
+        log_debug("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
+    } else {
+        log_info("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
+    }
     if (s->reading) {
         uv_read_stop(&s->io.s);
         s->reading = 0;

@@ -544,7 +544,9 @@ class RedisServer:
             'logfile': self.log_path,
             'loglevel': 'notice',
             'save': '',
-            'appendonly': 'no',
+            # ferry turns AOF on anyway; starting with it on spares Redis the
+            # initial AOF rewrite, during which it refuses to exit on SIGTERM
+            'appendonly': 'yes',
             'protected-mode': 'no',
             'enable-debug-command': 'yes',
             'enable-protected-configs': 'yes',
@@ -676,7 +678,7 @@ class SentinelServer:
     own (writable: Sentinel rewrites it) sentinel.conf monitoring one master."""
 
     def __init__(self, master_name, master_port, quorum=2, down_after_ms=1000,
-                 failover_timeout_ms=5000, parallel_syncs=1, extra=None):
+                 failover_timeout_ms=5000, parallel_syncs=2, extra=None):
         self.dir = _mkdtemp('ferry-sentinel-')
         self.conf_path = os.path.join(self.dir, 'sentinel.conf')
         self.log_path = os.path.join(self.dir, 'sentinel.log')
