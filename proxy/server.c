@@ -12,12 +12,7 @@
 
 typedef struct listener {
     ferry *f;            /* context */
-    union {
-        uv_handle_t h;
-        uv_stream_t s;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } io;                /* listening socket */
+    server_io io;        /* listening socket */
     int is_unix;         /* pipe or tcp */
     char name[300];      /* address for logs */
     int open;            /* handle initialised and not closed */
@@ -49,35 +44,41 @@ static void server_conn_cb(uv_stream_t *st, int status)
     }
 }
 
-static int listen_one(ferry *f, listener *ls, const config_addr *a)
+int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *data, int backlog,
+                  uv_connection_cb cb)
 {
     int rc;
-    ls->f = f;
-    config_addr_str(a, ls->name, sizeof(ls->name));
     if (a->is_unix) {
-        ls->is_unix = 1;
-        uv_pipe_init(f->loop, &ls->io.pipe, 0);
-        ls->io.h.data = ls;
-        ls->open = 1;
+        uv_pipe_init(loop, &io->pipe, 0);
+        io->h.data = data;
         unlink(a->path); /* a stale socket file from an earlier run */
-        rc = uv_pipe_bind(&ls->io.pipe, a->path);
+        rc = uv_pipe_bind(&io->pipe, a->path);
     } else {
         struct sockaddr_storage ss;
-        uv_tcp_init(f->loop, &ls->io.tcp);
-        ls->io.h.data = ls;
-        ls->open = 1;
+        uv_tcp_init(loop, &io->tcp);
+        io->h.data = data;
         if (strchr(a->host, ':') != NULL) {
             rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
         } else {
             rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
         }
         if (rc == 0) {
-            rc = uv_tcp_bind(&ls->io.tcp, (const struct sockaddr *)&ss, 0);
+            rc = uv_tcp_bind(&io->tcp, (const struct sockaddr *)&ss, 0);
         }
     }
     if (rc == 0) {
-        rc = uv_listen(&ls->io.s, 511, server_conn_cb);
+        rc = uv_listen(&io->s, backlog, cb);
     }
+    return rc;
+}
+
+static int listen_one(ferry *f, listener *ls, const config_addr *a)
+{
+    ls->f = f;
+    ls->is_unix = a->is_unix;
+    config_addr_str(a, ls->name, sizeof(ls->name));
+    ls->open = 1;
+    int rc = server_listen(f->loop, &ls->io, a, ls, 511, server_conn_cb);
     if (rc < 0) {
         log_error("cannot listen on %s: %s", ls->name, uv_strerror(rc));
         return rc;

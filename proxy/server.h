@@ -4,6 +4,20 @@
 
 #include "ferry.h"
 
+/* A stream handle that is a TCP or a unix socket. */
+typedef union server_io {
+    uv_handle_t h;
+    uv_stream_t s;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+} server_io;
+
+/* Initialise io on loop (io->h.data = data), bind it to a and listen. The
+ * handle is initialised, and must be closed, whether or not this succeeds.
+ * Returns 0 or a negative uv error. */
+int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *data, int backlog,
+                  uv_connection_cb cb);
+
 /* Bind and listen on every configured address. Returns 0, or a negative uv
  * error after logging which address failed (nothing is left open). */
 int server_start(ferry *f);

@@ -20,6 +20,7 @@
 #include "ferry.h"
 #include "log.h"
 #include "sentinel.h"
+#include "server.h"
 #include "upstream.h"
 
 #define STATS_MAX_CONNS 64            /* stats connections open at once */
@@ -81,12 +82,7 @@ typedef struct sconn {
 
 typedef struct stats_server {
     ferry *f; /* context */
-    union {
-        uv_handle_t h;
-        uv_stream_t s;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } io;            /* listening socket */
+    server_io io;    /* listening socket */
     int is_unix;     /* pipe or tcp */
     int open;        /* listener initialised and not closed */
     char name[300];  /* address, for logs */
@@ -873,30 +869,9 @@ int stats_start(ferry *f)
     sv->f = f;
     list_init(&sv->conns);
     config_addr_str(a, sv->name, sizeof(sv->name));
-    if (a->is_unix) {
-        sv->is_unix = 1;
-        uv_pipe_init(f->loop, &sv->io.pipe, 0);
-        sv->io.h.data = sv;
-        sv->open = 1;
-        remove(a->path); /* a stale socket file from an earlier run */
-        rc = uv_pipe_bind(&sv->io.pipe, a->path);
-    } else {
-        struct sockaddr_storage ss;
-        uv_tcp_init(f->loop, &sv->io.tcp);
-        sv->io.h.data = sv;
-        sv->open = 1;
-        if (strchr(a->host, ':') != NULL) {
-            rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
-        } else {
-            rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
-        }
-        if (rc == 0) {
-            rc = uv_tcp_bind(&sv->io.tcp, (const struct sockaddr *)&ss, 0);
-        }
-    }
-    if (rc == 0) {
-        rc = uv_listen(&sv->io.s, 128, stats_conn_cb);
-    }
+    sv->is_unix = a->is_unix;
+    sv->open = 1;
+    rc = server_listen(f->loop, &sv->io, a, sv, 128, stats_conn_cb);
     if (rc < 0) {
         log_error("cannot listen on %s (stats): %s", sv->name, uv_strerror(rc));
         stats_stop(f);
