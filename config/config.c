@@ -120,6 +120,10 @@ static const conf_entry conf_table[] = {
      .min = 0, .max = CONF_DURATION_MAX},
     {.key = "upstream.hold_timeout_ms", .type = CONF_DURATION, CONF_FIELD(hold_timeout_ms),
      .min = 1, .max = CONF_DURATION_MAX},
+    {.key = "upstream.fence_timeout_ms", .type = CONF_DURATION, CONF_FIELD(fence_timeout_ms),
+     .min = 1, .max = CONF_DURATION_MAX},
+    {.key = "upstream.drain_ms", .type = CONF_DURATION, CONF_FIELD(drain_ms), .min = 0,
+     .max = CONF_DURATION_MAX},
     {.key = "upstream.hold_max_bytes", .type = CONF_SIZE, CONF_FIELD(hold_max_bytes),
      .min = 0, .max = CONF_SIZE_MAX},
 
@@ -1045,6 +1049,8 @@ void config_defaults(config *cfg)
     cfg->connect_timeout_ms = 2000;
     cfg->ping_interval_ms = 1000;
     cfg->hold_timeout_ms = 10000;
+    cfg->fence_timeout_ms = 1000;
+    cfg->drain_ms = 300;
     cfg->hold_max_bytes = (size_t)64 << 20;
     for (size_t i = 0; i < sizeof(conf_default_deny) / sizeof(conf_default_deny[0]); i++) {
         char *s = strdup(conf_default_deny[i]);

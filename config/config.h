@@ -62,6 +62,10 @@ typedef struct config {
     uint64_t connect_timeout_ms;               /* upstream.connect_timeout_ms (2000) */
     uint64_t ping_interval_ms;                 /* upstream.ping_interval_ms (1000) */
     uint64_t hold_timeout_ms;                  /* upstream.hold_timeout_ms (10000) */
+    uint64_t fence_timeout_ms;                 /* upstream.fence_timeout_ms (1000): how long
+                                                  a WAIT on an old master may take */
+    uint64_t drain_ms;                         /* upstream.drain_ms (300): a blocked call on
+                                                  an old master may still be served */
     size_t hold_max_bytes;                     /* upstream.hold_max_bytes (64mb) */
 
     /* deny: commands refused, lowercase, "config rewrite" style for subcommands */

@@ -29,8 +29,6 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 #define LINK_KEEPALIVE_S 30
-#define FENCE_TIMEOUT_MS 1000
-#define DRAIN_MS 300 /* how long a blocked call on an old master may still be served */
 
 static link *link_new(upstream *up, link_kind kind);
 static void link_connect_cb(uv_connect_t *req, int status);
@@ -872,7 +870,7 @@ static void link_wait(link *l, int fence)
     char n[16], timeout[24];
     snprintf(n, sizeof(n), "%d", fence ? 1 : l->up->replicas_ack);
     snprintf(timeout, sizeof(timeout), "%llu",
-             (unsigned long long)(fence ? FENCE_TIMEOUT_MS : l->f->cfg->replicas_ack_timeout_ms));
+             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
     link_internal(l, argv, 3, wait_done);
     list_entry(l->pending.prev, request, lq)->arg = fence;
@@ -954,7 +952,7 @@ void upstream_switch(upstream *up, const char *reason)
             /* A pop the old master serves right now must still reach its
              * client: keep the link a moment, then re-issue the call. */
             l->draining = 1;
-            l->drain_until_ms = uv_now(up->f->loop) + DRAIN_MS;
+            l->drain_until_ms = uv_now(up->f->loop) + up->f->cfg->drain_ms;
             if (list_linked(&l->pool_node)) {
                 list_del(&l->pool_node);
                 up->npool--;
@@ -1057,12 +1055,12 @@ void upstream_tick(upstream *up, uint64_t now)
             {
                 fences += list_entry(m, link, node)->fencing;
             }
-            if (fences == 0 || now >= l->drain_until_ms + FENCE_TIMEOUT_MS) {
+            if (fences == 0 || now >= l->drain_until_ms + cfg->fence_timeout_ms) {
                 link_close(l, "master switch: blocked call re-issued on the next master");
                 continue;
             }
         }
-        if (l->fencing && now - l->fence_started_ms >= FENCE_TIMEOUT_MS + 500) {
+        if (l->fencing && now - l->fence_started_ms >= cfg->fence_timeout_ms + 500) {
             link_close(l, "fence timeout: the old master does not answer");
             continue;
         }
