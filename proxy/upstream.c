@@ -363,6 +363,14 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
     if (l->epoch != up->epoch) {
         return;
     }
+    if (!l->verified && is_not_master_error(reply, len)) {
+        /* Still loading its data (or not a master after all): not ready. */
+        char why[200];
+        error_text(reply, len, why, sizeof(why));
+        log_info("link %llu: %s is not ready: %s", (unsigned long long)l->id, up->name, why);
+        link_close(l, "master not ready");
+        return;
+    }
     if (reply != NULL && len > 0 && reply[0] == '-') {
         char why[200];
         error_text(reply, len, why, sizeof(why));
@@ -617,6 +625,7 @@ static void link_deliver(link *l, const char *p, size_t n)
             /* Nothing was applied: retry on the master that replaces this one. */
             char why[160];
             error_text(p, n, why, sizeof(why));
+            r->retries--; /* refused, not lost: does not count as a retry */
             session_on_lost(r->s, r, why);
             if (l->epoch == l->up->epoch) {
                 upstream_switch(l->up, why);
