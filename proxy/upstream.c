@@ -337,6 +337,9 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
     }
     freeReplyObject(rr);
     if (strcmp(role, "master") == 0) {
+        if (l->kind == LINK_SHARED && !l->verified) {
+            link_enforce(l); /* durability next, on a node that is a master */
+        }
         return;
     }
     char why[400];
@@ -347,10 +350,7 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
             upstream_switch(up, why);
         }
         if (up->sentinel_mode) {
-            up->target_set = 0; /* ask Sentinel again */
-            if (up->f->sentinel != NULL) {
-                sentinel_trigger(up->f->sentinel);
-            }
+            up->target_set = 0; /* the next poll round names a master again */
         }
     }
     link_close(l, why);
@@ -472,7 +472,6 @@ static link *link_new(upstream *up, link_kind kind)
     if (kind == LINK_SHARED) {
         static const char *const role[] = {"ROLE"};
         link_internal(l, role, 1, role_done);
-        link_enforce(l);
     }
     return l;
 }
@@ -996,11 +995,14 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     memcpy(&up->addr, &ss, sizeof(ss));
     up->is_unix = 0;
     up->fence_valid = 0; /* a new master: old confirmations no longer prove anything */
+    if (strcmp(up->name, name) != 0) {
+        up->backoff_ms = BACKOFF_MIN_MS; /* a refused node keeps its backoff */
+        up->next_connect_ms = 0;
+    }
     snprintf(up->name, sizeof(up->name), "%s", name);
     up->epoch++;
     up->target_set = 1;
     up->aof_ok = 0;
-    up->backoff_ms = BACKOFF_MIN_MS;
     log_info("master view: connecting to %s (epoch %llu): %s", up->name,
              (unsigned long long)up->epoch, why);
     /* Shared links of an older epoch are gone (closed or fencing). */
@@ -1009,7 +1011,9 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
             link_close(up->shared[i], "replaced by a new master");
         }
     }
-    upstream_connect_shared(up);
+    if (uv_now(up->f->loop) >= up->next_connect_ms) {
+        upstream_connect_shared(up);
+    }
 }
 
 /* --------------------------------------------------------------- periodic */

@@ -1,35 +1,40 @@
 /* sentinel.c - the Sentinel client. Talks to every configured sentinel (and
- * those it learns from SENTINEL SENTINELS) over hiredis' async API on libuv:
- * one connection polls SENTINEL MASTER, one listens to every event. A poll
- * round asks all sentinels at once; the master named by the answer with the
- * highest config epoch is accepted only if a majority of the sentinels that
- * answered name it and none of them reports it objectively down or failing
- * over. Events are hints that start a switch or a round early; the periodic
- * round is the truth. If no sentinel answers, ferry keeps its master. */
+ * those it learns from SENTINEL SENTINELS) over two connections each (sconn.c):
+ * one polls SENTINEL MASTER, one listens to every event. A poll round asks
+ * all sentinels at once; a master is accepted only if a majority of the
+ * sentinels that answered name it and none of them reports it objectively
+ * down or failing over. Sentinels are counted once each (by SENTINEL MYID),
+ * so one sentinel cannot vote under several addresses. Events are hints
+ * that start a switch or a round early; the periodic round is the truth.
+ * If no sentinel answers, ferry keeps its master. A sentinel that says
+ * nonsense gets its connection closed and a log line; nothing else. */
 #include "sentinel.h"
 
-#include <hiredis/adapters/libuv.h>
-#include <hiredis/async.h>
-#include <hiredis/hiredis.h>
+#include <errno.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "log.h"
+#include "sconn.h"
 #include "upstream.h"
 
 #define SENTINEL_RECONNECT_MS 500
 #define SENTINEL_DISCOVER_EVERY 10 /* rounds between SENTINEL SENTINELS */
 
+enum { K_AUTH = 1, K_MYID, K_MASTER, K_SENTINELS }; /* what a reply answers */
+
 typedef struct sentinel_node {
     sentinel_client *sc;          /* owner */
-    char host[64];                /* address */
+    char host[64];                /* address as configured or learned */
     int port;
-    redisAsyncContext *cmd;       /* polling connection, NULL when down */
-    redisAsyncContext *sub;       /* event connection, NULL when down */
+    struct sockaddr_storage addr; /* resolved */
+    char myid[48];                /* SENTINEL MYID, "" until known */
+    sconn *cmd;                   /* polling connection, NULL when down */
+    sconn *sub;                   /* event connection, NULL when down */
     int cmd_up;                   /* cmd connected */
-    int sub_up;                   /* sub connected */
     uint64_t cmd_started_ms;      /* cmd connect started */
     uint64_t sub_started_ms;      /* sub connect started */
     uint64_t next_connect_ms;     /* reconnect backoff */
@@ -58,16 +63,95 @@ struct sentinel_client {
     int closing;                             /* sentinel_close called */
 };
 
-static void node_connect(sentinel_node *nd, int sub, uint64_t now);
 static void round_evaluate(sentinel_client *sc);
-static void round_start(sentinel_client *sc, uint64_t now);
+
+/* ---------------------------------------------------------------- helpers */
+
+/* A reply string used as text: no embedded NUL, bounded. */
+static int reply_text(const redisReply *r, const char **out)
+{
+    if (r == NULL || r->type != REDIS_REPLY_STRING || r->str == NULL || r->len > 255 ||
+        strlen(r->str) != r->len) {
+        return -1;
+    }
+    *out = r->str;
+    return 0;
+}
+
+/* A TCP port written as plain digits, 1..65535. */
+static int parse_port(const char *s)
+{
+    long v = 0;
+    if (s == NULL || *s == '\0' || strlen(s) > 5) {
+        return -1;
+    }
+    for (const char *p = s; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return -1;
+        }
+        v = v * 10 + (*p - '0');
+    }
+    return v >= 1 && v <= 65535 ? (int)v : -1;
+}
+
+/* Fill ss from a numeric IPv4/IPv6 address. Returns 0 or -1. */
+static int numeric_addr(const char *ip, int port, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (strchr(ip, ':') != NULL) {
+        return uv_ip6_addr(ip, port, (struct sockaddr_in6 *)ss) == 0 ? 0 : -1;
+    }
+    return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss) == 0 ? 0 : -1;
+}
+
+/* A strict dotted-quad or IPv6 literal (uv_ip4_addr accepts less strict). */
+static int strict_ip(const char *ip)
+{
+    unsigned char tmp[16];
+    return uv_inet_pton(strchr(ip, ':') ? AF_INET6 : AF_INET, ip, tmp) == 0;
+}
+
+/* Node i repeats a sentinel already counted (same SENTINEL MYID). */
+static int node_is_alias(const sentinel_client *sc, int i)
+{
+    const sentinel_node *nd = sc->nodes[i];
+    if (nd->myid[0] == '\0') {
+        return 0;
+    }
+    for (int j = 0; j < i; j++) {
+        if (strcmp(sc->nodes[j]->myid, nd->myid) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
 
 /* ---------------------------------------------------------------- nodes */
 
 static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, int learned)
 {
+    struct sockaddr_storage ss;
+    if (numeric_addr(host, port, &ss) != 0) {
+        if (learned) {
+            return NULL; /* Sentinel announces numeric addresses */
+        }
+        struct addrinfo hints, *res = NULL;
+        char ps[16];
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        snprintf(ps, sizeof(ps), "%d", port);
+        if (getaddrinfo(host, ps, &hints, &res) != 0 || res == NULL) {
+            log_error("sentinel: cannot resolve %s", host);
+            return NULL;
+        }
+        memcpy(&ss, res->ai_addr, res->ai_addrlen);
+        freeaddrinfo(res);
+    }
     for (int i = 0; i < sc->n; i++) {
-        if (sc->nodes[i]->port == port && strcmp(sc->nodes[i]->host, host) == 0) {
+        if (sc->nodes[i]->port == port &&
+            (strcmp(sc->nodes[i]->host, host) == 0 ||
+             memcmp(&sc->nodes[i]->addr, &ss, sizeof(ss)) == 0)) {
             return NULL;
         }
     }
@@ -78,6 +162,7 @@ static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, 
     nd->sc = sc;
     snprintf(nd->host, sizeof(nd->host), "%s", host);
     nd->port = port;
+    nd->addr = ss;
     nd->learned = learned;
     sc->nodes[sc->n++] = nd;
     if (learned) {
@@ -86,86 +171,28 @@ static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, 
     return nd;
 }
 
-static void auth_cb(redisAsyncContext *ac, void *reply, void *priv)
-{
-    sentinel_node *nd = priv;
-    redisReply *r = reply;
-    if (r != NULL && r->type == REDIS_REPLY_ERROR && !nd->sc->closing) {
-        log_error("sentinel %s:%d refused ferry's credentials: %s", nd->host, nd->port, r->str);
-    }
-}
-
-static void send_auth(sentinel_node *nd, redisAsyncContext *ac)
+static void send_auth(sentinel_node *nd, sconn *c)
 {
     const config *cfg = nd->sc->f->cfg;
     if (cfg->sentinel_password == NULL) {
         return;
     }
     if (cfg->sentinel_username != NULL) {
-        redisAsyncCommand(ac, auth_cb, nd, "AUTH %s %s", cfg->sentinel_username,
-                          cfg->sentinel_password);
+        const char *argv[] = {"AUTH", cfg->sentinel_username, cfg->sentinel_password};
+        sconn_send(c, K_AUTH, 3, argv);
     } else {
-        redisAsyncCommand(ac, auth_cb, nd, "AUTH %s", cfg->sentinel_password);
+        const char *argv[] = {"AUTH", cfg->sentinel_password};
+        sconn_send(c, K_AUTH, 2, argv);
     }
 }
 
-static void cmd_connect_cb(const redisAsyncContext *ac, int status)
+static void split_words(char *s, char **w, int max, int *n)
 {
-    sentinel_node *nd = ac->data;
-    if (status != REDIS_OK) {
-        if (!nd->sc->closing) {
-            log_debug("sentinel %s:%d: connect failed: %s", nd->host, nd->port, ac->errstr);
-        }
-        nd->cmd = NULL; /* hiredis frees it after this callback */
-        nd->cmd_up = 0;
-        return;
-    }
-    nd->cmd_up = 1;
-    log_debug("sentinel %s:%d: connected", nd->host, nd->port);
-}
-
-static void cmd_disconnect_cb(const redisAsyncContext *ac, int status)
-{
-    sentinel_node *nd = ac->data;
-    if (nd->cmd == ac) {
-        nd->cmd = NULL;
-        nd->cmd_up = 0;
-        nd->asked_ms = 0;
-        if (!nd->sc->closing) {
-            log_info("sentinel %s:%d: connection lost", nd->host, nd->port);
-        }
-    }
-}
-
-static void sub_connect_cb(const redisAsyncContext *ac, int status)
-{
-    sentinel_node *nd = ac->data;
-    if (status != REDIS_OK) {
-        nd->sub = NULL;
-        nd->sub_up = 0;
-        return;
-    }
-    nd->sub_up = 1;
-}
-
-static void sub_disconnect_cb(const redisAsyncContext *ac, int status)
-{
-    sentinel_node *nd = ac->data;
-    if (nd->sub == ac) {
-        nd->sub = NULL;
-        nd->sub_up = 0;
-    }
-}
-
-/* Split s (modified) on spaces into at most max words. */
-static int split_words(char *s, char **w, int max)
-{
-    int n = 0;
     char *save = NULL;
-    for (char *t = strtok_r(s, " ", &save); t != NULL && n < max; t = strtok_r(NULL, " ", &save)) {
-        w[n++] = t;
+    *n = 0;
+    for (char *t = strtok_r(s, " ", &save); t != NULL && *n < max; t = strtok_r(NULL, " ", &save)) {
+        w[(*n)++] = t;
     }
-    return n;
 }
 
 static int is_switch_event(const char *ev)
@@ -182,25 +209,26 @@ static int is_switch_event(const char *ev)
     return strncmp(ev, "+failover-state-", 16) == 0;
 }
 
-/* A Sentinel event: a hint that the master may be changing. */
-static void event_cb(redisAsyncContext *ac, void *reply, void *priv)
+/* A Sentinel event: a hint that the master may be changing. Anything not
+ * shaped like ["pmessage", pattern, channel, payload] is ignored. */
+static void on_event(sentinel_node *nd, const redisReply *r)
 {
-    sentinel_node *nd = priv;
     sentinel_client *sc = nd->sc;
-    redisReply *r = reply;
-    if (r == NULL || sc->closing || r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
-        r->element[0]->type != REDIS_REPLY_STRING || strcmp(r->element[0]->str, "pmessage") != 0 ||
-        r->element[2]->type != REDIS_REPLY_STRING || r->element[3]->type != REDIS_REPLY_STRING) {
+    const char *kind, *ev, *text;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 || reply_text(r->element[0], &kind) != 0 ||
+        strcmp(kind, "pmessage") != 0 || reply_text(r->element[2], &ev) != 0 ||
+        r->element[3]->type != REDIS_REPLY_STRING || r->element[3]->len > 400) {
         return;
     }
-    const char *ev = r->element[2]->str;
+    text = r->element[3]->str;
     if (ev[0] != '+' && ev[0] != '-') {
         return; /* __sentinel__:hello and the like */
     }
     char payload[512];
     char *w[16];
-    snprintf(payload, sizeof(payload), "%s", r->element[3]->str);
-    int nw = split_words(payload, w, 16);
+    int nw;
+    snprintf(payload, sizeof(payload), "%s", text);
+    split_words(payload, w, 16, &nw);
     const char *name = NULL;
     if (strcmp(ev, "+switch-master") == 0) {
         name = nw > 0 ? w[0] : NULL;
@@ -218,7 +246,7 @@ static void event_cb(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     upstream *up = sc->f->up;
-    log_info("sentinel %s:%d: event %s %s", nd->host, nd->port, ev, r->element[3]->str);
+    log_info("sentinel %s:%d: event %s %s", nd->host, nd->port, ev, text);
     char current[300] = "";
     if (up->target_set) {
         snprintf(current, sizeof(current), "%s", up->name);
@@ -236,8 +264,8 @@ static void event_cb(redisAsyncContext *ac, void *reply, void *priv)
         strcmp(ev, "+failover-state-wait-promotion") == 0) {
         up->fence_valid = 0; /* a replica is (being) promoted */
     }
-    char why[400];
-    snprintf(why, sizeof(why), "Sentinel event %s %s", ev, r->element[3]->str);
+    char why[600];
+    snprintf(why, sizeof(why), "Sentinel event %s %s", ev, text);
     if (strcmp(ev, "+switch-master") == 0 && nw >= 5) {
         char to[300];
         snprintf(to, sizeof(to), "%s:%s", w[3], w[4]);
@@ -250,106 +278,56 @@ static void event_cb(redisAsyncContext *ac, void *reply, void *priv)
     sentinel_trigger(sc);
 }
 
-static void node_connect(sentinel_node *nd, int sub, uint64_t now)
+/* SENTINEL MASTER: a flat list of field/value pairs. */
+static void on_master(sentinel_node *nd, const redisReply *r)
 {
     sentinel_client *sc = nd->sc;
-    redisAsyncContext *ac = redisAsyncConnect(nd->host, nd->port);
-    if (ac == NULL) {
-        return;
-    }
-    if (ac->err) {
-        log_debug("sentinel %s:%d: %s", nd->host, nd->port, ac->errstr);
-        redisAsyncFree(ac);
-        nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
-        return;
-    }
-    ac->data = nd;
-    if (redisLibuvAttach(ac, sc->f->loop) != REDIS_OK) {
-        redisAsyncFree(ac);
-        return;
-    }
-    if (sub) {
-        nd->sub = ac;
-        nd->sub_started_ms = now;
-        redisAsyncSetConnectCallback(ac, sub_connect_cb);
-        redisAsyncSetDisconnectCallback(ac, sub_disconnect_cb);
-        send_auth(nd, ac);
-        redisAsyncCommand(ac, event_cb, nd, "PSUBSCRIBE *");
-    } else {
-        nd->cmd = ac;
-        nd->cmd_started_ms = now;
-        redisAsyncSetConnectCallback(ac, cmd_connect_cb);
-        redisAsyncSetDisconnectCallback(ac, cmd_disconnect_cb);
-        send_auth(nd, ac);
-    }
-}
-
-/* Drop a connection that stopped answering. Not called from its callbacks. */
-static void node_drop(sentinel_node *nd, int sub, uint64_t now, const char *why)
-{
-    redisAsyncContext *ac = sub ? nd->sub : nd->cmd;
-    if (ac == NULL) {
-        return;
-    }
-    if (sub) {
-        nd->sub = NULL;
-        nd->sub_up = 0;
-    } else {
-        nd->cmd = NULL;
-        nd->cmd_up = 0;
-        nd->asked_ms = 0;
-    }
-    log_info("sentinel %s:%d: %s", nd->host, nd->port, why);
-    nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
-    redisAsyncFree(ac);
-}
-
-/* ---------------------------------------------------------------- rounds */
-
-static void master_cb(redisAsyncContext *ac, void *reply, void *priv)
-{
-    sentinel_node *nd = priv;
-    sentinel_client *sc = nd->sc;
-    redisReply *r = reply;
-    if (r == NULL || sc->closing) {
-        return;
-    }
     nd->asked_ms = 0;
     nd->answered_round = nd->asked_round;
     nd->has_master = 0;
-    if (r->type == REDIS_REPLY_ARRAY) {
-        const char *ip = NULL, *port = NULL, *epoch = NULL, *flags = NULL;
+    if (r->type == REDIS_REPLY_ERROR) {
+        log_warn("sentinel %s:%d: SENTINEL MASTER %s: %s", nd->host, nd->port,
+                 sc->f->cfg->sentinel_master, r->str);
+    } else if (r->type != REDIS_REPLY_ARRAY || r->elements % 2 != 0) {
+        log_warn("sentinel %s:%d: SENTINEL MASTER answered with a reply of the wrong shape",
+                 nd->host, nd->port);
+    } else {
+        const char *ip = NULL, *port = NULL, *epoch = NULL, *flags = NULL, *k, *v;
+        int bad = 0;
         for (size_t i = 0; i + 1 < r->elements; i += 2) {
-            redisReply *k = r->element[i], *v = r->element[i + 1];
-            if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) {
-                continue;
+            if (reply_text(r->element[i], &k) != 0 || reply_text(r->element[i + 1], &v) != 0) {
+                bad = 1;
+                break;
             }
-            if (strcmp(k->str, "ip") == 0) {
-                ip = v->str;
-            } else if (strcmp(k->str, "port") == 0) {
-                port = v->str;
-            } else if (strcmp(k->str, "config-epoch") == 0) {
-                epoch = v->str;
-            } else if (strcmp(k->str, "flags") == 0) {
-                flags = v->str;
+            if (strcmp(k, "ip") == 0) {
+                ip = v;
+            } else if (strcmp(k, "port") == 0) {
+                port = v;
+            } else if (strcmp(k, "config-epoch") == 0) {
+                epoch = v;
+            } else if (strcmp(k, "flags") == 0) {
+                flags = v;
             }
         }
-        int p = port ? atoi(port) : 0;
-        if (ip != NULL && p > 0 && p < 65536 && strlen(ip) < sizeof(nd->ip)) {
+        int p = parse_port(port);
+        struct sockaddr_storage ss;
+        if (bad || ip == NULL || p < 0 || strlen(ip) >= sizeof(nd->ip) || !strict_ip(ip) ||
+            numeric_addr(ip, p, &ss) != 0) {
+            log_warn("sentinel %s:%d: SENTINEL MASTER reply without a usable address "
+                     "(ip %.64s, port %.16s)", nd->host, nd->port, ip ? ip : "missing",
+                     port ? port : "missing");
+        } else {
+            char *end = NULL;
+            errno = 0;
+            long long e = epoch ? strtoll(epoch, &end, 10) : 0;
             nd->has_master = 1;
             snprintf(nd->ip, sizeof(nd->ip), "%s", ip);
             nd->mport = p;
-            nd->epoch = epoch ? atoll(epoch) : 0;
+            nd->epoch = (epoch && (errno != 0 || *end != '\0')) ? 0 : e;
             nd->sdown = flags && strstr(flags, "s_down") != NULL;
             nd->odown = flags && strstr(flags, "o_down") != NULL;
             nd->failing = flags && strstr(flags, "failover_in_progress") != NULL;
-        } else {
-            log_warn("sentinel %s:%d: SENTINEL MASTER reply without a usable address", nd->host,
-                     nd->port);
         }
-    } else if (r->type == REDIS_REPLY_ERROR) {
-        log_warn("sentinel %s:%d: SENTINEL MASTER %s: %s", nd->host, nd->port,
-                 sc->f->cfg->sentinel_master, r->str);
     }
     if (!sc->round_open || nd->answered_round != sc->round) {
         return;
@@ -362,36 +340,130 @@ static void master_cb(redisAsyncContext *ac, void *reply, void *priv)
     round_evaluate(sc);
 }
 
-static void sentinels_cb(redisAsyncContext *ac, void *reply, void *priv)
+static void on_sentinels(sentinel_node *nd, const redisReply *r)
 {
-    sentinel_node *nd = priv;
-    redisReply *r = reply;
-    if (r == NULL || nd->sc->closing || r->type != REDIS_REPLY_ARRAY) {
+    if (r->type != REDIS_REPLY_ARRAY) {
         return;
     }
-    for (size_t i = 0; i < r->elements; i++) {
-        redisReply *e = r->element[i];
-        const char *ip = NULL, *port = NULL;
+    for (size_t i = 0; i < r->elements && i < CONFIG_MAX_SENTINELS; i++) {
+        const redisReply *e = r->element[i];
+        const char *ip = NULL, *port = NULL, *k, *v;
         if (e->type != REDIS_REPLY_ARRAY) {
             continue;
         }
         for (size_t j = 0; j + 1 < e->elements; j += 2) {
-            if (e->element[j]->type != REDIS_REPLY_STRING ||
-                e->element[j + 1]->type != REDIS_REPLY_STRING) {
+            if (reply_text(e->element[j], &k) != 0 || reply_text(e->element[j + 1], &v) != 0) {
                 continue;
             }
-            if (strcmp(e->element[j]->str, "ip") == 0) {
-                ip = e->element[j + 1]->str;
-            } else if (strcmp(e->element[j]->str, "port") == 0) {
-                port = e->element[j + 1]->str;
+            if (strcmp(k, "ip") == 0) {
+                ip = v;
+            } else if (strcmp(k, "port") == 0) {
+                port = v;
             }
         }
-        int p = port ? atoi(port) : 0;
-        if (ip != NULL && p > 0 && p < 65536 && strlen(ip) < 64) {
+        int p = parse_port(port);
+        if (ip != NULL && p > 0 && strlen(ip) < 64 && strict_ip(ip)) {
             node_add(nd->sc, ip, p, 1);
         }
     }
 }
+
+static void cmd_reply(sconn *c, void *data, int kind, redisReply *r)
+{
+    sentinel_node *nd = data;
+    if (nd->sc->closing) {
+        return;
+    }
+    switch (kind) {
+    case K_AUTH:
+        if (r->type == REDIS_REPLY_ERROR) {
+            log_error("sentinel %s:%d refused ferry's credentials: %s", nd->host, nd->port, r->str);
+        }
+        break;
+    case K_MYID: {
+        const char *id;
+        if (reply_text(r, &id) == 0 && strlen(id) < sizeof(nd->myid)) {
+            snprintf(nd->myid, sizeof(nd->myid), "%s", id);
+        }
+        break;
+    }
+    case K_MASTER:
+        on_master(nd, r);
+        break;
+    case K_SENTINELS:
+        on_sentinels(nd, r);
+        break;
+    default:
+        break;
+    }
+}
+
+static void cmd_state(sconn *c, void *data, int up, const char *why)
+{
+    sentinel_node *nd = data;
+    if (up) {
+        nd->cmd_up = 1;
+        log_debug("sentinel %s:%d: connected", nd->host, nd->port);
+        send_auth(nd, c);
+        static const char *const myid[] = {"SENTINEL", "MYID"};
+        sconn_send(c, K_MYID, 2, myid);
+        return;
+    }
+    if (nd->cmd == c) {
+        nd->cmd = NULL;
+        nd->cmd_up = 0;
+        nd->asked_ms = 0;
+        nd->next_connect_ms = uv_now(nd->sc->f->loop) + SENTINEL_RECONNECT_MS;
+        if (!nd->sc->closing) {
+            log_info("sentinel %s:%d: connection closed: %s", nd->host, nd->port, why);
+        }
+    }
+}
+
+static void sub_reply(sconn *c, void *data, int kind, redisReply *r)
+{
+    sentinel_node *nd = data;
+    if (!nd->sc->closing) {
+        on_event(nd, r);
+    }
+}
+
+static void sub_state(sconn *c, void *data, int up, const char *why)
+{
+    sentinel_node *nd = data;
+    if (up) {
+        static const char *const sub[] = {"PSUBSCRIBE", "*"};
+        send_auth(nd, c);
+        sconn_send(c, 0, 2, sub);
+        return;
+    }
+    if (nd->sub == c) {
+        nd->sub = NULL;
+        if (!nd->sc->closing) {
+            log_debug("sentinel %s:%d: event connection closed: %s", nd->host, nd->port, why);
+        }
+    }
+}
+
+static void node_connect(sentinel_node *nd, int sub, uint64_t now)
+{
+    uv_loop_t *loop = nd->sc->f->loop;
+    sconn *c = sconn_open(loop, (const struct sockaddr *)&nd->addr, sub, sub ? sub_reply : cmd_reply,
+                          sub ? sub_state : cmd_state, nd);
+    if (c == NULL) {
+        nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
+        return;
+    }
+    if (sub) {
+        nd->sub = c;
+        nd->sub_started_ms = now;
+    } else {
+        nd->cmd = c;
+        nd->cmd_started_ms = now;
+    }
+}
+
+/* ---------------------------------------------------------------- rounds */
 
 static void round_start(sentinel_client *sc, uint64_t now)
 {
@@ -407,15 +479,16 @@ static void round_start(sentinel_client *sc, uint64_t now)
         if (nd->cmd == NULL || !nd->cmd_up) {
             continue;
         }
-        if (redisAsyncCommand(nd->cmd, master_cb, nd, "SENTINEL MASTER %s",
-                              cfg->sentinel_master) == REDIS_OK) {
-            nd->asked_round = sc->round;
-            nd->asked_ms = now;
-            asked++;
-            if (sc->round % SENTINEL_DISCOVER_EVERY == 1) {
-                redisAsyncCommand(nd->cmd, sentinels_cb, nd, "SENTINEL SENTINELS %s",
-                                  cfg->sentinel_master);
-            }
+        const char *argv[] = {"SENTINEL", "MASTER", cfg->sentinel_master};
+        if (sconn_send(nd->cmd, K_MASTER, 3, argv) != 0) {
+            continue;
+        }
+        nd->asked_round = sc->round;
+        nd->asked_ms = now;
+        asked++;
+        if (sc->round % SENTINEL_DISCOVER_EVERY == 1) {
+            const char *sv[] = {"SENTINEL", "SENTINELS", cfg->sentinel_master};
+            sconn_send(nd->cmd, K_SENTINELS, 3, sv);
         }
     }
     if (asked == 0) {
@@ -440,7 +513,7 @@ static void round_evaluate(sentinel_client *sc)
     sc->round_open = 0;
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
-        if (nd->answered_round != sc->round) {
+        if (nd->answered_round != sc->round || node_is_alias(sc, i)) {
             continue;
         }
         replies++;
@@ -453,7 +526,8 @@ static void round_evaluate(sentinel_client *sc)
         int votes = 0;
         for (int j = 0; j < sc->n; j++) {
             sentinel_node *o = sc->nodes[j];
-            votes += o->answered_round == sc->round && o->has_master && same_master(o, nd);
+            votes += o->answered_round == sc->round && o->has_master && same_master(o, nd) &&
+                     !node_is_alias(sc, j);
         }
         if (votes > best_votes || (votes == best_votes && best != NULL && nd->epoch > best->epoch)) {
             best = nd;
@@ -486,7 +560,8 @@ static void round_evaluate(sentinel_client *sc)
     }
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
-        if (nd->answered_round == sc->round && nd->has_master && same_master(nd, best)) {
+        if (nd->answered_round == sc->round && nd->has_master && same_master(nd, best) &&
+            !node_is_alias(sc, i)) {
             odown += nd->odown;
             failing += nd->failing;
             sdown += nd->sdown;
@@ -558,16 +633,18 @@ void sentinel_tick(sentinel_client *sc, uint64_t now)
         sentinel_node *nd = sc->nodes[i];
         if (nd->cmd == NULL && now >= nd->next_connect_ms) {
             node_connect(nd, 0, now);
-        } else if (nd->cmd != NULL && !nd->cmd_up && now - nd->cmd_started_ms >= cfg->sentinel_timeout_ms) {
-            node_drop(nd, 0, now, "connect timeout");
+        } else if (nd->cmd != NULL && !nd->cmd_up &&
+                   now - nd->cmd_started_ms >= cfg->sentinel_timeout_ms) {
+            sconn_close(nd->cmd, "connect timeout");
         } else if (nd->cmd != NULL && nd->asked_ms != 0 &&
                    now - nd->asked_ms >= cfg->sentinel_timeout_ms) {
-            node_drop(nd, 0, now, "no answer within sentinel.timeout_ms");
+            sconn_close(nd->cmd, "no answer within sentinel.timeout_ms");
         }
         if (nd->sub == NULL && now >= nd->next_connect_ms) {
             node_connect(nd, 1, now);
-        } else if (nd->sub != NULL && !nd->sub_up && now - nd->sub_started_ms >= cfg->sentinel_timeout_ms) {
-            node_drop(nd, 1, now, "event connection: connect timeout");
+        } else if (nd->sub != NULL && !sconn_up(nd->sub) &&
+                   now - nd->sub_started_ms >= cfg->sentinel_timeout_ms) {
+            sconn_close(nd->sub, "connect timeout");
         }
     }
     if (sc->round_open && now - sc->round_started_ms >= cfg->sentinel_timeout_ms) {
@@ -594,13 +671,11 @@ void sentinel_close(sentinel_client *sc)
     sc->closing = 1;
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
-        redisAsyncContext *a = nd->cmd, *b = nd->sub;
-        nd->cmd = nd->sub = NULL;
-        if (a != NULL) {
-            redisAsyncFree(a);
+        if (nd->cmd != NULL) {
+            sconn_close(nd->cmd, "ferry is stopping");
         }
-        if (b != NULL) {
-            redisAsyncFree(b);
+        if (nd->sub != NULL) {
+            sconn_close(nd->sub, "ferry is stopping");
         }
     }
 }

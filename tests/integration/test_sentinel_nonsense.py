@@ -19,13 +19,12 @@ it. Against it:
   4. A node the sentinels name that says ROLE slave is never used.
 
 Run:  python3 -m unittest test_sentinel_nonsense -v        (about a minute)
-      NONSENSE_STRICT=1 ...   run the known-bug cases as plain tests
 
-Cases marked known_bug fail today (ferry aborts in hiredis, or uses a node
-it should not); they are expected failures until ferry is fixed.
+Cases once found broken are kept with the reason in their docstring (ferry
+aborted inside hiredis' async layer, or trusted a sloppily parsed port or
+address, or counted one sentinel under several addresses).
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 """
-import os
 import select
 import socket
 import threading
@@ -434,17 +433,8 @@ class Base(unittest.TestCase):
 # --------------------------------------------------------------------------
 # 1. SENTINEL MASTER nonsense
 
-# Cases ferry does not survive or gets wrong today; expectedFailure until
-# ferry is fixed (a fix then shows up as an unexpected success).
-# NONSENSE_STRICT=1 runs them as plain tests, to see how they fail.
-STRICT = os.environ.get('NONSENSE_STRICT') == '1'
-
-
-def known_bug(test):
-    return test if STRICT else unittest.expectedFailure(test)
-
-
-KNOWN_BUGS = {
+# Cases that broke ferry once (kept as regressions; reason in the docstring).
+FIXED_BUGS = {
     # hiredis 0.14 asserts on a reply nobody asked for: SIGABRT
     'extra_reply': 'unsolicited reply on the command connection aborts ferry '
                    '(hiredis async.c:478 assertion)',
@@ -540,9 +530,8 @@ def _add_case(name):
         self.run_case(name)
     test.__name__ = 'test_%s' % name
     test.__doc__ = 'SENTINEL MASTER answered: %s' % name.replace('_', ' ')
-    if name in KNOWN_BUGS:
-        test.__doc__ += ' [known ferry bug: %s]' % KNOWN_BUGS[name]
-        test = known_bug(test)
+    if name in FIXED_BUGS:
+        test.__doc__ += ' [regression: %s]' % FIXED_BUGS[name]
     setattr(MasterReplyNonsenseTest, 'test_%s' % name, test)
 
 
@@ -637,25 +626,21 @@ class EventNonsenseTest(Base):
         self.assert_serves(f, real)
         self.assert_clean_exit(f)
 
-    @known_bug
     def test_event_one_element_array(self):
         """[known ferry bug] *1 pmessage aborts ferry: hiredis async.c:378
         assertion `reply->elements >= 2`."""
         self.crash_case(Raw(b'*1\r\n$8\r\npmessage\r\n'))
 
-    @known_bug
     def test_event_kind_not_a_string(self):
         """[known ferry bug] a message whose first element is an integer aborts
         ferry: hiredis async.c:379 assertion."""
         self.crash_case([1, '*', '+odown', 'master mq 127.0.0.1 1'])
 
-    @known_bug
     def test_event_pattern_not_a_string(self):
         """[known ferry bug] a pmessage whose pattern is nil aborts ferry:
         hiredis async.c:389 assertion."""
         self.crash_case(['pmessage', None, '+odown', 'master mq 127.0.0.1 1'])
 
-    @known_bug
     def test_event_punsubscribe_then_message(self):
         """[known ferry bug] a fake 'punsubscribe * 0' takes hiredis out of
         subscribed mode; the next message aborts ferry: hiredis async.c:478
@@ -719,7 +704,6 @@ class MajorityTest(Base):
         self.assertNotIn('-> UP(', f.log())
         self.assert_clean_exit(f)
 
-    @known_bug
     def test_minority_cannot_outvote_by_aliases(self):
         """[known ferry bug] A sentinel's SENTINEL SENTINELS reply adds voters
         with no check: the minority sentinel lists itself as 127.1,

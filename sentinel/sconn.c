@@ -1,0 +1,209 @@
+/* sconn.c - RESP client connections for the Sentinel client: raw libuv TCP,
+ * replies framed by ferry's scanner and parsed by hiredis' reader. Unlike
+ * hiredis' async layer it has no assertion a peer can trip: an unexpected
+ * or malformed reply closes the connection with a reason. */
+#include "sconn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "ferry.h"
+#include "resp.h"
+
+#define SCONN_MAX_DUE 16              /* replies awaited at once */
+#define SCONN_MAX_REPLY (1024 * 1024) /* a sentinel's reply is small */
+
+enum { SC_CONNECTING = 0, SC_UP, SC_CLOSING };
+
+struct sconn {
+    uv_tcp_t tcp;          /* the connection */
+    uv_connect_t creq;     /* connect request */
+    int state;             /* SC_* */
+    int push;              /* replies are not matched to commands */
+    buf in;                /* bytes read, not yet framed */
+    resp_scanner sc;       /* frames replies */
+    outq out;              /* bytes to send */
+    int due[SCONN_MAX_DUE]; /* kinds of the replies awaited, oldest first */
+    int ndue, head;        /* ring of due */
+    sconn_reply_cb rcb;    /* reply callback */
+    sconn_state_cb scb;    /* state callback */
+    void *data;            /* caller's */
+};
+
+static void sconn_flush(sconn *c);
+
+static void close_cb(uv_handle_t *h)
+{
+    sconn *c = h->data;
+    buf_free(&c->in);
+    outq_free(&c->out);
+    free(c);
+}
+
+void sconn_close(sconn *c, const char *why)
+{
+    if (c->state == SC_CLOSING) {
+        return;
+    }
+    c->state = SC_CLOSING;
+    uv_close((uv_handle_t *)&c->tcp, close_cb);
+    c->scb(c, c->data, 0, why);
+}
+
+int sconn_up(const sconn *c)
+{
+    return c->state == SC_UP;
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    sconn *c = w->handle->data;
+    outq_done(&c->out);
+    if (c->state == SC_CLOSING) {
+        return;
+    }
+    if (status < 0) {
+        sconn_close(c, uv_strerror(status));
+        return;
+    }
+    sconn_flush(c);
+}
+
+static void sconn_flush(sconn *c)
+{
+    if (c->state != SC_UP) {
+        return;
+    }
+    int rc = outq_flush(&c->out, (uv_stream_t *)&c->tcp, write_cb);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+    }
+}
+
+int sconn_send(sconn *c, int kind, int argc, const char *const *argv)
+{
+    char hdr[32];
+    if (c->state == SC_CLOSING || (!c->push && c->ndue >= SCONN_MAX_DUE)) {
+        return -1;
+    }
+    int n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
+    buf_append(&c->out.fill, hdr, (size_t)n);
+    for (int i = 0; i < argc; i++) {
+        size_t len = strlen(argv[i]);
+        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", len);
+        buf_append(&c->out.fill, hdr, (size_t)n);
+        buf_append(&c->out.fill, argv[i], len);
+        buf_append(&c->out.fill, "\r\n", 2);
+    }
+    if (!c->push) {
+        c->due[(c->head + c->ndue) % SCONN_MAX_DUE] = kind;
+        c->ndue++;
+    }
+    sconn_flush(c);
+    return 0;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
+{
+    sconn *c = h->data;
+    buf_reserve(&c->in, 16 * 1024);
+    b->base = c->in.data + c->in.len;
+    b->len = c->in.cap - c->in.len;
+}
+
+static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
+{
+    sconn *c = st->data;
+    if (c->state == SC_CLOSING) {
+        return;
+    }
+    if (nread < 0) {
+        sconn_close(c, nread == UV_EOF ? "closed by the peer" : uv_strerror((int)nread));
+        return;
+    }
+    c->in.len += (size_t)nread;
+    while (c->state == SC_UP && buf_used(&c->in) > 0) {
+        size_t n = 0;
+        int rc = resp_scan_reply(&c->sc, buf_head(&c->in), buf_used(&c->in), &n);
+        if (rc == RESP_AGAIN) {
+            if (buf_used(&c->in) > SCONN_MAX_REPLY) {
+                sconn_close(c, "reply too large");
+            }
+            return;
+        }
+        if (rc == RESP_ERR) {
+            char why[200];
+            snprintf(why, sizeof(why), "protocol error: %s", c->sc.errstr);
+            sconn_close(c, why);
+            return;
+        }
+        void *reply = NULL;
+        redisReader *rd = redisReaderCreate();
+        if (rd == NULL || redisReaderFeed(rd, buf_head(&c->in), n) != REDIS_OK ||
+            redisReaderGetReply(rd, &reply) != REDIS_OK || reply == NULL) {
+            redisReaderFree(rd);
+            sconn_close(c, "unparsable reply");
+            return;
+        }
+        redisReaderFree(rd);
+        buf_consume(&c->in, n);
+        int kind = -1;
+        if (!c->push) {
+            if (c->ndue == 0) {
+                freeReplyObject(reply);
+                sconn_close(c, "a reply nobody asked for");
+                return;
+            }
+            kind = c->due[c->head];
+            c->head = (c->head + 1) % SCONN_MAX_DUE;
+            c->ndue--;
+        }
+        c->rcb(c, c->data, kind, reply);
+        freeReplyObject(reply);
+    }
+}
+
+static void connect_cb(uv_connect_t *req, int status)
+{
+    sconn *c = req->data;
+    if (c->state == SC_CLOSING) {
+        return;
+    }
+    if (status < 0) {
+        sconn_close(c, uv_strerror(status));
+        return;
+    }
+    int rc = uv_read_start((uv_stream_t *)&c->tcp, alloc_cb, read_cb);
+    if (rc < 0) {
+        sconn_close(c, uv_strerror(rc));
+        return;
+    }
+    c->state = SC_UP;
+    c->scb(c, c->data, 1, "connected");
+    sconn_flush(c);
+}
+
+sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_reply_cb rcb,
+                  sconn_state_cb scb, void *data)
+{
+    sconn *c = xcalloc(1, sizeof(*c));
+    c->push = push;
+    c->rcb = rcb;
+    c->scb = scb;
+    c->data = data;
+    buf_init(&c->in);
+    outq_init(&c->out);
+    resp_scanner_init(&c->sc);
+    uv_tcp_init(loop, &c->tcp);
+    c->tcp.data = c;
+    uv_tcp_nodelay(&c->tcp, 1);
+    c->creq.data = c;
+    if (uv_tcp_connect(&c->creq, &c->tcp, addr, connect_cb) < 0) {
+        c->state = SC_CLOSING;
+        uv_close((uv_handle_t *)&c->tcp, close_cb);
+        return NULL;
+    }
+    return c;
+}

@@ -1,0 +1,32 @@
+/* sconn.h - a small RESP client connection on libuv for ferry's own talks
+ * with sentinels: connect, send commands, receive each reply parsed (by
+ * hiredis' reader, which reports bad input instead of asserting) in order.
+ * Whatever a peer sends, the worst outcome is that the connection closes. */
+#ifndef FERRY_SCONN_H
+#define FERRY_SCONN_H
+
+#include <hiredis/hiredis.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+typedef struct sconn sconn;
+
+/* A reply to the command sent with `kind` (or, on a push connection, any
+ * message with kind -1). The reply is freed after the call. */
+typedef void (*sconn_reply_cb)(sconn *c, void *data, int kind, redisReply *r);
+/* The connection is up (up = 1), or gone for good (up = 0, why says why);
+ * it is freed by the loop after the 'gone' call. */
+typedef void (*sconn_state_cb)(sconn *c, void *data, int up, const char *why);
+
+/* Start connecting to addr. push = 1: replies are not matched to commands
+ * (pub/sub). Returns a new connection or NULL (no callback is made then). */
+sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_reply_cb rcb,
+                  sconn_state_cb scb, void *data);
+/* Queue a command; kind comes back with its reply. Returns 0, or -1 when
+ * too many replies are already due (the caller should drop the link). */
+int sconn_send(sconn *c, int kind, int argc, const char *const *argv);
+/* Close; the state callback reports it once. Safe inside a callback. */
+void sconn_close(sconn *c, const char *why);
+int sconn_up(const sconn *c);
+
+#endif
