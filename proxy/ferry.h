@@ -115,5 +115,9 @@ typedef struct ferry {
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);
 void request_free(ferry *f, request *r);
+/* Rewrite a blocking request that is sent again so it waits only for what
+ * is left of its timeout. Returns 0, or 1 with *expired set to the reply
+ * its timeout produces (the time is up). */
+int request_rearm_blocking(request *r, uint64_t now, const char **expired);
 
 #endif

@@ -57,60 +57,6 @@ static void session_flush_answered(session *s);
 static void session_mark_dirty(session *s);
 static void session_maybe_release(session *s);
 static void session_check_reading(session *s);
-static void subs_free(sub_set *set);
-
-/* --------------------------------------------------------------- requests */
-
-request *request_new(ferry *f)
-{
-    request *r;
-    list_node *n = list_first(&f->free_reqs);
-    if (n != NULL) {
-        list_del(n);
-        f->nfree_reqs--;
-        r = list_entry(n, request, sq);
-    } else {
-        r = xcalloc(1, sizeof(*r));
-        buf_init(&r->data);
-        buf_init(&r->reply);
-    }
-    list_init(&r->sq);
-    list_init(&r->lq);
-    r->s = NULL;
-    r->link = NULL;
-    r->state = REQ_HELD;
-    r->flags = 0;
-    r->cmd = NULL;
-    r->born = uv_now(f->loop);
-    r->born_ns = uv_hrtime();
-    r->sent_ns = 0;
-    r->held_since = r->born;
-    r->retries = 0;
-    r->done = NULL;
-    r->seq = 0;
-    r->route = RT_SHARED;
-    r->arg = 0;
-    return r;
-}
-
-void request_free(ferry *f, request *r)
-{
-    if (r == NULL) {
-        return;
-    }
-    buf_clear(&r->data);
-    buf_clear(&r->reply);
-    buf_shrink(&r->data, 4096);
-    buf_shrink(&r->reply, 4096);
-    if (f->nfree_reqs < 4096) {
-        list_add_head(&f->free_reqs, &r->sq);
-        f->nfree_reqs++;
-        return;
-    }
-    buf_free(&r->data);
-    buf_free(&r->reply);
-    free(r);
-}
 
 /* ------------------------------------------------------------ accept/close */
 
@@ -476,98 +422,6 @@ static void display_name(const command *cmd, char *out, size_t len)
     out[i] = '\0';
 }
 
-/* ---------------------------------------------------------- subscriptions */
-
-static void subs_add(sub_set *set, const char *p, size_t n)
-{
-    for (size_t i = 0; i < set->n; i++) {
-        if (set->l[i] == n && memcmp(set->v[i], p, n) == 0) {
-            return;
-        }
-    }
-    if (set->n == set->cap) {
-        set->cap = set->cap ? set->cap * 2 : 8;
-        set->v = xrealloc(set->v, set->cap * sizeof(*set->v));
-        set->l = xrealloc(set->l, set->cap * sizeof(*set->l));
-    }
-    set->v[set->n] = xmalloc(n ? n : 1);
-    memcpy(set->v[set->n], p, n);
-    set->l[set->n++] = n;
-}
-
-static void subs_del(sub_set *set, const char *p, size_t n)
-{
-    for (size_t i = 0; i < set->n; i++) {
-        if (set->l[i] == n && memcmp(set->v[i], p, n) == 0) {
-            free(set->v[i]);
-            set->v[i] = set->v[set->n - 1];
-            set->l[i] = set->l[set->n - 1];
-            set->n--;
-            return;
-        }
-    }
-}
-
-static void subs_clear(sub_set *set)
-{
-    for (size_t i = 0; i < set->n; i++) {
-        free(set->v[i]);
-    }
-    set->n = 0;
-}
-
-static void subs_free(sub_set *set)
-{
-    subs_clear(set);
-    free(set->v);
-    free(set->l);
-    set->v = NULL;
-    set->l = NULL;
-    set->cap = 0;
-}
-
-/* Remember what a pub/sub command subscribes to or leaves. */
-static void subs_track(session *s, const command *cmd, const resp_request *req)
-{
-    sub_set *set;
-    int add;
-    const char *n = cmd->name;
-    if (strcmp(n, "subscribe") == 0 || strcmp(n, "unsubscribe") == 0) {
-        set = &s->channels;
-    } else if (strcmp(n, "psubscribe") == 0 || strcmp(n, "punsubscribe") == 0) {
-        set = &s->patterns;
-    } else {
-        set = &s->shards;
-    }
-    add = strstr(n, "unsubscribe") == NULL;
-    if (!add && req->argc == 1) {
-        subs_clear(set);
-        return;
-    }
-    for (size_t i = 1; i < req->argc; i++) {
-        if (add) {
-            subs_add(set, req->argv[i].ptr, req->argv[i].len);
-        } else {
-            subs_del(set, req->argv[i].ptr, req->argv[i].len);
-        }
-    }
-}
-
-static void encode_subscribe(buf *b, const char *verb, const sub_set *set)
-{
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n$%zu\r\n", set->n + 1, strlen(verb));
-    buf_append(b, hdr, (size_t)n);
-    buf_append_str(b, verb);
-    buf_append(b, "\r\n", 2);
-    for (size_t i = 0; i < set->n; i++) {
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", set->l[i]);
-        buf_append(b, hdr, (size_t)n);
-        buf_append(b, set->v[i], set->l[i]);
-        buf_append(b, "\r\n", 2);
-    }
-}
-
 /* Rebuild a pub/sub tunnel on the current master. Returns 0 when no master
  * is UP yet (try again on wake-up). */
 static int session_resubscribe(session *s)
@@ -579,13 +433,13 @@ static int session_resubscribe(session *s)
     buf b;
     buf_init(&b);
     if (s->channels.n > 0) {
-        encode_subscribe(&b, "SUBSCRIBE", &s->channels);
+        subs_encode(&b, "SUBSCRIBE", &s->channels);
     }
     if (s->patterns.n > 0) {
-        encode_subscribe(&b, "PSUBSCRIBE", &s->patterns);
+        subs_encode(&b, "PSUBSCRIBE", &s->patterns);
     }
     if (s->shards.n > 0) {
-        encode_subscribe(&b, "SSUBSCRIBE", &s->shards);
+        subs_encode(&b, "SSUBSCRIBE", &s->shards);
     }
     l->passthrough = 1;
     l->swallow = (int)(s->channels.n + s->patterns.n + s->shards.n);
@@ -648,7 +502,7 @@ static void session_classify(session *s, request *r, const resp_request *req)
     }
     case CMD_PUBSUB:
         r->route = RT_TUNNEL;
-        subs_track(s, cmd, req);
+        subs_track(&s->channels, &s->patterns, &s->shards, cmd->name, req);
         return;
     case CMD_TRANSACTION:
         if (strcmp(cmd->name, "multi") == 0) {
@@ -1246,85 +1100,6 @@ void session_on_stream(session *s, const char *p, size_t n)
     session_mark_dirty(s);
 }
 
-/* Rewrite the timeout of a blocking request that is re-issued: it gets
- * what is left of its own timeout, measured from when it was first sent.
- * Returns 0, or 1 with *expired set to the reply its timeout produces. */
-static int session_rearm_blocking(session *s, request *r, uint64_t now, const char **expired)
-{
-    resp_parser *p = resp_parser_new(NULL);
-    resp_request req;
-    int rc = 0;
-    if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
-        req.argc < 2 || r->cmd == NULL) {
-        resp_parser_free(p);
-        return 0;
-    }
-    const char *name = r->cmd->name;
-    size_t ti = req.argc - 1; /* BLPOP, BRPOP, BZPOPMIN/MAX, BLMOVE, BRPOPLPUSH: last */
-    int millis = 0;
-    *expired = "*-1\r\n";
-    if (strcmp(name, "blmpop") == 0 || strcmp(name, "bzmpop") == 0) {
-        ti = 1;
-    } else if (strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0) {
-        *expired = "$-1\r\n";
-    } else if (strcmp(name, "xread") == 0 || strcmp(name, "xreadgroup") == 0) {
-        millis = 1;
-        ti = 0;
-        for (size_t i = 1; i + 1 < req.argc; i++) {
-            if (arg_eq(&req.argv[i], "block")) {
-                ti = i + 1;
-                break;
-            }
-        }
-        if (ti == 0) {
-            resp_parser_free(p);
-            return 0;
-        }
-    }
-    char tmp[64];
-    size_t tl = req.argv[ti].len < sizeof(tmp) - 1 ? req.argv[ti].len : sizeof(tmp) - 1;
-    memcpy(tmp, req.argv[ti].ptr, tl);
-    tmp[tl] = '\0';
-    char *end;
-    double t = strtod(tmp, &end);
-    if (*end != '\0' || t <= 0) {
-        resp_parser_free(p);
-        return 0; /* 0 = forever; anything odd is left for Redis to judge */
-    }
-    double elapsed = (double)(now - r->born) / (millis ? 1.0 : 1000.0);
-    double left = t - elapsed;
-    if (left <= (millis ? 1.0 : 0.001)) {
-        resp_parser_free(p);
-        return 1;
-    }
-    char nt[64];
-    if (millis) {
-        snprintf(nt, sizeof(nt), "%lld", (long long)left);
-    } else {
-        snprintf(nt, sizeof(nt), "%.3f", left);
-    }
-    buf out;
-    buf_init(&out);
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n", req.argc);
-    buf_append(&out, hdr, (size_t)n);
-    for (size_t i = 0; i < req.argc; i++) {
-        const char *a = i == ti ? nt : req.argv[i].ptr;
-        size_t al = i == ti ? strlen(nt) : req.argv[i].len;
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", al);
-        buf_append(&out, hdr, (size_t)n);
-        buf_append(&out, a, al);
-        buf_append(&out, "\r\n", 2);
-    }
-    resp_parser_free(p);
-    s->pending_bytes += buf_used(&out);
-    s->pending_bytes -= buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
-    buf_free(&r->data);
-    r->data = out;
-    r->born = now;
-    return rc;
-}
-
 void session_on_lost(session *s, request *r, const char *reason)
 {
     ferry *f = s->f;
@@ -1353,7 +1128,10 @@ void session_on_lost(session *s, request *r, const char *reason)
         /* A blocking pop is re-issued with what is left of its timeout; one
          * whose time is up gets the timeout reply it would have had. */
         const char *expired = NULL;
-        if (session_rearm_blocking(s, r, uv_now(f->loop), &expired) != 0) {
+        size_t before = buf_used(&r->data);
+        int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+        if (done != 0) {
             session_answer_str(s, r, expired);
             session_flush_answered(s);
             return;

@@ -5,16 +5,9 @@
 #define FERRY_SESSION_H
 
 #include "ferry.h"
+#include "subs.h"
 
 struct link;
-
-/* Names a pub/sub client is subscribed to, to re-subscribe after a failover. */
-typedef struct sub_set {
-    char **v;   /* names (heap, not NUL-terminated: see l) */
-    size_t *l;  /* their lengths */
-    size_t n;   /* entries */
-    size_t cap; /* allocated */
-} sub_set;
 
 typedef struct session {
     ferry *f;                 /* context */

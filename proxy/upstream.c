@@ -604,6 +604,21 @@ static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
     b->len = l->in.cap - l->in.len;
 }
 
+/* A "subscribe"/"psubscribe"/"ssubscribe" confirmation (RESP2). */
+static int is_subscribe_confirmation(const char *p, size_t n)
+{
+    static const char *const heads[] = {"*3\r\n$9\r\nsubscribe\r\n",
+                                        "*3\r\n$10\r\npsubscribe\r\n",
+                                        "*3\r\n$10\r\nssubscribe\r\n"};
+    for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
+        size_t m = strlen(heads[i]);
+        if (n > m && memcmp(p, heads[i], m) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* One complete reply: to the oldest pending request, or down the tunnel. */
 static void link_deliver(link *l, const char *p, size_t n)
 {
@@ -644,10 +659,7 @@ static void link_deliver(link *l, const char *p, size_t n)
         }
         return;
     }
-    if (l->passthrough && l->swallow > 0 && n > 16 && p[0] == '*' &&
-        (memcmp(p, "*3\r\n$9\r\nsubscribe\r\n", 20) == 0 ||
-         memcmp(p, "*3\r\n$10\r\npsubscribe\r\n", 22 <= n ? 22 : n) == 0 ||
-         memcmp(p, "*3\r\n$10\r\nssubscribe\r\n", 22 <= n ? 22 : n) == 0)) {
+    if (l->passthrough && l->swallow > 0 && is_subscribe_confirmation(p, n)) {
         l->swallow--; /* ferry's own re-subscription, not the client's */
         return;
     }

@@ -1,0 +1,138 @@
+/* request.c - request objects: recycled through a free list in the context
+ * so the hot path does not allocate, and re-armed when a blocking call has
+ * to be sent again to a new master. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ferry.h"
+
+request *request_new(ferry *f)
+{
+    request *r;
+    list_node *n = list_first(&f->free_reqs);
+    if (n != NULL) {
+        list_del(n);
+        f->nfree_reqs--;
+        r = list_entry(n, request, sq);
+    } else {
+        r = xcalloc(1, sizeof(*r));
+        buf_init(&r->data);
+        buf_init(&r->reply);
+    }
+    list_init(&r->sq);
+    list_init(&r->lq);
+    r->s = NULL;
+    r->link = NULL;
+    r->state = REQ_HELD;
+    r->flags = 0;
+    r->cmd = NULL;
+    r->born = uv_now(f->loop);
+    r->born_ns = uv_hrtime();
+    r->sent_ns = 0;
+    r->held_since = r->born;
+    r->retries = 0;
+    r->done = NULL;
+    r->seq = 0;
+    r->route = 0; /* the session decides */
+    r->arg = 0;
+    return r;
+}
+
+void request_free(ferry *f, request *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    buf_clear(&r->data);
+    buf_clear(&r->reply);
+    buf_shrink(&r->data, 4096);
+    buf_shrink(&r->reply, 4096);
+    if (f->nfree_reqs < 4096) {
+        list_add_head(&f->free_reqs, &r->sq);
+        f->nfree_reqs++;
+        return;
+    }
+    buf_free(&r->data);
+    buf_free(&r->reply);
+    free(r);
+}
+
+/* Rewrite the timeout of a blocking request that is re-issued: it gets
+ * what is left of its own timeout, measured from when it was first sent.
+ * Returns 0, or 1 with *expired set to the reply its timeout produces. */
+int request_rearm_blocking(request *r, uint64_t now, const char **expired)
+{
+    resp_parser *p = resp_parser_new(NULL);
+    resp_request req;
+    int rc = 0;
+    if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
+        req.argc < 2 || r->cmd == NULL) {
+        resp_parser_free(p);
+        return 0;
+    }
+    const char *name = r->cmd->name;
+    size_t ti = req.argc - 1; /* BLPOP, BRPOP, BZPOPMIN/MAX, BLMOVE, BRPOPLPUSH: last */
+    int millis = 0;
+    *expired = "*-1\r\n";
+    if (strcmp(name, "blmpop") == 0 || strcmp(name, "bzmpop") == 0) {
+        ti = 1;
+    } else if (strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0) {
+        *expired = "$-1\r\n";
+    } else if (strcmp(name, "xread") == 0 || strcmp(name, "xreadgroup") == 0) {
+        millis = 1;
+        ti = 0;
+        for (size_t i = 1; i + 1 < req.argc; i++) {
+            if ((req.argv[i].len == 5 && strncasecmp(req.argv[i].ptr, "block", 5) == 0)) {
+                ti = i + 1;
+                break;
+            }
+        }
+        if (ti == 0) {
+            resp_parser_free(p);
+            return 0;
+        }
+    }
+    char tmp[64];
+    size_t tl = req.argv[ti].len < sizeof(tmp) - 1 ? req.argv[ti].len : sizeof(tmp) - 1;
+    memcpy(tmp, req.argv[ti].ptr, tl);
+    tmp[tl] = '\0';
+    char *end;
+    double t = strtod(tmp, &end);
+    if (*end != '\0' || t <= 0) {
+        resp_parser_free(p);
+        return 0; /* 0 = forever; anything odd is left for Redis to judge */
+    }
+    double elapsed = (double)(now - r->born) / (millis ? 1.0 : 1000.0);
+    double left = t - elapsed;
+    if (left <= (millis ? 1.0 : 0.001)) {
+        resp_parser_free(p);
+        return 1;
+    }
+    char nt[64];
+    if (millis) {
+        snprintf(nt, sizeof(nt), "%lld", (long long)left);
+    } else {
+        snprintf(nt, sizeof(nt), "%.3f", left);
+    }
+    buf out;
+    buf_init(&out);
+    char hdr[32];
+    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n", req.argc);
+    buf_append(&out, hdr, (size_t)n);
+    for (size_t i = 0; i < req.argc; i++) {
+        const char *a = i == ti ? nt : req.argv[i].ptr;
+        size_t al = i == ti ? strlen(nt) : req.argv[i].len;
+        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", al);
+        buf_append(&out, hdr, (size_t)n);
+        buf_append(&out, a, al);
+        buf_append(&out, "\r\n", 2);
+    }
+    resp_parser_free(p);
+    buf_free(&r->data);
+    r->data = out;
+    r->born = now;
+    return rc;
+}
+

@@ -1,0 +1,28 @@
+/* subs.h - what a pub/sub client is subscribed to (to re-subscribe it after
+ * a failover). Sets of names compared byte for byte; small and linear. */
+#ifndef FERRY_SUBS_H
+#define FERRY_SUBS_H
+
+#include <stddef.h>
+
+#include "buf.h"
+#include "resp.h"
+
+typedef struct sub_set {
+    char **v;   /* names (heap, not NUL-terminated: see l) */
+    size_t *l;  /* their lengths */
+    size_t n;   /* entries */
+    size_t cap; /* allocated */
+} sub_set;
+
+void subs_add(sub_set *set, const char *p, size_t n);
+void subs_del(sub_set *set, const char *p, size_t n);
+void subs_clear(sub_set *set);
+void subs_free(sub_set *set); /* leaves an empty, reusable set */
+/* Apply a SUBSCRIBE/UNSUBSCRIBE (P.., S..) request named cmd (lowercase). */
+void subs_track(sub_set *channels, sub_set *patterns, sub_set *shards, const char *cmd,
+                const resp_request *req);
+/* Append "<verb> name..." as a multibulk request to b. */
+void subs_encode(buf *b, const char *verb, const sub_set *set);
+
+#endif
