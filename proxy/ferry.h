@@ -57,6 +57,7 @@ typedef enum req_state {
 #define REQ_F_QUIT (1u << 1)     /* close the client after this reply */
 #define REQ_F_BLOCKING (1u << 2) /* may block on the server */
 #define REQ_F_WRITE (1u << 3)    /* may modify data */
+#define REQ_F_REARM (1u << 4)    /* blocking call to re-send with the time it has left */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 

@@ -965,6 +965,17 @@ static int session_dispatch_one(session *s, request *r)
     default:
         break;
     }
+    if (r->flags & REQ_F_REARM) {
+        const char *expired = NULL;
+        size_t before = buf_used(&r->data);
+        int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+        r->flags &= ~REQ_F_REARM;
+        if (done != 0) {
+            session_answer_str(s, r, expired); /* its time ran out meanwhile */
+            return DISPATCH_DONE;
+        }
+    }
     r->s = s;
     r->sent_ns = uv_hrtime();
     link_send(target, r);
@@ -1125,18 +1136,11 @@ void session_on_lost(session *s, request *r, const char *reason)
         return;
     }
     if (r->flags & REQ_F_BLOCKING) {
-        /* A blocking pop is re-issued with what is left of its timeout; one
-         * whose time is up gets the timeout reply it would have had. */
-        const char *expired = NULL;
-        size_t before = buf_used(&r->data);
-        int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
-        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
-        if (done != 0) {
-            session_answer_str(s, r, expired);
-            session_flush_answered(s);
-            return;
-        }
-        r->retries = 0; /* a read: safe to re-issue after every failover */
+        /* Re-issued with what is left of its timeout when it is sent again
+         * (time held waiting for a master counts too). A read: it may be
+         * re-issued after every failover. */
+        r->flags |= REQ_F_REARM;
+        r->retries = 0;
     }
     if (r->retries < SESSION_MAX_RETRIES) {
         r->retries++;
