@@ -16,11 +16,11 @@
 #include <strings.h>
 #include <yaml.h>
 
-#define CONF_MAX_FILE (4u * 1024 * 1024)       /* larger files are refused */
-#define CONF_DURATION_MAX 31536000000LL        /* one year, in milliseconds */
-#define CONF_SIZE_MAX ((long long)1 << 50)     /* 1 PiB: sane upper bound for sizes */
-#define CONF_KEY_MAX 128                       /* longest dotted key we build */
-#define CONF_QUOTE_MAX 48                      /* value text shown in messages */
+#define CONF_MAX_FILE (4u * 1024 * 1024)   /* larger files are refused */
+#define CONF_DURATION_MAX 31536000000LL    /* one year, in milliseconds */
+#define CONF_SIZE_MAX ((long long)1 << 50) /* 1 PiB: sane upper bound for sizes */
+#define CONF_KEY_MAX 128                   /* longest dotted key we build */
+#define CONF_QUOTE_MAX 48                  /* value text shown in messages */
 
 /* How a key's value is parsed. */
 typedef enum conf_type {
@@ -37,26 +37,26 @@ typedef enum conf_type {
     CONF_STR_LIST   /* char *[], a scalar or a sequence */
 } conf_type;
 
-#define CONF_EMPTY_NULL 0x1u  /* strings: "" or null stores NULL ("none") */
-#define CONF_OFF 0x2u         /* addresses: "" or "off" clears the flag field */
+#define CONF_EMPTY_NULL 0x1u /* strings: "" or null stores NULL ("none") */
+#define CONF_OFF 0x2u        /* addresses: "" or "off" clears the flag field */
 
 /* Normalises a string value in place; returns NULL or an error description. */
 typedef const char *(*conf_check_fn)(char *value);
 
 /* One configuration key. */
 typedef struct conf_entry {
-    const char *key;            /* dotted key, e.g. "client.max_clients" */
-    conf_type type;             /* how the value is parsed */
-    size_t off;                 /* offsetof the field in config */
-    size_t count_off;           /* lists: offsetof the int entry count */
-    size_t flag_off;            /* int set to 1 when the key is given */
-    int has_flag;               /* 1 if flag_off is meaningful */
-    long long min;              /* numbers: smallest accepted value */
-    long long max;              /* numbers: largest value; lists: most entries */
-    unsigned flags;             /* CONF_EMPTY_NULL, CONF_OFF */
-    conf_check_fn check;        /* strings and string lists, or NULL */
+    const char *key;                  /* dotted key, e.g. "client.max_clients" */
+    conf_type type;                   /* how the value is parsed */
+    size_t off;                       /* offsetof the field in config */
+    size_t count_off;                 /* lists: offsetof the int entry count */
+    size_t flag_off;                  /* int set to 1 when the key is given */
+    int has_flag;                     /* 1 if flag_off is meaningful */
+    long long min;                    /* numbers: smallest accepted value */
+    long long max;                    /* numbers: largest value; lists: most entries */
+    unsigned flags;                   /* CONF_EMPTY_NULL, CONF_OFF */
+    conf_check_fn check;              /* strings and string lists, or NULL */
     int (*parse_enum)(const char *s); /* CONF_ENUM: value or -1 */
-    const char *what;           /* CONF_ENUM: the accepted values, for errors */
+    const char *what;                 /* CONF_ENUM: the accepted values, for errors */
 } conf_entry;
 
 static const char *conf_check_command(char *value);
@@ -67,94 +67,181 @@ static const char *conf_check_word(char *value);
 #define CONF_FLAG(f) .flag_off = offsetof(config, f), .has_flag = 1
 
 static const conf_entry conf_table[] = {
-    {.key = "listen", .type = CONF_ADDR_LIST, CONF_FIELD(listen), CONF_COUNT(nlisten),
+    {.key = "listen",
+     .type = CONF_ADDR_LIST,
+     CONF_FIELD(listen),
+     CONF_COUNT(nlisten),
      .max = CONFIG_MAX_LISTEN},
 
     {.key = "redis", .type = CONF_SECTION},
     {.key = "redis.address", .type = CONF_ADDR, CONF_FIELD(redis_addr), CONF_FLAG(has_redis)},
-    {.key = "redis.username", .type = CONF_STRING, CONF_FIELD(redis_username),
+    {.key = "redis.username",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_username),
      .flags = CONF_EMPTY_NULL},
-    {.key = "redis.password", .type = CONF_STRING, CONF_FIELD(redis_password),
+    {.key = "redis.password",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_password),
      .flags = CONF_EMPTY_NULL},
 
     {.key = "sentinel", .type = CONF_SECTION, CONF_FLAG(has_sentinel)},
-    {.key = "sentinel.master", .type = CONF_STRING, CONF_FIELD(sentinel_master),
+    {.key = "sentinel.master",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_master),
      .check = conf_check_word},
-    {.key = "sentinel.addresses", .type = CONF_ADDR_LIST, CONF_FIELD(sentinels),
-     CONF_COUNT(nsentinels), .max = CONFIG_MAX_SENTINELS},
-    {.key = "sentinel.username", .type = CONF_STRING, CONF_FIELD(sentinel_username),
+    {.key = "sentinel.addresses",
+     .type = CONF_ADDR_LIST,
+     CONF_FIELD(sentinels),
+     CONF_COUNT(nsentinels),
+     .max = CONFIG_MAX_SENTINELS},
+    {.key = "sentinel.username",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_username),
      .flags = CONF_EMPTY_NULL},
-    {.key = "sentinel.password", .type = CONF_STRING, CONF_FIELD(sentinel_password),
+    {.key = "sentinel.password",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_password),
      .flags = CONF_EMPTY_NULL},
-    {.key = "sentinel.resolve_interval_ms", .type = CONF_DURATION,
-     CONF_FIELD(sentinel_resolve_interval_ms), .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "sentinel.timeout_ms", .type = CONF_DURATION, CONF_FIELD(sentinel_timeout_ms),
-     .min = 1, .max = CONF_DURATION_MAX},
+    {.key = "sentinel.resolve_interval_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(sentinel_resolve_interval_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "sentinel.timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(sentinel_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
 
     {.key = "client", .type = CONF_SECTION},
-    {.key = "client.password", .type = CONF_STRING, CONF_FIELD(client_password),
+    {.key = "client.password",
+     .type = CONF_STRING,
+     CONF_FIELD(client_password),
      .flags = CONF_EMPTY_NULL},
-    {.key = "client.max_clients", .type = CONF_INT, CONF_FIELD(max_clients), .min = 1,
+    {.key = "client.max_clients",
+     .type = CONF_INT,
+     CONF_FIELD(max_clients),
+     .min = 1,
      .max = INT_MAX},
-    {.key = "client.max_query_bytes", .type = CONF_SIZE, CONF_FIELD(max_query_bytes),
-     .min = 1, .max = CONF_SIZE_MAX},
-    {.key = "client.max_pending_bytes", .type = CONF_SIZE, CONF_FIELD(max_pending_bytes),
-     .min = 1, .max = CONF_SIZE_MAX},
-    {.key = "client.max_bulk_len", .type = CONF_SIZE, CONF_FIELD(max_bulk_len), .min = 1,
+    {.key = "client.max_query_bytes",
+     .type = CONF_SIZE,
+     CONF_FIELD(max_query_bytes),
+     .min = 1,
      .max = CONF_SIZE_MAX},
-    {.key = "client.max_args", .type = CONF_UINT, CONF_FIELD(max_args), .min = 1,
-     .max = INT_MAX},
-    {.key = "client.max_inline_len", .type = CONF_SIZE, CONF_FIELD(max_inline_len),
-     .min = 1, .max = CONF_SIZE_MAX},
-    {.key = "client.idle_timeout_ms", .type = CONF_DURATION, CONF_FIELD(idle_timeout_ms),
-     .min = 0, .max = CONF_DURATION_MAX},
+    {.key = "client.max_pending_bytes",
+     .type = CONF_SIZE,
+     CONF_FIELD(max_pending_bytes),
+     .min = 1,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.max_bulk_len",
+     .type = CONF_SIZE,
+     CONF_FIELD(max_bulk_len),
+     .min = 1,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.max_args", .type = CONF_UINT, CONF_FIELD(max_args), .min = 1, .max = INT_MAX},
+    {.key = "client.max_inline_len",
+     .type = CONF_SIZE,
+     CONF_FIELD(max_inline_len),
+     .min = 1,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.idle_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(idle_timeout_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
 
     {.key = "upstream", .type = CONF_SECTION},
-    {.key = "upstream.shared_links", .type = CONF_INT, CONF_FIELD(shared_links), .min = 1,
+    {.key = "upstream.shared_links",
+     .type = CONF_INT,
+     CONF_FIELD(shared_links),
+     .min = 1,
      .max = 64},
-    {.key = "upstream.pool_idle", .type = CONF_INT, CONF_FIELD(pool_idle), .min = 0,
-     .max = 65535},
-    {.key = "upstream.connect_timeout_ms", .type = CONF_DURATION,
-     CONF_FIELD(connect_timeout_ms), .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "upstream.ping_interval_ms", .type = CONF_DURATION, CONF_FIELD(ping_interval_ms),
-     .min = 0, .max = CONF_DURATION_MAX},
-    {.key = "upstream.hold_timeout_ms", .type = CONF_DURATION, CONF_FIELD(hold_timeout_ms),
-     .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "upstream.fence_timeout_ms", .type = CONF_DURATION, CONF_FIELD(fence_timeout_ms),
-     .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "upstream.drain_ms", .type = CONF_DURATION, CONF_FIELD(drain_ms), .min = 0,
+    {.key = "upstream.pool_idle", .type = CONF_INT, CONF_FIELD(pool_idle), .min = 0, .max = 65535},
+    {.key = "upstream.connect_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(connect_timeout_ms),
+     .min = 1,
      .max = CONF_DURATION_MAX},
-    {.key = "upstream.hold_max_bytes", .type = CONF_SIZE, CONF_FIELD(hold_max_bytes),
-     .min = 0, .max = CONF_SIZE_MAX},
+    {.key = "upstream.ping_interval_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(ping_interval_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
+    {.key = "upstream.hold_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(hold_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "upstream.fence_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(fence_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "upstream.drain_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(drain_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
+    {.key = "upstream.hold_max_bytes",
+     .type = CONF_SIZE,
+     CONF_FIELD(hold_max_bytes),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
 
-    {.key = "deny", .type = CONF_STR_LIST, CONF_FIELD(deny), CONF_COUNT(ndeny),
-     .max = CONFIG_MAX_DENY, .check = conf_check_command},
+    {.key = "deny",
+     .type = CONF_STR_LIST,
+     CONF_FIELD(deny),
+     CONF_COUNT(ndeny),
+     .max = CONFIG_MAX_DENY,
+     .check = conf_check_command},
 
     {.key = "stats", .type = CONF_SECTION},
-    {.key = "stats.listen", .type = CONF_ADDR, CONF_FIELD(stats_listen),
-     CONF_FLAG(stats_enabled), .flags = CONF_OFF},
+    {.key = "stats.listen",
+     .type = CONF_ADDR,
+     CONF_FIELD(stats_listen),
+     CONF_FLAG(stats_enabled),
+     .flags = CONF_OFF},
 
     {.key = "log", .type = CONF_SECTION},
-    {.key = "log.level", .type = CONF_ENUM, CONF_FIELD(log_level),
-     .parse_enum = log_level_parse, .what = "debug, info, warn or error"},
+    {.key = "log.level",
+     .type = CONF_ENUM,
+     CONF_FIELD(log_level),
+     .parse_enum = log_level_parse,
+     .what = "debug, info, warn or error"},
     {.key = "log.file", .type = CONF_STRING, CONF_FIELD(log_file), .flags = CONF_EMPTY_NULL},
 
     {.key = "fallback", .type = CONF_SECTION},
-    {.key = "fallback.path", .type = CONF_STRING, CONF_FIELD(fallback_path),
+    {.key = "fallback.path",
+     .type = CONF_STRING,
+     CONF_FIELD(fallback_path),
      .flags = CONF_EMPTY_NULL},
 
-    {.key = "shutdown_timeout_ms", .type = CONF_DURATION, CONF_FIELD(shutdown_timeout_ms),
-     .min = 1, .max = CONF_DURATION_MAX},
+    {.key = "shutdown_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(shutdown_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
 
     {.key = "durability", .type = CONF_SECTION},
     {.key = "durability.require_aof", .type = CONF_BOOL, CONF_FIELD(require_aof)},
-    {.key = "durability.replicas_ack", .type = CONF_INT, CONF_FIELD(replicas_ack), .min = 0,
+    {.key = "durability.replicas_ack",
+     .type = CONF_INT,
+     CONF_FIELD(replicas_ack),
+     .min = 0,
      .max = 16},
-    {.key = "durability.replicas_ack_timeout_ms", .type = CONF_DURATION,
-     CONF_FIELD(replicas_ack_timeout_ms), .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "durability.enforce_interval_ms", .type = CONF_DURATION,
-     CONF_FIELD(enforce_interval_ms), .min = 1, .max = CONF_DURATION_MAX},
-    {.key = "durability.config_command", .type = CONF_STRING, CONF_FIELD(config_command),
+    {.key = "durability.replicas_ack_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(replicas_ack_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "durability.enforce_interval_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(enforce_interval_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "durability.config_command",
+     .type = CONF_STRING,
+     CONF_FIELD(config_command),
      .check = conf_check_word},
 };
 
@@ -167,29 +254,28 @@ static const char *const conf_default_deny[] = {
 
 /* Where a key appeared in the document. */
 typedef struct conf_seen {
-    int present;            /* 1 once the key was read */
-    yaml_mark_t key;        /* position of the key */
-    yaml_mark_t value;      /* position of its value */
+    int present;       /* 1 once the key was read */
+    yaml_mark_t key;   /* position of the key */
+    yaml_mark_t value; /* position of its value */
 } conf_seen;
 
 /* State of one load. */
 typedef struct conf_ctx {
-    config *cfg;                  /* being filled */
-    const char *name;             /* file name for messages */
-    const unsigned char *input;   /* the YAML text (for reader error positions) */
-    size_t input_len;             /* its length */
-    yaml_document_t *doc;         /* the loaded document */
-    char *err;                    /* message buffer, may be NULL */
-    size_t errlen;                /* its size */
-    conf_seen seen[CONF_NKEYS];   /* per conf_table entry */
+    config *cfg;                /* being filled */
+    const char *name;           /* file name for messages */
+    const unsigned char *input; /* the YAML text (for reader error positions) */
+    size_t input_len;           /* its length */
+    yaml_document_t *doc;       /* the loaded document */
+    char *err;                  /* message buffer, may be NULL */
+    size_t errlen;              /* its size */
+    conf_seen seen[CONF_NKEYS]; /* per conf_table entry */
 } conf_ctx;
 
 /* Writes "name:line:col: message" (line and col 1-based) and returns -1. */
-static int conf_error_at(conf_ctx *ctx, unsigned long line, unsigned long col,
-                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int conf_error_at(conf_ctx *ctx, unsigned long line, unsigned long col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
-static int conf_error_at(conf_ctx *ctx, unsigned long line, unsigned long col,
-                         const char *fmt, ...)
+static int conf_error_at(conf_ctx *ctx, unsigned long line, unsigned long col, const char *fmt, ...)
 {
     va_list ap;
     int n;
@@ -214,8 +300,8 @@ static void conf_mark_pos(yaml_mark_t mark, unsigned long *line, unsigned long *
     *col = (unsigned long)mark.column + 1;
 }
 
-#define conf_error(ctx, mark, ...)                                                       \
-    conf_error_at((ctx), (unsigned long)(mark).line + 1, (unsigned long)(mark).column + 1, \
+#define conf_error(ctx, mark, ...)                                                                 \
+    conf_error_at((ctx), (unsigned long)(mark).line + 1, (unsigned long)(mark).column + 1,         \
                   __VA_ARGS__)
 
 /* Copies s into buf as printable text, cut to CONF_QUOTE_MAX with "...". */
@@ -343,7 +429,10 @@ static int conf_parse_unsigned(const char *s, int allow_suffix, unsigned long lo
         const char *name;        /* suffix text */
         unsigned long long mult; /* bytes per unit */
     } units[] = {
-        {"b", 1ull}, {"kb", 1ull << 10}, {"mb", 1ull << 20}, {"gb", 1ull << 30},
+        {"b", 1ull},
+        {"kb", 1ull << 10},
+        {"mb", 1ull << 20},
+        {"gb", 1ull << 30},
     };
     unsigned long long v = 0;
     int overflow = 0;
@@ -598,8 +687,7 @@ static int conf_string_value(conf_ctx *ctx, const conf_entry *e, const yaml_node
     }
     if (e->check != NULL && (why = e->check(copy)) != NULL) {
         char q[CONF_QUOTE_MAX + 1];
-        conf_error(ctx, v->start_mark, "%s: '%s': %s", e->key, conf_quote(text, q, sizeof(q)),
-                   why);
+        conf_error(ctx, v->start_mark, "%s: '%s': %s", e->key, conf_quote(text, q, sizeof(q)), why);
         free(copy);
         return -1;
     }
@@ -648,8 +736,8 @@ static int conf_set_list(conf_ctx *ctx, const conf_entry *e, yaml_node_t *v)
             return conf_error(ctx, item->start_mark, "%s: NUL byte in value", e->key);
         }
         if (*count >= e->max) {
-            return conf_error(ctx, item->start_mark, "%s: too many entries (at most %lld)",
-                              e->key, e->max);
+            return conf_error(ctx, item->start_mark, "%s: too many entries (at most %lld)", e->key,
+                              e->max);
         }
         if (e->type == CONF_ADDR_LIST) {
             config_addr *list = conf_field(ctx->cfg, e->off);
@@ -661,8 +749,8 @@ static int conf_set_list(conf_ctx *ctx, const conf_entry *e, yaml_node_t *v)
             }
             for (int i = 0; i < *count; i++) {
                 if (conf_addr_equal(&list[i], &list[*count])) {
-                    return conf_error(ctx, item->start_mark, "%s: duplicate address '%s'",
-                                      e->key, conf_quote(text, q, sizeof(q)));
+                    return conf_error(ctx, item->start_mark, "%s: duplicate address '%s'", e->key,
+                                      conf_quote(text, q, sizeof(q)));
                 }
             }
             (*count)++;
@@ -906,10 +994,9 @@ static int conf_semantic(conf_ctx *ctx)
             return conf_key_error(ctx, "sentinel", 0, "sentinel.master must be set");
         }
         if (cfg->nsentinels == 0) {
-            return conf_key_error(ctx, conf_present(ctx, "sentinel.addresses")
-                                           ? "sentinel.addresses"
-                                           : "sentinel",
-                                  0, "sentinel.addresses must list at least one sentinel");
+            return conf_key_error(
+                ctx, conf_present(ctx, "sentinel.addresses") ? "sentinel.addresses" : "sentinel", 0,
+                "sentinel.addresses must list at least one sentinel");
         }
     }
     if (cfg->nlisten == 0) {
@@ -1002,8 +1089,8 @@ static int conf_load_yaml(conf_ctx *ctx)
     return rc;
 }
 
-static int conf_load_buffer(config *cfg, const char *name, const unsigned char *buf,
-                            size_t len, char *err, size_t errlen)
+static int conf_load_buffer(config *cfg, const char *name, const unsigned char *buf, size_t len,
+                            char *err, size_t errlen)
 {
     conf_ctx ctx;
 
@@ -1069,8 +1156,7 @@ void config_defaults(config *cfg)
     cfg->config_command = strdup("CONFIG");
 }
 
-int config_load_string(config *cfg, const char *name, const char *yaml, char *err,
-                       size_t errlen)
+int config_load_string(config *cfg, const char *name, const char *yaml, char *err, size_t errlen)
 {
     config_defaults(cfg);
     if (name == NULL) {

@@ -12,86 +12,86 @@
 
 /* A network endpoint: "host:port", "[v6]:port" or "unix:/path". */
 typedef struct config_addr {
-    int is_unix;     /* 1: path is set; 0: host and port are set */
-    char host[256];  /* IPv4/IPv6 literal or name */
-    int port;        /* 1..65535 */
-    char path[108];  /* unix socket path */
+    int is_unix;    /* 1: path is set; 0: host and port are set */
+    char host[256]; /* IPv4/IPv6 literal or name */
+    int port;       /* 1..65535 */
+    char path[108]; /* unix socket path */
 } config_addr;
 
 typedef struct config {
-    char *file;                                /* path it was loaded from */
+    char *file; /* path it was loaded from */
 
-    config_addr listen[CONFIG_MAX_LISTEN];     /* listen: one address or a list */
+    config_addr listen[CONFIG_MAX_LISTEN]; /* listen: one address or a list */
     int nlisten;
 
     /* redis: a fixed master (exactly one of redis / sentinel is set) */
     int has_redis;
-    config_addr redis_addr;                    /* redis.address */
-    char *redis_username;                      /* redis.username, NULL = none */
-    char *redis_password;                      /* redis.password, NULL = none */
+    config_addr redis_addr; /* redis.address */
+    char *redis_username;   /* redis.username, NULL = none */
+    char *redis_password;   /* redis.password, NULL = none */
 
     /* sentinel: follow a Sentinel-managed master */
     int has_sentinel;
-    char *sentinel_master;                     /* sentinel.master */
+    char *sentinel_master;                       /* sentinel.master */
     config_addr sentinels[CONFIG_MAX_SENTINELS]; /* sentinel.addresses */
     int nsentinels;
-    char *sentinel_username;                   /* sentinel.username (to sentinels) */
-    char *sentinel_password;                   /* sentinel.password (to sentinels) */
-    uint64_t sentinel_resolve_interval_ms;     /* sentinel.resolve_interval_ms (1000):
-                                                  how often the master is re-asked */
-    uint64_t sentinel_timeout_ms;              /* sentinel.timeout_ms (1000): connect and
-                                                  reply timeout towards one sentinel */
+    char *sentinel_username;               /* sentinel.username (to sentinels) */
+    char *sentinel_password;               /* sentinel.password (to sentinels) */
+    uint64_t sentinel_resolve_interval_ms; /* sentinel.resolve_interval_ms (1000):
+                                              how often the master is re-asked */
+    uint64_t sentinel_timeout_ms;          /* sentinel.timeout_ms (1000): connect and
+                                              reply timeout towards one sentinel */
     /* Redis credentials in sentinel mode also come from redis.username/password
      * given without redis.address. */
 
     /* client: what ferry accepts from applications */
-    char *client_password;                     /* client.password, NULL = no AUTH */
-    int max_clients;                           /* client.max_clients (10000) */
-    size_t max_query_bytes;                    /* client.max_query_bytes (1gb) */
-    size_t max_pending_bytes;                  /* client.max_pending_bytes (64mb): unanswered
-                                                  request bytes before ferry stops reading */
-    size_t max_bulk_len;                       /* client.max_bulk_len (512mb) */
-    size_t max_args;                           /* client.max_args (1048576) */
-    size_t max_inline_len;                     /* client.max_inline_len (64kb) */
-    uint64_t idle_timeout_ms;                  /* client.idle_timeout_ms (0 = never);
-                                                  never applied to blocked/subscribed */
+    char *client_password;    /* client.password, NULL = no AUTH */
+    int max_clients;          /* client.max_clients (10000) */
+    size_t max_query_bytes;   /* client.max_query_bytes (1gb) */
+    size_t max_pending_bytes; /* client.max_pending_bytes (64mb): unanswered
+                                 request bytes before ferry stops reading */
+    size_t max_bulk_len;      /* client.max_bulk_len (512mb) */
+    size_t max_args;          /* client.max_args (1048576) */
+    size_t max_inline_len;    /* client.max_inline_len (64kb) */
+    uint64_t idle_timeout_ms; /* client.idle_timeout_ms (0 = never);
+                                 never applied to blocked/subscribed */
 
     /* upstream: links to the master */
-    int shared_links;                          /* upstream.shared_links (1) */
-    int pool_idle;                             /* upstream.pool_idle (16) */
-    uint64_t connect_timeout_ms;               /* upstream.connect_timeout_ms (2000) */
-    uint64_t ping_interval_ms;                 /* upstream.ping_interval_ms (1000) */
-    uint64_t hold_timeout_ms;                  /* upstream.hold_timeout_ms (10000) */
-    uint64_t fence_timeout_ms;                 /* upstream.fence_timeout_ms (1000): how long
-                                                  a WAIT on an old master may take */
-    uint64_t drain_ms;                         /* upstream.drain_ms (300): a blocked call on
-                                                  an old master may still be served */
-    size_t hold_max_bytes;                     /* upstream.hold_max_bytes (64mb) */
+    int shared_links;            /* upstream.shared_links (1) */
+    int pool_idle;               /* upstream.pool_idle (16) */
+    uint64_t connect_timeout_ms; /* upstream.connect_timeout_ms (2000) */
+    uint64_t ping_interval_ms;   /* upstream.ping_interval_ms (1000) */
+    uint64_t hold_timeout_ms;    /* upstream.hold_timeout_ms (10000) */
+    uint64_t fence_timeout_ms;   /* upstream.fence_timeout_ms (1000): how long
+                                    a WAIT on an old master may take */
+    uint64_t drain_ms;           /* upstream.drain_ms (300): a blocked call on
+                                    an old master may still be served */
+    size_t hold_max_bytes;       /* upstream.hold_max_bytes (64mb) */
 
     /* deny: commands refused, lowercase, "config rewrite" style for subcommands */
     char *deny[CONFIG_MAX_DENY];
     int ndeny;
 
-    config_addr stats_listen;                  /* stats.listen (127.0.0.1:22222) */
-    int stats_enabled;                         /* 0 if stats.listen is "" or "off" */
+    config_addr stats_listen; /* stats.listen (127.0.0.1:22222) */
+    int stats_enabled;        /* 0 if stats.listen is "" or "off" */
 
-    int log_level;                             /* log.level: LOG_* (info) */
-    char *log_file;                            /* log.file, NULL = stderr */
+    int log_level;  /* log.level: LOG_* (info) */
+    char *log_file; /* log.file, NULL = stderr */
 
-    char *fallback_path;                       /* fallback.path, NULL = none */
+    char *fallback_path; /* fallback.path, NULL = none */
 
-    uint64_t shutdown_timeout_ms;              /* shutdown_timeout_ms (5000) */
+    uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
 
     /* durability: checks on the master's persistence and replication */
-    int require_aof;                           /* durability.require_aof (0): refuse
-                                                  writes unless appendonly is yes */
-    int replicas_ack;                          /* durability.replicas_ack (-1 = auto, 0 = off, 0..16):
-                                                  replicas that must ack writes (WAIT) */
-    uint64_t replicas_ack_timeout_ms;          /* durability.replicas_ack_timeout_ms (1000) */
-    uint64_t enforce_interval_ms;              /* durability.enforce_interval_ms (5000):
-                                                  how often the checks are re-run */
-    char *config_command;                      /* durability.config_command ("CONFIG"):
-                                                  the master's name for CONFIG, if renamed */
+    int require_aof;                  /* durability.require_aof (0): refuse
+                                         writes unless appendonly is yes */
+    int replicas_ack;                 /* durability.replicas_ack (-1 = auto, 0 = off, 0..16):
+                                         replicas that must ack writes (WAIT) */
+    uint64_t replicas_ack_timeout_ms; /* durability.replicas_ack_timeout_ms (1000) */
+    uint64_t enforce_interval_ms;     /* durability.enforce_interval_ms (5000):
+                                         how often the checks are re-run */
+    char *config_command;             /* durability.config_command ("CONFIG"):
+                                         the master's name for CONFIG, if renamed */
 } config;
 
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the
@@ -102,8 +102,7 @@ void config_defaults(config *cfg);
  * cfg is left freed. */
 int config_load(config *cfg, const char *path, char *err, size_t errlen);
 /* Same from a string, name used in messages (for tests). */
-int config_load_string(config *cfg, const char *name, const char *yaml, char *err,
-                       size_t errlen);
+int config_load_string(config *cfg, const char *name, const char *yaml, char *err, size_t errlen);
 /* Parse "host:port" / "[v6]:port" / "unix:/path". Returns 0 or -1. */
 int config_parse_addr(const char *s, config_addr *out);
 /* Format an address as text into buf. Returns buf. */

@@ -26,10 +26,10 @@
 
 /* ferry's own error codes, below libuv's range (UV_EOF is -4095). */
 enum ferry_err {
-    FERRY_EPROTO = -5000, /* protocol error from a peer */
-    FERRY_ECONFIG = -5001, /* bad configuration */
+    FERRY_EPROTO = -5000,    /* protocol error from a peer */
+    FERRY_ECONFIG = -5001,   /* bad configuration */
     FERRY_ETIMEDOUT = -5002, /* a named timeout expired */
-    FERRY_EAUTH = -5003 /* Redis refused ferry's credentials */
+    FERRY_EAUTH = -5003      /* Redis refused ferry's credentials */
 };
 const char *ferry_strerror(int err);
 
@@ -62,54 +62,54 @@ typedef enum req_state {
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 
 typedef struct request {
-    list_node sq;           /* in session->requests, in arrival order */
-    list_node lq;           /* in link->pending while sent */
-    struct session *s;      /* owner; NULL once the client is gone (reply discarded) */
-    struct link *link;      /* link it was sent on, while SENT */
-    req_state state;        /* see req_state */
-    unsigned flags;         /* REQ_F_* */
-    const command *cmd;     /* table entry, NULL for unknown commands */
-    buf data;               /* the request as multibulk bytes (kept for retries) */
-    buf reply;              /* reply bytes when answered out of order */
-    uint64_t born;          /* uv_now() when parsed */
-    uint64_t born_ns;       /* uv_hrtime() when parsed (latency stats) */
-    uint64_t sent_ns;       /* uv_hrtime() when last sent to a link, 0 = never */
-    int retries;            /* times re-sent after a lost link */
-    uint64_t seq;           /* position in its session (orders requeues) */
-    uint64_t held_since;    /* uv_now() when it last became HELD */
-    int route;              /* how the session routes it (session.c) */
-    long long arg;          /* route argument (db for SELECT, auth result) */
-    req_done_cb done;       /* internal requests: called with the reply */
+    list_node sq;        /* in session->requests, in arrival order */
+    list_node lq;        /* in link->pending while sent */
+    struct session *s;   /* owner; NULL once the client is gone (reply discarded) */
+    struct link *link;   /* link it was sent on, while SENT */
+    req_state state;     /* see req_state */
+    unsigned flags;      /* REQ_F_* */
+    const command *cmd;  /* table entry, NULL for unknown commands */
+    buf data;            /* the request as multibulk bytes (kept for retries) */
+    buf reply;           /* reply bytes when answered out of order */
+    uint64_t born;       /* uv_now() when parsed */
+    uint64_t born_ns;    /* uv_hrtime() when parsed (latency stats) */
+    uint64_t sent_ns;    /* uv_hrtime() when last sent to a link, 0 = never */
+    int retries;         /* times re-sent after a lost link */
+    uint64_t seq;        /* position in its session (orders requeues) */
+    uint64_t held_since; /* uv_now() when it last became HELD */
+    int route;           /* how the session routes it (session.c) */
+    long long arg;       /* route argument (db for SELECT, auth result) */
+    req_done_cb done;    /* internal requests: called with the reply */
 } request;
 
 typedef struct ferry {
-    uv_loop_t *loop;           /* the one event loop */
-    config *cfg;               /* loaded configuration (owned by main) */
-    resp_limits limits;        /* request parser limits from cfg */
+    uv_loop_t *loop;                      /* the one event loop */
+    config *cfg;                          /* loaded configuration (owned by main) */
+    resp_limits limits;                   /* request parser limits from cfg */
     const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
     int ndeny;
-    void *servers;             /* listeners (server.c) */
-    struct upstream *up;       /* the master and its links */
+    void *servers;                    /* listeners (server.c) */
+    struct upstream *up;              /* the master and its links */
     struct sentinel_client *sentinel; /* Sentinel client, NULL with a fixed master */
-    int wake_pending;          /* dispatch waiting sessions at the next flush */
-    list_node sessions;        /* every open session */
-    list_node waiting;         /* sessions with held requests and no link */
-    list_node dirty;           /* sessions with output to flush this turn */
-    list_node dirty_links;     /* links with output to flush this turn */
-    list_node free_reqs;       /* recycled request objects */
+    int wake_pending;                 /* dispatch waiting sessions at the next flush */
+    list_node sessions;               /* every open session */
+    list_node waiting;                /* sessions with held requests and no link */
+    list_node dirty;                  /* sessions with output to flush this turn */
+    list_node dirty_links;            /* links with output to flush this turn */
+    list_node free_reqs;              /* recycled request objects */
     size_t nfree_reqs;
-    uint64_t nclients;         /* sessions open */
-    size_t held_bytes;         /* request bytes held for lack of a master */
-    uint64_t next_id;          /* ids for sessions and links */
-    uint64_t started_ms;       /* uv_now() at start */
-    uv_prepare_t flush;        /* writes everything queued in one turn */
-    uv_timer_t tick;           /* timeouts, health pings, reconnects */
+    uint64_t nclients;   /* sessions open */
+    size_t held_bytes;   /* request bytes held for lack of a master */
+    uint64_t next_id;    /* ids for sessions and links */
+    uint64_t started_ms; /* uv_now() at start */
+    uv_prepare_t flush;  /* writes everything queued in one turn */
+    uv_timer_t tick;     /* timeouts, health pings, reconnects */
     uv_signal_t sig_term, sig_int, sig_hup;
-    int stopping;              /* graceful shutdown in progress */
-    uint64_t stop_deadline;    /* uv_now() after which shutdown is forced */
+    int stopping;           /* graceful shutdown in progress */
+    uint64_t stop_deadline; /* uv_now() after which shutdown is forced */
     int exit_code;
-    int closed;                /* every handle has been closed */
-    ferry_stats stats;         /* counters, declared in stats.h */
+    int closed;                     /* every handle has been closed */
+    ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;
 

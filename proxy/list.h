@@ -13,7 +13,8 @@ typedef struct list_node {
 #define list_entry(node, type, member) ((type *)((char *)(node)-offsetof(type, member)))
 #define list_foreach(pos, head) for ((pos) = (head)->next; (pos) != (head); (pos) = (pos)->next)
 #define list_foreach_safe(pos, tmp, head)                                                          \
-    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head); (pos) = (tmp), (tmp) = (pos)->next)
+    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                               \
+         (pos) = (tmp), (tmp) = (pos)->next)
 
 static inline void list_init(list_node *head)
 {

@@ -13,9 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static int log_level = LOG_INFO;  /* lowest level written */
+static int log_level = LOG_INFO;   /* lowest level written */
 static int log_fd = STDERR_FILENO; /* destination */
-static char *log_path;            /* NULL: stderr */
+static char *log_path;             /* NULL: stderr */
 
 static const char *const level_names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
 

@@ -15,9 +15,21 @@ void log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2,
 /* Parse "debug|info|warn|error"; returns the level or -1. */
 int log_level_parse(const char *s);
 
-#define log_debug(...) do { if (log_enabled(LOG_DEBUG)) log_write(LOG_DEBUG, __VA_ARGS__); } while (0)
-#define log_info(...) do { if (log_enabled(LOG_INFO)) log_write(LOG_INFO, __VA_ARGS__); } while (0)
-#define log_warn(...) do { if (log_enabled(LOG_WARN)) log_write(LOG_WARN, __VA_ARGS__); } while (0)
+#define log_debug(...)                                                                             \
+    do {                                                                                           \
+        if (log_enabled(LOG_DEBUG))                                                                \
+            log_write(LOG_DEBUG, __VA_ARGS__);                                                     \
+    } while (0)
+#define log_info(...)                                                                              \
+    do {                                                                                           \
+        if (log_enabled(LOG_INFO))                                                                 \
+            log_write(LOG_INFO, __VA_ARGS__);                                                      \
+    } while (0)
+#define log_warn(...)                                                                              \
+    do {                                                                                           \
+        if (log_enabled(LOG_WARN))                                                                 \
+            log_write(LOG_WARN, __VA_ARGS__);                                                      \
+    } while (0)
 #define log_error(...) log_write(LOG_ERROR, __VA_ARGS__)
 
 #endif

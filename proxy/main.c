@@ -10,41 +10,40 @@
 #include "log.h"
 #include "stats.h"
 
-#define EXIT_USAGE 2  /* bad command line */
-#define EXIT_CONFIG 1 /* configuration invalid */
+#define EXIT_USAGE 2   /* bad command line */
+#define EXIT_CONFIG 1  /* configuration invalid */
 #define EXIT_RUNTIME 3 /* could not start (listen, resolve) */
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "Usage: ferry -c FILE [-t]\n"
-            "       ferry -V | -h | -D\n"
-            "\n"
-            "ferry is a high-availability RESP proxy for Redis queue workloads.\n"
-            "\n"
-            "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
-            "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
-            "  -V, --version      print the version and exit\n"
-            "  -D, --describe-stats\n"
-            "                     list every statistic (JSON path, type, Prometheus\n"
-            "                     name, meaning) and exit\n"
-            "  -h, --help         this text\n"
-            "\n"
-            "Signals: SIGTERM/SIGINT stop gracefully (a second one stops at once),\n"
-            "SIGHUP reopens the log file.\n"
-            "\n"
-            "Exit codes:\n"
-            "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
-            "  1  invalid configuration (message: file:line:column: ...)\n"
-            "  2  bad command line\n"
-            "  3  could not start (listen, resolve, open the log file)\n");
+    fprintf(out, "Usage: ferry -c FILE [-t]\n"
+                 "       ferry -V | -h | -D\n"
+                 "\n"
+                 "ferry is a high-availability RESP proxy for Redis queue workloads.\n"
+                 "\n"
+                 "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
+                 "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
+                 "  -V, --version      print the version and exit\n"
+                 "  -D, --describe-stats\n"
+                 "                     list every statistic (JSON path, type, Prometheus\n"
+                 "                     name, meaning) and exit\n"
+                 "  -h, --help         this text\n"
+                 "\n"
+                 "Signals: SIGTERM/SIGINT stop gracefully (a second one stops at once),\n"
+                 "SIGHUP reopens the log file.\n"
+                 "\n"
+                 "Exit codes:\n"
+                 "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
+                 "  1  invalid configuration (message: file:line:column: ...)\n"
+                 "  2  bad command line\n"
+                 "  3  could not start (listen, resolve, open the log file)\n");
 }
 
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'}, {"test", no_argument, NULL, 't'},
-        {"version", no_argument, NULL, 'V'},      {"help", no_argument, NULL, 'h'},
+        {"config", required_argument, NULL, 'c'},   {"test", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
         {"describe-stats", no_argument, NULL, 'D'}, {NULL, 0, NULL, 0}};
     const char *path = NULL;
     int test = 0, c;

@@ -135,4 +135,3 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired)
     r->born = now;
     return rc;
 }
-

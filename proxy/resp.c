@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ARGV_INITIAL_MAX 1024 /* most argv slots reserved from a declared *N */
-#define ARGV_KEEP_MAX 4096    /* larger argv arrays shrink when a request starts */
+#define ARGV_INITIAL_MAX 1024         /* most argv slots reserved from a declared *N */
+#define ARGV_KEEP_MAX 4096            /* larger argv arrays shrink when a request starts */
 #define SCRATCH_KEEP_MAX (256 * 1024) /* larger scratch buffers are released */
 
 /* What the parser is in the middle of. */
@@ -22,20 +22,20 @@ enum parser_state {
 };
 
 struct resp_parser {
-    resp_limits limits;  /* effective limits (no zero fields) */
-    int state;           /* enum parser_state */
-    int failed;          /* sticky: nonzero after a protocol error */
-    size_t pos;          /* offset of the first byte not yet accepted */
-    size_t scan;         /* offset where the search for a line end resumes */
-    size_t need;         /* multibulk arguments not yet complete */
-    long long bulklen;   /* length of the bulk being read; -1: header unread */
-    size_t argc;         /* arguments complete so far */
-    size_t argv_cap;     /* slots in argv and offs */
-    resp_arg *argv;      /* lengths; pointers are filled in on RESP_OK */
-    size_t *offs;        /* argument offsets into buf (multibulk) or scratch */
-    char *scratch;       /* unquoted inline arguments */
-    size_t scratch_cap;  /* bytes allocated for scratch */
-    char errbuf[64];     /* text of the sticky error */
+    resp_limits limits; /* effective limits (no zero fields) */
+    int state;          /* enum parser_state */
+    int failed;         /* sticky: nonzero after a protocol error */
+    size_t pos;         /* offset of the first byte not yet accepted */
+    size_t scan;        /* offset where the search for a line end resumes */
+    size_t need;        /* multibulk arguments not yet complete */
+    long long bulklen;  /* length of the bulk being read; -1: header unread */
+    size_t argc;        /* arguments complete so far */
+    size_t argv_cap;    /* slots in argv and offs */
+    resp_arg *argv;     /* lengths; pointers are filled in on RESP_OK */
+    size_t *offs;       /* argument offsets into buf (multibulk) or scratch */
+    char *scratch;      /* unquoted inline arguments */
+    size_t scratch_cap; /* bytes allocated for scratch */
+    char errbuf[64];    /* text of the sticky error */
 };
 
 static void *xrealloc(void *ptr, size_t size)
@@ -196,8 +196,7 @@ const char *resp_parser_error(const resp_parser *p)
  * Redis, the line may hold at most RESP_MAX_COUNT_LINE bytes before it.
  * Returns 1 with *cr set once the byte after the '\r' is present too, 0 if
  * more bytes are needed, -1 if the line is too long. */
-static int find_count_line(resp_parser *p, const char *buf, size_t len, size_t start,
-                           size_t *cr)
+static int find_count_line(resp_parser *p, const char *buf, size_t len, size_t start, size_t *cr)
 {
     size_t end = len - start > RESP_MAX_COUNT_LINE ? start + RESP_MAX_COUNT_LINE + 1 : len;
     size_t from = p->scan > start ? p->scan : start;
@@ -263,13 +262,12 @@ static int parse_multibulk(resp_parser *p, const char *buf, size_t len)
                 if (c == '\r' || c == '\n') {
                     c = ' ';
                 }
-                snprintf(p->errbuf, sizeof(p->errbuf), "Protocol error: expected '$', got '%c'",
-                         c);
+                snprintf(p->errbuf, sizeof(p->errbuf), "Protocol error: expected '$', got '%c'", c);
                 p->failed = 1;
                 return RESP_ERR;
             }
-            if (buf[cr + 1] != '\n' || !parse_ll(buf + p->pos + 1, cr - p->pos - 1, &n) ||
-                n < 0 || (unsigned long long)n > p->limits.max_bulk_len) {
+            if (buf[cr + 1] != '\n' || !parse_ll(buf + p->pos + 1, cr - p->pos - 1, &n) || n < 0 ||
+                (unsigned long long)n > p->limits.max_bulk_len) {
                 return fail(p, "Protocol error: invalid bulk length");
             }
             p->pos = cr + 2;

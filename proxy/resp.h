@@ -18,7 +18,7 @@
 #define RESP_DEFAULT_MAX_BULK_LEN (512UL * 1024 * 1024) /* proto-max-bulk-len */
 #define RESP_DEFAULT_MAX_ARGS (1024UL * 1024)           /* multibulk length cap */
 #define RESP_DEFAULT_MAX_INLINE_LEN (64UL * 1024)       /* PROTO_INLINE_MAX_SIZE */
-#define RESP_MAX_COUNT_LINE (64UL * 1024) /* longest *N or $N line of a request */
+#define RESP_MAX_COUNT_LINE (64UL * 1024)               /* longest *N or $N line of a request */
 
 /* Reply scanner bounds: longest header line (type byte included, CRLF not),
  * largest aggregate count, largest bulk, most pending elements. */
@@ -69,9 +69,9 @@ const char *resp_parser_error(const resp_parser *p); /* "" when none */
  * without building objects; the bytes are forwarded as Redis sent them.
  * State is a position and a count of pending elements: no allocation. */
 typedef struct resp_scanner {
-    size_t pos;      /* bytes of the current reply already scanned */
-    long long need;  /* elements still missing to complete the reply */
-    int err;         /* sticky: nonzero after a protocol error */
+    size_t pos;     /* bytes of the current reply already scanned */
+    long long need; /* elements still missing to complete the reply */
+    int err;        /* sticky: nonzero after a protocol error */
     char errstr[128];
 } resp_scanner;
 

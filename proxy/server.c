@@ -11,11 +11,11 @@
 #include "session.h"
 
 typedef struct listener {
-    ferry *f;            /* context */
-    server_io io;        /* listening socket */
-    int is_unix;         /* pipe or tcp */
-    char name[300];      /* address for logs */
-    int open;            /* handle initialised and not closed */
+    ferry *f;       /* context */
+    server_io io;   /* listening socket */
+    int is_unix;    /* pipe or tcp */
+    char name[300]; /* address for logs */
+    int open;       /* handle initialised and not closed */
 } listener;
 
 typedef struct servers {

@@ -42,8 +42,14 @@ enum route {
 };
 
 enum { AUTH_FAIL = 0, AUTH_OK = 1, AUTH_NOPASS = 2 };
-enum { HELLO_OK = 0, HELLO_AUTH_OK = 1, HELLO_AUTH_FAIL = 2, HELLO_NOPROTO = 3,
-       HELLO_BADPROTO = 4, HELLO_SYNTAX = 5 };
+enum {
+    HELLO_OK = 0,
+    HELLO_AUTH_OK = 1,
+    HELLO_AUTH_FAIL = 2,
+    HELLO_NOPROTO = 3,
+    HELLO_BADPROTO = 4,
+    HELLO_SYNTAX = 5
+};
 
 enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
@@ -170,7 +176,8 @@ void session_close(session *s, const char *reason)
         request *r = list_entry(list_first(&s->requests), request, sq);
         session_unlink(s, r);
         if (r->state == REQ_HELD && r->route != RT_ERROR) {
-            f->held_bytes -= buf_used(&r->data) <= f->held_bytes ? buf_used(&r->data) : f->held_bytes;
+            f->held_bytes -=
+                buf_used(&r->data) <= f->held_bytes ? buf_used(&r->data) : f->held_bytes;
         }
         if (r->state == REQ_SENT) {
             r->s = NULL;
@@ -242,8 +249,9 @@ static void session_write_cb(uv_write_t *w, int status)
         return;
     }
     if (status < 0) {
-        session_close(s, status == UV_EPIPE || status == UV_ECONNRESET ? "connection reset by client"
-                                                                       : uv_strerror(status));
+        session_close(s, status == UV_EPIPE || status == UV_ECONNRESET
+                             ? "connection reset by client"
+                             : uv_strerror(status));
         return;
     }
     if (buf_used(&s->out.fill) > 0) {
@@ -264,7 +272,8 @@ static void session_answer(session *s, request *r, const char *p, size_t n)
         s->f->held_bytes -= d <= s->f->held_bytes ? d : s->f->held_bytes;
     }
     r->state = REQ_ANSWERED;
-    s->pending_bytes -= buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
+    s->pending_bytes -=
+        buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
     if (list_first(&s->requests) == &r->sq && buf_used(&r->reply) == 0) {
         buf_append(&s->out.fill, p, n);
         if (r->flags & REQ_F_QUIT) {
@@ -326,7 +335,7 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         return;
     }
     if (nread < 0) {
-        session_close(s, nread == UV_EOF ? "client closed the connection"
+        session_close(s, nread == UV_EOF          ? "client closed the connection"
                          : nread == UV_ECONNRESET ? "connection reset by client"
                                                   : uv_strerror((int)nread));
         return;
@@ -448,7 +457,8 @@ static int session_resubscribe(session *s)
     s->dlink = l;
     s->resub = 0;
     log_info("client %llu: re-subscribed %zu channel(s), %zu pattern(s), %zu shard channel(s) on "
-             "link %llu", (unsigned long long)s->id, s->channels.n, s->patterns.n, s->shards.n,
+             "link %llu",
+             (unsigned long long)s->id, s->channels.n, s->patterns.n, s->shards.n,
              (unsigned long long)l->id);
     return 1;
 }
@@ -480,8 +490,7 @@ static void session_classify(session *s, request *r, const resp_request *req)
     if (cmd->flags & CMD_F_WRITE) {
         r->flags |= REQ_F_WRITE;
     }
-    if (f->ndeny > 0 && (is_denied(f, cmd) || (cmd->sub == NULL && strchr(cmd->name, '|') &&
-                                               0))) {
+    if (f->ndeny > 0 && (is_denied(f, cmd) || (cmd->sub == NULL && strchr(cmd->name, '|') && 0))) {
         char name[64];
         display_name(cmd, name, sizeof(name));
         set_error(r, "-ERR ferry: %s is not allowed through the proxy\r\n", name);
@@ -588,8 +597,10 @@ static void session_classify(session *s, request *r, const resp_request *req)
                 char what[64];
                 snprintf(what, sizeof(what), "CONFIG SET %.*s",
                          (int)(argv[i].len < 40 ? argv[i].len : 40), argv[i].ptr);
-                set_error(r, "-ERR ferry: %s is not allowed through the proxy (ferry enforces "
-                             "durability)\r\n", what);
+                set_error(r,
+                          "-ERR ferry: %s is not allowed through the proxy (ferry enforces "
+                          "durability)\r\n",
+                          what);
                 f->stats.commands_denied++;
                 return;
             }
@@ -646,7 +657,8 @@ static void session_process_input(session *s)
         int rc = resp_parse_request(s->parser, buf_head(&s->in), buf_used(&s->in), &req);
         if (rc == RESP_AGAIN) {
             if (buf_used(&s->in) > f->cfg->max_query_bytes) {
-                session_protocol_error(s, "ferry: query buffer limit reached (client.max_query_bytes)");
+                session_protocol_error(
+                    s, "ferry: query buffer limit reached (client.max_query_bytes)");
                 added = 1;
             }
             break;
@@ -745,18 +757,20 @@ static void answer_hello(session *s, request *r)
         return;
     case HELLO_AUTH_FAIL:
         s->f->stats.auth_failures++;
-        session_answer_str(s, r, "-WRONGPASS invalid username-password pair or user is "
-                                 "disabled.\r\n");
+        session_answer_str(s, r,
+                           "-WRONGPASS invalid username-password pair or user is "
+                           "disabled.\r\n");
         return;
     case HELLO_AUTH_OK:
         s->authed = 1;
         break;
     default:
         if (!s->authed) {
-            session_answer_str(s, r, "-NOAUTH HELLO must be called with the client already "
-                                     "authenticated, otherwise the HELLO <proto> AUTH <user> "
-                                     "<pass> option can be used to authenticate the client and "
-                                     "select the RESP protocol version at the same time\r\n");
+            session_answer_str(s, r,
+                               "-NOAUTH HELLO must be called with the client already "
+                               "authenticated, otherwise the HELLO <proto> AUTH <user> "
+                               "<pass> option can be used to authenticate the client and "
+                               "select the RESP protocol version at the same time\r\n");
             return;
         }
         break;
@@ -781,7 +795,8 @@ static void session_drop_dlink(session *s)
     }
     s->dlink = NULL;
     l->owner = NULL;
-    if (l->passthrough || l->npending > 0 || l->db != 0 || s->in_multi || s->watching || s->sticky) {
+    if (l->passthrough || l->npending > 0 || l->db != 0 || s->in_multi || s->watching ||
+        s->sticky) {
         link_close(l, "client reset its connection");
     } else {
         upstream_release(s->f->up, l);
@@ -796,11 +811,13 @@ static int session_dispatch_one(session *s, request *r)
     if (s->tx_aborted && r->route != RT_QUIT && r->route != RT_AUTH && r->route != RT_RESET) {
         if (r->route == RT_EXEC) {
             s->tx_aborted = 0;
-            session_answer_str(s, r, "-EXECABORT Transaction discarded because the connection "
-                                     "to Redis was lost (ferry)\r\n");
+            session_answer_str(s, r,
+                               "-EXECABORT Transaction discarded because the connection "
+                               "to Redis was lost (ferry)\r\n");
         } else {
-            session_answer_str(s, r, "-ERR ferry: transaction aborted: the connection to Redis "
-                                     "was lost\r\n");
+            session_answer_str(s, r,
+                               "-ERR ferry: transaction aborted: the connection to Redis "
+                               "was lost\r\n");
         }
         return DISPATCH_DONE;
     }
@@ -812,8 +829,9 @@ static int session_dispatch_one(session *s, request *r)
     if (f->cfg->require_aof && (r->flags & REQ_F_WRITE) && f->up->state == UP_UP &&
         !f->up->aof_ok) {
         char line[400];
-        snprintf(line, sizeof(line), "-ERR ferry: writes refused: durability (appendonly yes, "
-                                     "appendfsync always) is not enforced on the master: %s\r\n",
+        snprintf(line, sizeof(line),
+                 "-ERR ferry: writes refused: durability (appendonly yes, "
+                 "appendfsync always) is not enforced on the master: %s\r\n",
                  f->up->aof_error[0] ? f->up->aof_error : "not yet asserted");
         session_answer_str(s, r, line);
         return DISPATCH_DONE;
@@ -830,13 +848,15 @@ static int session_dispatch_one(session *s, request *r)
             s->authed = 1;
             session_answer_str(s, r, "+OK\r\n");
         } else if (r->arg == AUTH_NOPASS) {
-            session_answer_str(s, r, "-ERR AUTH <password> called without any password "
-                                     "configured for the default user. Are you sure your "
-                                     "configuration is correct?\r\n");
+            session_answer_str(s, r,
+                               "-ERR AUTH <password> called without any password "
+                               "configured for the default user. Are you sure your "
+                               "configuration is correct?\r\n");
         } else {
             f->stats.auth_failures++;
-            session_answer_str(s, r, "-WRONGPASS invalid username-password pair or user is "
-                                     "disabled.\r\n");
+            session_answer_str(s, r,
+                               "-WRONGPASS invalid username-password pair or user is "
+                               "disabled.\r\n");
         }
         return DISPATCH_DONE;
     case RT_HELLO:
@@ -1036,13 +1056,14 @@ static void session_dispatch(session *s)
         stats_held(&f->stats, f->held_bytes);
         if (f->held_bytes > f->cfg->hold_max_bytes) {
             /* Past the bound, the newest held requests are refused at once. */
-            for (list_node *m = s->requests.prev; m != &s->requests && f->held_bytes >
-                                                  f->cfg->hold_max_bytes; m = m->prev) {
+            for (list_node *m = s->requests.prev;
+                 m != &s->requests && f->held_bytes > f->cfg->hold_max_bytes; m = m->prev) {
                 request *r = list_entry(m, request, sq);
                 if (r->state == REQ_HELD) {
                     f->stats.requests_tryagain++;
-                    session_answer_str(s, r, "-TRYAGAIN ferry: no master and the hold buffer is "
-                                             "full (upstream.hold_max_bytes)\r\n");
+                    session_answer_str(s, r,
+                                       "-TRYAGAIN ferry: no master and the hold buffer is "
+                                       "full (upstream.hold_max_bytes)\r\n");
                 }
             }
         }
@@ -1129,8 +1150,10 @@ void session_on_lost(session *s, request *r, const char *reason)
         s->in_multi = 0;
         s->watching = 0;
         f->stats.requests_failed++;
-        snprintf(line, sizeof(line), "-ERR ferry: the connection to Redis was lost inside a "
-                                     "transaction (%s)\r\n", reason);
+        snprintf(line, sizeof(line),
+                 "-ERR ferry: the connection to Redis was lost inside a "
+                 "transaction (%s)\r\n",
+                 reason);
         session_answer_str(s, r, line);
         session_flush_answered(s);
         return;

@@ -10,9 +10,9 @@
 struct link;
 
 typedef struct session {
-    ferry *f;                 /* context */
-    uint64_t id;              /* for logs and CLIENT-like output */
-    char peer[64];            /* client address, for logs */
+    ferry *f;      /* context */
+    uint64_t id;   /* for logs and CLIENT-like output */
+    char peer[64]; /* client address, for logs */
     union {
         uv_handle_t h;
         uv_stream_t s;

@@ -81,7 +81,7 @@ typedef struct sconn {
 } sconn;
 
 typedef struct stats_server {
-    ferry *f; /* context */
+    ferry *f;        /* context */
     server_io io;    /* listening socket */
     int is_unix;     /* pipe or tcp */
     int open;        /* listener initialised and not closed */

@@ -95,4 +95,3 @@ void subs_encode(buf *b, const char *verb, const sub_set *set)
         buf_append(b, "\r\n", 2);
     }
 }
-

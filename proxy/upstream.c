@@ -385,7 +385,8 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
     } else {
         if (!up->aof_ok) {
             log_info("durability: appendonly yes, appendfsync always, no-appendfsync-on-rewrite no "
-                     "asserted on %s", up->name);
+                     "asserted on %s",
+                     up->name);
             up->aof_since_ms = now;
         }
         up->aof_ok = 1;
@@ -402,9 +403,14 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
 static void link_enforce(link *l)
 {
     const config *cfg = l->f->cfg;
-    const char *argv[] = {cfg->config_command ? cfg->config_command : "CONFIG", "SET",
-                          "appendonly", "yes", "appendfsync", "always",
-                          "no-appendfsync-on-rewrite", "no"};
+    const char *argv[] = {cfg->config_command ? cfg->config_command : "CONFIG",
+                          "SET",
+                          "appendonly",
+                          "yes",
+                          "appendfsync",
+                          "always",
+                          "no-appendfsync-on-rewrite",
+                          "no"};
     link_internal(l, argv, 8, enforce_done);
 }
 
@@ -607,8 +613,7 @@ static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 /* A "subscribe"/"psubscribe"/"ssubscribe" confirmation (RESP2). */
 static int is_subscribe_confirmation(const char *p, size_t n)
 {
-    static const char *const heads[] = {"*3\r\n$9\r\nsubscribe\r\n",
-                                        "*3\r\n$10\r\npsubscribe\r\n",
+    static const char *const heads[] = {"*3\r\n$9\r\nsubscribe\r\n", "*3\r\n$10\r\npsubscribe\r\n",
                                         "*3\r\n$10\r\nssubscribe\r\n"};
     for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
         size_t m = strlen(heads[i]);
@@ -644,8 +649,8 @@ static void link_deliver(link *l, const char *p, size_t n)
             if (l->epoch == l->up->epoch) {
                 upstream_switch(l->up, why);
             }
-        } else if (l->fencing || ((r->flags & REQ_F_WRITE) && l->up->replicas_ack > 0 &&
-                                  p[0] != '-')) {
+        } else if (l->fencing ||
+                   ((r->flags & REQ_F_WRITE) && l->up->replicas_ack > 0 && p[0] != '-')) {
             /* Held until a WAIT says enough replicas have it. */
             buf_clear(&r->reply);
             buf_append(&r->reply, p, n);
@@ -689,8 +694,8 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
             /* A master connection broke: hold everything until we know
              * which master to use (Sentinel) or it is back (fixed). */
             char sw[500];
-            snprintf(sw, sizeof(sw), "link %llu to %s: %s", (unsigned long long)l->id,
-                     l->up->name, why);
+            snprintf(sw, sizeof(sw), "link %llu to %s: %s", (unsigned long long)l->id, l->up->name,
+                     why);
             upstream_switch(l->up, sw);
         }
         link_close(l, why);
@@ -800,7 +805,8 @@ void link_close(link *l, const char *reason)
             up->next_connect_ms = now; /* a working link broke: retry at once */
         } else {
             up->next_connect_ms = now + up->backoff_ms;
-            up->backoff_ms = up->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : up->backoff_ms * 2;
+            up->backoff_ms =
+                up->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : up->backoff_ms * 2;
         }
     }
 }
@@ -868,8 +874,9 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
                 session_on_lost(r->s, r, "write not confirmed by a replica before the switch");
             } else {
                 char line[200];
-                snprintf(line, sizeof(line), "-NOREPLICAS ferry: write applied on the master but "
-                                             "confirmed by %lld of %lld replica(s)\r\n",
+                snprintf(line, sizeof(line),
+                         "-NOREPLICAS ferry: write applied on the master but "
+                         "confirmed by %lld of %lld replica(s)\r\n",
                          acked < 0 ? 0 : acked, need);
                 session_on_reply(r->s, r, line, strlen(line));
             }
@@ -890,7 +897,8 @@ static void link_wait(link *l, int fence)
     char n[16], timeout[24];
     snprintf(n, sizeof(n), "%d", fence ? 1 : l->up->replicas_ack);
     snprintf(timeout, sizeof(timeout), "%llu",
-             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms : l->f->cfg->replicas_ack_timeout_ms));
+             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
+                                        : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
     link_internal(l, argv, 3, wait_done);
     list_entry(l->pending.prev, request, lq)->arg = fence;
@@ -1102,8 +1110,8 @@ void upstream_tick(upstream *up, uint64_t now)
         }
         /* A health PING unanswered for long means a frozen master. */
         if (l->state == LINK_READY && l->ping_pending && l->npending > 0 &&
-            cfg->ping_interval_ms > 0 && now - l->last_io_ms >= 3 * cfg->ping_interval_ms +
-                                                                 cfg->connect_timeout_ms &&
+            cfg->ping_interval_ms > 0 &&
+            now - l->last_io_ms >= 3 * cfg->ping_interval_ms + cfg->connect_timeout_ms &&
             l->kind == LINK_SHARED) {
             link_close(l, "health check: no reply from Redis");
         }

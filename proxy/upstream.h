@@ -22,11 +22,11 @@ typedef enum link_kind {
 } link_kind;
 
 typedef struct link {
-    ferry *f;                  /* context */
-    struct upstream *up;       /* owner */
-    uint64_t id;               /* for logs */
-    link_kind kind;            /* shared or dedicated */
-    link_state state;          /* see link_state */
+    ferry *f;            /* context */
+    struct upstream *up; /* owner */
+    uint64_t id;         /* for logs */
+    link_kind kind;      /* shared or dedicated */
+    link_state state;    /* see link_state */
     union {
         uv_handle_t h;
         uv_stream_t s;
@@ -70,38 +70,38 @@ typedef enum upstream_state {
 } upstream_state;
 
 typedef struct upstream {
-    ferry *f;                            /* context */
-    struct sockaddr_storage addr;        /* master address (TCP) */
-    char path[108];                      /* master address (unix socket) */
+    ferry *f;                     /* context */
+    struct sockaddr_storage addr; /* master address (TCP) */
+    char path[108];               /* master address (unix socket) */
     int is_unix;
-    char name[300];                      /* for logs and stats */
-    upstream_state state;                /* see upstream_state */
-    link *shared[64];                    /* shared links by slot */
+    char name[300];       /* for logs and stats */
+    upstream_state state; /* see upstream_state */
+    link *shared[64];     /* shared links by slot */
     int nshared;
-    list_node links;                     /* every link */
-    list_node pool;                      /* idle dedicated links */
+    list_node links; /* every link */
+    list_node pool;  /* idle dedicated links */
     int npool;
-    uint64_t down_since_ms;              /* when it last went DOWN */
-    uint64_t up_since_ms;                /* when it last came UP */
-    uint64_t next_connect_ms;            /* reconnect backoff */
+    uint64_t down_since_ms;   /* when it last went DOWN */
+    uint64_t up_since_ms;     /* when it last came UP */
+    uint64_t next_connect_ms; /* reconnect backoff */
     uint64_t backoff_ms;
-    uint64_t epoch;                      /* bumped on each new master */
+    uint64_t epoch; /* bumped on each new master */
     int nlinks;
-    int sentinel_mode;                   /* the master comes from Sentinel */
-    int target_set;                      /* an address to connect to is known */
-    int aof_ok;                          /* appendonly/appendfsync asserted on this master */
-    uint64_t aof_since_ms;               /* when they were last asserted */
-    char aof_error[256];                 /* last enforcement error, "" if none */
-    uint64_t next_enforce_ms;            /* next periodic enforcement */
-    uint64_t next_role_ms;               /* next periodic ROLE check */
-    uint64_t switches;                   /* master switches started */
-    uint64_t switch_started_ms;          /* when the current switch began */
-    uint64_t last_switch_ms;             /* duration of the last completed switch */
-    uint64_t longest_switch_ms;          /* longest completed switch */
-    char last_reason[160];               /* why the last switch started */
-    int replicas_ack;                    /* replicas that must confirm a write (resolved) */
-    int fence_valid;                     /* no promotion seen since the switch began: a
-                                            replica's WAIT ack on the old master still counts */
+    int sentinel_mode;          /* the master comes from Sentinel */
+    int target_set;             /* an address to connect to is known */
+    int aof_ok;                 /* appendonly/appendfsync asserted on this master */
+    uint64_t aof_since_ms;      /* when they were last asserted */
+    char aof_error[256];        /* last enforcement error, "" if none */
+    uint64_t next_enforce_ms;   /* next periodic enforcement */
+    uint64_t next_role_ms;      /* next periodic ROLE check */
+    uint64_t switches;          /* master switches started */
+    uint64_t switch_started_ms; /* when the current switch began */
+    uint64_t last_switch_ms;    /* duration of the last completed switch */
+    uint64_t longest_switch_ms; /* longest completed switch */
+    char last_reason[160];      /* why the last switch started */
+    int replicas_ack;           /* replicas that must confirm a write (resolved) */
+    int fence_valid;            /* no promotion seen since the switch began: a
+                                   replica's WAIT ack on the old master still counts */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting.

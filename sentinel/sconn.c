@@ -18,18 +18,18 @@
 enum { SC_CONNECTING = 0, SC_UP, SC_CLOSING };
 
 struct sconn {
-    uv_tcp_t tcp;          /* the connection */
-    uv_connect_t creq;     /* connect request */
-    int state;             /* SC_* */
-    int push;              /* replies are not matched to commands */
-    buf in;                /* bytes read, not yet framed */
-    resp_scanner sc;       /* frames replies */
-    outq out;              /* bytes to send */
+    uv_tcp_t tcp;           /* the connection */
+    uv_connect_t creq;      /* connect request */
+    int state;              /* SC_* */
+    int push;               /* replies are not matched to commands */
+    buf in;                 /* bytes read, not yet framed */
+    resp_scanner sc;        /* frames replies */
+    outq out;               /* bytes to send */
     int due[SCONN_MAX_DUE]; /* kinds of the replies awaited, oldest first */
-    int ndue, head;        /* ring of due */
-    sconn_reply_cb rcb;    /* reply callback */
-    sconn_state_cb scb;    /* state callback */
-    void *data;            /* caller's */
+    int ndue, head;         /* ring of due */
+    sconn_reply_cb rcb;     /* reply callback */
+    sconn_state_cb scb;     /* state callback */
+    void *data;             /* caller's */
 };
 
 static void sconn_flush(sconn *c);

@@ -27,8 +27,8 @@
 enum { K_AUTH = 1, K_MYID, K_MASTER, K_SENTINELS }; /* what a reply answers */
 
 typedef struct sentinel_node {
-    sentinel_client *sc;          /* owner */
-    char host[64];                /* address as configured or learned */
+    sentinel_client *sc; /* owner */
+    char host[64];       /* address as configured or learned */
     int port;
     struct sockaddr_storage addr; /* resolved */
     char myid[48];                /* SENTINEL MYID, "" until known */
@@ -44,23 +44,23 @@ typedef struct sentinel_node {
     int has_master;               /* last answer named a master */
     char ip[64];                  /* ... at this address */
     int mport;
-    long long epoch;              /* its config epoch */
-    int sdown, odown, failing;    /* its flags for that master */
-    int learned;                  /* discovered, not configured */
+    long long epoch;           /* its config epoch */
+    int sdown, odown, failing; /* its flags for that master */
+    int learned;               /* discovered, not configured */
 } sentinel_node;
 
 struct sentinel_client {
-    ferry *f;                                /* context */
+    ferry *f;                                   /* context */
     sentinel_node *nodes[CONFIG_MAX_SENTINELS]; /* known sentinels */
     int n;
-    uint64_t round;                          /* current poll round */
+    uint64_t round; /* current poll round */
     uint64_t round_started_ms;
-    int round_open;                          /* answers still expected */
-    int round_again;                         /* a trigger arrived mid-round */
-    uint64_t next_round_ms;                  /* next periodic round */
-    int reachable;                           /* answered the last round */
-    int all_down;                            /* none answered (logged once) */
-    int closing;                             /* sentinel_close called */
+    int round_open;         /* answers still expected */
+    int round_again;        /* a trigger arrived mid-round */
+    uint64_t next_round_ms; /* next periodic round */
+    int reachable;          /* answered the last round */
+    int all_down;           /* none answered (logged once) */
+    int closing;            /* sentinel_close called */
 };
 
 static void round_evaluate(sentinel_client *sc);
@@ -149,9 +149,8 @@ static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, 
         freeaddrinfo(res);
     }
     for (int i = 0; i < sc->n; i++) {
-        if (sc->nodes[i]->port == port &&
-            (strcmp(sc->nodes[i]->host, host) == 0 ||
-             memcmp(&sc->nodes[i]->addr, &ss, sizeof(ss)) == 0)) {
+        if (sc->nodes[i]->port == port && (strcmp(sc->nodes[i]->host, host) == 0 ||
+                                           memcmp(&sc->nodes[i]->addr, &ss, sizeof(ss)) == 0)) {
             return NULL;
         }
     }
@@ -197,9 +196,15 @@ static void split_words(char *s, char **w, int max, int *n)
 
 static int is_switch_event(const char *ev)
 {
-    static const char *const strong[] = {"+odown",        "+try-failover",   "+elected-leader",
-                                         "+promoted-slave", "+switch-master", "+failover-end",
-                                         "+convert-to-slave", "+reset-master", "+selected-slave",
+    static const char *const strong[] = {"+odown",
+                                         "+try-failover",
+                                         "+elected-leader",
+                                         "+promoted-slave",
+                                         "+switch-master",
+                                         "+failover-end",
+                                         "+convert-to-slave",
+                                         "+reset-master",
+                                         "+selected-slave",
                                          "+failover-end-for-timeout"};
     for (size_t i = 0; i < sizeof(strong) / sizeof(strong[0]); i++) {
         if (strcmp(ev, strong[i]) == 0) {
@@ -314,8 +319,8 @@ static void on_master(sentinel_node *nd, const redisReply *r)
         if (bad || ip == NULL || p < 0 || strlen(ip) >= sizeof(nd->ip) || !strict_ip(ip) ||
             numeric_addr(ip, p, &ss) != 0) {
             log_warn("sentinel %s:%d: SENTINEL MASTER reply without a usable address "
-                     "(ip %.64s, port %.16s)", nd->host, nd->port, ip ? ip : "missing",
-                     port ? port : "missing");
+                     "(ip %.64s, port %.16s)",
+                     nd->host, nd->port, ip ? ip : "missing", port ? port : "missing");
         } else {
             char *end = NULL;
             errno = 0;
@@ -448,8 +453,8 @@ static void sub_state(sconn *c, void *data, int up, const char *why)
 static void node_connect(sentinel_node *nd, int sub, uint64_t now)
 {
     uv_loop_t *loop = nd->sc->f->loop;
-    sconn *c = sconn_open(loop, (const struct sockaddr *)&nd->addr, sub, sub ? sub_reply : cmd_reply,
-                          sub ? sub_state : cmd_state, nd);
+    sconn *c = sconn_open(loop, (const struct sockaddr *)&nd->addr, sub,
+                          sub ? sub_reply : cmd_reply, sub ? sub_state : cmd_state, nd);
     if (c == NULL) {
         nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
         return;
@@ -529,7 +534,8 @@ static void round_evaluate(sentinel_client *sc)
             votes += o->answered_round == sc->round && o->has_master && same_master(o, nd) &&
                      !node_is_alias(sc, j);
         }
-        if (votes > best_votes || (votes == best_votes && best != NULL && nd->epoch > best->epoch)) {
+        if (votes > best_votes ||
+            (votes == best_votes && best != NULL && nd->epoch > best->epoch)) {
             best = nd;
             best_votes = votes;
         }
@@ -572,7 +578,8 @@ static void round_evaluate(sentinel_client *sc)
              best->mport);
     if (best_votes * 2 <= replies) {
         log_info("sentinel: no majority for a master yet (%s has %d of %d; highest config epoch "
-                 "%lld names %s:%d)", name, best_votes, replies, top->epoch, top->ip, top->mport);
+                 "%lld names %s:%d)",
+                 name, best_votes, replies, top->epoch, top->ip, top->mport);
         return;
     }
     if (odown > 0 || failing > 0 || sdown * 2 > best_votes) {

@@ -11,7 +11,7 @@
 
 #include "resp.h"
 
-#define READ_SIZE (16 * 1024) /* bytes per simulated socket read */
+#define READ_SIZE (16 * 1024)            /* bytes per simulated socket read */
 #define STREAM_SIZE (16UL * 1024 * 1024) /* approximate size of the reply stream */
 #define RUNS 5
 #define PASSES 10 /* times each run frames the stream, so a run lasts long enough to time */
@@ -197,8 +197,8 @@ static void bench(const char *name, size_t (*fn)(const stream *), const stream *
     }
     qsort(secs, RUNS, sizeof(secs[0]), cmp_double);
     med = secs[RUNS / 2];
-    printf("%-22s %8.0f MB/s %11.0f replies/s  (median of %d runs, %.2f ms per pass)\n",
-           name, (double)s->len / med / 1e6, (double)s->replies / med, RUNS, med * 1e3);
+    printf("%-22s %8.0f MB/s %11.0f replies/s  (median of %d runs, %.2f ms per pass)\n", name,
+           (double)s->len / med / 1e6, (double)s->replies / med, RUNS, med * 1e3);
 }
 
 int main(void)

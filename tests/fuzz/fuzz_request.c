@@ -85,8 +85,8 @@ static void check_reencode(const resp_request *req)
 /* Feeds data in reads of the sizes next_read() picks, like ferry's read
  * path: unconsumed bytes are kept, new ones appended, and the buffer moves
  * on every read so stale pointers show up under ASan. */
-static void run(resp_parser *p, const resp_limits *lim, const uint8_t *data, size_t size,
-                int how, size_t cut, digest *d, int reencode)
+static void run(resp_parser *p, const resp_limits *lim, const uint8_t *data, size_t size, int how,
+                size_t cut, digest *d, int reencode)
 {
     resp_limits eff = {RESP_DEFAULT_MAX_BULK_LEN, RESP_DEFAULT_MAX_ARGS,
                        RESP_DEFAULT_MAX_INLINE_LEN};

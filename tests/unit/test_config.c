@@ -153,46 +153,45 @@ static void test_full_round_trip(void **state)
     config cfg;
 
     (void)state;
-    load_ok(&cfg,
-            "listen:\n"
-            "  - 0.0.0.0:7000\n"
-            "  - \"[::1]:7001\"\n"
-            "  - unix:/run/ferry/ferry.sock\n"
-            "redis:\n"
-            "  address: \"[2001:db8::5]:6390\"\n"
-            "  username: app\n"
-            "  password: s3cret\n"
-            "client:\n"
-            "  password: letmein\n"
-            "  max_clients: 123\n"
-            "  max_query_bytes: 2mb\n"
-            "  max_pending_bytes: 3KB\n"
-            "  max_bulk_len: 1gb\n"
-            "  max_args: 77\n"
-            "  max_inline_len: 4096\n"
-            "  idle_timeout_ms: 30000\n"
-            "upstream:\n"
-            "  shared_links: 4\n"
-            "  pool_idle: 0\n"
-            "  connect_timeout_ms: 250\n"
-            "  ping_interval_ms: 0\n"
-            "  hold_timeout_ms: 1500\n"
-            "  hold_max_bytes: 10 mb\n"
-            "deny: [FlushAll, \"client  KILL\"]\n"
-            "stats:\n"
-            "  listen: 10.1.2.3:9999\n"
-            "log:\n"
-            "  level: debug\n"
-            "  file: /var/log/ferry.log\n"
-            "fallback:\n"
-            "  path: /var/lib/ferry/fallback\n"
-            "durability:\n"
-            "  require_aof: yes\n"
-            "  replicas_ack: 2\n"
-            "  replicas_ack_timeout_ms: 300\n"
-            "  enforce_interval_ms: 60000\n"
-            "  config_command: MYCONFIG\n"
-            "shutdown_timeout_ms: 42\n");
+    load_ok(&cfg, "listen:\n"
+                  "  - 0.0.0.0:7000\n"
+                  "  - \"[::1]:7001\"\n"
+                  "  - unix:/run/ferry/ferry.sock\n"
+                  "redis:\n"
+                  "  address: \"[2001:db8::5]:6390\"\n"
+                  "  username: app\n"
+                  "  password: s3cret\n"
+                  "client:\n"
+                  "  password: letmein\n"
+                  "  max_clients: 123\n"
+                  "  max_query_bytes: 2mb\n"
+                  "  max_pending_bytes: 3KB\n"
+                  "  max_bulk_len: 1gb\n"
+                  "  max_args: 77\n"
+                  "  max_inline_len: 4096\n"
+                  "  idle_timeout_ms: 30000\n"
+                  "upstream:\n"
+                  "  shared_links: 4\n"
+                  "  pool_idle: 0\n"
+                  "  connect_timeout_ms: 250\n"
+                  "  ping_interval_ms: 0\n"
+                  "  hold_timeout_ms: 1500\n"
+                  "  hold_max_bytes: 10 mb\n"
+                  "deny: [FlushAll, \"client  KILL\"]\n"
+                  "stats:\n"
+                  "  listen: 10.1.2.3:9999\n"
+                  "log:\n"
+                  "  level: debug\n"
+                  "  file: /var/log/ferry.log\n"
+                  "fallback:\n"
+                  "  path: /var/lib/ferry/fallback\n"
+                  "durability:\n"
+                  "  require_aof: yes\n"
+                  "  replicas_ack: 2\n"
+                  "  replicas_ack_timeout_ms: 300\n"
+                  "  enforce_interval_ms: 60000\n"
+                  "  config_command: MYCONFIG\n"
+                  "shutdown_timeout_ms: 42\n");
     assert_int_equal(cfg.nlisten, 3);
     assert_addr(&cfg.listen[0], "0.0.0.0:7000");
     assert_addr(&cfg.listen[1], "[::1]:7001");
@@ -241,16 +240,15 @@ static void test_sentinel_mode(void **state)
     config cfg;
 
     (void)state;
-    load_ok(&cfg,
-            "listen: 127.0.0.1:6380\n"
-            "redis: {username: app, password: pw}\n"
-            "sentinel:\n"
-            "  master: mymaster\n"
-            "  addresses: [10.0.0.1:26379, \"sentinel-b.example:26380\"]\n"
-            "  username: sent\n"
-            "  password: sentpw\n"
-            "  resolve_interval_ms: 500\n"
-            "  timeout_ms: 250\n");
+    load_ok(&cfg, "listen: 127.0.0.1:6380\n"
+                  "redis: {username: app, password: pw}\n"
+                  "sentinel:\n"
+                  "  master: mymaster\n"
+                  "  addresses: [10.0.0.1:26379, \"sentinel-b.example:26380\"]\n"
+                  "  username: sent\n"
+                  "  password: sentpw\n"
+                  "  resolve_interval_ms: 500\n"
+                  "  timeout_ms: 250\n");
     assert_int_equal(cfg.has_redis, 0);
     assert_int_equal(cfg.has_sentinel, 1);
     assert_string_equal(cfg.sentinel_master, "mymaster");
@@ -278,12 +276,11 @@ static void test_empty_strings_are_null(void **state)
     config cfg;
 
     (void)state;
-    load_ok(&cfg,
-            "redis: {address: 127.0.0.1:6379, username: '', password: \"\"}\n"
-            "client:\n"
-            "  password:\n"
-            "log: {file: ~}\n"
-            "fallback: {path: \"\"}\n");
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379, username: '', password: \"\"}\n"
+                  "client:\n"
+                  "  password:\n"
+                  "log: {file: ~}\n"
+                  "fallback: {path: \"\"}\n");
     assert_null(cfg.redis_username);
     assert_null(cfg.redis_password);
     assert_null(cfg.client_password);
@@ -322,8 +319,8 @@ static void test_stats_off(void **state)
 static void test_sizes(void **state)
 {
     static const struct {
-        const char *text;  /* value of client.max_query_bytes */
-        size_t bytes;      /* expected result */
+        const char *text; /* value of client.max_query_bytes */
+        size_t bytes;     /* expected result */
     } good[] = {
         {"1", 1},
         {"1024", 1024},
@@ -345,16 +342,17 @@ static void test_sizes(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         snprintf(yaml, sizeof(yaml),
-                 "redis: {address: 127.0.0.1:6379}\nclient: {max_query_bytes: %s}\n",
-                 good[i].text);
+                 "redis: {address: 127.0.0.1:6379}\nclient: {max_query_bytes: %s}\n", good[i].text);
         load_ok(&cfg, yaml);
         assert_int_equal(cfg.max_query_bytes, good[i].bytes);
         config_free(&cfg);
     }
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         error_case c;
-        snprintf(yaml, sizeof(yaml), "redis: {address: 127.0.0.1:6379}\nclient:\n"
-                 "  max_query_bytes: %s\n", bad[i]);
+        snprintf(yaml, sizeof(yaml),
+                 "redis: {address: 127.0.0.1:6379}\nclient:\n"
+                 "  max_query_bytes: %s\n",
+                 bad[i]);
         snprintf(want, sizeof(want), "client.max_query_bytes: expected a size");
         c.yaml = yaml;
         c.prefix = "t.yml:3:20: ";
@@ -379,8 +377,8 @@ static void test_sizes(void **state)
 static void test_parse_addr(void **state)
 {
     static const struct {
-        const char *in;   /* text given */
-        const char *out;  /* config_addr_str of the result */
+        const char *in;  /* text given */
+        const char *out; /* config_addr_str of the result */
     } good[] = {
         {"127.0.0.1:6380", "127.0.0.1:6380"},
         {"localhost:1", "localhost:1"},
@@ -391,9 +389,9 @@ static void test_parse_addr(void **state)
         {"unix:/run/ferry/ferry.sock", "unix:/run/ferry/ferry.sock"},
     };
     static const char *const bad[] = {
-        "", "127.0.0.1", "127.0.0.1:", ":6379", "host:0", "host:65536", "host:99999999",
-        "host:-1", "host:12a", "::1:6379", "[::1]", "[::1]6379", "[zz]:1", "[]:1",
-        "unix:", "bad host:1", "a/b:1",
+        "",        "127.0.0.1",  "127.0.0.1:", ":6379", "host:0",    "host:65536", "host:99999999",
+        "host:-1", "host:12a",   "::1:6379",   "[::1]", "[::1]6379", "[zz]:1",     "[]:1",
+        "unix:",   "bad host:1", "a/b:1",
     };
     config_addr a;
     char longpath[200];
@@ -492,16 +490,16 @@ static void test_deny_list(void **state)
 
     {
         static const error_case cases[] = {
-            {"redis: {address: 127.0.0.1:6379}\ndeny: [debug, \"  \"]\n", "t.yml:2:15: ",
-             "deny: '  ': empty command name"},
-            {"redis: {address: 127.0.0.1:6379}\ndeny: [\"a b c\"]\n", "t.yml:2:8: ",
-             "expected a command or 'command subcommand'"},
-            {"redis: {address: 127.0.0.1:6379}\ndeny:\n", "t.yml:2:6: ",
-             "deny: expected a list (use [] for an empty one), got nothing"},
-            {"redis: {address: 127.0.0.1:6379}\ndeny: {a: b}\n", "t.yml:2:7: ",
-             "deny: expected a list"},
-            {"redis: {address: 127.0.0.1:6379}\ndeny: [[x]]\n", "t.yml:2:8: ",
-             "deny: expected a string, got a list"},
+            {"redis: {address: 127.0.0.1:6379}\ndeny: [debug, \"  \"]\n",
+             "t.yml:2:15: ", "deny: '  ': empty command name"},
+            {"redis: {address: 127.0.0.1:6379}\ndeny: [\"a b c\"]\n",
+             "t.yml:2:8: ", "expected a command or 'command subcommand'"},
+            {"redis: {address: 127.0.0.1:6379}\ndeny:\n",
+             "t.yml:2:6: ", "deny: expected a list (use [] for an empty one), got nothing"},
+            {"redis: {address: 127.0.0.1:6379}\ndeny: {a: b}\n",
+             "t.yml:2:7: ", "deny: expected a list"},
+            {"redis: {address: 127.0.0.1:6379}\ndeny: [[x]]\n",
+             "t.yml:2:8: ", "deny: expected a string, got a list"},
         };
         run_error_cases(cases, sizeof(cases) / sizeof(cases[0]));
     }
@@ -533,24 +531,23 @@ static void test_errors_keys(void **state)
         {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 5\n  bar: 1\n",
          "t.yml:4:3: ", "unknown key 'client.bar'"},
         {"foo:\n  bar: 1\n", "t.yml:1:1: ", "unknown key 'foo'"},
-        {"redis: {address: 127.0.0.1:6379}\nclient.max_clients: 5\n", "t.yml:2:1: ",
-         "unknown key 'client.max_clients'"},
-        {"redis: {address: 127.0.0.1:6379, sentinel: x}\n", "t.yml:1:34: ",
-         "unknown key 'redis.sentinel'"},
-        {"redis: {address: 127.0.0.1:6379}\n[a]: 1\n", "t.yml:2:1: ",
-         "keys must be names"},
+        {"redis: {address: 127.0.0.1:6379}\nclient.max_clients: 5\n",
+         "t.yml:2:1: ", "unknown key 'client.max_clients'"},
+        {"redis: {address: 127.0.0.1:6379, sentinel: x}\n",
+         "t.yml:1:34: ", "unknown key 'redis.sentinel'"},
+        {"redis: {address: 127.0.0.1:6379}\n[a]: 1\n", "t.yml:2:1: ", "keys must be names"},
         /* duplicates, at the top and in a section */
         {"redis: {address: 127.0.0.1:6379}\nlisten: 1.2.3.4:5\nlisten: 1.2.3.4:6\n",
          "t.yml:3:1: ", "duplicate key 'listen' (first at line 2)"},
-        {"redis:\n  address: 127.0.0.1:6379\n  address: 127.0.0.1:6379\n", "t.yml:3:3: ",
-         "duplicate key 'redis.address'"},
-        {"redis: {address: 127.0.0.1:6379}\nclient: {}\nclient: {}\n", "t.yml:3:1: ",
-         "duplicate key 'client'"},
+        {"redis:\n  address: 127.0.0.1:6379\n  address: 127.0.0.1:6379\n",
+         "t.yml:3:3: ", "duplicate key 'redis.address'"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {}\nclient: {}\n",
+         "t.yml:3:1: ", "duplicate key 'client'"},
         /* sections of the wrong shape */
-        {"redis: 127.0.0.1:6379\n", "t.yml:1:8: ",
-         "redis: expected a mapping, got '127.0.0.1:6379'"},
-        {"redis: {address: 127.0.0.1:6379}\nclient: [1]\n", "t.yml:2:9: ",
-         "client: expected a mapping, got a list"},
+        {"redis: 127.0.0.1:6379\n",
+         "t.yml:1:8: ", "redis: expected a mapping, got '127.0.0.1:6379'"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: [1]\n",
+         "t.yml:2:9: ", "client: expected a mapping, got a list"},
     };
 
     (void)state;
@@ -560,39 +557,39 @@ static void test_errors_keys(void **state)
 static void test_errors_values(void **state)
 {
     static const error_case cases[] = {
-        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: abc\n", "t.yml:3:16: ",
-         "client.max_clients: expected an integer, got 'abc'"},
-        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 1.5\n", "t.yml:3:16: ",
-         "expected an integer, got '1.5'"},
-        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients:\n", "t.yml:3:15: ",
-         "client.max_clients: expected an integer, got nothing"},
-        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: [1]\n", "t.yml:3:16: ",
-         "expected an integer, got a list"},
-        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 0\n", "t.yml:3:16: ",
-         "client.max_clients: 0 is out of range (1..2147483647)"},
+        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: abc\n",
+         "t.yml:3:16: ", "client.max_clients: expected an integer, got 'abc'"},
+        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 1.5\n",
+         "t.yml:3:16: ", "expected an integer, got '1.5'"},
+        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients:\n",
+         "t.yml:3:15: ", "client.max_clients: expected an integer, got nothing"},
+        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: [1]\n",
+         "t.yml:3:16: ", "expected an integer, got a list"},
+        {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 0\n",
+         "t.yml:3:16: ", "client.max_clients: 0 is out of range (1..2147483647)"},
         {"redis: {address: 127.0.0.1:6379}\nclient:\n  max_clients: 99999999999\n",
          "t.yml:3:16: ", "out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nupstream: {shared_links: 65}\n", "t.yml:2:26: ",
-         "upstream.shared_links: 65 is out of range (1..64)"},
-        {"redis: {address: 127.0.0.1:6379}\nupstream: {shared_links: 0}\n", "t.yml:2:26: ",
-         "out of range (1..64)"},
-        {"redis: {address: 127.0.0.1:6379}\nupstream: {pool_idle: -1}\n", "t.yml:2:23: ",
-         "upstream.pool_idle: -1 is out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nclient: {max_args: 0}\n", "t.yml:2:20: ",
-         "client.max_args: 0 is out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nclient: {max_args: 1kb}\n", "t.yml:2:20: ",
-         "client.max_args: expected a non-negative integer"},
+        {"redis: {address: 127.0.0.1:6379}\nupstream: {shared_links: 65}\n",
+         "t.yml:2:26: ", "upstream.shared_links: 65 is out of range (1..64)"},
+        {"redis: {address: 127.0.0.1:6379}\nupstream: {shared_links: 0}\n",
+         "t.yml:2:26: ", "out of range (1..64)"},
+        {"redis: {address: 127.0.0.1:6379}\nupstream: {pool_idle: -1}\n",
+         "t.yml:2:23: ", "upstream.pool_idle: -1 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {max_args: 0}\n",
+         "t.yml:2:20: ", "client.max_args: 0 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {max_args: 1kb}\n",
+         "t.yml:2:20: ", "client.max_args: expected a non-negative integer"},
         /* durations: zero where it makes no sense */
         {"redis: {address: 127.0.0.1:6379}\nupstream: {connect_timeout_ms: 0}\n",
          "t.yml:2:32: ", "upstream.connect_timeout_ms: 0 is out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nupstream: {hold_timeout_ms: 0}\n", "t.yml:2:29: ",
-         "upstream.hold_timeout_ms: 0 is out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nshutdown_timeout_ms: 0\n", "t.yml:2:22: ",
-         "shutdown_timeout_ms: 0 is out of range"},
-        {"redis: {address: 127.0.0.1:6379}\nshutdown_timeout_ms: 5s\n", "t.yml:2:22: ",
-         "shutdown_timeout_ms: expected a duration in milliseconds, got '5s'"},
-        {"redis: {address: 127.0.0.1:6379}\nsentinel_x: 1\n", "t.yml:2:1: ",
-         "unknown key 'sentinel_x'"},
+        {"redis: {address: 127.0.0.1:6379}\nupstream: {hold_timeout_ms: 0}\n",
+         "t.yml:2:29: ", "upstream.hold_timeout_ms: 0 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nshutdown_timeout_ms: 0\n",
+         "t.yml:2:22: ", "shutdown_timeout_ms: 0 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nshutdown_timeout_ms: 5s\n",
+         "t.yml:2:22: ", "shutdown_timeout_ms: expected a duration in milliseconds, got '5s'"},
+        {"redis: {address: 127.0.0.1:6379}\nsentinel_x: 1\n",
+         "t.yml:2:1: ", "unknown key 'sentinel_x'"},
         /* bools and enums */
         {"redis: {address: 127.0.0.1:6379}\ndurability: {require_aof: maybe}\n",
          "t.yml:2:27: ", "durability.require_aof: expected true or false, got 'maybe'"},
@@ -602,20 +599,19 @@ static void test_errors_values(void **state)
          "t.yml:2:30: ", "durability.config_command: 'a b': must be a single word"},
         {"redis: {address: 127.0.0.1:6379}\ndurability: {config_command: \"\"}\n",
          "t.yml:2:30: ", "durability.config_command: expected a non-empty string"},
-        {"redis: {address: 127.0.0.1:6379}\nlog: {level: loud}\n", "t.yml:2:14: ",
-         "log.level: expected debug, info, warn or error, got 'loud'"},
-        {"redis: {address: 127.0.0.1:6379}\nlog: {file: [a]}\n", "t.yml:2:13: ",
-         "log.file: expected a string, got a list"},
+        {"redis: {address: 127.0.0.1:6379}\nlog: {level: loud}\n",
+         "t.yml:2:14: ", "log.level: expected debug, info, warn or error, got 'loud'"},
+        {"redis: {address: 127.0.0.1:6379}\nlog: {file: [a]}\n",
+         "t.yml:2:13: ", "log.file: expected a string, got a list"},
         /* addresses */
-        {"redis:\n  address: 127.0.0.1\n", "t.yml:2:12: ",
-         "redis.address: bad address '127.0.0.1': missing port"},
+        {"redis:\n  address: 127.0.0.1\n",
+         "t.yml:2:12: ", "redis.address: bad address '127.0.0.1': missing port"},
         {"redis:\n  address: 127.0.0.1:0\n", "t.yml:2:12: ", "port must be 1..65535"},
-        {"redis:\n  address:\n", "t.yml:2:11: ",
-         "redis.address: expected an address, got nothing"},
+        {"redis:\n  address:\n", "t.yml:2:11: ", "redis.address: expected an address, got nothing"},
         {"redis: {address: 127.0.0.1:6379}\nlisten: [1.2.3.4:5, 1.2.3.4:99999]\n",
          "t.yml:2:21: ", "listen: bad address '1.2.3.4:99999': port must be 1..65535"},
-        {"redis: {address: 127.0.0.1:6379}\nlisten: [1.2.3.4:5, 1.2.3.4:5]\n", "t.yml:2:21: ",
-         "listen: duplicate address '1.2.3.4:5'"},
+        {"redis: {address: 127.0.0.1:6379}\nlisten: [1.2.3.4:5, 1.2.3.4:5]\n",
+         "t.yml:2:21: ", "listen: duplicate address '1.2.3.4:5'"},
         {"redis: {address: 127.0.0.1:6379}\nlisten: \"unix:/"
          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
@@ -624,8 +620,8 @@ static void test_errors_values(void **state)
         {"redis: {address: 127.0.0.1:6379}\nlisten: [1.1.1.1:1, 1.1.1.1:2, 1.1.1.1:3, "
          "1.1.1.1:4, 1.1.1.1:5, 1.1.1.1:6, 1.1.1.1:7, 1.1.1.1:8, 1.1.1.1:9]\n",
          "t.yml:2:98: ", "listen: too many entries (at most 8)"},
-        {"redis: {address: 127.0.0.1:6379}\nstats: {listen: 127.0.0.1}\n", "t.yml:2:17: ",
-         "stats.listen: bad address"},
+        {"redis: {address: 127.0.0.1:6379}\nstats: {listen: 127.0.0.1}\n",
+         "t.yml:2:17: ", "stats.listen: bad address"},
         {"redis: {address: 127.0.0.1:6379}\nsentinel:\n  master: \"my master\"\n",
          "t.yml:3:11: ", "sentinel.master: 'my master': must be a single word"},
     };
@@ -637,22 +633,21 @@ static void test_errors_values(void **state)
 static void test_errors_semantic(void **state)
 {
     static const error_case cases[] = {
-        {"listen: 127.0.0.1:6380\n", "t.yml:1:1: ",
-         "either redis.address or sentinel must be set"},
-        {"listen: 127.0.0.1:6380\nredis:\n  password: x\n", "t.yml:2:1: ",
-         "either redis.address or sentinel must be set"},
+        {"listen: 127.0.0.1:6380\n", "t.yml:1:1: ", "either redis.address or sentinel must be set"},
+        {"listen: 127.0.0.1:6380\nredis:\n  password: x\n",
+         "t.yml:2:1: ", "either redis.address or sentinel must be set"},
         {"redis: {address: 127.0.0.1:6379}\n"
          "sentinel: {master: m, addresses: [1.2.3.4:26379]}\n",
          "t.yml:2:1: ", "redis.address and sentinel are mutually exclusive"},
-        {"listen: 127.0.0.1:6380\nsentinel:\n  addresses: [1.2.3.4:26379]\n", "t.yml:2:1: ",
-         "sentinel.master must be set"},
-        {"listen: 127.0.0.1:6380\nsentinel:\n  master: m\n", "t.yml:2:1: ",
-         "sentinel.addresses must list at least one sentinel"},
-        {"sentinel:\n  master: m\n  addresses: []\n", "t.yml:3:3: ",
-         "sentinel.addresses must list at least one sentinel"},
+        {"listen: 127.0.0.1:6380\nsentinel:\n  addresses: [1.2.3.4:26379]\n",
+         "t.yml:2:1: ", "sentinel.master must be set"},
+        {"listen: 127.0.0.1:6380\nsentinel:\n  master: m\n",
+         "t.yml:2:1: ", "sentinel.addresses must list at least one sentinel"},
+        {"sentinel:\n  master: m\n  addresses: []\n",
+         "t.yml:3:3: ", "sentinel.addresses must list at least one sentinel"},
         {"sentinel:\n", "t.yml:1:1: ", "sentinel.master must be set"},
-        {"redis: {address: 127.0.0.1:6379}\nlisten: []\n", "t.yml:2:1: ",
-         "listen must have at least one address"},
+        {"redis: {address: 127.0.0.1:6379}\nlisten: []\n",
+         "t.yml:2:1: ", "listen must have at least one address"},
         {"redis: {address: 127.0.0.1:6379}\nlisten: [127.0.0.1:7000]\n"
          "stats:\n  listen: 127.0.0.1:7000\n",
          "t.yml:4:11: ", "stats.listen: 127.0.0.1:7000 is also a listen address"},
@@ -671,18 +666,17 @@ static void test_errors_document(void **state)
         {"- a\n- b\n", "t.yml:1:1: ", "the top level must be a mapping"},
         {"\n\njust text\n", "t.yml:3:1: ", "the top level must be a mapping"},
         /* a tab used for indentation */
-        {"redis:\n\taddress: 127.0.0.1:6379\n", "t.yml:2:1: ",
-         "YAML syntax error: found character that cannot start any token"},
+        {"redis:\n\taddress: 127.0.0.1:6379\n",
+         "t.yml:2:1: ", "YAML syntax error: found character that cannot start any token"},
         {"redis: {address: 127.0.0.1:6379\n", "t.yml:2:1: ", "YAML syntax error"},
-        {"redis:\n  address: \"127.0.0.1:6379\n", "t.yml:3:1: ",
-         "YAML syntax error: found unexpected end of stream"},
-        {"redis: {address: *nope}\n", "t.yml:1:18: ",
-         "YAML syntax error: found undefined alias"},
-        {"redis: {address: 127.0.0.1:6379}\n---\nlisten: 1.2.3.4:5\n", "t.yml:3:1: ",
-         "only one YAML document is allowed"},
+        {"redis:\n  address: \"127.0.0.1:6379\n",
+         "t.yml:3:1: ", "YAML syntax error: found unexpected end of stream"},
+        {"redis: {address: *nope}\n", "t.yml:1:18: ", "YAML syntax error: found undefined alias"},
+        {"redis: {address: 127.0.0.1:6379}\n---\nlisten: 1.2.3.4:5\n",
+         "t.yml:3:1: ", "only one YAML document is allowed"},
         {"redis: {address: 127.0.0.1:6379}\n---\n[\n", "t.yml:4:1: ", "YAML syntax error"},
-        {"redis: {address: 127.0.0.1:6379}\nlog: {file: \"a\x01\"}\n", "t.yml:2:15: ",
-         "invalid input: control characters are not allowed"},
+        {"redis: {address: 127.0.0.1:6379}\nlog: {file: \"a\x01\"}\n",
+         "t.yml:2:15: ", "invalid input: control characters are not allowed"},
     };
 
     (void)state;

@@ -221,7 +221,10 @@ typedef struct stream_case {
     const char *want; /* transcript */
 } stream_case;
 
-#define CASE(s, w) {(s), sizeof(s) - 1, (w)}
+#define CASE(s, w)                                                                                 \
+    {                                                                                              \
+        (s), sizeof(s) - 1, (w)                                                                    \
+    }
 
 static const stream_case request_cases[] = {
     /* multibulk */
@@ -709,7 +712,10 @@ static void check_scan(const char *data, size_t n, const char *want)
 }
 
 /* Each is exactly one complete reply. */
-#define R(s) {(s), sizeof(s) - 1}
+#define R(s)                                                                                       \
+    {                                                                                              \
+        (s), sizeof(s) - 1                                                                         \
+    }
 static const struct {
     const char *in; /* the reply */
     size_t len;     /* its length */
