@@ -348,55 +348,53 @@ static int split_inline(resp_parser *p, const char *line, size_t n)
         start = out;
         while (!done) {
             int c = byte_at(line, n, i);
-            if (quote == '"') {
-                int hi = c == '\\' && byte_at(line, n, i + 1) == 'x'
-                             ? hex_value(byte_at(line, n, i + 2))
-                             : -1;
-                int lo = hi >= 0 ? hex_value(byte_at(line, n, i + 3)) : -1;
-                if (lo >= 0) {
-                    p->scratch[out++] = (char)(hi * 16 + lo);
-                    i += 4;
-                } else if (c == '\\' && byte_at(line, n, i + 1) != 0) {
-                    c = byte_at(line, n, i + 1);
-                    switch (c) {
-                    case 'n':
-                        c = '\n';
-                        break;
-                    case 'r':
-                        c = '\r';
-                        break;
-                    case 't':
-                        c = '\t';
-                        break;
-                    case 'b':
-                        c = '\b';
-                        break;
-                    case 'a':
-                        c = '\a';
-                        break;
-                    default:
-                        break;
+            if (quote != 0) {
+                /* Escapes first; the rest is the same for both quotes. */
+                int escaped = 1;
+                if (quote == '"') {
+                    int hi = c == '\\' && byte_at(line, n, i + 1) == 'x'
+                                 ? hex_value(byte_at(line, n, i + 2))
+                                 : -1;
+                    int lo = hi >= 0 ? hex_value(byte_at(line, n, i + 3)) : -1;
+                    if (lo >= 0) {
+                        p->scratch[out++] = (char)(hi * 16 + lo);
+                        i += 4;
+                    } else if (c == '\\' && byte_at(line, n, i + 1) != 0) {
+                        c = byte_at(line, n, i + 1);
+                        switch (c) {
+                        case 'n':
+                            c = '\n';
+                            break;
+                        case 'r':
+                            c = '\r';
+                            break;
+                        case 't':
+                            c = '\t';
+                            break;
+                        case 'b':
+                            c = '\b';
+                            break;
+                        case 'a':
+                            c = '\a';
+                            break;
+                        default:
+                            break;
+                        }
+                        p->scratch[out++] = (char)c;
+                        i += 2;
+                    } else {
+                        escaped = 0;
                     }
-                    p->scratch[out++] = (char)c;
-                    i += 2;
-                } else if (c == '"') {
-                    int next = byte_at(line, n, i + 1);
-                    if (next != 0 && !is_blank(next)) {
-                        return -1;
-                    }
-                    done = 1;
-                    i++;
-                } else if (c == 0) {
-                    return -1;
-                } else {
-                    p->scratch[out++] = (char)c;
-                    i++;
-                }
-            } else if (quote == '\'') {
-                if (c == '\\' && byte_at(line, n, i + 1) == '\'') {
+                } else if (c == '\\' && byte_at(line, n, i + 1) == '\'') {
                     p->scratch[out++] = '\'';
                     i += 2;
-                } else if (c == '\'') {
+                } else {
+                    escaped = 0;
+                }
+                if (escaped) {
+                    continue;
+                }
+                if (c == quote) {
                     int next = byte_at(line, n, i + 1);
                     if (next != 0 && !is_blank(next)) {
                         return -1;
