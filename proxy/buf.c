@@ -1,6 +1,7 @@
 /* buf.c - growable byte buffers and double-buffered socket output. */
 #include "buf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,28 @@ void buf_append(buf *b, const void *p, size_t n)
 void buf_append_str(buf *b, const char *s)
 {
     buf_append(b, s, strlen(s));
+}
+
+void buf_append_count(buf *b, char type, size_t n)
+{
+    char hdr[32];
+    int len = snprintf(hdr, sizeof(hdr), "%c%zu\r\n", type, n);
+    buf_append(b, hdr, (size_t)len);
+}
+
+void buf_append_bulk(buf *b, const void *p, size_t n)
+{
+    buf_append_count(b, '$', n);
+    buf_append(b, p, n);
+    buf_append(b, "\r\n", 2);
+}
+
+void buf_append_argv(buf *b, int argc, const char *const *argv)
+{
+    buf_append_count(b, '*', (size_t)argc);
+    for (int i = 0; i < argc; i++) {
+        buf_append_bulk(b, argv[i], strlen(argv[i]));
+    }
 }
 
 void buf_consume(buf *b, size_t n)

@@ -31,6 +31,11 @@ void buf_free(buf *b);
 void buf_reserve(buf *b, size_t n);
 void buf_append(buf *b, const void *p, size_t n);
 void buf_append_str(buf *b, const char *s);
+/* RESP encoding: "<type><n>\r\n" (type '*' or '$'), one bulk string, and a
+ * whole command from NUL-terminated arguments. */
+void buf_append_count(buf *b, char type, size_t n);
+void buf_append_bulk(buf *b, const void *p, size_t n);
+void buf_append_argv(buf *b, int argc, const char *const *argv);
 /* Consume n bytes from the front; resets to empty when all are consumed. */
 void buf_consume(buf *b, size_t n);
 void buf_clear(buf *b);

@@ -118,16 +118,13 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired)
     }
     buf out;
     buf_init(&out);
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n", req.argc);
-    buf_append(&out, hdr, (size_t)n);
+    buf_append_count(&out, '*', req.argc);
     for (size_t i = 0; i < req.argc; i++) {
-        const char *a = i == ti ? nt : req.argv[i].ptr;
-        size_t al = i == ti ? strlen(nt) : req.argv[i].len;
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", al);
-        buf_append(&out, hdr, (size_t)n);
-        buf_append(&out, a, al);
-        buf_append(&out, "\r\n", 2);
+        if (i == ti) {
+            buf_append_bulk(&out, nt, strlen(nt));
+        } else {
+            buf_append_bulk(&out, req.argv[i].ptr, req.argv[i].len);
+        }
     }
     resp_parser_free(p);
     buf_free(&r->data);

@@ -44,6 +44,15 @@ static void server_conn_cb(uv_stream_t *st, int status)
     }
 }
 
+int server_numeric_addr(const char *ip, int port, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof(*ss));
+    if (strchr(ip, ':') != NULL) {
+        return uv_ip6_addr(ip, port, (struct sockaddr_in6 *)ss);
+    }
+    return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss);
+}
+
 int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *data, int backlog,
                   uv_connection_cb cb)
 {
@@ -57,11 +66,7 @@ int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *da
         struct sockaddr_storage ss;
         uv_tcp_init(loop, &io->tcp);
         io->h.data = data;
-        if (strchr(a->host, ':') != NULL) {
-            rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
-        } else {
-            rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
-        }
+        rc = server_numeric_addr(a->host, a->port, &ss);
         if (rc == 0) {
             rc = uv_tcp_bind(&io->tcp, (const struct sockaddr *)&ss, 0);
         }

@@ -12,6 +12,10 @@ typedef union server_io {
     uv_pipe_t pipe;
 } server_io;
 
+/* Fill ss from a numeric IPv4 or IPv6 address (no name lookup). Returns 0
+ * or a negative uv error. */
+int server_numeric_addr(const char *ip, int port, struct sockaddr_storage *ss);
+
 /* Initialise io on loop (io->h.data = data), bind it to a and listen. The
  * handle is initialised, and must be closed, whether or not this succeeds.
  * Returns 0 or a negative uv error. */

@@ -611,14 +611,9 @@ static void session_classify(session *s, request *r, const resp_request *req)
 /* Re-encode an inline command as multibulk for Redis. */
 static void encode_inline(buf *b, const resp_request *req)
 {
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n", req->argc);
-    buf_append(b, hdr, (size_t)n);
+    buf_append_count(b, '*', req->argc);
     for (size_t i = 0; i < req->argc; i++) {
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", req->argv[i].len);
-        buf_append(b, hdr, (size_t)n);
-        buf_append(b, req->argv[i].ptr, req->argv[i].len);
-        buf_append(b, "\r\n", 2);
+        buf_append_bulk(b, req->argv[i].ptr, req->argv[i].len);
     }
 }
 

@@ -83,15 +83,9 @@ void subs_track(sub_set *channels, sub_set *patterns, sub_set *shards, const cha
 
 void subs_encode(buf *b, const char *verb, const sub_set *set)
 {
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%zu\r\n$%zu\r\n", set->n + 1, strlen(verb));
-    buf_append(b, hdr, (size_t)n);
-    buf_append_str(b, verb);
-    buf_append(b, "\r\n", 2);
+    buf_append_count(b, '*', set->n + 1);
+    buf_append_bulk(b, verb, strlen(verb));
     for (size_t i = 0; i < set->n; i++) {
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", set->l[i]);
-        buf_append(b, hdr, (size_t)n);
-        buf_append(b, set->v[i], set->l[i]);
-        buf_append(b, "\r\n", 2);
+        buf_append_bulk(b, set->v[i], set->l[i]);
     }
 }

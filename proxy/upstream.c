@@ -23,6 +23,7 @@
 
 #include "log.h"
 #include "sentinel.h"
+#include "server.h"
 #include "session.h"
 
 #define LINK_READ_CHUNK (64 * 1024)
@@ -520,27 +521,12 @@ static void link_mark_dirty(link *l)
     }
 }
 
-/* Encode argv as a multibulk request into b. */
-static void encode_argv(buf *b, const char *const *argv, int argc)
-{
-    char hdr[32];
-    int n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
-    buf_append(b, hdr, (size_t)n);
-    for (int i = 0; i < argc; i++) {
-        size_t len = strlen(argv[i]);
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", len);
-        buf_append(b, hdr, (size_t)n);
-        buf_append(b, argv[i], len);
-        buf_append(b, "\r\n", 2);
-    }
-}
-
 static void link_internal(link *l, const char *const *argv, int argc, req_done_cb done)
 {
     request *r = request_new(l->f);
     r->flags |= REQ_F_INTERNAL;
     r->done = done;
-    encode_argv(&r->data, argv, argc);
+    buf_append_argv(&r->data, argc, argv);
     link_send(l, r);
 }
 
@@ -1005,10 +991,7 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
         upstream_switch(up, sw);
     }
     struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    int rc = strchr(ip, ':') ? uv_ip6_addr(ip, port, (struct sockaddr_in6 *)&ss)
-                             : uv_ip4_addr(ip, port, (struct sockaddr_in *)&ss);
-    if (rc != 0) {
+    if (server_numeric_addr(ip, port, &ss) != 0) {
         log_error("Sentinel named master '%s' port %d: not a numeric address", ip, port);
         return;
     }

@@ -84,19 +84,10 @@ static void sconn_flush(sconn *c)
 
 int sconn_send(sconn *c, int kind, int argc, const char *const *argv)
 {
-    char hdr[32];
     if (c->state == SC_CLOSING || (!c->push && c->ndue >= SCONN_MAX_DUE)) {
         return -1;
     }
-    int n = snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
-    buf_append(&c->out.fill, hdr, (size_t)n);
-    for (int i = 0; i < argc; i++) {
-        size_t len = strlen(argv[i]);
-        n = snprintf(hdr, sizeof(hdr), "$%zu\r\n", len);
-        buf_append(&c->out.fill, hdr, (size_t)n);
-        buf_append(&c->out.fill, argv[i], len);
-        buf_append(&c->out.fill, "\r\n", 2);
-    }
+    buf_append_argv(&c->out.fill, argc, argv);
     if (!c->push) {
         c->due[(c->head + c->ndue) % SCONN_MAX_DUE] = kind;
         c->ndue++;

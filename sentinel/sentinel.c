@@ -19,6 +19,7 @@
 
 #include "log.h"
 #include "sconn.h"
+#include "server.h"
 #include "upstream.h"
 
 #define SENTINEL_RECONNECT_MS 500
@@ -94,16 +95,6 @@ static int parse_port(const char *s)
     return v >= 1 && v <= 65535 ? (int)v : -1;
 }
 
-/* Fill ss from a numeric IPv4/IPv6 address. Returns 0 or -1. */
-static int numeric_addr(const char *ip, int port, struct sockaddr_storage *ss)
-{
-    memset(ss, 0, sizeof(*ss));
-    if (strchr(ip, ':') != NULL) {
-        return uv_ip6_addr(ip, port, (struct sockaddr_in6 *)ss) == 0 ? 0 : -1;
-    }
-    return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss) == 0 ? 0 : -1;
-}
-
 /* A strict dotted-quad or IPv6 literal (uv_ip4_addr accepts less strict). */
 static int strict_ip(const char *ip)
 {
@@ -131,7 +122,7 @@ static int node_is_alias(const sentinel_client *sc, int i)
 static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, int learned)
 {
     struct sockaddr_storage ss;
-    if (numeric_addr(host, port, &ss) != 0) {
+    if (server_numeric_addr(host, port, &ss) != 0) {
         if (learned) {
             return NULL; /* Sentinel announces numeric addresses */
         }
@@ -317,7 +308,7 @@ static void on_master(sentinel_node *nd, const redisReply *r)
         int p = parse_port(port);
         struct sockaddr_storage ss;
         if (bad || ip == NULL || p < 0 || strlen(ip) >= sizeof(nd->ip) || !strict_ip(ip) ||
-            numeric_addr(ip, p, &ss) != 0) {
+            server_numeric_addr(ip, p, &ss) != 0) {
             log_warn("sentinel %s:%d: SENTINEL MASTER reply without a usable address "
                      "(ip %.64s, port %.16s)",
                      nd->host, nd->port, ip ? ip : "missing", port ? port : "missing");
