@@ -110,17 +110,6 @@ static void close_everything(ferry *f)
     uv_close((uv_handle_t *)&f->sig_hup, NULL);
 }
 
-static int busy_sessions(ferry *f)
-{
-    int n = 0;
-    list_node *p;
-    list_foreach(p, &f->sessions)
-    {
-        n++;
-    }
-    return n;
-}
-
 static void tick_cb(uv_timer_t *h)
 {
     ferry *f = h->data;
@@ -135,12 +124,12 @@ static void tick_cb(uv_timer_t *h)
     session_tick(f, now);
     if (f->stopping) {
         session_stop_all(f, 0);
-        if (busy_sessions(f) == 0) {
+        if (f->nclients == 0) {
             log_info("all clients done; exiting");
             close_everything(f);
         } else if (now >= f->stop_deadline) {
-            log_warn("shutdown timeout: closing %d client(s) with work in flight",
-                     busy_sessions(f));
+            log_warn("shutdown timeout: closing %llu client(s) with work in flight",
+                     (unsigned long long)f->nclients);
             close_everything(f);
         }
     }

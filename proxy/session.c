@@ -490,7 +490,7 @@ static void session_classify(session *s, request *r, const resp_request *req)
     if (cmd->flags & CMD_F_WRITE) {
         r->flags |= REQ_F_WRITE;
     }
-    if (f->ndeny > 0 && (is_denied(f, cmd) || (cmd->sub == NULL && strchr(cmd->name, '|') && 0))) {
+    if (f->ndeny > 0 && is_denied(f, cmd)) {
         char name[64];
         display_name(cmd, name, sizeof(name));
         set_error(r, "-ERR ferry: %s is not allowed through the proxy\r\n", name);
@@ -770,14 +770,11 @@ static void answer_hello(session *s, request *r)
         }
         break;
     }
-    char id[24];
-    int idlen = snprintf(id, sizeof(id), "%llu", (unsigned long long)s->id);
     int n = snprintf(line, sizeof(line),
                      "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$%zu\r\n%s\r\n"
-                     "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:%s\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n"
+                     "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:%llu\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n"
                      "$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n",
-                     strlen(FERRY_REDIS_VERSION), FERRY_REDIS_VERSION, id);
-    (void)idlen;
+                     strlen(FERRY_REDIS_VERSION), FERRY_REDIS_VERSION, (unsigned long long)s->id);
     session_answer(s, r, line, (size_t)n);
 }
 
@@ -939,9 +936,6 @@ static int session_dispatch_one(session *s, request *r)
     }
     if (s->inflight > 0 && s->flight_link != target) {
         return DISPATCH_WAIT; /* never in flight on two links: ordering */
-    }
-    if (r->state == REQ_HELD && r->retries == 0) {
-        /* fall through: first send */
     }
     switch (r->route) {
     case RT_MULTI:
