@@ -148,6 +148,14 @@ static void session_unlink(session *s, request *r)
     s->nrequests--;
 }
 
+/* What s holds for lack of a master; f->held_bytes is the sum over sessions.
+ * Recomputed by dispatch whenever it finds no master. */
+static void session_set_held(session *s, size_t held)
+{
+    s->f->held_bytes = s->f->held_bytes - s->held_bytes + held;
+    s->held_bytes = held;
+}
+
 void session_close(session *s, const char *reason)
 {
     ferry *f = s->f;
@@ -175,17 +183,13 @@ void session_close(session *s, const char *reason)
     while (!list_empty(&s->requests)) {
         request *r = list_entry(list_first(&s->requests), request, sq);
         session_unlink(s, r);
-        if (r->state == REQ_HELD && r->route != RT_ERROR) {
-            f->held_bytes -=
-                buf_used(&r->data) <= f->held_bytes ? buf_used(&r->data) : f->held_bytes;
-        }
         if (r->state == REQ_SENT) {
             r->s = NULL;
         } else {
             request_free(f, r);
         }
     }
-    s->held_bytes = 0;
+    session_set_held(s, 0);
     if (s->dlink != NULL) {
         link *l = s->dlink;
         s->dlink = NULL;
@@ -266,11 +270,6 @@ static void session_write_cb(uv_write_t *w, int status)
 /* Mark r answered with these bytes; write it now if nothing precedes it. */
 static void session_answer(session *s, request *r, const char *p, size_t n)
 {
-    if (r->state == REQ_HELD) {
-        size_t d = buf_used(&r->data);
-        s->held_bytes -= d <= s->held_bytes ? d : s->held_bytes;
-        s->f->held_bytes -= d <= s->f->held_bytes ? d : s->f->held_bytes;
-    }
     r->state = REQ_ANSWERED;
     s->pending_bytes -=
         buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
@@ -1037,18 +1036,17 @@ static void session_dispatch(session *s)
                 held += buf_used(&r->data);
             }
         }
-        f->held_bytes += held - (s->held_bytes <= held ? s->held_bytes : held);
-        if (held < s->held_bytes) {
-            f->held_bytes -= s->held_bytes - held;
-        }
-        s->held_bytes = held;
+        session_set_held(s, held);
         stats_held(&f->stats, f->held_bytes);
         if (f->held_bytes > f->cfg->hold_max_bytes) {
             /* Past the bound, the newest held requests are refused at once. */
+            list_node *prev;
             for (list_node *m = s->requests.prev;
-                 m != &s->requests && f->held_bytes > f->cfg->hold_max_bytes; m = m->prev) {
+                 m != &s->requests && f->held_bytes > f->cfg->hold_max_bytes; m = prev) {
                 request *r = list_entry(m, request, sq);
+                prev = m->prev; /* r may be written out and recycled below */
                 if (r->state == REQ_HELD) {
+                    session_set_held(s, s->held_bytes - buf_used(&r->data));
                     f->stats.requests_tryagain++;
                     session_answer_str(s, r,
                                        "-TRYAGAIN ferry: no master and the hold buffer is "
@@ -1060,10 +1058,7 @@ static void session_dispatch(session *s)
         if (list_linked(&s->wait_node)) {
             list_del(&s->wait_node);
         }
-        if (s->held_bytes > 0) {
-            f->held_bytes -= s->held_bytes <= f->held_bytes ? s->held_bytes : f->held_bytes;
-            s->held_bytes = 0;
-        }
+        session_set_held(s, 0);
     }
     session_flush_answered(s);
     session_maybe_release(s);
