@@ -148,6 +148,14 @@ static void session_unlink(session *s, request *r)
     s->nrequests--;
 }
 
+/* Put s on the list of sessions waiting for a master (once). */
+static void session_wait(session *s)
+{
+    if (!list_linked(&s->wait_node)) {
+        list_add_tail(&s->f->waiting, &s->wait_node);
+    }
+}
+
 /* What s holds for lack of a master; f->held_bytes is the sum over sessions.
  * Recomputed by dispatch whenever it finds no master. */
 static void session_set_held(session *s, size_t held)
@@ -1002,9 +1010,7 @@ static void session_dispatch(session *s)
         return;
     }
     if (s->resub && !session_resubscribe(s)) {
-        if (!list_linked(&s->wait_node)) {
-            list_add_tail(&f->waiting, &s->wait_node);
-        }
+        session_wait(s);
         return;
     }
     while (n != &s->requests) {
@@ -1025,9 +1031,7 @@ static void session_dispatch(session *s)
     }
     s->cursor = n;
     if (rc == DISPATCH_DOWN) {
-        if (!list_linked(&s->wait_node)) {
-            list_add_tail(&f->waiting, &s->wait_node);
-        }
+        session_wait(s);
         /* Account what is held, for the hold bound. */
         size_t held = 0;
         for (list_node *m = n; m != &s->requests; m = m->next) {
@@ -1158,9 +1162,7 @@ void session_on_lost(session *s, request *r, const char *reason)
         if (c == NULL || r->seq < c->seq) {
             s->cursor = &r->sq;
         }
-        if (!list_linked(&s->wait_node)) {
-            list_add_tail(&f->waiting, &s->wait_node);
-        }
+        session_wait(s);
         log_debug("client %llu: request re-queued after lost link (%s)", (unsigned long long)s->id,
                   reason);
         return;
@@ -1183,9 +1185,7 @@ void session_on_link_closed(session *s, struct link *l, const char *reason)
         s->resub = 1;
         log_info("client %llu: pub/sub link lost (%s); will re-subscribe",
                  (unsigned long long)s->id, reason);
-        if (!list_linked(&s->wait_node)) {
-            list_add_tail(&s->f->waiting, &s->wait_node);
-        }
+        session_wait(s);
         return;
     }
     if (s->passthrough) {
@@ -1201,9 +1201,7 @@ void session_on_link_closed(session *s, struct link *l, const char *reason)
         s->in_multi = 0;
         s->watching = 0;
     }
-    if (!list_linked(&s->wait_node)) {
-        list_add_tail(&s->f->waiting, &s->wait_node);
-    }
+    session_wait(s);
 }
 
 /* --------------------------------------------------------------- periodic */
