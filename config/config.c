@@ -182,6 +182,11 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(drain_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
+    {.key = "upstream.health_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(health_timeout_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
     {.key = "upstream.hold_max_bytes",
      .type = CONF_SIZE,
      CONF_FIELD(hold_max_bytes),
@@ -215,6 +220,11 @@ static const conf_entry conf_table[] = {
      .type = CONF_STRING,
      CONF_FIELD(fallback_path),
      .flags = CONF_EMPTY_NULL},
+    {.key = "fallback.after_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(fallback_after_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
 
     {.key = "shutdown_timeout_ms",
      .type = CONF_DURATION,
@@ -1138,6 +1148,8 @@ void config_defaults(config *cfg)
     cfg->hold_timeout_ms = 10000;
     cfg->fence_timeout_ms = 1000;
     cfg->drain_ms = 300;
+    cfg->health_timeout_ms = 5000;
+    cfg->fallback_after_ms = 5000;
     cfg->hold_max_bytes = (size_t)64 << 20;
     for (size_t i = 0; i < sizeof(conf_default_deny) / sizeof(conf_default_deny[0]); i++) {
         char *s = strdup(conf_default_deny[i]);

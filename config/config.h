@@ -67,6 +67,9 @@ typedef struct config {
     uint64_t drain_ms;           /* upstream.drain_ms (300): a blocked call on
                                     an old master may still be served */
     size_t hold_max_bytes;       /* upstream.hold_max_bytes (64mb) */
+    uint64_t health_timeout_ms;  /* upstream.health_timeout_ms (5000): a master whose
+                                    probe PING goes unanswered this long is frozen;
+                                    0 = no probe */
 
     /* deny: commands refused, lowercase, "config rewrite" style for subcommands */
     char *deny[CONFIG_MAX_DENY];
@@ -78,7 +81,9 @@ typedef struct config {
     int log_level;  /* log.level: LOG_* (info) */
     char *log_file; /* log.file, NULL = stderr */
 
-    char *fallback_path; /* fallback.path, NULL = none */
+    char *fallback_path;        /* fallback.path, NULL = none */
+    uint64_t fallback_after_ms; /* fallback.after_ms (5000): SWITCHING this long
+                                   without a usable master is DOWN */
 
     uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
 

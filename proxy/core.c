@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backlog.h"
 #include "log.h"
 #include "sentinel.h"
 #include "server.h"
@@ -54,6 +55,12 @@ char *xstrdup(const char *s)
     return p;
 }
 
+void ferry_assert_fail(const char *what, const char *file, int line)
+{
+    log_error("assertion failed: %s (%s:%d)", what, file, line);
+    abort();
+}
+
 const char *ferry_strerror(int err)
 {
     switch (err) {
@@ -75,7 +82,7 @@ static void flush_cb(uv_prepare_t *h)
     ferry *f = h->data;
     if (f->wake_pending) {
         f->wake_pending = 0;
-        session_wake_all(f);
+        backlog_wake_all(f);
     }
     while (!list_empty(&f->dirty_links)) {
         list_node *n = list_first(&f->dirty_links);
@@ -121,6 +128,7 @@ static void tick_cb(uv_timer_t *h)
     if (f->up != NULL) {
         upstream_tick(f->up, now);
     }
+    backlog_tick(f, now);
     session_tick(f, now);
     if (f->stopping) {
         session_stop_all(f, 0);

@@ -33,6 +33,11 @@ enum ferry_err {
 };
 const char *ferry_strerror(int err);
 
+/* An invariant that holds in every build (release included): logs the
+ * broken condition and aborts. */
+#define ferry_assert(cond) ((cond) ? (void)0 : ferry_assert_fail(#cond, __FILE__, __LINE__))
+void ferry_assert_fail(const char *what, const char *file, int line) __attribute__((noreturn));
+
 /* Allocation: log and abort on OOM, so callers never check for NULL. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
@@ -48,8 +53,9 @@ struct stats_server;
 
 /* Where a request is in its life. */
 typedef enum req_state {
-    REQ_HELD = 0, /* queued in its session, not sent yet */
+    REQ_HELD = 0, /* queued in its session, not sent yet (or again, after a lost link) */
     REQ_SENT,     /* written (or queued for writing) on a link, awaiting a reply */
+    REQ_WAITING,  /* reply in r->reply, held until a WAIT says replicas have it */
     REQ_ANSWERED  /* reply known, waiting for earlier requests to be flushed */
 } req_state;
 
@@ -58,6 +64,11 @@ typedef enum req_state {
 #define REQ_F_BLOCKING (1u << 2) /* may block on the server */
 #define REQ_F_WRITE (1u << 3)    /* may modify data */
 #define REQ_F_REARM (1u << 4)    /* blocking call to re-send with the time it has left */
+#define REQ_F_ACK (1u << 5)      /* its reply waits for durability.replicas_ack (set when sent) */
+#define REQ_F_TXLOG (1u << 6)    /* part of an open transaction: kept to rebuild it */
+#define REQ_F_EXEC_NULL                                                                            \
+    (1u << 7) /* EXEC of a transaction whose WATCH was lost: sent as                               \
+                 DISCARD, answered with the null reply */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 
@@ -77,6 +88,7 @@ typedef struct request {
     int retries;         /* times re-sent after a lost link */
     uint64_t seq;        /* position in its session (orders requeues) */
     uint64_t held_since; /* uv_now() when it last became HELD */
+    uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */
     int route;           /* how the session routes it (session.c) */
     long long arg;       /* route argument (db for SELECT, auth result) */
     req_done_cb done;    /* internal requests: called with the reply */
@@ -115,6 +127,12 @@ typedef struct ferry {
 
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);
+/* The one setter of r->state; asserts the transition is legal:
+ * HELD->SENT|ANSWERED, SENT->WAITING|ANSWERED|HELD, WAITING->ANSWERED|HELD. */
+void request_set_state(request *r, req_state st);
+/* Deadline of a blocking call from its timeout argument (uv_now() based),
+ * 0 when it blocks forever or is not a blocking call. */
+uint64_t request_block_deadline(const request *r, uint64_t now);
 void request_free(ferry *f, request *r);
 /* Rewrite a blocking request that is sent again so it waits only for what
  * is left of its timeout. Returns 0, or 1 with *expired set to the reply

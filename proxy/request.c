@@ -32,6 +32,7 @@ request *request_new(ferry *f)
     r->born_ns = uv_hrtime();
     r->sent_ns = 0;
     r->held_since = r->born;
+    r->deadline = 0;
     r->retries = 0;
     r->done = NULL;
     r->seq = 0;
@@ -59,6 +60,80 @@ void request_free(ferry *f, request *r)
     free(r);
 }
 
+void request_set_state(request *r, req_state st)
+{
+    static const unsigned legal[] = {
+        [REQ_HELD] = 1u << REQ_SENT | 1u << REQ_ANSWERED,
+        [REQ_SENT] = 1u << REQ_WAITING | 1u << REQ_ANSWERED | 1u << REQ_HELD,
+        [REQ_WAITING] = 1u << REQ_ANSWERED | 1u << REQ_HELD,
+        [REQ_ANSWERED] = 0,
+    };
+    ferry_assert(legal[r->state] & (1u << st));
+    r->state = st;
+}
+
+/* Where the timeout of a blocking call sits in its arguments. Returns 0
+ * with *ti (argument index), *millis (XREAD BLOCK counts milliseconds),
+ * *expired (the reply its expiry produces) and *t (the timeout, > 0), or -1
+ * when it blocks forever or is something ferry leaves for Redis to judge. */
+static int block_timeout(const request *r, const resp_request *req, size_t *ti, int *millis,
+                         const char **expired, double *t)
+{
+    const char *name = r->cmd->name;
+    *ti = req->argc - 1; /* BLPOP, BRPOP, BZPOPMIN/MAX, BLMOVE, BRPOPLPUSH: last */
+    *millis = 0;
+    *expired = "*-1\r\n";
+    if (strcmp(name, "blmpop") == 0 || strcmp(name, "bzmpop") == 0) {
+        *ti = 1;
+    } else if (strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0) {
+        *expired = "$-1\r\n";
+    } else if (strcmp(name, "xread") == 0 || strcmp(name, "xreadgroup") == 0) {
+        *millis = 1;
+        *ti = 0;
+        for (size_t i = 1; i + 1 < req->argc; i++) {
+            if (req->argv[i].len == 5 && strncasecmp(req->argv[i].ptr, "block", 5) == 0) {
+                *ti = i + 1;
+                break;
+            }
+        }
+        if (*ti == 0) {
+            return -1;
+        }
+    }
+    char tmp[64];
+    size_t tl = req->argv[*ti].len < sizeof(tmp) - 1 ? req->argv[*ti].len : sizeof(tmp) - 1;
+    memcpy(tmp, req->argv[*ti].ptr, tl);
+    tmp[tl] = '\0';
+    char *end;
+    *t = strtod(tmp, &end);
+    if (*end != '\0' || !(*t > 0) || *t > 1e12) {
+        return -1; /* 0 = forever; anything odd is left for Redis to judge */
+    }
+    return 0;
+}
+
+uint64_t request_block_deadline(const request *r, uint64_t now)
+{
+    resp_parser *p;
+    resp_request req;
+    size_t ti;
+    int millis;
+    const char *expired;
+    double t;
+    uint64_t deadline = 0;
+
+    if (!(r->flags & REQ_F_BLOCKING) || r->cmd == NULL) {
+        return 0;
+    }
+    p = resp_parser_new(NULL);
+    if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), &req) == RESP_OK &&
+        req.argc >= 2 && block_timeout(r, &req, &ti, &millis, &expired, &t) == 0) {
+        deadline = now + (uint64_t)(millis ? t : t * 1000.0);
+    }
+    resp_parser_free(p);
+    return deadline;
+}
+
 /* Rewrite the timeout of a blocking request that is re-issued: it gets
  * what is left of its own timeout, measured from when it was first sent.
  * Returns 0, or 1 with *expired set to the reply its timeout produces. */
@@ -66,43 +141,13 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired)
 {
     resp_parser *p = resp_parser_new(NULL);
     resp_request req;
-    int rc = 0;
+    size_t ti;
+    int millis;
+    double t;
     if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
-        req.argc < 2 || r->cmd == NULL) {
+        req.argc < 2 || r->cmd == NULL || block_timeout(r, &req, &ti, &millis, expired, &t) != 0) {
         resp_parser_free(p);
         return 0;
-    }
-    const char *name = r->cmd->name;
-    size_t ti = req.argc - 1; /* BLPOP, BRPOP, BZPOPMIN/MAX, BLMOVE, BRPOPLPUSH: last */
-    int millis = 0;
-    *expired = "*-1\r\n";
-    if (strcmp(name, "blmpop") == 0 || strcmp(name, "bzmpop") == 0) {
-        ti = 1;
-    } else if (strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0) {
-        *expired = "$-1\r\n";
-    } else if (strcmp(name, "xread") == 0 || strcmp(name, "xreadgroup") == 0) {
-        millis = 1;
-        ti = 0;
-        for (size_t i = 1; i + 1 < req.argc; i++) {
-            if ((req.argv[i].len == 5 && strncasecmp(req.argv[i].ptr, "block", 5) == 0)) {
-                ti = i + 1;
-                break;
-            }
-        }
-        if (ti == 0) {
-            resp_parser_free(p);
-            return 0;
-        }
-    }
-    char tmp[64];
-    size_t tl = req.argv[ti].len < sizeof(tmp) - 1 ? req.argv[ti].len : sizeof(tmp) - 1;
-    memcpy(tmp, req.argv[ti].ptr, tl);
-    tmp[tl] = '\0';
-    char *end;
-    double t = strtod(tmp, &end);
-    if (*end != '\0' || t <= 0) {
-        resp_parser_free(p);
-        return 0; /* 0 = forever; anything odd is left for Redis to judge */
     }
     double elapsed = (double)(now - r->born) / (millis ? 1.0 : 1000.0);
     double left = t - elapsed;
@@ -130,5 +175,5 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired)
     buf_free(&r->data);
     r->data = out;
     r->born = now;
-    return rc;
+    return 0;
 }

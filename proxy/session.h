@@ -1,6 +1,7 @@
-/* session.h - one client connection: parses its requests, routes each to a
- * link (or answers it itself), and writes replies back strictly in request
- * order whatever link served them. */
+/* session.h - one client connection: reads and parses its requests, keeps
+ * them in arrival order, and writes replies back strictly in that order
+ * whatever link served them. How each request is served is router.c's job;
+ * holding while there is no master is backlog.c's. */
 #ifndef FERRY_SESSION_H
 #define FERRY_SESSION_H
 
@@ -8,6 +9,40 @@
 #include "subs.h"
 
 struct link;
+
+/* Legal moves (session_set_state asserts them):
+ *   OPEN -> QUIT_SEEN | QUITTING | CLOSING;  QUIT_SEEN -> QUITTING | CLOSING;
+ *   QUITTING -> CLOSING */
+typedef enum session_state {
+    SESSION_OPEN = 0,  /* reading and answering */
+    SESSION_QUIT_SEEN, /* QUIT parsed (or a protocol error): read nothing more */
+    SESSION_QUITTING,  /* close once the output is written */
+    SESSION_CLOSING    /* session_close called; freed in the close callback */
+} session_state;
+
+/* A transaction's state (router_set_tx is its one setter). "LOST" states:
+ * the link carrying it broke; a MULTI is rebuilt on the next link from the
+ * commands already queued, unless a WATCH was in force, in which case EXEC
+ * answers the null reply of a watch conflict. */
+typedef enum tx_state {
+    TX_NONE = 0,         /* no transaction */
+    TX_WATCHING,         /* WATCH in force on the dedicated link, no MULTI */
+    TX_WATCH_LOST,       /* WATCH was in force, its link broke: EXEC gets null */
+    TX_MULTI,            /* MULTI open on the dedicated link */
+    TX_MULTI_WATCHING,   /* MULTI open after WATCH */
+    TX_MULTI_REBUILD,    /* MULTI open, its link broke: rebuilt from tx_log on the next */
+    TX_MULTI_WATCH_LOST, /* MULTI open after a lost WATCH: answered by ferry, EXEC gets null */
+    TX_EXEC_SENT,        /* EXEC in flight (retried if its link breaks: outcome unknown) */
+    TX_EXEC_SENT_WATCHED /* EXEC of a watched MULTI in flight (null if its link breaks) */
+} tx_state;
+
+/* Pass-through tunnels (router_set_tunnel is its one setter). */
+typedef enum tunnel_state {
+    TUN_NONE = 0,    /* ordinary request/reply */
+    TUN_PUBSUB,      /* subscribed: a raw tunnel, rebuilt after a failover */
+    TUN_PUBSUB_LOST, /* its link broke: re-subscribe once a master is UP */
+    TUN_OTHER        /* MONITOR or CLIENT REPLY: a raw tunnel, not rebuilt */
+} tunnel_state;
 
 typedef struct session {
     ferry *f;      /* context */
@@ -19,8 +54,9 @@ typedef struct session {
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } io;                     /* the client connection */
+    session_state state;      /* see session_state; changed only by session_set_state */
     list_node node;           /* in f->sessions */
-    list_node wait_node;      /* in f->waiting while held requests lack a link */
+    list_node wait_node;      /* in f->waiting while held requests lack a link (backlog.c) */
     list_node dirty_node;     /* in f->dirty while it has output to write */
     resp_parser *parser;      /* request parser (sticky errors) */
     buf in;                   /* bytes read, not yet parsed */
@@ -29,26 +65,21 @@ typedef struct session {
     list_node *cursor;        /* first request dispatch has not handled yet */
     size_t nrequests;         /* entries in requests */
     size_t pending_bytes;     /* request bytes not yet answered (backpressure) */
-    size_t held_bytes;        /* request bytes held without a link */
-    struct link *dlink;       /* dedicated link lent to this session, or NULL */
+    size_t held_bytes;        /* request bytes held without a link (backlog.c) */
+    struct link *dlink;       /* dedicated link lent to this session (upstream_lend) */
     struct link *flight_link; /* the one link its in-flight requests are on */
     size_t inflight;          /* requests sent and not answered */
     int db;                   /* database selected (non-zero pins a link) */
-    int in_multi;             /* MULTI sent, EXEC/DISCARD not yet */
-    int watching;             /* WATCH sent, not yet cleared */
-    int tx_aborted;           /* link lost mid-transaction: refuse until EXEC */
+    tx_state tx;              /* see tx_state */
+    buf tx_log;               /* the commands Redis answered +QUEUED in the open MULTI */
+    int tx_writes;            /* one of them may write: EXEC is a write */
     int sticky;               /* CLIENT SETNAME/TRACKING...: pinned for life */
-    int passthrough;          /* pub/sub or MONITOR: a raw tunnel from now on */
-    int tunnel_other;         /* the tunnel is MONITOR or CLIENT REPLY (not rebuilt) */
-    int resub;                /* tunnel lost: re-subscribe once a master is UP */
+    tunnel_state tunnel;      /* see tunnel_state */
     sub_set channels;         /* SUBSCRIBE */
     sub_set patterns;         /* PSUBSCRIBE */
     sub_set shards;           /* SSUBSCRIBE */
     int authed;               /* AUTH accepted (or no password configured) */
     int reading;              /* uv_read_start active */
-    int quitting;             /* close once the output is written */
-    int quit_seen;            /* QUIT parsed: read nothing more */
-    int closing;              /* session_close called */
     uint64_t last_active_ms;  /* last read from the client */
     uint64_t next_seq;        /* sequence for the next request */
     const char **av;          /* scratch: argument pointers for lookups */
@@ -60,20 +91,24 @@ typedef struct session {
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
 /* The one close path: logs reason, detaches in-flight requests, frees later. */
 void session_close(session *s, const char *reason);
+/* The one setter of s->state (asserts the move is legal). */
+void session_set_state(session *s, session_state st);
 
-/* Called by links. */
-void session_on_reply(session *s, request *r, const char *p, size_t n);
+/* Mark r answered with these bytes (copied); written once all before it are. */
+void session_answer(session *s, request *r, const char *p, size_t n);
+void session_answer_str(session *s, request *r, const char *text);
+/* Move every answered request at the head of the queue to the output. */
+void session_flush_answered(session *s);
+/* Bytes from a pass-through tunnel, kept in order with ferry's own replies. */
 void session_on_stream(session *s, const char *p, size_t n);
-/* A link lost r (sent, no reply): retry it or answer it with an error. */
-void session_on_lost(session *s, request *r, const char *reason);
-/* The session's dedicated link is gone. */
-void session_on_link_closed(session *s, struct link *l, const char *reason);
+/* Stop reading a client whose work piles up; resume when it drains. */
+void session_check_reading(session *s);
+/* Remove r from the queue, keeping the dispatch cursor valid. */
+void session_unlink(session *s, request *r);
 
-/* Dispatch held requests of every waiting session (a link became ready). */
-void session_wake_all(ferry *f);
 /* Write queued output of every session marked dirty. */
 void session_flush_all(ferry *f);
-/* Periodic: hold timeouts, idle clients. */
+/* Periodic: idle clients. */
 void session_tick(ferry *f, uint64_t now);
 /* Graceful stop: stop reading; close sessions with nothing in flight. */
 void session_stop_all(ferry *f, int force);

@@ -71,6 +71,16 @@ typedef enum stat_type {
       "links to Redis that failed (connect, timeout, authentication, I/O)")                        \
     X(errors, requests_retried, COUNTER, "ferry_requests_retried_total",                           \
       "requests re-sent after a lost link")                                                        \
+    X(errors, requests_retried_unknown, COUNTER, "ferry_requests_retried_unknown_total",           \
+      "writes re-sent whose outcome on the lost master was unknown (at-least-once)")               \
+    X(errors, requests_timed_out_held, COUNTER, "ferry_requests_timed_out_held_total",             \
+      "blocking calls whose own timeout ran out while held for a master (answered nil)")           \
+    X(errors, replies_unconfirmed, COUNTER, "ferry_replies_unconfirmed_total",                     \
+      "replies carrying data released although replicas_ack was not confirmed")                    \
+    X(errors, transactions_rebuilt, COUNTER, "ferry_transactions_rebuilt_total",                   \
+      "open MULTI transactions rebuilt on a new link after a lost one")                            \
+    X(errors, transactions_watch_lost, COUNTER, "ferry_transactions_watch_lost_total",             \
+      "EXEC answered with the null reply because the WATCH was lost with its link")                \
     X(errors, requests_tryagain, COUNTER, "ferry_requests_tryagain_total",                         \
       "requests answered -TRYAGAIN (no master within hold_timeout_ms, or hold buffer full)")       \
     X(errors, requests_failed, COUNTER, "ferry_requests_failed_total",                             \

@@ -1,7 +1,8 @@
-/* upstream.h - links to the Redis master: a few shared, pipelined links that
- * carry every session's stateless commands, and dedicated links lent to one
- * session while it holds connection state (blocking call, MULTI, SELECT n,
- * pub/sub), pooled when that state ends. */
+/* upstream.h - the master view (UP / SWITCHING / DOWN, with one setter) and
+ * the link pool: a few shared, pipelined links that carry every session's
+ * stateless commands, dedicated links lent to one session while it holds
+ * connection state (blocking call, MULTI, SELECT n, pub/sub) and pooled
+ * afterwards, and a health probe that notices a frozen master under load. */
 #ifndef FERRY_UPSTREAM_H
 #define FERRY_UPSTREAM_H
 
@@ -9,63 +10,14 @@
 #include <sys/socket.h>
 
 #include "ferry.h"
+#include "link.h"
 
-typedef enum link_state {
-    LINK_CONNECTING = 0, /* connect in progress; writes are queued */
-    LINK_READY,          /* connected */
-    LINK_CLOSING         /* closed, waiting for libuv's close callback */
-} link_state;
-
-typedef enum link_kind {
-    LINK_SHARED = 0, /* pipelined for all sessions */
-    LINK_DEDICATED   /* lent to one session (owner), or idle in the pool */
-} link_kind;
-
-typedef struct link {
-    ferry *f;            /* context */
-    struct upstream *up; /* owner */
-    uint64_t id;         /* for logs */
-    link_kind kind;      /* shared or dedicated */
-    link_state state;    /* see link_state */
-    union {
-        uv_handle_t h;
-        uv_stream_t s;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } io;                      /* the connection */
-    uv_connect_t creq;         /* connect request */
-    outq out;                  /* bytes to Redis */
-    buf in;                    /* bytes from Redis not yet framed */
-    resp_scanner sc;           /* frames replies in 'in' */
-    list_node pending;         /* requests awaiting a reply, in send order */
-    size_t npending;           /* entries in pending */
-    struct session *owner;     /* dedicated: the session it is lent to */
-    int passthrough;           /* replies beyond pending go to owner as a stream */
-    int db;                    /* database selected on this connection */
-    int slot;                  /* shared: index in up->shared, else -1 */
-    list_node node;            /* in up->links */
-    list_node pool_node;       /* in up->pool while idle */
-    list_node dirty_node;      /* in f->dirty_links while it has output */
-    uint64_t opened_ms;        /* uv_now() at creation */
-    uint64_t last_io_ms;       /* last read or write */
-    int ping_pending;          /* a health PING is in flight */
-    int closing_cb_pending;    /* uv_close called */
-    int verified;              /* shared: ROLE said master and durability was asserted */
-    uint64_t epoch;            /* master epoch the link belongs to */
-    int fencing;               /* master switch: replies held until WAIT confirms them */
-    uint64_t fence_started_ms; /* when fencing began */
-    list_node held;            /* answered requests whose replies wait for a WAIT */
-    int need_wait;             /* writes sent since the last WAIT (replicas_ack) */
-    uint64_t held_since_ms;    /* when the oldest held reply arrived */
-    int draining;              /* old master: a blocked call may still be served */
-    uint64_t drain_until_ms;   /* then it is closed and the call re-issued */
-    int swallow;               /* re-subscribe confirmations to drop (tunnel rebuilt) */
-} link;
+struct session;
 
 /* The master view (DESIGN.md "The master view and failover"). */
 typedef enum upstream_state {
-    UP_DOWN = 0,  /* no master known or reachable: requests are held */
-    UP_SWITCHING, /* the old master is being let go: requests are held */
+    UP_DOWN = 0,  /* no usable master for fallback.after_ms (or none yet): requests held */
+    UP_SWITCHING, /* the old master is let go, the next one not verified yet: requests held */
     UP_UP         /* a verified master answers */
 } upstream_state;
 
@@ -75,7 +27,7 @@ typedef struct upstream {
     char path[108];               /* master address (unix socket) */
     int is_unix;
     char name[300];       /* for logs and stats */
-    upstream_state state; /* see upstream_state */
+    upstream_state state; /* see upstream_state; changed only by upstream_set_state */
     link *shared[64];     /* shared links by slot */
     int nshared;
     list_node links; /* every link */
@@ -102,6 +54,9 @@ typedef struct upstream {
     int replicas_ack;           /* replicas that must confirm a write (resolved) */
     int fence_valid;            /* no promotion seen since the switch began: a
                                    replica's WAIT ack on the old master still counts */
+    link *probe;                /* health probe link, NULL while none */
+    uint64_t next_probe_ms;     /* next probe PING */
+    uint64_t probe_ok_ms;       /* last probe answer (or UP time) */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting.
@@ -113,20 +68,24 @@ void upstream_free(upstream *up);
 
 /* A connected shared link for a session (hint spreads sessions), or NULL. */
 link *upstream_shared(upstream *up, uint64_t hint);
-/* Lend a dedicated link to s (from the pool or new), selecting s's db.
- * NULL when the master is down. */
-link *upstream_acquire(upstream *up, struct session *s);
-/* Take a dedicated link back: pooled if clean and idle, closed otherwise. */
-void upstream_release(upstream *up, link *l);
+/* Lend a dedicated link to s (from the pool or new, with s's db selected):
+ * s->dlink and l->owner are set. NULL when no master is UP. Together with
+ * upstream_return, the only place that ties a link to a session. */
+link *upstream_lend(upstream *up, struct session *s);
+/* s gives its dedicated link back: pooled if may_pool and it is clean and
+ * idle, closed (with why) otherwise. */
+void upstream_return(upstream *up, struct session *s, int may_pool, const char *why);
+/* l no longer serves its owner (fenced or drained): untie them quietly. */
+void upstream_disown(link *l);
+/* l is closing: untie it from its owner, who is told (router_on_link_closed). */
+void upstream_detach(link *l, const char *reason);
 
-/* Queue r on l (state becomes SENT, added to pending). */
-void link_send(link *l, request *r);
-/* Queue r's bytes without expecting a reply of its own (pass-through). */
-void link_send_raw(link *l, const char *p, size_t n);
-/* Write queued output now (called once per loop turn). */
-void link_flush(link *l);
-/* The one close path: requeue or fail pending requests, log reason. */
-void link_close(link *l, const char *reason);
+/* Events from links. */
+void upstream_on_verified(upstream *up, link *l);      /* a shared link passed */
+void upstream_on_not_master(link *l, const char *why); /* ROLE/READONLY/... */
+void upstream_on_link_error(link *l, const char *why); /* read error or EOF */
+void upstream_on_link_closing(upstream *up, link *l);  /* leaves slot and pool */
+void upstream_on_link_closed(upstream *up, link *l, int was_ready, const char *reason);
 
 /* Periodic: reconnects, connect timeouts, health pings, fence timeouts,
  * durability enforcement and ROLE checks. */

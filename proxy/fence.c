@@ -1,0 +1,283 @@
+/* fence.c - when a reply may be released, and when a master may be used.
+ *
+ * Verification: a new shared link asks ROLE (only a node that says it is a
+ * master is used) and asserts durability (CONFIG SET appendonly yes,
+ * appendfsync always) before it carries a client request, so "durable
+ * before the first write" holds by the order on that one connection.
+ *
+ * replicas_ack: acknowledged writes sent in one loop turn are followed by
+ * one WAIT; their replies are kept (REQ_WAITING) until it answers.
+ *
+ * The fence: at a master switch, a link with requests in flight gets a
+ * WAIT 1 behind them; replies are released only if a replica confirmed and
+ * no replica was promoted meanwhile; writes it cannot confirm are retried
+ * on the next master. Then the link closes. */
+#include "fence.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "router.h"
+#include "session.h"
+#include "upstream.h"
+
+#define FENCE_ARG 1 /* request arg of a fence WAIT (a replicas_ack WAIT has 0) */
+
+static void enforce_done(link *l, request *r, const char *reply, size_t len);
+static void wait_done(link *l, request *w, const char *reply, size_t len);
+
+/* ------------------------------------------------------------ verification */
+
+void fence_auth_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (reply != NULL && len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_error("link %llu: Redis %s refused ferry's credentials: %s", (unsigned long long)l->id,
+                  l->up->name, why);
+        l->f->stats.upstream_errors++;
+        link_close(l, "authentication failed");
+    }
+}
+
+/* ROLE on the link itself: only a node that says it is a master is used. */
+static void role_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    redisReply *rr = link_parse_reply(reply, len);
+    char role[32] = "?";
+    if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements > 0 &&
+        rr->element[0]->type == REDIS_REPLY_STRING) {
+        snprintf(role, sizeof(role), "%s", rr->element[0]->str);
+    } else if (rr != NULL && rr->type == REDIS_REPLY_ERROR) {
+        snprintf(role, sizeof(role), "error");
+    }
+    freeReplyObject(rr);
+    if (strcmp(role, "master") == 0) {
+        if (l->state == LINK_VERIFYING) {
+            fence_enforce(l); /* durability next, on a node that is a master */
+        }
+        return;
+    }
+    char why[400];
+    snprintf(why, sizeof(why), "%s answers ROLE '%s', not master", up->name, role);
+    log_warn("link %llu: %s", (unsigned long long)l->id, why);
+    upstream_on_not_master(l, why);
+    link_close(l, why);
+}
+
+void fence_verify(link *l)
+{
+    static const char *const role[] = {"ROLE"};
+    link_internal(l, role, 1, role_done, 0);
+}
+
+void fence_recheck_role(link *l)
+{
+    fence_verify(l);
+}
+
+static void enforce_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    uint64_t now = uv_now(l->f->loop);
+    if (l->epoch != up->epoch) {
+        return;
+    }
+    if (l->state == LINK_VERIFYING && link_reply_not_master(reply, len)) {
+        /* Still loading its data (or not a master after all): not ready. */
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_info("link %llu: %s is not ready: %s", (unsigned long long)l->id, up->name, why);
+        link_close(l, "master not ready");
+        return;
+    }
+    if (reply != NULL && len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        if (up->aof_ok || up->aof_error[0] == '\0' || strcmp(up->aof_error, why) != 0) {
+            log_error("durability: cannot enforce appendonly yes / appendfsync always on %s: %s",
+                      up->name, why);
+        } else {
+            log_error("durability: still not enforced on %s: %s", up->name, why);
+        }
+        snprintf(up->aof_error, sizeof(up->aof_error), "%s", why);
+        up->aof_ok = 0;
+    } else {
+        if (!up->aof_ok) {
+            log_info("durability: appendonly yes, appendfsync always, no-appendfsync-on-rewrite no "
+                     "asserted on %s",
+                     up->name);
+            up->aof_since_ms = now;
+        }
+        up->aof_ok = 1;
+        up->aof_error[0] = '\0';
+    }
+    if (l->state == LINK_VERIFYING) {
+        link_set_state(l, LINK_READY);
+        upstream_on_verified(up, l);
+    }
+}
+
+void fence_enforce(link *l)
+{
+    const config *cfg = l->f->cfg;
+    const char *argv[] = {cfg->config_command ? cfg->config_command : "CONFIG",
+                          "SET",
+                          "appendonly",
+                          "yes",
+                          "appendfsync",
+                          "always",
+                          "no-appendfsync-on-rewrite",
+                          "no"};
+    link_internal(l, argv, 8, enforce_done, 0);
+}
+
+/* ------------------------------------------------------------ replicas_ack */
+
+static void fence_send_wait(link *l, int fence)
+{
+    char n[16], timeout[24];
+    snprintf(n, sizeof(n), "%d", fence ? 1 : l->up->replicas_ack);
+    snprintf(timeout, sizeof(timeout), "%llu",
+             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
+                                        : l->f->cfg->replicas_ack_timeout_ms));
+    const char *argv[] = {"WAIT", n, timeout};
+    link_internal(l, argv, 3, wait_done, fence ? FENCE_ARG : 0);
+    l->nwaits++;
+    l->need_wait = 0;
+}
+
+void fence_wait(link *l)
+{
+    fence_send_wait(l, 0);
+}
+
+int fence_hold(link *l, request *r, const char *p, size_t n)
+{
+    if (l->state != LINK_FENCING && !((r->flags & REQ_F_ACK) && p[0] != '-')) {
+        return 0;
+    }
+    buf_clear(&r->reply);
+    buf_append(&r->reply, p, n);
+    request_set_state(r, REQ_WAITING);
+    r->link = l;
+    if (list_empty(&l->held)) {
+        l->held_since_ms = uv_now(l->f->loop);
+    }
+    list_add_tail(&l->held, &r->lq);
+    return 1;
+}
+
+/* A WAIT answered: every reply held on this link was sent before it. */
+static void wait_done(link *l, request *w, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    long long acked = -1;
+    int fence = w->arg == FENCE_ARG;
+    long long need = fence ? 1 : up->replicas_ack;
+
+    l->nwaits--;
+    if (l->state == LINK_FENCING && !fence) {
+        return; /* on an old master only the fence decides (its WAIT comes later) */
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
+        acked = rr->integer;
+    }
+    freeReplyObject(rr);
+    if (fence) {
+        log_info("link %llu: fence WAIT: %lld replica(s) have what the old master acknowledged%s",
+                 (unsigned long long)l->id, acked,
+                 up->fence_valid ? "" : " (too late: a replica was promoted; retrying)");
+        if (!up->fence_valid) {
+            /* The replica that confirmed may be resynced from the new master. */
+            acked = 0;
+        }
+    } else if (acked < need && !list_empty(&l->held)) {
+        uint64_t waited = uv_now(l->f->loop) - l->held_since_ms;
+        if (waited < l->f->cfg->hold_timeout_ms && l->state == LINK_READY) {
+            /* Replicas reattach after a failover: keep the replies and ask
+             * again; the client sees latency, not an error. */
+            log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",
+                      (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+            fence_send_wait(l, 0);
+            return;
+        }
+        log_warn("link %llu: WAIT %lld: only %lld replica(s) confirmed within %llu ms",
+                 (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+    }
+    while (!list_empty(&l->held)) {
+        request *r = list_entry(list_first(&l->held), request, lq);
+        list_del(&r->lq);
+        r->link = NULL;
+        if (r->s == NULL) {
+            request_free(l->f, r);
+            continue;
+        }
+        if (acked < need && (r->flags & REQ_F_WRITE)) {
+            buf_clear(&r->reply);
+            if (fence) {
+                router_on_lost(r->s, r, "write not confirmed by a replica before the switch");
+            } else {
+                char line[200];
+                snprintf(line, sizeof(line),
+                         "-NOREPLICAS ferry: write applied on the master but "
+                         "confirmed by %lld of %lld replica(s)\r\n",
+                         acked < 0 ? 0 : acked, need);
+                router_on_reply(r->s, r, line, strlen(line));
+            }
+            continue;
+        }
+        buf tmp = r->reply;
+        buf_init(&r->reply);
+        router_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+        buf_free(&tmp);
+    }
+    if (fence) {
+        link_close(l, "old master let go after the fence");
+    }
+}
+
+void fence_drop_held(link *l, const char *reason)
+{
+    while (!list_empty(&l->held)) {
+        request *r = list_entry(list_first(&l->held), request, lq);
+        list_del(&r->lq);
+        r->link = NULL;
+        buf_clear(&r->reply);
+        if (r->s == NULL) {
+            request_free(l->f, r);
+        } else {
+            router_on_lost(r->s, r, reason);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ fence */
+
+void fence_start(link *l)
+{
+    uint64_t now = uv_now(l->f->loop);
+    link_set_state(l, LINK_FENCING);
+    l->fence_started_ms = now;
+    /* WAITs already queued ahead of the fence answer first: the old master
+     * gets their time too before it is given up on. */
+    l->fence_deadline_ms = now + l->f->cfg->fence_timeout_ms + 500 +
+                           (uint64_t)l->nwaits * l->f->cfg->replicas_ack_timeout_ms;
+    upstream_disown(l);
+    fence_send_wait(l, 1);
+    log_info("link %llu: fencing %zu request(s) in flight on the old master",
+             (unsigned long long)l->id, l->npending - 1);
+}
+
+int fence_check(link *l, uint64_t now)
+{
+    if (l->state == LINK_FENCING && now >= l->fence_deadline_ms) {
+        link_close(l, "fence timeout: the old master does not answer");
+        return 1;
+    }
+    return 0;
+}

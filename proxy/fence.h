@@ -1,0 +1,34 @@
+/* fence.h - what makes a reply safe to release: the checks a new shared
+ * link passes before it carries client requests (ROLE says master,
+ * durability asserted), replicas_ack WAIT batching, and the fence at a
+ * master switch (replies from the old master held until a replica is known
+ * to have them). */
+#ifndef FERRY_FENCE_H
+#define FERRY_FENCE_H
+
+#include "link.h"
+
+/* Start verifying a new shared link: ROLE, then durability enforcement;
+ * the link becomes READY (and the master view UP) when both pass. */
+void fence_verify(link *l);
+/* Periodic checks on a verified shared link: ROLE and durability. */
+void fence_recheck_role(link *l);
+void fence_enforce(link *l);
+/* Reply callback for ferry's AUTH on any link. */
+void fence_auth_done(link *l, request *r, const char *reply, size_t len);
+
+/* Queue one WAIT for every acknowledged write sent since the last one. */
+void fence_wait(link *l);
+/* A reply arrived for r: if it must wait for replicas (durability.replicas_ack,
+ * or l is fencing), keep it (r becomes WAITING) and return 1; else return 0. */
+int fence_hold(link *l, request *r, const char *p, size_t n);
+/* Fence l at a master switch: a WAIT follows what it carries; replies wait
+ * for it; then the link closes. The link leaves its slot and its owner. */
+void fence_start(link *l);
+/* l is closing: its held replies were never confirmed (retried or answered). */
+void fence_drop_held(link *l, const char *reason);
+/* Periodic: gives up on a fence the old master does not answer. Returns 1
+ * if l was closed. */
+int fence_check(link *l, uint64_t now);
+
+#endif

@@ -1,0 +1,443 @@
+/* link.c - one connection to Redis: connect, write, frame replies and
+ * deliver them in order to the requests they answer, and the one close
+ * path. Policy (which link carries what, fencing, retries) lives in
+ * upstream.c, fence.c and router.c. */
+#include "link.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fence.h"
+#include "log.h"
+#include "router.h"
+#include "session.h"
+#include "upstream.h"
+
+#define LINK_READ_CHUNK (64 * 1024)
+#define LINK_KEEPALIVE_S 30
+
+static void link_connect_cb(uv_connect_t *req, int status);
+static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
+static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
+static void link_write_cb(uv_write_t *w, int status);
+static void link_close_cb(uv_handle_t *h);
+static void link_mark_dirty(link *l);
+
+/* ---------------------------------------------------------------- helpers */
+
+redisReply *link_parse_reply(const char *p, size_t n)
+{
+    void *reply = NULL;
+    redisReader *rd = redisReaderCreate();
+    if (rd == NULL) {
+        return NULL;
+    }
+    if (redisReaderFeed(rd, p, n) != REDIS_OK || redisReaderGetReply(rd, &reply) != REDIS_OK) {
+        reply = NULL;
+    }
+    redisReaderFree(rd);
+    return reply;
+}
+
+void link_error_text(const char *p, size_t n, char *out, size_t len)
+{
+    size_t m = n >= 3 ? n - 3 : 0;
+    if (m >= len) {
+        m = len - 1;
+    }
+    memcpy(out, p + (n > 0), m);
+    out[m] = '\0';
+}
+
+static int starts(const char *p, size_t n, const char *lit)
+{
+    size_t m = strlen(lit);
+    return n >= m && memcmp(p, lit, m) == 0;
+}
+
+int link_reply_not_master(const char *p, size_t n)
+{
+    return n > 1 && p[0] == '-' &&
+           (starts(p, n, "-READONLY") || starts(p, n, "-LOADING") || starts(p, n, "-MASTERDOWN") ||
+            starts(p, n, "-UNBLOCKED"));
+}
+
+static const char *link_state_name(link_state st)
+{
+    static const char *const names[] = {"CONNECTING", "VERIFYING", "READY",
+                                        "FENCING",    "DRAINING",  "CLOSING"};
+    return names[st];
+}
+
+void link_set_state(link *l, link_state st)
+{
+    static const unsigned legal[] = {
+        [LINK_CONNECTING] = 1u << LINK_VERIFYING | 1u << LINK_READY | 1u << LINK_CLOSING,
+        [LINK_VERIFYING] = 1u << LINK_READY | 1u << LINK_CLOSING,
+        [LINK_READY] = 1u << LINK_FENCING | 1u << LINK_DRAINING | 1u << LINK_CLOSING,
+        [LINK_FENCING] = 1u << LINK_CLOSING,
+        [LINK_DRAINING] = 1u << LINK_CLOSING,
+        [LINK_CLOSING] = 0,
+    };
+    ferry_assert(legal[l->state] & (1u << st));
+    log_debug("link %llu: %s -> %s", (unsigned long long)l->id, link_state_name(l->state),
+              link_state_name(st));
+    l->state = st;
+}
+
+int link_connected(const link *l)
+{
+    return l->state != LINK_CONNECTING && l->state != LINK_CLOSING;
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+link *link_new(upstream *up, link_kind kind)
+{
+    ferry *f = up->f;
+    link *l = xcalloc(1, sizeof(*l));
+    int rc;
+
+    l->f = f;
+    l->up = up;
+    l->id = ++f->next_id;
+    l->kind = kind;
+    l->slot = -1;
+    l->epoch = up->epoch;
+    l->state = LINK_CONNECTING;
+    outq_init(&l->out);
+    buf_init(&l->in);
+    resp_scanner_init(&l->sc);
+    list_init(&l->pending);
+    list_init(&l->held);
+    list_init(&l->pool_node);
+    list_init(&l->dirty_node);
+    l->opened_ms = l->last_io_ms = uv_now(f->loop);
+
+    if (up->is_unix) {
+        uv_pipe_init(f->loop, &l->io.pipe, 0);
+        l->io.h.data = l;
+        uv_pipe_connect(&l->creq, &l->io.pipe, up->path, link_connect_cb);
+        rc = 0;
+    } else {
+        uv_tcp_init(f->loop, &l->io.tcp);
+        l->io.h.data = l;
+        uv_tcp_nodelay(&l->io.tcp, 1);
+        rc = uv_tcp_connect(&l->creq, &l->io.tcp, (const struct sockaddr *)&up->addr,
+                            link_connect_cb);
+    }
+    l->creq.data = l;
+    list_add_tail(&up->links, &l->node);
+    up->nlinks++;
+    f->stats.links_opened++;
+    if (rc < 0) {
+        log_error("link %llu: connect to %s failed: %s", (unsigned long long)l->id, up->name,
+                  uv_strerror(rc));
+        link_set_state(l, LINK_CLOSING);
+        l->closing_cb_pending = 1;
+        uv_close(&l->io.h, link_close_cb);
+        return NULL;
+    }
+    log_debug("link %llu: connecting to %s (%s, epoch %llu)", (unsigned long long)l->id, up->name,
+              kind == LINK_SHARED  ? "shared"
+              : kind == LINK_PROBE ? "probe"
+                                   : "dedicated",
+              (unsigned long long)l->epoch);
+    /* Redis handles these before anything queued behind them. */
+    const config *cfg = f->cfg;
+    if (cfg->redis_password != NULL) {
+        if (cfg->redis_username != NULL) {
+            const char *argv[] = {"AUTH", cfg->redis_username, cfg->redis_password};
+            link_internal(l, argv, 3, fence_auth_done, 0);
+        } else {
+            const char *argv[] = {"AUTH", cfg->redis_password};
+            link_internal(l, argv, 2, fence_auth_done, 0);
+        }
+    }
+    if (kind == LINK_SHARED) {
+        fence_verify(l); /* ROLE, then durability, before any client request */
+    }
+    return l;
+}
+
+static void link_connect_cb(uv_connect_t *req, int status)
+{
+    link *l = req->data;
+    upstream *up = l->up;
+
+    if (l->state == LINK_CLOSING) {
+        return;
+    }
+    if (status < 0) {
+        char why[400];
+        snprintf(why, sizeof(why), "connect to %s failed: %s", up->name, uv_strerror(status));
+        l->f->stats.upstream_errors++;
+        link_close(l, why);
+        return;
+    }
+    if (!up->is_unix) {
+        uv_tcp_keepalive(&l->io.tcp, 1, LINK_KEEPALIVE_S);
+    }
+    link_set_state(l, l->kind == LINK_SHARED ? LINK_VERIFYING : LINK_READY);
+    l->last_io_ms = uv_now(l->f->loop);
+    log_debug("link %llu: connected to %s", (unsigned long long)l->id, up->name);
+    int rc = uv_read_start(&l->io.s, link_alloc_cb, link_read_cb);
+    if (rc < 0) {
+        link_close(l, uv_strerror(rc));
+        return;
+    }
+    if (buf_used(&l->out.fill) > 0) {
+        link_mark_dirty(l);
+    }
+}
+
+/* ------------------------------------------------------------------ output */
+
+static void link_mark_dirty(link *l)
+{
+    if (!list_linked(&l->dirty_node)) {
+        list_add_tail(&l->f->dirty_links, &l->dirty_node);
+    }
+}
+
+static void link_queue(link *l, request *r)
+{
+    buf_append(&l->out.fill, buf_head(&r->data), buf_used(&r->data));
+    request_set_state(r, REQ_SENT);
+    r->link = l;
+    list_add_tail(&l->pending, &r->lq);
+    l->npending++;
+    if (link_connected(l)) {
+        link_mark_dirty(l);
+    }
+}
+
+void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg)
+{
+    request *r = request_new(l->f);
+    r->flags |= REQ_F_INTERNAL;
+    r->done = done;
+    r->arg = arg;
+    buf_append_argv(&r->data, argc, argv);
+    link_queue(l, r);
+}
+
+void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done)
+{
+    request *r = request_new(l->f);
+    r->flags |= REQ_F_INTERNAL;
+    r->done = done;
+    buf_append(&r->data, p, n);
+    link_queue(l, r);
+}
+
+void link_send(link *l, request *r)
+{
+    link_queue(l, r);
+    if (r->flags & REQ_F_ACK) {
+        l->need_wait = 1;
+    }
+}
+
+void link_send_raw(link *l, const char *p, size_t n)
+{
+    buf_append(&l->out.fill, p, n);
+    if (link_connected(l)) {
+        link_mark_dirty(l);
+    }
+}
+
+void link_flush(link *l)
+{
+    if (!link_connected(l)) {
+        return;
+    }
+    if (l->need_wait && l->state != LINK_FENCING) {
+        fence_wait(l); /* one WAIT covers every write in this batch */
+    }
+    int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
+    if (rc < 0) {
+        link_close(l, uv_strerror(rc));
+    }
+}
+
+static void link_write_cb(uv_write_t *w, int status)
+{
+    link *l = w->handle->data;
+    outq_done(&l->out);
+    if (l->state == LINK_CLOSING) {
+        return;
+    }
+    if (status < 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "write error: %s", uv_strerror(status));
+        l->f->stats.upstream_errors++;
+        link_close(l, why);
+        return;
+    }
+    l->last_io_ms = uv_now(l->f->loop);
+    if (buf_used(&l->out.fill) > 0) {
+        link_mark_dirty(l);
+    }
+}
+
+/* ------------------------------------------------------------------ input */
+
+static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
+{
+    link *l = h->data;
+    buf_reserve(&l->in, LINK_READ_CHUNK);
+    b->base = l->in.data + l->in.len;
+    b->len = l->in.cap - l->in.len;
+}
+
+/* A "subscribe"/"psubscribe"/"ssubscribe" confirmation (RESP2). */
+static int is_subscribe_confirmation(const char *p, size_t n)
+{
+    static const char *const heads[] = {"*3\r\n$9\r\nsubscribe\r\n", "*3\r\n$10\r\npsubscribe\r\n",
+                                        "*3\r\n$10\r\nssubscribe\r\n"};
+    for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
+        if (starts(p, n, heads[i]) && n > strlen(heads[i])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* One complete reply: to the oldest pending request, or down the tunnel. */
+static void link_deliver(link *l, const char *p, size_t n)
+{
+    list_node *node = list_first(&l->pending);
+    if (node == NULL) {
+        if (l->passthrough && l->swallow > 0 && is_subscribe_confirmation(p, n)) {
+            l->swallow--; /* ferry's own re-subscription, not the client's */
+        } else if (l->passthrough && l->owner != NULL) {
+            session_on_stream(l->owner, p, n);
+        } else if (!l->passthrough) {
+            link_close(l, "reply without a request (protocol desync)");
+        }
+        return; /* else a tunnel whose client left: drop */
+    }
+    request *r = list_entry(node, request, lq);
+    list_del(node);
+    l->npending--;
+    r->link = NULL;
+    if (r->flags & REQ_F_INTERNAL) {
+        if (r->done != NULL) {
+            r->done(l, r, p, n);
+        }
+        request_free(l->f, r);
+    } else if (r->s == NULL) {
+        request_free(l->f, r); /* the client left; drop the reply */
+    } else if (link_reply_not_master(p, n)) {
+        /* Nothing was applied: retry on the master that replaces this one. */
+        char why[160];
+        link_error_text(p, n, why, sizeof(why));
+        router_on_refused(r->s, r, why);
+        upstream_on_not_master(l, why);
+    } else if (!fence_hold(l, r, p, n)) {
+        router_on_reply(r->s, r, p, n);
+    }
+}
+
+static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
+{
+    link *l = st->data;
+    if (l->state == LINK_CLOSING) {
+        return;
+    }
+    if (nread < 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s",
+                 nread == UV_EOF ? "closed by Redis" : uv_strerror((int)nread));
+        l->f->stats.upstream_errors++;
+        upstream_on_link_error(l, why);
+        link_close(l, why);
+        return;
+    }
+    if (nread == 0) {
+        return;
+    }
+    l->in.len += (size_t)nread;
+    l->last_io_ms = uv_now(l->f->loop);
+    for (;;) {
+        size_t n = 0;
+        int rc = resp_scan_reply(&l->sc, buf_head(&l->in), buf_used(&l->in), &n);
+        if (rc == RESP_AGAIN) {
+            break;
+        }
+        if (rc == RESP_ERR) {
+            char why[200];
+            snprintf(why, sizeof(why), "bad reply from Redis: %s", l->sc.errstr);
+            link_close(l, why);
+            return;
+        }
+        /* The reply stays valid: consuming only moves the cursor. */
+        const char *p = buf_head(&l->in);
+        buf_consume(&l->in, n);
+        link_deliver(l, p, n);
+        if (l->state == LINK_CLOSING) {
+            return;
+        }
+    }
+    buf_shrink(&l->in, 4 * LINK_READ_CHUNK);
+}
+
+/* ------------------------------------------------------------------ close */
+
+void link_close(link *l, const char *reason)
+{
+    ferry *f = l->f;
+
+    if (l->state == LINK_CLOSING) {
+        return;
+    }
+    int was_ready = l->state == LINK_READY;
+    int was_verified =
+        l->kind == LINK_SHARED && l->state != LINK_CONNECTING && l->state != LINK_VERIFYING;
+    int was_connected = link_connected(l);
+    link_set_state(l, LINK_CLOSING);
+    log_info("link %llu to %s closed (%s, epoch %llu, %s, %zu pending): %s",
+             (unsigned long long)l->id, l->up->name,
+             l->kind == LINK_SHARED  ? "shared"
+             : l->kind == LINK_PROBE ? "probe"
+                                     : "dedicated",
+             (unsigned long long)l->epoch, was_connected ? "was connected" : "never connected",
+             l->npending, reason);
+    if (list_linked(&l->dirty_node)) {
+        list_del(&l->dirty_node);
+    }
+    upstream_on_link_closing(l->up, l);
+    /* Replies held for a WAIT were never confirmed. */
+    fence_drop_held(l, reason);
+    /* Unanswered requests go back to their sessions, oldest first. */
+    while (!list_empty(&l->pending)) {
+        list_node *n = list_first(&l->pending);
+        request *r = list_entry(n, request, lq);
+        list_del(n);
+        l->npending--;
+        r->link = NULL;
+        if ((r->flags & REQ_F_INTERNAL) || r->s == NULL) {
+            request_free(f, r);
+        } else {
+            router_on_lost(r->s, r, reason);
+        }
+    }
+    upstream_detach(l, reason);
+    l->closing_cb_pending = 1;
+    uv_close(&l->io.h, link_close_cb);
+    f->wake_pending = 1;
+    upstream_on_link_closed(l->up, l, was_ready && was_verified, reason);
+}
+
+static void link_close_cb(uv_handle_t *h)
+{
+    link *l = h->data;
+    upstream *up = l->up;
+    list_del(&l->node);
+    up->nlinks--;
+    outq_free(&l->out);
+    buf_free(&l->in);
+    free(l);
+}

@@ -1,0 +1,106 @@
+/* link.h - one connection to Redis: connect, write, frame replies with
+ * ferry's scanner and deliver each to the request it answers (or down a
+ * pass-through tunnel), and the one close path. What a link is used for
+ * (shared, lent to a session, fenced, drained) is decided by upstream.c,
+ * router.c and fence.c; the link only moves bytes and keeps its state. */
+#ifndef FERRY_LINK_H
+#define FERRY_LINK_H
+
+#include <hiredis/hiredis.h>
+
+#include "ferry.h"
+
+struct upstream;
+
+/* Legal moves (link_set_state asserts them):
+ *   CONNECTING -> VERIFYING (shared) | READY (dedicated, probe) | CLOSING
+ *   VERIFYING  -> READY | CLOSING
+ *   READY      -> FENCING | DRAINING | CLOSING
+ *   FENCING, DRAINING -> CLOSING */
+typedef enum link_state {
+    LINK_CONNECTING = 0, /* connect in progress; writes are queued */
+    LINK_VERIFYING,      /* shared: connected; AUTH, ROLE, durability in flight */
+    LINK_READY,          /* connected (and verified, if shared): carries client requests */
+    LINK_FENCING,        /* old master: replies held until the fence WAIT confirms them */
+    LINK_DRAINING,       /* old master: a blocked call may still be served until drain_until_ms */
+    LINK_CLOSING         /* closed, waiting for libuv's close callback */
+} link_state;
+
+typedef enum link_kind {
+    LINK_SHARED = 0, /* pipelined for all sessions */
+    LINK_DEDICATED,  /* lent to one session (owner), or idle in the pool */
+    LINK_PROBE       /* health probe: PING only, never a client request */
+} link_kind;
+
+typedef struct link {
+    ferry *f;            /* context */
+    struct upstream *up; /* owner */
+    uint64_t id;         /* for logs */
+    link_kind kind;      /* see link_kind */
+    link_state state;    /* see link_state; changed only by link_set_state */
+    union {
+        uv_handle_t h;
+        uv_stream_t s;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } io;                       /* the connection */
+    uv_connect_t creq;          /* connect request */
+    outq out;                   /* bytes to Redis */
+    buf in;                     /* bytes from Redis not yet framed */
+    resp_scanner sc;            /* frames replies in 'in' */
+    list_node pending;          /* requests awaiting a reply, in send order */
+    size_t npending;            /* entries in pending */
+    struct session *owner;      /* dedicated: the session it is lent to (upstream.c sets it) */
+    int passthrough;            /* replies beyond pending go to owner as a stream */
+    int db;                     /* database selected on this connection */
+    int slot;                   /* shared: index in up->shared, else -1 */
+    list_node node;             /* in up->links */
+    list_node pool_node;        /* in up->pool while idle */
+    list_node dirty_node;       /* in f->dirty_links while it has output */
+    uint64_t opened_ms;         /* uv_now() at creation */
+    uint64_t last_io_ms;        /* last read or write */
+    int ping_pending;           /* a keep-alive or probe PING is in flight */
+    uint64_t ping_sent_ms;      /* when it was sent */
+    int closing_cb_pending;     /* uv_close called */
+    uint64_t epoch;             /* master epoch the link belongs to */
+    uint64_t fence_started_ms;  /* FENCING: when it began */
+    uint64_t fence_deadline_ms; /* FENCING: when the old master is given up on */
+    list_node held;             /* REQ_WAITING requests whose replies wait for a WAIT */
+    int need_wait;              /* writes sent since the last WAIT (replicas_ack) */
+    int nwaits;                 /* WAITs in flight on this link */
+    uint64_t held_since_ms;     /* when the oldest held reply arrived */
+    uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
+    int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
+} link;
+
+/* Open a link of this kind to up's current target (AUTH queued first when
+ * configured). Returns NULL (logged, handle closing) if connect fails at once. */
+link *link_new(struct upstream *up, link_kind kind);
+/* The one setter of l->state: asserts the move is legal, logs it at debug. */
+void link_set_state(link *l, link_state st);
+/* Connected: bytes queued now are written this turn. */
+int link_connected(const link *l);
+
+/* Queue r on l (its state becomes SENT, it joins pending). */
+void link_send(link *l, request *r);
+/* Queue one of ferry's own commands; done (may be NULL) gets its reply. The
+ * request's arg is set to arg. */
+void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg);
+/* Queue already-encoded bytes as one of ferry's own commands (one reply). */
+void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
+/* Queue r's bytes without expecting a reply of its own (pass-through). */
+void link_send_raw(link *l, const char *p, size_t n);
+/* Write queued output now (called once per loop turn). */
+void link_flush(link *l);
+/* The one close path: held and pending requests go back to their sessions
+ * (retried or answered), the owner is told, the reason is logged. */
+void link_close(link *l, const char *reason);
+
+/* Helpers for ferry's own replies (not the hot path). */
+redisReply *link_parse_reply(const char *p, size_t n); /* returns new, or NULL */
+void link_error_text(const char *p, size_t n, char *out, size_t len);
+/* Redis refused without applying anything because it is not (or no longer)
+ * a usable master: READONLY, LOADING, MASTERDOWN, UNBLOCKED. */
+int link_reply_not_master(const char *p, size_t n);
+
+#endif

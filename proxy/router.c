@@ -1,0 +1,1018 @@
+/* router.c - how each request of a session is served.
+ *
+ * Classification happens once, when a request is parsed: its command, if
+ * it may write (scripts and functions count as writes unless read-only),
+ * and its route. Dispatch walks the session's queue from the cursor, in
+ * order: ferry answers AUTH/HELLO/QUIT/RESET and refusals itself; stateless
+ * commands go to the shared link; a session holding connection state (a
+ * blocking call, MULTI/WATCH, SELECT n, CLIENT SETNAME, a pub/sub tunnel)
+ * uses its dedicated link. A session never has requests in flight on two
+ * links at once. With no master, requests stay held (backlog.c).
+ *
+ * A lost reply is retried by class (README "Retry policy"): reads and
+ * blocking calls are sent again (a blocking call with what is left of its
+ * timeout); a refusal that applied nothing is sent again; a write whose
+ * outcome is unknown is sent again (at-least-once), counted in
+ * requests_retried_unknown. An open MULTI is rebuilt on the next link from
+ * the commands Redis had queued; one under a WATCH that broke ends in the
+ * null reply of a watch conflict. */
+#include "router.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "backlog.h"
+#include "link.h"
+#include "log.h"
+#include "upstream.h"
+
+#define ROUTER_MAX_RETRIES 3
+#define FERRY_REDIS_VERSION "7.0.0"
+
+/* How a request is routed; decided when it is parsed, acted on in order. */
+enum route {
+    RT_SHARED = 0, /* stateless: shared link, or the dedicated one if pinned */
+    RT_BLOCKING,   /* blocking call: a dedicated link for its duration */
+    RT_MULTI,      /* MULTI */
+    RT_EXEC,       /* EXEC */
+    RT_DISCARD,    /* DISCARD */
+    RT_WATCH,      /* WATCH */
+    RT_UNWATCH,    /* UNWATCH */
+    RT_SELECT,     /* SELECT arg */
+    RT_STICKY,     /* CLIENT SETNAME/TRACKING...: pinned for the session's life */
+    RT_TUNNEL,     /* pub/sub, MONITOR, CLIENT REPLY: a raw tunnel from now on */
+    RT_ERROR,      /* refused: the reply is already in r->reply */
+    RT_AUTH,       /* AUTH: arg = auth result */
+    RT_HELLO,      /* HELLO: arg = hello result */
+    RT_QUIT,       /* QUIT */
+    RT_RESET       /* RESET */
+};
+
+enum { AUTH_FAIL = 0, AUTH_OK = 1, AUTH_NOPASS = 2 };
+enum {
+    HELLO_OK = 0,
+    HELLO_AUTH_OK = 1,
+    HELLO_AUTH_FAIL = 2,
+    HELLO_NOPROTO = 3,
+    HELLO_BADPROTO = 4,
+    HELLO_SYNTAX = 5
+};
+
+enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
+
+static int router_pinned(const session *s);
+
+/* ------------------------------------------------------------------ states */
+
+static const char *tx_name(tx_state st)
+{
+    static const char *const names[] = {"NONE",
+                                        "WATCHING",
+                                        "WATCH_LOST",
+                                        "MULTI",
+                                        "MULTI_WATCHING",
+                                        "MULTI_REBUILD",
+                                        "MULTI_WATCH_LOST",
+                                        "EXEC_SENT",
+                                        "EXEC_SENT_WATCHED"};
+    return names[st];
+}
+
+/* The one setter of s->tx. Every state may return to NONE (EXEC answered,
+ * DISCARD, RESET); the other moves are listed here. */
+static void router_set_tx(session *s, tx_state st)
+{
+    static const unsigned legal[] = {
+        [TX_NONE] = 1u << TX_WATCHING | 1u << TX_MULTI,
+        [TX_WATCHING] = 1u << TX_WATCH_LOST | 1u << TX_MULTI_WATCHING,
+        [TX_WATCH_LOST] = 1u << TX_MULTI_WATCH_LOST,
+        [TX_MULTI] = 1u << TX_MULTI_REBUILD | 1u << TX_EXEC_SENT,
+        [TX_MULTI_WATCHING] =
+            1u << TX_MULTI_WATCH_LOST | 1u << TX_EXEC_SENT_WATCHED | 1u << TX_WATCHING,
+        [TX_MULTI_REBUILD] = 1u << TX_MULTI,
+        [TX_MULTI_WATCH_LOST] = 0,
+        [TX_EXEC_SENT] = 1u << TX_MULTI_REBUILD,
+        [TX_EXEC_SENT_WATCHED] = 0,
+    };
+    if (s->tx == st) {
+        return;
+    }
+    ferry_assert(st == TX_NONE || (legal[s->tx] & (1u << st)));
+    log_debug("client %llu: transaction %s -> %s", (unsigned long long)s->id, tx_name(s->tx),
+              tx_name(st));
+    if (st == TX_NONE) {
+        s->tx_writes = 0;
+        buf_clear(&s->tx_log);
+        buf_shrink(&s->tx_log, 4096);
+    }
+    s->tx = st;
+}
+
+/* The one setter of s->tunnel: NONE -> PUBSUB | OTHER, PUBSUB <-> PUBSUB_LOST,
+ * anything -> NONE (RESET). */
+static void router_set_tunnel(session *s, tunnel_state st)
+{
+    static const unsigned legal[] = {
+        [TUN_NONE] = 1u << TUN_PUBSUB | 1u << TUN_OTHER,
+        [TUN_PUBSUB] = 1u << TUN_PUBSUB_LOST,
+        [TUN_PUBSUB_LOST] = 1u << TUN_PUBSUB,
+        [TUN_OTHER] = 0,
+    };
+    if (s->tunnel == st) {
+        return;
+    }
+    ferry_assert(st == TUN_NONE || (legal[s->tunnel] & (1u << st)));
+    s->tunnel = st;
+}
+
+int router_holds_state(const session *s)
+{
+    return s->tx == TX_WATCHING || s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
+}
+
+static int in_multi(const session *s)
+{
+    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_MULTI_REBUILD ||
+           s->tx == TX_MULTI_WATCH_LOST;
+}
+
+static int router_pinned(const session *s)
+{
+    return s->db != 0 || s->sticky || s->tunnel != TUN_NONE ||
+           (s->tx != TX_NONE && s->tx != TX_WATCH_LOST && s->tx != TX_MULTI_WATCH_LOST);
+}
+
+void router_forget(session *s)
+{
+    router_set_tx(s, TX_NONE);
+    buf_free(&s->tx_log);
+}
+
+/* ---------------------------------------------------------- classification */
+
+static int arg_eq(const resp_arg *a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
+}
+
+/* Parse a whole argument as a signed integer. Returns 0 or -1. */
+static int arg_ll(const resp_arg *a, long long *out)
+{
+    char tmp[32];
+    char *end;
+    if (a->len == 0 || a->len >= sizeof(tmp)) {
+        return -1;
+    }
+    memcpy(tmp, a->ptr, a->len);
+    tmp[a->len] = '\0';
+    long long v = strtoll(tmp, &end, 10);
+    if (*end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void set_error(request *r, const char *fmt, const char *what)
+{
+    char line[512];
+    int n = snprintf(line, sizeof(line), fmt, what);
+    if (n < 0) {
+        n = 0;
+    }
+    if ((size_t)n >= sizeof(line)) {
+        n = sizeof(line) - 1;
+    }
+    buf_clear(&r->reply);
+    buf_append(&r->reply, line, (size_t)n);
+    r->route = RT_ERROR;
+}
+
+static int password_ok(ferry *f, const resp_arg *user, const resp_arg *pass)
+{
+    const char *pw = f->cfg->client_password;
+    if (pw == NULL) {
+        return AUTH_NOPASS;
+    }
+    if (user != NULL && !arg_eq(user, "default")) {
+        return AUTH_FAIL;
+    }
+    size_t n = strlen(pw);
+    /* Compare without an early exit, so timing does not leak the prefix. */
+    unsigned diff = (unsigned)(pass->len != n);
+    for (size_t i = 0; i < pass->len; i++) {
+        diff |= (unsigned)(unsigned char)(pass->ptr[i] ^ pw[i % (n ? n : 1)]);
+    }
+    return diff == 0 ? AUTH_OK : AUTH_FAIL;
+}
+
+static int is_enforced_param(const resp_arg *a)
+{
+    return arg_eq(a, "appendonly") || arg_eq(a, "appendfsync") ||
+           arg_eq(a, "no-appendfsync-on-rewrite");
+}
+
+static int is_denied(ferry *f, const command *cmd)
+{
+    for (int i = 0; i < f->ndeny; i++) {
+        if (f->deny[i] == cmd) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Upper-case display name of a command: "CONFIG REWRITE". */
+static void display_name(const command *cmd, char *out, size_t len)
+{
+    size_t i = 0;
+    for (const char *p = cmd->name; *p != '\0' && i + 1 < len; p++) {
+        out[i++] = *p == '|' ? ' ' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    }
+    out[i] = '\0';
+}
+
+/* CONFIG SET (under any name ferry's config_command gives CONFIG) of a
+ * setting ferry enforces is refused. Returns 1 if r was refused. */
+static int refuse_config_set(ferry *f, request *r, const resp_request *req, const char *shown)
+{
+    const resp_arg *argv = req->argv;
+    for (size_t i = 2; i < req->argc; i += 2) {
+        if (is_enforced_param(&argv[i])) {
+            char what[128];
+            snprintf(what, sizeof(what), "%s SET %.*s", shown,
+                     (int)(argv[i].len < 40 ? argv[i].len : 40), argv[i].ptr);
+            set_error(r,
+                      "-ERR ferry: %s is not allowed through the proxy (ferry enforces "
+                      "durability)\r\n",
+                      what);
+            f->stats.commands_denied++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Scripts and functions may write unless they are the _RO variants or an
+ * EVAL whose script declares no-writes in its shebang line. */
+static int script_may_write(const command *cmd, const resp_request *req)
+{
+    if (strcmp(cmd->name, "eval") == 0) {
+        const resp_arg *body = &req->argv[1];
+        if (req->argc >= 2 && body->len > 2 && memcmp(body->ptr, "#!", 2) == 0) {
+            const char *nl = memchr(body->ptr, '\n', body->len);
+            size_t n = nl != NULL ? (size_t)(nl - body->ptr) : body->len;
+            for (size_t i = 0; i + 9 <= n; i++) {
+                if (memcmp(body->ptr + i, "no-writes", 9) == 0) {
+                    return 0;
+                }
+            }
+        }
+        return 1;
+    }
+    return strcmp(cmd->name, "evalsha") == 0 || strcmp(cmd->name, "fcall") == 0;
+}
+
+static void classify_hello(ferry *f, request *r, const resp_request *req)
+{
+    const resp_arg *argv = req->argv;
+    r->route = RT_HELLO;
+    r->arg = HELLO_OK;
+    if (req->argc < 2) {
+        return;
+    }
+    long long ver;
+    if (arg_ll(&argv[1], &ver) != 0) {
+        r->arg = HELLO_BADPROTO;
+        return;
+    }
+    if (ver != 2) {
+        r->arg = HELLO_NOPROTO;
+        return;
+    }
+    for (size_t i = 2; i < req->argc; i++) {
+        if (arg_eq(&argv[i], "auth") && i + 2 < req->argc) {
+            int ok = password_ok(f, &argv[i + 1], &argv[i + 2]);
+            r->arg = ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL;
+            i += 2;
+        } else if (arg_eq(&argv[i], "setname") && i + 1 < req->argc) {
+            i += 1;
+        } else {
+            r->arg = HELLO_SYNTAX;
+            return;
+        }
+    }
+}
+
+int router_classify(session *s, request *r, const resp_request *req)
+{
+    ferry *f = s->f;
+    const resp_arg *argv = req->argv;
+    size_t argc = req->argc;
+
+    if (s->acap < argc) {
+        s->acap = argc < 16 ? 16 : argc;
+        s->av = xrealloc(s->av, s->acap * sizeof(*s->av));
+        s->al = xrealloc(s->al, s->acap * sizeof(*s->al));
+    }
+    size_t nlook = argc < 2 ? argc : 2;
+    for (size_t i = 0; i < nlook; i++) {
+        s->av[i] = argv[i].ptr;
+        s->al[i] = argv[i].len;
+    }
+    const command *cmd = command_lookup_argv(nlook, s->av, s->al);
+    r->cmd = cmd;
+    r->route = RT_SHARED;
+    stats_count_command(&f->stats, cmd);
+    const char *cc = f->cfg->config_command;
+    if (cc != NULL && argc >= 2 && arg_eq(&argv[0], cc) && arg_eq(&argv[1], "set") &&
+        refuse_config_set(f, r, req, cc)) {
+        return 1; /* the renamed CONFIG is guarded as CONFIG is */
+    }
+    if (cmd == NULL) {
+        return 0; /* Redis answers unknown commands itself */
+    }
+    if ((cmd->flags & CMD_F_WRITE) || script_may_write(cmd, req)) {
+        r->flags |= REQ_F_WRITE;
+    }
+    if (f->ndeny > 0 && is_denied(f, cmd)) {
+        char name[64];
+        display_name(cmd, name, sizeof(name));
+        set_error(r, "-ERR ferry: %s is not allowed through the proxy\r\n", name);
+        f->stats.commands_denied++;
+        return 1;
+    }
+    switch (cmd->cls) {
+    case CMD_BLOCKING:
+        for (size_t i = 0; i < argc; i++) {
+            s->av[i] = argv[i].ptr;
+            s->al[i] = argv[i].len;
+        }
+        if (command_is_blocking(cmd, argc, s->av, s->al)) {
+            r->route = RT_BLOCKING;
+            r->flags |= REQ_F_BLOCKING;
+        }
+        return 0;
+    case CMD_PUBSUB:
+        r->route = RT_TUNNEL;
+        subs_track(&s->channels, &s->patterns, &s->shards, cmd->name, req);
+        return 0;
+    case CMD_TRANSACTION:
+        if (strcmp(cmd->name, "multi") == 0) {
+            r->route = RT_MULTI;
+        } else if (strcmp(cmd->name, "exec") == 0) {
+            r->route = RT_EXEC;
+        } else if (strcmp(cmd->name, "discard") == 0) {
+            r->route = RT_DISCARD;
+        } else if (strcmp(cmd->name, "watch") == 0) {
+            r->route = RT_WATCH;
+        } else {
+            r->route = RT_UNWATCH;
+        }
+        return 0;
+    case CMD_CONNSTATE:
+        if (strcmp(cmd->name, "select") == 0) {
+            long long db;
+            if (argc != 2) {
+                return 0; /* Redis answers the arity error */
+            }
+            if (arg_ll(&argv[1], &db) != 0) {
+                set_error(r, "-ERR value is not an integer or out of range\r\n%s", "");
+            } else if (db < 0 || db > 0x7fffffff) {
+                set_error(r, "-ERR DB index is out of range\r\n%s", "");
+            } else {
+                r->route = RT_SELECT;
+                r->arg = db;
+                return 0;
+            }
+            return 1;
+        }
+        if (strcmp(cmd->name, "monitor") == 0 || strcmp(cmd->name, "client|reply") == 0) {
+            r->route = RT_TUNNEL;
+        } else {
+            r->route = RT_STICKY;
+        }
+        return 0;
+    case CMD_LOCAL:
+        if (strcmp(cmd->name, "auth") == 0) {
+            r->route = RT_AUTH;
+            if (argc == 2) {
+                r->arg = password_ok(f, NULL, &argv[1]);
+            } else if (argc == 3) {
+                r->arg = password_ok(f, &argv[1], &argv[2]);
+            } else {
+                set_error(r, "-ERR syntax error\r\n%s", "");
+            }
+        } else if (strcmp(cmd->name, "hello") == 0) {
+            classify_hello(f, r, req);
+        } else if (strcmp(cmd->name, "quit") == 0) {
+            r->route = RT_QUIT;
+        } else {
+            r->route = RT_RESET;
+        }
+        return 1;
+    case CMD_DENIED:
+    case CMD_STATELESS:
+    default:
+        break;
+    }
+    if (strcmp(cmd->name, "config|set") == 0 && refuse_config_set(f, r, req, "CONFIG")) {
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- local answers */
+
+static void answer_hello(session *s, request *r)
+{
+    char line[512];
+    switch (r->arg) {
+    case HELLO_NOPROTO:
+        session_answer_str(s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
+        return;
+    case HELLO_BADPROTO:
+        session_answer_str(s, r, "-ERR Protocol version is not an integer or out of range\r\n");
+        return;
+    case HELLO_SYNTAX:
+        session_answer_str(s, r, "-ERR Syntax error in HELLO option\r\n");
+        return;
+    case HELLO_AUTH_FAIL:
+        s->f->stats.auth_failures++;
+        session_answer_str(s, r,
+                           "-WRONGPASS invalid username-password pair or user is "
+                           "disabled.\r\n");
+        return;
+    case HELLO_AUTH_OK:
+        s->authed = 1;
+        break;
+    default:
+        if (!s->authed) {
+            session_answer_str(s, r,
+                               "-NOAUTH HELLO must be called with the client already "
+                               "authenticated, otherwise the HELLO <proto> AUTH <user> "
+                               "<pass> option can be used to authenticate the client and "
+                               "select the RESP protocol version at the same time\r\n");
+            return;
+        }
+        break;
+    }
+    int n = snprintf(line, sizeof(line),
+                     "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$%zu\r\n%s\r\n"
+                     "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:%llu\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n"
+                     "$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n",
+                     strlen(FERRY_REDIS_VERSION), FERRY_REDIS_VERSION, (unsigned long long)s->id);
+    session_answer(s, r, line, (size_t)n);
+}
+
+static void answer_auth(session *s, request *r)
+{
+    if (r->arg == AUTH_OK) {
+        s->authed = 1;
+        session_answer_str(s, r, "+OK\r\n");
+    } else if (r->arg == AUTH_NOPASS) {
+        session_answer_str(s, r,
+                           "-ERR AUTH <password> called without any password "
+                           "configured for the default user. Are you sure your "
+                           "configuration is correct?\r\n");
+    } else {
+        s->f->stats.auth_failures++;
+        session_answer_str(s, r,
+                           "-WRONGPASS invalid username-password pair or user is "
+                           "disabled.\r\n");
+    }
+}
+
+/* RESET: the connection goes back to a fresh one (db 0, no transaction,
+ * no subscriptions, not authenticated when a password is set). */
+static void do_reset(session *s, request *r)
+{
+    int stateful = s->db != 0 || s->sticky || s->tunnel != TUN_NONE || s->tx != TX_NONE;
+    upstream_return(s->f->up, s, !stateful, "client reset its connection");
+    s->db = 0;
+    s->sticky = 0;
+    router_set_tx(s, TX_NONE);
+    router_set_tunnel(s, TUN_NONE);
+    subs_clear(&s->channels);
+    subs_clear(&s->patterns);
+    subs_clear(&s->shards);
+    s->authed = s->f->cfg->client_password == NULL;
+    session_answer_str(s, r, "+RESET\r\n");
+}
+
+/* A transaction whose WATCH broke with its link: nothing goes to Redis;
+ * queued commands are acknowledged and EXEC answers the null reply of a
+ * watch conflict, so the client takes its normal retry path. */
+static int dispatch_watch_lost(session *s, request *r)
+{
+    switch (r->route) {
+    case RT_EXEC:
+        router_set_tx(s, TX_NONE);
+        s->f->stats.transactions_watch_lost++;
+        session_answer_str(s, r, "*-1\r\n");
+        break;
+    case RT_DISCARD:
+        router_set_tx(s, TX_NONE);
+        session_answer_str(s, r, "+OK\r\n");
+        break;
+    case RT_MULTI:
+        session_answer_str(s, r, "-ERR MULTI calls can not be nested\r\n");
+        break;
+    case RT_WATCH:
+        session_answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
+        break;
+    default:
+        session_answer_str(s, r, "+QUEUED\r\n");
+        break;
+    }
+    return DISPATCH_DONE;
+}
+
+/* Rebuild an open MULTI on a new dedicated link: MULTI and every command
+ * Redis had queued (s->tx_log), sent as ferry's own requests, their replies
+ * dropped (the client had its +QUEUED already). */
+static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
+{
+    if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: rebuilding a transaction: Redis refused a queued command: %s",
+                 (unsigned long long)l->id, why);
+    }
+}
+
+static void tx_rebuild(session *s, link *l)
+{
+    const char *p = buf_head(&s->tx_log);
+    size_t left = buf_used(&s->tx_log);
+    resp_parser *pp = resp_parser_new(NULL);
+    size_t n = 0;
+    static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
+    link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
+    while (left > 0) {
+        resp_request req;
+        if (resp_parse_request(pp, p, left, &req) != RESP_OK) {
+            break;
+        }
+        link_internal_raw(l, p, req.len, tx_rebuilt_cb);
+        p += req.len;
+        left -= req.len;
+        n++;
+    }
+    resp_parser_free(pp);
+    router_set_tx(s, TX_MULTI);
+    s->f->stats.transactions_rebuilt++;
+    log_info("client %llu: transaction rebuilt on link %llu (%zu command(s) queued again)",
+             (unsigned long long)s->id, (unsigned long long)l->id, n);
+}
+
+/* Rebuild a pub/sub tunnel on the current master. Returns 0 when no master
+ * is UP yet (try again on wake-up). */
+static int router_resubscribe(session *s)
+{
+    link *l = upstream_lend(s->f->up, s);
+    if (l == NULL) {
+        return 0;
+    }
+    buf b;
+    buf_init(&b);
+    if (s->channels.n > 0) {
+        subs_encode(&b, "SUBSCRIBE", &s->channels);
+    }
+    if (s->patterns.n > 0) {
+        subs_encode(&b, "PSUBSCRIBE", &s->patterns);
+    }
+    if (s->shards.n > 0) {
+        subs_encode(&b, "SSUBSCRIBE", &s->shards);
+    }
+    l->passthrough = 1;
+    l->swallow = (int)(s->channels.n + s->patterns.n + s->shards.n);
+    link_send_raw(l, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    router_set_tunnel(s, TUN_PUBSUB);
+    log_info("client %llu: re-subscribed %zu channel(s), %zu pattern(s), %zu shard channel(s) on "
+             "link %llu",
+             (unsigned long long)s->id, s->channels.n, s->patterns.n, s->shards.n,
+             (unsigned long long)l->id);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static int dispatch_one(session *s, request *r)
+{
+    ferry *f = s->f;
+    upstream *up = f->up;
+    const char *pw = f->cfg->client_password;
+
+    if (pw != NULL && !s->authed && r->route != RT_AUTH && r->route != RT_HELLO &&
+        r->route != RT_QUIT) {
+        session_answer_str(s, r, "-NOAUTH Authentication required.\r\n");
+        return DISPATCH_DONE;
+    }
+    if (f->cfg->require_aof && (r->flags & REQ_F_WRITE) && up->state == UP_UP && !up->aof_ok) {
+        char line[400];
+        snprintf(line, sizeof(line),
+                 "-ERR ferry: writes refused: durability (appendonly yes, "
+                 "appendfsync always) is not enforced on the master: %s\r\n",
+                 up->aof_error[0] ? up->aof_error : "not yet asserted");
+        session_answer_str(s, r, line);
+        return DISPATCH_DONE;
+    }
+    switch (r->route) {
+    case RT_ERROR:
+        /* The reply was composed when it was parsed. */
+        request_set_state(r, REQ_ANSWERED);
+        f->stats.commands_local++;
+        return DISPATCH_DONE;
+    case RT_AUTH:
+        f->stats.commands_local++;
+        answer_auth(s, r);
+        return DISPATCH_DONE;
+    case RT_HELLO:
+        f->stats.commands_local++;
+        answer_hello(s, r);
+        return DISPATCH_DONE;
+    case RT_QUIT:
+        f->stats.commands_local++;
+        r->flags |= REQ_F_QUIT;
+        session_answer_str(s, r, "+OK\r\n");
+        return DISPATCH_DONE;
+    case RT_RESET:
+        if (s->inflight > 0) {
+            return DISPATCH_WAIT;
+        }
+        f->stats.commands_local++;
+        do_reset(s, r);
+        return DISPATCH_DONE;
+    default:
+        break;
+    }
+    if (s->tx == TX_MULTI_WATCH_LOST) {
+        return dispatch_watch_lost(s, r);
+    }
+    if (s->tx == TX_WATCH_LOST) {
+        if (r->route == RT_MULTI) {
+            router_set_tx(s, TX_MULTI_WATCH_LOST);
+            session_answer_str(s, r, "+OK\r\n");
+            return DISPATCH_DONE;
+        }
+        if (r->route == RT_WATCH) {
+            session_answer_str(s, r, "+OK\r\n"); /* EXEC fails anyway */
+            return DISPATCH_DONE;
+        }
+        if (r->route == RT_UNWATCH) {
+            router_set_tx(s, TX_NONE);
+            session_answer_str(s, r, "+OK\r\n");
+            return DISPATCH_DONE;
+        }
+        if (r->route == RT_EXEC || r->route == RT_DISCARD) {
+            router_set_tx(s, TX_NONE); /* without MULTI: Redis answers the error */
+        }
+    }
+
+    if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
+        /* Lent by a master ferry has let go of (a blocked call draining). */
+        if (s->inflight > 0 && s->flight_link == s->dlink) {
+            return DISPATCH_WAIT;
+        }
+        upstream_return(up, s, 1, "lent by an old master");
+    }
+    if (s->tunnel != TUN_NONE) {
+        if (s->dlink == NULL && s->tunnel == TUN_PUBSUB_LOST) {
+            return DISPATCH_DOWN; /* held until the tunnel is rebuilt */
+        }
+        if (s->dlink == NULL) {
+            session_answer_str(s, r, "-ERR ferry: the connection to Redis was lost\r\n");
+            return DISPATCH_DONE;
+        }
+        link_send_raw(s->dlink, buf_head(&r->data), buf_used(&r->data));
+        session_answer(s, r, "", 0);
+        return DISPATCH_DONE;
+    }
+
+    int dedicated = router_pinned(s);
+    switch (r->route) {
+    case RT_BLOCKING:
+    case RT_MULTI:
+    case RT_WATCH:
+    case RT_STICKY:
+    case RT_TUNNEL:
+        dedicated = 1;
+        break;
+    case RT_SELECT:
+        if (r->arg == 0 && !dedicated) {
+            session_answer_str(s, r, "+OK\r\n");
+            return DISPATCH_DONE;
+        }
+        dedicated = 1;
+        break;
+    default:
+        break;
+    }
+    if (r->route == RT_TUNNEL && s->inflight > 0) {
+        return DISPATCH_WAIT; /* the tunnel starts once everything before is answered */
+    }
+    link *target;
+    if (dedicated) {
+        if (s->dlink == NULL) {
+            if (s->inflight > 0) {
+                return DISPATCH_WAIT; /* never in flight on two links: ordering */
+            }
+            if (upstream_lend(up, s) != NULL && s->tx == TX_MULTI_REBUILD) {
+                tx_rebuild(s, s->dlink);
+            }
+        }
+        target = s->dlink;
+    } else {
+        target = upstream_shared(up, s->id);
+    }
+    if (target == NULL) {
+        return DISPATCH_DOWN;
+    }
+    if (s->inflight > 0 && s->flight_link != target) {
+        return DISPATCH_WAIT; /* never in flight on two links: ordering */
+    }
+    r->flags &= ~(REQ_F_ACK | REQ_F_TXLOG);
+    switch (r->route) {
+    case RT_MULTI:
+        if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
+            router_set_tx(s, s->tx == TX_NONE ? TX_MULTI : TX_MULTI_WATCHING);
+        }
+        break;
+    case RT_EXEC:
+        if (in_multi(s)) {
+            /* One WAIT after EXEC covers the whole transaction. */
+            if (s->tx_writes) {
+                r->flags |= REQ_F_WRITE;
+                if (up->replicas_ack > 0) {
+                    r->flags |= REQ_F_ACK;
+                }
+            }
+            router_set_tx(s, s->tx == TX_MULTI_WATCHING ? TX_EXEC_SENT_WATCHED : TX_EXEC_SENT);
+        }
+        break;
+    case RT_DISCARD:
+        if (in_multi(s)) {
+            router_set_tx(s, TX_NONE);
+        }
+        break;
+    case RT_WATCH:
+        if (s->tx == TX_NONE) {
+            router_set_tx(s, TX_WATCHING);
+        }
+        break;
+    case RT_UNWATCH:
+        if (s->tx == TX_WATCHING) {
+            router_set_tx(s, TX_NONE);
+        }
+        break;
+    case RT_SELECT:
+        s->db = (int)r->arg;
+        target->db = (int)r->arg;
+        break;
+    case RT_STICKY:
+        s->sticky = 1;
+        break;
+    case RT_TUNNEL:
+        router_set_tunnel(s, r->cmd != NULL && r->cmd->cls == CMD_PUBSUB ? TUN_PUBSUB : TUN_OTHER);
+        target->passthrough = 1;
+        link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
+        session_answer(s, r, "", 0);
+        return DISPATCH_DONE;
+    default:
+        break;
+    }
+    if (in_multi(s) && r->route != RT_MULTI && r->route != RT_EXEC && r->route != RT_DISCARD &&
+        r->route != RT_WATCH) {
+        r->flags |= REQ_F_TXLOG; /* queued: kept to rebuild the transaction */
+        if (r->flags & REQ_F_WRITE) {
+            s->tx_writes = 1;
+        }
+    } else if ((r->flags & REQ_F_WRITE) && up->replicas_ack > 0 && r->route != RT_EXEC &&
+               !in_multi(s)) {
+        r->flags |= REQ_F_ACK;
+    }
+    if (r->flags & REQ_F_REARM) {
+        const char *expired = NULL;
+        size_t before = buf_used(&r->data);
+        int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+        r->flags &= ~REQ_F_REARM;
+        if (done != 0) {
+            session_answer_str(s, r, expired); /* its time ran out meanwhile */
+            return DISPATCH_DONE;
+        }
+    }
+    r->s = s;
+    r->sent_ns = uv_hrtime();
+    link_send(target, r);
+    s->inflight++;
+    s->flight_link = target;
+    return DISPATCH_DONE;
+}
+
+/* Give the dedicated link back once nothing needs it. */
+static void router_maybe_return(session *s)
+{
+    if (s->dlink == NULL || router_pinned(s)) {
+        return;
+    }
+    if (s->inflight > 0 && s->flight_link == s->dlink) {
+        return;
+    }
+    /* Held requests that need it again will borrow one from the pool. */
+    upstream_return(s->f->up, s, 1, "released with connection state");
+}
+
+void router_dispatch(session *s)
+{
+    list_node *n = s->cursor;
+    int rc = DISPATCH_DONE;
+
+    if (s->state == SESSION_CLOSING) {
+        return;
+    }
+    if (s->tunnel == TUN_PUBSUB_LOST && s->dlink == NULL && !router_resubscribe(s)) {
+        backlog_wait(s);
+        return;
+    }
+    while (n != &s->requests) {
+        request *r = list_entry(n, request, sq);
+        if (r->state != REQ_HELD) {
+            n = n->next;
+            continue;
+        }
+        list_node *next = n->next; /* r may be written out and recycled */
+        rc = dispatch_one(s, r);
+        if (rc != DISPATCH_DONE) {
+            break;
+        }
+        n = next;
+    }
+    s->cursor = n;
+    if (rc == DISPATCH_DOWN) {
+        backlog_hold(s);
+    } else {
+        backlog_release(s);
+    }
+    session_flush_answered(s);
+    router_maybe_return(s);
+}
+
+/* ------------------------------------------------------------ link events */
+
+/* A reply that carries nothing Redis wrote: a null (a pop that timed out,
+ * a transaction aborted by WATCH) needs no replica to confirm it. */
+static void note_flight_done(session *s)
+{
+    s->inflight--;
+    if (s->inflight == 0) {
+        s->flight_link = NULL;
+    }
+}
+
+void router_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
+    note_flight_done(s);
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && in_multi(s)) {
+        buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
+    }
+    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        router_set_tx(s, TX_NONE);
+    }
+    session_answer(s, r, p, n);
+    session_flush_answered(s);
+    if (s->inflight == 0) {
+        router_dispatch(s);
+    }
+    session_check_reading(s);
+}
+
+/* Put r back to be sent again, before anything not yet dispatched. */
+static void requeue(session *s, request *r)
+{
+    request_set_state(r, REQ_HELD);
+    r->held_since = uv_now(s->f->loop);
+    request *c = s->cursor == &s->requests ? NULL : list_entry(s->cursor, request, sq);
+    if (c == NULL || r->seq < c->seq) {
+        s->cursor = &r->sq;
+    }
+    backlog_wait(s);
+}
+
+void router_on_refused(session *s, request *r, const char *why)
+{
+    note_flight_done(s);
+    s->f->stats.requests_retried++;
+    if (r->flags & REQ_F_BLOCKING) {
+        r->flags |= REQ_F_REARM;
+    }
+    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        /* Nothing was applied; the queued commands are gone with the link. */
+        router_set_tx(s, s->tx == TX_EXEC_SENT ? TX_MULTI_REBUILD : TX_NONE);
+        if (s->tx == TX_NONE) {
+            session_answer_str(s, r, "*-1\r\n");
+            session_flush_answered(s);
+            return;
+        }
+    }
+    requeue(s, r);
+    log_debug("client %llu: request refused by Redis (%s); held for the next master",
+              (unsigned long long)s->id, why);
+}
+
+void router_on_lost(session *s, request *r, const char *reason)
+{
+    ferry *f = s->f;
+    char line[256];
+
+    note_flight_done(s);
+    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        f->stats.requests_retried_unknown++;
+        if (s->tx == TX_EXEC_SENT_WATCHED) {
+            /* A watched transaction cannot be replayed safely: the watch
+             * conflict reply sends the client down its retry path. */
+            router_set_tx(s, TX_NONE);
+            f->stats.transactions_watch_lost++;
+            session_answer_str(s, r, "*-1\r\n");
+            session_flush_answered(s);
+            return;
+        }
+        /* Outcome unknown: rebuilt and sent again (at-least-once). */
+        router_set_tx(s, TX_MULTI_REBUILD);
+        requeue(s, r);
+        return;
+    }
+    if (r->flags & REQ_F_TXLOG) {
+        /* A command queued in a MULTI (never applied by itself): queued again. */
+        requeue(s, r);
+        return;
+    }
+    if (r->route == RT_MULTI && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
+        /* MULTI itself was lost: the transaction opens again when it is resent. */
+        router_set_tx(s, s->tx == TX_MULTI ? TX_NONE : TX_WATCHING);
+        requeue(s, r);
+        return;
+    }
+    if (r->flags & REQ_F_BLOCKING) {
+        /* Re-issued with what is left of its timeout when it is sent again
+         * (time held waiting for a master counts too). */
+        r->flags |= REQ_F_REARM;
+        r->retries = 0;
+    }
+    if (r->retries < ROUTER_MAX_RETRIES) {
+        r->retries++;
+        f->stats.requests_retried++;
+        if ((r->flags & REQ_F_WRITE) && !(r->flags & REQ_F_BLOCKING)) {
+            f->stats.requests_retried_unknown++;
+        }
+        requeue(s, r);
+        log_debug("client %llu: request re-queued after lost link (%s)", (unsigned long long)s->id,
+                  reason);
+        return;
+    }
+    f->stats.requests_failed++;
+    snprintf(line, sizeof(line), "-ERR ferry: request failed %d times: %s\r\n", r->retries + 1,
+             reason);
+    session_answer_str(s, r, line);
+    session_flush_answered(s);
+}
+
+void router_on_link_closed(session *s, link *l, const char *reason)
+{
+    if (s->tunnel == TUN_PUBSUB && !s->f->stopping) {
+        /* Pub/sub survives a failover: subscribe again on the next master. */
+        router_set_tunnel(s, TUN_PUBSUB_LOST);
+        log_info("client %llu: pub/sub link lost (%s); will re-subscribe",
+                 (unsigned long long)s->id, reason);
+        backlog_wait(s);
+        return;
+    }
+    if (s->tunnel != TUN_NONE) {
+        /* MONITOR and CLIENT REPLY tunnels are not rebuilt: end it, after
+         * what was already received is written. */
+        session_set_state(s, SESSION_QUITTING);
+        session_flush_answered(s);
+        log_info("client %llu: pass-through link lost (%s)", (unsigned long long)s->id, reason);
+        return;
+    }
+    switch (s->tx) {
+    case TX_WATCHING:
+        router_set_tx(s, TX_WATCH_LOST);
+        break;
+    case TX_MULTI:
+        router_set_tx(s, TX_MULTI_REBUILD);
+        break;
+    case TX_MULTI_WATCHING:
+        router_set_tx(s, TX_MULTI_WATCH_LOST);
+        break;
+    default:
+        break;
+    }
+    backlog_wait(s);
+}

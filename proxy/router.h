@@ -1,0 +1,34 @@
+/* router.h - how each request of a session is served: classified when it
+ * is parsed (command class, write or not, route), then dispatched in order
+ * to ferry itself, the shared link, the session's dedicated link, or the
+ * backlog when there is no master. Owns the session's connection state
+ * (transaction, tunnel, db) and the retry policy for a lost reply. */
+#ifndef FERRY_ROUTER_H
+#define FERRY_ROUTER_H
+
+#include "session.h"
+
+struct link;
+
+/* Decide how r is routed from its parsed arguments (gone after this).
+ * Returns 1 when ferry answers r itself (its bytes need not be kept). */
+int router_classify(session *s, request *r, const resp_request *req);
+/* Dispatch s's requests from the cursor on, in order, as far as they can go. */
+void router_dispatch(session *s);
+
+/* Events from links and fences. */
+void router_on_reply(session *s, request *r, const char *p, size_t n);
+/* Redis refused r without applying it (READONLY, LOADING, ...): retried. */
+void router_on_refused(session *s, request *r, const char *why);
+/* r's reply was lost with its link: retried or answered by the retry policy. */
+void router_on_lost(session *s, request *r, const char *reason);
+/* s's dedicated link is gone (its requests were handed back first). */
+void router_on_link_closed(session *s, struct link *l, const char *reason);
+
+/* s holds state on its dedicated link that a fence or a PING would break
+ * (an open MULTI or a WATCH in force). */
+int router_holds_state(const session *s);
+/* Forget s's connection state (the session is closing). */
+void router_forget(session *s);
+
+#endif
