@@ -127,8 +127,8 @@ void backlog_tick(ferry *f, uint64_t now)
             session_answer_str(s, r, line);
             answered = 1;
         }
-        if (answered) {
-            router_dispatch(s);
+        if (answered || f->up->state == UP_UP) {
+            router_dispatch(s); /* a master is UP: retry what Redis refused */
         }
     }
 }

@@ -155,9 +155,33 @@ void fence_wait(link *l)
     fence_send_wait(l, 0);
 }
 
+/* A null reply: nothing was written (a pop that timed out or found
+ * nothing, a transaction aborted by WATCH), so no replica need confirm it. */
+static int reply_is_null(const char *p, size_t n)
+{
+    return (n == 5 && (memcmp(p, "$-1\r\n", 5) == 0 || memcmp(p, "*-1\r\n", 5) == 0)) ||
+           (n == 3 && memcmp(p, "_\r\n", 3) == 0);
+}
+
+/* A reply that carries data taken out of Redis (a pop, a move, GETDEL, a
+ * script's return value), as opposed to a mere acknowledgement (+OK, an
+ * integer). Data is never replaced by an error: losing the acknowledgement
+ * is recoverable, losing the item is not. EXEC's array acknowledges the
+ * writes it ran and follows the write policy. */
+static int reply_carries_data(const request *r, const char *p, size_t n)
+{
+    if (n == 0 || (r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
+        return 0;
+    }
+    return p[0] == '$' || p[0] == '*' || p[0] == '%' || p[0] == '~' || p[0] == '=';
+}
+
 int fence_hold(link *l, request *r, const char *p, size_t n)
 {
-    if (l->state != LINK_FENCING && !((r->flags & REQ_F_ACK) && p[0] != '-')) {
+    if (reply_is_null(p, n) || p[0] == '-') {
+        return 0; /* nothing written (or refused): no WAIT needed */
+    }
+    if (l->state != LINK_FENCING && !(r->flags & REQ_F_ACK)) {
         return 0;
     }
     buf_clear(&r->reply);
@@ -217,7 +241,14 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
             request_free(l->f, r);
             continue;
         }
-        if (acked < need && (r->flags & REQ_F_WRITE)) {
+        if (acked < need && (r->flags & REQ_F_WRITE) &&
+            reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
+            /* The item is out of Redis: deliver it (at worst it is seen twice). */
+            l->f->stats.replies_unconfirmed++;
+            log_warn("link %llu: releasing a reply that carries data although %lld of %lld "
+                     "replica(s) confirmed it",
+                     (unsigned long long)l->id, acked < 0 ? 0 : acked, need);
+        } else if (acked < need && (r->flags & REQ_F_WRITE)) {
             buf_clear(&r->reply);
             if (fence) {
                 router_on_lost(r->s, r, "write not confirmed by a replica before the switch");
@@ -247,10 +278,17 @@ void fence_drop_held(link *l, const char *reason)
         request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
         r->link = NULL;
-        buf_clear(&r->reply);
         if (r->s == NULL) {
             request_free(l->f, r);
+        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
+            /* Taken out of Redis already: deliver it, never pop again. */
+            l->f->stats.replies_unconfirmed++;
+            buf tmp = r->reply;
+            buf_init(&r->reply);
+            router_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+            buf_free(&tmp);
         } else {
+            buf_clear(&r->reply);
             router_on_lost(r->s, r, reason);
         }
     }

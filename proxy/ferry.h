@@ -66,9 +66,7 @@ typedef enum req_state {
 #define REQ_F_REARM (1u << 4)    /* blocking call to re-send with the time it has left */
 #define REQ_F_ACK (1u << 5)      /* its reply waits for durability.replicas_ack (set when sent) */
 #define REQ_F_TXLOG (1u << 6)    /* part of an open transaction: kept to rebuild it */
-#define REQ_F_EXEC_NULL                                                                            \
-    (1u << 7) /* EXEC of a transaction whose WATCH was lost: sent as                               \
-                 DISCARD, answered with the null reply */
+#define REQ_F_REFUSED (1u << 7)  /* refused by Redis without effect: held since then */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 

@@ -336,6 +336,10 @@ static void link_deliver(link *l, const char *p, size_t n)
         link_error_text(p, n, why, sizeof(why));
         router_on_refused(r->s, r, why);
         upstream_on_not_master(l, why);
+    } else if (starts(p, n, "-NOREPLICAS")) {
+        /* min-replicas-to-write refused it: nothing applied; held and
+         * retried until the hold bound. */
+        router_on_refused(r->s, r, "NOREPLICAS");
     } else if (!fence_hold(l, r, p, n)) {
         router_on_reply(r->s, r, p, n);
     }

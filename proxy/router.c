@@ -893,11 +893,16 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     session_check_reading(s);
 }
 
-/* Put r back to be sent again, before anything not yet dispatched. */
+/* Put r back to be sent again, before anything not yet dispatched. A
+ * request refused again and again keeps its first hold time, so the hold
+ * bound still ends it. */
 static void requeue(session *s, request *r)
 {
+    uint64_t now = uv_now(s->f->loop);
     request_set_state(r, REQ_HELD);
-    r->held_since = uv_now(s->f->loop);
+    if (!(r->flags & REQ_F_REFUSED)) {
+        r->held_since = now;
+    }
     request *c = s->cursor == &s->requests ? NULL : list_entry(s->cursor, request, sq);
     if (c == NULL || r->seq < c->seq) {
         s->cursor = &r->sq;
@@ -908,6 +913,10 @@ static void requeue(session *s, request *r)
 void router_on_refused(session *s, request *r, const char *why)
 {
     note_flight_done(s);
+    if (!(r->flags & REQ_F_REFUSED)) {
+        r->held_since = uv_now(s->f->loop);
+        r->flags |= REQ_F_REFUSED;
+    }
     s->f->stats.requests_retried++;
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM;

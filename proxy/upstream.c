@@ -394,6 +394,19 @@ static int link_has_blocking(const link *l)
     return 0;
 }
 
+static int link_deadline_passed(const link *l, uint64_t now)
+{
+    const list_node *n;
+    list_foreach(n, &l->pending)
+    {
+        const request *r = list_entry(n, request, lq);
+        if ((r->flags & REQ_F_BLOCKING) && r->deadline != 0 && now >= r->deadline) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void upstream_switch(upstream *up, const char *reason)
 {
     list_node *n, *t;
@@ -592,6 +605,12 @@ void upstream_tick(upstream *up, uint64_t now)
             l->f->stats.upstream_errors++;
             link_close(l, l->state == LINK_CONNECTING ? "connect timeout"
                                                       : "verify timeout (ROLE/CONFIG unanswered)");
+            continue;
+        }
+        if (l->state == LINK_DRAINING && link_deadline_passed(l, now)) {
+            /* The call's own timeout ran out: cancel it on the old master
+             * (closing the connection) and answer it as Redis would. */
+            link_close(l, "master switch: blocked call timed out while draining");
             continue;
         }
         if (l->state == LINK_DRAINING && now >= l->drain_until_ms) {

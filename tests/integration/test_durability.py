@@ -59,6 +59,17 @@ class DurabilityTest(unittest.TestCase):
                          ['appendfsync', 'always'])
         self.assertEqual(direct.execute_command('MYCONFIG', 'GET', 'appendonly'),
                          ['appendonly', 'yes'])
+        # The renamed CONFIG is guarded as CONFIG is: no weakening through ferry.
+        for name in ('MYCONFIG', 'myconfig'):
+            for param, value in (('appendfsync', 'no'), ('appendonly', 'no')):
+                reply = self.raw(f, name, 'SET', param, value)
+                self.assertIsInstance(reply, RespError)
+                self.assertIn('ferry', str(reply))
+                self.assertIn('not allowed', str(reply))
+        self.assertEqual(direct.execute_command('MYCONFIG', 'GET', 'appendfsync'),
+                         ['appendfsync', 'always'])
+        # Other settings still pass through the renamed command.
+        self.assertEqual(self.raw(f, 'MYCONFIG', 'SET', 'maxmemory-policy', 'noeviction'), 'OK')
 
     def test_config_disabled_without_require_aof(self):
         r, f = self.start({'rename-command': 'CONFIG ""'},
