@@ -21,6 +21,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "durable_link.h" /* durability (N13): INFO persistence decides */
 #include "log.h"
 #include "sentinel.h"
 #include "server.h"
@@ -360,7 +361,6 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
 static void enforce_done(link *l, request *r, const char *reply, size_t len)
 {
     upstream *up = l->up;
-    uint64_t now = uv_now(l->f->loop);
     if (l->epoch != up->epoch) {
         return;
     }
@@ -384,15 +384,18 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
         snprintf(up->aof_error, sizeof(up->aof_error), "%s", why);
         up->aof_ok = 0;
     } else {
-        if (!up->aof_ok) {
-            log_info("durability: appendonly yes, appendfsync always, no-appendfsync-on-rewrite no "
-                     "asserted on %s",
-                     up->name);
-            up->aof_since_ms = now;
-        }
-        up->aof_ok = 1;
-        up->aof_error[0] = '\0';
+        /* durability (N13): OK is not proof; durable_link.c reads INFO persistence next and
+         * sets aof_ok, calling upstream_link_verified() once the master is trusted. */
+        durable_link_after_set(l, r);
+        return;
     }
+    upstream_link_verified(l); /* durability (N13): was inline here */
+}
+
+/* durability (N13): called by enforce_done and durable_link.c. */
+void upstream_link_verified(link *l)
+{
+    upstream *up = l->up;
     if (l->kind == LINK_SHARED && !l->verified && l->state == LINK_READY) {
         l->verified = 1;
         if (up->state != UP_UP) {
@@ -412,6 +415,7 @@ static void link_enforce(link *l)
                           "always",
                           "no-appendfsync-on-rewrite",
                           "no"};
+    durable_link_before_set(l); /* durability (N13): INFO persistence before CONFIG SET */
     link_internal(l, argv, 8, enforce_done);
 }
 
