@@ -244,8 +244,8 @@ static void test_reason_buffer(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_case_table),   cmocka_unit_test(test_parse_fields),
-        cmocka_unit_test(test_truncated),    cmocka_unit_test(test_odd_input),
+        cmocka_unit_test(test_case_table),    cmocka_unit_test(test_parse_fields),
+        cmocka_unit_test(test_truncated),     cmocka_unit_test(test_odd_input),
         cmocka_unit_test(test_reason_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
