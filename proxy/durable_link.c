@@ -156,7 +156,8 @@ static void rewrite_done(link *l, request *r, const char *reply, size_t len)
                  l->up->name, (int)(n > 200 ? 200 : n), reply + 1);
         return;
     }
-    log_info("durability: settings written to the config file of %s (CONFIG REWRITE)", l->up->name);
+    log_info("durability: settings written to the config file of master %s (CONFIG REWRITE)",
+             l->up->name);
 }
 
 static void recheck_close_cb(uv_handle_t *h)
