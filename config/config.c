@@ -253,6 +253,7 @@ static const conf_entry conf_table[] = {
      .type = CONF_STRING,
      CONF_FIELD(config_command),
      .check = conf_check_word},
+    {.key = "durability.persist_config", .type = CONF_BOOL, CONF_FIELD(persist_config)},
 };
 
 #define CONF_NKEYS (sizeof(conf_table) / sizeof(conf_table[0]))
@@ -1166,6 +1167,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");
+    cfg->persist_config = 0;
 }
 
 int config_load_string(config *cfg, const char *name, const char *yaml, char *err, size_t errlen)

@@ -97,6 +97,9 @@ typedef struct config {
                                          how often the checks are re-run */
     char *config_command;             /* durability.config_command ("CONFIG"):
                                          the master's name for CONFIG, if renamed */
+    int persist_config;               /* durability.persist_config (0): also run
+                                         CONFIG REWRITE so a restarted node
+                                         comes back durable */
 } config;
 
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the

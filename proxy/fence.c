@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "durable_link.h"
 #include "log.h"
 #include "router.h"
 #include "session.h"
@@ -82,7 +83,6 @@ void fence_recheck_role(link *l)
 static void enforce_done(link *l, request *r, const char *reply, size_t len)
 {
     upstream *up = l->up;
-    uint64_t now = uv_now(l->f->loop);
     if (l->epoch != up->epoch) {
         return;
     }
@@ -106,18 +106,19 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
         snprintf(up->aof_error, sizeof(up->aof_error), "%s", why);
         up->aof_ok = 0;
     } else {
-        if (!up->aof_ok) {
-            log_info("durability: appendonly yes, appendfsync always, no-appendfsync-on-rewrite no "
-                     "asserted on %s",
-                     up->name);
-            up->aof_since_ms = now;
-        }
-        up->aof_ok = 1;
-        up->aof_error[0] = '\0';
+        /* OK is not proof: durable_link.c reads INFO persistence next, sets
+         * aof_ok and calls fence_link_verified once the node is trusted. */
+        durable_link_after_set(l, r);
+        return;
     }
+    fence_link_verified(l);
+}
+
+void fence_link_verified(link *l)
+{
     if (l->state == LINK_VERIFYING) {
         link_set_state(l, LINK_READY);
-        upstream_on_verified(up, l);
+        upstream_on_verified(l->up, l);
     }
 }
 
@@ -132,6 +133,7 @@ void fence_enforce(link *l)
                           "always",
                           "no-appendfsync-on-rewrite",
                           "no"};
+    durable_link_before_set(l); /* INFO persistence before CONFIG SET */
     link_internal(l, argv, 8, enforce_done, 0);
 }
 

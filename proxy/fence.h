@@ -14,6 +14,9 @@ void fence_verify(link *l);
 /* Periodic checks on a verified shared link: ROLE and durability. */
 void fence_recheck_role(link *l);
 void fence_enforce(link *l);
+/* The checks on a VERIFYING shared link passed: it carries client
+ * requests now (READY) and the master view may go UP. */
+void fence_link_verified(link *l);
 /* Reply callback for ferry's AUTH on any link. */
 void fence_auth_done(link *l, request *r, const char *reply, size_t len);
 

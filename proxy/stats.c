@@ -19,6 +19,7 @@
 
 #include "ferry.h"
 #include "log.h"
+#include "replicas.h"
 #include "sentinel.h"
 #include "server.h"
 #include "upstream.h"
@@ -294,8 +295,16 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->held_bytes = f->held_bytes;
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     if (f->sentinel != NULL) {
+        const replicas *rs = sentinel_replicas(f->sentinel);
         st->sentinels_known = (uint64_t)sentinel_known(f->sentinel);
         st->sentinels_reachable = (uint64_t)sentinel_reachable(f->sentinel);
+        st->replicas_known = (uint64_t)replicas_count(rs);
+        st->replicas = st->replicas_known;
+        for (int i = 0; i < replicas_count(rs); i++) {
+            replica_view v;
+            replicas_get(rs, i, &v);
+            st->replicas_enforced += (uint64_t)(v.enforced != 0);
+        }
     }
     snprintf(st->upstream_state, sizeof(st->upstream_state), "DOWN");
     if (up == NULL) {
@@ -331,6 +340,30 @@ static void json_histogram(buf *b, const stats_histogram *h)
         stats_printf(b, "%s\"%s\":%llu", i > 0 ? "," : "", le, (unsigned long long)cum);
     }
     buf_append_str(b, "}}");
+}
+
+/* The replicas whose durability ferry enforces, one object each. */
+static void json_replicas(ferry *f, buf *b)
+{
+    const replicas *rs = f->sentinel != NULL ? sentinel_replicas(f->sentinel) : NULL;
+    uint64_t now = uv_now(f->loop);
+    uv_timeval64_t tv;
+    if (uv_gettimeofday(&tv) != 0) {
+        tv.tv_sec = 0;
+    }
+    buf_append_str(b, "[");
+    for (int i = 0; i < replicas_count(rs); i++) {
+        replica_view v;
+        replicas_get(rs, i, &v);
+        uint64_t since = v.enforced ? unix_of(now, v.enforced_since_ms, tv.tv_sec) : 0;
+        buf_append_str(b, i > 0 ? ",{\"addr\":" : "{\"addr\":");
+        json_string(b, v.addr);
+        stats_printf(b, ",\"enforced\":%s,\"enforced_since\":%llu,\"last_error\":",
+                     v.enforced ? "true" : "false", (unsigned long long)since);
+        json_string(b, v.last_error);
+        buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
 }
 
 void stats_render_json(ferry *f, buf *out)
@@ -373,6 +406,9 @@ void stats_render_json(ferry *f, buf *out)
             break;
         case STAT_HISTOGRAM:
             json_histogram(out, stat_hist(st, d));
+            break;
+        case STAT_NODES: /* one such entry: durability.replicas */
+            json_replicas(f, out);
             break;
         }
     }
@@ -464,6 +500,8 @@ void stats_render_prometheus(ferry *f, buf *out)
         case STAT_HISTOGRAM:
             prom_histogram(out, d, stat_hist(st, d));
             break;
+        case STAT_NODES:
+            break; /* JSON only */
         }
         i++;
     }
@@ -485,6 +523,8 @@ static const char *stat_type_name(stat_type t)
         return "text";
     case STAT_HISTOGRAM:
         return "histogram";
+    case STAT_NODES:
+        return "nodes";
     }
     return "?";
 }

@@ -19,7 +19,9 @@ typedef enum stat_type {
     STAT_MSEC,        /* a gauge kept in milliseconds; Prometheus gets seconds */
     STAT_BOOL,        /* 0 or 1; JSON true/false, Prometheus gauge */
     STAT_TEXT,        /* a string; JSON string, Prometheus label of an info gauge */
-    STAT_HISTOGRAM    /* a latency distribution (buckets in microseconds) */
+    STAT_HISTOGRAM,   /* a latency distribution (buckets in microseconds) */
+    STAT_NODES        /* JSON only: an array with one object per node, built
+                         from the context when printed; the field holds the count */
 } stat_type;
 
 /* The stat list: X(section, name, type, prometheus name, help).
@@ -131,6 +133,12 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, replicas_known, GAUGE, "ferry_durability_replicas_known",                        \
+      "replicas Sentinel lists, whose durability ferry enforces too (live)")                       \
+    X(durability, replicas_enforced, GAUGE, "ferry_durability_replicas_enforced",                  \
+      "of those, replicas with the settings asserted and INFO persistence trusted (live)")         \
+    X(durability, replicas, NODES, "",                                                             \
+      "per replica: addr, enforced, enforced_since (unix time, 0 if not), last_error (live)")      \
                                                                                                    \
     X(sentinels, sentinels_configured, GAUGE, "ferry_sentinels_configured",                        \
       "entries in sentinel.addresses (live)")                                                      \
@@ -165,6 +173,7 @@ typedef struct stats_histogram {
 #define STATS_FIELD_BOOL(name) uint64_t name;
 #define STATS_FIELD_TEXT(name) char name[STATS_TEXT_MAX];
 #define STATS_FIELD_HISTOGRAM(name) stats_histogram name;
+#define STATS_FIELD_NODES(name) uint64_t name;
 #define STATS_FIELD(section, name, type, prom, help) STATS_FIELD_##type(name)
 
 typedef struct ferry_stats {

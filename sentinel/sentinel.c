@@ -18,6 +18,7 @@
 #include <strings.h>
 
 #include "log.h"
+#include "replicas.h" /* durability on the replicas (N13) */
 #include "sconn.h"
 #include "server.h"
 #include "upstream.h"
@@ -25,7 +26,7 @@
 #define SENTINEL_RECONNECT_MS 500
 #define SENTINEL_DISCOVER_EVERY 10 /* rounds between SENTINEL SENTINELS */
 
-enum { K_AUTH = 1, K_MYID, K_MASTER, K_SENTINELS }; /* what a reply answers */
+enum { K_AUTH = 1, K_MYID, K_MASTER, K_SENTINELS, K_REPLICAS }; /* what a reply answers */
 
 typedef struct sentinel_node {
     sentinel_client *sc; /* owner */
@@ -62,6 +63,7 @@ struct sentinel_client {
     int reachable;          /* answered the last round */
     int all_down;           /* none answered (logged once) */
     int closing;            /* sentinel_close called */
+    replicas *replicas;     /* durability on the replicas Sentinel lists */
 };
 
 static void round_evaluate(sentinel_client *sc);
@@ -389,6 +391,9 @@ static void cmd_reply(sconn *c, void *data, int kind, redisReply *r)
     case K_SENTINELS:
         on_sentinels(nd, r);
         break;
+    case K_REPLICAS:
+        replicas_learn(nd->sc->replicas, r, uv_now(nd->sc->f->loop));
+        break;
     default:
         break;
     }
@@ -465,6 +470,7 @@ static void round_start(sentinel_client *sc, uint64_t now)
 {
     const config *cfg = sc->f->cfg;
     int asked = 0;
+    int list = replicas_list_due(sc->replicas, now); /* durability on the replicas */
     sc->round++;
     sc->round_open = 1;
     sc->round_again = 0;
@@ -485,6 +491,10 @@ static void round_start(sentinel_client *sc, uint64_t now)
         if (sc->round % SENTINEL_DISCOVER_EVERY == 1) {
             const char *sv[] = {"SENTINEL", "SENTINELS", cfg->sentinel_master};
             sconn_send(nd->cmd, K_SENTINELS, 3, sv);
+        }
+        if (list) {
+            const char *rv[] = {"SENTINEL", "REPLICAS", cfg->sentinel_master};
+            sconn_send(nd->cmd, K_REPLICAS, 3, rv);
         }
     }
     if (asked == 0) {
@@ -606,6 +616,7 @@ sentinel_client *sentinel_new(ferry *f)
         node_connect(sc->nodes[i], 1, now);
     }
     sc->next_round_ms = now; /* ask as soon as connections are up */
+    sc->replicas = replicas_new(f);
     return sc;
 }
 
@@ -627,6 +638,7 @@ void sentinel_tick(sentinel_client *sc, uint64_t now)
     if (sc->closing) {
         return;
     }
+    replicas_tick(sc->replicas, now);
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
         if (nd->cmd == NULL && now >= nd->next_connect_ms) {
@@ -667,6 +679,7 @@ void sentinel_close(sentinel_client *sc)
         return;
     }
     sc->closing = 1;
+    replicas_close(sc->replicas);
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
         if (nd->cmd != NULL) {
@@ -686,6 +699,7 @@ void sentinel_free(sentinel_client *sc)
     for (int i = 0; i < sc->n; i++) {
         free(sc->nodes[i]);
     }
+    replicas_free(sc->replicas);
     free(sc);
 }
 
@@ -697,4 +711,9 @@ int sentinel_known(const sentinel_client *sc)
 int sentinel_reachable(const sentinel_client *sc)
 {
     return sc == NULL ? 0 : sc->reachable;
+}
+
+const replicas *sentinel_replicas(const sentinel_client *sc)
+{
+    return sc == NULL ? NULL : sc->replicas;
 }

@@ -26,5 +26,8 @@ void sentinel_free(sentinel_client *sc); /* accepts NULL */
 /* Sentinels known / answering in the last round. */
 int sentinel_known(const sentinel_client *sc);
 int sentinel_reachable(const sentinel_client *sc);
+/* The replicas whose durability is enforced (replicas.h), NULL if none. */
+struct replicas;
+const struct replicas *sentinel_replicas(const sentinel_client *sc);
 
 #endif

@@ -151,7 +151,8 @@ class CommandLineTest(unittest.TestCase):
             self.assertEqual(len(fields), 4, line)
             path, typ, prom, help_ = fields
             self.assertRegex(path, r'^[a-z_]+(\.[a-z_0-9]+)?$')
-            self.assertIn(typ, ('counter', 'gauge', 'gauge_ms', 'bool', 'text', 'histogram'))
+            self.assertIn(typ, ('counter', 'gauge', 'gauge_ms', 'bool', 'text', 'histogram',
+                                'nodes'))
             self.assertTrue(prom == '-' or re.fullmatch(r'ferry_[a-z0-9_]+', prom), line)
             if typ == 'counter' and prom != '-':
                 self.assertTrue(prom.endswith('_total'), line)

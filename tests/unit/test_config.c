@@ -125,6 +125,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.replicas_ack_timeout_ms, 1000);
     assert_int_equal(cfg.enforce_interval_ms, 5000);
     assert_string_equal(cfg.config_command, "CONFIG");
+    assert_int_equal(cfg.persist_config, 0);
     config_free(&cfg);
 }
 
@@ -191,6 +192,7 @@ static void test_full_round_trip(void **state)
                   "  replicas_ack_timeout_ms: 300\n"
                   "  enforce_interval_ms: 60000\n"
                   "  config_command: MYCONFIG\n"
+                  "  persist_config: true\n"
                   "shutdown_timeout_ms: 42\n");
     assert_int_equal(cfg.nlisten, 3);
     assert_addr(&cfg.listen[0], "0.0.0.0:7000");
@@ -230,6 +232,7 @@ static void test_full_round_trip(void **state)
     assert_int_equal(cfg.replicas_ack_timeout_ms, 300);
     assert_int_equal(cfg.enforce_interval_ms, 60000);
     assert_string_equal(cfg.config_command, "MYCONFIG");
+    assert_int_equal(cfg.persist_config, 1);
     assert_int_equal(cfg.shutdown_timeout_ms, 42);
     config_free(&cfg);
     config_free(&cfg);
@@ -599,6 +602,8 @@ static void test_errors_values(void **state)
          "t.yml:2:30: ", "durability.config_command: 'a b': must be a single word"},
         {"redis: {address: 127.0.0.1:6379}\ndurability: {config_command: \"\"}\n",
          "t.yml:2:30: ", "durability.config_command: expected a non-empty string"},
+        {"redis: {address: 127.0.0.1:6379}\ndurability: {persist_config: 1}\n",
+         "t.yml:2:30: ", "durability.persist_config: expected true or false, got '1'"},
         {"redis: {address: 127.0.0.1:6379}\nlog: {level: loud}\n",
          "t.yml:2:14: ", "log.level: expected debug, info, warn or error, got 'loud'"},
         {"redis: {address: 127.0.0.1:6379}\nlog: {file: [a]}\n",
@@ -805,6 +810,7 @@ static void test_example_file(void **state)
     assert_int_equal(cfg.replicas_ack_timeout_ms, def.replicas_ack_timeout_ms);
     assert_int_equal(cfg.enforce_interval_ms, def.enforce_interval_ms);
     assert_string_equal(cfg.config_command, def.config_command);
+    assert_int_equal(cfg.persist_config, def.persist_config);
     config_free(&def);
     config_free(&cfg);
 }

@@ -143,6 +143,8 @@ static void test_json(void **state)
         strstr(j, "\"durability_last_error\":\"a\\\"b\\\\c\\u000a\\u0001\\u00c3\\u00a9\""));
     assert_non_null(strstr(j, "\"upstream_state\":\"DOWN\""));
     assert_non_null(strstr(j, "\"upstream_up\":false"));
+    /* No sentinel: no replicas, an empty array (JSON only). */
+    assert_non_null(strstr(j, "\"replicas_known\":0,\"replicas_enforced\":0,\"replicas\":[]}"));
     assert_non_null(strstr(j, "\"request_duration_seconds\":{\"count\":1,\"sum_seconds\":0.000300,"
                               "\"buckets\":{\"0.0001\":0,\"0.00025\":0,\"0.0005\":1,"));
     assert_non_null(strstr(j, "\"+Inf\":1}}"));

@@ -1,0 +1,45 @@
+/* replicas.h - durability enforced on every replica Sentinel lists
+ * (SENTINEL REPLICAS <master>), so that a promoted replica is durable from
+ * its first write: the same CONFIG SET as on the master, then INFO
+ * persistence judged by durable.c. Each replica keeps one connection; it is
+ * enforced on every (re)connection (a restarted replica comes back as it was
+ * configured) and every durability.enforce_interval_ms. */
+#ifndef FERRY_REPLICAS_H
+#define FERRY_REPLICAS_H
+
+#include <hiredis/hiredis.h>
+#include <stdint.h>
+
+#include "ferry.h"
+
+typedef struct replicas replicas;
+
+/* One replica as the stats port shows it (borrowed until the next tick). */
+typedef struct replica_view {
+    const char *addr;           /* "ip:port" as Sentinel announces it */
+    int enforced;               /* settings asserted and INFO persistence trusted */
+    uint64_t enforced_since_ms; /* uv_now() when it last became enforced */
+    const char *last_error;     /* why it is not enforced, "" when it is */
+} replica_view;
+
+/* A new, empty table (Sentinel mode only). */
+replicas *replicas_new(ferry *f);
+/* 1 when SENTINEL REPLICAS should be asked on this poll round (then not
+ * again for a while), else 0. */
+int replicas_list_due(replicas *rs, uint64_t now);
+/* A sentinel's answer to SENTINEL REPLICAS: new replicas are added and
+ * connected to, listed ones are kept. Replies of any other shape are
+ * ignored. */
+void replicas_learn(replicas *rs, const redisReply *r, uint64_t now);
+/* Periodic: connects, enforcement rounds, timeouts, replicas no sentinel
+ * lists any more are dropped. */
+void replicas_tick(replicas *rs, uint64_t now);
+/* Close every connection (ferry is stopping). */
+void replicas_close(replicas *rs);
+void replicas_free(replicas *rs); /* accepts NULL; after replicas_close */
+
+/* For the stats port: how many replicas, and replica i. */
+int replicas_count(const replicas *rs);
+void replicas_get(const replicas *rs, int i, replica_view *out);
+
+#endif
