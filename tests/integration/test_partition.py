@@ -28,10 +28,23 @@ through ferry. Asserted:
 Skipped, with the reason printed, when not run as root or when `ip netns`
 does not work (and with FERRY_TEST_DIRECT=1: there is no ferry to test).
 
+SentinelQuorumTest plays the same situation from ferry's side with scripted
+sentinels (FakeSentinel of test_sentinel_nonsense.py; no root needed):
+  - ferry cut off from a majority of the sentinels keeps its master (the one
+    sentinel it still reaches names another, even at a higher config epoch)
+    and says so in its log (once), its stats and /healthz (200, DEGRADED);
+  - during a failover, a master named at a higher config epoch by one
+    sentinel is taken before a majority names it only when another sentinel
+    backs the claim (here: the leader's +promoted-slave event); the claim
+    alone, or with events of its own sentinel only, moves nothing.
+
 Run:  python3 -m unittest test_partition -v                 (about 40 s)
-      PARTITION_RUNS=3 python3 -m unittest test_partition -v  (median gap)
+      PARTITION_RUNS=3 python3 -m unittest test_partition.PartitionTest -v
+          (median gap of 3 runs)
 """
+import json
 import os
+import socket
 import statistics
 import sys
 import threading
@@ -39,8 +52,9 @@ import time
 import unittest
 
 import harness
-from harness import Ferry, NetLab, SentinelTopology, netns_unavailable, wait_until
+from harness import Ferry, NetLab, RedisServer, SentinelTopology, netns_unavailable, wait_until
 from test_failover import FERRY_CONF, PRODUCERS, CONSUMERS, Load
+from test_sentinel_nonsense import SILENT, FakeSentinel, cmdstats, master_fields
 
 RUNS = max(1, int(os.environ.get('PARTITION_RUNS', '1')))
 SWITCH_SLACK_S = 0.300   # writes resume at most this long after Sentinel's switch
@@ -232,6 +246,166 @@ class PartitionTest(unittest.TestCase):
                       ', '.join('%.0f' % g for g in gaps), statistics.median(gaps),
                       ', '.join('%.0f' % r for r in resumes), statistics.median(resumes)),
                   flush=True)
+
+
+# --------------------------------------------------------------------------
+# the same from ferry's side, with scripted sentinels
+
+QUORUM_CONF = {
+    'upstream': {'hold_timeout_ms': 800, 'connect_timeout_ms': 500},
+    'durability': {'replicas_ack': 0},   # these Redis nodes have no replica
+}
+DEGRADED_LOG = 'fewer than a majority'
+
+
+class IdSentinel(FakeSentinel):
+    """A FakeSentinel that answers SENTINEL MYID, as real sentinels do."""
+
+    def __init__(self, myid, **kw):
+        self.myid = myid
+        super().__init__(**kw)
+
+    def _answer(self, args):
+        if [a.upper() for a in args[:2]] == ['SENTINEL', 'MYID']:
+            return self.myid
+        return super()._answer(args)
+
+
+def http_get(port, path):
+    """(status, body text) of GET path on the stats port."""
+    with socket.create_connection(('127.0.0.1', port), timeout=5) as s:
+        s.sendall(('GET %s HTTP/1.0\r\n\r\n' % path).encode())
+        data = b''
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b'\r\n\r\n')
+    return int(head.split()[1]), body.decode()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: scripted sentinels talk to ferry')
+class SentinelQuorumTest(unittest.TestCase):
+
+    def redis(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        return r
+
+    def sentinels(self, n, master):
+        out = []
+        for i in range(n):
+            s = IdSentinel('%040x' % (i + 1), master=master)
+            self.addCleanup(s.stop)
+            out.append(s)
+        return out
+
+    def ferry(self, sentinels):
+        sec = {'master': 'mq', 'addresses': [s.address for s in sentinels],
+               'resolve_interval_ms': 200, 'timeout_ms': 500}
+        f = Ferry(None, sentinel=sec, conf=QUORUM_CONF, wait='port')
+        self.addCleanup(f.stop)
+        return f
+
+    def wait_up(self, f, srv, since=0, timeout=8.0):
+        wait_until(lambda: '-> UP(127.0.0.1:%d' % srv.port in f.log()[since:], timeout=timeout,
+                   msg='ferry to accept master %d' % srv.port)
+
+    def push_lands_on(self, f, srv, key='q'):
+        """A push through ferry lands on srv."""
+        before = srv.client().llen(key)
+        c = f.client(socket_timeout=6)
+        try:
+            self.assertEqual(c.lpush(key, 'item'), before + 1, f.log()[-3000:])
+        finally:
+            c.close()
+        self.assertEqual(srv.client().llen(key), before + 1,
+                         'the push did not land on %d\n%s' % (srv.port, f.log()[-3000:]))
+
+    def asked(self, fakes, n):
+        counts = [s.count('SENTINEL', 'MASTER') for s in fakes]
+        wait_until(lambda: all(s.count('SENTINEL', 'MASTER') >= c + n
+                               for s, c in zip(fakes, counts)),
+                   timeout=10, msg='%d more poll rounds' % n)
+
+    def stats(self, f):
+        status, body = http_get(f.stats_port, '/stats')
+        self.assertEqual(status, 200)
+        return json.loads(body)['sentinels']
+
+    def test_minority_keeps_the_master(self):
+        real, other = self.redis(), self.redis()   # both say ROLE master
+        good = master_fields('127.0.0.1', real.port, epoch=0)
+        a, b, c = self.sentinels(3, good)
+        f = self.ferry([a, b, c])
+        self.wait_up(f, real)
+        self.push_lands_on(f, real)
+        self.assertTrue(self.stats(f)['sentinel_quorum_ok'])
+        self.assertEqual(http_get(f.stats_port, '/healthz'),
+                         (200, 'OK: master 127.0.0.1:%d is UP\n' % real.port))
+
+        # ferry now reaches only c, which names another master, at a higher
+        # config epoch too: 1 of 3 known is no majority, and nobody backs c
+        mark = len(f.log())
+        a.master = b.master = SILENT
+        for epoch in (0, 5):
+            c.master = master_fields('127.0.0.1', other.port, epoch=epoch)
+            self.asked([c], 4)
+            self.push_lands_on(f, real)
+        wait_until(lambda: DEGRADED_LOG in f.log()[mark:], timeout=5,
+                   msg='ferry to log that fewer than a majority answer')
+        st = self.stats(f)
+        self.assertEqual((st['sentinel_quorum_ok'], st['sentinels_reachable'],
+                          st['sentinels_known']), (False, 1, 3), st)
+        status, body = http_get(f.stats_port, '/healthz')
+        self.assertEqual(status, 200, body)
+        self.assertTrue(body.startswith('OK: master 127.0.0.1:%d is UP; DEGRADED: 1 of 3 known'
+                                        % real.port), body)
+        self.assertNotIn('cmdstat_lpush', cmdstats(other))
+        self.assertNotIn('connecting to 127.0.0.1:%d' % other.port, f.log())
+        self.assertEqual(f.log()[mark:].count(DEGRADED_LOG), 1, 'logged once per change')
+
+        # the majority is back
+        mark = len(f.log())
+        a.master = b.master = c.master = good
+        wait_until(lambda: self.stats(f)['sentinel_quorum_ok'], timeout=10,
+                   msg='sentinel_quorum_ok again')
+        self.assertIn('a majority: ferry follows', f.log()[mark:])
+        self.assertEqual(http_get(f.stats_port, '/healthz'),
+                         (200, 'OK: master 127.0.0.1:%d is UP\n' % real.port))
+        self.push_lands_on(f, real)
+
+    def test_higher_epoch_needs_a_second_sentinel(self):
+        real, new = self.redis(), self.redis()
+        a, b, c = self.sentinels(3, master_fields('127.0.0.1', real.port, epoch=0))
+        f = self.ferry([a, b, c])
+        self.wait_up(f, real)
+        self.push_lands_on(f, real)
+
+        # mid-failover: a (cut off) names the old master, b (the leader) names
+        # it at the new epoch while failing it over, c names the promoted
+        # replica at the new epoch; c's own events back nothing
+        mark = len(f.log())
+        b.master = master_fields('127.0.0.1', real.port, epoch=1,
+                                 flags='master,failover_in_progress')
+        c.master = master_fields('127.0.0.1', new.port, epoch=1)
+        wait_until(lambda: c.n_subscribers() >= 1, timeout=5, msg='ferry listens to c')
+        c.pmessage('+switch-master', 'mq 127.0.0.1 %d 127.0.0.1 %d' % (real.port, new.port))
+        c.pmessage('+promoted-slave', 'slave 127.0.0.1:%d 127.0.0.1 %d @ mq 127.0.0.1 %d'
+                   % (new.port, new.port, real.port))
+        self.asked([a, b, c], 4)
+        self.assertNotIn('connecting to 127.0.0.1:%d' % new.port, f.log(),
+                         'one sentinel alone moved ferry')
+        self.assertNotIn('cmdstat_lpush', cmdstats(new))
+
+        # the leader announces the promotion: c's claim is backed
+        wait_until(lambda: b.n_subscribers() >= 1, timeout=5, msg='ferry listens to b')
+        b.pmessage('+promoted-slave', 'slave 127.0.0.1:%d 127.0.0.1 %d @ mq 127.0.0.1 %d'
+                   % (new.port, new.port, real.port))
+        self.wait_up(f, new, since=mark)
+        self.assertIn('above the trusted 0', f.log()[mark:])
+        self.push_lands_on(f, new)
 
 
 if __name__ == '__main__':
