@@ -4,7 +4,8 @@ Public API (other test files depend on it; keep it stable):
 
     free_port()                       -> unused 127.0.0.1 TCP port
     wait_until(pred, timeout=10.0, interval=0.02, msg='')
-    RedisServer(conf=None)            .port .pid .dir .client() .stop() .kill() .log()
+    RedisServer(conf=None, port=None, host='127.0.0.1', netns=None)
+                                      .port .host .pid .dir .client() .stop() .kill() .log()
                                       .start() (again, same port/dir, after stop/kill)
     Ferry(redis, conf=None, extra_yaml='', wait='ping')
                                       .port .stats_port .pid .dir .config_path
@@ -16,12 +17,14 @@ Public API (other test files depend on it; keep it stable):
                                       200, timeout_ms 500; conf overrides)
     RedisServer extras                .restart() .sigstop() .sigcont() .role()
                                       .start(write_conf=False) keeps a rewritten conf
-    SentinelServer(master_name, master_port, ...)
-                                      .port .pid .dir .client() .start() .stop() .kill()
+    SentinelServer(master_name, master_port, ..., host='127.0.0.1', netns=None,
+                   master_host='127.0.0.1')
+                                      .port .host .pid .dir .client() .start() .stop() .kill()
                                       .log() .running()
     SentinelTopology(down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
-                     redis_conf=None, replica_conf=None)
+                     redis_conf=None, replica_conf=None, redis_at=None, sentinels_at=None)
                                       1 master + 2 replicas + 3 sentinels, all in sync;
+                                      redis_at / sentinels_at: (host, netns) per process;
                                       .redis .sentinels .master_name .master_port()
                                       .sentinel_addresses() .wait_failover(old_port)
                                       .restart_redis(i) .redis_by_port(p) .stop()
@@ -31,6 +34,15 @@ Public API (other test files depend on it; keep it stable):
     resp_encode(*args)                -> RESP array-of-bulk-strings bytes
     RespError                         returned (not raised) for '-' replies
     render_yaml(obj)                  -> YAML text for nested dicts/lists/scalars
+    netns_unavailable()               -> why `ip netns` cannot be used here, or None
+    NetLab(zones)                     network namespaces on one bridge (root only):
+                                      .ip(zone) .netns(zone) .at(zone) .cut(a, b)
+                                      .heal(a, b) .destroy(); this namespace (ferry,
+                                      the test) reaches every zone at .ip(None)
+
+host / netns (RedisServer, SentinelServer): the address a process binds (its
+clients use it) and the network namespace it runs in (`ip netns exec`); the
+defaults, 127.0.0.1 and this namespace, are what every other test uses.
 
 Environment:
     FERRY_BIN          ferry binary (default <repo>/build/ferry)
