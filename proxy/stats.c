@@ -305,6 +305,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
             replicas_get(rs, i, &v);
             st->replicas_enforced += (uint64_t)(v.enforced != 0);
         }
+        st->sentinel_quorum_ok = (uint64_t)sentinel_quorum_ok(f->sentinel);
     }
     snprintf(st->upstream_state, sizeof(st->upstream_state), "DOWN");
     if (up == NULL) {
@@ -641,7 +642,8 @@ static void sconn_reply_http(sconn *c, int code, const char *ctype, const buf *b
     sconn_send(c);
 }
 
-/* /healthz: 200 while the master is UP and ferry is not stopping. */
+/* /healthz: 200 while the master is UP and ferry is not stopping (the body
+ * says DEGRADED when fewer than a majority of the sentinels answer). */
 static int healthz(ferry *f, buf *body)
 {
     const upstream *up = f->up;
@@ -652,6 +654,16 @@ static int healthz(ferry *f, buf *body)
     if (up == NULL) {
         buf_append_str(body, "DOWN: no master configured\n");
         return 503;
+    }
+    if (up->state == UP_UP && f->sentinel != NULL && !sentinel_quorum_ok(f->sentinel)) {
+        /* Still serving, but a failover could not be followed now. */
+        stats_printf(body,
+                     "OK: master %s is UP; DEGRADED: %d of %d known sentinel(s) reachable, "
+                     "fewer than a majority: ferry keeps this master while it answers ROLE "
+                     "master\n",
+                     upstream_name(up), sentinel_reachable(f->sentinel),
+                     sentinel_known(f->sentinel));
+        return 200;
     }
     if (up->state == UP_UP) {
         stats_printf(body, "OK: master %s is UP\n", upstream_name(up));

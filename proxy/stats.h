@@ -143,9 +143,13 @@ typedef enum stat_type {
     X(sentinels, sentinels_configured, GAUGE, "ferry_sentinels_configured",                        \
       "entries in sentinel.addresses (live)")                                                      \
     X(sentinels, sentinels_known, GAUGE, "ferry_sentinels_known",                                  \
-      "sentinels known, configured and discovered (live)")                                         \
+      "sentinels known, configured and discovered, each counted once by MYID (live)")              \
     X(sentinels, sentinels_reachable, GAUGE, "ferry_sentinels_reachable",                          \
       "sentinels that answered in the last poll round (live)")                                     \
+    X(sentinels, sentinel_quorum_ok, BOOL, "ferry_sentinel_quorum_ok",                             \
+      "1 while a majority of the known sentinels answered the last poll round; 0: ferry keeps "    \
+      "its master while ROLE says master and follows no failover but one announced at a higher "   \
+      "config epoch and backed by a second sentinel (live)")                                       \
                                                                                                    \
     X(fallback, fallback_pending, GAUGE, "ferry_fallback_pending",                                 \
       "writes in the fallback store awaiting replay (reserved, 0)")                                \

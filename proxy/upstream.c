@@ -477,6 +477,16 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     memcpy(&up->addr, &ss, sizeof(ss));
     up->is_unix = 0;
     up->fence_valid = 0; /* a new master: old confirmations no longer prove anything */
+    /* ... so a fence still waiting on the old master would only end in a
+     * retry: let its requests go to the new master now. */
+    list_node *n, *t;
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->state == LINK_FENCING) {
+            link_close(l, "a new master is named: the fence no longer counts");
+        }
+    }
     if (strcmp(up->name, name) != 0) {
         up->backoff_ms = BACKOFF_MIN_MS; /* a refused node keeps its backoff */
         up->next_connect_ms = 0;

@@ -1,13 +1,16 @@
 /* sentinel.c - the Sentinel client. Talks to every configured sentinel (and
  * those it learns from SENTINEL SENTINELS) over two connections each (sconn.c):
  * one polls SENTINEL MASTER, one listens to every event. A poll round asks
- * all sentinels at once; a master is accepted only if a majority of the
- * sentinels that answered name it and none of them reports it objectively
- * down or failing over. Sentinels are counted once each (by SENTINEL MYID),
- * so one sentinel cannot vote under several addresses. Events are hints
- * that start a switch or a round early; the periodic round is the truth.
- * If no sentinel answers, ferry keeps its master. A sentinel that says
- * nonsense gets its connection closed and a log line; nothing else. */
+ * all sentinels at once; a master is accepted when a majority of the KNOWN
+ * sentinels name it and none of them reports it objectively down or failing
+ * over, or, during a failover, when it is announced at a config epoch above
+ * the one ferry trusts and a second sentinel backs the claim (see
+ * epoch_candidate). Sentinels are counted once each (by SENTINEL MYID), so
+ * one sentinel cannot vote under several addresses. Events are hints that
+ * start a switch or a round early; the periodic round is the truth. With
+ * fewer than a majority reachable, ferry keeps its master as long as ROLE
+ * says master. A sentinel that says nonsense gets its connection closed and
+ * a log line; nothing else. */
 #include "sentinel.h"
 
 #include <errno.h>
@@ -24,7 +27,8 @@
 #include "upstream.h"
 
 #define SENTINEL_RECONNECT_MS 500
-#define SENTINEL_DISCOVER_EVERY 10 /* rounds between SENTINEL SENTINELS */
+#define SENTINEL_DISCOVER_EVERY 10  /* rounds between SENTINEL SENTINELS */
+#define SENTINEL_EVENT_TTL_MS 30000 /* how long a promotion event backs a claim */
 
 enum { K_AUTH = 1, K_MYID, K_MASTER, K_SENTINELS, K_REPLICAS }; /* what a reply answers */
 
@@ -49,6 +53,10 @@ typedef struct sentinel_node {
     long long epoch;           /* its config epoch */
     int sdown, odown, failing; /* its flags for that master */
     int learned;               /* discovered, not configured */
+    char ev_ip[64];            /* last master it announced by event (+switch-master
+                                  or +promoted-slave), "" if none */
+    int ev_port;
+    uint64_t ev_ms; /* ... received then */
 } sentinel_node;
 
 struct sentinel_client {
@@ -57,13 +65,17 @@ struct sentinel_client {
     int n;
     uint64_t round; /* current poll round */
     uint64_t round_started_ms;
-    int round_open;         /* answers still expected */
-    int round_again;        /* a trigger arrived mid-round */
-    uint64_t next_round_ms; /* next periodic round */
-    int reachable;          /* answered the last round */
-    int all_down;           /* none answered (logged once) */
-    int closing;            /* sentinel_close called */
-    replicas *replicas;     /* durability on the replicas Sentinel lists */
+    int round_open;          /* answers still expected */
+    int round_again;         /* a trigger arrived mid-round */
+    uint64_t next_round_ms;  /* next periodic round */
+    int reachable;           /* answered the last round */
+    int known;               /* known sentinels, each counted once (by MYID) */
+    int all_down;            /* none answered (logged once) */
+    int quorum;              /* a majority of the known answered: 1 yes, 0 no,
+                                -1 not known yet (start-up) */
+    long long trusted_epoch; /* config epoch of the master last accepted, -1 none */
+    int closing;             /* sentinel_close called */
+    replicas *replicas;      /* durability on the replicas Sentinel lists */
 };
 
 static void round_evaluate(sentinel_client *sc);
@@ -245,6 +257,22 @@ static void on_event(sentinel_node *nd, const redisReply *r)
     }
     upstream *up = sc->f->up;
     log_info("sentinel %s:%d: event %s %s", nd->host, nd->port, ev, text);
+    /* A new master announced ("+switch-master <name> <old ip> <old port> <new
+     * ip> <new port>", "+promoted-slave slave <ip:port> <ip> <port> @ ..."):
+     * kept to back another sentinel's claim (epoch_candidate). */
+    const char *eip = NULL, *eport = NULL;
+    if (strcmp(ev, "+switch-master") == 0 && nw >= 5) {
+        eip = w[3];
+        eport = w[4];
+    } else if (strcmp(ev, "+promoted-slave") == 0 && nw >= 4) {
+        eip = w[2];
+        eport = w[3];
+    }
+    if (eip != NULL && parse_port(eport) > 0 && strlen(eip) < sizeof(nd->ev_ip) && strict_ip(eip)) {
+        snprintf(nd->ev_ip, sizeof(nd->ev_ip), "%s", eip);
+        nd->ev_port = parse_port(eport);
+        nd->ev_ms = uv_now(sc->f->loop);
+    }
     char current[300] = "";
     if (up->target_set) {
         snprintf(current, sizeof(current), "%s", up->name);
@@ -507,19 +535,153 @@ static int same_master(const sentinel_node *a, const sentinel_node *b)
     return a->mport == b->mport && strcmp(a->ip, b->ip) == 0;
 }
 
-/* Close a round: accept the master a majority of the answering sentinels
- * name (on a split, the one named at the highest config epoch is logged),
- * unless one of them sees it objectively down or failing over. */
+/* a and b are one sentinel: the same node, or the same SENTINEL MYID. */
+static int same_sentinel(const sentinel_node *a, const sentinel_node *b)
+{
+    return a == b || (a->myid[0] != '\0' && strcmp(a->myid, b->myid) == 0);
+}
+
+/* Node i answered this round and is counted (not a second address of a
+ * sentinel already counted). */
+static int node_answered(const sentinel_client *sc, int i)
+{
+    return sc->nodes[i]->answered_round == sc->round && !node_is_alias(sc, i);
+}
+
+/* The sentinel neither sees the master it names down nor fails it over. */
+static int node_clean(const sentinel_node *nd)
+{
+    return !nd->sdown && !nd->odown && !nd->failing;
+}
+
+/* During a failover the majority lags: the leader reports the old address
+ * until the failover ends (+failover-end), and a sentinel cut off with the
+ * old master goes on naming it. Config epochs only grow through a majority
+ * vote, so a master announced at a config epoch above the one ferry trusts
+ * is taken before a majority names it when:
+ *  - the sentinel naming it reports it clean (not down, not failing over);
+ *  - no answering sentinel names another address, clean, at that epoch or
+ *    above (the leader naming the old one while failing it over does not);
+ *  - another sentinel (another MYID) backs it: names it at that epoch too,
+ *    or announced it by event (+switch-master to it, +promoted-slave of it)
+ *    within SENTINEL_EVENT_TTL_MS;
+ * and, as for every master, ROLE on it says master (upstream.c). So one
+ * sentinel alone, lying or behind, cannot move ferry. Returns the claim (its
+ * node) or NULL; writes how it was backed to why. */
+static sentinel_node *epoch_candidate(sentinel_client *sc, uint64_t now, char *why, size_t len)
+{
+    sentinel_node *cand = NULL;
+    if (sc->trusted_epoch < 0) {
+        return NULL; /* nothing trusted yet: a majority only */
+    }
+    for (int i = 0; i < sc->n; i++) {
+        sentinel_node *nd = sc->nodes[i];
+        if (node_answered(sc, i) && nd->has_master && node_clean(nd) &&
+            nd->epoch > sc->trusted_epoch && (cand == NULL || nd->epoch > cand->epoch)) {
+            cand = nd;
+        }
+    }
+    if (cand == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < sc->n; i++) {
+        sentinel_node *o = sc->nodes[i];
+        if (node_answered(sc, i) && o->has_master && node_clean(o) && o->epoch >= cand->epoch &&
+            !same_master(o, cand)) {
+            log_info("sentinel: config epoch %lld names both %s:%d (sentinel %s:%d) and %s:%d "
+                     "(sentinel %s:%d); waiting for a majority",
+                     cand->epoch, cand->ip, cand->mport, cand->host, cand->port, o->ip, o->mport,
+                     o->host, o->port);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < sc->n; i++) {
+        sentinel_node *o = sc->nodes[i];
+        if (same_sentinel(o, cand) || o->myid[0] == '\0') {
+            continue;
+        }
+        if (node_answered(sc, i) && o->has_master && node_clean(o) && same_master(o, cand) &&
+            o->epoch == cand->epoch) {
+            snprintf(why, len, "sentinels %s:%d and %s:%d name it", cand->host, cand->port, o->host,
+                     o->port);
+            return cand;
+        }
+        if (o->ev_ms != 0 && now - o->ev_ms <= SENTINEL_EVENT_TTL_MS && o->ev_port == cand->mport &&
+            strcmp(o->ev_ip, cand->ip) == 0) {
+            snprintf(why, len, "sentinel %s:%d names it, sentinel %s:%d announced it by event",
+                     cand->host, cand->port, o->host, o->port);
+            return cand;
+        }
+    }
+    return NULL;
+}
+
+/* Log once per change whether a majority of the known sentinels answers. */
+static void quorum_note(sentinel_client *sc, int ok, int replies, int need, uint64_t now)
+{
+    const upstream *up = sc->f->up;
+    if (ok == sc->quorum) {
+        return;
+    }
+    if (!ok && sc->quorum < 0 && now - sc->f->started_ms < sc->f->cfg->sentinel_timeout_ms) {
+        return; /* still connecting at start-up */
+    }
+    if (ok) {
+        if (sc->quorum == 0) {
+            log_info("sentinel: %d of %d known sentinel(s) reachable again, a majority: ferry "
+                     "follows Sentinel's choice again",
+                     replies, sc->known);
+        }
+    } else {
+        log_warn("sentinel: only %d of %d known sentinel(s) reachable, fewer than a majority "
+                 "(%d): keeping master %s while it answers ROLE master; a new master only if "
+                 "announced at a higher config epoch and backed by a second sentinel",
+                 replies, sc->known, need, up->epoch > 0 ? up->name : "(none yet)");
+    }
+    sc->quorum = ok;
+}
+
+/* No majority of the known sentinels answers: keep the master ferry has
+ * (upstream.c re-checks ROLE on it periodically), or go back to it after a
+ * switch, ROLE checked again on the new link. */
+static void keep_master(sentinel_client *sc)
+{
+    upstream *up = sc->f->up;
+    if (!up->target_set && up->epoch > 0 && up->name[0] != '\0') {
+        log_warn("sentinel: no majority of the sentinels reachable; retrying the last known "
+                 "master %s",
+                 up->name);
+        up->target_set = 1;
+    }
+}
+
+static void accept_master(sentinel_client *sc, const sentinel_node *nd, long long epoch,
+                          const char *why)
+{
+    sc->trusted_epoch = epoch;
+    upstream_set_master(sc->f->up, nd->ip, nd->mport, why);
+}
+
+/* Close a round: accept the master a majority of the known sentinels name
+ * (on a split, the one named at the highest config epoch is logged), unless
+ * one of them sees it objectively down or failing over; or the claim that
+ * epoch_candidate backs, when its config epoch is higher. */
 static void round_evaluate(sentinel_client *sc)
 {
     upstream *up = sc->f->up;
+    uint64_t now = uv_now(sc->f->loop);
     sentinel_node *best = NULL, *top = NULL;
-    int replies = 0, best_votes = 0, odown = 0, failing = 0, sdown = 0;
+    int replies = 0, known = 0, best_votes = 0, odown = 0, failing = 0, sdown = 0;
+    long long best_epoch = 0;
 
     sc->round_open = 0;
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
-        if (nd->answered_round != sc->round || node_is_alias(sc, i)) {
+        if (node_is_alias(sc, i)) {
+            continue;
+        }
+        known++;
+        if (nd->answered_round != sc->round) {
             continue;
         }
         replies++;
@@ -532,8 +694,7 @@ static void round_evaluate(sentinel_client *sc)
         int votes = 0;
         for (int j = 0; j < sc->n; j++) {
             sentinel_node *o = sc->nodes[j];
-            votes += o->answered_round == sc->round && o->has_master && same_master(o, nd) &&
-                     !node_is_alias(sc, j);
+            votes += node_answered(sc, j) && o->has_master && same_master(o, nd);
         }
         if (votes > best_votes ||
             (votes == best_votes && best != NULL && nd->epoch > best->epoch)) {
@@ -541,61 +702,79 @@ static void round_evaluate(sentinel_client *sc)
             best_votes = votes;
         }
     }
+    int need = known / 2 + 1;
     sc->reachable = replies;
+    sc->known = known;
+    quorum_note(sc, replies >= need, replies, need, now);
     if (replies == 0) {
         if (!sc->all_down) {
-            log_warn("sentinel: all %d sentinel(s) unreachable; keeping master %s (%s)", sc->n,
+            log_warn("sentinel: all %d sentinel(s) unreachable; keeping master %s (%s)", known,
                      up->epoch > 0 ? up->name : "none", upstream_state_name(up->state));
             sc->all_down = 1;
         }
-        if (!up->target_set && up->epoch > 0) {
-            /* Nobody to ask: go on with the last master Sentinel named, as
-             * long as it says ROLE master itself. */
-            log_warn("sentinel: no sentinel reachable; retrying the last known master %s",
-                     up->name);
-            up->target_set = 1;
-        }
+        keep_master(sc);
         return;
     }
     if (sc->all_down) {
-        log_info("sentinel: %d of %d sentinel(s) reachable again", replies, sc->n);
+        log_info("sentinel: %d of %d sentinel(s) reachable again", replies, known);
         sc->all_down = 0;
+    }
+    char backing[300] = "";
+    sentinel_node *cand = epoch_candidate(sc, now, backing, sizeof(backing));
+    char why[500];
+    if (best != NULL && best_votes >= need) {
+        for (int i = 0; i < sc->n; i++) {
+            sentinel_node *nd = sc->nodes[i];
+            if (node_answered(sc, i) && nd->has_master && same_master(nd, best)) {
+                odown += nd->odown;
+                failing += nd->failing;
+                sdown += nd->sdown;
+                best_epoch = nd->epoch > best_epoch ? nd->epoch : best_epoch;
+            }
+        }
+        int clean = odown == 0 && failing == 0 && sdown * 2 <= best_votes;
+        if (clean && (cand == NULL || best_epoch >= cand->epoch)) {
+            snprintf(why, sizeof(why), "%d of %d known sentinel(s) agree at config epoch %lld",
+                     best_votes, known, best_epoch);
+            accept_master(sc, best, best_epoch, why);
+            return;
+        }
+        if (!clean && cand == NULL) {
+            char name[300];
+            snprintf(name, sizeof(name), strchr(best->ip, ':') ? "[%s]:%d" : "%s:%d", best->ip,
+                     best->mport);
+            if (up->state == UP_UP && up->target_set && strcmp(up->name, name) == 0) {
+                snprintf(why, sizeof(why), "Sentinel reports master %s %s", name,
+                         failing ? "failing over" : "down");
+                upstream_switch(up, why);
+            }
+            return;
+        }
+    }
+    if (cand != NULL) {
+        int votes = 0;
+        for (int i = 0; i < sc->n; i++) {
+            votes +=
+                node_answered(sc, i) && sc->nodes[i]->has_master && same_master(sc->nodes[i], cand);
+        }
+        snprintf(why, sizeof(why),
+                 "announced at config epoch %lld, above the trusted %lld: %s (%d of %d known "
+                 "sentinel(s) name it so far)",
+                 cand->epoch, sc->trusted_epoch, backing, votes, known);
+        accept_master(sc, cand, cand->epoch, why);
+        return;
     }
     if (best == NULL) {
         log_warn("sentinel: no sentinel knows master '%s'", sc->f->cfg->sentinel_master);
-        return;
+    } else {
+        log_info("sentinel: no majority for a master yet (%s:%d has %d of %d known sentinel(s), "
+                 "%d answered; highest config epoch %lld names %s:%d)",
+                 best->ip, best->mport, best_votes, known, replies, top->epoch, top->ip,
+                 top->mport);
     }
-    for (int i = 0; i < sc->n; i++) {
-        sentinel_node *nd = sc->nodes[i];
-        if (nd->answered_round == sc->round && nd->has_master && same_master(nd, best) &&
-            !node_is_alias(sc, i)) {
-            odown += nd->odown;
-            failing += nd->failing;
-            sdown += nd->sdown;
-        }
+    if (replies < need) {
+        keep_master(sc);
     }
-    char name[300];
-    snprintf(name, sizeof(name), strchr(best->ip, ':') ? "[%s]:%d" : "%s:%d", best->ip,
-             best->mport);
-    if (best_votes * 2 <= replies) {
-        log_info("sentinel: no majority for a master yet (%s has %d of %d; highest config epoch "
-                 "%lld names %s:%d)",
-                 name, best_votes, replies, top->epoch, top->ip, top->mport);
-        return;
-    }
-    if (odown > 0 || failing > 0 || sdown * 2 > best_votes) {
-        if (up->state == UP_UP && up->target_set && strcmp(up->name, name) == 0) {
-            char why[400];
-            snprintf(why, sizeof(why), "Sentinel reports master %s %s", name,
-                     failing ? "failing over" : "down");
-            upstream_switch(up, why);
-        }
-        return;
-    }
-    char why[200];
-    snprintf(why, sizeof(why), "%d of %d sentinel(s) agree at config epoch %lld", best_votes,
-             replies, best->epoch);
-    upstream_set_master(up, best->ip, best->mport, why);
 }
 
 /* -------------------------------------------------------------- interface */
@@ -604,6 +783,8 @@ sentinel_client *sentinel_new(ferry *f)
 {
     sentinel_client *sc = xcalloc(1, sizeof(*sc));
     sc->f = f;
+    sc->quorum = -1;
+    sc->trusted_epoch = -1;
     for (int i = 0; i < f->cfg->nsentinels; i++) {
         const config_addr *a = &f->cfg->sentinels[i];
         node_add(sc, a->host, a->port, 0);
@@ -705,7 +886,10 @@ void sentinel_free(sentinel_client *sc)
 
 int sentinel_known(const sentinel_client *sc)
 {
-    return sc == NULL ? 0 : sc->n;
+    if (sc == NULL) {
+        return 0;
+    }
+    return sc->known > 0 ? sc->known : sc->n; /* counted once by MYID after a round */
 }
 
 int sentinel_reachable(const sentinel_client *sc)
@@ -716,4 +900,9 @@ int sentinel_reachable(const sentinel_client *sc)
 const replicas *sentinel_replicas(const sentinel_client *sc)
 {
     return sc == NULL ? NULL : sc->replicas;
+}
+
+int sentinel_quorum_ok(const sentinel_client *sc)
+{
+    return sc != NULL && sc->quorum == 1;
 }

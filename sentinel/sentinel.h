@@ -1,9 +1,11 @@
 /* sentinel.h - finding and watching the master through Redis Sentinel: every
  * configured (and discovered) sentinel is polled with SENTINEL MASTER and
- * watched over pub/sub; a master is accepted when a majority of the
- * sentinels that answer name it (highest config epoch wins) and none of its
- * supporters reports it down or failing over. ROLE is then checked on the
- * very link ferry uses (upstream.c). */
+ * watched over pub/sub; a master is accepted when a majority of the known
+ * sentinels name it and none of its supporters reports it down or failing
+ * over, or when it is announced at a higher config epoch than the one ferry
+ * trusts and a second sentinel backs the claim. ROLE is then checked on the
+ * very link ferry uses (upstream.c). With fewer than a majority reachable,
+ * ferry keeps its master while ROLE says master. */
 #ifndef FERRY_SENTINEL_H
 #define FERRY_SENTINEL_H
 
@@ -23,11 +25,15 @@ void sentinel_trigger(sentinel_client *sc);
 /* Close every connection (their handles close on the loop). */
 void sentinel_close(sentinel_client *sc);
 void sentinel_free(sentinel_client *sc); /* accepts NULL */
-/* Sentinels known / answering in the last round. */
+/* Sentinels known (configured and discovered, each counted once by MYID) /
+ * answering in the last round. */
 int sentinel_known(const sentinel_client *sc);
 int sentinel_reachable(const sentinel_client *sc);
 /* The replicas whose durability is enforced (replicas.h), NULL if none. */
 struct replicas;
 const struct replicas *sentinel_replicas(const sentinel_client *sc);
+/* 1 while a majority of the known sentinels answered the last round, else 0
+ * (0 too before the first round and for NULL). */
+int sentinel_quorum_ok(const sentinel_client *sc);
 
 #endif

@@ -4,7 +4,8 @@ Public API (other test files depend on it; keep it stable):
 
     free_port()                       -> unused 127.0.0.1 TCP port
     wait_until(pred, timeout=10.0, interval=0.02, msg='')
-    RedisServer(conf=None)            .port .pid .dir .client() .stop() .kill() .log()
+    RedisServer(conf=None, port=None, host='127.0.0.1', netns=None)
+                                      .port .host .pid .dir .client() .stop() .kill() .log()
                                       .start() (again, same port/dir, after stop/kill)
     Ferry(redis, conf=None, extra_yaml='', wait='ping')
                                       .port .stats_port .pid .dir .config_path
@@ -16,12 +17,14 @@ Public API (other test files depend on it; keep it stable):
                                       200, timeout_ms 500; conf overrides)
     RedisServer extras                .restart() .sigstop() .sigcont() .role()
                                       .start(write_conf=False) keeps a rewritten conf
-    SentinelServer(master_name, master_port, ...)
-                                      .port .pid .dir .client() .start() .stop() .kill()
+    SentinelServer(master_name, master_port, ..., host='127.0.0.1', netns=None,
+                   master_host='127.0.0.1')
+                                      .port .host .pid .dir .client() .start() .stop() .kill()
                                       .log() .running()
     SentinelTopology(down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
-                     redis_conf=None, replica_conf=None)
+                     redis_conf=None, replica_conf=None, redis_at=None, sentinels_at=None)
                                       1 master + 2 replicas + 3 sentinels, all in sync;
+                                      redis_at / sentinels_at: (host, netns) per process;
                                       .redis .sentinels .master_name .master_port()
                                       .sentinel_addresses() .wait_failover(old_port)
                                       .restart_redis(i) .redis_by_port(p) .stop()
@@ -31,6 +34,15 @@ Public API (other test files depend on it; keep it stable):
     resp_encode(*args)                -> RESP array-of-bulk-strings bytes
     RespError                         returned (not raised) for '-' replies
     render_yaml(obj)                  -> YAML text for nested dicts/lists/scalars
+    netns_unavailable()               -> why `ip netns` cannot be used here, or None
+    NetLab(zones)                     network namespaces on one bridge (root only):
+                                      .ip(zone) .netns(zone) .at(zone) .cut(a, b)
+                                      .heal(a, b) .destroy(); this namespace (ferry,
+                                      the test) reaches every zone at .ip(None)
+
+host / netns (RedisServer, SentinelServer): the address a process binds (its
+clients use it) and the network namespace it runs in (`ip netns exec`); the
+defaults, 127.0.0.1 and this namespace, are what every other test uses.
 
 Environment:
     FERRY_BIN          ferry binary (default <repo>/build/ferry)
@@ -313,6 +325,158 @@ def _port_of(addr):
     return int(m.group(1)) if m else None
 
 # --------------------------------------------------------------------------
+# network namespaces (tests that cut the network)
+
+IP_BIN = shutil.which('ip') or next((p for p in ('/usr/sbin/ip', '/sbin/ip', '/usr/bin/ip')
+                                     if os.access(p, os.X_OK)), None)
+_NETLAB_PREFIX = 'ferrylab-'   # namespace names: ferrylab-<pid>-<n>-<zone>
+
+
+def _in_netns(netns, argv):
+    """argv run inside network namespace netns (None: here). `ip netns exec`
+    execs the program itself, so the pid is the program's."""
+    return list(argv) if netns is None else [IP_BIN, 'netns', 'exec', netns] + list(argv)
+
+
+def _ip(*args, check=True):
+    p = subprocess.run([IP_BIN] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    if check and p.returncode != 0:
+        raise RuntimeError('ip %s: %s' % (' '.join(map(str, args)), p.stdout.decode().strip()))
+    return p.stdout.decode()
+
+
+def netns_unavailable():
+    """Why network namespaces cannot be used here (a string), or None."""
+    if os.geteuid() != 0:
+        return 'not root (ip netns needs root)'
+    if IP_BIN is None:
+        return 'no ip command (iproute2) found'
+    probe = '%sprobe-%d' % (_NETLAB_PREFIX, os.getpid())
+    try:
+        _ip('netns', 'add', probe)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return 'ip netns add failed: %s' % e
+    _ip('netns', 'del', probe, check=False)
+    return None
+
+
+class NetLab:
+    """Network namespaces joined by one bridge, for tests that cut the network.
+
+    NetLab(['m', 'r']) makes a namespace per zone, each with one address on a
+    private /24 (lab.ip('m'), lab.netns('m')); this namespace gets the .1
+    address on the same bridge, so the test and ferry reach every zone. The
+    bridge lives in a hub namespace of its own: no forwarding or firewall of
+    this namespace is involved, and deleting the hub removes every link.
+    cut(a, b) drops all traffic between two zones (blackhole routes on both
+    sides: open connections stall, as in a real partition); heal(a, b) undoes
+    it. Names are unique per run (they carry the pid); destroy() removes
+    everything, and runs at interpreter exit if a test forgot; namespaces left
+    by a run whose process is gone are removed when the next lab starts.
+    Needs root (see netns_unavailable())."""
+
+    _count = 0
+
+    def __init__(self, zones):
+        NetLab._count += 1
+        self.tag = '%s%d-%d' % (_NETLAB_PREFIX, os.getpid(), NetLab._count)
+        self.hub = self.tag + '-hub'
+        self.zones = list(zones)
+        self.uplink = 'fl%dx%d' % (os.getpid(), NetLab._count)   # <= 15 characters
+        self._ns = {}
+        self._made = []   # namespaces created, hub first
+        self.cuts = set()
+        self._sweep()
+        self.subnet = self._pick_subnet()
+        _register(self)
+        try:
+            self._build()
+        except BaseException:
+            self.destroy()
+            raise
+
+    @staticmethod
+    def _sweep():
+        for line in _ip('netns', 'list', check=False).splitlines():
+            name = line.split()[0] if line.split() else ''
+            m = re.match(re.escape(_NETLAB_PREFIX) + r'(?:probe-)?(\d+)', name)
+            if m and not os.path.exists('/proc/%s' % m.group(1)):
+                _ip('netns', 'del', name, check=False)
+
+    @staticmethod
+    def _pick_subnet():
+        used = _ip('-4', 'addr', check=False) + _ip('-4', 'route', 'show', 'table', 'all',
+                                                    check=False)
+        for _ in range(200):
+            net = '10.%d.%d' % (200 + int.from_bytes(os.urandom(1), 'big') % 50,
+                                int.from_bytes(os.urandom(1), 'big'))
+            if net + '.' not in used:
+                return net
+        raise RuntimeError('NetLab: no free 10.x.y.0/24 found')
+
+    def _build(self):
+        self._made.append(self.hub)
+        _ip('netns', 'add', self.hub)
+        _ip('-n', self.hub, 'link', 'add', 'br0', 'type', 'bridge')
+        _ip('-n', self.hub, 'link', 'set', 'br0', 'up')
+        _ip('link', 'add', self.uplink, 'type', 'veth', 'peer', 'name', 'up0', 'netns', self.hub)
+        _ip('-n', self.hub, 'link', 'set', 'up0', 'master', 'br0', 'up')
+        _ip('addr', 'add', '%s.1/24' % self.subnet, 'dev', self.uplink)
+        _ip('link', 'set', self.uplink, 'up')
+        for i, z in enumerate(self.zones):
+            ns = '%s-%s' % (self.tag, z)
+            self._made.append(ns)
+            _ip('netns', 'add', ns)
+            self._ns[z] = ns
+            _ip('-n', self.hub, 'link', 'add', 'z%d' % i, 'type', 'veth', 'peer', 'name',
+                'eth0', 'netns', ns)
+            _ip('-n', self.hub, 'link', 'set', 'z%d' % i, 'master', 'br0', 'up')
+            _ip('-n', ns, 'link', 'set', 'lo', 'up')
+            _ip('-n', ns, 'addr', 'add', '%s/24' % self.ip(z), 'dev', 'eth0')
+            _ip('-n', ns, 'link', 'set', 'eth0', 'up')
+
+    def ip(self, zone):
+        """The address of zone (None: this namespace's end of the bridge)."""
+        return '%s.%d' % (self.subnet, 1 if zone is None else self.zones.index(zone) + 2)
+
+    def netns(self, zone):
+        """The namespace name of zone (for RedisServer(netns=...) and the like)."""
+        return self._ns[zone]
+
+    def at(self, zone):
+        """(host, netns) of zone, as SentinelTopology's redis_at/sentinels_at want."""
+        return self.ip(zone), self.netns(zone)
+
+    def cut(self, a, b):
+        """Drop every packet between zones a and b, both ways."""
+        for x, y in ((a, b), (b, a)):
+            _ip('-n', self.netns(x), 'route', 'add', 'blackhole', '%s/32' % self.ip(y))
+        self.cuts.add((a, b))
+
+    def heal(self, a, b):
+        for x, y in ((a, b), (b, a)):
+            _ip('-n', self.netns(x), 'route', 'del', 'blackhole', '%s/32' % self.ip(y),
+                check=False)
+        self.cuts.discard((a, b))
+
+    def destroy(self):
+        """Remove the namespaces (stop what runs in them first: a namespace
+        lives on while a process is inside) and, with the hub, every link."""
+        for ns in reversed(self._made):
+            _ip('netns', 'del', ns, check=False)
+        self._made = []
+        if self.uplink in _ip('link', 'show', check=False):
+            _ip('link', 'del', self.uplink, check=False)
+        _unregister(self)
+
+    def _force_kill(self):
+        self.destroy()
+
+    def __repr__(self):
+        return '<NetLab %s %s.0/24 zones=%r>' % (self.tag, self.subnet, self.zones)
+
+# --------------------------------------------------------------------------
 # RESP helpers for raw protocol tests
 
 
@@ -476,7 +640,7 @@ def resp_read_raw(sock, timeout=10.0):
     return _with_timeout(sock, timeout, go)
 
 
-def _ping(port=None, unix=None, timeout=2.0, password=None, username=None):
+def _ping(port=None, unix=None, timeout=2.0, password=None, username=None, host='127.0.0.1'):
     """True if a PING on a new connection gets +PONG (or, with a password
     configured but not given, -NOAUTH: the server did answer)."""
     if unix:
@@ -484,7 +648,7 @@ def _ping(port=None, unix=None, timeout=2.0, password=None, username=None):
         s.settimeout(timeout)
         s.connect(unix)
     else:
-        s = socket.create_connection(('127.0.0.1', port), timeout=timeout)
+        s = socket.create_connection((host, port), timeout=timeout)
     try:
         if password is not None:
             args = ['AUTH', username, password] if username else ['AUTH', password]
@@ -521,9 +685,15 @@ class RedisServer:
     conf: redis.conf directives merged over the defaults; a value may be a
     list (directive repeated, e.g. 'save': ['900 1', '60 100']), True/False
     (yes/no) or None (drop a default). Values are written verbatim after the
-    directive name, so 'save': '900 1' is two arguments."""
+    directive name, so 'save': '900 1' is two arguments.
 
-    def __init__(self, conf=None, port=None):
+    host: the address it binds (and clients use); netns: the name of a
+    network namespace (`ip netns`) to run it in, None for this one. Both are
+    for tests that cut the network (see NetLab)."""
+
+    def __init__(self, conf=None, port=None, host='127.0.0.1', netns=None):
+        self.host = host
+        self.netns = netns
         self.dir = _mkdtemp('ferry-redis-')
         self.conf_path = os.path.join(self.dir, 'redis.conf')
         self.log_path = os.path.join(self.dir, 'redis.log')
@@ -537,7 +707,7 @@ class RedisServer:
 
     def _conf(self):
         c = {
-            'bind': '127.0.0.1',
+            'bind': self.host,
             'port': self.port,
             'daemonize': 'no',
             'dir': self.dir,
@@ -574,7 +744,8 @@ class RedisServer:
                 with open(self.conf_path, 'w') as f:
                     f.write(self._conf())
             log_start = _size(self.log_path)
-            self.proc = _spawn([REDIS_SERVER, self.conf_path], self.out_path, cwd=self.dir)
+            self.proc = _spawn(_in_netns(self.netns, [REDIS_SERVER, self.conf_path]),
+                               self.out_path, cwd=self.dir)
             self.pid = self.proc.pid
             _register(self)
             try:
@@ -593,7 +764,7 @@ class RedisServer:
 
     def _up(self):
         pw = self.user_conf.get('requirepass')
-        return _ping(self.port, password=pw if pw else None, timeout=1.0)
+        return _ping(self.port, password=pw if pw else None, timeout=1.0, host=self.host)
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
@@ -601,7 +772,7 @@ class RedisServer:
     def client(self, **kw):
         kw.setdefault('socket_timeout', 10)
         kw.setdefault('socket_connect_timeout', 5)
-        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, **kw)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True, **kw)
 
     def stop(self):
         """SIGTERM, bounded wait, then SIGKILL. Returns the exit code."""
@@ -646,7 +817,7 @@ class RedisServer:
         return _read(self.log_path)
 
     def __repr__(self):
-        return '<RedisServer port=%s pid=%s>' % (self.port, self.pid)
+        return '<RedisServer %s:%s pid=%s>' % (self.host, self.port, self.pid)
 
     def __enter__(self):
         return self
@@ -675,10 +846,15 @@ def _sentinel_argv(conf_path):
 
 class SentinelServer:
     """A redis-sentinel on 127.0.0.1:<free port> in a fresh temp dir, with its
-    own (writable: Sentinel rewrites it) sentinel.conf monitoring one master."""
+    own (writable: Sentinel rewrites it) sentinel.conf monitoring one master.
+    host / netns: as for RedisServer; master_host: the master's address."""
 
     def __init__(self, master_name, master_port, quorum=2, down_after_ms=1000,
-                 failover_timeout_ms=5000, parallel_syncs=2, extra=None):
+                 failover_timeout_ms=5000, parallel_syncs=2, extra=None, host='127.0.0.1',
+                 netns=None, master_host='127.0.0.1'):
+        self.host = host
+        self.netns = netns
+        self.master_host = master_host
         self.dir = _mkdtemp('ferry-sentinel-')
         self.conf_path = os.path.join(self.dir, 'sentinel.conf')
         self.log_path = os.path.join(self.dir, 'sentinel.log')
@@ -700,13 +876,13 @@ class SentinelServer:
         m = self.master_name
         lines = [
             'port %d' % self.port,
-            'bind 127.0.0.1',
+            'bind %s' % self.host,
             'daemonize no',
             'protected-mode no',
             'dir %s' % self.dir,
             'logfile %s' % self.log_path,
             'sentinel resolve-hostnames no',
-            'sentinel monitor %s 127.0.0.1 %d %d' % (m, self.master_port, self.quorum),
+            'sentinel monitor %s %s %d %d' % (m, self.master_host, self.master_port, self.quorum),
             'sentinel down-after-milliseconds %s %d' % (m, self.down_after_ms),
             'sentinel failover-timeout %s %d' % (m, self.failover_timeout_ms),
             'sentinel parallel-syncs %s %d' % (m, self.parallel_syncs),
@@ -723,11 +899,12 @@ class SentinelServer:
                 with open(self.conf_path, 'w') as f:
                     f.write(self._conf())
             log_start = _size(self.log_path)
-            self.proc = _spawn(_sentinel_argv(self.conf_path), self.out_path, cwd=self.dir)
+            self.proc = _spawn(_in_netns(self.netns, _sentinel_argv(self.conf_path)),
+                               self.out_path, cwd=self.dir)
             self.pid = self.proc.pid
             _register(self)
             try:
-                _wait_up(self.proc, lambda: _ping(self.port, timeout=1.0),
+                _wait_up(self.proc, lambda: _ping(self.port, timeout=1.0, host=self.host),
                          'redis-sentinel PING on port %d' % self.port)
                 self._started_once = True
                 return self
@@ -747,7 +924,7 @@ class SentinelServer:
     def client(self, **kw):
         kw.setdefault('socket_timeout', 2)
         kw.setdefault('socket_connect_timeout', 2)
-        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, **kw)
+        return redis.Redis(host=self.host, port=self.port, decode_responses=True, **kw)
 
     def command(self, *args, timeout=2.0):
         """One command on a new connection (raw reply, decoded strings)."""
@@ -787,7 +964,7 @@ class SentinelServer:
         return _read(self.log_path)
 
     def __repr__(self):
-        return '<SentinelServer port=%s pid=%s>' % (self.port, self.pid)
+        return '<SentinelServer %s:%s pid=%s>' % (self.host, self.port, self.pid)
 
 
 def _flags_ok(info):
@@ -803,14 +980,24 @@ class SentinelTopology:
     sees 2 healthy replicas and the 2 other sentinels.
 
     redis_conf is merged over the defaults for every node, replica_conf over
-    that for the replicas only. .redis[0] is the initial master."""
+    that for the replicas only. .redis[0] is the initial master.
+
+    redis_at / sentinels_at: where each node / sentinel runs, a list of
+    (host, netns) pairs (host: the address it binds, netns: a namespace name
+    or None); by default every process binds 127.0.0.1 here."""
 
     SYNC_TIMEOUT = 20.0
     DISCOVERY_TIMEOUT = 20.0   # hello messages go out every 2 s
 
     def __init__(self, down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
-                 redis_conf=None, replica_conf=None, nreplicas=2, nsentinels=3, quorum=2):
+                 redis_conf=None, replica_conf=None, nreplicas=2, nsentinels=3, quorum=2,
+                 redis_at=None, sentinels_at=None):
         self.master_name = master_name
+        here = ('127.0.0.1', None)
+        redis_at = list(redis_at or [])
+        redis_at += [here] * (nreplicas + 1 - len(redis_at))
+        sentinels_at = list(sentinels_at or [])
+        sentinels_at += [here] * (nsentinels - len(sentinels_at))
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.redis = []
@@ -823,18 +1010,19 @@ class SentinelTopology:
             base = {'appendonly': 'yes', 'appendfsync': 'always',
                     'repl-diskless-sync-delay': 0}
             base.update(redis_conf or {})
-            master = RedisServer(base)
+            master = RedisServer(base, host=redis_at[0][0], netns=redis_at[0][1])
             self.redis.append(master)
             rconf = dict(base)
             rconf.update(replica_conf or {})
-            rconf['replicaof'] = '127.0.0.1 %d' % master.port
-            for _ in range(nreplicas):
-                self.redis.append(RedisServer(rconf))
+            rconf['replicaof'] = '%s %d' % (master.host, master.port)
+            for host, netns in redis_at[1:nreplicas + 1]:
+                self.redis.append(RedisServer(rconf, host=host, netns=netns))
             self.wait_replicas_synced(master, nreplicas)
-            for _ in range(nsentinels):
+            for host, netns in sentinels_at[:nsentinels]:
                 self.sentinels.append(SentinelServer(
                     master_name, master.port, quorum=quorum, down_after_ms=down_after_ms,
-                    failover_timeout_ms=failover_timeout_ms))
+                    failover_timeout_ms=failover_timeout_ms, host=host, netns=netns,
+                    master_host=master.host))
             self.wait_sentinels_ready(nreplicas)
         except BaseException:
             self.stop()
@@ -878,7 +1066,7 @@ class SentinelTopology:
     # ---- queries
 
     def sentinel_addresses(self):
-        return ['127.0.0.1:%d' % s.port for s in self.sentinels]
+        return ['%s:%d' % (s.host, s.port) for s in self.sentinels]
 
     def master_port(self):
         """The master port announced by the first sentinel that answers."""
@@ -1212,7 +1400,8 @@ class _AddrInUse(Exception):
 
 
 __all__ = ['free_port', 'wait_until', 'RedisServer', 'SentinelServer', 'SentinelTopology', 'Ferry', 'resp_send', 'resp_read_reply',
-           'resp_read_raw', 'resp_encode', 'RespError', 'render_yaml', 'REPO', 'FERRY_BIN', 'DIRECT']
+           'resp_read_raw', 'resp_encode', 'RespError', 'render_yaml', 'REPO', 'FERRY_BIN', 'DIRECT',
+           'NetLab', 'netns_unavailable']
 
 if __name__ == '__main__':  # pragma: no cover - manual smoke test
     r = RedisServer()
