@@ -19,9 +19,10 @@ A. kill -9 of the master under load, one command path per test, with the
      a7  SELECT 3: producers and consumers in db 3
 B. A transaction cut by the fault before EXEC is rebuilt on the new master:
    EXEC applies the write once; with a WATCH, EXEC gets the null reply.
-C. No replica reachable: a transaction and a script that push get
-   -NOREPLICAS at the bound; pops that took an item deliver it; a BRPOP that
-   times out answers nil on time.
+C. No replica reachable: a transaction, EVAL, EVALSHA and FCALL that push
+   get -NOREPLICAS at the bound; pops that took an item deliver it; a BRPOP
+   that times out answers nil on time; read-only scripts and transactions
+   (EVAL_RO, FCALL_RO, MULTI/LLEN/EXEC) are answered at once.
 D. A BRPOP held across a master switch answers nil when its timeout runs out.
 E. A BLPOP blocked on a master that is demoted (-UNBLOCKED) keeps waiting
    and gets its item from the new master.
@@ -181,7 +182,10 @@ FUNCTION_CODE = """#!lua name=ferryq
 redis.register_function('ferryq_push', function(keys, args)
     return redis.call('LPUSH', keys[1], args[1])
 end)
+redis.register_function{function_name = 'ferryq_len', flags = {'no-writes'},
+    callback = function(keys, args) return redis.call('LLEN', keys[1]) end}
 """
+PUSH_SCRIPT = "return redis.call('LPUSH', KEYS[1], ARGV[1])"
 
 
 class FcallLoad(Load):
@@ -508,42 +512,67 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
         c = ferry.client(socket_timeout=CLIENT_TIMEOUT)
         self.assertEqual(c.lpush('c:b', 'b1'), 1)
         self.assertEqual(c.lpush('c:l', 'l1'), 1)
+        self.assertEqual(c.execute_command('FUNCTION', 'LOAD', 'REPLACE', FUNCTION_CODE),
+                         FUNCTION_LIB)
+        sha = c.script_load(PUSH_SCRIPT)
         master = topo.master()
         for r in topo.redis:
             if r is not master:
+                wait_until(lambda r=r: r.client(socket_timeout=2).execute_command(
+                    'FUNCTION', 'LIST', 'LIBRARYNAME', FUNCTION_LIB), timeout=10,
+                    msg='library %s on replica %d' % (FUNCTION_LIB, r.port))
                 self.addCleanup(r.sigcont)
                 r.sigstop()
         bound = hold_ms / 1000.0 + 2.0
-        probes = {
-            'MULTI/EXEC push': Pending(self.raw(ferry), ['EXEC'], bound + 3, prelude=[
-                (['MULTI'], 'OK'), (['LPUSH', 'c:m', 'm1'], 'QUEUED')]),
-            'EVAL push': Pending(self.raw(ferry), ['EVAL', "return redis.call('LPUSH', KEYS[1], ARGV[1])",
-                                      1, 'c:e', 'e1'], bound + 3),
-            'BRPOP of an item': Pending(self.raw(ferry), ['BRPOP', 'c:b', 1], bound + 3),
-            'LPOP of an item': Pending(self.raw(ferry), ['LPOP', 'c:l'], bound + 3),
-            'BRPOP on an empty list': Pending(self.raw(ferry), ['BRPOP', 'c:none', 1],
-                                              bound + 3),
+        wait = bound + 3
+
+        def probe(args, prelude=()):
+            return Pending(self.raw(ferry), args, wait, prelude)
+        pushes = {
+            'MULTI/EXEC push': probe(['EXEC'], [(['MULTI'], 'OK'),
+                                                (['LPUSH', 'c:m', 'm1'], 'QUEUED')]),
+            'EVAL push': probe(['EVAL', PUSH_SCRIPT, 1, 'c:e', 'e1']),
+            'EVALSHA push': probe(['EVALSHA', sha, 1, 'c:s', 's1']),
+            'FCALL push': probe(['FCALL', 'ferryq_push', 1, 'c:f', 'f1']),
         }
-        got = {name: p.result() for name, p in probes.items()}
-        for name, (r, took) in got.items():
-            print('\n[noreplica] %s: %r after %.2fs' % (name, r, took), flush=True)
-        for name in ('MULTI/EXEC push', 'EVAL push'):
-            r, took = got[name]
+        pops = {
+            'BRPOP of an item': (probe(['BRPOP', 'c:b', 1]), [b'c:b', b'b1']),
+            'LPOP of an item': (probe(['LPOP', 'c:l']), b'l1'),
+        }
+        empty = probe(['BRPOP', 'c:none', 1])
+        reads = {   # may not write: nothing to wait for
+            'EVAL_RO': (probe(['EVAL_RO', "return redis.call('LLEN', KEYS[1])", 1, 'c:x']), 0),
+            'FCALL_RO': (probe(['FCALL_RO', 'ferryq_len', 1, 'c:x']), 0),
+            'MULTI/EXEC read-only': (probe(['EXEC'], [(['MULTI'], 'OK'),
+                                                      (['LLEN', 'c:x'], 'QUEUED')]), [0]),
+        }
+        results = {}
+        for name, p in list(pushes.items()) + [(n, p) for n, (p, _) in pops.items()] + \
+                [('BRPOP on an empty list', empty)] + [(n, p) for n, (p, _) in reads.items()]:
+            results[name] = p.result()
+            print('\n[noreplica] %s: %r after %.2fs' % ((name,) + results[name]), flush=True)
+        for name in pushes:
+            r, took = results[name]
             with self.subTest(check=name + ': -NOREPLICAS ferry: at the bound'):
                 self.assertTrue(is_error(r, 'NOREPLICAS ferry:'), '%r after %.2fs%s' % (
                     r, took, self.diag(topo, ferry)))
                 self.assertGreaterEqual(took, ack_ms / 1000.0 * 0.8)
                 self.assertLess(took, bound)
-        for name, want in (('BRPOP of an item', [b'c:b', b'b1']), ('LPOP of an item', b'l1')):
-            r, took = got[name]
+        for name, (_, want) in pops.items():
+            r, took = results[name]
             with self.subTest(check=name + ': the item is delivered'):
                 self.assertEqual(r, want, 'after %.2fs%s' % (took, self.diag(topo, ferry)))
                 self.assertLess(took, bound)
-        r, took = got['BRPOP on an empty list']
+        r, took = results['BRPOP on an empty list']
         with self.subTest(check='BRPOP on an empty list: nil after its 1 s timeout'):
             self.assertIsNone(r, 'after %.2fs%s' % (took, self.diag(topo, ferry)))
             self.assertGreaterEqual(took, 0.9)
             self.assertLess(took, 1.6)
+        for name, (_, want) in reads.items():
+            r, took = results[name]
+            with self.subTest(check=name + ': answered at once'):
+                self.assertEqual(r, want, 'after %.2fs%s' % (took, self.diag(topo, ferry)))
+                self.assertLess(took, 1.0)
 
     # ---- D. a blocked pop's timeout runs while it is held
 
