@@ -8,9 +8,10 @@ announce, and a queue workload across the fault:
 
 After the fault and recovery, producers stop, consumers drain the list, and
 the accounting must be exact: every acknowledged id delivered or still in the
-list on the current master, no id twice (MAX_DUPLICATES), no error seen by
-any client. Each run prints its longest gap between two consecutive
-acknowledged pushes.
+list on the current master, no id twice but a retried unknown-outcome write
+(at most one per producer), no error seen by any client. Each run prints its
+longest gap between two consecutive acknowledged pushes. The workload and the
+checks live in failover_load.py (shared with test_failover_paths).
 
 Run:  python3 -m unittest test_failover -v
       FAILOVER_RUNS=3 python3 -m unittest test_failover.FailoverTest.test_1_kill9_master -v
@@ -22,25 +23,18 @@ Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 import os
 import re
 import statistics
-import threading
 import time
 import unittest
 
 import harness
+from failover_load import AccountingChecks, Load, current_master, merged, now
 from harness import Ferry, RespError, SentinelTopology, resp_read_reply, resp_send, wait_until
 
 RUNS = max(1, int(os.environ.get('FAILOVER_RUNS', '1')))
 
-KEY = 'q'
-PRODUCERS = 4
-MAX_DUPLICATES = PRODUCERS  # explained retries only: at most one per producer (see check)
-CONSUMERS = 4
-PUSH_INTERVAL = 0.002      # s between two pushes of one producer
-CLIENT_TIMEOUT = 30        # redis-py socket_timeout towards ferry
+KEY = 'q'                  # Load's list (its default key)
 PRE_FAULT = 3.0            # s of load before the fault
 POST_RECOVERY = 4.0        # s of load after recovery
-DRAIN_TIMEOUT = 30.0
-JOIN_TIMEOUT = 45.0        # > CLIENT_TIMEOUT: a thread may be inside one call
 
 # Merged over every scenario's ferry config. replicas_ack 1: without a
 # replica acknowledging each write, a write acknowledged by a master that
@@ -60,276 +54,12 @@ SENTINEL_UNREACHABLE = re.compile(r'sentinel.*unreachable|unreachable.*sentinel'
 TRYAGAIN_PREFIX = 'TRYAGAIN ferry: no master for'
 
 
-def now():
-    return time.monotonic()
-
-
-def merged(base, over):
-    out = {}
-    for k, v in base.items():
-        out[k] = dict(v) if isinstance(v, dict) else v
-    for k, v in (over or {}).items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k].update(v)
-        else:
-            out[k] = v
-    return out
-
-
-def current_master(topo):
-    """The RedisServer that is master now: as the sentinels announce it (and
-    ROLE confirms), or, with no sentinel left, the only running node whose
-    ROLE says master."""
-    try:
-        node = topo.master()
-        if node is not None and node.running() and node.role() == 'master':
-            return node
-    except Exception:  # noqa: BLE001 - sentinels may all be down
-        pass
-    masters = []
-    for r in topo.redis:
-        if r.running():
-            try:
-                if r.role() == 'master':
-                    masters.append(r)
-            except Exception:  # noqa: BLE001
-                pass
-    if len(masters) != 1:
-        raise AssertionError('cannot tell the current master: ROLE master on %r' % masters)
-    return masters[0]
-
-
-# --------------------------------------------------------------------------
-# the workload
-
-
-class Load:
-    """Producers and consumers through ferry; see the module docstring."""
-
-    def __init__(self, ferry, tag, reconnect_every=None):
-        self.ferry = ferry
-        self.tag = tag
-        self.reconnect_every = reconnect_every
-        self.lock = threading.Lock()
-        self.attempted = set()
-        self.acked = {}        # id -> monotonic time of the acknowledgement
-        self.unknown = set()   # sent, but no integer reply (error)
-        self.delivered = []    # (id, monotonic time, consumer index)
-        self.errors = []       # (monotonic time, thread, repr(exception))
-        self.stop_producers = threading.Event()
-        self.stop_consumers = threading.Event()
-        self.threads_p = []
-        self.threads_c = []
-        self.t_start = None
-        self.t_stop = None
-
-    def _error(self, who, e):
-        with self.lock:
-            self.errors.append((now(), who, repr(e)))
-
-    def _client(self):
-        return self.ferry.client(socket_timeout=CLIENT_TIMEOUT, socket_connect_timeout=5)
-
-    def _producer(self, i):
-        who = 'producer-%d' % i
-        c = None
-        n = 0
-        while not self.stop_producers.is_set():
-            try:
-                if c is None:
-                    c = self._client()
-                item = '%s-p%d-%d' % (self.tag, i, n)
-                n += 1
-                with self.lock:
-                    self.attempted.add(item)
-                try:
-                    r = c.lpush(KEY, item)
-                except Exception as e:  # noqa: BLE001 - recorded, fails the test
-                    with self.lock:
-                        self.unknown.add(item)
-                    self._error(who, e)
-                    c.close()
-                    c = None
-                    time.sleep(0.05)
-                    continue
-                t = now()
-                if isinstance(r, int) and not isinstance(r, bool):
-                    with self.lock:
-                        self.acked[item] = t
-                else:
-                    with self.lock:
-                        self.unknown.add(item)
-                    self._error(who, AssertionError('LPUSH answered %r' % (r,)))
-                if self.reconnect_every and n % self.reconnect_every == 0:
-                    c.close()
-                    c = None
-                time.sleep(PUSH_INTERVAL)
-            except Exception as e:  # noqa: BLE001 - e.g. connect failed
-                self._error(who, e)
-                c = None
-                time.sleep(0.05)
-        if c is not None:
-            c.close()
-
-    def _consumer(self, i):
-        who = 'consumer-%d' % i
-        c = None
-        while not self.stop_consumers.is_set():
-            try:
-                if c is None:
-                    c = self._client()
-                r = c.brpop(KEY, timeout=1)
-            except Exception as e:  # noqa: BLE001 - recorded, fails the test
-                self._error(who, e)
-                if c is not None:
-                    c.close()
-                c = None
-                time.sleep(0.05)
-                continue
-            if r:
-                with self.lock:
-                    self.delivered.append((r[1], now(), i))
-        if c is not None:
-            c.close()
-
-    def start(self):
-        self.t_start = now()
-        for i in range(CONSUMERS):
-            t = threading.Thread(target=self._consumer, args=(i,), name='consumer-%d' % i,
-                                 daemon=True)
-            t.start()
-            self.threads_c.append(t)
-        for i in range(PRODUCERS):
-            t = threading.Thread(target=self._producer, args=(i,), name='producer-%d' % i,
-                                 daemon=True)
-            t.start()
-            self.threads_p.append(t)
-        return self
-
-    def acks_between(self, t0, t1):
-        with self.lock:
-            return sum(1 for t in self.acked.values() if t0 <= t < t1)
-
-    def wait_service(self, since, timeout=30.0):
-        """Until a push is acknowledged after `since` (monotonic); returns the
-        time of that acknowledgement, or None after timeout."""
-        def first():
-            with self.lock:
-                late = [t for t in self.acked.values() if t > since]
-            return min(late) if late else None
-        try:
-            return wait_until(first, timeout=timeout, interval=0.05, msg='an ack')
-        except AssertionError:
-            return None
-
-    def finish(self, master_fn):
-        """Stop producers, let consumers drain the list on the master that
-        master_fn() returns (a RedisServer), stop consumers; returns the
-        Result."""
-        self.stop_producers.set()
-        self.t_stop = now()
-        stuck = []
-        for t in self.threads_p:
-            t.join(JOIN_TIMEOUT)
-            if t.is_alive():
-                stuck.append(t.name)
-        drain_error = None
-        try:
-            wait_until(lambda: master_fn().client(socket_timeout=2).llen(KEY) == 0,
-                       timeout=DRAIN_TIMEOUT, interval=0.1, msg='consumers to drain %r' % KEY)
-        except AssertionError as e:
-            drain_error = str(e)
-        self.stop_consumers.set()
-        for t in self.threads_c:
-            t.join(JOIN_TIMEOUT)
-            if t.is_alive():
-                stuck.append(t.name)
-        master = master_fn()
-        remaining = master.client(socket_timeout=5).lrange(KEY, 0, -1)
-        return Result(self, remaining, master, stuck, drain_error)
-
-
-class Result:
-    def __init__(self, load, remaining, master, stuck, drain_error):
-        with load.lock:
-            self.acked = dict(load.acked)
-            self.unknown = set(load.unknown)
-            self.attempted = set(load.attempted)
-            self.delivered = list(load.delivered)
-            self.errors = list(load.errors)
-        self.load = load
-        self.remaining = list(remaining)
-        self.master_port = master.port
-        self.stuck = stuck
-        self.drain_error = drain_error
-        self.t_fault = None
-        self.t_recovered = None
-        self.t_service = None
-        count = {}
-        self.deliveries = {}
-        for item, t, ci in self.delivered:
-            count[item] = count.get(item, 0) + 1
-            self.deliveries.setdefault(item, []).append((ci, t))
-        for item in self.remaining:
-            count[item] = count.get(item, 0) + 1
-        self.count = count
-        self.lost = sorted((i for i in self.acked if i not in count), key=self.acked.get)
-        self.duplicates = {i: n for i, n in count.items() if n > 1}
-        self.phantom = sorted(i for i in count if i not in self.attempted)
-        times = sorted(self.acked.values())
-        self.gap_ms = 0.0
-        self.gap_at = None
-        for a, b in zip(times, times[1:]):
-            if (b - a) * 1000 > self.gap_ms:
-                self.gap_ms = (b - a) * 1000
-                self.gap_at = a
-
-    def rel(self, t):
-        base = self.t_fault if self.t_fault is not None else self.load.t_start
-        return '%+.3fs' % (t - base)
-
-    def summary(self, name):
-        extra = ''
-        if self.t_fault is not None and self.t_recovered is not None:
-            extra = ' sentinel_failover=%.2fs' % (self.t_recovered - self.t_fault)
-        if self.t_fault is not None and self.t_service is not None:
-            extra += ' first_ack_after_failover=%s' % self.rel(self.t_service)
-        if self.gap_at is not None:
-            extra += ' gap_starts_at=%s' % self.rel(self.gap_at)
-        return ('[%s] acked=%d delivered=%d remaining=%d unknown=%d longest_gap_ms=%.0f '
-                'errors=%d lost=%d duplicates=%d phantom=%d%s' % (
-                    name, len(self.acked), len(self.delivered), len(self.remaining),
-                    len(self.unknown), self.gap_ms, len(self.errors), len(self.lost),
-                    sum(n - 1 for n in self.duplicates.values()), len(self.phantom), extra))
-
-    def error_text(self, limit=30):
-        lines = ['%s %s: %s' % (self.rel(t), who, e) for t, who, e in self.errors[:limit]]
-        if len(self.errors) > limit:
-            lines.append('... %d more' % (len(self.errors) - limit))
-        return '\n'.join(lines)
-
-    def lost_text(self, limit=20):
-        return '\n'.join('%s acked at %s' % (i, self.rel(self.acked[i]))
-                         for i in self.lost[:limit])
-
-    def dup_text(self, limit=20):
-        lines = []
-        for item, n in list(self.duplicates.items())[:limit]:
-            dl = ', '.join('consumer-%d at %s' % (ci, self.rel(t))
-                           for ci, t in self.deliveries.get(item, []))
-            state = ('acked at %s' % self.rel(self.acked[item]) if item in self.acked
-                     else 'NOT acked (LPUSH errored)' if item in self.unknown else 'never acked')
-            lines.append('%s seen %d times: delivered [%s], %d still in list; %s' % (
-                item, n, dl, self.remaining.count(item), state))
-        return '\n'.join(lines)
-
-
 # --------------------------------------------------------------------------
 # the tests
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
-class FailoverTest(unittest.TestCase):
+class FailoverTest(AccountingChecks, unittest.TestCase):
 
     results = {}
 
@@ -363,77 +93,6 @@ class FailoverTest(unittest.TestCase):
             print('[%s] longest_gap_ms per run: %s, median %.0f' % (
                 name, ', '.join('%.0f' % g for g in gaps), statistics.median(gaps)), flush=True)
         self.results[name] = gaps
-
-    def diag(self, topo, ferry, res=None):
-        views = {}
-        try:
-            views = topo.sentinel_views()
-        except Exception:  # noqa: BLE001
-            pass
-        text = '\nsentinel views: %r; redis ports %r' % (views, [r.port for r in topo.redis])
-        if res is not None:
-            text += '\n' + res.summary('diag')
-        lines = [ln for ln in ferry.log().splitlines() if ' DEBUG ' not in ln
-                 and not re.search(r'client \d+ .*closed: client closed', ln)]
-        text += '\n--- ferry log (%s), last non-debug lines ---\n%s' % (
-            ferry.log_path, '\n'.join(lines[-60:]))
-        out = ferry.output()
-        if out.strip():
-            text += '\n--- ferry stdout/stderr ---\n' + out[-2000:]
-        return text
-
-    def check_accounting(self, res, topo, ferry):
-        """The exact-accounting assertions shared by every load scenario."""
-        if res.errors:
-            print('client errors:\n' + res.error_text(), flush=True)
-        with self.subTest(check='no client-visible error'):
-            self.assertEqual(res.errors, [], 'client errors:\n%s%s' % (
-                res.error_text(), self.diag(topo, ferry, res)))
-        with self.subTest(check='threads finished'):
-            self.assertEqual(res.stuck, [], 'threads still inside a call after %ss' % JOIN_TIMEOUT)
-            self.assertIsNone(res.drain_error)
-        with self.subTest(check='no acknowledged push lost'):
-            self.assertEqual(res.lost, [], '%d acked id(s) neither delivered nor in the list on '
-                             'master %d:\n%s%s' % (len(res.lost), res.master_port, res.lost_text(),
-                                                   self.diag(topo, ferry, res)))
-        with self.subTest(check='no duplicate but unknown-outcome retries'):
-            # ferry re-sends a write whose reply the failover swallowed (it
-            # cannot know whether the old master applied it): at-least-once.
-            # Such a duplicate is explained only if the push was in flight at
-            # the fault, i.e. acknowledged after it, and delivered twice; a
-            # synchronous producer has at most one push in flight, so there
-            # are at most PRODUCERS of them. Anything else is a bug.
-            ndup = sum(n - 1 for n in res.duplicates.values())
-            if ndup:
-                print('duplicates:\n' + res.dup_text(), flush=True)
-            t_fault = res.t_fault if res.t_fault is not None else float('inf')
-            unexplained = [i for i, n in res.duplicates.items()
-                           if n != 2 or i not in res.acked or res.acked[i] < t_fault]
-            self.assertEqual(unexplained, [], 'duplicates not explained by a retry:\n%s%s' % (
-                res.dup_text(), self.diag(topo, ferry, res)))
-            self.assertLessEqual(ndup, MAX_DUPLICATES, 'duplicates (MAX_DUPLICATES=%d):\n%s%s' % (
-                MAX_DUPLICATES, res.dup_text(), self.diag(topo, ferry, res)))
-        with self.subTest(check='nothing delivered that was never pushed'):
-            self.assertEqual(res.phantom, [])
-        self.assertGreater(len(res.acked), 100, 'the workload barely ran' + self.diag(topo, ferry, res))
-
-    def check_consumers_after(self, res, t_recovered, topo, ferry):
-        """Consumers (the same threads, blocked across the failover) received
-        items pushed after the recovery, before the producers stopped."""
-        with self.subTest(check='consumers keep receiving after the failover'):
-            self.assertIsNotNone(res.t_service, 'no push acknowledged within 30 s of the '
-                                 'sentinels\' failover' + self.diag(topo, ferry, res))
-            t_recovered = max(t_recovered, res.t_service)
-            late = {i for i, t in res.acked.items() if t >= t_recovered}
-            per = [0] * CONSUMERS
-            for item, t, ci in res.delivered:
-                if item in late and t < res.load.t_stop:
-                    per[ci] += 1
-            self.assertTrue(late, 'no push was acknowledged after the failover'
-                            + self.diag(topo, ferry, res))
-            self.assertTrue(all(n > 0 for n in per),
-                            'items delivered after the failover, per consumer: %r' % per
-                            + self.diag(topo, ferry, res))
 
     def check_enforced(self, node, topo, ferry):
         """Scenario 5: ferry set appendonly yes / appendfsync always on the new
