@@ -271,6 +271,8 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
     }
     if (fence) {
         link_close(l, "old master let go after the fence");
+    } else if (l->need_wait && l->state == LINK_READY) {
+        fence_wait(l); /* for the writes sent while this WAIT was in flight */
     }
 }
 

@@ -253,8 +253,11 @@ void link_flush(link *l)
     if (!link_connected(l)) {
         return;
     }
-    if (l->need_wait && l->state != LINK_FENCING) {
-        fence_wait(l); /* one WAIT covers every write in this batch */
+    if (l->need_wait && l->state != LINK_FENCING && l->nwaits == 0) {
+        /* One WAIT covers every write sent before it; while one is in
+         * flight, later writes wait for the next (a WAIT blocks the link on
+         * Redis: never two in a row). */
+        fence_wait(l);
     }
     int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
     if (rc < 0) {

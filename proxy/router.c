@@ -63,6 +63,7 @@ enum {
 enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
 static int router_pinned(const session *s);
+static tx_state tx_after_loss(tx_state st);
 
 /* ------------------------------------------------------------------ states */
 
@@ -89,12 +90,11 @@ static void router_set_tx(session *s, tx_state st)
         [TX_WATCHING] = 1u << TX_WATCH_LOST | 1u << TX_MULTI_WATCHING,
         [TX_WATCH_LOST] = 1u << TX_MULTI_WATCH_LOST,
         [TX_MULTI] = 1u << TX_MULTI_REBUILD | 1u << TX_EXEC_SENT,
-        [TX_MULTI_WATCHING] =
-            1u << TX_MULTI_WATCH_LOST | 1u << TX_EXEC_SENT_WATCHED | 1u << TX_WATCHING,
+        [TX_MULTI_WATCHING] = 1u << TX_MULTI_WATCH_LOST | 1u << TX_EXEC_SENT_WATCHED,
         [TX_MULTI_REBUILD] = 1u << TX_MULTI,
         [TX_MULTI_WATCH_LOST] = 0,
         [TX_EXEC_SENT] = 1u << TX_MULTI_REBUILD,
-        [TX_EXEC_SENT_WATCHED] = 0,
+        [TX_EXEC_SENT_WATCHED] = 1u << TX_MULTI_WATCH_LOST,
     };
     if (s->tx == st) {
         return;
@@ -921,14 +921,10 @@ void router_on_refused(session *s, request *r, const char *why)
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM;
     }
-    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
-        /* Nothing was applied; the queued commands are gone with the link. */
-        router_set_tx(s, s->tx == TX_EXEC_SENT ? TX_MULTI_REBUILD : TX_NONE);
-        if (s->tx == TX_NONE) {
-            session_answer_str(s, r, "*-1\r\n");
-            session_flush_answered(s);
-            return;
-        }
+    if (r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) {
+        /* Nothing was applied; the master is being let go with the link
+         * that holds the transaction: rebuilt (or null, if watched). */
+        router_set_tx(s, tx_after_loss(s->tx));
     }
     requeue(s, r);
     log_debug("client %llu: request refused by Redis (%s); held for the next master",
@@ -941,31 +937,29 @@ void router_on_lost(session *s, request *r, const char *reason)
     char line[256];
 
     note_flight_done(s);
-    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
-        f->stats.requests_retried_unknown++;
-        if (s->tx == TX_EXEC_SENT_WATCHED) {
-            /* A watched transaction cannot be replayed safely: the watch
-             * conflict reply sends the client down its retry path. */
-            router_set_tx(s, TX_NONE);
-            f->stats.transactions_watch_lost++;
-            session_answer_str(s, r, "*-1\r\n");
-            session_flush_answered(s);
-            return;
+    if (r->route == RT_DISCARD) {
+        /* The transaction is gone with its link, as DISCARD asked. */
+        session_answer_str(s, r, "+OK\r\n");
+        session_flush_answered(s);
+        return;
+    }
+    if ((r->route == RT_MULTI || r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) &&
+        s->tx != TX_NONE && s->tx != TX_WATCHING && s->tx != TX_WATCH_LOST) {
+        /* Part of a transaction whose link broke. Unwatched, it is rebuilt
+         * on the next link (an EXEC already sent is sent again: outcome
+         * unknown, at-least-once); watched, it ends in the null reply of a
+         * watch conflict. MULTI itself is answered by ferry: the rebuild
+         * (or the lost watch) opens the transaction again. */
+        router_set_tx(s, tx_after_loss(s->tx));
+        if (r->route == RT_EXEC) {
+            f->stats.requests_retried_unknown++;
         }
-        /* Outcome unknown: rebuilt and sent again (at-least-once). */
-        router_set_tx(s, TX_MULTI_REBUILD);
-        requeue(s, r);
-        return;
-    }
-    if (r->flags & REQ_F_TXLOG) {
-        /* A command queued in a MULTI (never applied by itself): queued again. */
-        requeue(s, r);
-        return;
-    }
-    if (r->route == RT_MULTI && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
-        /* MULTI itself was lost: the transaction opens again when it is resent. */
-        router_set_tx(s, s->tx == TX_MULTI ? TX_NONE : TX_WATCHING);
-        requeue(s, r);
+        if (r->route == RT_MULTI) {
+            session_answer_str(s, r, "+OK\r\n");
+            session_flush_answered(s);
+        } else {
+            requeue(s, r);
+        }
         return;
     }
     if (r->flags & REQ_F_BLOCKING) {
@@ -992,6 +986,23 @@ void router_on_lost(session *s, request *r, const char *reason)
     session_flush_answered(s);
 }
 
+/* The state a transaction goes to when the link carrying it breaks. */
+static tx_state tx_after_loss(tx_state st)
+{
+    switch (st) {
+    case TX_WATCHING:
+        return TX_WATCH_LOST;
+    case TX_MULTI:
+    case TX_EXEC_SENT:
+        return TX_MULTI_REBUILD;
+    case TX_MULTI_WATCHING:
+    case TX_EXEC_SENT_WATCHED:
+        return TX_MULTI_WATCH_LOST;
+    default:
+        return st;
+    }
+}
+
 void router_on_link_closed(session *s, link *l, const char *reason)
 {
     if (s->tunnel == TUN_PUBSUB && !s->f->stopping) {
@@ -1010,18 +1021,6 @@ void router_on_link_closed(session *s, link *l, const char *reason)
         log_info("client %llu: pass-through link lost (%s)", (unsigned long long)s->id, reason);
         return;
     }
-    switch (s->tx) {
-    case TX_WATCHING:
-        router_set_tx(s, TX_WATCH_LOST);
-        break;
-    case TX_MULTI:
-        router_set_tx(s, TX_MULTI_REBUILD);
-        break;
-    case TX_MULTI_WATCHING:
-        router_set_tx(s, TX_MULTI_WATCH_LOST);
-        break;
-    default:
-        break;
-    }
+    router_set_tx(s, tx_after_loss(s->tx));
     backlog_wait(s);
 }
