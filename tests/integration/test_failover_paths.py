@@ -41,6 +41,7 @@ import harness
 from failover_load import AccountingChecks, Load, current_master, is_int, merged, now
 from harness import (Ferry, RespError, SentinelTopology, resp_read_reply, resp_send,
                      wait_until)
+from test_stats import stats_json
 
 PRE_FAULT = 2.5        # s of load before the fault
 POST_RECOVERY = 3.0    # s of load after the sentinels' failover
@@ -446,16 +447,21 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
         topo, ferry, res = self.kill9_under_load(make)
         load = loads[0]
         print('[watch] conflicts retried: %d' % load.conflicts, flush=True)
-        with self.subTest(check='each id written with one seq value'):
+        with self.subTest(check='an id written twice only by an unknown-outcome EXEC'):
+            # A watched EXEC lost with the master may have been applied:
+            # ferry answers the watch-conflict null reply and the client
+            # retries (the retry policy: at-least-once, counted).
             multi = {i: sorted(v) for i, v in load.written.items() if len(v) > 1}
-            self.assertEqual(multi, {}, self.diag(topo, ferry, res))
+            unknown = stats_json(ferry.stats_port)['errors']['requests_retried_unknown']
+            self.assertLessEqual(len(multi), unknown, '%r%s' % (multi, self.diag(topo, ferry, res)))
+            self.assertTrue(all(len(v) == 2 for v in multi.values()), multi)
         with self.subTest(check='seq values of the applied transactions are 1..seq'):
             seq = int(current_master(topo).client(socket_timeout=5).get(WatchLoad.SEQ) or 0)
-            values = sorted(min(v) for v in load.written.values())
+            values = sorted(x for v in load.written.values() for x in v)
             dup = sorted({v for v in values if values.count(v) > 1})
             self.assertEqual(dup, [], 'seq values written by two transactions (a WATCH '
                              'that did not hold)' + self.diag(topo, ferry, res))
-            self.assertEqual(values, list(range(1, seq + 1)), 'seq=%d, %d ids' % (
+            self.assertEqual(values, list(range(1, seq + 1)), 'seq=%d, %d writes' % (
                 seq, len(values)) + self.diag(topo, ferry, res))
 
     def test_a3_eval_delayed_queue(self):
