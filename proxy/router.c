@@ -879,7 +879,11 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);
-    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && in_multi(s)) {
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
+        (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
+         s->tx == TX_EXEC_SENT_WATCHED)) {
+        /* Queued by Redis (EXEC may be on its way already): kept, so a
+         * transaction whose link breaks is rebuilt with every command. */
         buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
     }
     if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {

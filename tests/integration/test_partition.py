@@ -53,8 +53,11 @@ import unittest
 
 import harness
 from harness import Ferry, NetLab, RedisServer, SentinelTopology, netns_unavailable, wait_until
-from test_failover import FERRY_CONF, PRODUCERS, CONSUMERS, Load
+from failover_load import Load
+from test_failover import FERRY_CONF
 from test_sentinel_nonsense import SILENT, FakeSentinel, cmdstats, master_fields
+
+PRODUCERS = CONSUMERS = 4  # Load's defaults
 
 RUNS = max(1, int(os.environ.get('PARTITION_RUNS', '1')))
 SWITCH_SLACK_S = 0.300   # writes resume at most this long after Sentinel's switch
