@@ -225,6 +225,17 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(fallback_after_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
+    {.key = "fallback.keys",
+     .type = CONF_STR_LIST,
+     CONF_FIELD(fallback_keys),
+     CONF_COUNT(nfallback_keys),
+     .max = CONFIG_MAX_DENY},
+    {.key = "fallback.serve_pops", .type = CONF_BOOL, CONF_FIELD(fallback_serve_pops)},
+    {.key = "fallback.max_bytes",
+     .type = CONF_SIZE,
+     CONF_FIELD(fallback_max_bytes),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
 
     {.key = "shutdown_timeout_ms",
      .type = CONF_DURATION,
@@ -1151,6 +1162,7 @@ void config_defaults(config *cfg)
     cfg->drain_ms = 300;
     cfg->health_timeout_ms = 5000;
     cfg->fallback_after_ms = 5000;
+    cfg->fallback_serve_pops = 1;
     cfg->hold_max_bytes = (size_t)64 << 20;
     for (size_t i = 0; i < sizeof(conf_default_deny) / sizeof(conf_default_deny[0]); i++) {
         char *s = strdup(conf_default_deny[i]);
@@ -1272,6 +1284,11 @@ void config_free(config *cfg)
     cfg->log_file = NULL;
     free(cfg->fallback_path);
     cfg->fallback_path = NULL;
+    for (int i = 0; i < cfg->nfallback_keys && i < CONFIG_MAX_DENY; i++) {
+        free(cfg->fallback_keys[i]);
+        cfg->fallback_keys[i] = NULL;
+    }
+    cfg->nfallback_keys = 0;
     free(cfg->config_command);
     cfg->config_command = NULL;
 }

@@ -81,9 +81,14 @@ typedef struct config {
     int log_level;  /* log.level: LOG_* (info) */
     char *log_file; /* log.file, NULL = stderr */
 
-    char *fallback_path;        /* fallback.path, NULL = none */
-    uint64_t fallback_after_ms; /* fallback.after_ms (5000): SWITCHING this long
-                                   without a usable master is DOWN */
+    char *fallback_path;                  /* fallback.path, NULL = none */
+    uint64_t fallback_after_ms;           /* fallback.after_ms (5000): SWITCHING this long
+                                             without a usable master is DOWN */
+    char *fallback_keys[CONFIG_MAX_DENY]; /* fallback.keys: globs of the queue keys
+                                             the store takes (none = every key) */
+    int nfallback_keys;
+    int fallback_serve_pops;   /* fallback.serve_pops (true) */
+    size_t fallback_max_bytes; /* fallback.max_bytes (0 = no bound but the disk) */
 
     uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "outage.h"
 #include "router.h"
 #include "upstream.h"
 
@@ -117,8 +118,8 @@ void backlog_tick(ferry *f, uint64_t now)
                 answered = 1;
                 continue;
             }
-            if (now - r->held_since < cfg->hold_timeout_ms) {
-                continue;
+            if (now - r->held_since < cfg->hold_timeout_ms || outage_waits(f, r)) {
+                continue; /* a blocked pop waiting on the fallback store keeps its own timeout */
             }
             char line[128];
             snprintf(line, sizeof(line), "-TRYAGAIN ferry: no master for %llu ms\r\n",

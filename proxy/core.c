@@ -10,6 +10,7 @@
 
 #include "backlog.h"
 #include "log.h"
+#include "outage.h"
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
@@ -108,6 +109,7 @@ static void close_everything(ferry *f)
     if (f->up != NULL) {
         upstream_close(f->up);
     }
+    outage_close(f);
     uv_prepare_stop(&f->flush);
     uv_timer_stop(&f->tick);
     uv_close((uv_handle_t *)&f->flush, NULL);
@@ -128,6 +130,7 @@ static void tick_cb(uv_timer_t *h)
     if (f->up != NULL) {
         upstream_tick(f->up, now);
     }
+    outage_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
     if (f->stopping) {
@@ -234,6 +237,14 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     if (rc == 0) {
         rc = stats_start(f);
     }
+    if (rc < 0) {
+        close_everything(f);
+        uv_run(loop, UV_RUN_DEFAULT);
+        server_free(f);
+        stats_free(f);
+        return rc;
+    }
+    rc = outage_open(f);
     if (rc < 0) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);

@@ -101,6 +101,7 @@ typedef struct ferry {
     void *servers;                    /* listeners (server.c) */
     struct upstream *up;              /* the master and its links */
     struct sentinel_client *sentinel; /* Sentinel client, NULL with a fixed master */
+    struct outage *outage;            /* the fallback store's service, NULL if none */
     int wake_pending;                 /* dispatch waiting sessions at the next flush */
     list_node sessions;               /* every open session */
     list_node waiting;                /* sessions with held requests and no link */

@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "core.h"
+#include "fallback.h"
 #include "log.h"
 #include "stats.h"
 
@@ -24,6 +25,9 @@ static void usage(FILE *out)
                  "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
                  "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
                  "  -V, --version      print the version and exit\n"
+                 "      --fallback-dump\n"
+                 "                     print the rows pending in the fallback store named by\n"
+                 "                     the configuration (fallback.path) and exit\n"
                  "  -D, --describe-stats\n"
                  "                     list every statistic (JSON path, type, Prometheus\n"
                  "                     name, meaning) and exit\n"
@@ -41,12 +45,15 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},   {"test", no_argument, NULL, 't'},
-        {"version", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
-        {"describe-stats", no_argument, NULL, 'D'}, {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"test", no_argument, NULL, 't'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"describe-stats", no_argument, NULL, 'D'},
+                                         {"fallback-dump", no_argument, NULL, 'F'},
+                                         {NULL, 0, NULL, 0}};
     const char *path = NULL;
-    int test = 0, c;
+    int test = 0, dump = 0, c;
 
     while ((c = getopt_long(argc, argv, "c:tVhD", opts, NULL)) != -1) {
         switch (c) {
@@ -65,6 +72,9 @@ int main(int argc, char **argv)
         case 'D':
             stats_describe(stdout);
             return 0;
+        case 'F':
+            dump = 1;
+            break;
         default:
             usage(stderr);
             return EXIT_USAGE;
@@ -85,6 +95,17 @@ int main(int argc, char **argv)
         printf("ferry: configuration %s is valid\n", path);
         config_free(&cfg);
         return 0;
+    }
+    if (dump) {
+        int drc = cfg.fallback_path == NULL
+                      ? -1
+                      : fallback_dump(cfg.fallback_path, stdout, err, sizeof(err));
+        if (drc != 0) {
+            fprintf(stderr, "ferry: %s\n",
+                    cfg.fallback_path == NULL ? "no fallback.path in the configuration" : err);
+        }
+        config_free(&cfg);
+        return drc == 0 ? 0 : EXIT_RUNTIME;
     }
     int rc = log_init(cfg.log_level, cfg.log_file);
     if (rc < 0) {

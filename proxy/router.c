@@ -26,6 +26,7 @@
 #include "backlog.h"
 #include "link.h"
 #include "log.h"
+#include "outage.h"
 #include "upstream.h"
 
 #define ROUTER_MAX_RETRIES 3
@@ -694,6 +695,23 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
 
+    if (f->outage != NULL && s->tx == TX_NONE) {
+        /* No master for fallback.after_ms: the fallback store serves queue
+         * commands; once a master is back, writes to keys not yet replayed
+         * wait for their replay. */
+        if (up->state == UP_DOWN) {
+            if (s->inflight > 0 && s->flight_link != NULL) {
+                return DISPATCH_WAIT;
+            }
+            int rc = outage_dispatch(s, r);
+            if (rc != 0) {
+                return rc == 1 ? DISPATCH_DONE : DISPATCH_DOWN;
+            }
+        } else if (up->state == UP_UP && outage_blocks(f, r)) {
+            return DISPATCH_DOWN;
+        }
+    }
+
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
@@ -912,6 +930,12 @@ static void requeue(session *s, request *r)
         s->cursor = &r->sq;
     }
     backlog_wait(s);
+}
+
+void router_requeue(session *s, request *r)
+{
+    note_flight_done(s);
+    requeue(s, r);
 }
 
 void router_on_refused(session *s, request *r, const char *why)

@@ -25,6 +25,8 @@ void router_on_lost(session *s, request *r, const char *reason);
 /* s's dedicated link is gone (its requests were handed back first). */
 void router_on_link_closed(session *s, struct link *l, const char *reason);
 
+/* r was in flight off any link (the fallback store) and must wait again. */
+void router_requeue(session *s, request *r);
 /* s holds state on its dedicated link that a fence or a PING would break
  * (an open MULTI or a WATCH in force). */
 int router_holds_state(const session *s);

@@ -19,6 +19,7 @@
 
 #include "ferry.h"
 #include "log.h"
+#include "outage.h"
 #include "replicas.h"
 #include "sentinel.h"
 #include "server.h"
@@ -294,6 +295,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->curr_connections = f->nclients;
     st->held_bytes = f->held_bytes;
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
+    outage_stats(f, st);
     if (f->sentinel != NULL) {
         const replicas *rs = sentinel_replicas(f->sentinel);
         st->sentinels_known = (uint64_t)sentinel_known(f->sentinel);
@@ -673,6 +675,15 @@ static int healthz(ferry *f, buf *body)
                  up->target_set ? upstream_name(up) : "(none known)",
                  (unsigned long long)(uv_now(f->loop) - up->down_since_ms),
                  up->switches > 0 ? up->last_reason : "not connected yet");
+    if (f->outage != NULL) {
+        ferry_stats st;
+        memset(&st, 0, sizeof(st));
+        outage_stats(f, &st);
+        stats_printf(body, "fallback store: %s, %llu row(s) pending%s\n",
+                     up->state == UP_DOWN ? "taking queue writes" : "standing by",
+                     (unsigned long long)st.fallback_pending,
+                     st.fallback_commit_errors > 0 ? ", commit errors seen (see log)" : "");
+    }
     return 503;
 }
 

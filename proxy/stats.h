@@ -152,11 +152,23 @@ typedef enum stat_type {
       "config epoch and backed by a second sentinel (live)")                                       \
                                                                                                    \
     X(fallback, fallback_pending, GAUGE, "ferry_fallback_pending",                                 \
-      "writes in the fallback store awaiting replay (reserved, 0)")                                \
-    X(fallback, fallback_replayed, COUNTER, "ferry_fallback_replayed_total",                       \
-      "writes replayed from the fallback store (reserved, 0)")                                     \
+      "rows in the fallback store awaiting replay")                                                \
+    X(fallback, fallback_bytes, GAUGE, "ferry_fallback_bytes",                                     \
+      "bytes of keys and members in the fallback store")                                           \
     X(fallback, fallback_oldest_ms, MSEC, "ferry_fallback_oldest_age_seconds",                     \
-      "age of the oldest pending fallback write (reserved, 0)")
+      "age of the oldest row in the fallback store")                                               \
+    X(fallback, fallback_written, COUNTER, "ferry_fallback_written_total",                         \
+      "client writes committed to the fallback store")                                             \
+    X(fallback, fallback_popped, COUNTER, "ferry_fallback_popped_total",                           \
+      "rows served to pops from the fallback store")                                               \
+    X(fallback, fallback_replayed, COUNTER, "ferry_fallback_replayed_total",                       \
+      "rows replayed into Redis and deleted from the store")                                       \
+    X(fallback, fallback_replay_errors, COUNTER, "ferry_fallback_replay_errors_total",             \
+      "replay rounds or keys Redis refused (retried with back-off)")                               \
+    X(fallback, fallback_commits, COUNTER, "ferry_fallback_commits_total",                         \
+      "group commits of the fallback store")                                                       \
+    X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */

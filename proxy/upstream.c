@@ -589,6 +589,7 @@ void upstream_tick(upstream *up, uint64_t now)
         snprintf(why, sizeof(why), "no usable master for %llu ms (fallback.after_ms)",
                  (unsigned long long)(now - up->switch_started_ms));
         upstream_set_state(up, UP_DOWN, why);
+        f->wake_pending = 1; /* held queue writes may go to the fallback store now */
     }
     if (up->state == UP_UP && up->shared[0] != NULL && up->shared[0]->state == LINK_READY) {
         link *l = up->shared[0];

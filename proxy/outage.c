@@ -1,0 +1,949 @@
+/* outage.c - the queue while no Redis master is usable (N14).
+ *
+ * While the master view is DOWN, eligible writes (LPUSH, RPUSH, ZADD
+ * without NX/XX/GT/LT/INCR, database 0, keys matching fallback.keys) are
+ * committed to the fallback store and acknowledged only then; pops on keys
+ * with rows in the store are served from it; a blocking pop on an eligible
+ * key waits for a fallback write (or its own timeout). A push answers the
+ * length of the key's part in the store: Redis' part is out of reach.
+ *
+ * Replay, once a master is UP (durability asserted): rows are read in id
+ * order and applied per key by one Lua script that also records, in the
+ * same atomic step, the last row id applied for that key in a ferry-owned
+ * hash (ferry:fallback:<host>:<path>). A script run twice (a crash, a lost
+ * reply, a failover) applies nothing the second time; a failover that loses
+ * the script's effect loses the marker with it. Rows are deleted only once
+ * Redis acknowledged them (and replicas_ack confirmed them). Until a key's
+ * rows are replayed, new writes to that key wait. A key Redis refuses
+ * (WRONGTYPE) is logged and retried with back-off; other keys go on. */
+#include "outage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+
+#include "fallback.h"
+#include "link.h"
+#include "log.h"
+#include "router.h"
+#include "upstream.h"
+
+#define REPLAY_BATCH 256              /* rows read per round */
+#define REPLAY_ROUND_TIMEOUT_MS 30000 /* a round whose link broke is abandoned */
+#define REPLAY_BACKOFF_MIN_MS 100
+#define REPLAY_BACKOFF_MAX_MS 10000
+
+/* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
+ * ARGV[1] the last row id of this group, then id, kind, member, score per
+ * row. Checks the type first so a refused key applies nothing. */
+static const char replay_script[] =
+    "local done = tonumber(redis.call('HGET', KEYS[1], KEYS[2]) or '0')\n"
+    "if done >= tonumber(ARGV[1]) then return 0 end\n"
+    "local want = ARGV[3] == '3' and 'zset' or 'list'\n"
+    "local t = redis.call('TYPE', KEYS[2]).ok\n"
+    "if t ~= 'none' and t ~= want then\n"
+    "  return redis.error_reply('WRONGTYPE ferry replay: ' .. KEYS[2] .. ' holds a ' .. t)\n"
+    "end\n"
+    "local n = 0\n"
+    "for i = 2, #ARGV, 4 do\n"
+    "  if tonumber(ARGV[i]) > done then\n"
+    "    local k = ARGV[i + 1]\n"
+    "    if k == '1' then redis.call('LPUSH', KEYS[2], ARGV[i + 2])\n"
+    "    elseif k == '2' then redis.call('RPUSH', KEYS[2], ARGV[i + 2])\n"
+    "    else redis.call('ZADD', KEYS[2], ARGV[i + 3], ARGV[i + 2]) end\n"
+    "    n = n + 1\n"
+    "  end\n"
+    "end\n"
+    "redis.call('HSET', KEYS[1], KEYS[2], ARGV[1])\n"
+    "return n\n";
+
+/* A key Redis refused during replay: retried after a back-off. */
+typedef struct refused_key {
+    char *key;
+    size_t keylen;
+    uint64_t next_ms;    /* not before */
+    uint64_t backoff_ms; /* current back-off */
+    struct refused_key *next;
+} refused_key;
+
+/* One key's rows in a replay round. */
+typedef struct replay_group {
+    char *key;
+    size_t keylen;
+    int64_t last_id; /* highest row id of the key in this round */
+    size_t rows;
+    int status; /* 0 pending, 1 applied, -1 refused */
+} replay_group;
+
+typedef enum replay_state {
+    REPLAY_IDLE = 0, /* nothing in flight */
+    REPLAY_READING,  /* fallback_read in flight */
+    REPLAY_APPLYING, /* scripts (and the closing WAIT/PING) in flight on a link */
+    REPLAY_DELETING  /* fallback deletes in flight */
+} replay_state;
+
+struct outage {
+    ferry *f;               /* context */
+    fallback *fb;           /* the store */
+    char marker[512];       /* the marker hash's name in Redis */
+    size_t pending_ops;     /* store operations submitted and not completed */
+    replay_state rstate;    /* see replay_state */
+    uint64_t round;         /* generation of the current round */
+    uint64_t round_started; /* uv_now() */
+    uint64_t round_epoch;   /* master epoch the round was sent on */
+    replay_group *groups;   /* the round's keys */
+    size_t ngroups;
+    size_t gcap;
+    size_t deletes_left;    /* deletes in flight */
+    int64_t cursor;         /* read rows after this id (rows of refused keys stay) */
+    uint64_t next_round_ms; /* back-off after a failed round */
+    refused_key *refused;   /* keys in back-off */
+    uint64_t replayed;      /* rows replayed since start */
+    uint64_t replay_errors; /* refusals and failed rounds */
+    uint64_t store_errors;  /* client writes the store could not take */
+    int announced;          /* the replay was logged (reset once the store is empty) */
+};
+
+/* A client request in flight on the store. */
+typedef struct store_op {
+    ferry *f;
+    request *r;
+    int kind;       /* what was asked: a fallback_kind for pushes, else 0 */
+    int end;        /* pops: enum fallback_end */
+    int blocking;   /* BLPOP & co: reply with the key, requeue on 0 rows */
+    int with_count; /* LPOP key count: reply an array */
+    int zset;       /* ZPOP: members with scores */
+    char *key;      /* pops: the key popped (for the reply and push-back) */
+    size_t keylen;
+} store_op;
+
+static void replay_next(struct outage *o);
+
+/* ----------------------------------------------------------------- helpers */
+
+/* Redis' glob (KEYS syntax): *, ?, [abc], [^a], [a-z], \x. */
+static int glob_match(const char *p, size_t plen, const char *s, size_t slen)
+{
+    while (plen > 0) {
+        switch (*p) {
+        case '*':
+            while (plen > 1 && p[1] == '*') {
+                p++;
+                plen--;
+            }
+            if (plen == 1) {
+                return 1;
+            }
+            for (size_t i = 0; i <= slen; i++) {
+                if (glob_match(p + 1, plen - 1, s + i, slen - i)) {
+                    return 1;
+                }
+            }
+            return 0;
+        case '?':
+            if (slen == 0) {
+                return 0;
+            }
+            s++;
+            slen--;
+            break;
+        case '[': {
+            int neg, match = 0;
+            if (slen == 0) {
+                return 0;
+            }
+            p++;
+            plen--;
+            neg = plen > 0 && *p == '^';
+            if (neg) {
+                p++;
+                plen--;
+            }
+            while (plen > 0 && *p != ']') {
+                if (*p == '\\' && plen >= 2) {
+                    p++;
+                    plen--;
+                    match |= *p == *s;
+                } else if (plen >= 3 && p[1] == '-' && p[2] != ']') {
+                    char lo = p[0] < p[2] ? p[0] : p[2], hi = p[0] < p[2] ? p[2] : p[0];
+                    match |= *s >= lo && *s <= hi;
+                    p += 2;
+                    plen -= 2;
+                } else {
+                    match |= *p == *s;
+                }
+                p++;
+                plen--;
+            }
+            if (plen == 0 || match == neg) {
+                return 0;
+            }
+            s++;
+            slen--;
+            break;
+        }
+        case '\\':
+            if (plen >= 2) {
+                p++;
+                plen--;
+            }
+            /* fall through */
+        default:
+            if (slen == 0 || *p != *s) {
+                return 0;
+            }
+            s++;
+            slen--;
+            break;
+        }
+        p++;
+        plen--;
+    }
+    return slen == 0;
+}
+
+static int key_eligible(const ferry *f, const char *key, size_t len)
+{
+    const config *cfg = f->cfg;
+    if (cfg->nfallback_keys == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_keys; i++) {
+        if (glob_match(cfg->fallback_keys[i], strlen(cfg->fallback_keys[i]), key, len)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int arg_is(const resp_arg *a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
+}
+
+static int arg_double(const resp_arg *a, double *out)
+{
+    char tmp[64], *end;
+    if (a->len == 0 || a->len >= sizeof(tmp)) {
+        return -1;
+    }
+    memcpy(tmp, a->ptr, a->len);
+    tmp[a->len] = '\0';
+    if (strcasecmp(tmp, "+inf") == 0 || strcasecmp(tmp, "inf") == 0) {
+        *out = 1.0 / 0.0;
+        return 0;
+    }
+    if (strcasecmp(tmp, "-inf") == 0) {
+        *out = -1.0 / 0.0;
+        return 0;
+    }
+    *out = strtod(tmp, &end);
+    return *end == '\0' && *out == *out ? 0 : -1;
+}
+
+static int arg_count(const resp_arg *a, size_t *out)
+{
+    char tmp[32], *end;
+    if (a->len == 0 || a->len >= sizeof(tmp)) {
+        return -1;
+    }
+    memcpy(tmp, a->ptr, a->len);
+    tmp[a->len] = '\0';
+    long long v = strtoll(tmp, &end, 10);
+    if (*end != '\0' || v <= 0) {
+        return -1;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+static void append_double(buf *b, double d)
+{
+    char tmp[64];
+    if (d == 1.0 / 0.0) {
+        snprintf(tmp, sizeof(tmp), "inf");
+    } else if (d == -1.0 / 0.0) {
+        snprintf(tmp, sizeof(tmp), "-inf");
+    } else {
+        snprintf(tmp, sizeof(tmp), "%.17g", d);
+    }
+    buf_append_bulk(b, tmp, strlen(tmp));
+}
+
+/* -------------------------------------------------------------- open/close */
+
+int outage_open(ferry *f)
+{
+    const config *cfg = f->cfg;
+    char err[256], host[128] = "localhost";
+    size_t hlen = sizeof(host);
+    struct outage *o;
+    if (cfg->fallback_path == NULL) {
+        return 0;
+    }
+    o = xcalloc(1, sizeof(*o));
+    o->f = f;
+    int rc = fallback_open(f->loop, cfg->fallback_path, cfg->fallback_max_bytes, &o->fb, err,
+                           sizeof(err));
+    if (rc < 0) {
+        log_error("fallback store %s: %s", cfg->fallback_path, err);
+        free(o);
+        return rc;
+    }
+    if (uv_os_gethostname(host, &hlen) != 0) {
+        snprintf(host, sizeof(host), "localhost");
+    }
+    snprintf(o->marker, sizeof(o->marker), "ferry:fallback:%s:%s", host, cfg->fallback_path);
+    f->outage = o;
+    log_info("fallback store %s open: %llu row(s) pending replay", cfg->fallback_path,
+             (unsigned long long)fallback_rows(o->fb));
+    return 0;
+}
+
+void outage_close(ferry *f)
+{
+    struct outage *o = f->outage;
+    if (o == NULL) {
+        return;
+    }
+    f->outage = NULL;
+    fallback_close(o->fb);
+    for (size_t i = 0; i < o->ngroups; i++) {
+        free(o->groups[i].key);
+    }
+    free(o->groups);
+    while (o->refused != NULL) {
+        refused_key *k = o->refused;
+        o->refused = k->next;
+        free(k->key);
+        free(k);
+    }
+    free(o);
+}
+
+/* ------------------------------------------------------------- client path */
+
+static store_op *op_new(session *s, request *r)
+{
+    store_op *op = xcalloc(1, sizeof(*op));
+    op->f = s->f;
+    op->r = r;
+    r->s = s;
+    r->sent_ns = uv_hrtime();
+    request_set_state(r, REQ_SENT);
+    s->inflight++;
+    s->flight_link = NULL; /* in flight on the store */
+    s->f->outage->pending_ops++;
+    return op;
+}
+
+static void op_free(store_op *op)
+{
+    free(op->key);
+    free(op);
+}
+
+/* The op is done: the request is answered (or freed if its client left). */
+static void op_answer(store_op *op, const char *p, size_t n)
+{
+    request *r = op->r;
+    if (r->s == NULL) {
+        request_free(op->f, r);
+    } else {
+        router_on_reply(r->s, r, p, n);
+    }
+}
+
+static void push_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    store_op *op = arg;
+    ferry *f = op->f;
+    char line[300];
+    if (f->outage != NULL) {
+        f->outage->pending_ops--;
+    }
+    if (status < 0) {
+        if (f->outage != NULL) {
+            f->outage->store_errors++;
+        }
+        log_error("fallback store: a write was not committed: %s", errstr);
+        snprintf(line, sizeof(line),
+                 "-ERR ferry: no Redis master and the fallback store failed: %s (not "
+                 "acknowledged)\r\n",
+                 errstr);
+    } else {
+        snprintf(line, sizeof(line), ":%lld\r\n", (long long)res->count);
+        f->stats.fallback_written++;
+    }
+    op_answer(op, line, strlen(line));
+    f->wake_pending = 1; /* blocked pops may be served now */
+    op_free(op);
+}
+
+/* Items popped for a client that left: put them back where they were. */
+static void push_back(store_op *op, const fallback_result *res)
+{
+    struct outage *o = op->f->outage;
+    size_t n = res->nitems;
+    const char **m = xcalloc(n, sizeof(*m));
+    size_t *l = xcalloc(n, sizeof(*l));
+    double *sc = xcalloc(n, sizeof(*sc));
+    int kind = op->zset ? FB_ZADD : op->end == FB_HEAD ? FB_LPUSH : FB_RPUSH;
+    for (size_t i = 0; i < n; i++) {
+        /* The first item popped goes back last, so it is at its end again. */
+        const fallback_item *it = &res->items[op->zset ? i : n - 1 - i];
+        m[i] = it->member;
+        l[i] = it->memberlen;
+        sc[i] = it->score;
+    }
+    if (o != NULL) {
+        fallback_push(o->fb, kind, op->key, op->keylen, m, l, sc, n, NULL, NULL);
+    }
+    free(m);
+    free(l);
+    free(sc);
+}
+
+static void pop_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    store_op *op = arg;
+    ferry *f = op->f;
+    request *r = op->r;
+    buf b;
+    if (f->outage != NULL) {
+        f->outage->pending_ops--;
+    }
+    if (status < 0) {
+        char line[300];
+        snprintf(line, sizeof(line),
+                 "-ERR ferry: no Redis master and the fallback store failed: %s\r\n", errstr);
+        op_answer(op, line, strlen(line));
+        op_free(op);
+        return;
+    }
+    if (r->s == NULL && res->nitems > 0) {
+        push_back(op, res);
+        request_free(f, r);
+        op_free(op);
+        return;
+    }
+    if (res->nitems == 0 && op->blocking && r->s != NULL) {
+        router_requeue(r->s, r); /* another consumer was first: wait again */
+        op_free(op);
+        return;
+    }
+    f->stats.fallback_popped += res->nitems;
+    buf_init(&b);
+    if (res->nitems == 0) {
+        buf_append_str(&b, op->with_count || op->zset ? "*-1\r\n" : "$-1\r\n");
+    } else if (op->blocking) {
+        buf_append_count(&b, '*', op->zset ? 3 : 2);
+        buf_append_bulk(&b, op->key, op->keylen);
+        buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
+        if (op->zset) {
+            append_double(&b, res->items[0].score);
+        }
+    } else if (op->zset) {
+        buf_append_count(&b, '*', res->nitems * 2);
+        for (size_t i = 0; i < res->nitems; i++) {
+            buf_append_bulk(&b, res->items[i].member, res->items[i].memberlen);
+            append_double(&b, res->items[i].score);
+        }
+    } else if (op->with_count) {
+        buf_append_count(&b, '*', res->nitems);
+        for (size_t i = 0; i < res->nitems; i++) {
+            buf_append_bulk(&b, res->items[i].member, res->items[i].memberlen);
+        }
+    } else {
+        buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
+    }
+    op_answer(op, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    op_free(op);
+}
+
+/* Parse r's bytes (kept for retries) into req; p must be freed by the caller. */
+static resp_parser *parse(const request *r, resp_request *req)
+{
+    resp_parser *p = resp_parser_new(NULL);
+    if (resp_parse_request(p, buf_head(&r->data), buf_used(&r->data), req) != RESP_OK) {
+        resp_parser_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+static int dispatch_push(session *s, request *r, const resp_request *req, int kind)
+{
+    ferry *f = s->f;
+    size_t first = 2, n;
+    if (kind == FB_ZADD) {
+        /* Options that need the old value are not served; CH is. */
+        for (; first < req->argc; first++) {
+            const resp_arg *a = &req->argv[first];
+            if (arg_is(a, "nx") || arg_is(a, "xx") || arg_is(a, "gt") || arg_is(a, "lt") ||
+                arg_is(a, "incr")) {
+                return 0;
+            }
+            if (!arg_is(a, "ch")) {
+                break;
+            }
+        }
+        if (req->argc - first < 2 || (req->argc - first) % 2 != 0) {
+            return 0; /* Redis' syntax error: left for Redis */
+        }
+        n = (req->argc - first) / 2;
+    } else {
+        if (req->argc < 3) {
+            return 0;
+        }
+        n = req->argc - 2;
+    }
+    const char **m = xcalloc(n, sizeof(*m));
+    size_t *l = xcalloc(n, sizeof(*l));
+    double *sc = xcalloc(n, sizeof(*sc));
+    for (size_t i = 0; i < n; i++) {
+        if (kind == FB_ZADD) {
+            if (arg_double(&req->argv[first + 2 * i], &sc[i]) != 0) {
+                free(m);
+                free(l);
+                free(sc);
+                return 0; /* not a float: Redis' error later */
+            }
+            m[i] = req->argv[first + 2 * i + 1].ptr;
+            l[i] = req->argv[first + 2 * i + 1].len;
+        } else {
+            m[i] = req->argv[2 + i].ptr;
+            l[i] = req->argv[2 + i].len;
+        }
+    }
+    store_op *op = op_new(s, r);
+    op->kind = kind;
+    fallback_push(f->outage->fb, kind, req->argv[1].ptr, req->argv[1].len, m, l, sc, n, push_done,
+                  op);
+    free(m);
+    free(l);
+    free(sc);
+    return 1;
+}
+
+static int dispatch_pop(session *s, request *r, const resp_request *req, int end, int blocking,
+                        int zset)
+{
+    ferry *f = s->f;
+    fallback *fb = f->outage->fb;
+    size_t count = 1, nkeys = 1;
+    int with_count = 0;
+    if (!f->cfg->fallback_serve_pops || req->argc < 2) {
+        return 0;
+    }
+    if (blocking) {
+        nkeys = req->argc - 2; /* BLPOP k1 .. kn timeout */
+        if (req->argc < 3) {
+            return 0;
+        }
+    } else if (req->argc == 3) {
+        if (arg_count(&req->argv[2], &count) != 0) {
+            return 0;
+        }
+        with_count = 1;
+    } else if (req->argc != 2) {
+        return 0;
+    }
+    int eligible = 0;
+    for (size_t i = 1; i <= nkeys; i++) {
+        const resp_arg *k = &req->argv[i];
+        if (!key_eligible(f, k->ptr, k->len)) {
+            continue;
+        }
+        eligible = 1;
+        if (fallback_key_rows(fb, k->ptr, k->len) == 0) {
+            continue;
+        }
+        store_op *op = op_new(s, r);
+        op->end = end;
+        op->blocking = blocking;
+        op->with_count = with_count;
+        op->zset = zset;
+        op->key = xmalloc(k->len + 1);
+        memcpy(op->key, k->ptr, k->len);
+        op->keylen = k->len;
+        fallback_pop(fb, end, k->ptr, k->len, count, pop_done, op);
+        return 1;
+    }
+    return blocking && eligible ? 2 : 0;
+}
+
+int outage_dispatch(session *s, request *r)
+{
+    ferry *f = s->f;
+    resp_request req;
+    int rc = 0;
+    if (f->outage == NULL || r->cmd == NULL || s->db != 0) {
+        return 0;
+    }
+    const char *name = r->cmd->name;
+    int push = strcmp(name, "lpush") == 0   ? FB_LPUSH
+               : strcmp(name, "rpush") == 0 ? FB_RPUSH
+               : strcmp(name, "zadd") == 0  ? FB_ZADD
+                                            : 0;
+    int end = -1, blocking = 0, zset = 0;
+    if (strcmp(name, "lpop") == 0 || strcmp(name, "blpop") == 0) {
+        end = FB_HEAD;
+    } else if (strcmp(name, "rpop") == 0 || strcmp(name, "brpop") == 0) {
+        end = FB_TAIL;
+    } else if (strcmp(name, "zpopmin") == 0 || strcmp(name, "bzpopmin") == 0) {
+        end = FB_MIN;
+        zset = 1;
+    } else if (strcmp(name, "zpopmax") == 0 || strcmp(name, "bzpopmax") == 0) {
+        end = FB_MAX;
+        zset = 1;
+    }
+    if (!push && end < 0) {
+        return 0;
+    }
+    blocking = name[0] == 'b';
+    resp_parser *p = parse(r, &req);
+    if (p == NULL) {
+        return 0;
+    }
+    if (push) {
+        if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
+            rc = dispatch_push(s, r, &req, push);
+        }
+    } else {
+        rc = dispatch_pop(s, r, &req, end, blocking, zset);
+    }
+    resp_parser_free(p);
+    return rc;
+}
+
+int outage_waits(ferry *f, const request *r)
+{
+    struct outage *o = f->outage;
+    upstream *up = f->up;
+    return o != NULL && up->state == UP_DOWN && (r->flags & REQ_F_BLOCKING) &&
+           f->cfg->fallback_serve_pops && r->cmd != NULL &&
+           (strcmp(r->cmd->name, "blpop") == 0 || strcmp(r->cmd->name, "brpop") == 0 ||
+            strcmp(r->cmd->name, "bzpopmin") == 0 || strcmp(r->cmd->name, "bzpopmax") == 0);
+}
+
+int outage_blocks(ferry *f, const request *r)
+{
+    struct outage *o = f->outage;
+    resp_request req;
+    int blocked = 0;
+    if (o == NULL || !(r->flags & REQ_F_WRITE) || r->cmd == NULL || r->cmd->first_key != 1 ||
+        (fallback_rows(o->fb) == 0 && o->pending_ops == 0)) {
+        return 0;
+    }
+    resp_parser *p = parse(r, &req);
+    if (p == NULL) {
+        return 0;
+    }
+    if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
+        /* A commit in flight may still add rows to any key. */
+        blocked =
+            o->pending_ops > 0 || fallback_key_rows(o->fb, req.argv[1].ptr, req.argv[1].len) > 0;
+    }
+    resp_parser_free(p);
+    return blocked;
+}
+
+/* ------------------------------------------------------------------ replay */
+
+static refused_key *refused_find(struct outage *o, const char *key, size_t len)
+{
+    for (refused_key *k = o->refused; k != NULL; k = k->next) {
+        if (k->keylen == len && memcmp(k->key, key, len) == 0) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+static void round_reset(struct outage *o)
+{
+    for (size_t i = 0; i < o->ngroups; i++) {
+        free(o->groups[i].key);
+    }
+    o->ngroups = 0;
+    o->rstate = REPLAY_IDLE;
+}
+
+static void round_fail(struct outage *o, const char *why)
+{
+    uint64_t now = uv_now(o->f->loop);
+    o->replay_errors++;
+    log_warn("fallback replay: round abandoned (%s); retried", why);
+    round_reset(o);
+    o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS * 5;
+}
+
+static void delete_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    struct outage *o = arg;
+    if (status < 0) {
+        log_error("fallback replay: rows replayed but not deleted: %s (they will be skipped by "
+                  "the marker when replayed again)",
+                  errstr);
+    } else {
+        o->replayed += (uint64_t)res->count;
+        o->f->stats.fallback_replayed += (uint64_t)res->count;
+    }
+    if (--o->deletes_left == 0) {
+        round_reset(o);
+        o->f->wake_pending = 1; /* writes waiting on replayed keys */
+        replay_next(o);
+    }
+}
+
+/* Every script of the round answered and (with replicas_ack) a WAIT said
+ * replicas have them: delete the applied rows. */
+static void round_finish(struct outage *o, int confirmed)
+{
+    uint64_t now = uv_now(o->f->loop);
+    if (!confirmed) {
+        round_fail(o, "replicas did not confirm the replayed rows");
+        return;
+    }
+    o->rstate = REPLAY_DELETING;
+    o->deletes_left = 1;
+    for (size_t i = 0; i < o->ngroups; i++) {
+        replay_group *g = &o->groups[i];
+        if (g->status == 1) {
+            o->deletes_left++;
+            fallback_delete_key_upto(o->fb, g->key, g->keylen, g->last_id, delete_done, o);
+            refused_key *k = refused_find(o, g->key, g->keylen);
+            if (k != NULL) {
+                k->next_ms = now; /* it went through: no more back-off */
+            }
+        }
+    }
+    o->deletes_left--;
+    if (o->deletes_left == 0) {
+        round_reset(o);
+        replay_next(o);
+    }
+}
+
+static void script_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct outage *o = l->f->outage;
+    if (o == NULL || o->rstate != REPLAY_APPLYING ||
+        (uint64_t)(r->arg >> 20) != (o->round & 0xffffffffffULL)) {
+        return;
+    }
+    replay_group *g = &o->groups[r->arg & 0xfffff];
+    if (len > 0 && reply[0] == '-') {
+        char why[300];
+        uint64_t now = uv_now(l->f->loop);
+        link_error_text(reply, len, why, sizeof(why));
+        g->status = -1;
+        o->replay_errors++;
+        refused_key *k = refused_find(o, g->key, g->keylen);
+        if (k == NULL) {
+            k = xcalloc(1, sizeof(*k));
+            k->key = xmalloc(g->keylen + 1);
+            memcpy(k->key, g->key, g->keylen);
+            k->keylen = g->keylen;
+            k->next = o->refused;
+            o->refused = k;
+        }
+        k->backoff_ms = k->backoff_ms == 0 ? REPLAY_BACKOFF_MIN_MS : k->backoff_ms * 2;
+        if (k->backoff_ms > REPLAY_BACKOFF_MAX_MS) {
+            k->backoff_ms = REPLAY_BACKOFF_MAX_MS;
+        }
+        k->next_ms = now + k->backoff_ms;
+        log_error("fallback replay: Redis refused %zu row(s) of key '%.*s' (rows up to %lld): %s; "
+                  "retried in %llu ms",
+                  g->rows, (int)(g->keylen < 100 ? g->keylen : 100), g->key, (long long)g->last_id,
+                  why, (unsigned long long)k->backoff_ms);
+    } else {
+        g->status = 1;
+    }
+}
+
+static void round_end_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct outage *o = l->f->outage;
+    if (o == NULL || o->rstate != REPLAY_APPLYING ||
+        (uint64_t)r->arg != (o->round & 0xffffffffffULL)) {
+        return;
+    }
+    long long acked = 0;
+    int need = l->up->replicas_ack;
+    if (need > 0) {
+        redisReply *rr = link_parse_reply(reply, len);
+        if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
+            acked = rr->integer;
+        }
+        freeReplyObject(rr);
+    }
+    round_finish(o, need == 0 || acked >= need);
+}
+
+/* Rows read: group them by key (id order kept within a key) and send one
+ * script per key, then a WAIT (or a PING) that closes the round. */
+static void read_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    struct outage *o = arg;
+    ferry *f = o->f;
+    upstream *up = f->up;
+    uint64_t now = uv_now(f->loop);
+    link *l = upstream_shared(up, 0);
+
+    if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
+        round_fail(o, status < 0 ? errstr : "no master");
+        return;
+    }
+    if (res->nitems == 0) {
+        round_reset(o);
+        if (fallback_rows(o->fb) == 0) {
+            log_info("fallback replay: done, %llu row(s) replayed so far",
+                     (unsigned long long)o->replayed);
+            o->announced = 0;
+        }
+        o->cursor = 0; /* start over: refused keys' rows, once their back-off ends */
+        o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS;
+        return;
+    }
+    o->cursor = res->items[res->nitems - 1].id;
+    o->ngroups = 0;
+    for (size_t i = 0; i < res->nitems; i++) {
+        const fallback_item *it = &res->items[i];
+        refused_key *k = refused_find(o, it->key, it->keylen);
+        if (k != NULL && now < k->next_ms) {
+            continue;
+        }
+        size_t g;
+        for (g = 0; g < o->ngroups; g++) {
+            if (o->groups[g].keylen == it->keylen &&
+                memcmp(o->groups[g].key, it->key, it->keylen) == 0) {
+                break;
+            }
+        }
+        if (g == o->ngroups) {
+            if (o->ngroups == o->gcap) {
+                o->gcap = o->gcap ? o->gcap * 2 : 16;
+                o->groups = xrealloc(o->groups, o->gcap * sizeof(*o->groups));
+            }
+            replay_group *ng = &o->groups[o->ngroups++];
+            memset(ng, 0, sizeof(*ng));
+            ng->key = xmalloc(it->keylen + 1);
+            memcpy(ng->key, it->key, it->keylen);
+            ng->keylen = it->keylen;
+        }
+        o->groups[g].last_id = it->id;
+        o->groups[g].rows++;
+    }
+    if (o->ngroups == 0) {
+        round_reset(o);
+        replay_next(o);
+        return;
+    }
+    /* One script per key: its rows in id order. */
+    for (size_t g = 0; g < o->ngroups; g++) {
+        replay_group *grp = &o->groups[g];
+        buf b;
+        char num[32];
+        buf_init(&b);
+        buf_append_count(&b, '*', 6 + 4 * grp->rows);
+        buf_append_bulk(&b, "EVAL", 4);
+        buf_append_bulk(&b, replay_script, sizeof(replay_script) - 1);
+        buf_append_bulk(&b, "2", 1);
+        buf_append_bulk(&b, o->marker, strlen(o->marker));
+        buf_append_bulk(&b, grp->key, grp->keylen);
+        snprintf(num, sizeof(num), "%lld", (long long)grp->last_id);
+        buf_append_bulk(&b, num, strlen(num));
+        for (size_t i = 0; i < res->nitems; i++) {
+            const fallback_item *it = &res->items[i];
+            if (it->keylen != grp->keylen || memcmp(it->key, grp->key, grp->keylen) != 0) {
+                continue;
+            }
+            snprintf(num, sizeof(num), "%lld", (long long)it->id);
+            buf_append_bulk(&b, num, strlen(num));
+            snprintf(num, sizeof(num), "%d", it->kind);
+            buf_append_bulk(&b, num, strlen(num));
+            buf_append_bulk(&b, it->member, it->memberlen);
+            snprintf(num, sizeof(num), "%.17g", it->score);
+            buf_append_bulk(&b, num, strlen(num));
+        }
+        link_internal_raw(l, buf_head(&b), buf_used(&b), script_done);
+        list_entry(l->pending.prev, request, lq)->arg =
+            (long long)(((o->round & 0xffffffffffULL) << 20) | g);
+        buf_free(&b);
+    }
+    if (up->replicas_ack > 0) {
+        char n[16], t[24];
+        snprintf(n, sizeof(n), "%d", up->replicas_ack);
+        snprintf(t, sizeof(t), "%llu", (unsigned long long)f->cfg->replicas_ack_timeout_ms);
+        const char *argv[] = {"WAIT", n, t};
+        link_internal(l, argv, 3, round_end_done, (long long)(o->round & 0xffffffffffULL));
+    } else {
+        static const char *const argv[] = {"PING"};
+        link_internal(l, argv, 1, round_end_done, (long long)(o->round & 0xffffffffffULL));
+    }
+    o->rstate = REPLAY_APPLYING;
+}
+
+static void replay_next(struct outage *o)
+{
+    ferry *f = o->f;
+    upstream *up = f->up;
+    uint64_t now = uv_now(f->loop);
+    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || o->pending_ops > 0 ||
+        fallback_rows(o->fb) == 0 || now < o->next_round_ms || upstream_shared(up, 0) == NULL) {
+        return;
+    }
+    o->round++;
+    o->round_started = now;
+    o->round_epoch = up->epoch;
+    o->rstate = REPLAY_READING;
+    if (!o->announced) {
+        o->announced = 1;
+        log_info("fallback replay: %llu row(s) pending, replaying to %s",
+                 (unsigned long long)fallback_rows(o->fb), upstream_name(up));
+    }
+    fallback_read(o->fb, o->cursor, REPLAY_BATCH, read_done, o);
+}
+
+void outage_tick(ferry *f, uint64_t now)
+{
+    struct outage *o = f->outage;
+    if (o == NULL) {
+        return;
+    }
+    if (o->rstate == REPLAY_APPLYING &&
+        (f->up->epoch != o->round_epoch || now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
+        /* The link carrying the round broke: its scripts are idempotent
+         * (the marker), so the rows are simply read and sent again. */
+        round_fail(o, "the link to the master changed during the round");
+        o->cursor = 0;
+    }
+    replay_next(o);
+}
+
+void outage_stats(ferry *f, ferry_stats *st)
+{
+    struct outage *o = f->outage;
+    fallback_stats fs;
+    if (o == NULL) {
+        return;
+    }
+    fallback_get_stats(o->fb, &fs);
+    st->fallback_pending = fs.rows;
+    st->fallback_bytes = fs.bytes;
+    if (fs.oldest_ms > 0) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        int64_t now_ms = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+        st->fallback_oldest_ms = now_ms > fs.oldest_ms ? (uint64_t)(now_ms - fs.oldest_ms) : 0;
+    }
+    st->fallback_commits = fs.commits;
+    st->fallback_commit_errors = fs.commit_errors;
+    st->fallback_replay_errors = o->replay_errors;
+}

@@ -1,0 +1,35 @@
+/* outage.h - the queue while no Redis master is usable (N14): eligible
+ * writes go to the fallback store (fallback.c) and are acknowledged once
+ * committed, pops on keys with fallback rows are served from it, blocked
+ * pops are woken by fallback writes; once a master is UP again the rows are
+ * replayed, in order and exactly once, before new writes reach their keys. */
+#ifndef FERRY_OUTAGE_H
+#define FERRY_OUTAGE_H
+
+#include "session.h"
+
+struct outage;
+
+/* Open the store named by fallback.path (none: returns 0, f->outage NULL).
+ * Returns 0 or a negative error, logged (another ferry holds the file...). */
+int outage_open(ferry *f);
+/* Stop replaying and close the store (waits for the commit in flight). */
+void outage_close(ferry *f);
+
+/* The master view is DOWN: r is served from the store if it is eligible
+ * (returns 1: answered or in flight on the store), else 0. A blocking pop
+ * on an eligible key with no rows stays held (returns 2: wait). */
+int outage_dispatch(session *s, request *r);
+/* A master is UP: 1 if r writes to a key whose fallback rows are not
+ * replayed yet (it waits), else 0. */
+int outage_blocks(ferry *f, const request *r);
+/* r is a held blocking pop the store serves while DOWN: it waits on the
+ * store (its own timeout applies, not the hold timeout). */
+int outage_waits(ferry *f, const request *r);
+
+/* Periodic: start or continue the replay when a master is UP. */
+void outage_tick(ferry *f, uint64_t now);
+/* Figures for the stats port. */
+void outage_stats(ferry *f, ferry_stats *st);
+
+#endif
