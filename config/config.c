@@ -230,6 +230,11 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(fallback_keys),
      CONF_COUNT(nfallback_keys),
      .max = CONFIG_MAX_DENY},
+    {.key = "fallback.commands",
+     .type = CONF_STR_LIST,
+     CONF_FIELD(fallback_commands),
+     CONF_COUNT(nfallback_commands),
+     .max = CONFIG_MAX_DENY},
     {.key = "fallback.serve_pops", .type = CONF_BOOL, CONF_FIELD(fallback_serve_pops)},
     {.key = "fallback.max_bytes",
      .type = CONF_SIZE,
@@ -1289,6 +1294,11 @@ void config_free(config *cfg)
         cfg->fallback_keys[i] = NULL;
     }
     cfg->nfallback_keys = 0;
+    for (int i = 0; i < cfg->nfallback_commands && i < CONFIG_MAX_DENY; i++) {
+        free(cfg->fallback_commands[i]);
+        cfg->fallback_commands[i] = NULL;
+    }
+    cfg->nfallback_commands = 0;
     free(cfg->config_command);
     cfg->config_command = NULL;
 }

@@ -87,6 +87,9 @@ typedef struct config {
     char *fallback_keys[CONFIG_MAX_DENY]; /* fallback.keys: globs of the queue keys
                                              the store takes (none = every key) */
     int nfallback_keys;
+    char *fallback_commands[CONFIG_MAX_DENY]; /* fallback.commands: those the store serves
+                                                 (none = lpush rpush zadd and the pops) */
+    int nfallback_commands;
     int fallback_serve_pops;   /* fallback.serve_pops (true) */
     size_t fallback_max_bytes; /* fallback.max_bytes (0 = no bound but the disk) */
 

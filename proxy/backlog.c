@@ -55,6 +55,12 @@ void backlog_hold(session *s)
     if (f->held_bytes <= f->cfg->hold_max_bytes) {
         return;
     }
+    if (f->outage != NULL && f->up->state == UP_SWITCHING) {
+        /* Full before fallback.after_ms: the fallback store takes over now;
+         * what it does not take is refused at the next pass. */
+        upstream_give_up(f->up, "the hold buffer is full (upstream.hold_max_bytes)");
+        return;
+    }
     /* Past the bound, the newest held requests are refused at once. */
     list_node *prev;
     for (list_node *m = s->requests.prev;

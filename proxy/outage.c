@@ -117,6 +117,7 @@ typedef struct store_op {
     int zset;       /* ZPOP: members with scores */
     char *key;      /* pops: the key popped (for the reply and push-back) */
     size_t keylen;
+    uint64_t start_ns; /* uv_hrtime() when submitted */
 } store_op;
 
 static void replay_next(struct outage *o);
@@ -202,6 +203,22 @@ static int glob_match(const char *p, size_t plen, const char *s, size_t slen)
         plen--;
     }
     return slen == 0;
+}
+
+/* fallback.commands names the commands the store serves (none: the default
+ * set, LPUSH RPUSH ZADD and the pops). */
+static int command_eligible(const ferry *f, const char *name)
+{
+    const config *cfg = f->cfg;
+    if (cfg->nfallback_commands == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_commands; i++) {
+        if (strcasecmp(cfg->fallback_commands[i], name) == 0) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static int key_eligible(const ferry *f, const char *key, size_t len)
@@ -331,6 +348,7 @@ static store_op *op_new(session *s, request *r)
     store_op *op = xcalloc(1, sizeof(*op));
     op->f = s->f;
     op->r = r;
+    op->start_ns = uv_hrtime();
     r->s = s;
     r->sent_ns = uv_hrtime();
     request_set_state(r, REQ_SENT);
@@ -377,6 +395,7 @@ static void push_done(void *arg, int status, const char *errstr, const fallback_
     } else {
         snprintf(line, sizeof(line), ":%lld\r\n", (long long)res->count);
         f->stats.fallback_written++;
+        stats_observe(&f->stats.fallback_commit_seconds, (uv_hrtime() - op->start_ns) / 1000);
     }
     op_answer(op, line, strlen(line));
     f->wake_pending = 1; /* blocked pops may be served now */
@@ -602,7 +621,7 @@ int outage_dispatch(session *s, request *r)
         end = FB_MAX;
         zset = 1;
     }
-    if (!push && end < 0) {
+    if ((!push && end < 0) || !command_eligible(f, name)) {
         return 0;
     }
     blocking = name[0] == 'b';

@@ -167,6 +167,8 @@ typedef enum stat_type {
       "replay rounds or keys Redis refused (retried with back-off)")                               \
     X(fallback, fallback_commits, COUNTER, "ferry_fallback_commits_total",                         \
       "group commits of the fallback store")                                                       \
+    X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
+      "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
       "group commits that failed (disk full, I/O error): nothing of them acknowledged")
 

@@ -569,6 +569,14 @@ static void upstream_probe(upstream *up, uint64_t now)
     }
 }
 
+void upstream_give_up(upstream *up, const char *why)
+{
+    if (up->state == UP_SWITCHING) {
+        upstream_set_state(up, UP_DOWN, why);
+        up->f->wake_pending = 1; /* held queue writes may go to the fallback store now */
+    }
+}
+
 void upstream_tick(upstream *up, uint64_t now)
 {
     ferry *f = up->f;

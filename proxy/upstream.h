@@ -93,6 +93,8 @@ void upstream_tick(upstream *up, uint64_t now);
 /* Stop sending to the current master (a failover sign): held requests wait
  * for the next master; links in flight are fenced with WAIT or closed. */
 void upstream_switch(upstream *up, const char *reason);
+/* SWITCHING -> DOWN before fallback.after_ms (the hold buffer is full). */
+void upstream_give_up(upstream *up, const char *why);
 /* Sentinel named this master (ip is numeric). Connects and verifies it. */
 void upstream_set_master(upstream *up, const char *ip, int port, const char *why);
 /* "ip:port" of the current master target, "" when none. */

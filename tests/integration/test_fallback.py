@@ -227,6 +227,41 @@ class SentinelOutageTest(unittest.TestCase):
             producers[item.rsplit('-', 1)[0]] = producers.get(item.rsplit('-', 1)[0], 0) + 1
         self.assertTrue(all(v == 1 for v in producers.values()), res.duplicates)
 
+    def test_failover_during_replay(self):
+        """Every Redis node down (sentinels up), rows pile up in the store;
+        the nodes come back and, mid-replay, the master is killed: the
+        replay goes on on the promoted replica, each row applied once."""
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        path = os.path.join(topo.redis[0].dir, 'ferry-fallback.db')
+        f = Ferry(None, conf=fallback_conf(path), sentinel=topo)
+        self.addCleanup(f.kill)
+        c = f.client(socket_timeout=30)
+        c.ping()
+        for r in topo.redis:
+            r.kill()
+        wait_until(lambda: state(f) == 'DOWN', timeout=15, msg='DOWN')
+        n = 20000
+        pipe = c.pipeline(transaction=False)
+        for i in range(n):
+            pipe.rpush('fr', 'f%d' % i)
+        pipe.execute()
+        self.assertEqual(pending(f), n)
+        for r in topo.redis:
+            r.start()
+        wait_until(lambda: 0 < pending(f) < n, timeout=30, interval=0.002,
+                   msg='the replay to start')
+        old = topo.master()
+        old.kill()
+        left = pending(f)
+        print('\n[failover during replay] %d of %d row(s) left at the kill' % (left, n),
+              flush=True)
+        topo.wait_failover(old.port, timeout=30)
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        got = topo.master().client().lrange('fr', 0, -1)
+        self.assertEqual(len(got), n, 'each row applied once (%d)' % len(got))
+        self.assertEqual(got, ['f%d' % i for i in range(n)], 'in order')
+
 
 if __name__ == '__main__':
     unittest.main()
