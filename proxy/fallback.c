@@ -18,6 +18,9 @@
  *   CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;
  *   CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;
  *
+ *   sqlite3 -readonly FILE "SELECT id, kind, CAST(key AS TEXT),
+ *       CAST(member AS TEXT), score, pos, ts FROM rows ORDER BY id"
+ *
  * A list's head is its lowest pos: LPUSH puts an element at min(pos) - 1,
  * RPUSH at max(pos) + 1 (0 for an empty list), so replaying the rows in id
  * order with their own command rebuilds the same list. A ZADD of a member
@@ -29,12 +32,12 @@
  * BEGIN IMMEDIATE..COMMIT), at most one group at a time; operations queued
  * meanwhile form the next group. Callbacks, the per-key row index and the
  * stats live on the loop thread. The SQLite connection is used by the
- * worker while a group is in flight and by the loop thread only at open and
- * close. fallback_close blocks the loop thread: it waits (mutex/cond) for the
- * group in flight, delivers its callbacks, and closes SQLite (whose last
- * checkpoint syncs the file) - shutdown only. Its memory is freed once the
- * loop has run the handles' close callbacks and the work request's
- * completion.
+ * worker while a group is in flight and by the loop thread only at open
+ * (which may sync: schema, WAL recovery) and close. fallback_close blocks the
+ * loop thread: it waits (mutex/cond) for the group in flight, delivers its
+ * callbacks, and closes SQLite (whose last checkpoint syncs the file) -
+ * start-up and shutdown only. Its memory is freed once the loop has run the
+ * handles' close callbacks and the work request's completion.
  *
  * Lock: flock(LOCK_EX|LOCK_NB) on "<path>.lock", held while open; the file
  * is left in place (removing lock files races). */
@@ -231,43 +234,16 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* "FULL" for SQLITE_FULL (extended codes by their primary code). */
 static const char *sqlite_code_name(int rc)
 {
     static const char *const names[] = {
-        [SQLITE_OK] = "SQLITE_OK",
-        [SQLITE_ERROR] = "SQLITE_ERROR",
-        [SQLITE_INTERNAL] = "SQLITE_INTERNAL",
-        [SQLITE_PERM] = "SQLITE_PERM",
-        [SQLITE_ABORT] = "SQLITE_ABORT",
-        [SQLITE_BUSY] = "SQLITE_BUSY",
-        [SQLITE_LOCKED] = "SQLITE_LOCKED",
-        [SQLITE_NOMEM] = "SQLITE_NOMEM",
-        [SQLITE_READONLY] = "SQLITE_READONLY",
-        [SQLITE_INTERRUPT] = "SQLITE_INTERRUPT",
-        [SQLITE_IOERR] = "SQLITE_IOERR",
-        [SQLITE_CORRUPT] = "SQLITE_CORRUPT",
-        [SQLITE_NOTFOUND] = "SQLITE_NOTFOUND",
-        [SQLITE_FULL] = "SQLITE_FULL",
-        [SQLITE_CANTOPEN] = "SQLITE_CANTOPEN",
-        [SQLITE_PROTOCOL] = "SQLITE_PROTOCOL",
-        [SQLITE_EMPTY] = "SQLITE_EMPTY",
-        [SQLITE_SCHEMA] = "SQLITE_SCHEMA",
-        [SQLITE_TOOBIG] = "SQLITE_TOOBIG",
-        [SQLITE_CONSTRAINT] = "SQLITE_CONSTRAINT",
-        [SQLITE_MISMATCH] = "SQLITE_MISMATCH",
-        [SQLITE_MISUSE] = "SQLITE_MISUSE",
-        [SQLITE_NOLFS] = "SQLITE_NOLFS",
-        [SQLITE_AUTH] = "SQLITE_AUTH",
-        [SQLITE_FORMAT] = "SQLITE_FORMAT",
-        [SQLITE_RANGE] = "SQLITE_RANGE",
-        [SQLITE_NOTADB] = "SQLITE_NOTADB",
-    };
-    int primary = rc & 0xff;
-    if (primary < 0 || (size_t)primary >= sizeof(names) / sizeof(names[0]) ||
-        names[primary] == NULL) {
-        return "SQLITE_?";
-    }
-    return names[primary];
+        "OK",       "ERROR",    "INTERNAL",  "PERM",   "ABORT",   "BUSY",       "LOCKED",
+        "NOMEM",    "READONLY", "INTERRUPT", "IOERR",  "CORRUPT", "NOTFOUND",   "FULL",
+        "CANTOPEN", "PROTOCOL", "EMPTY",     "SCHEMA", "TOOBIG",  "CONSTRAINT", "MISMATCH",
+        "MISUSE",   "NOLFS",    "AUTH",      "FORMAT", "RANGE",   "NOTADB"};
+    size_t primary = (size_t)(rc & 0xff);
+    return primary < sizeof(names) / sizeof(names[0]) ? names[primary] : "?";
 }
 
 /* A SQLite result code as a libuv error. */
@@ -297,7 +273,7 @@ static int sqlite_to_uv(int rc)
 static void sqlite_errstr(sqlite3 *db, int rc, char *out, size_t len)
 {
     const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-    snprintf(out, len, "%s (%s)", msg, sqlite_code_name(rc));
+    snprintf(out, len, "%s (SQLITE_%s)", msg, sqlite_code_name(rc));
 }
 
 /* Bind bytes as a BLOB; a zero-length one must not become NULL. */
@@ -312,11 +288,6 @@ static const char *column_bytes(sqlite3_stmt *s, int col, size_t *n)
     const char *p = sqlite3_column_blob(s, col);
     *n = (size_t)sqlite3_column_bytes(s, col);
     return p != NULL ? p : "";
-}
-
-static sqlite3_int64 clamp_limit(size_t n)
-{
-    return n > (size_t)INT64_MAX ? INT64_MAX : (sqlite3_int64)n;
 }
 
 /* ---------------------------------------------------------------------------
@@ -531,6 +502,20 @@ static int sql_run(fallback *fb, sqlite3_stmt *s)
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
 }
 
+/* Step once: SQLITE_ROW with column 0 in *out, SQLITE_DONE, or the error. */
+static int sql_int(fallback *fb, sqlite3_stmt *s, int64_t *out)
+{
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) {
+        *out = sqlite3_column_int64(s, 0);
+    } else if (rc != SQLITE_DONE) {
+        sql_fail(fb, rc);
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return rc;
+}
+
 /* The rows a SELECT of ROW_COLS yields, appended to op->items. */
 static int sql_collect(fallback *fb, sqlite3_stmt *s, fb_op *op)
 {
@@ -586,15 +571,10 @@ static int sql_insert(fallback *fb, const fb_op *op, const char *m, size_t mlen,
 static int sql_zadd(fallback *fb, fb_op *op, const char *m, size_t mlen, double score)
 {
     sqlite3_stmt *s = fb->stmt[ST_ZFIND];
+    int64_t id = 0;
     bind_bytes(s, 1, op->key, op->keylen);
     bind_bytes(s, 2, m, mlen);
-    int rc = sqlite3_step(s);
-    int64_t id = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
+    int rc = sql_int(fb, s, &id);
     if (rc == SQLITE_ROW) {
         s = fb->stmt[ST_ZUPDATE];
         sqlite3_bind_int64(s, 1, id);
@@ -617,24 +597,15 @@ static int sql_push(fallback *fb, fb_op *op)
 {
     const char *m = op->key + op->keylen;
     int64_t pos = 0;
-    int has_end = 0;
-    int rc;
+    int rc = SQLITE_DONE;
     if (op->how != FB_ZADD) {
         sqlite3_stmt *s = fb->stmt[op->how == FB_LPUSH ? ST_HEADPOS : ST_TAILPOS];
         bind_bytes(s, 1, op->key, op->keylen);
-        rc = sqlite3_step(s);
-        if (rc == SQLITE_ROW) {
-            pos = sqlite3_column_int64(s, 0);
-            has_end = 1;
-        } else if (rc != SQLITE_DONE) {
-            sql_fail(fb, rc);
-        }
-        sqlite3_reset(s);
-        sqlite3_clear_bindings(s);
-        if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        if ((rc = sql_int(fb, s, &pos)) != SQLITE_ROW && rc != SQLITE_DONE) {
             return rc;
         }
     }
+    int has_end = rc == SQLITE_ROW; /* pos is the end the pushes go past */
     for (size_t i = 0; i < op->n; i++) {
         if (op->how == FB_ZADD) {
             rc = sql_zadd(fb, op, m, op->lens[i], op->scores[i]);
@@ -657,7 +628,7 @@ static int sql_pop(fallback *fb, fb_op *op)
 {
     sqlite3_stmt *s = fb->stmt[ST_POP_HEAD + op->how];
     bind_bytes(s, 1, op->key, op->keylen);
-    sqlite3_bind_int64(s, 2, clamp_limit(op->n));
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)(op->n > INT64_MAX ? INT64_MAX : op->n));
     int rc = sql_collect(fb, s, op);
     for (size_t i = 0; rc == SQLITE_OK && i < op->nitems; i++) {
         sqlite3_bind_int64(fb->stmt[ST_DEL_ID], 1, op->items[i].id);
@@ -710,7 +681,8 @@ static int sql_op(fallback *fb, fb_op *op)
         return sql_pop(fb, op);
     case OP_READ:
         sqlite3_bind_int64(fb->stmt[ST_READ], 1, op->id);
-        sqlite3_bind_int64(fb->stmt[ST_READ], 2, clamp_limit(op->n));
+        sqlite3_bind_int64(fb->stmt[ST_READ], 2,
+                           (sqlite3_int64)(op->n > INT64_MAX ? INT64_MAX : op->n));
         return sql_collect(fb, fb->stmt[ST_READ], op);
     case OP_DELETE:
         return sql_delete(fb, op);
@@ -721,13 +693,8 @@ static int sql_op(fallback *fb, fb_op *op)
 /* ts of the lowest id, 0 if the store is empty. */
 static int sql_oldest(fallback *fb, int64_t *out)
 {
-    sqlite3_stmt *s = fb->stmt[ST_OLDEST];
-    int rc = sqlite3_step(s);
-    *out = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
+    *out = 0;
+    int rc = sql_int(fb, fb->stmt[ST_OLDEST], out);
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
@@ -751,7 +718,7 @@ static void work_cb(uv_work_t *req)
     }
     if (rc != SQLITE_OK) {
         g->status = sqlite_to_uv(rc);
-        snprintf(g->errstr, sizeof(g->errstr), "%s", fb->werr);
+        snprintf(g->errstr, sizeof(g->errstr), "%s", fb->werr[0] ? fb->werr : sqlite3_errstr(rc));
         if (!sqlite3_get_autocommit(fb->db)) {
             sql_run(fb, fb->stmt[ST_ROLLBACK]);
         }
@@ -869,30 +836,25 @@ static void after_work_cb(uv_work_t *req, int status)
  * Open and close
  * ------------------------------------------------------------------------ */
 
-/* Run SQL that returns nothing (schema, pragmas) at open. */
-static int exec_sql(sqlite3 *db, const char *sql, char *err, size_t errlen, const char *path)
-{
-    int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        char why[FB_ERRLEN];
-        sqlite_errstr(db, rc, why, sizeof(why));
-        snprintf(err, errlen, "fallback store %s: %s", path, why);
-    }
-    return rc;
-}
-
-/* One integer a query returns (PRAGMA x, count(*)). */
-static int query_int(sqlite3 *db, const char *sql, int64_t *out)
+/* The first column of a query's first row as text into out ("" if none). */
+static int query_text(sqlite3 *db, const char *sql, char *out, size_t len)
 {
     sqlite3_stmt *s;
     int rc = sqlite3_prepare_v2(db, sql, -1, &s, NULL);
-    if (rc != SQLITE_OK) {
-        return rc;
+    out[0] = '\0';
+    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const unsigned char *t = sqlite3_column_text(s, 0);
+        snprintf(out, len, "%s", t != NULL ? (const char *)t : "");
     }
-    rc = sqlite3_step(s);
-    *out = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
-    rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
     sqlite3_finalize(s);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+static int query_int(sqlite3 *db, const char *sql, int64_t *out)
+{
+    char text[32];
+    int rc = query_text(db, sql, text, sizeof(text));
+    *out = strtoll(text, NULL, 10);
     return rc;
 }
 
@@ -924,8 +886,8 @@ static int check_store(sqlite3 *db, const char *path, int create, char *err, siz
                  "BEGIN IMMEDIATE; %s PRAGMA application_id = %d;"
                  " PRAGMA user_version = %d; COMMIT;",
                  schema_sql, FB_APP_ID, FB_SCHEMA_VERSION);
-        rc = exec_sql(db, sql, err, errlen, path);
-        return rc == SQLITE_OK ? 0 : sqlite_to_uv(rc);
+        rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+        return rc == SQLITE_OK ? 0 : open_fail(db, rc, path, err, errlen);
     }
     if (app != FB_APP_ID) {
         snprintf(err, errlen, "fallback store %s: not a ferry fallback store", path);
@@ -968,77 +930,53 @@ static int load_index(fallback *fb, char *err, size_t errlen)
 /* Everything but the lock and the handles; 0 or a negative error. */
 static int open_db(fallback *fb, uint64_t max_bytes, char *err, size_t errlen)
 {
+    char text[FB_ERRLEN], sql[160];
+    int64_t page = 0;
     int rc = sqlite3_open_v2(fb->path, &fb->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_extended_result_codes(fb->db, 1);
+        sqlite3_busy_timeout(fb->db, FB_BUSY_TIMEOUT_MS);
+        rc = query_text(fb->db, "PRAGMA journal_mode = WAL", text, sizeof(text));
+    }
     if (rc != SQLITE_OK) {
         return open_fail(fb->db, rc, fb->path, err, errlen);
     }
-    sqlite3_extended_result_codes(fb->db, 1);
-    sqlite3_busy_timeout(fb->db, FB_BUSY_TIMEOUT_MS);
-    sqlite3_stmt *s;
-    rc = sqlite3_prepare_v2(fb->db, "PRAGMA journal_mode = WAL", -1, &s, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const char *mode = (const char *)sqlite3_column_text(s, 0);
-        rc = mode != NULL && strcmp(mode, "wal") == 0 ? SQLITE_OK : SQLITE_CANTOPEN;
-        if (rc != SQLITE_OK) {
-            snprintf(err, errlen, "fallback store %s: WAL mode refused (journal_mode %s)", fb->path,
-                     mode != NULL ? mode : "?");
-            sqlite3_finalize(s);
-            return UV_EINVAL;
-        }
+    if (strcmp(text, "wal") != 0) {
+        snprintf(err, errlen, "fallback store %s: WAL mode refused (journal_mode %s)", fb->path,
+                 text);
+        return UV_EINVAL;
     }
-    sqlite3_finalize(s);
-    if (rc != SQLITE_OK) {
-        return open_fail(fb->db, rc, fb->path, err, errlen);
-    }
-    char pragmas[160];
-    snprintf(pragmas, sizeof(pragmas), "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = %d;",
+    snprintf(sql, sizeof(sql), "PRAGMA synchronous = FULL; PRAGMA journal_size_limit = %d;",
              FB_WAL_LIMIT);
-    if ((rc = exec_sql(fb->db, pragmas, err, errlen, fb->path)) != SQLITE_OK) {
-        return sqlite_to_uv(rc);
+    if ((rc = sqlite3_exec(fb->db, sql, NULL, NULL, NULL)) != SQLITE_OK) {
+        return open_fail(fb->db, rc, fb->path, err, errlen);
     }
     int r = check_store(fb->db, fb->path, 1, err, errlen);
     if (r != 0) {
         return r;
     }
-    int64_t ok = 0;
-    rc = sqlite3_prepare_v2(fb->db, "PRAGMA quick_check(1)", -1, &s, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        const char *res = (const char *)sqlite3_column_text(s, 0);
-        ok = res != NULL && strcmp(res, "ok") == 0;
-        if (!ok) {
-            snprintf(err, errlen, "fallback store %s: corrupt file (quick_check: %s)", fb->path,
-                     res != NULL ? res : "?");
-            for (char *nl = strchr(err, '\n'); nl != NULL; nl = strchr(nl, '\n')) {
-                *nl = ' ';
-            }
-        }
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(s);
-    if (rc != SQLITE_OK) {
+    if ((rc = query_text(fb->db, "PRAGMA quick_check(1)", text, sizeof(text))) != SQLITE_OK) {
         return open_fail(fb->db, rc, fb->path, err, errlen);
     }
-    if (!ok) {
+    if (strcmp(text, "ok") != 0) {
+        for (char *nl = strchr(text, '\n'); nl != NULL; nl = strchr(nl, '\n')) {
+            *nl = ' ';
+        }
+        snprintf(err, errlen, "fallback store %s: corrupt file (quick_check: %s)", fb->path, text);
         return UV_EIO;
     }
-    if (max_bytes > 0) {
-        int64_t page = 0, pages = 0;
-        char sql[64];
-        if ((rc = query_int(fb->db, "PRAGMA page_size", &page)) != SQLITE_OK) {
-            return open_fail(fb->db, rc, fb->path, err, errlen);
-        }
-        pages = (int64_t)(max_bytes / (uint64_t)page);
-        snprintf(sql, sizeof(sql), "PRAGMA max_page_count = %lld", (long long)(pages ? pages : 1));
-        if ((rc = query_int(fb->db, sql, &pages)) != SQLITE_OK) {
-            return open_fail(fb->db, rc, fb->path, err, errlen);
-        }
+    if (max_bytes > 0 && (rc = query_int(fb->db, "PRAGMA page_size", &page)) == SQLITE_OK) {
+        uint64_t pages = max_bytes / (uint64_t)page;
+        snprintf(sql, sizeof(sql), "PRAGMA max_page_count = %llu",
+                 (unsigned long long)(pages > 0 ? pages : 1));
+        rc = query_text(fb->db, sql, text, sizeof(text));
     }
-    for (int i = 0; i < ST_COUNT; i++) {
+    for (int i = 0; rc == SQLITE_OK && i < ST_COUNT; i++) {
         rc = sqlite3_prepare_v3(fb->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &fb->stmt[i],
                                 NULL);
-        if (rc != SQLITE_OK) {
-            return open_fail(fb->db, rc, fb->path, err, errlen);
-        }
+    }
+    if (rc != SQLITE_OK) {
+        return open_fail(fb->db, rc, fb->path, err, errlen);
     }
     return load_index(fb, err, errlen);
 }
@@ -1190,8 +1128,10 @@ void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
         memcpy(p, members[i], lens[i]);
         p += lens[i];
     }
-    op->lens = xmalloc((n ? n : 1) * sizeof(*op->lens));
-    memcpy(op->lens, lens, n * sizeof(*op->lens));
+    op->lens = xcalloc(n ? n : 1, sizeof(*op->lens));
+    if (n > 0) {
+        memcpy(op->lens, lens, n * sizeof(*op->lens));
+    }
     op->ts_ms = wall_ms();
     if (kind != FB_LPUSH && kind != FB_RPUSH && kind != FB_ZADD) {
         op->err = UV_EINVAL;
@@ -1265,31 +1205,18 @@ void fallback_get_stats(const fallback *fb, fallback_stats *st)
 /* Bytes as a double-quoted string: printable ASCII as is, the rest escaped. */
 static void dump_bytes(FILE *out, const char *p, size_t n)
 {
+    static const char special[] = "\\\"\n\r\t", escaped[] = "\\\"nrt";
     fputc('"', out);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
-        switch (c) {
-        case '\\':
-            fputs("\\\\", out);
-            break;
-        case '"':
-            fputs("\\\"", out);
-            break;
-        case '\n':
-            fputs("\\n", out);
-            break;
-        case '\r':
-            fputs("\\r", out);
-            break;
-        case '\t':
-            fputs("\\t", out);
-            break;
-        default:
-            if (c >= 0x20 && c < 0x7f) {
-                fputc(c, out);
-            } else {
-                fprintf(out, "\\x%02x", c);
-            }
+        const char *sp = c != 0 ? strchr(special, c) : NULL;
+        if (sp != NULL) {
+            fputc('\\', out);
+            fputc(escaped[sp - special], out);
+        } else if (c >= 0x20 && c < 0x7f) {
+            fputc(c, out);
+        } else {
+            fprintf(out, "\\x%02x", c);
         }
     }
     fputc('"', out);

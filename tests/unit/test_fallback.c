@@ -877,6 +877,13 @@ static void test_dump(void **state)
     assert_memory_equal(third, "3 ", 2);
     assert_non_null(strstr(third, "Z ZADD \"delayed\" 1700000000000.5 \"d1\"\n"));
     assert_string_equal(strchr(third, '\n'), "\n");
+    store_close(fx); /* and once nobody holds it: the same rows */
+    char *again = NULL;
+    out = open_memstream(&again, &textlen);
+    assert_int_equal(fallback_dump(fx->path, out, err, sizeof(err)), 0);
+    fclose(out);
+    assert_string_equal(again, text);
+    free(again);
     free(text);
 
     snprintf(path, sizeof(path), "%s/none.db", fx->dir);
