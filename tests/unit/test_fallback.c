@@ -687,6 +687,42 @@ static void test_io_error(void **state)
     assert_string_equal(members(&r[4]), "before after");
 }
 
+/* A statement that fails inside a group (a trigger another connection put
+ * on the table raises on "boom"): every operation of the group fails with
+ * the error, including a push before it that had already run, and the
+ * next group commits. */
+static void test_group_rollback(void **state)
+{
+    fixture *fx = *state;
+    sqlite3 *db;
+    rec r[6];
+    rec_init(fx, r, 6);
+    assert_int_equal(sqlite3_open(fx->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "CREATE TRIGGER boom BEFORE INSERT ON rows WHEN NEW.member ="
+                                  " CAST('boom' AS BLOB) BEGIN SELECT RAISE(ABORT, 'boom'); END",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+    push(fx, FB_RPUSH, "k", (const char *[]){"kept"}, NULL, 1, &r[0]);
+    run_until(fx, &fx->done, 1);
+    push(fx, FB_RPUSH, "k", (const char *[]){"undone"}, NULL, 1, &r[1]);
+    pop(fx, FB_HEAD, "k", 1, &r[2]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"boom"}, NULL, 1, &r[3]);
+    run_until(fx, &fx->done, 4);
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(r[i].status, UV_EIO);
+        assert_string_equal(r[i].errstr, "boom (SQLITE_CONSTRAINT)");
+        assert_int_equal(r[i].nitems, 0);
+    }
+    push(fx, FB_RPUSH, "k", (const char *[]){"next"}, NULL, 1, &r[4]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[5]);
+    run_until(fx, &fx->done, 6);
+    assert_ok(&r[4], 2);
+    assert_string_equal(members(&r[5]), "kept next");
+    assert_int_equal(fallback_key_rows(fx->fb, "k", 1), 2);
+}
+
 static void write_file(const char *path, const char *data, size_t len, off_t at)
 {
     int fd = open(path, O_WRONLY | O_CREAT, 0600);
@@ -928,6 +964,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_lock_conflict, setup, teardown),
         cmocka_unit_test_setup_teardown(test_max_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_io_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_binary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_inflight, setup, teardown),
