@@ -153,6 +153,8 @@ enum fb_stmt {
     ST_READ,
     ST_DEL_COUNT,
     ST_DEL_UPTO,
+    ST_DEL_KEY_COUNT,
+    ST_DEL_KEY_UPTO,
     ST_OLDEST,
     ST_COUNT
 };
@@ -182,6 +184,9 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_DEL_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)) FROM rows "
                      "WHERE id <= ?1 GROUP BY key",
     [ST_DEL_UPTO] = "DELETE FROM rows WHERE id <= ?1",
+    [ST_DEL_KEY_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)) FROM rows "
+                         "WHERE id <= ?1 AND key = ?2 GROUP BY key",
+    [ST_DEL_KEY_UPTO] = "DELETE FROM rows WHERE id <= ?1 AND key = ?2",
     [ST_OLDEST] = "SELECT ts FROM rows ORDER BY id LIMIT 1",
 };
 
@@ -642,10 +647,15 @@ static int sql_pop(fallback *fb, fb_op *op)
 
 static int sql_delete(fallback *fb, fb_op *op)
 {
-    sqlite3_stmt *s = fb->stmt[ST_DEL_COUNT];
+    int by_key = op->key != NULL; /* fallback_delete_key_upto */
+    sqlite3_stmt *s = fb->stmt[by_key ? ST_DEL_KEY_COUNT : ST_DEL_COUNT];
+    sqlite3_stmt *del = fb->stmt[by_key ? ST_DEL_KEY_UPTO : ST_DEL_UPTO];
     size_t cap = 0;
     int rc;
     sqlite3_bind_int64(s, 1, op->id);
+    if (by_key) {
+        bind_bytes(s, 2, op->key, op->keylen);
+    }
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         if (op->ndeltas == cap) {
             cap = cap ? cap * 2 : 8;
@@ -666,8 +676,11 @@ static int sql_delete(fallback *fb, fb_op *op)
     if (rc != SQLITE_DONE) {
         return rc;
     }
-    sqlite3_bind_int64(fb->stmt[ST_DEL_UPTO], 1, op->id);
-    rc = sql_run(fb, fb->stmt[ST_DEL_UPTO]);
+    sqlite3_bind_int64(del, 1, op->id);
+    if (by_key) {
+        bind_bytes(del, 2, op->key, op->keylen);
+    }
+    rc = sql_run(fb, del);
     op->count = rc == SQLITE_OK ? sqlite3_changes64(fb->db) : 0;
     return rc;
 }
@@ -1180,6 +1193,17 @@ void fallback_delete_upto(fallback *fb, int64_t upto, fallback_cb cb, void *arg)
 {
     fb_op *op = op_new(OP_DELETE, cb, arg);
     op->id = upto;
+    enqueue(fb, op);
+}
+
+void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int64_t upto,
+                              fallback_cb cb, void *arg)
+{
+    fb_op *op = op_new(OP_DELETE, cb, arg);
+    op->id = upto;
+    op->key = xmalloc(keylen + 1);
+    memcpy(op->key, key, keylen);
+    op->keylen = keylen;
     enqueue(fb, op);
 }
 

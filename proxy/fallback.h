@@ -90,8 +90,8 @@ int fallback_open(uv_loop_t *loop, const char *path, uint64_t max_bytes, fallbac
 void fallback_close(fallback *fb);
 
 /* Append n elements (one client write: LPUSH key m1 .. mn, or ZADD key s1 m1
- * ...) in order. Copies what it needs. A NaN score or n == 0 fails this
- * operation alone with UV_EINVAL. */
+ * ...) in order. Copies what it needs. cb may be NULL. A NaN score or n == 0
+ * fails this operation alone with UV_EINVAL. */
 void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
                    const char *const *members, const size_t *lens, const double *scores,
                    size_t n, fallback_cb cb, void *arg);
@@ -103,6 +103,9 @@ void fallback_pop(fallback *fb, int end, const char *key, size_t keylen, size_t 
 void fallback_read(fallback *fb, int64_t after_id, size_t n, fallback_cb cb, void *arg);
 /* Delete every row with id <= upto (replayed and acknowledged by Redis). */
 void fallback_delete_upto(fallback *fb, int64_t upto, fallback_cb cb, void *arg);
+/* The same for one key's rows only (the replay goes key by key). */
+void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int64_t upto,
+                              fallback_cb cb, void *arg);
 
 /* Rows pending for key, from an in-memory index kept on the loop thread
  * (exact once every queued operation has completed). */

@@ -476,6 +476,41 @@ static void test_read_delete(void **state)
     assert_int_equal(before, 5);
 }
 
+/* The replay deletes key by key: only that key's rows up to the id go;
+ * a push without a callback is stored all the same. */
+static void test_delete_key_upto(void **state)
+{
+    fixture *fx = *state;
+    rec r[5];
+    fallback_stats st;
+    rec_init(fx, r, 5);
+    for (int i = 0; i < 3; i++) {
+        push(fx, FB_RPUSH, "a", (const char *[]){"a"}, NULL, 1, &r[0]); /* ids 1, 3, 5 */
+        fallback_push(fx->fb, FB_RPUSH, "b", 1, (const char *[]){"bb"}, (size_t[]){2}, NULL, 1,
+                      NULL, NULL); /* ids 2, 4, 6 */
+    }
+    fallback_delete_key_upto(fx->fb, "a", 1, 4, record_cb, &r[1]);
+    fallback_delete_key_upto(fx->fb, "zzz", 3, 6, record_cb, &r[2]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[3]);
+    run_until(fx, &fx->done, 6);
+    assert_ok(&r[1], 2);
+    assert_ok(&r[2], 0);
+    assert_string_equal(members(&r[3]), "bb bb a bb");
+    assert_int_equal(r[3].items[2].id, 5);
+    assert_int_equal(fallback_key_rows(fx->fb, "a", 1), 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "b", 1), 3);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 4);
+    assert_int_equal(st.bytes, 2 + 3 * 3);
+    assert_int_equal(st.deleted, 2);
+    assert_int_equal(st.written, 6);
+    fallback_delete_key_upto(fx->fb, "b", 1, 100, record_cb, &r[4]);
+    run_until(fx, &fx->done, 7);
+    assert_ok(&r[4], 3);
+    assert_int_equal(fallback_key_rows(fx->fb, "b", 1), 0);
+    assert_int_equal(fallback_rows(fx->fb), 1);
+}
+
 /* Rows, ids, list ends and the key index survive close and reopen; an id
  * is never handed out twice, even after every row was deleted. */
 static void test_persistence(void **state)
@@ -959,6 +994,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_zset_semantics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delete_key_upto, setup, teardown),
         cmocka_unit_test_setup_teardown(test_persistence, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_index_reopen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lock_conflict, setup, teardown),
