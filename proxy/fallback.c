@@ -295,6 +295,11 @@ static const char *column_bytes(sqlite3_stmt *s, int col, size_t *n)
     return p != NULL ? p : "";
 }
 
+static sqlite3_int64 clamp_limit(size_t n)
+{
+    return n > (size_t)INT64_MAX ? INT64_MAX : (sqlite3_int64)n;
+}
+
 /* ---------------------------------------------------------------------------
  * Key index (loop thread): rows pending per key
  * ------------------------------------------------------------------------ */
@@ -633,7 +638,7 @@ static int sql_pop(fallback *fb, fb_op *op)
 {
     sqlite3_stmt *s = fb->stmt[ST_POP_HEAD + op->how];
     bind_bytes(s, 1, op->key, op->keylen);
-    sqlite3_bind_int64(s, 2, (sqlite3_int64)(op->n > INT64_MAX ? INT64_MAX : op->n));
+    sqlite3_bind_int64(s, 2, clamp_limit(op->n));
     int rc = sql_collect(fb, s, op);
     for (size_t i = 0; rc == SQLITE_OK && i < op->nitems; i++) {
         sqlite3_bind_int64(fb->stmt[ST_DEL_ID], 1, op->items[i].id);
@@ -694,8 +699,7 @@ static int sql_op(fallback *fb, fb_op *op)
         return sql_pop(fb, op);
     case OP_READ:
         sqlite3_bind_int64(fb->stmt[ST_READ], 1, op->id);
-        sqlite3_bind_int64(fb->stmt[ST_READ], 2,
-                           (sqlite3_int64)(op->n > INT64_MAX ? INT64_MAX : op->n));
+        sqlite3_bind_int64(fb->stmt[ST_READ], 2, clamp_limit(op->n));
         return sql_collect(fb, fb->stmt[ST_READ], op);
     case OP_DELETE:
         return sql_delete(fb, op);
