@@ -1,0 +1,1011 @@
+/* test_fallback.c - unit tests for proxy/fallback.c on a real loop and a
+ * real SQLite file in a temp dir per test: list and sorted-set semantics
+ * against what Redis answers for the same commands, group commit and
+ * ordering, replay bookkeeping (read / delete_upto), persistence and ids
+ * across reopen, the per-key index, the file lock, a full store and its
+ * recovery, a failed write, corrupt files, binary bytes, close with work in
+ * flight, and the dump. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fallback.h"
+
+#define MAX_ITEMS 64                /* rows a recorded callback keeps */
+#define MAX_BYTES 64                /* bytes of a recorded key or member */
+#define RUN_LIMIT_NS 20000000000ULL /* run_until gives up after 20 s */
+#define RUN_MAX_TURNS 1000000       /* ... or this many loop turns */
+
+typedef struct fixture fixture;
+
+/* A row as a callback saw it. */
+typedef struct got_item {
+    int64_t id;             /* row id */
+    int kind;               /* enum fallback_kind */
+    char key[MAX_BYTES];    /* key bytes */
+    size_t keylen;          /* bytes */
+    char member[MAX_BYTES]; /* member bytes */
+    size_t memberlen;       /* bytes */
+    double score;           /* ZADD rows */
+} got_item;
+
+/* What one operation's callback reported. */
+typedef struct rec {
+    fixture *fx;                /* for the callback order and the stats */
+    int calls;                  /* times called (must end at 1) */
+    int seq;                    /* position among all callbacks of the test */
+    int status;                 /* status argument */
+    char errstr[200];           /* errstr argument, "" if NULL */
+    int64_t count;              /* res->count */
+    size_t nitems;              /* res->nitems */
+    got_item items[MAX_ITEMS];  /* the first MAX_ITEMS rows */
+    uint64_t commits;           /* stats.commits when the callback ran */
+    void (*then)(struct rec *); /* run after recording, if set */
+} rec;
+
+static const char *self_path; /* argv[0]: test_lock_conflict runs it again */
+
+struct fixture {
+    char dir[256];  /* temp dir of this test */
+    char path[300]; /* dir/fallback.db */
+    uv_loop_t loop; /* the loop the store runs on */
+    fallback *fb;   /* the open store, or NULL */
+    int done;       /* callbacks so far */
+};
+
+/* ---------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------ */
+
+static void record_cb(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    rec *r = arg;
+    fallback_stats st;
+    assert_non_null(res);
+    r->calls++;
+    r->seq = r->fx->done++;
+    r->status = status;
+    snprintf(r->errstr, sizeof(r->errstr), "%s", errstr != NULL ? errstr : "");
+    r->count = res->count;
+    r->nitems = res->nitems;
+    for (size_t i = 0; i < res->nitems && i < MAX_ITEMS; i++) {
+        const fallback_item *it = &res->items[i];
+        got_item *g = &r->items[i];
+        g->id = it->id;
+        g->kind = it->kind;
+        memcpy(g->key, it->key, it->keylen < MAX_BYTES ? it->keylen : MAX_BYTES);
+        g->keylen = it->keylen;
+        memcpy(g->member, it->member, it->memberlen < MAX_BYTES ? it->memberlen : MAX_BYTES);
+        g->memberlen = it->memberlen; /* the bytes kept are at most MAX_BYTES */
+        g->score = it->score;
+        assert_true(it->ts_ms > 1600000000000LL);
+    }
+    if (r->fx->fb != NULL) {
+        fallback_get_stats(r->fx->fb, &st);
+        r->commits = st.commits;
+    }
+    if (r->then != NULL) {
+        r->then(r);
+    }
+}
+
+static void rec_init(fixture *fx, rec *r, size_t n)
+{
+    memset(r, 0, n * sizeof(*r));
+    for (size_t i = 0; i < n; i++) {
+        r[i].fx = fx;
+    }
+}
+
+/* Run the loop until *counter reaches want (bounded in turns and time). */
+static void run_until(fixture *fx, const int *counter, int want)
+{
+    uint64_t t0 = uv_hrtime();
+    for (int turns = 0; *counter < want && turns < RUN_MAX_TURNS; turns++) {
+        uv_run(&fx->loop, UV_RUN_ONCE);
+        if (uv_hrtime() - t0 > RUN_LIMIT_NS) {
+            break;
+        }
+    }
+    assert_int_equal(*counter, want);
+}
+
+/* Queue a push of NUL-terminated strings (scores for FB_ZADD). */
+static void push(fixture *fx, int kind, const char *key, const char *const *m, const double *s,
+                 size_t n, rec *r)
+{
+    size_t lens[16];
+    assert_true(n <= 16);
+    for (size_t i = 0; i < n; i++) {
+        lens[i] = strlen(m[i]);
+    }
+    fallback_push(fx->fb, kind, key, strlen(key), m, lens, s, n, record_cb, r);
+}
+
+static void pop(fixture *fx, int end, const char *key, size_t count, rec *r)
+{
+    fallback_pop(fx->fb, end, key, strlen(key), count, record_cb, r);
+}
+
+/* The recorded items' members joined with spaces. */
+static const char *members(const rec *r)
+{
+    static char out[1024];
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < r->nitems && i < MAX_ITEMS; i++) {
+        n += (size_t)snprintf(
+            out + n, sizeof(out) - n, "%s%.*s", i ? " " : "",
+            (int)(r->items[i].memberlen < MAX_BYTES ? r->items[i].memberlen : MAX_BYTES),
+            r->items[i].member);
+    }
+    return out;
+}
+
+static void assert_ok(const rec *r, int64_t count)
+{
+    assert_int_equal(r->calls, 1);
+    assert_int_equal(r->status, 0);
+    assert_string_equal(r->errstr, "");
+    assert_int_equal(r->count, count);
+}
+
+static int store_open(fixture *fx, uint64_t max_bytes)
+{
+    char err[256];
+    int rc = fallback_open(&fx->loop, fx->path, max_bytes, &fx->fb, err, sizeof(err));
+    if (rc != 0) {
+        print_error("fallback_open: %s\n", err);
+    }
+    return rc;
+}
+
+/* Close the store and run the loop until its handles and work are gone. */
+static void store_close(fixture *fx)
+{
+    fallback_close(fx->fb);
+    fx->fb = NULL;
+    assert_int_equal(uv_run(&fx->loop, UV_RUN_DEFAULT), 0);
+}
+
+static void store_reopen(fixture *fx)
+{
+    store_close(fx);
+    assert_int_equal(store_open(fx, 0), 0);
+}
+
+/* Write failures injected through SQLite's system-call table. */
+typedef ssize_t (*pwrite_fn)(int, const void *, size_t, off_t);
+static sqlite3_syscall_ptr real_pwrite;
+static int fail_writes;   /* fail every write while set */
+static int failed_writes; /* writes failed so far */
+
+static ssize_t faulty_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    if (fail_writes) {
+        failed_writes++;
+        errno = EIO;
+        return -1;
+    }
+    return ((pwrite_fn)real_pwrite)(fd, buf, n, off);
+}
+
+static int setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof(*fx));
+    const char *tmp = getenv("TMPDIR");
+    snprintf(fx->dir, sizeof(fx->dir), "%s/ferry-fallback-XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(fx->dir) == NULL) {
+        free(fx);
+        return -1;
+    }
+    snprintf(fx->path, sizeof(fx->path), "%s/fallback.db", fx->dir);
+    if (uv_loop_init(&fx->loop) != 0 || store_open(fx, 0) != 0) {
+        return -1;
+    }
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *fx = *state;
+    sqlite3_vfs *vfs = sqlite3_vfs_find(NULL);
+    vfs->xSetSystemCall(vfs, "pwrite64", NULL); /* undo test_io_error's fault */
+    fail_writes = 0;
+    fallback_close(fx->fb);
+    uv_run(&fx->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&fx->loop), 0);
+    DIR *d = opendir(fx->dir);
+    struct dirent *e;
+    char p[600];
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(p, sizeof(p), "%s/%s", fx->dir, e->d_name);
+            unlink(p);
+        }
+    }
+    if (d != NULL) {
+        closedir(d);
+    }
+    rmdir(fx->dir);
+    free(fx);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Semantics
+ * ------------------------------------------------------------------------ */
+
+/* The same sequence on Redis: LPUSH k a b c -> 3; LPOP k -> c; RPUSH k d ->
+ * 3 (b a d); RPOP k 2 -> d a; LPUSH k e -> 2 (e b); RPUSH k f g -> 4;
+ * LPOP k 10 -> e b f g; LPOP k -> nil; RPOP missing -> nil. Queued in one
+ * turn, so order inside a group matters too. */
+static void test_list_semantics(void **state)
+{
+    fixture *fx = *state;
+    rec r[9];
+    rec_init(fx, r, 9);
+    push(fx, FB_LPUSH, "k", (const char *[]){"a", "b", "c"}, NULL, 3, &r[0]);
+    pop(fx, FB_HEAD, "k", 1, &r[1]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"d"}, NULL, 1, &r[2]);
+    pop(fx, FB_TAIL, "k", 2, &r[3]);
+    push(fx, FB_LPUSH, "k", (const char *[]){"e"}, NULL, 1, &r[4]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"f", "g"}, NULL, 2, &r[5]);
+    pop(fx, FB_HEAD, "k", 10, &r[6]);
+    pop(fx, FB_HEAD, "k", 1, &r[7]);
+    pop(fx, FB_TAIL, "missing", 1, &r[8]);
+    run_until(fx, &fx->done, 9);
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(r[i].seq, i);
+    }
+    assert_ok(&r[0], 3);
+    assert_ok(&r[1], 1);
+    assert_string_equal(members(&r[1]), "c");
+    assert_int_equal(r[1].items[0].kind, FB_LPUSH);
+    assert_ok(&r[2], 3);
+    assert_ok(&r[3], 2);
+    assert_string_equal(members(&r[3]), "d a");
+    assert_int_equal(r[3].items[0].kind, FB_RPUSH);
+    assert_ok(&r[4], 2);
+    assert_ok(&r[5], 4);
+    assert_ok(&r[6], 4);
+    assert_string_equal(members(&r[6]), "e b f g");
+    assert_ok(&r[7], 0);
+    assert_int_equal(r[7].nitems, 0);
+    assert_ok(&r[8], 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "k", 1), 0);
+    assert_int_equal(fallback_rows(fx->fb), 0);
+}
+
+/* Redis: ZADD z 1 a 2 b 3 c -> 3; ZADD z 5 a 0 d -> 1 (a updated);
+ * ZPOPMIN z 2 -> d 0, b 2; ZPOPMAX z -> a 5; ZADD t 1 b 1 a 1 c 1 a -> 3;
+ * ZPOPMIN t 2 -> a b (equal scores: by member); ZADD t 1 a -> 1;
+ * ZPOPMAX t 5 -> c a; ZADD s -inf x +inf y -1.5 w -> 3; ZPOPMIN s 3 ->
+ * x w y. A NaN score is refused alone; the rest of its group commits. */
+static void test_zset_semantics(void **state)
+{
+    fixture *fx = *state;
+    rec r[12];
+    rec_init(fx, r, 12);
+    push(fx, FB_ZADD, "z", (const char *[]){"a", "b", "c"}, (double[]){1, 2, 3}, 3, &r[0]);
+    push(fx, FB_ZADD, "z", (const char *[]){"a", "d"}, (double[]){5, 0}, 2, &r[1]);
+    run_until(fx, &fx->done, 2);
+    assert_ok(&r[0], 3);
+    assert_ok(&r[1], 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "z", 1), 4);
+    pop(fx, FB_MIN, "z", 2, &r[2]);
+    pop(fx, FB_MAX, "z", 1, &r[3]);
+    push(fx, FB_ZADD, "t", (const char *[]){"b", "a", "c", "a"}, (double[]){1, 1, 1, 1}, 4, &r[4]);
+    pop(fx, FB_MIN, "t", 2, &r[5]);
+    push(fx, FB_ZADD, "t", (const char *[]){"a"}, (double[]){1}, 1, &r[6]);
+    pop(fx, FB_MAX, "t", 5, &r[7]);
+    push(fx, FB_ZADD, "s", (const char *[]){"x", "y", "w"}, (double[]){-INFINITY, INFINITY, -1.5},
+         3, &r[8]);
+    push(fx, FB_ZADD, "s", (const char *[]){"n"}, (double[]){NAN}, 1, &r[9]);
+    pop(fx, FB_MIN, "s", 3, &r[10]);
+    pop(fx, FB_HEAD, "z", 5, &r[11]); /* a list pop finds no list rows in a zset */
+    run_until(fx, &fx->done, 12);
+    assert_ok(&r[2], 2);
+    assert_string_equal(members(&r[2]), "d b");
+    assert_true(r[2].items[0].score == 0 && r[2].items[1].score == 2);
+    assert_int_equal(r[2].items[0].kind, FB_ZADD);
+    assert_ok(&r[3], 1);
+    assert_string_equal(members(&r[3]), "a");
+    assert_true(r[3].items[0].score == 5);
+    assert_ok(&r[4], 3);
+    assert_string_equal(members(&r[5]), "a b");
+    assert_ok(&r[6], 1);
+    assert_string_equal(members(&r[7]), "c a");
+    assert_ok(&r[8], 3);
+    assert_int_equal(r[9].status, UV_EINVAL);
+    assert_string_equal(r[9].errstr, "score is not a number");
+    assert_string_equal(members(&r[10]), "x w y");
+    assert_true(isinf(r[10].items[0].score) && r[10].items[0].score < 0);
+    assert_ok(&r[11], 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "z", 1), 1); /* c */
+    assert_int_equal(fallback_key_rows(fx->fb, "t", 1), 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "s", 1), 0);
+    assert_int_equal(fallback_rows(fx->fb), 1);
+}
+
+/* ---------------------------------------------------------------------------
+ * Group commit
+ * ------------------------------------------------------------------------ */
+
+#define GC_OPS 300
+#define GC_CHAINED 10
+
+static rec gc_chained[GC_CHAINED];
+
+/* Run from a callback of the first group: these form the second group. */
+static void queue_chained(rec *r)
+{
+    for (int i = 0; i < GC_CHAINED; i++) {
+        push(r->fx, FB_RPUSH, "chained", (const char *[]){"x"}, NULL, 1, &gc_chained[i]);
+    }
+}
+
+/* GC_OPS operations queued in one turn: one commit, callbacks in queue
+ * order, each push's length and each pop's element exactly what a FIFO
+ * (RPUSH + LPOP, as Redis would run them) gives. */
+static void test_group_commit(void **state)
+{
+    fixture *fx = *state;
+    static rec r[GC_OPS];
+    static char vals[GC_OPS][16];
+    int model[GC_OPS], head = 0, tail = 0; /* the FIFO: values queued */
+    int64_t want_count[GC_OPS];
+    int want_pop[GC_OPS]; /* value popped, -1 none */
+    fallback_stats st;
+    rec_init(fx, r, GC_OPS);
+    rec_init(fx, gc_chained, GC_CHAINED);
+    for (int i = 0; i < GC_OPS; i++) {
+        want_pop[i] = -1;
+        if (i % 3 == 2) {
+            pop(fx, FB_HEAD, "q", 1, &r[i]);
+            want_count[i] = head < tail ? 1 : 0;
+            if (head < tail) {
+                want_pop[i] = model[head++];
+            }
+        } else {
+            snprintf(vals[i], sizeof(vals[i]), "v%d", i);
+            push(fx, FB_RPUSH, "q", (const char *[]){vals[i]}, NULL, 1, &r[i]);
+            model[tail++] = i;
+            want_count[i] = tail - head;
+        }
+    }
+    r[0].then = queue_chained;
+    run_until(fx, &fx->done, GC_OPS + GC_CHAINED);
+    for (int i = 0; i < GC_OPS; i++) {
+        assert_int_equal(r[i].seq, i);
+        assert_ok(&r[i], want_count[i]);
+        assert_int_equal(r[i].commits, 1);
+        if (want_pop[i] >= 0) {
+            char want[16];
+            snprintf(want, sizeof(want), "v%d", want_pop[i]);
+            assert_string_equal(members(&r[i]), want);
+        }
+    }
+    for (int i = 0; i < GC_CHAINED; i++) {
+        assert_ok(&gc_chained[i], i + 1);
+        assert_int_equal(gc_chained[i].commits, 2);
+    }
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.commits, 2);
+    assert_int_equal(st.commit_errors, 0);
+    assert_int_equal(st.written, GC_OPS / 3 * 2 + GC_CHAINED);
+    assert_int_equal(st.popped, GC_OPS / 3);
+    assert_int_equal(st.rows, GC_OPS / 3 + GC_CHAINED);
+    assert_int_equal(fallback_key_rows(fx->fb, "q", 1), GC_OPS / 3);
+    assert_true(st.commit_us_sum > 0 && st.commit_us_max > 0);
+    assert_true(st.commit_us_max <= st.commit_us_sum);
+}
+
+/* ---------------------------------------------------------------------------
+ * Replay bookkeeping, persistence, key index
+ * ------------------------------------------------------------------------ */
+
+static void test_read_delete(void **state)
+{
+    fixture *fx = *state;
+    rec r[12];
+    fallback_stats st;
+    int64_t before = 0;
+    rec_init(fx, r, 12);
+    push(fx, FB_RPUSH, "a", (const char *[]){"x1"}, NULL, 1, &r[0]);
+    push(fx, FB_RPUSH, "b", (const char *[]){"y1"}, NULL, 1, &r[1]);
+    push(fx, FB_ZADD, "c", (const char *[]){"m"}, (double[]){2.5}, 1, &r[2]);
+    push(fx, FB_RPUSH, "a", (const char *[]){"x2"}, NULL, 1, &r[3]);
+    push(fx, FB_LPUSH, "b", (const char *[]){"y0"}, NULL, 1, &r[4]);
+    fallback_read(fx->fb, 0, 3, record_cb, &r[5]);
+    fallback_read(fx->fb, 3, 10, record_cb, &r[6]);
+    fallback_read(fx->fb, 5, 10, record_cb, &r[7]);
+    run_until(fx, &fx->done, 8);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 5);
+    assert_int_equal(st.bytes, 5 * 1 + 2 + 2 + 1 + 2 + 2);
+    assert_true(st.oldest_ms > 1600000000000LL);
+    assert_int_equal(r[5].nitems, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r[5].items[i].id, i + 1);
+    }
+    assert_memory_equal(r[5].items[1].key, "b", 1);
+    assert_int_equal(r[5].items[2].kind, FB_ZADD);
+    assert_true(r[5].items[2].score == 2.5);
+    assert_string_equal(members(&r[6]), "x2 y0");
+    assert_int_equal(r[6].items[0].id, 4);
+    assert_int_equal(r[6].items[1].kind, FB_LPUSH);
+    assert_int_equal(r[7].nitems, 0);
+
+    fallback_delete_upto(fx->fb, 3, record_cb, &r[8]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[9]);
+    fallback_delete_upto(fx->fb, 3, record_cb, &r[10]);
+    run_until(fx, &fx->done, 11);
+    assert_ok(&r[8], 3);
+    assert_string_equal(members(&r[9]), "x2 y0");
+    assert_ok(&r[10], 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "a", 1), 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "b", 1), 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "c", 1), 0);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 2);
+    assert_int_equal(st.bytes, 1 + 2 + 1 + 2);
+    assert_int_equal(st.deleted, 3);
+    assert_int_equal(st.written, 5);
+    /* the list order survives the delete: b is y0 y1 minus y1 */
+    pop(fx, FB_TAIL, "b", 5, &r[11]);
+    run_until(fx, &fx->done, 12);
+    assert_string_equal(members(&r[11]), "y0");
+    before = r[11].items[0].id;
+    assert_int_equal(before, 5);
+}
+
+/* The replay deletes key by key: only that key's rows up to the id go;
+ * a push without a callback is stored all the same. */
+static void test_delete_key_upto(void **state)
+{
+    fixture *fx = *state;
+    rec r[5];
+    fallback_stats st;
+    rec_init(fx, r, 5);
+    for (int i = 0; i < 3; i++) {
+        push(fx, FB_RPUSH, "a", (const char *[]){"a"}, NULL, 1, &r[0]); /* ids 1, 3, 5 */
+        fallback_push(fx->fb, FB_RPUSH, "b", 1, (const char *[]){"bb"}, (size_t[]){2}, NULL, 1,
+                      NULL, NULL); /* ids 2, 4, 6 */
+    }
+    fallback_delete_key_upto(fx->fb, "a", 1, 4, record_cb, &r[1]);
+    fallback_delete_key_upto(fx->fb, "zzz", 3, 6, record_cb, &r[2]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[3]);
+    run_until(fx, &fx->done, 6);
+    assert_ok(&r[1], 2);
+    assert_ok(&r[2], 0);
+    assert_string_equal(members(&r[3]), "bb bb a bb");
+    assert_int_equal(r[3].items[2].id, 5);
+    assert_int_equal(fallback_key_rows(fx->fb, "a", 1), 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "b", 1), 3);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 4);
+    assert_int_equal(st.bytes, 2 + 3 * 3);
+    assert_int_equal(st.deleted, 2);
+    assert_int_equal(st.written, 6);
+    fallback_delete_key_upto(fx->fb, "b", 1, 100, record_cb, &r[4]);
+    run_until(fx, &fx->done, 7);
+    assert_ok(&r[4], 3);
+    assert_int_equal(fallback_key_rows(fx->fb, "b", 1), 0);
+    assert_int_equal(fallback_rows(fx->fb), 1);
+}
+
+/* Rows, ids, list ends and the key index survive close and reopen; an id
+ * is never handed out twice, even after every row was deleted. */
+static void test_persistence(void **state)
+{
+    fixture *fx = *state;
+    rec r[10];
+    fallback_stats st;
+    rec_init(fx, r, 10);
+    push(fx, FB_RPUSH, "l", (const char *[]){"1", "2", "3"}, NULL, 3, &r[0]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m", "n"}, (double[]){7, 3}, 2, &r[1]);
+    pop(fx, FB_HEAD, "l", 1, &r[2]);
+    run_until(fx, &fx->done, 3);
+    store_reopen(fx);
+    assert_int_equal(fallback_rows(fx->fb), 4);
+    assert_int_equal(fallback_key_rows(fx->fb, "l", 1), 2);
+    assert_int_equal(fallback_key_rows(fx->fb, "z", 1), 2);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.bytes, 2 * 2 + 2 * 2);
+    assert_true(st.oldest_ms > 0);
+    assert_int_equal(st.written, 0); /* counters are per run */
+    fallback_read(fx->fb, 0, 10, record_cb, &r[3]);
+    push(fx, FB_LPUSH, "l", (const char *[]){"0"}, NULL, 1, &r[4]);
+    pop(fx, FB_HEAD, "l", 10, &r[5]);
+    pop(fx, FB_MIN, "z", 1, &r[6]);
+    run_until(fx, &fx->done, 7);
+    assert_string_equal(members(&r[3]), "2 3 m n");
+    assert_int_equal(r[3].items[0].id, 2);
+    assert_int_equal(r[3].items[3].id, 5);
+    assert_ok(&r[4], 3);
+    assert_string_equal(members(&r[5]), "0 2 3");
+    assert_int_equal(r[5].items[0].id, 6);
+    assert_string_equal(members(&r[6]), "n");
+    fallback_delete_upto(fx->fb, 100, record_cb, &r[7]);
+    run_until(fx, &fx->done, 8);
+    assert_ok(&r[7], 1);
+    assert_int_equal(fallback_rows(fx->fb), 0);
+    store_reopen(fx);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.oldest_ms, 0);
+    push(fx, FB_RPUSH, "l", (const char *[]){"new"}, NULL, 1, &r[8]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[9]);
+    run_until(fx, &fx->done, 10);
+    assert_int_equal(r[9].nitems, 1);
+    assert_int_equal(r[9].items[0].id, 7);
+}
+
+#define KI_KEYS 300
+
+/* Enough keys to grow the index several times; after reopen every key's
+ * count is what the writes and pops left. */
+static void test_key_index_reopen(void **state)
+{
+    fixture *fx = *state;
+    static rec r[2 * KI_KEYS];
+    uint64_t want[KI_KEYS], total = 0;
+    char key[32];
+    rec_init(fx, r, 2 * KI_KEYS);
+    for (int i = 0; i < KI_KEYS; i++) {
+        snprintf(key, sizeof(key), "key:%d", i);
+        size_t n = 1 + (size_t)(i % 5);
+        push(fx, FB_RPUSH, key, (const char *[]){"a", "b", "c", "d", "e"}, NULL, n, &r[i]);
+        want[i] = n;
+        if (i % 4 == 0) {
+            pop(fx, FB_TAIL, key, 2, &r[KI_KEYS + i]);
+            want[i] -= n < 2 ? n : 2;
+        } else {
+            fallback_read(fx->fb, 0, 0, record_cb, &r[KI_KEYS + i]);
+        }
+        total += want[i];
+    }
+    run_until(fx, &fx->done, 2 * KI_KEYS);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < KI_KEYS; i++) {
+            snprintf(key, sizeof(key), "key:%d", i);
+            assert_int_equal(fallback_key_rows(fx->fb, key, strlen(key)), want[i]);
+        }
+        assert_int_equal(fallback_rows(fx->fb), total);
+        assert_int_equal(fallback_key_rows(fx->fb, "key:", 4), 0);
+        store_reopen(fx);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Lock, full store, failed writes, corrupt files
+ * ------------------------------------------------------------------------ */
+
+/* A second open on the same path fails, in this process (flock is per open
+ * file description) and in another; closing releases the lock. */
+static void test_lock_conflict(void **state)
+{
+    fixture *fx = *state;
+    fallback *second = (fallback *)1;
+    char err[256];
+    int rc = fallback_open(&fx->loop, fx->path, 0, &second, err, sizeof(err));
+    assert_int_equal(rc, UV_EBUSY);
+    assert_null(second);
+    assert_non_null(strstr(err, fx->path));
+    assert_non_null(strstr(err, "another ferry holds it"));
+
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* a fresh process: this binary again, in try_open mode */
+        execl(self_path, self_path, "--try-open", fx->path, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    store_close(fx);
+    assert_int_equal(store_open(fx, 0), 0);
+}
+
+#define FULL_BATCH 8 /* pushes per turn */
+#define FULL_MAX_ROUNDS 200
+#define FULL_POPPED 24
+
+/* A store bounded to 96 KiB: pushes of 1 KiB fill it, the failing group's
+ * writes all get ENOSPC and none of them is stored; pops still work, and
+ * after they freed space pushes are accepted again. */
+static void test_max_bytes(void **state)
+{
+    fixture *fx = *state;
+    static rec r[FULL_BATCH];
+    rec one[4];
+    char big[1024];
+    const char *m[1] = {big};
+    size_t len = sizeof(big);
+    uint64_t acked = 0;
+    fallback_stats st;
+    int failed = 0;
+    store_close(fx);
+    assert_int_equal(store_open(fx, 96 * 1024), 0);
+    memset(big, 'x', sizeof(big));
+    for (int round = 0; round < FULL_MAX_ROUNDS && !failed; round++) {
+        rec_init(fx, r, FULL_BATCH);
+        fx->done = 0;
+        for (int i = 0; i < FULL_BATCH; i++) {
+            fallback_push(fx->fb, FB_RPUSH, "big", 3, m, &len, NULL, 1, record_cb, &r[i]);
+        }
+        run_until(fx, &fx->done, FULL_BATCH);
+        failed = r[0].status != 0;
+        for (int i = 0; i < FULL_BATCH; i++) {
+            assert_int_equal(r[i].status, r[0].status); /* all or nothing */
+            acked += r[i].status == 0;
+        }
+    }
+    assert_true(failed);
+    assert_true(acked >= FULL_POPPED && acked < 96);
+    assert_int_equal(r[0].status, UV_ENOSPC);
+    assert_string_equal(r[0].errstr, "database or disk is full (SQLITE_FULL)");
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.commit_errors, 1);
+    assert_string_equal(st.last_error, r[0].errstr);
+    assert_int_equal(st.rows, acked);
+    assert_int_equal(fallback_key_rows(fx->fb, "big", 3), acked);
+
+    rec_init(fx, one, 4);
+    fx->done = 0;
+    pop(fx, FB_HEAD, "big", FULL_POPPED, &one[0]);
+    run_until(fx, &fx->done, 1);
+    assert_ok(&one[0], FULL_POPPED);
+    fallback_push(fx->fb, FB_RPUSH, "big", 3, m, &len, NULL, 1, record_cb, &one[1]);
+    fallback_push(fx->fb, FB_RPUSH, "big", 3, m, &len, NULL, 1, record_cb, &one[2]);
+    fallback_read(fx->fb, 0, 1000, record_cb, &one[3]);
+    run_until(fx, &fx->done, 4);
+    assert_ok(&one[1], (int64_t)acked - FULL_POPPED + 1);
+    assert_ok(&one[2], (int64_t)acked - FULL_POPPED + 2);
+    assert_int_equal(one[3].nitems, acked - FULL_POPPED + 2);
+    fallback_get_stats(fx->fb, &st);
+    assert_string_equal(st.last_error, "");
+}
+
+/* An I/O error fails the group it hits (nothing of it stored), and the
+ * next group commits normally. */
+static void test_io_error(void **state)
+{
+    fixture *fx = *state;
+    sqlite3_vfs *vfs = sqlite3_vfs_find(NULL);
+    rec r[5];
+    rec_init(fx, r, 5);
+    real_pwrite = vfs->xGetSystemCall(vfs, "pwrite64");
+    assert_non_null(real_pwrite);
+    assert_int_equal(vfs->xSetSystemCall(vfs, "pwrite64", (sqlite3_syscall_ptr)faulty_pwrite),
+                     SQLITE_OK);
+    push(fx, FB_RPUSH, "k", (const char *[]){"before"}, NULL, 1, &r[0]);
+    run_until(fx, &fx->done, 1);
+    assert_ok(&r[0], 1);
+    fail_writes = 1;
+    failed_writes = 0;
+    push(fx, FB_RPUSH, "k", (const char *[]){"lost1"}, NULL, 1, &r[1]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"lost2"}, NULL, 1, &r[2]);
+    run_until(fx, &fx->done, 3);
+    fail_writes = 0;
+    assert_true(failed_writes > 0);
+    assert_int_equal(r[1].status, UV_EIO);
+    assert_int_equal(r[2].status, UV_EIO);
+    assert_non_null(strstr(r[1].errstr, "disk I/O error (SQLITE_IOERR)"));
+    push(fx, FB_RPUSH, "k", (const char *[]){"after"}, NULL, 1, &r[3]);
+    run_until(fx, &fx->done, 4);
+    assert_ok(&r[3], 2);
+    vfs->xSetSystemCall(vfs, "pwrite64", NULL);
+    store_reopen(fx);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[4]);
+    run_until(fx, &fx->done, 5);
+    assert_string_equal(members(&r[4]), "before after");
+}
+
+/* A statement that fails inside a group (a trigger another connection put
+ * on the table raises on "boom"): every operation of the group fails with
+ * the error, including a push before it that had already run, and the
+ * next group commits. */
+static void test_group_rollback(void **state)
+{
+    fixture *fx = *state;
+    sqlite3 *db;
+    rec r[6];
+    rec_init(fx, r, 6);
+    assert_int_equal(sqlite3_open(fx->path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db,
+                                  "CREATE TRIGGER boom BEFORE INSERT ON rows WHEN NEW.member ="
+                                  " CAST('boom' AS BLOB) BEGIN SELECT RAISE(ABORT, 'boom'); END",
+                                  NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+    push(fx, FB_RPUSH, "k", (const char *[]){"kept"}, NULL, 1, &r[0]);
+    run_until(fx, &fx->done, 1);
+    push(fx, FB_RPUSH, "k", (const char *[]){"undone"}, NULL, 1, &r[1]);
+    pop(fx, FB_HEAD, "k", 1, &r[2]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"boom"}, NULL, 1, &r[3]);
+    run_until(fx, &fx->done, 4);
+    for (int i = 1; i < 4; i++) {
+        assert_int_equal(r[i].status, UV_EIO);
+        assert_string_equal(r[i].errstr, "boom (SQLITE_CONSTRAINT)");
+        assert_int_equal(r[i].nitems, 0);
+    }
+    push(fx, FB_RPUSH, "k", (const char *[]){"next"}, NULL, 1, &r[4]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[5]);
+    run_until(fx, &fx->done, 6);
+    assert_ok(&r[4], 2);
+    assert_string_equal(members(&r[5]), "kept next");
+    assert_int_equal(fallback_key_rows(fx->fb, "k", 1), 2);
+}
+
+static void write_file(const char *path, const char *data, size_t len, off_t at)
+{
+    int fd = open(path, O_WRONLY | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, data, len, at), (ssize_t)len);
+    close(fd);
+}
+
+static void assert_open_fails(fixture *fx, const char *path, const char *why)
+{
+    fallback *fb = (fallback *)1;
+    char err[256];
+    int rc = fallback_open(&fx->loop, path, 0, &fb, err, sizeof(err));
+    if (rc == 0 || strstr(err, why) == NULL) {
+        print_error("open %s: %d %s\n", path, rc, rc ? err : "");
+    }
+    assert_true(rc < 0);
+    assert_null(fb);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, why));
+}
+
+/* Not a database, someone else's database, a store whose pages were
+ * overwritten: each open fails and says why, and releases the lock (a
+ * second try gives the same answer, not "locked"). */
+static void test_corrupt_file(void **state)
+{
+    fixture *fx = *state;
+    char path[400], junk[8192];
+    sqlite3 *db;
+    rec r[1];
+    rec_init(fx, r, 1);
+    memset(junk, '?', sizeof(junk));
+    snprintf(path, sizeof(path), "%s/junk.db", fx->dir);
+    write_file(path, junk, sizeof(junk), 0);
+    assert_open_fails(fx, path, "file is not a database (SQLITE_NOTADB)");
+    assert_open_fails(fx, path, "file is not a database (SQLITE_NOTADB)");
+
+    snprintf(path, sizeof(path), "%s/other.db", fx->dir);
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "CREATE TABLE t(x)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    assert_open_fails(fx, path, "not a ferry fallback store");
+
+    for (int i = 0; i < 20; i++) {
+        push(fx, FB_RPUSH, "k", (const char *[]){"some element"}, NULL, 1, r);
+    }
+    run_until(fx, &fx->done, 20);
+    store_close(fx);
+    write_file(fx->path, junk, sizeof(junk), 4096); /* pages 2 and 3 */
+    assert_open_fails(fx, fx->path, fx->path);
+    assert_open_fails(fx, fx->path, "corrupt file");
+}
+
+/* ---------------------------------------------------------------------------
+ * Binary bytes, close, dump
+ * ------------------------------------------------------------------------ */
+
+/* Keys and members with NUL bytes, an empty member, bytes that need
+ * escaping; members that differ only by a trailing NUL sort shorter
+ * first, as Redis compares them. */
+static void test_binary(void **state)
+{
+    fixture *fx = *state;
+    const char *m[3] = {"x\0y", "", "\xff\n\"\\"};
+    size_t lens[3] = {3, 0, 4};
+    const char *zm[2] = {"a\0", "a"};
+    size_t zlens[2] = {2, 1};
+    double zs[2] = {1, 1};
+    rec r[5];
+    rec_init(fx, r, 5);
+    fallback_push(fx->fb, FB_LPUSH, "q\0a", 3, m, lens, NULL, 3, record_cb, &r[0]);
+    fallback_push(fx->fb, FB_RPUSH, "q\0b", 3, m, lens, NULL, 1, record_cb, &r[1]);
+    fallback_push(fx->fb, FB_ZADD, "z\0", 2, zm, zlens, zs, 2, record_cb, &r[2]);
+    run_until(fx, &fx->done, 3);
+    assert_ok(&r[0], 3);
+    assert_ok(&r[1], 1);
+    assert_ok(&r[2], 2);
+    assert_int_equal(fallback_key_rows(fx->fb, "q\0a", 3), 3);
+    assert_int_equal(fallback_key_rows(fx->fb, "q\0b", 3), 1);
+    assert_int_equal(fallback_key_rows(fx->fb, "q", 1), 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "z\0", 2), 2);
+
+    char *text = NULL;
+    size_t textlen = 0;
+    char err[256];
+    FILE *out = open_memstream(&text, &textlen);
+    assert_int_equal(fallback_dump(fx->path, out, err, sizeof(err)), 0);
+    fclose(out);
+    assert_non_null(strstr(text, " LPUSH \"q\\x00a\" \"x\\x00y\"\n"));
+    assert_non_null(strstr(text, " LPUSH \"q\\x00a\" \"\"\n"));
+    assert_non_null(strstr(text, " LPUSH \"q\\x00a\" \"\\xff\\n\\\"\\\\\"\n"));
+    assert_non_null(strstr(text, " ZADD \"z\\x00\" 1 \"a\\x00\"\n"));
+    free(text);
+
+    fallback_pop(fx->fb, FB_TAIL, "q\0a", 3, 3, record_cb, &r[3]);
+    fallback_pop(fx->fb, FB_MIN, "z\0", 2, 2, record_cb, &r[4]);
+    run_until(fx, &fx->done, 5);
+    assert_int_equal(r[3].nitems, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r[3].items[i].keylen, 3);
+        assert_memory_equal(r[3].items[i].key, "q\0a", 3);
+        assert_int_equal(r[3].items[i].memberlen, lens[i]);
+        assert_memory_equal(r[3].items[i].member, m[i], lens[i]);
+    }
+    assert_int_equal(r[4].items[0].memberlen, 1);
+    assert_int_equal(r[4].items[1].memberlen, 2);
+    assert_memory_equal(r[4].items[1].member, "a\0", 2);
+}
+
+/* Closing with one group in the worker and one operation queued: close
+ * waits, the committed group's callback runs (status 0) before close
+ * returns, the queued one is cancelled and not stored. */
+static void test_close_inflight(void **state)
+{
+    fixture *fx = *state;
+    rec r[3];
+    rec_init(fx, r, 3);
+    push(fx, FB_RPUSH, "k", (const char *[]){"committed"}, NULL, 1, &r[0]);
+    uv_run(&fx->loop, UV_RUN_NOWAIT); /* the check hands the group to the worker */
+    push(fx, FB_RPUSH, "k", (const char *[]){"cancelled"}, NULL, 1, &r[1]);
+    assert_int_equal(r[0].calls, 0);
+    fallback_close(fx->fb);
+    assert_ok(&r[0], 1);
+    assert_int_equal(r[1].calls, 1);
+    assert_int_equal(r[1].status, UV_ECANCELED);
+    fx->fb = NULL;
+    assert_int_equal(uv_run(&fx->loop, UV_RUN_DEFAULT), 0);
+    assert_int_equal(store_open(fx, 0), 0);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[2]);
+    run_until(fx, &fx->done, 3);
+    assert_string_equal(members(&r[2]), "committed");
+}
+
+static rec cb_close_late;
+
+/* Closes the store from inside its own callback, then pushes. */
+static void close_from_cb(rec *r)
+{
+    fallback *fb = r->fx->fb;
+    r->fx->fb = NULL;
+    fallback_close(fb);
+    fallback_push(fb, FB_RPUSH, "k", 1, (const char *[]){"late"}, (size_t[]){4}, NULL, 1, record_cb,
+                  &cb_close_late);
+}
+
+/* A callback that closes the store: the rest of its committed group still
+ * gets status 0, a push after close is cancelled at once, nothing leaks. */
+static void test_close_in_callback(void **state)
+{
+    fixture *fx = *state;
+    rec r[2];
+    rec_init(fx, r, 2);
+    rec_init(fx, &cb_close_late, 1);
+    r[0].then = close_from_cb;
+    push(fx, FB_RPUSH, "k", (const char *[]){"a"}, NULL, 1, &r[0]);
+    push(fx, FB_RPUSH, "k", (const char *[]){"b"}, NULL, 1, &r[1]);
+    run_until(fx, &fx->done, 3);
+    assert_ok(&r[0], 1);
+    assert_ok(&r[1], 2);
+    assert_int_equal(r[1].seq, 1); /* delivered by the close inside a's callback */
+    assert_int_equal(cb_close_late.status, UV_ECANCELED);
+    assert_int_equal(cb_close_late.seq, 2);
+    assert_null(fx->fb);
+}
+
+/* The dump reads a store another ferry holds, in id order, one line per
+ * row; a missing or foreign file is an error. */
+static void test_dump(void **state)
+{
+    fixture *fx = *state;
+    rec r[2];
+    char *text = NULL, err[256], path[400];
+    size_t textlen = 0;
+    rec_init(fx, r, 2);
+    push(fx, FB_RPUSH, "jobs", (const char *[]){"j1", "j2"}, NULL, 2, &r[0]);
+    push(fx, FB_ZADD, "delayed", (const char *[]){"d1"}, (double[]){1700000000000.5}, 1, &r[1]);
+    run_until(fx, &fx->done, 2);
+    FILE *out = open_memstream(&text, &textlen);
+    assert_int_equal(fallback_dump(fx->path, out, err, sizeof(err)), 0);
+    fclose(out);
+    char *second = strchr(text, '\n') + 1;
+    char *third = strchr(second, '\n') + 1;
+    assert_non_null(strstr(text, "1 2"));
+    assert_memory_equal(strstr(text, "Z RPUSH"), "Z RPUSH \"jobs\" \"j1\"\n", 20);
+    assert_memory_equal(second, "2 ", 2);
+    assert_non_null(strstr(second, "Z RPUSH \"jobs\" \"j2\"\n"));
+    assert_memory_equal(third, "3 ", 2);
+    assert_non_null(strstr(third, "Z ZADD \"delayed\" 1700000000000.5 \"d1\"\n"));
+    assert_string_equal(strchr(third, '\n'), "\n");
+    store_close(fx); /* and once nobody holds it: the same rows */
+    char *again = NULL;
+    out = open_memstream(&again, &textlen);
+    assert_int_equal(fallback_dump(fx->path, out, err, sizeof(err)), 0);
+    fclose(out);
+    assert_string_equal(again, text);
+    free(again);
+    free(text);
+
+    snprintf(path, sizeof(path), "%s/none.db", fx->dir);
+    out = open_memstream(&text, &textlen);
+    assert_true(fallback_dump(path, out, err, sizeof(err)) < 0);
+    fclose(out);
+    free(text);
+    assert_non_null(strstr(err, path));
+}
+
+/* The other process of test_lock_conflict: exit 0 if opening path fails
+ * because another ferry holds it. */
+static int try_open(const char *path)
+{
+    uv_loop_t loop;
+    fallback *fb = NULL;
+    char err[256];
+    int rc = uv_loop_init(&loop);
+    if (rc == 0) {
+        rc = fallback_open(&loop, path, 0, &fb, err, sizeof(err));
+        fprintf(stderr, "try_open: %d %s\n", rc, rc != 0 ? err : "opened");
+        fallback_close(fb);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        uv_loop_close(&loop);
+    }
+    return rc == UV_EBUSY && strstr(err, "another ferry holds it") != NULL ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--try-open") == 0) {
+        return try_open(argv[2]);
+    }
+    self_path = argv[0];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_list_semantics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zset_semantics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_delete, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_delete_key_upto, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_persistence, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_index_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lock_conflict, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_io_error, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_rollback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_inflight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_in_callback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dump, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
