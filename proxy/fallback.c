@@ -17,6 +17,7 @@
  *   CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;
  *   CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;
  *   CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;
+ *   CREATE INDEX rows_key ON rows(key, id);   -- the replay deletes key by key
  *
  *   sqlite3 -readonly FILE "SELECT id, kind, CAST(key AS TEXT),
  *       CAST(member AS TEXT), score, pos, ts FROM rows ORDER BY id"
@@ -196,7 +197,8 @@ static const char schema_sql[] =
     " ts INTEGER NOT NULL);"
     "CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;"
     "CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;"
-    "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;";
+    "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;"
+    "CREATE INDEX rows_key ON rows(key, id);";
 
 struct fallback {
     uv_loop_t *loop;              /* the loop callbacks run on */
