@@ -48,6 +48,9 @@ void backlog_hold(session *s)
         request *r = list_entry(m, request, sq);
         if (r->state == REQ_HELD) {
             held += buf_used(&r->data);
+            if (r->flags & REQ_F_BLOCKING) {
+                r->flags |= REQ_F_REARM; /* time held counts against its timeout */
+            }
         }
     }
     backlog_set_held(s, held);
