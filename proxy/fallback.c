@@ -87,7 +87,8 @@ typedef enum op_type {
     OP_PUSH = 0, /* fallback_push */
     OP_POP,      /* fallback_pop */
     OP_READ,     /* fallback_read */
-    OP_DELETE    /* fallback_delete_upto */
+    OP_DELETE,   /* fallback_delete_upto */
+    OP_MOVE      /* fallback_move */
 } op_type;
 
 /* The effect of a delete on one key. */
@@ -120,7 +121,8 @@ typedef struct fb_op {
     size_t itemcap;       /* allocated in items */
     int64_t drows;        /* push/pop: rows added (negative: removed) for key */
     int64_t dbytes;       /* push/pop: bytes added (negative: removed) */
-    key_delta *deltas;    /* delete: per key */
+    key_delta *deltas;    /* delete: per key; move: the destination's row */
+    int to;               /* move: FB_LPUSH or FB_RPUSH into dst */
     size_t ndeltas;       /* entries in deltas */
 } fb_op;
 
@@ -652,6 +654,46 @@ static int sql_pop(fallback *fb, fb_op *op)
     return rc;
 }
 
+/* LMOVE: one row off src's end, onto dst's end, in the same transaction.
+ * op->key holds src then dst (op->n is dst's length). */
+static int sql_move(fallback *fb, fb_op *op)
+{
+    size_t dstlen = op->n;
+    op->n = 1;
+    int rc = sql_pop(fb, op);
+    op->n = dstlen;
+    if (rc != SQLITE_OK || op->nitems == 0) {
+        return rc;
+    }
+    const fallback_item *it = &op->items[0];
+    fb_op dst;
+    memset(&dst, 0, sizeof(dst));
+    dst.key = op->key + op->keylen;
+    dst.keylen = dstlen;
+    dst.how = op->to;
+    dst.ts_ms = op->ts_ms;
+    int64_t pos = 0;
+    sqlite3_stmt *s = fb->stmt[op->to == FB_LPUSH ? ST_HEADPOS : ST_TAILPOS];
+    bind_bytes(s, 1, dst.key, dst.keylen);
+    rc = sql_int(fb, s, &pos);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        return rc;
+    }
+    pos = rc == SQLITE_DONE ? 0 : op->to == FB_LPUSH ? pos - 1 : pos + 1;
+    rc = sql_insert(fb, &dst, it->member, it->memberlen, 0, pos, 1);
+    if (rc == SQLITE_OK) {
+        /* Deltas are subtracted when the group completes: -1 row = one more. */
+        op->deltas = xcalloc(1, sizeof(*op->deltas));
+        op->ndeltas = 1;
+        op->deltas[0].key = xmalloc(dstlen + 1);
+        memcpy(op->deltas[0].key, dst.key, dstlen);
+        op->deltas[0].keylen = dstlen;
+        op->deltas[0].rows = -1;
+        op->deltas[0].bytes = -(int64_t)(dstlen + it->memberlen);
+    }
+    return rc;
+}
+
 static int sql_delete(fallback *fb, fb_op *op)
 {
     int by_key = op->key != NULL; /* fallback_delete_key_upto */
@@ -705,6 +747,8 @@ static int sql_op(fallback *fb, fb_op *op)
         return sql_collect(fb, fb->stmt[ST_READ], op);
     case OP_DELETE:
         return sql_delete(fb, op);
+    case OP_MOVE:
+        return sql_move(fb, op);
     }
     return SQLITE_MISUSE;
 }
@@ -1199,6 +1243,25 @@ void fallback_delete_upto(fallback *fb, int64_t upto, fallback_cb cb, void *arg)
 {
     fb_op *op = op_new(OP_DELETE, cb, arg);
     op->id = upto;
+    enqueue(fb, op);
+}
+
+void fallback_move(fallback *fb, int end, const char *src, size_t srclen, int to, const char *dst,
+                   size_t dstlen, fallback_cb cb, void *arg)
+{
+    fb_op *op = op_new(OP_MOVE, cb, arg);
+    op->how = end;
+    op->to = to;
+    op->key = xmalloc(srclen + dstlen + 1);
+    memcpy(op->key, src, srclen);
+    memcpy(op->key + srclen, dst, dstlen);
+    op->keylen = srclen;
+    op->n = dstlen;
+    op->ts_ms = wall_ms();
+    if ((end != FB_HEAD && end != FB_TAIL) || (to != FB_LPUSH && to != FB_RPUSH)) {
+        op->err = UV_EINVAL;
+        op->errstr = "a move goes between list ends";
+    }
     enqueue(fb, op);
 }
 

@@ -33,14 +33,14 @@ enum fallback_end {
 };
 
 typedef struct fallback_item {
-    int64_t id;         /* row id: write order across all keys, never reused */
-    int kind;           /* enum fallback_kind */
-    const char *key;    /* key bytes (binary safe) */
+    int64_t id;      /* row id: write order across all keys, never reused */
+    int kind;        /* enum fallback_kind */
+    const char *key; /* key bytes (binary safe) */
     size_t keylen;
     const char *member; /* element / member bytes (binary safe) */
     size_t memberlen;
-    double score;       /* FB_ZADD */
-    int64_t ts_ms;      /* wall-clock ms when it was written */
+    double score;  /* FB_ZADD */
+    int64_t ts_ms; /* wall-clock ms when it was written */
 } fallback_item;
 
 typedef struct fallback_result {
@@ -54,21 +54,20 @@ typedef struct fallback_result {
 /* status: 0, or a negative error (FERRY_E* or UV_E*) with errstr saying what
  * happened in words ("disk full (SQLITE_FULL)", "database is locked", ...).
  * errstr is NULL on success; res is never NULL (count 0, no items on error). */
-typedef void (*fallback_cb)(void *arg, int status, const char *errstr,
-                            const fallback_result *res);
+typedef void (*fallback_cb)(void *arg, int status, const char *errstr, const fallback_result *res);
 
 typedef struct fallback_stats {
-    uint64_t rows;            /* rows pending (not yet replayed or popped) */
-    uint64_t bytes;           /* bytes of keys + members pending */
-    int64_t oldest_ms;        /* wall-clock ms of the oldest pending row, 0 if none */
-    uint64_t written;         /* rows written since start */
-    uint64_t popped;          /* rows taken by pops since start */
-    uint64_t deleted;         /* rows deleted after replay since start */
-    uint64_t commits;         /* groups committed */
-    uint64_t commit_errors;   /* groups that failed */
-    uint64_t commit_us_sum;   /* total commit time (worker side), microseconds */
-    uint64_t commit_us_max;   /* longest commit */
-    char last_error[160];     /* "" if the last group committed */
+    uint64_t rows;          /* rows pending (not yet replayed or popped) */
+    uint64_t bytes;         /* bytes of keys + members pending */
+    int64_t oldest_ms;      /* wall-clock ms of the oldest pending row, 0 if none */
+    uint64_t written;       /* rows written since start */
+    uint64_t popped;        /* rows taken by pops since start */
+    uint64_t deleted;       /* rows deleted after replay since start */
+    uint64_t commits;       /* groups committed */
+    uint64_t commit_errors; /* groups that failed */
+    uint64_t commit_us_sum; /* total commit time (worker side), microseconds */
+    uint64_t commit_us_max; /* longest commit */
+    char last_error[160];   /* "" if the last group committed */
 } fallback_stats;
 
 typedef struct fallback fallback;
@@ -80,8 +79,8 @@ typedef struct fallback fallback;
  * disk would (fallback.max_bytes; tests use it to fill the store). Returns 0 and
  * *out, or a negative error with err filled. Existing rows are kept (they
  * are replayed once a master is up). */
-int fallback_open(uv_loop_t *loop, const char *path, uint64_t max_bytes, fallback **out,
-                  char *err, size_t errlen);
+int fallback_open(uv_loop_t *loop, const char *path, uint64_t max_bytes, fallback **out, char *err,
+                  size_t errlen);
 /* Finish the group in flight (waits for it), close SQLite, release the lock,
  * free. Queued operations not yet started fail with UV_ECANCELED. NULL ok.
  * Blocks the loop thread until the group in flight is done; every callback
@@ -93,12 +92,17 @@ void fallback_close(fallback *fb);
  * ...) in order. Copies what it needs. cb may be NULL. A NaN score or n == 0
  * fails this operation alone with UV_EINVAL. */
 void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
-                   const char *const *members, const size_t *lens, const double *scores,
-                   size_t n, fallback_cb cb, void *arg);
+                   const char *const *members, const size_t *lens, const double *scores, size_t n,
+                   fallback_cb cb, void *arg);
 /* Take up to count rows of key from one end, deleting them in the same
  * transaction. 0 rows is a success (count 0). */
 void fallback_pop(fallback *fb, int end, const char *key, size_t keylen, size_t count,
                   fallback_cb cb, void *arg);
+/* LMOVE/BLMOVE: take one row off src's end (FB_HEAD or FB_TAIL) and put
+ * it at dst's end (FB_LPUSH: head, FB_RPUSH: tail) in one transaction; the
+ * result has the moved row (0 rows: src had none). */
+void fallback_move(fallback *fb, int end, const char *src, size_t srclen, int to, const char *dst,
+                   size_t dstlen, fallback_cb cb, void *arg);
 /* Read (without deleting) up to n rows with id > after_id, in id order. */
 void fallback_read(fallback *fb, int64_t after_id, size_t n, fallback_cb cb, void *arg);
 /* Delete every row with id <= upto (replayed and acknowledged by Redis). */

@@ -115,6 +115,7 @@ typedef struct store_op {
     int blocking;   /* BLPOP & co: reply with the key, requeue on 0 rows */
     int with_count; /* LPOP key count: reply an array */
     int zset;       /* ZPOP: members with scores */
+    int move;       /* LMOVE & co: reply the moved element (bulk) */
     char *key;      /* pops: the key popped (for the reply and push-back) */
     size_t keylen;
     uint64_t start_ns; /* uv_hrtime() when submitted */
@@ -443,8 +444,8 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         op_free(op);
         return;
     }
-    if (r->s == NULL && res->nitems > 0) {
-        push_back(op, res);
+    if (r->s == NULL && res->nitems > 0 && !op->move) {
+        push_back(op, res); /* a move left its element in the store: nothing to undo */
         request_free(f, r);
         op_free(op);
         return;
@@ -458,6 +459,8 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
     buf_init(&b);
     if (res->nitems == 0) {
         buf_append_str(&b, op->with_count || op->zset ? "*-1\r\n" : "$-1\r\n");
+    } else if (op->move) {
+        buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
     } else if (op->blocking) {
         buf_append_count(&b, '*', op->zset ? 3 : 2);
         buf_append_bulk(&b, op->key, op->keylen);
@@ -596,6 +599,44 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
     return blocking && eligible ? 2 : 0;
 }
 
+/* LMOVE src dst from to / BLMOVE ... timeout / RPOPLPUSH src dst /
+ * BRPOPLPUSH src dst timeout: both keys must be queue keys. */
+static int dispatch_move(session *s, request *r, const resp_request *req, int blocking, int lmove)
+{
+    ferry *f = s->f;
+    fallback *fb = f->outage->fb;
+    int end = FB_TAIL, to = FB_LPUSH;
+    size_t want = lmove ? 5 + (size_t)blocking : 3 + (size_t)blocking;
+    if (!f->cfg->fallback_serve_pops || req->argc != want) {
+        return 0;
+    }
+    const resp_arg *src = &req->argv[1], *dst = &req->argv[2];
+    if (lmove) {
+        if (arg_is(&req->argv[3], "left")) {
+            end = FB_HEAD;
+        } else if (!arg_is(&req->argv[3], "right")) {
+            return 0;
+        }
+        if (arg_is(&req->argv[4], "right")) {
+            to = FB_RPUSH;
+        } else if (!arg_is(&req->argv[4], "left")) {
+            return 0;
+        }
+    }
+    if (!key_eligible(f, src->ptr, src->len) || !key_eligible(f, dst->ptr, dst->len)) {
+        return 0;
+    }
+    if (fallback_key_rows(fb, src->ptr, src->len) == 0) {
+        return blocking ? 2 : 0;
+    }
+    store_op *op = op_new(s, r);
+    op->move = 1;
+    op->blocking = blocking;
+    op->end = end;
+    fallback_move(fb, end, src->ptr, src->len, to, dst->ptr, dst->len, pop_done, op);
+    return 1;
+}
+
 int outage_dispatch(session *s, request *r)
 {
     ferry *f = s->f;
@@ -621,7 +662,10 @@ int outage_dispatch(session *s, request *r)
         end = FB_MAX;
         zset = 1;
     }
-    if ((!push && end < 0) || !command_eligible(f, name)) {
+    int move = strcmp(name, "lmove") == 0 || strcmp(name, "blmove") == 0           ? 2
+               : strcmp(name, "rpoplpush") == 0 || strcmp(name, "brpoplpush") == 0 ? 1
+                                                                                   : 0;
+    if ((!push && end < 0 && !move) || !command_eligible(f, name)) {
         return 0;
     }
     blocking = name[0] == 'b';
@@ -633,6 +677,8 @@ int outage_dispatch(session *s, request *r)
         if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
             rc = dispatch_push(s, r, &req, push);
         }
+    } else if (move) {
+        rc = dispatch_move(s, r, &req, blocking, move == 2);
     } else {
         rc = dispatch_pop(s, r, &req, end, blocking, zset);
     }
@@ -647,7 +693,8 @@ int outage_waits(ferry *f, const request *r)
     return o != NULL && up->state == UP_DOWN && (r->flags & REQ_F_BLOCKING) &&
            f->cfg->fallback_serve_pops && r->cmd != NULL &&
            (strcmp(r->cmd->name, "blpop") == 0 || strcmp(r->cmd->name, "brpop") == 0 ||
-            strcmp(r->cmd->name, "bzpopmin") == 0 || strcmp(r->cmd->name, "bzpopmax") == 0);
+            strcmp(r->cmd->name, "bzpopmin") == 0 || strcmp(r->cmd->name, "bzpopmax") == 0 ||
+            strcmp(r->cmd->name, "blmove") == 0 || strcmp(r->cmd->name, "brpoplpush") == 0);
 }
 
 int outage_blocks(ferry *f, const request *r)

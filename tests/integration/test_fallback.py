@@ -70,6 +70,10 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(c.brpop('q', timeout=1), ('q', 'o3'))
         self.assertEqual(c.zpopmin('z'), [('b', 1.0)])
         self.assertEqual(c.lpop('r'), 'x')
+        # Moves between queue keys stay in the store (BLMOVE, LMOVE).
+        self.assertEqual(c.rpush('mv', 'm1', 'm2'), 2)
+        self.assertEqual(c.blmove('mv', 'proc', 1, 'RIGHT', 'LEFT'), 'm2')
+        self.assertEqual(c.lmove('mv', 'proc', 'LEFT', 'LEFT'), 'm1')
         # A blocked pop is woken by a fallback write.
         got = {}
         t = threading.Thread(target=lambda: got.setdefault('v', f.client(
@@ -92,8 +96,10 @@ class FallbackTest(unittest.TestCase):
                          ['o%d' % i for i in range(19, 3, -1)] + ['pre2', 'pre1'])
         self.assertEqual(direct.zrange('z', 0, -1, withscores=True), [('a', 2.0)])
         self.assertEqual(direct.lrange('r', 0, -1), ['y'])
+        self.assertEqual(direct.lrange('proc', 0, -1), ['m1', 'm2'])
+        self.assertEqual(direct.llen('mv'), 0)
         st = stats_json(f.stats_port)['fallback']
-        self.assertEqual(st['fallback_replayed'], 16 + 1 + 1)
+        self.assertEqual(st['fallback_replayed'], 16 + 1 + 1 + 2)
         # New writes go to Redis again, after the replayed rows.
         self.assertEqual(c.lpush('q', 'after'), 19)
 

@@ -293,6 +293,41 @@ static void test_list_semantics(void **state)
     assert_int_equal(fallback_rows(fx->fb), 0);
 }
 
+/* Redis: RPUSH src a b c; LMOVE src dst RIGHT LEFT -> c; LMOVE src dst
+ * LEFT RIGHT -> a; LMOVE src src RIGHT LEFT -> b (a rotation); LMOVE nothing
+ * dst LEFT LEFT -> nil. Then src = [b], dst = [c a]. */
+static void test_move(void **state)
+{
+    fixture *fx = *state;
+    rec r[8];
+    rec_init(fx, r, 8);
+    push(fx, FB_RPUSH, "src", (const char *[]){"a", "b", "c"}, NULL, 3, &r[0]);
+    fallback_move(fx->fb, FB_TAIL, "src", 3, FB_LPUSH, "dst", 3, record_cb, &r[1]);
+    fallback_move(fx->fb, FB_HEAD, "src", 3, FB_RPUSH, "dst", 3, record_cb, &r[2]);
+    fallback_move(fx->fb, FB_TAIL, "src", 3, FB_LPUSH, "src", 3, record_cb, &r[3]);
+    fallback_move(fx->fb, FB_HEAD, "nothing", 7, FB_LPUSH, "dst", 3, record_cb, &r[4]);
+    pop(fx, FB_HEAD, "src", 10, &r[5]);
+    pop(fx, FB_HEAD, "dst", 10, &r[6]);
+    fallback_move(fx->fb, FB_MIN, "src", 3, FB_LPUSH, "dst", 3, record_cb, &r[7]);
+    run_until(fx, &fx->done, 8);
+    assert_ok(&r[1], 1);
+    assert_string_equal(members(&r[1]), "c");
+    assert_ok(&r[2], 1);
+    assert_string_equal(members(&r[2]), "a");
+    assert_ok(&r[3], 1);
+    assert_string_equal(members(&r[3]), "b");
+    assert_ok(&r[4], 0);
+    assert_int_equal(r[4].nitems, 0);
+    assert_ok(&r[5], 1);
+    assert_string_equal(members(&r[5]), "b");
+    assert_ok(&r[6], 2);
+    assert_string_equal(members(&r[6]), "c a");
+    assert_int_equal(r[7].status, UV_EINVAL);
+    assert_int_equal(fallback_key_rows(fx->fb, "src", 3), 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "dst", 3), 0);
+    assert_int_equal(fallback_rows(fx->fb), 0);
+}
+
 /* Redis: ZADD z 1 a 2 b 3 c -> 3; ZADD z 5 a 0 d -> 1 (a updated);
  * ZPOPMIN z 2 -> d 0, b 2; ZPOPMAX z -> a 5; ZADD t 1 b 1 a 1 c 1 a -> 3;
  * ZPOPMIN t 2 -> a b (equal scores: by member); ZADD t 1 a -> 1;
@@ -992,6 +1027,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_list_semantics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zset_semantics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_delete, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_key_upto, setup, teardown),
