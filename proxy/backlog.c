@@ -137,8 +137,10 @@ void backlog_tick(ferry *f, uint64_t now)
             session_answer_str(s, r, line);
             answered = 1;
         }
-        if (answered || f->up->state == UP_UP) {
-            router_dispatch(s); /* a master is UP: retry what Redis refused */
+        if (answered || f->up->state == UP_UP || (f->outage != NULL && f->up->state == UP_DOWN)) {
+            /* A master is UP: retry what Redis refused; or the fallback
+             * store may take what waits (at start-up, once after_ms ran out). */
+            router_dispatch(s);
         }
     }
 }

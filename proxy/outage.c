@@ -690,8 +690,9 @@ int outage_waits(ferry *f, const request *r)
 {
     struct outage *o = f->outage;
     upstream *up = f->up;
-    return o != NULL && up->state == UP_DOWN && (r->flags & REQ_F_BLOCKING) &&
-           f->cfg->fallback_serve_pops && r->cmd != NULL &&
+    return o != NULL && up->state == UP_DOWN &&
+           uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms &&
+           (r->flags & REQ_F_BLOCKING) && f->cfg->fallback_serve_pops && r->cmd != NULL &&
            (strcmp(r->cmd->name, "blpop") == 0 || strcmp(r->cmd->name, "brpop") == 0 ||
             strcmp(r->cmd->name, "bzpopmin") == 0 || strcmp(r->cmd->name, "bzpopmax") == 0 ||
             strcmp(r->cmd->name, "blmove") == 0 || strcmp(r->cmd->name, "brpoplpush") == 0);

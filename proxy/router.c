@@ -699,7 +699,10 @@ static int dispatch_one(session *s, request *r)
         /* No master for fallback.after_ms: the fallback store serves queue
          * commands; once a master is back, writes to keys not yet replayed
          * wait for their replay. */
-        if (up->state == UP_DOWN) {
+        if (up->state == UP_DOWN &&
+            uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms) {
+            /* (At start-up the view is DOWN at once: the store waits
+             * fallback.after_ms for a first master too.) */
             if (s->inflight > 0 && s->flight_link != NULL) {
                 return DISPATCH_WAIT;
             }

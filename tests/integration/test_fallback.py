@@ -124,6 +124,20 @@ class FallbackTest(unittest.TestCase):
         wait_until(lambda: pending(f2) == 0, timeout=15, msg='replay after restart')
         self.assertEqual(sorted(self.redis.client().lrange('jobs', 0, -1)), sorted(acked))
 
+    def test_start_without_redis(self):
+        """ferry started while Redis is down waits fallback.after_ms for a
+        first master, then the store takes the queue writes."""
+        self.redis.kill()
+        f = Ferry(self.redis, conf=fallback_conf(self.path), wait='port')
+        self.addCleanup(f.kill)
+        c = f.client(socket_timeout=10)
+        t0 = time.monotonic()
+        self.assertEqual(c.lpush('early', 'e1'), 1)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.2)
+        self.redis.start()
+        wait_until(lambda: pending(f) == 0, timeout=15, msg='replay')
+        self.assertEqual(self.redis.client().lrange('early', 0, -1), ['e1'])
+
     def test_one_ferry_per_store(self):
         f = self.start_ferry()
         f.client().ping()
