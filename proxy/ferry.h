@@ -109,6 +109,12 @@ typedef struct ferry {
     list_node dirty_links;            /* links with output to flush this turn */
     list_node free_reqs;              /* recycled request objects */
     size_t nfree_reqs;
+    char *rbuf;          /* loop-wide read buffer: a session with nothing partial
+                            kept reads here and copies only an incomplete request */
+    resp_parser *parser; /* parser of sessions with no partial request of their own */
+    const char **av;     /* scratch for command lookups: argument pointers */
+    size_t *al;          /* scratch: argument lengths */
+    size_t acap;         /* entries allocated in av/al */
     uint64_t nclients;   /* sessions open */
     size_t held_bytes;   /* request bytes held for lack of a master */
     uint64_t next_id;    /* ids for sessions and links */
@@ -123,6 +129,8 @@ typedef struct ferry {
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;
+
+#define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
 
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);

@@ -24,7 +24,7 @@ static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
 static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void session_write_cb(uv_write_t *w, int status);
 static void session_close_cb(uv_handle_t *h);
-static void session_process_input(session *s);
+static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
 
 /* ------------------------------------------------------------ accept/close */
@@ -54,7 +54,6 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->cursor = &s->requests;
     buf_init(&s->in);
     outq_init(&s->out);
-    s->parser = resp_parser_new(&f->limits);
     s->authed = f->cfg->client_password == NULL;
     s->last_active_ms = uv_now(f->loop);
     list_add_tail(&f->sessions, &s->node);
@@ -182,11 +181,7 @@ static void session_close_cb(uv_handle_t *h)
     resp_parser_free(s->parser);
     buf_free(&s->in);
     outq_free(&s->out);
-    free(s->av);
-    free(s->al);
-    subs_free(&s->channels);
-    subs_free(&s->patterns);
-    subs_free(&s->shards);
+    sub_sets_free(s->subs);
     free(s);
 }
 
@@ -289,6 +284,14 @@ void session_flush_answered(session *s)
 static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     session *s = h->data;
+    (void)hint;
+    if (buf_used(&s->in) == 0) {
+        /* Nothing kept: read into the loop's buffer (libuv pairs each
+         * alloc_cb with its read_cb, so one buffer serves every session). */
+        b->base = s->f->rbuf;
+        b->len = FERRY_READ_BUF;
+        return;
+    }
     buf_reserve(&s->in, SESSION_READ_CHUNK);
     b->base = s->in.data + s->in.len;
     b->len = s->in.cap - s->in.len;
@@ -309,9 +312,14 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (nread == 0) {
         return;
     }
-    s->in.len += (size_t)nread;
     s->last_active_ms = uv_now(s->f->loop);
-    session_process_input(s);
+    if (b->base == s->f->rbuf) {
+        buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
+        session_process_input(s, &view);
+    } else {
+        s->in.len += (size_t)nread;
+        session_process_input(s, &s->in);
+    }
 }
 
 /* Re-encode an inline command as multibulk for Redis. */
@@ -344,32 +352,38 @@ static void session_protocol_error(session *s, const char *msg)
     if (s->state == SESSION_OPEN) {
         session_set_state(s, SESSION_QUIT_SEEN);
     }
-    buf_clear(&s->in);
 }
 
-static void session_process_input(session *s)
+/* Parse what `in` holds (the session's own buffer, or a view of the loop's
+ * read buffer) into requests. What is left unparsed ends up in s->in, with
+ * the parser state of an incomplete request in s->parser. */
+static void session_process_input(session *s, buf *in)
 {
     ferry *f = s->f;
     int added = 0;
+    int rc = RESP_OK;
+    resp_parser *p = s->parser != NULL ? s->parser : f->parser;
 
-    while (buf_used(&s->in) > 0 && s->state == SESSION_OPEN) {
+    while (buf_used(in) > 0 && s->state == SESSION_OPEN) {
         resp_request req;
-        int rc = resp_parse_request(s->parser, buf_head(&s->in), buf_used(&s->in), &req);
+        rc = resp_parse_request(p, buf_head(in), buf_used(in), &req);
         if (rc == RESP_AGAIN) {
-            if (buf_used(&s->in) > f->cfg->max_query_bytes) {
+            if (buf_used(in) > f->cfg->max_query_bytes) {
                 session_protocol_error(
                     s, "ferry: query buffer limit reached (client.max_query_bytes)");
+                buf_clear(in);
                 added = 1;
             }
             break;
         }
         if (rc == RESP_ERR) {
-            session_protocol_error(s, resp_parser_error(s->parser));
+            session_protocol_error(s, resp_parser_error(p));
+            buf_clear(in);
             added = 1;
             break;
         }
         if (req.argc == 0) {
-            buf_consume(&s->in, req.len);
+            buf_consume(in, req.len);
             continue;
         }
         request *r = request_new(f);
@@ -379,12 +393,12 @@ static void session_process_input(session *s)
             if (req.is_inline) {
                 encode_inline(&r->data, &req);
             } else {
-                buf_append(&r->data, buf_head(&s->in), req.len);
+                buf_append(&r->data, buf_head(in), req.len);
             }
             r->deadline = request_block_deadline(r, uv_now(f->loop));
         }
         int is_quit = r->cmd != NULL && strcmp(r->cmd->name, "quit") == 0;
-        buf_consume(&s->in, req.len);
+        buf_consume(in, req.len);
         f->stats.commands_total++;
         list_add_tail(&s->requests, &r->sq);
         s->nrequests++;
@@ -395,7 +409,7 @@ static void session_process_input(session *s)
         added = 1;
         if (is_quit) {
             /* Nothing after QUIT is read: Redis closes right after it too. */
-            buf_clear(&s->in);
+            buf_clear(in);
             if (s->reading) {
                 uv_read_stop(&s->io.s);
                 s->reading = 0;
@@ -404,8 +418,20 @@ static void session_process_input(session *s)
             break;
         }
     }
+    if (in != &s->in && buf_used(in) > 0) {
+        buf_append(&s->in, buf_head(in), buf_used(in)); /* same prefix: parser offsets hold */
+    }
     if (buf_used(&s->in) == 0) {
-        buf_shrink(&s->in, 1u << 20);
+        buf_free(&s->in);
+        resp_parser_free(s->parser); /* it holds no partial request any more */
+        s->parser = NULL;
+        if (p == f->parser && rc != RESP_OK) {
+            resp_parser_reset(p); /* the shared parser is left clean for the next session */
+        }
+    } else if (rc == RESP_AGAIN && p == f->parser) {
+        /* The incomplete request's parser state goes with the session. */
+        s->parser = p;
+        f->parser = resp_parser_new(&f->limits);
     }
     if (added) {
         router_dispatch(s);
@@ -430,7 +456,7 @@ void session_check_reading(session *s)
             s->reading = 1;
         }
         if (buf_used(&s->in) > 0) {
-            session_process_input(s);
+            session_process_input(s, &s->in);
         }
     }
 }

@@ -58,9 +58,9 @@ typedef struct session {
     list_node node;           /* in f->sessions */
     list_node wait_node;      /* in f->waiting while held requests lack a link (backlog.c) */
     list_node dirty_node;     /* in f->dirty while it has output to write */
-    resp_parser *parser;      /* request parser (sticky errors) */
-    buf in;                   /* bytes read, not yet parsed */
-    outq out;                 /* replies to the client */
+    resp_parser *parser;      /* own parser while in holds a partial request (NULL: f->parser) */
+    buf in;                   /* bytes read, not yet parsed (no storage when empty) */
+    outq out;                 /* replies to the client (no storage when empty) */
     list_node requests;       /* every unanswered or unflushed request, in order */
     list_node *cursor;        /* first request dispatch has not handled yet */
     size_t nrequests;         /* entries in requests */
@@ -75,16 +75,11 @@ typedef struct session {
     int tx_writes;            /* one of them may write: EXEC is a write */
     int sticky;               /* CLIENT SETNAME/TRACKING...: pinned for life */
     tunnel_state tunnel;      /* see tunnel_state */
-    sub_set channels;         /* SUBSCRIBE */
-    sub_set patterns;         /* PSUBSCRIBE */
-    sub_set shards;           /* SSUBSCRIBE */
+    sub_sets *subs;           /* what it subscribed to; NULL until its first SUBSCRIBE */
     int authed;               /* AUTH accepted (or no password configured) */
     int reading;              /* uv_read_start active */
     uint64_t last_active_ms;  /* last read from the client */
     uint64_t next_seq;        /* sequence for the next request */
-    const char **av;          /* scratch: argument pointers for lookups */
-    size_t *al;               /* scratch: argument lengths */
-    size_t acap;              /* entries allocated in av/al */
 } session;
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */

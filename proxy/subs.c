@@ -8,6 +8,22 @@
 
 #include "ferry.h"
 
+sub_sets *sub_sets_new(void)
+{
+    return xcalloc(1, sizeof(sub_sets));
+}
+
+void sub_sets_free(sub_sets *ss)
+{
+    if (ss == NULL) {
+        return;
+    }
+    subs_free(&ss->channels);
+    subs_free(&ss->patterns);
+    subs_free(&ss->shards);
+    free(ss);
+}
+
 void subs_add(sub_set *set, const char *p, size_t n)
 {
     for (size_t i = 0; i < set->n; i++) {

@@ -15,6 +15,17 @@ typedef struct sub_set {
     size_t cap; /* allocated */
 } sub_set;
 
+/* A pub/sub client's three sets, allocated at its first subscription. */
+typedef struct sub_sets {
+    sub_set channels; /* SUBSCRIBE */
+    sub_set patterns; /* PSUBSCRIBE */
+    sub_set shards;   /* SSUBSCRIBE */
+} sub_sets;
+
+/* Returns new empty sets (abort on OOM). */
+sub_sets *sub_sets_new(void);
+void sub_sets_free(sub_sets *ss); /* accepts NULL */
+
 void subs_add(sub_set *set, const char *p, size_t n);
 void subs_del(sub_set *set, const char *p, size_t n);
 void subs_clear(sub_set *set);
