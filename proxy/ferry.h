@@ -89,6 +89,7 @@ typedef struct request {
     uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */
     int route;           /* how the session routes it (session.c) */
     long long arg;       /* route argument (db for SELECT, auth result) */
+    size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */
 } request;
 
@@ -117,6 +118,9 @@ typedef struct ferry {
     size_t acap;         /* entries allocated in av/al */
     uint64_t nclients;   /* sessions open */
     size_t held_bytes;   /* request bytes held for lack of a master */
+    size_t clients_mem;  /* bytes held for clients, as allocated: sessions, their
+                            requests, replies and buffers (limits.max_memory) */
+    list_node over_soft; /* sessions whose output is above their soft limit */
     uint64_t next_id;    /* ids for sessions and links */
     uint64_t started_ms; /* uv_now() at start */
     uv_prepare_t flush;  /* writes everything queued in one turn */

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "backlog.h"
+#include "link.h"
 #include "log.h"
 #include "router.h"
 #include "upstream.h"
@@ -26,6 +27,11 @@ static void session_write_cb(uv_write_t *w, int status);
 static void session_close_cb(uv_handle_t *h);
 static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
+static void session_output_grew(session *s);
+static void session_output_shrank(session *s);
+static void session_charge(session *s, request *r, size_t n);
+static void session_count_buffers(session *s);
+static void session_check_tunnel(session *s);
 
 /* ------------------------------------------------------------ accept/close */
 
@@ -50,6 +56,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     list_init(&s->node);
     list_init(&s->wait_node);
     list_init(&s->dirty_node);
+    list_init(&s->soft_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
     buf_init(&s->in);
@@ -58,6 +65,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->last_active_ms = uv_now(f->loop);
     list_add_tail(&f->sessions, &s->node);
     f->nclients++;
+    f->clients_mem += sizeof(*s);
     f->stats.clients_total++;
 
     if (is_unix) {
@@ -88,7 +96,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
         f->stats.clients_rejected++;
         buf_append_str(&s->out.fill, "-ERR max number of clients reached\r\n");
         session_set_state(s, SESSION_QUITTING);
-        session_mark_dirty(s);
+        session_output_grew(s);
         return 0;
     }
     rc = uv_read_start(&s->io.s, session_alloc_cb, session_read_cb);
@@ -130,6 +138,44 @@ void session_unlink(session *s, request *r)
     }
     list_del(&r->sq);
     s->nrequests--;
+    s->req_mem -= r->charge;
+    s->f->clients_mem -= r->charge;
+    r->charge = 0;
+    if (r->state == REQ_ANSWERED) {
+        s->reply_bytes -= buf_used(&r->reply);
+    }
+}
+
+/* Append r to s's queue and charge its memory (object and buffers as allocated). */
+static void session_enqueue(session *s, request *r)
+{
+    list_add_tail(&s->requests, &r->sq);
+    s->nrequests++;
+    session_charge(s, r, sizeof(*r) + r->data.cap + r->reply.cap);
+    if (r->state == REQ_ANSWERED) {
+        s->reply_bytes += buf_used(&r->reply);
+    }
+}
+
+size_t session_mem(const session *s)
+{
+    return sizeof(*s) + s->req_mem + s->buf_mem;
+}
+
+/* Charge n more bytes of r to s (and to ferry's total). */
+static void session_charge(session *s, request *r, size_t n)
+{
+    r->charge += n;
+    s->req_mem += n;
+    s->f->clients_mem += n;
+}
+
+/* Recount the storage of s's buffers (O(1)): call after they change. */
+static void session_count_buffers(session *s)
+{
+    size_t now = s->in.cap + s->out.fill.cap + s->out.busy.cap;
+    s->f->clients_mem = s->f->clients_mem - s->buf_mem + now;
+    s->buf_mem = now;
 }
 
 void session_close(session *s, const char *reason)
@@ -171,7 +217,12 @@ void session_close(session *s, const char *reason)
                     "its client left");
     router_forget(s);
     list_del(&s->node);
+    if (list_linked(&s->soft_node)) {
+        list_del(&s->soft_node);
+    }
     f->nclients--;
+    f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
+    s->buf_mem = 0;
     uv_close(&s->io.h, session_close_cb);
 }
 
@@ -194,12 +245,77 @@ static void session_mark_dirty(session *s)
     }
 }
 
+/* The output limit that applies to s: pub/sub clients have their own. */
+static const config_output_limit *session_output_limit(const session *s)
+{
+    const config *cfg = s->f->cfg;
+    return s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST ? &cfg->pubsub_output_limit
+                                                                   : &cfg->output_limit;
+}
+
+/* Bytes queued for the client: output buffers plus replies waiting for
+ * earlier ones. */
+static size_t session_output_bytes(const session *s)
+{
+    return outq_len(&s->out) + s->reply_bytes;
+}
+
+/* Close s for the output limit it hit (Redis' client-output-buffer-limit). */
+static void session_close_at_limit(session *s)
+{
+    const config_output_limit *lim = session_output_limit(s);
+    const char *key = lim == &s->f->cfg->pubsub_output_limit ? "client.pubsub_output_limit"
+                                                             : "client.output_limit";
+    char why[200];
+    if (s->limit_hit == OUT_LIMIT_HARD) {
+        snprintf(why, sizeof(why), "output buffer limit reached: %s.hard %zu bytes (%zu queued)",
+                 key, lim->hard, session_output_bytes(s));
+    } else {
+        snprintf(why, sizeof(why),
+                 "output buffer limit reached: %s.soft %zu bytes for %zu seconds (%zu queued)", key,
+                 lim->soft, lim->soft_seconds, session_output_bytes(s));
+    }
+    s->f->stats.clients_output_limit_closed++;
+    session_close(s, why);
+}
+
+/* Output was queued: recount, and note a limit crossed. Closing waits for
+ * the flush (callers are in the middle of dispatching). */
+static void session_output_grew(session *s)
+{
+    const config_output_limit *lim = session_output_limit(s);
+    size_t out = session_output_bytes(s);
+    session_count_buffers(s);
+    if (lim->hard > 0 && out >= lim->hard && s->limit_hit == 0) {
+        s->limit_hit = OUT_LIMIT_HARD;
+    }
+    if (lim->soft > 0 && out > lim->soft && s->soft_since_ms == 0) {
+        s->soft_since_ms = uv_now(s->f->loop);
+        list_add_tail(&s->f->over_soft, &s->soft_node);
+    }
+    session_mark_dirty(s);
+}
+
+/* Output was written (or dropped): recount, and leave the soft list. */
+static void session_output_shrank(session *s)
+{
+    session_count_buffers(s);
+    if (s->soft_since_ms != 0 && session_output_bytes(s) <= session_output_limit(s)->soft) {
+        s->soft_since_ms = 0;
+        list_del(&s->soft_node);
+    }
+}
+
 void session_flush_all(ferry *f)
 {
     while (!list_empty(&f->dirty)) {
         list_node *n = list_first(&f->dirty);
         session *s = list_entry(n, session, dirty_node);
         list_del(n);
+        if (s->limit_hit != 0) {
+            session_close_at_limit(s);
+            continue;
+        }
         int rc = outq_flush(&s->out, &s->io.s, session_write_cb);
         if (rc < 0) {
             session_close(s, uv_strerror(rc));
@@ -216,6 +332,8 @@ static void session_write_cb(uv_write_t *w, int status)
     if (s->state == SESSION_CLOSING) {
         return;
     }
+    session_output_shrank(s);
+    session_check_tunnel(s);
     if (status < 0) {
         session_close(s, status == UV_EPIPE || status == UV_ECONNRESET
                              ? "connection reset by client"
@@ -244,9 +362,15 @@ void session_answer(session *s, request *r, const char *p, size_t n)
         session_unlink(s, r);
         request_free(s->f, r);
     } else {
+        size_t cap = r->reply.cap;
         buf_clear(&r->reply);
         buf_append(&r->reply, p, n);
+        s->reply_bytes += n;
+        if (r->reply.cap > cap) {
+            session_charge(s, r, r->reply.cap - cap);
+        }
     }
+    session_output_grew(s);
 }
 
 void session_answer_str(session *s, request *r, const char *text)
@@ -275,7 +399,7 @@ void session_flush_answered(session *s)
         wrote = 1;
     }
     if (wrote || buf_used(&s->out.fill) > 0) {
-        session_mark_dirty(s);
+        session_output_grew(s);
     }
 }
 
@@ -342,8 +466,7 @@ static void session_protocol_error(session *s, const char *msg)
     r->s = s;
     r->seq = s->next_seq++;
     r->flags |= REQ_F_QUIT;
-    list_add_tail(&s->requests, &r->sq);
-    s->nrequests++;
+    session_enqueue(s, r);
     session_answer(s, r, line, (size_t)(n < (int)sizeof(line) ? n : (int)sizeof(line) - 1));
     if (s->reading) {
         uv_read_stop(&s->io.s);
@@ -366,6 +489,9 @@ static void session_process_input(session *s, buf *in)
 
     while (buf_used(in) > 0 && s->state == SESSION_OPEN) {
         resp_request req;
+        if (s->nrequests >= f->cfg->max_pipeline) {
+            break; /* the rest waits in s->in until replies are read (client.max_pipeline) */
+        }
         rc = resp_parse_request(p, buf_head(in), buf_used(in), &req);
         if (rc == RESP_AGAIN) {
             if (buf_used(in) > f->cfg->max_query_bytes) {
@@ -400,8 +526,7 @@ static void session_process_input(session *s, buf *in)
         int is_quit = r->cmd != NULL && strcmp(r->cmd->name, "quit") == 0;
         buf_consume(in, req.len);
         f->stats.commands_total++;
-        list_add_tail(&s->requests, &r->sq);
-        s->nrequests++;
+        session_enqueue(s, r);
         s->pending_bytes += buf_used(&r->data);
         if (s->cursor == &s->requests) {
             s->cursor = &r->sq;
@@ -433,25 +558,28 @@ static void session_process_input(session *s, buf *in)
         s->parser = p;
         f->parser = resp_parser_new(&f->limits);
     }
+    session_count_buffers(s);
     if (added) {
         router_dispatch(s);
     }
     session_check_reading(s);
 }
 
-/* Stop reading a client whose unanswered work or unread replies pile up;
- * resume once they have drained to half. */
+/* Stop reading a client whose memory (client.max_pending_bytes: requests,
+ * replies and buffers as allocated) or requests in flight
+ * (client.max_pipeline) pile up; resume once both have drained to half. */
 void session_check_reading(session *s)
 {
-    size_t limit = s->f->cfg->max_pending_bytes;
-    size_t load = s->pending_bytes + outq_len(&s->out);
+    const config *cfg = s->f->cfg;
+    size_t limit = cfg->max_pending_bytes;
+    size_t load = session_mem(s);
     if (s->state != SESSION_OPEN || s->f->stopping) {
         return;
     }
-    if (s->reading && load > limit) {
+    if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline)) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
-    } else if (!s->reading && load <= limit / 2) {
+    } else if (!s->reading && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
         if (uv_read_start(&s->io.s, session_alloc_cb, session_read_cb) == 0) {
             s->reading = 1;
         }
@@ -477,11 +605,28 @@ void session_on_stream(session *s, const char *p, size_t n)
         r->seq = s->next_seq++;
         request_set_state(r, REQ_ANSWERED);
         buf_append(&r->reply, p, n);
-        list_add_tail(&s->requests, &r->sq);
-        s->nrequests++;
+        session_enqueue(s, r);
         session_flush_answered(s);
     }
-    session_mark_dirty(s);
+    session_output_grew(s);
+    session_check_tunnel(s);
+}
+
+/* A tunnel's stream has no request to stop reading: its link stops reading
+ * from Redis while the client's memory is over client.max_pending_bytes (a
+ * pub/sub client is normally closed at its output limit first). */
+static void session_check_tunnel(session *s)
+{
+    link *l = s->dlink;
+    size_t limit = s->f->cfg->max_pending_bytes;
+    if (s->tunnel == TUN_NONE || l == NULL || s->limit_hit != 0) {
+        return;
+    }
+    if (!l->paused && session_mem(s) > limit) {
+        link_pause(l, 1);
+    } else if (l->paused && session_mem(s) <= limit / 2) {
+        link_pause(l, 0);
+    }
 }
 
 /* --------------------------------------------------------------- periodic */
@@ -491,6 +636,15 @@ void session_tick(ferry *f, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
+    /* Only the clients above a soft output limit are looked at. */
+    list_foreach_safe(n, t, &f->over_soft)
+    {
+        session *s = list_entry(n, session, soft_node);
+        if (now - s->soft_since_ms >= session_output_limit(s)->soft_seconds * 1000) {
+            s->limit_hit = OUT_LIMIT_SOFT;
+            session_close_at_limit(s);
+        }
+    }
     if (cfg->idle_timeout_ms > 0) {
         list_foreach_safe(n, t, &f->sessions)
         {

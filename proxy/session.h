@@ -66,6 +66,12 @@ typedef struct session {
     size_t nrequests;         /* entries in requests */
     size_t pending_bytes;     /* request bytes not yet answered (backpressure) */
     size_t held_bytes;        /* request bytes held without a link (backlog.c) */
+    size_t req_mem;           /* bytes charged for its requests and stored replies, as allocated */
+    size_t buf_mem;           /* bytes allocated for its input and output buffers (last counted) */
+    size_t reply_bytes;       /* reply bytes stored in requests waiting for earlier ones */
+    uint64_t soft_since_ms;   /* output above its soft limit since then; 0 = not above */
+    list_node soft_node;      /* in f->over_soft while soft_since_ms is set */
+    int limit_hit;            /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
     struct link *dlink;       /* dedicated link lent to this session (upstream_lend) */
     struct link *flight_link; /* the one link its in-flight requests are on */
     size_t inflight;          /* requests sent and not answered */
@@ -81,6 +87,9 @@ typedef struct session {
     uint64_t last_active_ms;  /* last read from the client */
     uint64_t next_seq;        /* sequence for the next request */
 } session;
+
+#define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
+#define OUT_LIMIT_SOFT 2 /* ... stayed above the soft limit for soft_seconds */
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
@@ -103,7 +112,9 @@ void session_unlink(session *s, request *r);
 
 /* Write queued output of every session marked dirty. */
 void session_flush_all(ferry *f);
-/* Periodic: idle clients. */
+/* Bytes this client holds, as allocated (session, requests, buffers). */
+size_t session_mem(const session *s);
+/* Periodic: idle clients, soft output limits. */
 void session_tick(ferry *f, uint64_t now);
 /* Graceful stop: stop reading; close sessions with nothing in flight. */
 void session_stop_all(ferry *f, int force);

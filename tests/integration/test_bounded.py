@@ -1,18 +1,29 @@
-"""ferry stays bounded under hostile load (a memory bound, not a timing):
+"""ferry stays bounded under hostile load (memory bounds, not timings):
 
 - 10 000 idle clients (each has sent one PING) cost at most 2 KiB of ferry's
-  RSS each, while 50 active clients keep being served.
+  RSS each, while 50 active clients keep being served;
+- a subscriber that never reads is closed at client.pubsub_output_limit
+  (with a log line naming it) while ~200 MB are published; ferry's RSS stays
+  bounded and a reading subscriber gets every message;
+- a client pipelining 5 M commands without reading its replies is no longer
+  read once client.max_pipeline requests or client.max_pending_bytes of
+  memory (as allocated) are in flight: ferry's RSS stays bounded, another
+  client's PING is answered at once, and the flooding client gets every
+  reply once it reads.
 """
 
 import json
+import socket
 import sys
 import threading
 import time
 import unittest
 import urllib.request
 
-from harness import Ferry, RedisServer, resp_encode, wait_until
+from harness import Ferry, RedisServer, resp_encode, resp_read_reply, resp_send, wait_until
 import idle
+
+MB = 1024 * 1024
 
 N_IDLE = 10000
 N_ACTIVE = 50
@@ -128,6 +139,288 @@ class IdleClientsTest(unittest.TestCase):
         # ... and every idle client still answers.
         self.assertEqual(idle.ping_all(socks), N_IDLE)
         self.assertLessEqual(per_client, MAX_IDLE_BYTES)
+
+
+def ping_latency(f, n=20):
+    """Worst round trip of n PINGs on a fresh connection, seconds."""
+    s = f.raw(timeout=10)
+    try:
+        worst = 0.0
+        for _ in range(n):
+            t0 = time.monotonic()
+            resp_send(s, ['PING'])
+            if resp_read_reply(s, timeout=10) != 'PONG':
+                raise AssertionError('PING not answered PONG')
+            worst = max(worst, time.monotonic() - t0)
+        return worst
+    finally:
+        s.close()
+
+
+class PubsubOutputLimitTest(unittest.TestCase):
+    MESSAGES = 1000
+    PAYLOAD = 200 * 1024  # 1000 x 200 KiB: ~200 MB published
+
+    def test_subscriber_that_never_reads_is_closed_at_the_limit(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'log': {'level': 'info'}})  # pubsub limit: 32mb 8mb 60
+        self.addCleanup(f.stop)
+
+        slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.settimeout(10)
+        slow.connect(('127.0.0.1', f.port))
+        self.addCleanup(slow.close)
+        resp_send(slow, ['SUBSCRIBE', 'news'])
+        self.assertEqual(resp_read_reply(slow), [b'subscribe', b'news', 1])
+
+        fast = f.raw()
+        self.addCleanup(fast.close)
+        resp_send(fast, ['SUBSCRIBE', 'news'])
+        self.assertEqual(resp_read_reply(fast), [b'subscribe', b'news', 1])
+        payload = b'x' * self.PAYLOAD
+        one = b'*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$%d\r\n%s\r\n' % (len(payload), payload)
+        want = len(one) * self.MESSAGES
+        got = {'n': 0, 'bad': None}
+
+        def read_fast():
+            fast.settimeout(60)
+            buf = b''
+            while got['n'] < want:
+                chunk = fast.recv(1 << 20)
+                if not chunk:
+                    got['bad'] = 'closed after %d bytes' % got['n']
+                    return
+                buf += chunk
+                while len(buf) >= len(one):  # every message is the same bytes
+                    if buf[:len(one)] != one:
+                        got['bad'] = 'unexpected bytes after %d' % got['n']
+                        return
+                    buf = buf[len(one):]
+                    got['n'] += len(one)
+
+        reader = threading.Thread(target=read_fast, daemon=True)
+        reader.start()
+        wait_until(lambda: stats_json(f.stats_port)['curr_connections'] == 2, timeout=10,
+                   msg='both subscribers connected')
+        before = idle.rss_kib(f.pid)
+        peak = before
+        pub = f.raw(timeout=30)
+        self.addCleanup(pub.close)
+        cmd = resp_encode('PUBLISH', 'news', payload)
+        batch = 10
+        for i in range(0, self.MESSAGES, batch):
+            pub.sendall(cmd * batch)
+            for _ in range(batch):
+                n = resp_read_reply(pub, timeout=30)
+                self.assertIn(n, (1, 2))
+            peak = max(peak, idle.rss_kib(f.pid))
+        reader.join(timeout=60)
+        self.assertIsNone(got['bad'])
+        self.assertEqual(got['n'], want, 'the reading subscriber got every message')
+
+        growth = (peak - before) * 1024
+        sys.stderr.write('\n  ferry RSS peak growth %.1f MB while publishing %.0f MB\n'
+                         % (growth / MB, self.MESSAGES * self.PAYLOAD / MB))
+        self.assertLess(growth, 120 * MB)
+        st = stats_json(f.stats_port)
+        self.assertEqual(st['clients']['clients_output_limit_closed'], 1)
+        self.assertIn('output buffer limit reached: client.pubsub_output_limit.hard 33554432',
+                      f.log())
+        # The closed subscriber sees the end of its stream once it reads.
+        slow.settimeout(30)
+        total = 0
+        while True:
+            try:
+                chunk = slow.recv(1 << 20)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            total += len(chunk)
+        self.assertLess(total, 40 * MB)
+
+    def test_soft_limit_closes_after_soft_seconds(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'pubsub_output_limit': {'hard': 0, 'soft': '1mb',
+                                                              'soft_seconds': 1}},
+                           'log': {'level': 'info'}})
+        self.addCleanup(f.stop)
+        slow = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.settimeout(10)
+        slow.connect(('127.0.0.1', f.port))
+        self.addCleanup(slow.close)
+        resp_send(slow, ['SUBSCRIBE', 'news'])
+        self.assertEqual(resp_read_reply(slow), [b'subscribe', b'news', 1])
+        c = r.client()
+        c.publish('news', 'x' * (4 * MB))  # over soft, far from anything hard
+        t0 = time.monotonic()
+        wait_until(lambda: stats_json(f.stats_port)['clients']['clients_output_limit_closed'] == 1,
+                   timeout=10, msg='the subscriber to be closed at the soft limit')
+        self.assertGreaterEqual(time.monotonic() - t0, 0.9)
+        self.assertIn('output buffer limit reached: client.pubsub_output_limit.soft 1048576 bytes '
+                      'for 1 seconds', f.log())
+
+    def test_normal_client_hard_limit(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'output_limit': {'hard': '1mb'}},
+                           'log': {'level': 'info'}})
+        self.addCleanup(f.stop)
+        r.client().set('big', 'x' * (2 * MB))
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10)
+        s.connect(('127.0.0.1', f.port))
+        self.addCleanup(s.close)
+        resp_send(s, ['GET', 'big'])
+        wait_until(lambda: stats_json(f.stats_port)['clients']['clients_output_limit_closed'] == 1,
+                   timeout=10, msg='the client to be closed at client.output_limit.hard')
+        self.assertIn('output buffer limit reached: client.output_limit.hard 1048576', f.log())
+        # Others are served as before (a single reply above the hard limit
+        # closes any client, as in Redis).
+        c = f.client()
+        c.set('small', 'y' * 1000)
+        self.assertEqual(c.get('small'), 'y' * 1000)
+
+
+class PipelineFloodTest(unittest.TestCase):
+    N = 5000000
+
+    def test_flood_without_reading_is_bounded_and_answered(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'max_pending_bytes': '4mb'},  # max_pipeline: 10000
+                           'upstream': {'health_timeout_ms': 0},
+                           'log': {'level': 'info'}})
+        self.addCleanup(f.stop)
+        self.assertEqual(ping_latency(f, 5) < 5, True)
+        before = idle.rss_kib(f.pid)
+
+        flood = f.raw(timeout=120)
+        self.addCleanup(flood.close)
+        chunk_cmds = 65536
+        chunk = resp_encode('PING') * chunk_cmds
+        sent = {'n': 0, 'err': None}
+
+        def send_all():
+            try:
+                left = self.N
+                while left > 0:
+                    k = min(left, chunk_cmds)
+                    flood.sendall(chunk if k == chunk_cmds else resp_encode('PING') * k)
+                    left -= k
+                    sent['n'] += k
+            except OSError as e:
+                sent['err'] = e
+
+        sender = threading.Thread(target=send_all, daemon=True)
+        bound = 48 * MB
+
+        def paused_or_over():
+            # Paused (the bound then holds or not), or already over the bound.
+            st = stats_json(f.stats_port)
+            return (st['clients'].get('clients_paused', 0) >= 1 or
+                    (idle.rss_kib(f.pid) - before) * 1024 >= bound), st
+
+        # Redis frozen: nothing is answered, ferry must stop reading at
+        # client.max_pipeline requests in flight.
+        r.sigstop()
+        try:
+            sender.start()
+            wait_until(lambda: paused_or_over()[0], timeout=30,
+                       msg='ferry to stop reading the flooding client')
+            frozen = idle.rss_kib(f.pid)
+        finally:
+            r.sigcont()
+        self.assertLess((frozen - before) * 1024, bound, 'RSS growth with Redis frozen')
+        # Redis answers: the replies pile up unread, up to max_pending_bytes.
+        wait_until(lambda: paused_or_over()[0] and
+                   paused_or_over()[1]['memory']['memory_clients'] > 2 * MB,
+                   timeout=30, msg='unread replies to stop the flooding client again')
+        latency = ping_latency(f)
+        unread = idle.rss_kib(f.pid)
+        self.assertLess((unread - before) * 1024, bound, 'RSS growth with replies unread')
+        self.assertLess(sent['n'], self.N, 'ferry read everything instead of stopping')
+
+        # Now the client reads: every reply arrives, in order.
+        want = self.N * len(b'+PONG\r\n')
+        got = {'n': 0, 'bad': None}
+
+        def read_all():
+            pat = b'+PONG\r\n' * 8192
+            pending = b''
+            while got['n'] < want:
+                data = flood.recv(1 << 20)
+                if not data:
+                    got['bad'] = 'closed after %d bytes' % got['n']
+                    return
+                pending += data
+                k = len(pending) - len(pending) % 7
+                for off in range(0, k, len(pat)):
+                    piece = pending[off:min(off + len(pat), k)]
+                    if piece != pat[:len(piece)]:
+                        got['bad'] = 'unexpected bytes after %d' % got['n']
+                        return
+                got['n'] += k
+                pending = pending[k:]
+
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        busy_latency = ping_latency(f)
+        reader.join(timeout=150)
+        sender.join(timeout=10)
+        self.assertIsNone(sent['err'])
+        self.assertIsNone(got['bad'])
+        self.assertEqual(got['n'], want, 'the flooding client got every reply')
+
+        sys.stderr.write('\n  ferry RSS %d KiB; Redis frozen +%.1f MB; replies unread +%.1f MB; '
+                         'PING %.1f ms idle, %.1f ms beside the flood\n'
+                         % (before, (frozen - before) / 1024.0, (unread - before) / 1024.0,
+                            latency * 1000, busy_latency * 1000))
+        self.assertLess(latency, 0.5)
+        self.assertLess(busy_latency, 2.0)
+
+    def test_requests_are_counted_as_allocated(self):
+        # No pipeline bound to speak of: client.max_pending_bytes alone must
+        # stop the flood, counting each small request as the object and
+        # buffer it takes (hundreds of bytes), not its 14 bytes of payload.
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'max_pending_bytes': '4mb', 'max_pipeline': 10000000},
+                           'upstream': {'health_timeout_ms': 0}})
+        self.addCleanup(f.stop)
+        before = idle.rss_kib(f.pid)
+        flood = f.raw(timeout=60)
+        self.addCleanup(flood.close)
+        flood.setblocking(False)
+        data = resp_encode('PING') * 1000000
+        r.sigstop()
+        self.addCleanup(r.sigcont)
+        sent = 0
+
+        def stuck():
+            nonlocal sent
+            try:
+                while sent < len(data):
+                    sent += flood.send(data[sent:sent + (1 << 20)])
+            except BlockingIOError:
+                pass
+            st = stats_json(f.stats_port)
+            return (st['clients'].get('clients_paused', 0) >= 1 or
+                    (idle.rss_kib(f.pid) - before) * 1024 >= 48 * MB), st
+
+        st = wait_until(lambda: stuck()[0] and stuck()[1], timeout=30,
+                        msg='ferry to stop reading the flooding client')
+        grown = (idle.rss_kib(f.pid) - before) * 1024
+        sys.stderr.write('\n  memory_clients %.1f MB, RSS +%.1f MB, %.0f%% of the flood sent\n'
+                         % (st['memory']['memory_clients'] / MB, grown / MB,
+                            100.0 * sent / len(data)))
+        self.assertLess(grown, 48 * MB)
+        self.assertLess(st['memory']['memory_clients'], 6 * MB)
 
 
 if __name__ == '__main__':
