@@ -192,6 +192,11 @@ static void set_error(request *r, const char *fmt, const char *what)
     r->route = RT_ERROR;
 }
 
+void router_refuse(request *r, const char *line)
+{
+    set_error(r, "%s", line);
+}
+
 static int password_ok(ferry *f, const resp_arg *user, const resp_arg *pass)
 {
     const char *pw = f->cfg->client_password;

@@ -57,6 +57,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     list_init(&s->wait_node);
     list_init(&s->dirty_node);
     list_init(&s->soft_node);
+    list_init(&s->mem_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
     buf_init(&s->in);
@@ -141,9 +142,6 @@ void session_unlink(session *s, request *r)
     s->req_mem -= r->charge;
     s->f->clients_mem -= r->charge;
     r->charge = 0;
-    if (r->state == REQ_ANSWERED) {
-        s->reply_bytes -= buf_used(&r->reply);
-    }
 }
 
 /* Append r to s's queue and charge its memory (object and buffers as allocated). */
@@ -152,14 +150,16 @@ static void session_enqueue(session *s, request *r)
     list_add_tail(&s->requests, &r->sq);
     s->nrequests++;
     session_charge(s, r, sizeof(*r) + r->data.cap + r->reply.cap);
-    if (r->state == REQ_ANSWERED) {
-        s->reply_bytes += buf_used(&r->reply);
-    }
 }
 
 size_t session_mem(const session *s)
 {
     return sizeof(*s) + s->req_mem + s->buf_mem;
+}
+
+int session_over_memory(const ferry *f)
+{
+    return f->cfg->max_memory > 0 && f->clients_mem > f->cfg->max_memory;
 }
 
 /* Charge n more bytes of r to s (and to ferry's total). */
@@ -220,6 +220,9 @@ void session_close(session *s, const char *reason)
     if (list_linked(&s->soft_node)) {
         list_del(&s->soft_node);
     }
+    if (list_linked(&s->mem_node)) {
+        list_del(&s->mem_node);
+    }
     f->nclients--;
     f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
     s->buf_mem = 0;
@@ -253,11 +256,11 @@ static const config_output_limit *session_output_limit(const session *s)
                                                                    : &cfg->output_limit;
 }
 
-/* Bytes queued for the client: output buffers plus replies waiting for
- * earlier ones. */
+/* Bytes queued for the client. Replies waiting for earlier ones are not
+ * output yet: client.max_pipeline and client.max_pending_bytes bound them. */
 static size_t session_output_bytes(const session *s)
 {
-    return outq_len(&s->out) + s->reply_bytes;
+    return outq_len(&s->out);
 }
 
 /* Close s for the output limit it hit (Redis' client-output-buffer-limit). */
@@ -365,7 +368,6 @@ void session_answer(session *s, request *r, const char *p, size_t n)
         size_t cap = r->reply.cap;
         buf_clear(&r->reply);
         buf_append(&r->reply, p, n);
-        s->reply_bytes += n;
         if (r->reply.cap > cap) {
             session_charge(s, r, r->reply.cap - cap);
         }
@@ -515,7 +517,15 @@ static void session_process_input(session *s, buf *in)
         request *r = request_new(f);
         r->s = s;
         r->seq = s->next_seq++;
-        if (!router_classify(s, r, &req)) {
+        int local = router_classify(s, r, &req);
+        if (!local && s->tx == TX_NONE && session_over_memory(f)) {
+            /* New work is refused; what was accepted goes on. A transaction
+             * under way is let through (it is bounded by max_pipeline). */
+            router_refuse(r, "-OOM ferry: memory limit reached (limits.max_memory)\r\n");
+            f->stats.requests_oom++;
+            local = 1;
+        }
+        if (!local) {
             if (req.is_inline) {
                 encode_inline(&r->data, &req);
             } else {
@@ -576,10 +586,19 @@ void session_check_reading(session *s)
     if (s->state != SESSION_OPEN || s->f->stopping) {
         return;
     }
-    if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline)) {
+    /* Over limits.max_memory, the clients holding more than the average
+     * are no longer read (their replies still go out). */
+    int big = session_over_memory(s->f) && load > s->f->clients_mem / s->f->nclients;
+    if (big && !list_linked(&s->mem_node)) {
+        list_add_tail(&s->f->mem_paused, &s->mem_node);
+    }
+    if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline || big)) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
-    } else if (!s->reading && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
+    } else if (!s->reading && !big && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
+        if (list_linked(&s->mem_node)) {
+            list_del(&s->mem_node);
+        }
         if (uv_read_start(&s->io.s, session_alloc_cb, session_read_cb) == 0) {
             s->reading = 1;
         }
@@ -636,6 +655,20 @@ void session_tick(ferry *f, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
+    /* Memory fell back under limits.max_memory: those paused for it are
+     * looked at again (the rest of their input may now be parsed). */
+    if (!session_over_memory(f) && !list_empty(&f->mem_paused)) {
+        list_node todo; /* a session may be paused again while this runs */
+        list_init(&todo);
+        while ((n = list_first(&f->mem_paused)) != NULL) {
+            list_del(n);
+            list_add_tail(&todo, n);
+        }
+        while ((n = list_first(&todo)) != NULL) {
+            list_del(n);
+            session_check_reading(list_entry(n, session, mem_node));
+        }
+    }
     /* Only the clients above a soft output limit are looked at. */
     list_foreach_safe(n, t, &f->over_soft)
     {

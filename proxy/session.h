@@ -68,10 +68,10 @@ typedef struct session {
     size_t held_bytes;        /* request bytes held without a link (backlog.c) */
     size_t req_mem;           /* bytes charged for its requests and stored replies, as allocated */
     size_t buf_mem;           /* bytes allocated for its input and output buffers (last counted) */
-    size_t reply_bytes;       /* reply bytes stored in requests waiting for earlier ones */
     uint64_t soft_since_ms;   /* output above its soft limit since then; 0 = not above */
     list_node soft_node;      /* in f->over_soft while soft_since_ms is set */
     int limit_hit;            /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
+    list_node mem_node;       /* in f->mem_paused while not read for limits.max_memory */
     struct link *dlink;       /* dedicated link lent to this session (upstream_lend) */
     struct link *flight_link; /* the one link its in-flight requests are on */
     size_t inflight;          /* requests sent and not answered */
@@ -114,6 +114,8 @@ void session_unlink(session *s, request *r);
 void session_flush_all(ferry *f);
 /* Bytes this client holds, as allocated (session, requests, buffers). */
 size_t session_mem(const session *s);
+/* Ferry holds more than limits.max_memory for its clients. */
+int session_over_memory(const ferry *f);
 /* Periodic: idle clients, soft output limits. */
 void session_tick(ferry *f, uint64_t now);
 /* Graceful stop: stop reading; close sessions with nothing in flight. */

@@ -290,6 +290,7 @@ static void stats_limits(ferry *f, ferry_stats *st)
     }
     st->memory_clients = f->clients_mem;
     st->memory_rss = stats_rss();
+    st->max_memory = cfg->max_memory;
     st->max_pending_bytes = cfg->max_pending_bytes;
     st->max_pipeline = cfg->max_pipeline;
     st->output_limit_hard = cfg->output_limit.hard;

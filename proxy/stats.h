@@ -55,6 +55,9 @@ typedef enum stat_type {
     X(memory, memory_rss, GAUGE, "ferry_memory_rss_bytes",                                         \
       "resident set size of the ferry process (live)")                                             \
                                                                                                    \
+    X(limits, max_memory, GAUGE, "ferry_limit_max_memory_bytes",                                   \
+      "limits.max_memory: bytes held for all clients before new requests get -OOM, 0 = none "      \
+      "(live)")                                                                                    \
     X(limits, max_pending_bytes, GAUGE, "ferry_limit_max_pending_bytes",                           \
       "client.max_pending_bytes: memory per client before ferry stops reading it (live)")          \
     X(limits, max_pipeline, GAUGE, "ferry_limit_max_pipeline",                                     \
@@ -114,6 +117,8 @@ typedef enum stat_type {
       "requests answered -TRYAGAIN (no master within hold_timeout_ms, or hold buffer full)")       \
     X(errors, requests_failed, COUNTER, "ferry_requests_failed_total",                             \
       "requests answered with an error after their link was lost (retries used up, transaction)")  \
+    X(errors, requests_oom, COUNTER, "ferry_requests_oom_total",                                   \
+      "requests answered -OOM because ferry was over limits.max_memory")                           \
     X(errors, auth_failures, COUNTER, "ferry_auth_failures_total",                                 \
       "client AUTH or HELLO AUTH with a wrong password")                                           \
     X(errors, redis_errors, COUNTER, "ferry_redis_errors_total",                                   \

@@ -20,7 +20,8 @@ import time
 import unittest
 import urllib.request
 
-from harness import Ferry, RedisServer, resp_encode, resp_read_reply, resp_send, wait_until
+from harness import (Ferry, RedisServer, RespError, resp_encode, resp_read_reply, resp_send,
+                     wait_until)
 import idle
 
 MB = 1024 * 1024
@@ -421,6 +422,63 @@ class PipelineFloodTest(unittest.TestCase):
                             100.0 * sent / len(data)))
         self.assertLess(grown, 48 * MB)
         self.assertLess(st['memory']['memory_clients'], 6 * MB)
+
+
+class MaxMemoryTest(unittest.TestCase):
+    SETS = 60
+    VALUE = 200 * 1024  # 60 x 200 KiB = 12 MB against a limit of 8 MB
+
+    def test_oom_for_new_requests_then_recovery(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'limits': {'max_memory': '8mb'},
+                           'upstream': {'health_timeout_ms': 0}})
+        self.addCleanup(f.stop)
+        small = f.raw()
+        self.addCleanup(small.close)
+        resp_send(small, ['PING'])
+        self.assertEqual(resp_read_reply(small), 'PONG')
+
+        big = f.raw(timeout=60)
+        self.addCleanup(big.close)
+        data = b''.join(resp_encode('SET', 'k%d' % i, b'%06d' % i + b'v' * (self.VALUE - 6))
+                        for i in range(self.SETS))
+        sender = threading.Thread(target=big.sendall, args=(data,), daemon=True)
+        r.sigstop()  # nothing accepted can complete: memory stays held
+        try:
+            sender.start()
+            st = wait_until(lambda: (lambda d: d['memory']['memory_clients'] > 8 * MB and
+                                     d['clients']['clients_paused'] >= 1 and d)(
+                                         stats_json(f.stats_port)),
+                            timeout=30, msg='ferry over limits.max_memory, the big client paused')
+            resp_send(small, ['PING'])
+            self.assertEqual(resp_read_reply(small),
+                             RespError('OOM ferry: memory limit reached (limits.max_memory)'))
+            self.assertGreaterEqual(stats_json(f.stats_port)['errors']['requests_oom'], 1)
+            self.assertLess(st['memory']['memory_clients'], 16 * MB)
+        finally:
+            r.sigcont()
+
+        # Everything accepted is answered; the big client is read again.
+        replies = [resp_read_reply(big, timeout=30) for _ in range(self.SETS)]
+        sender.join(timeout=10)
+        ok = [i for i, rep in enumerate(replies) if rep == 'OK']
+        oom = [i for i, rep in enumerate(replies)
+               if isinstance(rep, RespError) and 'OOM ferry' in str(rep.args[0])]
+        sys.stderr.write('\n  %d SETs accepted and applied, %d refused -OOM\n' % (len(ok), len(oom)))
+        self.assertEqual(len(ok) + len(oom), self.SETS, replies)
+        self.assertGreater(len(ok), 0)
+        rc = r.client()
+        for i in ok:
+            v = rc.get('k%d' % i)
+            self.assertEqual((len(v), v[:6]), (self.VALUE, '%06d' % i))
+        for i in oom:
+            self.assertIsNone(rc.get('k%d' % i))
+
+        def pong():
+            resp_send(small, ['PING'])
+            return resp_read_reply(small) == 'PONG'
+        wait_until(pong, timeout=10, msg='PING answered again once memory fell')
 
 
 if __name__ == '__main__':
