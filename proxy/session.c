@@ -32,6 +32,7 @@ static void session_output_shrank(session *s);
 static void session_charge(session *s, request *r, size_t n);
 static void session_count_buffers(session *s);
 static void session_check_tunnel(session *s);
+static void session_note_partial(session *s, int incomplete, int new_request);
 
 /* ------------------------------------------------------------ accept/close */
 
@@ -58,6 +59,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     list_init(&s->dirty_node);
     list_init(&s->soft_node);
     list_init(&s->mem_node);
+    list_init(&s->partial_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
     buf_init(&s->in);
@@ -222,6 +224,9 @@ void session_close(session *s, const char *reason)
     }
     if (list_linked(&s->mem_node)) {
         list_del(&s->mem_node);
+    }
+    if (list_linked(&s->partial_node)) {
+        list_del(&s->partial_node);
     }
     f->nclients--;
     f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
@@ -569,10 +574,35 @@ static void session_process_input(session *s, buf *in)
         f->parser = resp_parser_new(&f->limits);
     }
     session_count_buffers(s);
+    session_note_partial(s, rc == RESP_AGAIN && buf_used(&s->in) > 0, added);
     if (added) {
         router_dispatch(s);
     }
     session_check_reading(s);
+}
+
+/* client.request_timeout_ms: a request must arrive whole within it from its
+ * first byte. Sessions with an incomplete request are kept oldest first, so
+ * the tick looks only at those whose time is up. A new request begins when
+ * earlier ones were parsed from the same input (new_request). */
+static void session_note_partial(session *s, int incomplete, int new_request)
+{
+    ferry *f = s->f;
+    if (!incomplete || !s->reading || f->cfg->request_timeout_ms == 0) {
+        if (list_linked(&s->partial_node)) {
+            list_del(&s->partial_node);
+        }
+        s->partial_since_ms = 0;
+        return;
+    }
+    if (list_linked(&s->partial_node) && !new_request) {
+        return; /* the same request, still arriving */
+    }
+    if (list_linked(&s->partial_node)) {
+        list_del(&s->partial_node);
+    }
+    s->partial_since_ms = uv_now(f->loop);
+    list_add_tail(&f->partial, &s->partial_node);
 }
 
 /* Stop reading a client whose memory (client.max_pending_bytes: requests,
@@ -595,6 +625,7 @@ void session_check_reading(session *s)
     if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline || big)) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
+        session_note_partial(s, 0, 0); /* not read: the rest cannot arrive */
     } else if (!s->reading && !big && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
         if (list_linked(&s->mem_node)) {
             list_del(&s->mem_node);
@@ -668,6 +699,16 @@ void session_tick(ferry *f, uint64_t now)
             list_del(n);
             session_check_reading(list_entry(n, session, mem_node));
         }
+    }
+    /* Oldest incomplete request first: stop at the first still in time. */
+    while (cfg->request_timeout_ms > 0 && (n = list_first(&f->partial)) != NULL) {
+        session *s = list_entry(n, session, partial_node);
+        if (now - s->partial_since_ms < cfg->request_timeout_ms) {
+            break;
+        }
+        f->stats.clients_request_timeout++;
+        session_close(s, "request timeout: a request did not arrive whole within "
+                         "client.request_timeout_ms");
     }
     /* Only the clients above a soft output limit are looked at. */
     list_foreach_safe(n, t, &f->over_soft)

@@ -293,6 +293,7 @@ static void stats_limits(ferry *f, ferry_stats *st)
     st->max_memory = cfg->max_memory;
     st->max_pending_bytes = cfg->max_pending_bytes;
     st->max_pipeline = cfg->max_pipeline;
+    st->request_timeout_ms = cfg->request_timeout_ms;
     st->output_limit_hard = cfg->output_limit.hard;
     st->output_limit_soft = cfg->output_limit.soft;
     st->output_limit_soft_seconds = cfg->output_limit.soft_seconds;

@@ -46,6 +46,8 @@ typedef enum stat_type {
       "client connections refused at client.max_clients")                                          \
     X(clients, clients_output_limit_closed, COUNTER, "ferry_clients_output_limit_closed_total",    \
       "clients closed at client.output_limit or client.pubsub_output_limit")                       \
+    X(clients, clients_request_timeout, COUNTER, "ferry_clients_request_timeout_total",            \
+      "clients closed because a request did not arrive whole within client.request_timeout_ms")    \
     X(clients, clients_paused, GAUGE, "ferry_clients_paused",                                      \
       "clients ferry is not reading from for backpressure: client.max_pending_bytes, "             \
       "client.max_pipeline (live)")                                                                \
@@ -62,6 +64,8 @@ typedef enum stat_type {
       "client.max_pending_bytes: memory per client before ferry stops reading it (live)")          \
     X(limits, max_pipeline, GAUGE, "ferry_limit_max_pipeline",                                     \
       "client.max_pipeline: requests in flight per client before ferry stops reading it (live)")   \
+    X(limits, request_timeout_ms, MSEC, "ferry_limit_request_timeout_seconds",                     \
+      "client.request_timeout_ms: time a request may take to arrive whole, 0 = none (live)")       \
     X(limits, output_limit_hard, GAUGE, "ferry_limit_output_hard_bytes",                           \
       "client.output_limit.hard, 0 = none (live)")                                                 \
     X(limits, output_limit_soft, GAUGE, "ferry_limit_output_soft_bytes",                           \

@@ -13,6 +13,7 @@
 """
 
 import json
+import select
 import socket
 import sys
 import threading
@@ -479,6 +480,67 @@ class MaxMemoryTest(unittest.TestCase):
             resp_send(small, ['PING'])
             return resp_read_reply(small) == 'PONG'
         wait_until(pong, timeout=10, msg='PING answered again once memory fell')
+
+
+class SlowlorisTest(unittest.TestCase):
+    N = 1000
+    TIMEOUT_MS = 2000
+
+    def test_byte_a_second_is_closed_at_request_timeout(self):
+        need = self.N + 300
+        if idle.raise_nofile(need) < need:
+            self.skipTest('RLIMIT_NOFILE hard limit below %d' % need)
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'request_timeout_ms': self.TIMEOUT_MS},
+                           'log': {'level': 'info'}})
+        self.addCleanup(f.stop)
+        socks = [f.raw() for _ in range(self.N)]
+        self.addCleanup(idle.close_all, socks)
+        for so in socks:
+            so.setblocking(False)
+        poller = select.poll()
+        by_fd = {so.fileno(): so for so in socks}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        request = resp_encode('PING')  # 14 bytes: would take 14 s at a byte a second
+        t0 = time.monotonic()
+        closed_at = {}
+        for i in range(len(request)):
+            # The scenario itself is a clock: one byte per second per connection.
+            tick_end = t0 + i + 1.0
+            for so in socks:
+                if so.fileno() not in closed_at:
+                    try:
+                        so.send(request[i:i + 1])
+                    except OSError:
+                        closed_at[so.fileno()] = time.monotonic() - t0
+            while time.monotonic() < tick_end and len(closed_at) < self.N:
+                events = poller.poll(max(0, int((tick_end - time.monotonic()) * 1000)))
+                for fd, _ in events:
+                    try:
+                        data = by_fd[fd].recv(4096)
+                    except OSError:
+                        data = b''
+                    if not data:
+                        closed_at[fd] = time.monotonic() - t0
+                        poller.unregister(fd)
+            if len(closed_at) == self.N:
+                break
+            # A normal client is served meanwhile.
+            c = f.client()
+            self.assertTrue(c.ping())
+            c.close()
+        self.assertEqual(len(closed_at), self.N, 'every slow connection closed')
+        first, last = min(closed_at.values()), max(closed_at.values())
+        sys.stderr.write('\n  %d slow connections closed between %.2f s and %.2f s\n'
+                         % (self.N, first, last))
+        self.assertGreaterEqual(first, self.TIMEOUT_MS / 1000.0 - 0.1)
+        self.assertLess(last, self.TIMEOUT_MS / 1000.0 + 3.0)
+        st = stats_json(f.stats_port)
+        self.assertEqual(st['clients']['clients_request_timeout'], self.N)
+        self.assertIn('request timeout: a request did not arrive whole within '
+                      'client.request_timeout_ms', f.log())
 
 
 if __name__ == '__main__':
