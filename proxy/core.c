@@ -243,6 +243,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     list_init(&f->over_soft);
     list_init(&f->mem_paused);
     list_init(&f->partial);
+    list_init(&f->idle);
     f->rbuf = xmalloc(FERRY_READ_BUF);
     f->parser = resp_parser_new(&f->limits);
     f->started_ms = uv_now(loop);

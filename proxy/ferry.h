@@ -123,6 +123,7 @@ typedef struct ferry {
     list_node over_soft;  /* sessions whose output is above their soft limit */
     list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
     list_node partial;    /* sessions with an incomplete request, oldest first */
+    list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
     uint64_t next_id;     /* ids for sessions and links */
     uint64_t started_ms;  /* uv_now() at start */
     uv_prepare_t flush;   /* writes everything queued in one turn */

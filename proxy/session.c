@@ -66,6 +66,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     outq_init(&s->out);
     s->authed = f->cfg->client_password == NULL;
     s->last_active_ms = uv_now(f->loop);
+    list_add_tail(&f->idle, &s->idle_node);
     list_add_tail(&f->sessions, &s->node);
     f->nclients++;
     f->clients_mem += sizeof(*s);
@@ -228,6 +229,7 @@ void session_close(session *s, const char *reason)
     if (list_linked(&s->partial_node)) {
         list_del(&s->partial_node);
     }
+    list_del(&s->idle_node);
     f->nclients--;
     f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
     s->buf_mem = 0;
@@ -444,6 +446,8 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         return;
     }
     s->last_active_ms = uv_now(s->f->loop);
+    list_del(&s->idle_node); /* most recent last: f->idle stays ordered */
+    list_add_tail(&s->f->idle, &s->idle_node);
     if (b->base == s->f->rbuf) {
         buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
         session_process_input(s, &view);
@@ -719,14 +723,21 @@ void session_tick(ferry *f, uint64_t now)
             session_close_at_limit(s);
         }
     }
-    if (cfg->idle_timeout_ms > 0) {
-        list_foreach_safe(n, t, &f->sessions)
-        {
-            session *s = list_entry(n, session, node);
-            if (s->nrequests == 0 && s->tunnel == TUN_NONE && s->inflight == 0 &&
-                s->state == SESSION_OPEN && now - s->last_active_ms >= cfg->idle_timeout_ms) {
-                session_close(s, "idle timeout (client.idle_timeout_ms)");
-            }
+    /* Least recently active first: stop at the first still in time. A client
+     * busy with a request, blocked or subscribed is not idle: its idle clock
+     * starts again now. */
+    while (cfg->idle_timeout_ms > 0 && (n = list_first(&f->idle)) != NULL) {
+        session *s = list_entry(n, session, idle_node);
+        if (now - s->last_active_ms < cfg->idle_timeout_ms) {
+            break;
+        }
+        if (s->nrequests == 0 && s->tunnel == TUN_NONE && s->inflight == 0 &&
+            s->state == SESSION_OPEN) {
+            session_close(s, "idle timeout (client.idle_timeout_ms)");
+        } else {
+            s->last_active_ms = now;
+            list_del(n);
+            list_add_tail(&f->idle, n);
         }
     }
 }

@@ -86,7 +86,8 @@ typedef struct session {
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
     int authed;                /* AUTH accepted (or no password configured) */
     int reading;               /* uv_read_start active */
-    uint64_t last_active_ms;   /* last read from the client */
+    uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
+    list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
 } session;
 

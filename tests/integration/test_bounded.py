@@ -543,5 +543,66 @@ class SlowlorisTest(unittest.TestCase):
                       'client.request_timeout_ms', f.log())
 
 
+def closed_by_peer(sock, timeout):
+    """True once the peer closed sock (EOF or reset) within timeout."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            if not sock.recv(4096):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+class IdleTimeoutTest(unittest.TestCase):
+    def test_only_idle_clients_are_closed(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'client': {'idle_timeout_ms': 1000}, 'log': {'level': 'info'}})
+        self.addCleanup(f.stop)
+        t0 = time.monotonic()
+        idle_c = f.raw()
+        self.addCleanup(idle_c.close)
+        resp_send(idle_c, ['PING'])
+        self.assertEqual(resp_read_reply(idle_c), 'PONG')
+        sub = f.raw()
+        self.addCleanup(sub.close)
+        resp_send(sub, ['SUBSCRIBE', 'news'])
+        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'news', 1])
+        blocked = f.raw()
+        self.addCleanup(blocked.close)
+        resp_send(blocked, ['BLPOP', 'jobs', '0'])
+        active = f.raw()
+        self.addCleanup(active.close)
+
+        # The scenario: one client active every 200 ms, for three timeouts.
+        idle_closed = None
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            resp_send(active, ['PING'])
+            self.assertEqual(resp_read_reply(active), 'PONG')
+            if idle_closed is None and closed_by_peer(idle_c, 0.2):
+                idle_closed = time.monotonic() - t0
+            elif idle_closed is not None:
+                time.sleep(0.2)
+        self.assertIsNotNone(idle_closed, 'the idle client is closed')
+        self.assertGreaterEqual(idle_closed, 0.95)
+        c = r.client()
+        self.assertEqual(c.publish('news', 'hello'), 1)
+        self.assertEqual(resp_read_reply(sub), [b'message', b'news', b'hello'])
+        c.rpush('jobs', 'j1')
+        self.assertEqual(resp_read_reply(blocked), [b'jobs', b'j1'])
+        # Served and idle from now on: closed one timeout later, not at once.
+        served = time.monotonic()
+        self.assertTrue(closed_by_peer(blocked, 5), 'the no longer blocked client is closed')
+        self.assertGreaterEqual(time.monotonic() - served, 0.5)
+        # The subscriber is never idle.
+        self.assertEqual(c.publish('news', 'again'), 1)
+        self.assertEqual(resp_read_reply(sub), [b'message', b'news', b'again'])
+        self.assertIn('idle timeout (client.idle_timeout_ms)', f.log())
+
+
 if __name__ == '__main__':
     unittest.main()
