@@ -149,6 +149,55 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(idle_timeout_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
+    {.key = "client.max_pipeline",
+     .type = CONF_UINT,
+     CONF_FIELD(max_pipeline),
+     .min = 1,
+     .max = INT_MAX},
+    {.key = "client.request_timeout_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(request_timeout_ms),
+     .min = 0,
+     .max = CONF_DURATION_MAX},
+    {.key = "client.output_limit", .type = CONF_SECTION},
+    {.key = "client.output_limit.hard",
+     .type = CONF_SIZE,
+     CONF_FIELD(output_limit.hard),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.output_limit.soft",
+     .type = CONF_SIZE,
+     CONF_FIELD(output_limit.soft),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.output_limit.soft_seconds",
+     .type = CONF_UINT,
+     CONF_FIELD(output_limit.soft_seconds),
+     .min = 0,
+     .max = CONF_DURATION_MAX / 1000},
+    {.key = "client.pubsub_output_limit", .type = CONF_SECTION},
+    {.key = "client.pubsub_output_limit.hard",
+     .type = CONF_SIZE,
+     CONF_FIELD(pubsub_output_limit.hard),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.pubsub_output_limit.soft",
+     .type = CONF_SIZE,
+     CONF_FIELD(pubsub_output_limit.soft),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
+    {.key = "client.pubsub_output_limit.soft_seconds",
+     .type = CONF_UINT,
+     CONF_FIELD(pubsub_output_limit.soft_seconds),
+     .min = 0,
+     .max = CONF_DURATION_MAX / 1000},
+
+    {.key = "limits", .type = CONF_SECTION},
+    {.key = "limits.max_memory",
+     .type = CONF_SIZE,
+     CONF_FIELD(max_memory),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
 
     {.key = "upstream", .type = CONF_SECTION},
     {.key = "upstream.shared_links",
@@ -1158,6 +1207,12 @@ void config_defaults(config *cfg)
     cfg->max_args = 1048576;
     cfg->max_inline_len = (size_t)64 << 10;
     cfg->idle_timeout_ms = 0;
+    cfg->max_pipeline = 10000;
+    cfg->request_timeout_ms = 0;
+    cfg->pubsub_output_limit.hard = (size_t)32 << 20;
+    cfg->pubsub_output_limit.soft = (size_t)8 << 20;
+    cfg->pubsub_output_limit.soft_seconds = 60;
+    cfg->max_memory = 0;
     cfg->shared_links = 1;
     cfg->pool_idle = 16;
     cfg->connect_timeout_ms = 2000;

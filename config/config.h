@@ -18,6 +18,14 @@ typedef struct config_addr {
     char path[108]; /* unix socket path */
 } config_addr;
 
+/* Redis' client-output-buffer-limit: a client whose queued output reaches
+ * hard, or stays above soft for soft_seconds, is closed (0 = no limit). */
+typedef struct config_output_limit {
+    size_t hard;         /* bytes */
+    size_t soft;         /* bytes */
+    size_t soft_seconds; /* how long output may stay above soft */
+} config_output_limit;
+
 typedef struct config {
     char *file; /* path it was loaded from */
 
@@ -45,16 +53,25 @@ typedef struct config {
      * given without redis.address. */
 
     /* client: what ferry accepts from applications */
-    char *client_password;    /* client.password, NULL = no AUTH */
-    int max_clients;          /* client.max_clients (10000) */
-    size_t max_query_bytes;   /* client.max_query_bytes (1gb) */
-    size_t max_pending_bytes; /* client.max_pending_bytes (64mb): unanswered
-                                 request bytes before ferry stops reading */
-    size_t max_bulk_len;      /* client.max_bulk_len (512mb) */
-    size_t max_args;          /* client.max_args (1048576) */
-    size_t max_inline_len;    /* client.max_inline_len (64kb) */
-    uint64_t idle_timeout_ms; /* client.idle_timeout_ms (0 = never);
-                                 never applied to blocked/subscribed */
+    char *client_password;                   /* client.password, NULL = no AUTH */
+    int max_clients;                         /* client.max_clients (10000) */
+    size_t max_query_bytes;                  /* client.max_query_bytes (1gb) */
+    size_t max_pending_bytes;                /* client.max_pending_bytes (64mb): unanswered
+                                                request bytes before ferry stops reading */
+    size_t max_bulk_len;                     /* client.max_bulk_len (512mb) */
+    size_t max_args;                         /* client.max_args (1048576) */
+    size_t max_inline_len;                   /* client.max_inline_len (64kb) */
+    uint64_t idle_timeout_ms;                /* client.idle_timeout_ms (0 = never);
+                                                never applied to blocked/subscribed */
+    size_t max_pipeline;                     /* client.max_pipeline (10000): requests in flight
+                                                per client before ferry stops reading it */
+    uint64_t request_timeout_ms;             /* client.request_timeout_ms (0 = none): a
+                                                request must arrive whole within this */
+    config_output_limit output_limit;        /* client.output_limit (0 0 0) */
+    config_output_limit pubsub_output_limit; /* client.pubsub_output_limit (32mb 8mb 60) */
+
+    /* limits: ferry as a whole */
+    size_t max_memory; /* limits.max_memory (0 = none): bytes held for clients */
 
     /* upstream: links to the master */
     int shared_links;            /* upstream.shared_links (1) */

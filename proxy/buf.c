@@ -8,6 +8,8 @@
 #include "ferry.h"
 
 #define BUF_MIN 512
+#define OUTQ_PIECE ((size_t)1 << 30) /* most bytes in one uv_buf_t */
+#define OUTQ_MAX_PIECES 16
 
 void buf_init(buf *b)
 {
@@ -103,7 +105,7 @@ void outq_init(outq *q)
 {
     buf_init(&q->fill);
     buf_init(&q->busy);
-    memset(&q->wreq, 0, sizeof(q->wreq));
+    q->wreq = NULL;
     q->writing = 0;
 }
 
@@ -111,6 +113,8 @@ void outq_free(outq *q)
 {
     buf_free(&q->fill);
     buf_free(&q->busy);
+    free(q->wreq); /* libuv has called the write callback before any close callback */
+    q->wreq = NULL;
 }
 
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
@@ -123,9 +127,23 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
     q->busy = q->fill;
     q->fill = tmp;
     buf_clear(&q->fill);
-    uv_buf_t ub = uv_buf_init(buf_head(&q->busy), (unsigned int)buf_used(&q->busy));
-    int rc = uv_write(&q->wreq, stream, &ub, 1, cb);
+    /* uv_buf_t lengths are unsigned int: a huge output goes out in pieces. */
+    uv_buf_t ub[OUTQ_MAX_PIECES];
+    unsigned int nb = 0;
+    size_t left = buf_used(&q->busy);
+    char *p = buf_head(&q->busy);
+    ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
+    while (left > 0) {
+        size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
+        ub[nb++] = uv_buf_init(p, (unsigned int)n);
+        p += n;
+        left -= n;
+    }
+    q->wreq = xmalloc(sizeof(*q->wreq));
+    int rc = uv_write(q->wreq, stream, ub, nb, cb);
     if (rc < 0) {
+        free(q->wreq);
+        q->wreq = NULL;
         return rc;
     }
     q->writing = 1;
@@ -134,7 +152,15 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 
 void outq_done(outq *q)
 {
+    free(q->wreq);
+    q->wreq = NULL;
     q->writing = 0;
     buf_clear(&q->busy);
-    buf_shrink(&q->busy, 1u << 20);
+    if (buf_used(&q->fill) == 0) {
+        /* Nothing more to write: an idle connection keeps no storage. */
+        buf_free(&q->busy);
+        buf_free(&q->fill);
+    } else {
+        buf_shrink(&q->busy, 1u << 20);
+    }
 }

@@ -43,10 +43,10 @@ void buf_clear(buf *b);
 void buf_shrink(buf *b, size_t keep);
 
 typedef struct outq {
-    buf fill;        /* bytes queued, not yet handed to libuv */
-    buf busy;        /* bytes being written */
-    uv_write_t wreq; /* the write in progress; wreq.data = owner */
-    int writing;     /* 1 while wreq is in flight */
+    buf fill;         /* bytes queued, not yet handed to libuv */
+    buf busy;         /* bytes being written */
+    uv_write_t *wreq; /* the write in progress (heap, only while writing) */
+    int writing;      /* 1 while wreq is in flight */
 } outq;
 
 void outq_init(outq *q);
@@ -58,7 +58,9 @@ static inline size_t outq_len(const outq *q)
 /* Start writing what is queued if no write is in flight. Returns 0, a
  * negative uv error (cb is not called), or 1 when nothing was started. */
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
-/* Call from the write callback: marks the write done, drops its bytes. */
+/* Call from the write callback (once it no longer needs its uv_write_t,
+ * which this frees): marks the write done, drops its bytes, and frees both
+ * buffers' storage when nothing more is queued. */
 void outq_done(outq *q);
 
 #endif

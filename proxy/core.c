@@ -4,6 +4,7 @@
 #include "core.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "upstream.h"
 
 #define TICK_MS 50
+#define FD_RESERVE 256 /* descriptors beyond client.max_clients: links, listeners, logs */
 
 void *xmalloc(size_t n)
 {
@@ -92,6 +94,29 @@ static void flush_cb(uv_prepare_t *h)
         link_flush(l);
     }
     session_flush_all(f);
+}
+
+/* What the context owns outside any handle. */
+static void core_free_buffers(ferry *f)
+{
+    while (!list_empty(&f->free_reqs)) {
+        list_node *n = list_first(&f->free_reqs);
+        request *r = list_entry(n, request, sq);
+        list_del(n);
+        buf_free(&r->data);
+        buf_free(&r->reply);
+        free(r);
+    }
+    f->nfree_reqs = 0;
+    free(f->rbuf);
+    f->rbuf = NULL;
+    resp_parser_free(f->parser);
+    f->parser = NULL;
+    free(f->av);
+    free(f->al);
+    f->av = NULL;
+    f->al = NULL;
+    f->acap = 0;
 }
 
 static void close_everything(ferry *f)
@@ -178,6 +203,29 @@ static void signal_cb(uv_signal_t *h, int signum)
     core_stop(f, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
+/* Each client is a descriptor: raise the soft RLIMIT_NOFILE (up to the hard
+ * limit) so client.max_clients can be reached at all. */
+static void raise_fd_limit(const config *cfg)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)cfg->max_clients + FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want) {
+        return;
+    }
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+    if (rl.rlim_cur > old && setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        log_info("open files limit (RLIMIT_NOFILE) raised from %llu to %llu for "
+                 "client.max_clients %d",
+                 (unsigned long long)old, (unsigned long long)rl.rlim_cur, cfg->max_clients);
+    }
+    if (rl.rlim_cur < want) {
+        log_warn("open files limit (RLIMIT_NOFILE) is %llu (hard limit): fewer than "
+                 "client.max_clients %d clients can connect",
+                 (unsigned long long)rl.rlim_cur, cfg->max_clients);
+    }
+}
+
 int core_init(ferry *f, uv_loop_t *loop, config *cfg)
 {
     memset(f, 0, sizeof(*f));
@@ -192,7 +240,14 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     list_init(&f->dirty);
     list_init(&f->dirty_links);
     list_init(&f->free_reqs);
+    list_init(&f->over_soft);
+    list_init(&f->mem_paused);
+    list_init(&f->partial);
+    list_init(&f->idle);
+    f->rbuf = xmalloc(FERRY_READ_BUF);
+    f->parser = resp_parser_new(&f->limits);
     f->started_ms = uv_now(loop);
+    raise_fd_limit(cfg);
 
     /* Resolve the deny list once; entries Redis 7.0 does not know are kept
      * out (a warning names them). */
@@ -242,6 +297,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
         stats_free(f);
+        core_free_buffers(f);
         return rc;
     }
     rc = outage_open(f);
@@ -250,6 +306,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
         stats_free(f);
+        core_free_buffers(f);
         return rc;
     }
     f->up = upstream_new(f);
@@ -258,6 +315,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
         stats_free(f);
+        core_free_buffers(f);
         return FERRY_ECONFIG;
     }
     if (cfg->has_sentinel) {
@@ -271,19 +329,12 @@ int core_run(ferry *f)
 {
     uv_run(f->loop, UV_RUN_DEFAULT);
     /* Everything is closed; free what outlives the handles. */
-    while (!list_empty(&f->free_reqs)) {
-        list_node *n = list_first(&f->free_reqs);
-        request *r = list_entry(n, request, sq);
-        list_del(n);
-        buf_free(&r->data);
-        buf_free(&r->reply);
-        free(r);
-    }
     sentinel_free(f->sentinel);
     f->sentinel = NULL;
     upstream_free(f->up);
     f->up = NULL;
     server_free(f);
     stats_free(f);
+    core_free_buffers(f);
     return f->exit_code;
 }

@@ -89,6 +89,7 @@ typedef struct request {
     uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */
     int route;           /* how the session routes it (session.c) */
     long long arg;       /* route argument (db for SELECT, auth result) */
+    size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */
 } request;
 
@@ -109,12 +110,24 @@ typedef struct ferry {
     list_node dirty_links;            /* links with output to flush this turn */
     list_node free_reqs;              /* recycled request objects */
     size_t nfree_reqs;
-    uint64_t nclients;   /* sessions open */
-    size_t held_bytes;   /* request bytes held for lack of a master */
-    uint64_t next_id;    /* ids for sessions and links */
-    uint64_t started_ms; /* uv_now() at start */
-    uv_prepare_t flush;  /* writes everything queued in one turn */
-    uv_timer_t tick;     /* timeouts, health pings, reconnects */
+    char *rbuf;           /* loop-wide read buffer: a session with nothing partial
+                             kept reads here and copies only an incomplete request */
+    resp_parser *parser;  /* parser of sessions with no partial request of their own */
+    const char **av;      /* scratch for command lookups: argument pointers */
+    size_t *al;           /* scratch: argument lengths */
+    size_t acap;          /* entries allocated in av/al */
+    uint64_t nclients;    /* sessions open */
+    size_t held_bytes;    /* request bytes held for lack of a master */
+    size_t clients_mem;   /* bytes held for clients, as allocated: sessions, their
+                             requests, replies and buffers (limits.max_memory) */
+    list_node over_soft;  /* sessions whose output is above their soft limit */
+    list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
+    list_node partial;    /* sessions with an incomplete request, oldest first */
+    list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
+    uint64_t next_id;     /* ids for sessions and links */
+    uint64_t started_ms;  /* uv_now() at start */
+    uv_prepare_t flush;   /* writes everything queued in one turn */
+    uv_timer_t tick;      /* timeouts, health pings, reconnects */
     uv_signal_t sig_term, sig_int, sig_hup;
     int stopping;           /* graceful shutdown in progress */
     uint64_t stop_deadline; /* uv_now() after which shutdown is forced */
@@ -123,6 +136,8 @@ typedef struct ferry {
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;
+
+#define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
 
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);

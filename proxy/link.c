@@ -182,7 +182,7 @@ static void link_connect_cb(uv_connect_t *req, int status)
     link_set_state(l, l->kind == LINK_SHARED ? LINK_VERIFYING : LINK_READY);
     l->last_io_ms = uv_now(l->f->loop);
     log_debug("link %llu: connected to %s", (unsigned long long)l->id, up->name);
-    int rc = uv_read_start(&l->io.s, link_alloc_cb, link_read_cb);
+    int rc = l->paused ? 0 : uv_read_start(&l->io.s, link_alloc_cb, link_read_cb);
     if (rc < 0) {
         link_close(l, uv_strerror(rc));
         return;
@@ -286,6 +286,27 @@ static void link_write_cb(uv_write_t *w, int status)
 }
 
 /* ------------------------------------------------------------------ input */
+
+void link_pause(link *l, int paused)
+{
+    if (l->paused == paused || l->state == LINK_CLOSING) {
+        return;
+    }
+    l->paused = paused;
+    log_debug("link %llu: %s reading (its client's output)", (unsigned long long)l->id,
+              paused ? "paused" : "resumed");
+    if (!link_connected(l)) {
+        return; /* the connect callback starts reading unless paused */
+    }
+    if (paused) {
+        uv_read_stop(&l->io.s);
+    } else {
+        int rc = uv_read_start(&l->io.s, link_alloc_cb, link_read_cb);
+        if (rc < 0) {
+            link_close(l, uv_strerror(rc));
+        }
+    }
+}
 
 static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {

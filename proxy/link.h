@@ -71,6 +71,7 @@ typedef struct link {
     uint64_t held_since_ms;     /* when the oldest held reply arrived */
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
+    int paused;                 /* not reading: its tunnel's client does not read (link_pause) */
 } link;
 
 /* Open a link of this kind to up's current target (AUTH queued first when
@@ -90,6 +91,9 @@ void link_internal(link *l, const char *const *argv, int argc, req_done_cb done,
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
 /* Queue r's bytes without expecting a reply of its own (pass-through). */
 void link_send_raw(link *l, const char *p, size_t n);
+/* Stop (paused 1) or resume (0) reading from Redis: backpressure for a
+ * tunnel whose client does not read its stream. */
+void link_pause(link *l, int paused);
 /* Write queued output now (called once per loop turn). */
 void link_flush(link *l);
 /* The one close path: held and pending requests go back to their sessions

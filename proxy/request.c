@@ -8,6 +8,9 @@
 
 #include "ferry.h"
 
+#define REQ_FREE_MAX 1024   /* recycled request objects kept */
+#define REQ_KEEP_BYTES 1024 /* a recycled request keeps buffers up to this size */
+
 request *request_new(ferry *f)
 {
     request *r;
@@ -38,6 +41,7 @@ request *request_new(ferry *f)
     r->seq = 0;
     r->route = 0; /* the session decides */
     r->arg = 0;
+    r->charge = 0;
     return r;
 }
 
@@ -48,9 +52,9 @@ void request_free(ferry *f, request *r)
     }
     buf_clear(&r->data);
     buf_clear(&r->reply);
-    buf_shrink(&r->data, 4096);
-    buf_shrink(&r->reply, 4096);
-    if (f->nfree_reqs < 4096) {
+    buf_shrink(&r->data, REQ_KEEP_BYTES);
+    buf_shrink(&r->reply, REQ_KEEP_BYTES);
+    if (f->nfree_reqs < REQ_FREE_MAX) {
         list_add_head(&f->free_reqs, &r->sq);
         f->nfree_reqs++;
         return;

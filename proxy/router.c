@@ -192,6 +192,11 @@ static void set_error(request *r, const char *fmt, const char *what)
     r->route = RT_ERROR;
 }
 
+void router_refuse(request *r, const char *line)
+{
+    set_error(r, "%s", line);
+}
+
 static int password_ok(ferry *f, const resp_arg *user, const resp_arg *pass)
 {
     const char *pw = f->cfg->client_password;
@@ -314,17 +319,17 @@ int router_classify(session *s, request *r, const resp_request *req)
     const resp_arg *argv = req->argv;
     size_t argc = req->argc;
 
-    if (s->acap < argc) {
-        s->acap = argc < 16 ? 16 : argc;
-        s->av = xrealloc(s->av, s->acap * sizeof(*s->av));
-        s->al = xrealloc(s->al, s->acap * sizeof(*s->al));
+    if (f->acap < argc) {
+        f->acap = argc < 16 ? 16 : argc;
+        f->av = xrealloc(f->av, f->acap * sizeof(*f->av));
+        f->al = xrealloc(f->al, f->acap * sizeof(*f->al));
     }
     size_t nlook = argc < 2 ? argc : 2;
     for (size_t i = 0; i < nlook; i++) {
-        s->av[i] = argv[i].ptr;
-        s->al[i] = argv[i].len;
+        f->av[i] = argv[i].ptr;
+        f->al[i] = argv[i].len;
     }
-    const command *cmd = command_lookup_argv(nlook, s->av, s->al);
+    const command *cmd = command_lookup_argv(nlook, f->av, f->al);
     r->cmd = cmd;
     r->route = RT_SHARED;
     stats_count_command(&f->stats, cmd);
@@ -349,17 +354,20 @@ int router_classify(session *s, request *r, const resp_request *req)
     switch (cmd->cls) {
     case CMD_BLOCKING:
         for (size_t i = 0; i < argc; i++) {
-            s->av[i] = argv[i].ptr;
-            s->al[i] = argv[i].len;
+            f->av[i] = argv[i].ptr;
+            f->al[i] = argv[i].len;
         }
-        if (command_is_blocking(cmd, argc, s->av, s->al)) {
+        if (command_is_blocking(cmd, argc, f->av, f->al)) {
             r->route = RT_BLOCKING;
             r->flags |= REQ_F_BLOCKING;
         }
         return 0;
     case CMD_PUBSUB:
         r->route = RT_TUNNEL;
-        subs_track(&s->channels, &s->patterns, &s->shards, cmd->name, req);
+        if (s->subs == NULL) {
+            s->subs = sub_sets_new();
+        }
+        subs_track(&s->subs->channels, &s->subs->patterns, &s->subs->shards, cmd->name, req);
         return 0;
     case CMD_TRANSACTION:
         if (strcmp(cmd->name, "multi") == 0) {
@@ -497,9 +505,8 @@ static void do_reset(session *s, request *r)
     s->sticky = 0;
     router_set_tx(s, TX_NONE);
     router_set_tunnel(s, TUN_NONE);
-    subs_clear(&s->channels);
-    subs_clear(&s->patterns);
-    subs_clear(&s->shards);
+    sub_sets_free(s->subs);
+    s->subs = NULL;
     s->authed = s->f->cfg->client_password == NULL;
     session_answer_str(s, r, "+RESET\r\n");
 }
@@ -580,23 +587,27 @@ static int router_resubscribe(session *s)
     }
     buf b;
     buf_init(&b);
-    if (s->channels.n > 0) {
-        subs_encode(&b, "SUBSCRIBE", &s->channels);
+    if (s->subs == NULL) {
+        s->subs = sub_sets_new(); /* nothing to re-subscribe: the tunnel stays open */
     }
-    if (s->patterns.n > 0) {
-        subs_encode(&b, "PSUBSCRIBE", &s->patterns);
+    const sub_sets *ss = s->subs;
+    if (ss->channels.n > 0) {
+        subs_encode(&b, "SUBSCRIBE", &ss->channels);
     }
-    if (s->shards.n > 0) {
-        subs_encode(&b, "SSUBSCRIBE", &s->shards);
+    if (ss->patterns.n > 0) {
+        subs_encode(&b, "PSUBSCRIBE", &ss->patterns);
+    }
+    if (ss->shards.n > 0) {
+        subs_encode(&b, "SSUBSCRIBE", &ss->shards);
     }
     l->passthrough = 1;
-    l->swallow = (int)(s->channels.n + s->patterns.n + s->shards.n);
+    l->swallow = (int)(ss->channels.n + ss->patterns.n + ss->shards.n);
     link_send_raw(l, buf_head(&b), buf_used(&b));
     buf_free(&b);
     router_set_tunnel(s, TUN_PUBSUB);
     log_info("client %llu: re-subscribed %zu channel(s), %zu pattern(s), %zu shard channel(s) on "
              "link %llu",
-             (unsigned long long)s->id, s->channels.n, s->patterns.n, s->shards.n,
+             (unsigned long long)s->id, ss->channels.n, ss->patterns.n, ss->shards.n,
              (unsigned long long)l->id);
     return 1;
 }

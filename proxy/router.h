@@ -13,6 +13,9 @@ struct link;
 /* Decide how r is routed from its parsed arguments (gone after this).
  * Returns 1 when ferry answers r itself (its bytes need not be kept). */
 int router_classify(session *s, request *r, const resp_request *req);
+/* Refuse a classified request with this error line (answered by ferry, in
+ * order, when dispatched). */
+void router_refuse(request *r, const char *line);
 /* Dispatch s's requests from the cursor on, in order, as far as they can go. */
 void router_dispatch(session *s);
 

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "backlog.h"
+#include "link.h"
 #include "log.h"
 #include "router.h"
 #include "upstream.h"
@@ -24,8 +25,14 @@ static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
 static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void session_write_cb(uv_write_t *w, int status);
 static void session_close_cb(uv_handle_t *h);
-static void session_process_input(session *s);
+static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
+static void session_output_grew(session *s);
+static void session_output_shrank(session *s);
+static void session_charge(session *s, request *r, size_t n);
+static void session_count_buffers(session *s);
+static void session_check_tunnel(session *s);
+static void session_note_partial(session *s, int incomplete, int new_request);
 
 /* ------------------------------------------------------------ accept/close */
 
@@ -50,15 +57,19 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     list_init(&s->node);
     list_init(&s->wait_node);
     list_init(&s->dirty_node);
+    list_init(&s->soft_node);
+    list_init(&s->mem_node);
+    list_init(&s->partial_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
     buf_init(&s->in);
     outq_init(&s->out);
-    s->parser = resp_parser_new(&f->limits);
     s->authed = f->cfg->client_password == NULL;
     s->last_active_ms = uv_now(f->loop);
+    list_add_tail(&f->idle, &s->idle_node);
     list_add_tail(&f->sessions, &s->node);
     f->nclients++;
+    f->clients_mem += sizeof(*s);
     f->stats.clients_total++;
 
     if (is_unix) {
@@ -89,7 +100,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
         f->stats.clients_rejected++;
         buf_append_str(&s->out.fill, "-ERR max number of clients reached\r\n");
         session_set_state(s, SESSION_QUITTING);
-        session_mark_dirty(s);
+        session_output_grew(s);
         return 0;
     }
     rc = uv_read_start(&s->io.s, session_alloc_cb, session_read_cb);
@@ -131,6 +142,43 @@ void session_unlink(session *s, request *r)
     }
     list_del(&r->sq);
     s->nrequests--;
+    s->req_mem -= r->charge;
+    s->f->clients_mem -= r->charge;
+    r->charge = 0;
+}
+
+/* Append r to s's queue and charge its memory (object and buffers as allocated). */
+static void session_enqueue(session *s, request *r)
+{
+    list_add_tail(&s->requests, &r->sq);
+    s->nrequests++;
+    session_charge(s, r, sizeof(*r) + r->data.cap + r->reply.cap);
+}
+
+size_t session_mem(const session *s)
+{
+    return sizeof(*s) + s->req_mem + s->buf_mem;
+}
+
+int session_over_memory(const ferry *f)
+{
+    return f->cfg->max_memory > 0 && f->clients_mem > f->cfg->max_memory;
+}
+
+/* Charge n more bytes of r to s (and to ferry's total). */
+static void session_charge(session *s, request *r, size_t n)
+{
+    r->charge += n;
+    s->req_mem += n;
+    s->f->clients_mem += n;
+}
+
+/* Recount the storage of s's buffers (O(1)): call after they change. */
+static void session_count_buffers(session *s)
+{
+    size_t now = s->in.cap + s->out.fill.cap + s->out.busy.cap;
+    s->f->clients_mem = s->f->clients_mem - s->buf_mem + now;
+    s->buf_mem = now;
 }
 
 void session_close(session *s, const char *reason)
@@ -172,7 +220,19 @@ void session_close(session *s, const char *reason)
                     "its client left");
     router_forget(s);
     list_del(&s->node);
+    if (list_linked(&s->soft_node)) {
+        list_del(&s->soft_node);
+    }
+    if (list_linked(&s->mem_node)) {
+        list_del(&s->mem_node);
+    }
+    if (list_linked(&s->partial_node)) {
+        list_del(&s->partial_node);
+    }
+    list_del(&s->idle_node);
     f->nclients--;
+    f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
+    s->buf_mem = 0;
     uv_close(&s->io.h, session_close_cb);
 }
 
@@ -182,11 +242,7 @@ static void session_close_cb(uv_handle_t *h)
     resp_parser_free(s->parser);
     buf_free(&s->in);
     outq_free(&s->out);
-    free(s->av);
-    free(s->al);
-    subs_free(&s->channels);
-    subs_free(&s->patterns);
-    subs_free(&s->shards);
+    sub_sets_free(s->subs);
     free(s);
 }
 
@@ -199,12 +255,77 @@ static void session_mark_dirty(session *s)
     }
 }
 
+/* The output limit that applies to s: pub/sub clients have their own. */
+static const config_output_limit *session_output_limit(const session *s)
+{
+    const config *cfg = s->f->cfg;
+    return s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST ? &cfg->pubsub_output_limit
+                                                                   : &cfg->output_limit;
+}
+
+/* Bytes queued for the client. Replies waiting for earlier ones are not
+ * output yet: client.max_pipeline and client.max_pending_bytes bound them. */
+static size_t session_output_bytes(const session *s)
+{
+    return outq_len(&s->out);
+}
+
+/* Close s for the output limit it hit (Redis' client-output-buffer-limit). */
+static void session_close_at_limit(session *s)
+{
+    const config_output_limit *lim = session_output_limit(s);
+    const char *key = lim == &s->f->cfg->pubsub_output_limit ? "client.pubsub_output_limit"
+                                                             : "client.output_limit";
+    char why[200];
+    if (s->limit_hit == OUT_LIMIT_HARD) {
+        snprintf(why, sizeof(why), "output buffer limit reached: %s.hard %zu bytes (%zu queued)",
+                 key, lim->hard, session_output_bytes(s));
+    } else {
+        snprintf(why, sizeof(why),
+                 "output buffer limit reached: %s.soft %zu bytes for %zu seconds (%zu queued)", key,
+                 lim->soft, lim->soft_seconds, session_output_bytes(s));
+    }
+    s->f->stats.clients_output_limit_closed++;
+    session_close(s, why);
+}
+
+/* Output was queued: recount, and note a limit crossed. Closing waits for
+ * the flush (callers are in the middle of dispatching). */
+static void session_output_grew(session *s)
+{
+    const config_output_limit *lim = session_output_limit(s);
+    size_t out = session_output_bytes(s);
+    session_count_buffers(s);
+    if (lim->hard > 0 && out >= lim->hard && s->limit_hit == 0) {
+        s->limit_hit = OUT_LIMIT_HARD;
+    }
+    if (lim->soft > 0 && out > lim->soft && s->soft_since_ms == 0) {
+        s->soft_since_ms = uv_now(s->f->loop);
+        list_add_tail(&s->f->over_soft, &s->soft_node);
+    }
+    session_mark_dirty(s);
+}
+
+/* Output was written (or dropped): recount, and leave the soft list. */
+static void session_output_shrank(session *s)
+{
+    session_count_buffers(s);
+    if (s->soft_since_ms != 0 && session_output_bytes(s) <= session_output_limit(s)->soft) {
+        s->soft_since_ms = 0;
+        list_del(&s->soft_node);
+    }
+}
+
 void session_flush_all(ferry *f)
 {
     while (!list_empty(&f->dirty)) {
         list_node *n = list_first(&f->dirty);
         session *s = list_entry(n, session, dirty_node);
         list_del(n);
+        if (s->limit_hit != 0) {
+            session_close_at_limit(s);
+            continue;
+        }
         int rc = outq_flush(&s->out, &s->io.s, session_write_cb);
         if (rc < 0) {
             session_close(s, uv_strerror(rc));
@@ -221,6 +342,8 @@ static void session_write_cb(uv_write_t *w, int status)
     if (s->state == SESSION_CLOSING) {
         return;
     }
+    session_output_shrank(s);
+    session_check_tunnel(s);
     if (status < 0) {
         session_close(s, status == UV_EPIPE || status == UV_ECONNRESET
                              ? "connection reset by client"
@@ -249,9 +372,14 @@ void session_answer(session *s, request *r, const char *p, size_t n)
         session_unlink(s, r);
         request_free(s->f, r);
     } else {
+        size_t cap = r->reply.cap;
         buf_clear(&r->reply);
         buf_append(&r->reply, p, n);
+        if (r->reply.cap > cap) {
+            session_charge(s, r, r->reply.cap - cap);
+        }
     }
+    session_output_grew(s);
 }
 
 void session_answer_str(session *s, request *r, const char *text)
@@ -280,7 +408,7 @@ void session_flush_answered(session *s)
         wrote = 1;
     }
     if (wrote || buf_used(&s->out.fill) > 0) {
-        session_mark_dirty(s);
+        session_output_grew(s);
     }
 }
 
@@ -289,6 +417,14 @@ void session_flush_answered(session *s)
 static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     session *s = h->data;
+    (void)hint;
+    if (buf_used(&s->in) == 0) {
+        /* Nothing kept: read into the loop's buffer (libuv pairs each
+         * alloc_cb with its read_cb, so one buffer serves every session). */
+        b->base = s->f->rbuf;
+        b->len = FERRY_READ_BUF;
+        return;
+    }
     buf_reserve(&s->in, SESSION_READ_CHUNK);
     b->base = s->in.data + s->in.len;
     b->len = s->in.cap - s->in.len;
@@ -309,9 +445,16 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (nread == 0) {
         return;
     }
-    s->in.len += (size_t)nread;
     s->last_active_ms = uv_now(s->f->loop);
-    session_process_input(s);
+    list_del(&s->idle_node); /* most recent last: f->idle stays ordered */
+    list_add_tail(&s->f->idle, &s->idle_node);
+    if (b->base == s->f->rbuf) {
+        buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
+        session_process_input(s, &view);
+    } else {
+        s->in.len += (size_t)nread;
+        session_process_input(s, &s->in);
+    }
 }
 
 /* Re-encode an inline command as multibulk for Redis. */
@@ -334,8 +477,7 @@ static void session_protocol_error(session *s, const char *msg)
     r->s = s;
     r->seq = s->next_seq++;
     r->flags |= REQ_F_QUIT;
-    list_add_tail(&s->requests, &r->sq);
-    s->nrequests++;
+    session_enqueue(s, r);
     session_answer(s, r, line, (size_t)(n < (int)sizeof(line) ? n : (int)sizeof(line) - 1));
     if (s->reading) {
         uv_read_stop(&s->io.s);
@@ -344,50 +486,66 @@ static void session_protocol_error(session *s, const char *msg)
     if (s->state == SESSION_OPEN) {
         session_set_state(s, SESSION_QUIT_SEEN);
     }
-    buf_clear(&s->in);
 }
 
-static void session_process_input(session *s)
+/* Parse what `in` holds (the session's own buffer, or a view of the loop's
+ * read buffer) into requests. What is left unparsed ends up in s->in, with
+ * the parser state of an incomplete request in s->parser. */
+static void session_process_input(session *s, buf *in)
 {
     ferry *f = s->f;
     int added = 0;
+    int rc = RESP_OK;
+    resp_parser *p = s->parser != NULL ? s->parser : f->parser;
 
-    while (buf_used(&s->in) > 0 && s->state == SESSION_OPEN) {
+    while (buf_used(in) > 0 && s->state == SESSION_OPEN) {
         resp_request req;
-        int rc = resp_parse_request(s->parser, buf_head(&s->in), buf_used(&s->in), &req);
+        if (s->nrequests >= f->cfg->max_pipeline) {
+            break; /* the rest waits in s->in until replies are read (client.max_pipeline) */
+        }
+        rc = resp_parse_request(p, buf_head(in), buf_used(in), &req);
         if (rc == RESP_AGAIN) {
-            if (buf_used(&s->in) > f->cfg->max_query_bytes) {
+            if (buf_used(in) > f->cfg->max_query_bytes) {
                 session_protocol_error(
                     s, "ferry: query buffer limit reached (client.max_query_bytes)");
+                buf_clear(in);
                 added = 1;
             }
             break;
         }
         if (rc == RESP_ERR) {
-            session_protocol_error(s, resp_parser_error(s->parser));
+            session_protocol_error(s, resp_parser_error(p));
+            buf_clear(in);
             added = 1;
             break;
         }
         if (req.argc == 0) {
-            buf_consume(&s->in, req.len);
+            buf_consume(in, req.len);
             continue;
         }
         request *r = request_new(f);
         r->s = s;
         r->seq = s->next_seq++;
-        if (!router_classify(s, r, &req)) {
+        int local = router_classify(s, r, &req);
+        if (!local && s->tx == TX_NONE && session_over_memory(f)) {
+            /* New work is refused; what was accepted goes on. A transaction
+             * under way is let through (it is bounded by max_pipeline). */
+            router_refuse(r, "-OOM ferry: memory limit reached (limits.max_memory)\r\n");
+            f->stats.requests_oom++;
+            local = 1;
+        }
+        if (!local) {
             if (req.is_inline) {
                 encode_inline(&r->data, &req);
             } else {
-                buf_append(&r->data, buf_head(&s->in), req.len);
+                buf_append(&r->data, buf_head(in), req.len);
             }
             r->deadline = request_block_deadline(r, uv_now(f->loop));
         }
         int is_quit = r->cmd != NULL && strcmp(r->cmd->name, "quit") == 0;
-        buf_consume(&s->in, req.len);
+        buf_consume(in, req.len);
         f->stats.commands_total++;
-        list_add_tail(&s->requests, &r->sq);
-        s->nrequests++;
+        session_enqueue(s, r);
         s->pending_bytes += buf_used(&r->data);
         if (s->cursor == &s->requests) {
             s->cursor = &r->sq;
@@ -395,7 +553,7 @@ static void session_process_input(session *s)
         added = 1;
         if (is_quit) {
             /* Nothing after QUIT is read: Redis closes right after it too. */
-            buf_clear(&s->in);
+            buf_clear(in);
             if (s->reading) {
                 uv_read_stop(&s->io.s);
                 s->reading = 0;
@@ -404,33 +562,83 @@ static void session_process_input(session *s)
             break;
         }
     }
-    if (buf_used(&s->in) == 0) {
-        buf_shrink(&s->in, 1u << 20);
+    if (in != &s->in && buf_used(in) > 0) {
+        buf_append(&s->in, buf_head(in), buf_used(in)); /* same prefix: parser offsets hold */
     }
+    if (buf_used(&s->in) == 0) {
+        buf_free(&s->in);
+        resp_parser_free(s->parser); /* it holds no partial request any more */
+        s->parser = NULL;
+        if (p == f->parser && rc != RESP_OK) {
+            resp_parser_reset(p); /* the shared parser is left clean for the next session */
+        }
+    } else if (rc == RESP_AGAIN && p == f->parser) {
+        /* The incomplete request's parser state goes with the session. */
+        s->parser = p;
+        f->parser = resp_parser_new(&f->limits);
+    }
+    session_count_buffers(s);
+    session_note_partial(s, rc == RESP_AGAIN && buf_used(&s->in) > 0, added);
     if (added) {
         router_dispatch(s);
     }
     session_check_reading(s);
 }
 
-/* Stop reading a client whose unanswered work or unread replies pile up;
- * resume once they have drained to half. */
+/* client.request_timeout_ms: a request must arrive whole within it from its
+ * first byte. Sessions with an incomplete request are kept oldest first, so
+ * the tick looks only at those whose time is up. A new request begins when
+ * earlier ones were parsed from the same input (new_request). */
+static void session_note_partial(session *s, int incomplete, int new_request)
+{
+    ferry *f = s->f;
+    if (!incomplete || !s->reading || f->cfg->request_timeout_ms == 0) {
+        if (list_linked(&s->partial_node)) {
+            list_del(&s->partial_node);
+        }
+        s->partial_since_ms = 0;
+        return;
+    }
+    if (list_linked(&s->partial_node) && !new_request) {
+        return; /* the same request, still arriving */
+    }
+    if (list_linked(&s->partial_node)) {
+        list_del(&s->partial_node);
+    }
+    s->partial_since_ms = uv_now(f->loop);
+    list_add_tail(&f->partial, &s->partial_node);
+}
+
+/* Stop reading a client whose memory (client.max_pending_bytes: requests,
+ * replies and buffers as allocated) or requests in flight
+ * (client.max_pipeline) pile up; resume once both have drained to half. */
 void session_check_reading(session *s)
 {
-    size_t limit = s->f->cfg->max_pending_bytes;
-    size_t load = s->pending_bytes + outq_len(&s->out);
+    const config *cfg = s->f->cfg;
+    size_t limit = cfg->max_pending_bytes;
+    size_t load = session_mem(s);
     if (s->state != SESSION_OPEN || s->f->stopping) {
         return;
     }
-    if (s->reading && load > limit) {
+    /* Over limits.max_memory, the clients holding more than the average
+     * are no longer read (their replies still go out). */
+    int big = session_over_memory(s->f) && load > s->f->clients_mem / s->f->nclients;
+    if (big && !list_linked(&s->mem_node)) {
+        list_add_tail(&s->f->mem_paused, &s->mem_node);
+    }
+    if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline || big)) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
-    } else if (!s->reading && load <= limit / 2) {
+        session_note_partial(s, 0, 0); /* not read: the rest cannot arrive */
+    } else if (!s->reading && !big && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
+        if (list_linked(&s->mem_node)) {
+            list_del(&s->mem_node);
+        }
         if (uv_read_start(&s->io.s, session_alloc_cb, session_read_cb) == 0) {
             s->reading = 1;
         }
         if (buf_used(&s->in) > 0) {
-            session_process_input(s);
+            session_process_input(s, &s->in);
         }
     }
 }
@@ -451,11 +659,28 @@ void session_on_stream(session *s, const char *p, size_t n)
         r->seq = s->next_seq++;
         request_set_state(r, REQ_ANSWERED);
         buf_append(&r->reply, p, n);
-        list_add_tail(&s->requests, &r->sq);
-        s->nrequests++;
+        session_enqueue(s, r);
         session_flush_answered(s);
     }
-    session_mark_dirty(s);
+    session_output_grew(s);
+    session_check_tunnel(s);
+}
+
+/* A tunnel's stream has no request to stop reading: its link stops reading
+ * from Redis while the client's memory is over client.max_pending_bytes (a
+ * pub/sub client is normally closed at its output limit first). */
+static void session_check_tunnel(session *s)
+{
+    link *l = s->dlink;
+    size_t limit = s->f->cfg->max_pending_bytes;
+    if (s->tunnel == TUN_NONE || l == NULL || s->limit_hit != 0) {
+        return;
+    }
+    if (!l->paused && session_mem(s) > limit) {
+        link_pause(l, 1);
+    } else if (l->paused && session_mem(s) <= limit / 2) {
+        link_pause(l, 0);
+    }
 }
 
 /* --------------------------------------------------------------- periodic */
@@ -465,14 +690,54 @@ void session_tick(ferry *f, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
-    if (cfg->idle_timeout_ms > 0) {
-        list_foreach_safe(n, t, &f->sessions)
-        {
-            session *s = list_entry(n, session, node);
-            if (s->nrequests == 0 && s->tunnel == TUN_NONE && s->inflight == 0 &&
-                s->state == SESSION_OPEN && now - s->last_active_ms >= cfg->idle_timeout_ms) {
-                session_close(s, "idle timeout (client.idle_timeout_ms)");
-            }
+    /* Memory fell back under limits.max_memory: those paused for it are
+     * looked at again (the rest of their input may now be parsed). */
+    if (!session_over_memory(f) && !list_empty(&f->mem_paused)) {
+        list_node todo; /* a session may be paused again while this runs */
+        list_init(&todo);
+        while ((n = list_first(&f->mem_paused)) != NULL) {
+            list_del(n);
+            list_add_tail(&todo, n);
+        }
+        while ((n = list_first(&todo)) != NULL) {
+            list_del(n);
+            session_check_reading(list_entry(n, session, mem_node));
+        }
+    }
+    /* Oldest incomplete request first: stop at the first still in time. */
+    while (cfg->request_timeout_ms > 0 && (n = list_first(&f->partial)) != NULL) {
+        session *s = list_entry(n, session, partial_node);
+        if (now - s->partial_since_ms < cfg->request_timeout_ms) {
+            break;
+        }
+        f->stats.clients_request_timeout++;
+        session_close(s, "request timeout: a request did not arrive whole within "
+                         "client.request_timeout_ms");
+    }
+    /* Only the clients above a soft output limit are looked at. */
+    list_foreach_safe(n, t, &f->over_soft)
+    {
+        session *s = list_entry(n, session, soft_node);
+        if (now - s->soft_since_ms >= session_output_limit(s)->soft_seconds * 1000) {
+            s->limit_hit = OUT_LIMIT_SOFT;
+            session_close_at_limit(s);
+        }
+    }
+    /* Least recently active first: stop at the first still in time. A client
+     * busy with a request, blocked or subscribed is not idle: its idle clock
+     * starts again now. */
+    while (cfg->idle_timeout_ms > 0 && (n = list_first(&f->idle)) != NULL) {
+        session *s = list_entry(n, session, idle_node);
+        if (now - s->last_active_ms < cfg->idle_timeout_ms) {
+            break;
+        }
+        if (s->nrequests == 0 && s->tunnel == TUN_NONE && s->inflight == 0 &&
+            s->state == SESSION_OPEN) {
+            session_close(s, "idle timeout (client.idle_timeout_ms)");
+        } else {
+            s->last_active_ms = now;
+            list_del(n);
+            list_add_tail(&f->idle, n);
         }
     }
 }

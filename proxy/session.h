@@ -53,39 +53,46 @@ typedef struct session {
         uv_stream_t s;
         uv_tcp_t tcp;
         uv_pipe_t pipe;
-    } io;                     /* the client connection */
-    session_state state;      /* see session_state; changed only by session_set_state */
-    list_node node;           /* in f->sessions */
-    list_node wait_node;      /* in f->waiting while held requests lack a link (backlog.c) */
-    list_node dirty_node;     /* in f->dirty while it has output to write */
-    resp_parser *parser;      /* request parser (sticky errors) */
-    buf in;                   /* bytes read, not yet parsed */
-    outq out;                 /* replies to the client */
-    list_node requests;       /* every unanswered or unflushed request, in order */
-    list_node *cursor;        /* first request dispatch has not handled yet */
-    size_t nrequests;         /* entries in requests */
-    size_t pending_bytes;     /* request bytes not yet answered (backpressure) */
-    size_t held_bytes;        /* request bytes held without a link (backlog.c) */
-    struct link *dlink;       /* dedicated link lent to this session (upstream_lend) */
-    struct link *flight_link; /* the one link its in-flight requests are on */
-    size_t inflight;          /* requests sent and not answered */
-    int db;                   /* database selected (non-zero pins a link) */
-    tx_state tx;              /* see tx_state */
-    buf tx_log;               /* the commands Redis answered +QUEUED in the open MULTI */
-    int tx_writes;            /* one of them may write: EXEC is a write */
-    int sticky;               /* CLIENT SETNAME/TRACKING...: pinned for life */
-    tunnel_state tunnel;      /* see tunnel_state */
-    sub_set channels;         /* SUBSCRIBE */
-    sub_set patterns;         /* PSUBSCRIBE */
-    sub_set shards;           /* SSUBSCRIBE */
-    int authed;               /* AUTH accepted (or no password configured) */
-    int reading;              /* uv_read_start active */
-    uint64_t last_active_ms;  /* last read from the client */
-    uint64_t next_seq;        /* sequence for the next request */
-    const char **av;          /* scratch: argument pointers for lookups */
-    size_t *al;               /* scratch: argument lengths */
-    size_t acap;              /* entries allocated in av/al */
+    } io;                      /* the client connection */
+    session_state state;       /* see session_state; changed only by session_set_state */
+    list_node node;            /* in f->sessions */
+    list_node wait_node;       /* in f->waiting while held requests lack a link (backlog.c) */
+    list_node dirty_node;      /* in f->dirty while it has output to write */
+    resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
+    buf in;                    /* bytes read, not yet parsed (no storage when empty) */
+    outq out;                  /* replies to the client (no storage when empty) */
+    list_node requests;        /* every unanswered or unflushed request, in order */
+    list_node *cursor;         /* first request dispatch has not handled yet */
+    size_t nrequests;          /* entries in requests */
+    size_t pending_bytes;      /* request bytes not yet answered (backpressure) */
+    size_t held_bytes;         /* request bytes held without a link (backlog.c) */
+    size_t req_mem;            /* bytes charged for its requests and stored replies, as allocated */
+    size_t buf_mem;            /* bytes allocated for its input and output buffers (last counted) */
+    uint64_t soft_since_ms;    /* output above its soft limit since then; 0 = not above */
+    list_node soft_node;       /* in f->over_soft while soft_since_ms is set */
+    int limit_hit;             /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
+    list_node mem_node;        /* in f->mem_paused while not read for limits.max_memory */
+    uint64_t partial_since_ms; /* an incomplete request began arriving then (0 = none) */
+    list_node partial_node;    /* in f->partial while partial_since_ms is set */
+    struct link *dlink;        /* dedicated link lent to this session (upstream_lend) */
+    struct link *flight_link;  /* the one link its in-flight requests are on */
+    size_t inflight;           /* requests sent and not answered */
+    int db;                    /* database selected (non-zero pins a link) */
+    tx_state tx;               /* see tx_state */
+    buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
+    int tx_writes;             /* one of them may write: EXEC is a write */
+    int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */
+    tunnel_state tunnel;       /* see tunnel_state */
+    sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
+    int authed;                /* AUTH accepted (or no password configured) */
+    int reading;               /* uv_read_start active */
+    uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
+    list_node idle_node;       /* in f->idle, ordered by last_active_ms */
+    uint64_t next_seq;         /* sequence for the next request */
 } session;
+
+#define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
+#define OUT_LIMIT_SOFT 2 /* ... stayed above the soft limit for soft_seconds */
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
@@ -108,7 +115,11 @@ void session_unlink(session *s, request *r);
 
 /* Write queued output of every session marked dirty. */
 void session_flush_all(ferry *f);
-/* Periodic: idle clients. */
+/* Bytes this client holds, as allocated (session, requests, buffers). */
+size_t session_mem(const session *s);
+/* Ferry holds more than limits.max_memory for its clients. */
+int session_over_memory(const ferry *f);
+/* Periodic: idle clients, soft output limits. */
 void session_tick(ferry *f, uint64_t now);
 /* Graceful stop: stop reading; close sessions with nothing in flight. */
 void session_stop_all(ferry *f, int force);

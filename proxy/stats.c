@@ -23,6 +23,7 @@
 #include "replicas.h"
 #include "sentinel.h"
 #include "server.h"
+#include "session.h"
 #include "upstream.h"
 
 #define STATS_MAX_CONNS 64            /* stats connections open at once */
@@ -270,6 +271,37 @@ static uint64_t unix_of(uint64_t now_ms, uint64_t then_ms, int64_t unix_now)
     return unix_now > 0 && (uint64_t)unix_now > ago ? (uint64_t)unix_now - ago : 0;
 }
 
+/* Resident set size of this process in bytes (0 if unknown). */
+static uint64_t stats_rss(void)
+{
+    size_t rss = 0;
+    return uv_resident_set_memory(&rss) == 0 ? (uint64_t)rss : 0;
+}
+
+/* Memory, backpressure and the configured limits. */
+static void stats_limits(ferry *f, ferry_stats *st)
+{
+    const config *cfg = f->cfg;
+    list_node *n;
+    list_foreach(n, &f->sessions)
+    {
+        const session *s = list_entry(n, session, node);
+        st->clients_paused += (uint64_t)(!s->reading && s->state == SESSION_OPEN);
+    }
+    st->memory_clients = f->clients_mem;
+    st->memory_rss = stats_rss();
+    st->max_memory = cfg->max_memory;
+    st->max_pending_bytes = cfg->max_pending_bytes;
+    st->max_pipeline = cfg->max_pipeline;
+    st->request_timeout_ms = cfg->request_timeout_ms;
+    st->output_limit_hard = cfg->output_limit.hard;
+    st->output_limit_soft = cfg->output_limit.soft;
+    st->output_limit_soft_seconds = cfg->output_limit.soft_seconds;
+    st->pubsub_output_limit_hard = cfg->pubsub_output_limit.hard;
+    st->pubsub_output_limit_soft = cfg->pubsub_output_limit.soft;
+    st->pubsub_output_limit_soft_seconds = cfg->pubsub_output_limit.soft_seconds;
+}
+
 /* f->stats plus the live values, computed now from the context. */
 static void stats_snapshot(ferry *f, ferry_stats *st)
 {
@@ -294,6 +326,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->total_connections = st->clients_total;
     st->curr_connections = f->nclients;
     st->held_bytes = f->held_bytes;
+    stats_limits(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
     if (f->sentinel != NULL) {

@@ -44,6 +44,40 @@ typedef enum stat_type {
     X(clients, clients_total, COUNTER, "ferry_clients_total", "client connections accepted")       \
     X(clients, clients_rejected, COUNTER, "ferry_clients_rejected_total",                          \
       "client connections refused at client.max_clients")                                          \
+    X(clients, clients_output_limit_closed, COUNTER, "ferry_clients_output_limit_closed_total",    \
+      "clients closed at client.output_limit or client.pubsub_output_limit")                       \
+    X(clients, clients_request_timeout, COUNTER, "ferry_clients_request_timeout_total",            \
+      "clients closed because a request did not arrive whole within client.request_timeout_ms")    \
+    X(clients, clients_paused, GAUGE, "ferry_clients_paused",                                      \
+      "clients ferry is not reading from for backpressure: client.max_pending_bytes, "             \
+      "client.max_pipeline (live)")                                                                \
+                                                                                                   \
+    X(memory, memory_clients, GAUGE, "ferry_memory_clients_bytes",                                 \
+      "bytes held for clients as allocated: sessions, requests, replies, buffers (live)")          \
+    X(memory, memory_rss, GAUGE, "ferry_memory_rss_bytes",                                         \
+      "resident set size of the ferry process (live)")                                             \
+                                                                                                   \
+    X(limits, max_memory, GAUGE, "ferry_limit_max_memory_bytes",                                   \
+      "limits.max_memory: bytes held for all clients before new requests get -OOM, 0 = none "      \
+      "(live)")                                                                                    \
+    X(limits, max_pending_bytes, GAUGE, "ferry_limit_max_pending_bytes",                           \
+      "client.max_pending_bytes: memory per client before ferry stops reading it (live)")          \
+    X(limits, max_pipeline, GAUGE, "ferry_limit_max_pipeline",                                     \
+      "client.max_pipeline: requests in flight per client before ferry stops reading it (live)")   \
+    X(limits, request_timeout_ms, MSEC, "ferry_limit_request_timeout_seconds",                     \
+      "client.request_timeout_ms: time a request may take to arrive whole, 0 = none (live)")       \
+    X(limits, output_limit_hard, GAUGE, "ferry_limit_output_hard_bytes",                           \
+      "client.output_limit.hard, 0 = none (live)")                                                 \
+    X(limits, output_limit_soft, GAUGE, "ferry_limit_output_soft_bytes",                           \
+      "client.output_limit.soft, 0 = none (live)")                                                 \
+    X(limits, output_limit_soft_seconds, GAUGE, "ferry_limit_output_soft_seconds",                 \
+      "client.output_limit.soft_seconds (live)")                                                   \
+    X(limits, pubsub_output_limit_hard, GAUGE, "ferry_limit_pubsub_output_hard_bytes",             \
+      "client.pubsub_output_limit.hard, 0 = none (live)")                                          \
+    X(limits, pubsub_output_limit_soft, GAUGE, "ferry_limit_pubsub_output_soft_bytes",             \
+      "client.pubsub_output_limit.soft, 0 = none (live)")                                          \
+    X(limits, pubsub_output_limit_soft_seconds, GAUGE, "ferry_limit_pubsub_output_soft_seconds",   \
+      "client.pubsub_output_limit.soft_seconds (live)")                                            \
                                                                                                    \
     X(commands, commands_total, COUNTER, "ferry_commands_total", "requests parsed from clients")   \
     X(commands, class_stateless, COUNTER, "ferry_commands_class_stateless_total",                  \
@@ -87,6 +121,8 @@ typedef enum stat_type {
       "requests answered -TRYAGAIN (no master within hold_timeout_ms, or hold buffer full)")       \
     X(errors, requests_failed, COUNTER, "ferry_requests_failed_total",                             \
       "requests answered with an error after their link was lost (retries used up, transaction)")  \
+    X(errors, requests_oom, COUNTER, "ferry_requests_oom_total",                                   \
+      "requests answered -OOM because ferry was over limits.max_memory")                           \
     X(errors, auth_failures, COUNTER, "ferry_auth_failures_total",                                 \
       "client AUTH or HELLO AUTH with a wrong password")                                           \
     X(errors, redis_errors, COUNTER, "ferry_redis_errors_total",                                   \

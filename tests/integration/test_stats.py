@@ -20,8 +20,8 @@ import harness
 from harness import Ferry, RedisServer, resp_encode, resp_read_reply, wait_until
 
 PROMTOOL = shutil.which('promtool')
-SECTIONS = ('clients', 'commands', 'errors', 'latency', 'upstream', 'failover', 'durability',
-            'sentinels', 'fallback')
+SECTIONS = ('clients', 'memory', 'limits', 'commands', 'errors', 'latency', 'upstream',
+            'failover', 'durability', 'sentinels', 'fallback')
 
 
 def read_all(sock, timeout=5.0):

@@ -101,6 +101,16 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.max_args, 1048576);
     assert_int_equal(cfg.max_inline_len, 64 * 1024);
     assert_int_equal(cfg.idle_timeout_ms, 0);
+    assert_int_equal(cfg.max_pipeline, 10000);
+    assert_int_equal(cfg.request_timeout_ms, 0);
+    /* Redis' client-output-buffer-limit defaults: normal 0 0 0, pubsub 32mb 8mb 60 */
+    assert_int_equal(cfg.output_limit.hard, 0);
+    assert_int_equal(cfg.output_limit.soft, 0);
+    assert_int_equal(cfg.output_limit.soft_seconds, 0);
+    assert_int_equal(cfg.pubsub_output_limit.hard, 32 * MB);
+    assert_int_equal(cfg.pubsub_output_limit.soft, 8 * MB);
+    assert_int_equal(cfg.pubsub_output_limit.soft_seconds, 60);
+    assert_int_equal(cfg.max_memory, 0);
     assert_int_equal(cfg.shared_links, 1);
     assert_int_equal(cfg.pool_idle, 16);
     assert_int_equal(cfg.connect_timeout_ms, 2000);
@@ -171,6 +181,15 @@ static void test_full_round_trip(void **state)
                   "  max_args: 77\n"
                   "  max_inline_len: 4096\n"
                   "  idle_timeout_ms: 30000\n"
+                  "  max_pipeline: 500\n"
+                  "  request_timeout_ms: 2500\n"
+                  "  output_limit: {hard: 256mb, soft: 64mb, soft_seconds: 30}\n"
+                  "  pubsub_output_limit:\n"
+                  "    hard: 0\n"
+                  "    soft: 1mb\n"
+                  "    soft_seconds: 5\n"
+                  "limits:\n"
+                  "  max_memory: 2gb\n"
                   "upstream:\n"
                   "  shared_links: 4\n"
                   "  pool_idle: 0\n"
@@ -213,6 +232,15 @@ static void test_full_round_trip(void **state)
     assert_int_equal(cfg.max_args, 77);
     assert_int_equal(cfg.max_inline_len, 4096);
     assert_int_equal(cfg.idle_timeout_ms, 30000);
+    assert_int_equal(cfg.max_pipeline, 500);
+    assert_int_equal(cfg.request_timeout_ms, 2500);
+    assert_int_equal(cfg.output_limit.hard, 256 * MB);
+    assert_int_equal(cfg.output_limit.soft, 64 * MB);
+    assert_int_equal(cfg.output_limit.soft_seconds, 30);
+    assert_int_equal(cfg.pubsub_output_limit.hard, 0);
+    assert_int_equal(cfg.pubsub_output_limit.soft, 1 * MB);
+    assert_int_equal(cfg.pubsub_output_limit.soft_seconds, 5);
+    assert_int_equal(cfg.max_memory, (size_t)2048 * MB);
     assert_int_equal(cfg.shared_links, 4);
     assert_int_equal(cfg.pool_idle, 0);
     assert_int_equal(cfg.connect_timeout_ms, 250);
@@ -582,6 +610,17 @@ static void test_errors_values(void **state)
          "t.yml:2:20: ", "client.max_args: 0 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nclient: {max_args: 1kb}\n",
          "t.yml:2:20: ", "client.max_args: expected a non-negative integer"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {max_pipeline: 0}\n",
+         "t.yml:2:24: ", "client.max_pipeline: 0 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {output_limit: {hard: lots}}\n",
+         "t.yml:2:31: ", "client.output_limit.hard: expected a size"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {pubsub_output_limit: {soft_seconds: 1m}}\n",
+         "t.yml:2:46: ",
+         "client.pubsub_output_limit.soft_seconds: expected a non-negative integer"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {output_limit: {seconds: 5}}\n",
+         "t.yml:2:25: ", "unknown key 'client.output_limit.seconds'"},
+        {"redis: {address: 127.0.0.1:6379}\nlimits: {max_memory: -1}\n",
+         "t.yml:2:22: ", "limits.max_memory: "},
         /* durations: zero where it makes no sense */
         {"redis: {address: 127.0.0.1:6379}\nupstream: {connect_timeout_ms: 0}\n",
          "t.yml:2:32: ", "upstream.connect_timeout_ms: 0 is out of range"},
@@ -789,6 +828,12 @@ static void test_example_file(void **state)
     assert_int_equal(cfg.max_args, def.max_args);
     assert_int_equal(cfg.max_inline_len, def.max_inline_len);
     assert_int_equal(cfg.idle_timeout_ms, def.idle_timeout_ms);
+    assert_int_equal(cfg.max_pipeline, def.max_pipeline);
+    assert_int_equal(cfg.request_timeout_ms, def.request_timeout_ms);
+    assert_memory_equal(&cfg.output_limit, &def.output_limit, sizeof(def.output_limit));
+    assert_memory_equal(&cfg.pubsub_output_limit, &def.pubsub_output_limit,
+                        sizeof(def.pubsub_output_limit));
+    assert_int_equal(cfg.max_memory, def.max_memory);
     assert_int_equal(cfg.shared_links, def.shared_links);
     assert_int_equal(cfg.pool_idle, def.pool_idle);
     assert_int_equal(cfg.connect_timeout_ms, def.connect_timeout_ms);

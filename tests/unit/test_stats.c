@@ -33,6 +33,7 @@ static int setup(void **state)
     config_defaults(&fx->cfg);
     fx->f.loop = &fx->loop;
     fx->f.cfg = &fx->cfg;
+    list_init(&fx->f.sessions);
     fx->f.started_ms = uv_now(&fx->loop);
     buf_init(&fx->out);
     *state = fx;
@@ -142,6 +143,14 @@ static void test_json(void **state)
     assert_non_null(
         strstr(j, "\"durability_last_error\":\"a\\\"b\\\\c\\u000a\\u0001\\u00c3\\u00a9\""));
     assert_non_null(strstr(j, "\"upstream_state\":\"DOWN\""));
+    /* Memory and the limits, from the context and the configuration. */
+    fx->f.clients_mem = 12345;
+    j = render(fx, stats_render_json);
+    assert_non_null(strstr(j, "\"memory\":{\"memory_clients\":12345,\"memory_rss\":"));
+    assert_non_null(strstr(j, "\"max_pipeline\":10000,"));
+    assert_non_null(strstr(j, "\"pubsub_output_limit_hard\":33554432,"
+                              "\"pubsub_output_limit_soft\":8388608,"
+                              "\"pubsub_output_limit_soft_seconds\":60"));
     assert_non_null(strstr(j, "\"upstream_up\":false"));
     /* No sentinel: no replicas, an empty array (JSON only). */
     assert_non_null(strstr(j, "\"replicas_known\":0,\"replicas_enforced\":0,\"replicas\":[]}"));
