@@ -126,17 +126,15 @@ static void test_clear_then_reuse(void **state)
     subs_free(&set); /* a freed set is empty and reusable */
 }
 
-/* A client subscribing to 200 000 channels, then leaving them one by one:
- * a linear search per name would take minutes; the index takes well under
- * a second. */
-static void test_many_names_in_linear_time(void **state)
+/* Many names: adds, duplicate adds, deletes and lookups stay exact (the
+ * speed of the index is a benchmark's business, not a test's). */
+static void test_many_names(void **state)
 {
     (void)state;
     enum { N = 200000 };
     sub_set set;
     memset(&set, 0, sizeof(set));
     char name[64];
-    clock_t t0 = clock();
     for (size_t i = 0; i < N; i++) {
         int n = snprintf(name, sizeof(name), "channel:%zu", i);
         subs_add(&set, name, (size_t)n);
@@ -155,10 +153,7 @@ static void test_many_names_in_linear_time(void **state)
         int n = snprintf(name, sizeof(name), "channel:%zu", i);
         assert_int_equal(subs_has(&set, name, (size_t)n), (int)(i % 2));
     }
-    double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
     subs_free(&set);
-    print_message("200000 names added, half removed, all looked up: %.3f s CPU\n", secs);
-    assert_true(secs < 5.0);
 }
 
 int main(void)
@@ -167,7 +162,7 @@ int main(void)
         cmocka_unit_test(test_random_against_model),
         cmocka_unit_test(test_encode_keeps_order),
         cmocka_unit_test(test_clear_then_reuse),
-        cmocka_unit_test(test_many_names_in_linear_time),
+        cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
