@@ -292,15 +292,9 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     if (rc == 0) {
         rc = stats_start(f);
     }
-    if (rc < 0) {
-        close_everything(f);
-        uv_run(loop, UV_RUN_DEFAULT);
-        server_free(f);
-        stats_free(f);
-        core_free_buffers(f);
-        return rc;
+    if (rc == 0) {
+        rc = outage_open(f);
     }
-    rc = outage_open(f);
     if (rc < 0) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);

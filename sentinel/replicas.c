@@ -24,6 +24,7 @@
 #include "durable.h"
 #include "log.h"
 #include "sconn.h"
+#include "sentinel.h"
 #include "server.h"
 
 #define REPLICAS_MAX 32             /* replicas followed at once */
@@ -92,21 +93,6 @@ static const char *text_of(const redisReply *r)
         return NULL;
     }
     return r->str;
-}
-
-static int parse_port(const char *s)
-{
-    long v = 0;
-    if (s == NULL || *s == '\0' || strlen(s) > 5) {
-        return -1;
-    }
-    for (const char *p = s; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9') {
-            return -1;
-        }
-        v = v * 10 + (*p - '0');
-    }
-    return v >= 1 && v <= 65535 ? (int)v : -1;
 }
 
 /* The replica is (no longer) enforced: log on change, keep the reason. */
@@ -343,7 +329,7 @@ static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
             port = v;
         }
     }
-    int p = parse_port(port);
+    int p = sentinel_parse_port(port);
     struct sockaddr_storage sa;
     if (ip == NULL || p < 0 || strlen(ip) > 63 || server_numeric_addr(ip, p, &sa) != 0) {
         return;

@@ -93,8 +93,7 @@ static int reply_text(const redisReply *r, const char **out)
     return 0;
 }
 
-/* A TCP port written as plain digits, 1..65535. */
-static int parse_port(const char *s)
+int sentinel_parse_port(const char *s)
 {
     long v = 0;
     if (s == NULL || *s == '\0' || strlen(s) > 5) {
@@ -268,9 +267,10 @@ static void on_event(sentinel_node *nd, const redisReply *r)
         eip = w[2];
         eport = w[3];
     }
-    if (eip != NULL && parse_port(eport) > 0 && strlen(eip) < sizeof(nd->ev_ip) && strict_ip(eip)) {
+    if (eip != NULL && sentinel_parse_port(eport) > 0 && strlen(eip) < sizeof(nd->ev_ip) &&
+        strict_ip(eip)) {
         snprintf(nd->ev_ip, sizeof(nd->ev_ip), "%s", eip);
-        nd->ev_port = parse_port(eport);
+        nd->ev_port = sentinel_parse_port(eport);
         nd->ev_ms = uv_now(sc->f->loop);
     }
     char current[300] = "";
@@ -335,7 +335,7 @@ static void on_master(sentinel_node *nd, const redisReply *r)
                 flags = v;
             }
         }
-        int p = parse_port(port);
+        int p = sentinel_parse_port(port);
         struct sockaddr_storage ss;
         if (bad || ip == NULL || p < 0 || strlen(ip) >= sizeof(nd->ip) || !strict_ip(ip) ||
             server_numeric_addr(ip, p, &ss) != 0) {
@@ -387,7 +387,7 @@ static void on_sentinels(sentinel_node *nd, const redisReply *r)
                 port = v;
             }
         }
-        int p = parse_port(port);
+        int p = sentinel_parse_port(port);
         if (ip != NULL && p > 0 && strlen(ip) < 64 && strict_ip(ip)) {
             node_add(nd->sc, ip, p, 1);
         }
