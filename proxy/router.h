@@ -33,6 +33,9 @@ void router_requeue(session *s, request *r);
 /* s holds state on its dedicated link that a fence or a PING would break
  * (an open MULTI or a WATCH in force). */
 int router_holds_state(const session *s);
+/* s's dedicated link carries state a fence would lose unseen: a
+ * transaction, connection settings (CLIENT SETNAME/TRACKING), pub/sub. */
+int router_link_bound(const session *s);
 /* Forget s's connection state (the session is closing). */
 void router_forget(session *s);
 

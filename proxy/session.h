@@ -89,6 +89,9 @@ typedef struct session {
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
+    int proto;                 /* RESP version the client speaks: 2, or 3 after HELLO 3 */
+    int tracking;              /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
+    buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
 } session;
 
 #define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
@@ -108,6 +111,12 @@ void session_answer_str(session *s, request *r, const char *text);
 void session_flush_answered(session *s);
 /* Bytes from a pass-through tunnel, kept in order with ferry's own replies. */
 void session_on_stream(session *s, const char *p, size_t n);
+/* A RESP3 push frame for s (out of band): written after every reply Redis
+ * sent before it, ahead of the requests it has not answered yet. */
+void session_on_push(session *s, const char *p, size_t n);
+/* The null reply in s's protocol: "_" in RESP3, resp2 (a "$-1" or "*-1"
+ * line) in RESP2. */
+const char *session_null(const session *s, const char *resp2);
 /* Stop reading a client whose work piles up; resume when it drains. */
 void session_check_reading(session *s);
 /* Remove r from the queue, keeping the dispatch cursor valid. */
