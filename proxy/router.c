@@ -114,6 +114,7 @@ static void router_set_tx(session *s, tx_state st)
               tx_name(st));
     if (st == TX_NONE) {
         s->tx_writes = 0;
+        s->tx_dirty = 0;
         buf_clear(&s->tx_log);
         buf_shrink(&s->tx_log, 4096);
     }
@@ -620,6 +621,19 @@ static void do_reset(session *s, request *r)
     session_answer_str(s, r, "+RESET\r\n");
 }
 
+/* ferry refused r inside a MULTI: the transaction is aborted at EXEC, as
+ * Redis aborts one after refusing a command; a command Redis never allows
+ * in a transaction gets Redis' own words. */
+static void refuse_in_multi(session *s, request *r)
+{
+    static const char no_multi[] = "-ERR Command not allowed inside a transaction\r\n";
+    s->tx_dirty = 1;
+    if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
+        buf_clear(&r->reply);
+        buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
+    }
+}
+
 /* A transaction whose WATCH broke with its link: nothing goes to Redis;
  * queued commands are acknowledged and EXEC answers the null reply of a
  * watch conflict, so the client takes its normal retry path. */
@@ -843,6 +857,9 @@ static int dispatch_one(session *s, request *r)
     switch (r->route) {
     case RT_ERROR:
         /* The reply was composed when it was parsed. */
+        if (in_multi(s)) {
+            refuse_in_multi(s, r);
+        }
         request_set_state(r, REQ_ANSWERED);
         f->stats.commands_local++;
         return DISPATCH_DONE;
@@ -868,6 +885,17 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     default:
         break;
+    }
+    if (r->route == RT_EXEC && s->tx_dirty && in_multi(s)) {
+        /* As Redis does after refusing a command inside the transaction. */
+        static const char *const discard[] = {"DISCARD"};
+        if (s->dlink != NULL && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
+            link_internal(s->dlink, discard, 1, NULL, 0);
+        }
+        router_set_tx(s, TX_NONE);
+        session_answer_str(s, r,
+                           "-EXECABORT Transaction discarded because of previous errors.\r\n");
+        return DISPATCH_DONE;
     }
     if (s->tx == TX_MULTI_WATCH_LOST) {
         return dispatch_watch_lost(s, r);
