@@ -62,6 +62,18 @@ typedef struct conf_entry {
 static const char *conf_check_command(char *value);
 static const char *conf_check_word(char *value);
 
+/* client.auth: "ferry" or "redis". */
+static int client_auth_parse(const char *s)
+{
+    if (strcmp(s, "ferry") == 0) {
+        return CLIENT_AUTH_FERRY;
+    }
+    if (strcmp(s, "redis") == 0) {
+        return CLIENT_AUTH_REDIS;
+    }
+    return -1;
+}
+
 #define CONF_FIELD(f) .off = offsetof(config, f)
 #define CONF_COUNT(f) .count_off = offsetof(config, f)
 #define CONF_FLAG(f) .flag_off = offsetof(config, f), .has_flag = 1
@@ -114,6 +126,11 @@ static const conf_entry conf_table[] = {
      .max = CONF_DURATION_MAX},
 
     {.key = "client", .type = CONF_SECTION},
+    {.key = "client.auth",
+     .type = CONF_ENUM,
+     CONF_FIELD(client_auth),
+     .parse_enum = client_auth_parse,
+     .what = "ferry or redis"},
     {.key = "client.password",
      .type = CONF_STRING,
      CONF_FIELD(client_password),
@@ -1077,6 +1094,11 @@ static int conf_semantic(conf_ctx *ctx)
     }
     if (cfg->nlisten == 0) {
         return conf_key_error(ctx, "listen", 0, "listen must have at least one address");
+    }
+    if (cfg->client_auth == CLIENT_AUTH_REDIS && cfg->client_password != NULL) {
+        return conf_key_error(ctx, "client.password", 1,
+                              "client.password cannot be set with client.auth redis "
+                              "(Redis checks the clients' passwords)");
     }
     if (cfg->stats_enabled) {
         for (int i = 0; i < cfg->nlisten; i++) {

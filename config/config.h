@@ -10,6 +10,12 @@
 #define CONFIG_MAX_SENTINELS 16
 #define CONFIG_MAX_DENY 64
 
+/* client.auth: who checks a client's AUTH, and as whom its commands run. */
+enum {
+    CLIENT_AUTH_FERRY = 0, /* ferry's client.password; commands run as ferry's Redis user */
+    CLIENT_AUTH_REDIS = 1  /* Redis' ACL; commands run as the user the client named */
+};
+
 /* A network endpoint: "host:port", "[v6]:port" or "unix:/path". */
 typedef struct config_addr {
     int is_unix;    /* 1: path is set; 0: host and port are set */
@@ -53,6 +59,8 @@ typedef struct config {
      * given without redis.address. */
 
     /* client: what ferry accepts from applications */
+    int client_auth;                         /* client.auth: CLIENT_AUTH_FERRY (default) or
+                                                CLIENT_AUTH_REDIS (Redis' ACL users) */
     char *client_password;                   /* client.password, NULL = no AUTH */
     int max_clients;                         /* client.max_clients (10000) */
     size_t max_query_bytes;                  /* client.max_query_bytes (1gb) */

@@ -43,6 +43,23 @@ void fence_auth_done(link *l, request *r, const char *reply, size_t len)
     }
 }
 
+void fence_user_auth_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (len == 0 || reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        upstream_ident_rejected(l, why);
+        link_close(l, "Redis refused the user's credentials");
+        return;
+    }
+    link_open_gate(l);
+    if (l->kind == LINK_SHARED) {
+        /* No ROLE or durability checks as the user: ferry's own shared
+         * links verified this master (epoch) before the view went UP. */
+        fence_link_verified(l);
+    }
+}
+
 /* ROLE on the link itself: only a node that says it is a master is used. */
 static void role_done(link *l, request *r, const char *reply, size_t len)
 {
@@ -214,6 +231,13 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         acked = rr->integer;
     }
     freeReplyObject(rr);
+    /* Refused (a user without +wait, client.auth redis): asking again
+     * cannot help; the writes stay unconfirmed. */
+    char refused[200] = "";
+    if (len > 0 && reply[0] == '-') {
+        link_error_text(reply, len, refused, sizeof(refused));
+        log_warn("link %llu: Redis refused ferry's WAIT: %s", (unsigned long long)l->id, refused);
+    }
     if (fence) {
         log_info("link %llu: fence WAIT: %lld replica(s) have what the old master acknowledged%s",
                  (unsigned long long)l->id, acked,
@@ -224,7 +248,7 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         }
     } else if (acked < need && !list_empty(&l->held)) {
         uint64_t waited = uv_now(l->f->loop) - l->held_since_ms;
-        if (waited < l->f->cfg->hold_timeout_ms && l->state == LINK_READY) {
+        if (refused[0] == '\0' && waited < l->f->cfg->hold_timeout_ms && l->state == LINK_READY) {
             /* Replicas reattach after a failover: keep the replies and ask
              * again; the client sees latency, not an error. */
             log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",
@@ -255,11 +279,18 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
             if (fence) {
                 router_on_lost(r->s, r, "write not confirmed by a replica before the switch");
             } else {
-                char line[200];
-                snprintf(line, sizeof(line),
-                         "-NOREPLICAS ferry: write applied on the master but "
-                         "confirmed by %lld of %lld replica(s)\r\n",
-                         acked < 0 ? 0 : acked, need);
+                char line[400];
+                if (refused[0] != '\0') {
+                    snprintf(line, sizeof(line),
+                             "-NOREPLICAS ferry: write applied on the master but not "
+                             "confirmed: Redis refused ferry's WAIT (%s)\r\n",
+                             refused);
+                } else {
+                    snprintf(line, sizeof(line),
+                             "-NOREPLICAS ferry: write applied on the master but "
+                             "confirmed by %lld of %lld replica(s)\r\n",
+                             acked < 0 ? 0 : acked, need);
+                }
                 router_on_reply(r->s, r, line, strlen(line));
             }
             continue;

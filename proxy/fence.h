@@ -19,6 +19,10 @@ void fence_enforce(link *l);
 void fence_link_verified(link *l);
 /* Reply callback for ferry's AUTH on any link. */
 void fence_auth_done(link *l, request *r, const char *reply, size_t len);
+/* Reply callback for a user's AUTH on a new link of that user (client.auth
+ * redis): accepted, the link carries the user's commands (a shared one is
+ * READY: ferry's own links verified the master); refused, it closes. */
+void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
 
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);

@@ -232,7 +232,7 @@ int link_connected(const link *l)
 
 /* ------------------------------------------------------------- lifecycle */
 
-link *link_new(upstream *up, link_kind kind, int proto)
+link *link_new(upstream *up, link_kind kind, int proto, ident *id)
 {
     ferry *f = up->f;
     link *l = xcalloc(1, sizeof(*l));
@@ -245,9 +245,14 @@ link *link_new(upstream *up, link_kind kind, int proto)
     l->slot = -1;
     l->epoch = up->epoch;
     l->proto = proto == 3 ? 3 : 2;
+    l->who = id != NULL ? id : &up->self;
+    if (l->who->user != NULL) {
+        l->who->nlinks++; /* the identity outlives its links */
+    }
     l->state = LINK_CONNECTING;
     outq_init(&l->out);
     buf_init(&l->in);
+    buf_init(&l->gate);
     resp_scanner_init(&l->sc);
     list_init(&l->pending);
     list_init(&l->held);
@@ -287,7 +292,17 @@ link *link_new(upstream *up, link_kind kind, int proto)
               l->proto, (unsigned long long)l->epoch);
     /* Redis handles these before anything queued behind them. */
     const config *cfg = f->cfg;
-    if (l->proto == 3) {
+    if (l->who->user != NULL) {
+        /* A client's ACL user: until Redis accepts its AUTH nothing else is
+         * written, so no command of the user ever runs as anyone else. */
+        const char *argv[] = {"HELLO", "3", "AUTH", l->who->user, l->who->pass};
+        if (l->proto == 3) {
+            link_internal(l, argv, 5, fence_user_auth_done, 0);
+        } else {
+            link_internal(l, argv + 2, 3, fence_user_auth_done, 0);
+        }
+        l->gated = 1;
+    } else if (l->proto == 3) {
         /* HELLO 3 switches the protocol and authenticates in one step. */
         const char *argv[] = {"HELLO", "3", "AUTH",
                               cfg->redis_username != NULL ? cfg->redis_username : "default",
@@ -302,7 +317,7 @@ link *link_new(upstream *up, link_kind kind, int proto)
             link_internal(l, argv, 2, fence_auth_done, 0);
         }
     }
-    if (kind == LINK_SHARED) {
+    if (kind == LINK_SHARED && l->who->user == NULL) {
         fence_verify(l); /* ROLE, then durability, before any client request */
     }
     return l;
@@ -348,9 +363,15 @@ static void link_mark_dirty(link *l)
     }
 }
 
-static void link_queue(link *l, request *r)
+/* Where bytes for Redis go: the output, or behind an unanswered user AUTH. */
+static buf *link_out(link *l)
 {
-    buf_append(&l->out.fill, buf_head(&r->data), buf_used(&r->data));
+    return l->gated ? &l->gate : &l->out.fill;
+}
+
+static void link_queue_bytes(link *l, request *r, const char *p, size_t n)
+{
+    buf_append(link_out(l), p, n);
     request_set_state(r, REQ_SENT);
     r->link = l;
     list_add_tail(&l->pending, &r->lq);
@@ -358,6 +379,28 @@ static void link_queue(link *l, request *r)
     if (link_connected(l)) {
         link_mark_dirty(l);
     }
+}
+
+static void link_queue(link *l, request *r)
+{
+    link_queue_bytes(l, r, buf_head(&r->data), buf_used(&r->data));
+}
+
+void link_open_gate(link *l)
+{
+    l->gated = 0;
+    if (buf_used(&l->gate) > 0) {
+        buf_append(&l->out.fill, buf_head(&l->gate), buf_used(&l->gate));
+        if (link_connected(l)) {
+            link_mark_dirty(l);
+        }
+    }
+    buf_free(&l->gate);
+}
+
+void link_send_bytes(link *l, request *r, const char *p, size_t n)
+{
+    link_queue_bytes(l, r, p, n);
 }
 
 void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg)
@@ -389,7 +432,7 @@ void link_send(link *l, request *r)
 
 void link_send_raw(link *l, const char *p, size_t n)
 {
-    buf_append(&l->out.fill, p, n);
+    buf_append(link_out(l), p, n);
     if (link_connected(l)) {
         link_mark_dirty(l);
     }
@@ -598,11 +641,12 @@ void link_close(link *l, const char *reason)
         l->kind == LINK_SHARED && l->state != LINK_CONNECTING && l->state != LINK_VERIFYING;
     int was_connected = link_connected(l);
     link_set_state(l, LINK_CLOSING);
-    log_info("link %llu to %s closed (%s, epoch %llu, %s, %zu pending): %s",
+    log_info("link %llu to %s closed (%s%s%s, epoch %llu, %s, %zu pending): %s",
              (unsigned long long)l->id, l->up->name,
              l->kind == LINK_SHARED  ? "shared"
              : l->kind == LINK_PROBE ? "probe"
                                      : "dedicated",
+             l->who->user != NULL ? " as user " : "", l->who->user != NULL ? l->who->user : "",
              (unsigned long long)l->epoch, was_connected ? "was connected" : "never connected",
              l->npending, reason);
     if (list_linked(&l->dirty_node)) {
@@ -637,7 +681,11 @@ static void link_close_cb(uv_handle_t *h)
     upstream *up = l->up;
     list_del(&l->node);
     up->nlinks--;
+    if (l->who->user != NULL) {
+        l->who->nlinks--;
+    }
     outq_free(&l->out);
     buf_free(&l->in);
+    buf_free(&l->gate);
     free(l);
 }

@@ -11,6 +11,7 @@
 #include "ferry.h"
 
 struct upstream;
+struct ident;
 
 /* Legal moves (link_set_state asserts them):
  *   CONNECTING -> VERIFYING (shared) | READY (dedicated, probe) | CLOSING
@@ -73,12 +74,19 @@ typedef struct link {
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */
     int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
+    struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
+    int gated;                  /* a user's AUTH is unanswered: nothing else is written */
+    buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or
- * 3: AUTH, or HELLO 3 with AUTH, queued first). Returns NULL (logged, handle
- * closing) if connect fails at once. */
-link *link_new(struct upstream *up, link_kind kind, int proto);
+ * 3: AUTH, or HELLO 3 with AUTH, queued first) as identity id (ferry's own
+ * credentials, or a Redis user: then nothing but that AUTH is written until
+ * Redis accepts it, so no command ever runs as anyone else). Returns NULL
+ * (logged, handle closing) if connect fails at once. */
+link *link_new(struct upstream *up, link_kind kind, int proto, struct ident *id);
+/* Redis accepted the user's AUTH: write what was queued behind it. */
+void link_open_gate(link *l);
 /* The one setter of l->state: asserts the move is legal, logs it at debug. */
 void link_set_state(link *l, link_state st);
 /* Connected: bytes queued now are written this turn. */
@@ -86,6 +94,9 @@ int link_connected(const link *l);
 
 /* Queue r on l (its state becomes SENT, it joins pending). */
 void link_send(link *l, request *r);
+/* Queue r on l with these bytes in place of r->data (a check ferry runs
+ * for r: the AUTH of a HELLO, a WAIT probe). */
+void link_send_bytes(link *l, request *r, const char *p, size_t n);
 /* Queue one of ferry's own commands; done (may be NULL) gets its reply. The
  * request's arg is set to arg. */
 void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg);

@@ -324,6 +324,10 @@ int outage_open(ferry *f)
     f->outage = o;
     log_info("fallback store %s open: %llu row(s) pending replay", cfg->fallback_path,
              (unsigned long long)fallback_rows(o->fb));
+    if (cfg->client_auth == CLIENT_AUTH_REDIS) {
+        log_warn("fallback store: client.auth redis: it serves no client while Redis is down "
+                 "(without Redis no ACL says what a user may do); it still replays its rows");
+    }
     return 0;
 }
 
@@ -880,7 +884,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
     ferry *f = o->f;
     upstream *up = f->up;
     uint64_t now = uv_now(f->loop);
-    link *l = upstream_shared(up, 0, 2);
+    link *l = upstream_shared(up, NULL, 0, 2);
 
     if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
         round_fail(o, status < 0 ? errstr : "no master");
@@ -982,7 +986,8 @@ static void replay_next(struct outage *o)
     upstream *up = f->up;
     uint64_t now = uv_now(f->loop);
     if (o->rstate != REPLAY_IDLE || up->state != UP_UP || o->pending_ops > 0 ||
-        fallback_rows(o->fb) == 0 || now < o->next_round_ms || upstream_shared(up, 0, 2) == NULL) {
+        fallback_rows(o->fb) == 0 || now < o->next_round_ms ||
+        upstream_shared(up, NULL, 0, 2) == NULL) {
         return;
     }
     o->round++;

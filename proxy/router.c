@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "acl.h"
 #include "backlog.h"
 #include "link.h"
 #include "log.h"
@@ -51,17 +52,25 @@ enum route {
     RT_RESET       /* RESET */
 };
 
-enum { AUTH_FAIL = 0, AUTH_OK = 1, AUTH_NOPASS = 2 };
+/* r->arg of AUTH and HELLO: the result (bits 0-3), HELLO's protocol asked
+ * (bits 4-7, 0: none) and, for a check Redis makes (client.auth redis),
+ * acl.c's bits (ACL_ARG_*). */
+enum { AUTH_FAIL = 0, AUTH_OK = 1, AUTH_NOPASS = 2, AUTH_REDIS = 3 };
 enum {
     HELLO_OK = 0,
     HELLO_AUTH_OK = 1,
     HELLO_AUTH_FAIL = 2,
     HELLO_NOPROTO = 3,
     HELLO_BADPROTO = 4,
-    HELLO_SYNTAX = 5
+    HELLO_SYNTAX = 5,
+    HELLO_AUTH_REDIS = 6
 };
 
+#define AUTH_RESULT(r) ((int)((r)->arg & 0xf))
+/* r->arg of SELECT: the db asked (bits 0-31), the one before (bits 32-62). */
+#define SELECT_DB(r) ((int)((r)->arg & 0x7fffffff))
 #define HELLO_PROTO_SHIFT 4 /* r->arg of HELLO: result | protocol asked (0: none) << 4 */
+#define HELLO_PROTO(r) ((int)(((r)->arg >> HELLO_PROTO_SHIFT) & 0xf))
 
 /* r->arg of CLIENT TRACKING (RT_STICKY). */
 enum { TRACK_NONE = 0, TRACK_ON, TRACK_OFF };
@@ -164,6 +173,7 @@ void router_forget(session *s)
 {
     router_set_tx(s, TX_NONE);
     buf_free(&s->tx_log);
+    acl_forget(s);
 }
 
 /* ---------------------------------------------------------- classification */
@@ -315,23 +325,36 @@ static void classify_hello(ferry *f, request *r, const resp_request *req)
         return;
     }
     r->arg = HELLO_OK | (ver << HELLO_PROTO_SHIFT);
+    const resp_arg *user = NULL, *pass = NULL, *name = NULL;
     for (size_t i = 2; i < req->argc; i++) {
         if (arg_eq(&argv[i], "auth") && i + 2 < req->argc) {
-            int ok = password_ok(f, &argv[i + 1], &argv[i + 2]);
-            r->arg = (ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL) | (ver << HELLO_PROTO_SHIFT);
+            user = &argv[i + 1];
+            pass = &argv[i + 2];
             i += 2;
         } else if (arg_eq(&argv[i], "setname") && i + 1 < req->argc) {
-            /* Kept as the CLIENT SETNAME it stands for (applied on success). */
-            buf_clear(&r->data);
-            buf_append_count(&r->data, '*', 3);
-            buf_append_bulk(&r->data, "CLIENT", 6);
-            buf_append_bulk(&r->data, "SETNAME", 7);
-            buf_append_bulk(&r->data, argv[i + 1].ptr, argv[i + 1].len);
+            name = &argv[i + 1];
             i += 1;
         } else {
             r->arg = HELLO_SYNTAX;
             return;
         }
+    }
+    buf_clear(&r->data);
+    if (user != NULL && f->cfg->client_auth == CLIENT_AUTH_REDIS) {
+        /* Redis checks it: the AUTH heads r->data (acl.c). */
+        size_t n = acl_encode(r, user, pass);
+        r->arg =
+            HELLO_AUTH_REDIS | (ver << HELLO_PROTO_SHIFT) | ((long long)n << ACL_ARG_LEN_SHIFT);
+    } else if (user != NULL) {
+        int ok = password_ok(f, user, pass);
+        r->arg = (ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL) | (ver << HELLO_PROTO_SHIFT);
+    }
+    if (name != NULL) {
+        /* Kept as the CLIENT SETNAME it stands for (applied on success). */
+        buf_append_count(&r->data, '*', 3);
+        buf_append_bulk(&r->data, "CLIENT", 6);
+        buf_append_bulk(&r->data, "SETNAME", 7);
+        buf_append_bulk(&r->data, name->ptr, name->len);
     }
 }
 
@@ -446,7 +469,10 @@ int router_classify(session *s, request *r, const resp_request *req)
     case CMD_LOCAL:
         if (strcmp(cmd->name, "auth") == 0) {
             r->route = RT_AUTH;
-            if (argc == 2) {
+            if (f->cfg->client_auth == CLIENT_AUTH_REDIS && (argc == 2 || argc == 3)) {
+                size_t n = acl_encode(r, argc == 3 ? &argv[1] : NULL, &argv[argc - 1]);
+                r->arg = AUTH_REDIS | ((long long)n << ACL_ARG_LEN_SHIFT);
+            } else if (argc == 2) {
                 r->arg = password_ok(f, NULL, &argv[1]);
             } else if (argc == 3) {
                 r->arg = password_ok(f, &argv[1], &argv[2]);
@@ -530,8 +556,9 @@ static void switch_proto(session *s, int proto)
 
 static void answer_hello(session *s, request *r)
 {
-    int proto = (int)(r->arg >> HELLO_PROTO_SHIFT);
-    switch (r->arg & ((1 << HELLO_PROTO_SHIFT) - 1)) {
+    int proto = HELLO_PROTO(r);
+    size_t skip = 0; /* the AUTH Redis checked heads r->data (acl.c) */
+    switch (AUTH_RESULT(r)) {
     case HELLO_NOPROTO:
         session_answer_str(s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
         return;
@@ -549,6 +576,9 @@ static void answer_hello(session *s, request *r)
         return;
     case HELLO_AUTH_OK:
         s->authed = 1;
+        break;
+    case HELLO_AUTH_REDIS:
+        skip = (size_t)(r->arg >> ACL_ARG_LEN_SHIFT); /* Redis accepted it (acl.c) */
         break;
     default:
         if (!s->authed) {
@@ -572,12 +602,14 @@ static void answer_hello(session *s, request *r)
     if (proto != 0) {
         switch_proto(s, proto);
     }
-    if (buf_used(&r->data) > 0) {
+    if (buf_used(&r->data) > skip) {
         /* HELLO ... SETNAME: the name lives on the client's own link, as
          * CLIENT SETNAME's does. */
-        sticky_add(s, buf_head(&r->data), buf_used(&r->data));
+        const char *p = buf_head(&r->data) + skip;
+        size_t n = buf_used(&r->data) - skip;
+        sticky_add(s, p, n);
         if (s->dlink != NULL && s->dlink->state != LINK_CLOSING) {
-            link_internal_raw(s->dlink, buf_head(&r->data), buf_used(&r->data), sticky_done);
+            link_internal_raw(s->dlink, p, n, sticky_done);
         }
         s->sticky = 1;
     }
@@ -586,7 +618,7 @@ static void answer_hello(session *s, request *r)
 
 static void answer_auth(session *s, request *r)
 {
-    if (r->arg == AUTH_OK) {
+    if (r->arg == AUTH_OK || AUTH_RESULT(r) == AUTH_REDIS) {
         s->authed = 1;
         session_answer_str(s, r, "+OK\r\n");
     } else if (r->arg == AUTH_NOPASS) {
@@ -614,8 +646,9 @@ static void do_reset(session *s, request *r)
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
-    s->authed = s->f->cfg->client_password == NULL;
-    s->proto = 2; /* RESET goes back to RESP2, as on Redis */
+    s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
+    acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
+    s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
     s->tracking = 0;
     buf_free(&s->sticky_log);
     session_answer_str(s, r, "+RESET\r\n");
@@ -834,14 +867,58 @@ static int router_resubscribe(session *s)
 
 /* ---------------------------------------------------------------- dispatch */
 
+/* client.auth redis: AUTH (or HELLO ... AUTH) goes to Redis (acl.c). */
+static int dispatch_acl(session *s, request *r)
+{
+    if (s->tx != TX_NONE || s->tunnel != TUN_NONE) {
+        /* Its links are the user's: the state on them cannot follow. */
+        session_answer_str(s, r,
+                           "-ERR ferry: AUTH is not supported inside MULTI or WATCH, or on a "
+                           "subscribed, MONITOR or CLIENT REPLY connection, with client.auth "
+                           "redis\r\n");
+        return DISPATCH_DONE;
+    }
+    switch (acl_dispatch(s, r)) {
+    case ACL_WAIT:
+        return DISPATCH_WAIT;
+    case ACL_HOLD:
+        return DISPATCH_DOWN;
+    default:
+        return DISPATCH_DONE;
+    }
+}
+
+/* Redis accepted the user s authenticated as (acl.c): answer as AUTH or
+ * HELLO does. A dedicated link of its former user is let go (the next one
+ * is the new user's, with the client's settings restored on it). */
+static void acl_accepted(session *s, request *r)
+{
+    if (s->dlink != NULL && s->dlink->who != s->ident) {
+        int flush = s->tracking && s->proto == 3;
+        upstream_return(s->f->up, s, 0, "its client authenticated as another user");
+        if (flush) {
+            static const char inval[] = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
+            session_on_push(s, inval, sizeof(inval) - 1);
+        }
+    }
+    if (r->route == RT_HELLO) {
+        answer_hello(s, r);
+    } else {
+        answer_auth(s, r);
+    }
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
     upstream *up = f->up;
     const char *pw = f->cfg->client_password;
 
-    if (pw != NULL && !s->authed && r->route != RT_AUTH && r->route != RT_HELLO &&
-        r->route != RT_QUIT) {
+    if (s->checking) {
+        return DISPATCH_WAIT; /* the user it runs as is not known yet */
+    }
+    if ((pw != NULL || f->cfg->client_auth == CLIENT_AUTH_REDIS) && !s->authed &&
+        r->route != RT_AUTH && r->route != RT_HELLO && r->route != RT_QUIT) {
         session_answer_str(s, r, "-NOAUTH Authentication required.\r\n");
         return DISPATCH_DONE;
     }
@@ -864,10 +941,16 @@ static int dispatch_one(session *s, request *r)
         f->stats.commands_local++;
         return DISPATCH_DONE;
     case RT_AUTH:
+        if (AUTH_RESULT(r) == AUTH_REDIS) {
+            return dispatch_acl(s, r);
+        }
         f->stats.commands_local++;
         answer_auth(s, r);
         return DISPATCH_DONE;
     case RT_HELLO:
+        if (AUTH_RESULT(r) == HELLO_AUTH_REDIS) {
+            return dispatch_acl(s, r);
+        }
         f->stats.commands_local++;
         answer_hello(s, r);
         return DISPATCH_DONE;
@@ -955,8 +1038,9 @@ static int dispatch_one(session *s, request *r)
     if (f->outage != NULL && s->tx == TX_NONE) {
         /* No master for fallback.after_ms: the fallback store serves queue
          * commands; once a master is back, writes to keys not yet replayed
-         * wait for their replay. */
-        if (up->state == UP_DOWN &&
+         * wait for their replay. It serves no client of a Redis ACL user:
+         * without Redis nothing can say what the user may do. */
+        if (up->state == UP_DOWN && s->ident == NULL &&
             uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms) {
             /* (At start-up the view is DOWN at once: the store waits
              * fallback.after_ms for a first master too.) */
@@ -982,7 +1066,7 @@ static int dispatch_one(session *s, request *r)
         dedicated = 1;
         break;
     case RT_SELECT:
-        if (r->arg == 0 && !dedicated) {
+        if (SELECT_DB(r) == 0 && !dedicated) {
             session_answer_str(s, r, "+OK\r\n");
             return DISPATCH_DONE;
         }
@@ -1005,7 +1089,7 @@ static int dispatch_one(session *s, request *r)
         }
         target = s->dlink;
     } else {
-        target = upstream_shared(up, s->id, s->proto);
+        target = upstream_shared(up, s->ident, s->id, s->proto);
     }
     if (target == NULL) {
         return DISPATCH_DOWN;
@@ -1048,8 +1132,11 @@ static int dispatch_one(session *s, request *r)
         }
         break;
     case RT_SELECT:
-        s->db = (int)r->arg;
-        target->db = (int)r->arg;
+        /* Pipelined commands behind it run in the new db: set it now, and
+         * back to the one before if Redis refuses (NOPERM, out of range). */
+        r->arg = SELECT_DB(r) | ((long long)s->db << 32);
+        s->db = SELECT_DB(r);
+        target->db = SELECT_DB(r);
         break;
     case RT_STICKY:
         s->sticky = 1;
@@ -1155,13 +1242,28 @@ static void note_flight_done(session *s)
     s->inflight--;
     if (s->inflight == 0) {
         s->flight_link = NULL;
+        s->checking = 0; /* an AUTH check is alone in flight */
     }
 }
 
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
+    link *via = s->flight_link;
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);
+    if ((r->route == RT_AUTH && AUTH_RESULT(r) == AUTH_REDIS) ||
+        (r->route == RT_HELLO && AUTH_RESULT(r) == HELLO_AUTH_REDIS)) {
+        /* Redis' answer to a client's AUTH (acl.c). */
+        if (acl_on_reply(s, r, via, p, n)) {
+            acl_accepted(s, r);
+        }
+        session_flush_answered(s);
+        if (s->inflight == 0) {
+            router_dispatch(s);
+        }
+        session_check_reading(s);
+        return;
+    }
     if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
         (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
          s->tx == TX_EXEC_SENT_WATCHED)) {
@@ -1174,6 +1276,13 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     }
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
         sticky_accepted(s, r);
+    }
+    if (r->route == RT_SELECT && n > 0 && p[0] == '-') {
+        /* Refused: the link stays in the db it was in. */
+        s->db = (int)(r->arg >> 32);
+        if (via != NULL && via->db == SELECT_DB(r)) {
+            via->db = s->db;
+        }
     }
     session_answer(s, r, p, n);
     session_flush_answered(s);

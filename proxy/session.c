@@ -64,7 +64,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->cursor = &s->requests;
     buf_init(&s->in);
     outq_init(&s->out);
-    s->authed = f->cfg->client_password == NULL;
+    s->authed = f->cfg->client_password == NULL && f->cfg->client_auth != CLIENT_AUTH_REDIS;
     s->proto = 2;
     s->last_active_ms = uv_now(f->loop);
     list_add_tail(&f->idle, &s->idle_node);

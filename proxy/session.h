@@ -86,6 +86,8 @@ typedef struct session {
     tunnel_state tunnel;       /* see tunnel_state */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
     int authed;                /* AUTH accepted (or no password configured) */
+    struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c) */
+    int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
     int reading;               /* uv_read_start active */
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */

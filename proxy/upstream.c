@@ -25,8 +25,16 @@
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
+/* A Redis user no session is authenticated as keeps its links (and its
+ * password) this long, so clients that connect, authenticate and leave in
+ * turn do not open a link each. */
+#define IDENT_LINGER_MS 10000
+/* A user whose credentials Redis just refused is remembered this long, so
+ * the clients waiting on that answer get it (and a retry with the same
+ * password within it gets the same answer without a new link). */
+#define IDENT_REJECTED_MS 1000
 
-static void upstream_connect_shared(upstream *up);
+static void upstream_connect_shared(upstream *up, ident *id);
 static void upstream_set_state(upstream *up, upstream_state st, const char *reason);
 
 /* ---------------------------------------------------------------- helpers */
@@ -87,8 +95,10 @@ upstream *upstream_new(ferry *f)
     upstream *up = xcalloc(1, sizeof(*up));
     up->f = f;
     list_init(&up->links);
-    list_init(&up->pool[0]);
-    list_init(&up->pool[1]);
+    list_init(&up->self.pool[0]);
+    list_init(&up->self.pool[1]);
+    list_init(&up->self.node);
+    list_init(&up->idents);
     up->nshared = f->cfg->shared_links;
     if (up->nshared < 1) {
         up->nshared = 1;
@@ -114,7 +124,7 @@ upstream *upstream_new(ferry *f)
     }
     up->target_set = 1;
     up->epoch = 1;
-    upstream_connect_shared(up);
+    upstream_connect_shared(up, &up->self);
     return up;
 }
 
@@ -130,8 +140,22 @@ void upstream_close(upstream *up)
     }
 }
 
+static void ident_free(ident *id)
+{
+    list_del(&id->node);
+    if (id->pass != NULL) {
+        explicit_bzero(id->pass, strlen(id->pass));
+    }
+    free(id->pass);
+    free(id->user);
+    free(id);
+}
+
 void upstream_free(upstream *up)
 {
+    while (!list_empty(&up->idents)) {
+        ident_free(list_entry(list_first(&up->idents), ident, node));
+    }
     free(up);
 }
 
@@ -175,57 +199,202 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
     up->state = st;
 }
 
-/* Slots of missing shared links (of the protocols in use). */
+/* Slots of ferry's own missing shared links (of the protocols in use). */
 static int upstream_missing_shared(const upstream *up)
 {
     int missing = 0;
-    for (int p = 0; p < (up->want3 ? 2 : 1); p++) {
+    for (int p = 0; p < (up->self.want3 ? 2 : 1); p++) {
         for (int i = 0; i < up->nshared; i++) {
-            missing += up->shared[p][i] == NULL;
+            missing += up->self.shared[p][i] == NULL;
         }
     }
     return missing;
 }
 
-/* (Re)open every missing shared link: the RESP2 set always, the RESP3 set
- * once a RESP3 client asked for it. Each is verified on its own (fence.c). */
-static void upstream_connect_shared(upstream *up)
+/* (Re)open every missing shared link of id: the RESP2 set always, the RESP3
+ * set once a RESP3 client asked for it. ferry's own are verified (ROLE,
+ * durability: fence.c); a user's once Redis accepts its AUTH. */
+static void upstream_connect_shared(upstream *up, ident *id)
 {
     if (!up->target_set) {
         return;
     }
-    for (int p = 0; p < (up->want3 ? 2 : 1); p++) {
+    for (int p = 0; p < (id->want3 ? 2 : 1); p++) {
         for (int i = 0; i < up->nshared; i++) {
-            if (up->shared[p][i] == NULL) {
-                link *l = link_new(up, LINK_SHARED, p + 2);
+            if (id->shared[p][i] == NULL) {
+                link *l = link_new(up, LINK_SHARED, p + 2, id);
                 if (l == NULL) {
                     continue;
                 }
                 l->slot = i;
-                up->shared[p][i] = l;
+                id->shared[p][i] = l;
             }
         }
     }
 }
 
-link *upstream_shared(upstream *up, uint64_t hint, int proto)
+link *upstream_shared(upstream *up, ident *id, uint64_t hint, int proto)
 {
     int p = proto == 3;
+    if (id == NULL) {
+        id = &up->self;
+    }
     if (up->state != UP_UP) {
         return NULL;
     }
-    if (p == 1 && !up->want3) {
-        up->want3 = 1;
-        log_info("upstream: opening RESP3 shared links for RESP3 clients");
-        upstream_connect_shared(up);
+    int opened = 0;
+    if (p == 1 && !id->want3) {
+        id->want3 = 1;
+        log_info("upstream: opening RESP3 shared links for RESP3 clients%s%s",
+                 id->user != NULL ? " of user " : "", id->user != NULL ? id->user : "");
+        upstream_connect_shared(up, id);
+        opened = 1;
     }
+    link *ready = NULL;
+    int missing = 0;
     for (int i = 0; i < up->nshared; i++) {
-        link *l = up->shared[p][(hint + (uint64_t)i) % (uint64_t)up->nshared];
-        if (l != NULL && l->state == LINK_READY) {
-            return l;
+        link *l = id->shared[p][(hint + (uint64_t)i) % (uint64_t)up->nshared];
+        if (l != NULL && l->state == LINK_READY && ready == NULL) {
+            ready = l;
+        }
+        missing += l == NULL;
+    }
+    /* ferry's own links are reopened by the tick (with backoff); a user's
+     * when a client needs them, not before its backoff. */
+    if (missing > 0 && !opened && id != &up->self && uv_now(up->f->loop) >= id->next_open_ms) {
+        upstream_connect_shared(up, id);
+    }
+    return ready;
+}
+
+/* ------------------------------------------------------------- identities */
+
+static ident *ident_find(upstream *up, const char *user, size_t ulen)
+{
+    list_node *n;
+    list_foreach(n, &up->idents)
+    {
+        ident *id = list_entry(n, ident, node);
+        if (strlen(id->user) == ulen && memcmp(id->user, user, ulen) == 0) {
+            return id;
         }
     }
     return NULL;
+}
+
+static char *xstrndup(const char *p, size_t n)
+{
+    char *s = xmalloc(n + 1);
+    memcpy(s, p, n);
+    s[n] = '\0';
+    return s;
+}
+
+void upstream_ident_set_pass(ident *id, const char *pass, size_t plen)
+{
+    if (id->pass != NULL && strlen(id->pass) == plen && memcmp(id->pass, pass, plen) == 0) {
+        return;
+    }
+    if (id->pass != NULL) {
+        explicit_bzero(id->pass, strlen(id->pass));
+        free(id->pass);
+    }
+    id->pass = xstrndup(pass, plen);
+}
+
+ident *upstream_ident(upstream *up, const char *user, size_t ulen, const char *pass, size_t plen)
+{
+    ident *id = ident_find(up, user, ulen);
+    if (id != NULL) {
+        return id;
+    }
+    id = xcalloc(1, sizeof(*id));
+    id->user = xstrndup(user, ulen);
+    upstream_ident_set_pass(id, pass, plen);
+    list_init(&id->pool[0]);
+    list_init(&id->pool[1]);
+    id->idle_since_ms = uv_now(up->f->loop);
+    list_add_tail(&up->idents, &id->node);
+    log_info("upstream: links for Redis user '%s' opened on demand", id->user);
+    return id;
+}
+
+void upstream_ident_hold(ident *id)
+{
+    id->refs++;
+}
+
+void upstream_ident_release(upstream *up, ident *id)
+{
+    if (id == NULL) {
+        return;
+    }
+    ferry_assert(id->refs > 0);
+    if (--id->refs == 0) {
+        id->idle_since_ms = uv_now(up->f->loop);
+    }
+}
+
+/* Close every link of id that is not lent to a session. */
+static void ident_close_links(upstream *up, ident *id, const char *why)
+{
+    list_node *n, *t;
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->who == id && l->owner == NULL && l->state != LINK_CLOSING) {
+            link_close(l, why);
+        }
+    }
+}
+
+void upstream_ident_rejected(link *l, const char *why)
+{
+    upstream *up = l->up;
+    ident *id = l->who;
+    ferry_assert(id->user != NULL);
+    log_warn("link %llu: Redis refuses the credentials of user '%s': %s", (unsigned long long)l->id,
+             id->user, why);
+    id->rejected = 1;
+    id->idle_since_ms = uv_now(up->f->loop);
+    snprintf(id->error, sizeof(id->error), "%s", why);
+    if (id->refs > 0) {
+        /* Deleted, disabled or its password changed: its clients cannot be
+         * served any more (Redis closes the connections of a deleted user). */
+        char reason[300];
+        snprintf(reason, sizeof(reason),
+                 "Redis refuses the credentials of user '%s' on a new link: %s", id->user, why);
+        list_node *n, *t;
+        list_foreach_safe(n, t, &up->f->sessions)
+        {
+            session *s = list_entry(n, session, node);
+            if (s->ident == id) {
+                session_close(s, reason);
+            }
+        }
+    }
+    ident_close_links(up, id, "the user's credentials are refused");
+}
+
+/* Periodic: a user no session is authenticated as lets its links go after
+ * IDENT_LINGER_MS (IDENT_REJECTED_MS once Redis refused it), and is
+ * forgotten, its password wiped, once they are gone. */
+static void ident_tick(upstream *up, uint64_t now)
+{
+    list_node *n, *t;
+    list_foreach_safe(n, t, &up->idents)
+    {
+        ident *id = list_entry(n, ident, node);
+        uint64_t keep = id->rejected ? IDENT_REJECTED_MS : IDENT_LINGER_MS;
+        if (id->refs > 0 || now - id->idle_since_ms < keep) {
+            continue;
+        }
+        ident_close_links(up, id, "no client is authenticated as its user");
+        if (id->nlinks == 0) {
+            log_info("upstream: Redis user '%s' forgotten (no client, no link)", id->user);
+            ident_free(id);
+        }
+    }
 }
 
 /* --------------------------------------------------------- lending links */
@@ -264,7 +433,8 @@ static void select_done(link *l, request *r, const char *reply, size_t len)
 link *upstream_lend(upstream *up, session *s)
 {
     link *l = NULL;
-    list_node *pool = &up->pool[s->proto == 3];
+    ident *id = s->ident != NULL ? s->ident : &up->self;
+    list_node *pool = &id->pool[s->proto == 3];
     if (up->state != UP_UP) {
         return NULL;
     }
@@ -280,7 +450,7 @@ link *upstream_lend(upstream *up, session *s)
         l = NULL;
     }
     if (l == NULL) {
-        l = link_new(up, LINK_DEDICATED, s->proto);
+        l = link_new(up, LINK_DEDICATED, s->proto, id);
         if (l == NULL) {
             return NULL;
         }
@@ -305,8 +475,8 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
     unlend(l);
     if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
         list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
-        up->npool < up->f->cfg->pool_idle && !up->f->stopping) {
-        list_add_head(&up->pool[l->proto == 3], &l->pool_node);
+        up->npool < up->f->cfg->pool_idle && !up->f->stopping && !l->who->rejected) {
+        list_add_head(&l->who->pool[l->proto == 3], &l->pool_node);
         up->npool++;
         return;
     }
@@ -332,7 +502,7 @@ void upstream_detach(link *l, const char *reason)
 
 void upstream_on_verified(upstream *up, link *l)
 {
-    if (up->state != UP_UP) {
+    if (up->state != UP_UP && l->who == &up->self) {
         upstream_set_state(up, UP_UP, "link connected, ROLE master, durability asserted");
     }
     up->f->wake_pending = 1; /* requests waiting for this protocol's links */
@@ -355,7 +525,9 @@ void upstream_on_not_master(link *l, const char *why)
 void upstream_on_link_error(link *l, const char *why)
 {
     upstream *up = l->up;
-    if (l->epoch == up->epoch && up->state == UP_UP &&
+    /* A user's link may be closed by Redis for the user alone (ACL DELUSER,
+     * CLIENT KILL USER): only ferry's own links speak for the master. */
+    if (l->epoch == up->epoch && up->state == UP_UP && l->who == &up->self &&
         (l->kind != LINK_DEDICATED || l->npending > 0)) {
         /* A master connection broke: hold everything until we know which
          * master to use (Sentinel) or it is back (fixed). */
@@ -371,8 +543,8 @@ void upstream_on_link_closing(upstream *up, link *l)
         list_del(&l->pool_node);
         up->npool--;
     }
-    if (l->slot >= 0 && up->shared[l->proto == 3][l->slot] == l) {
-        up->shared[l->proto == 3][l->slot] = NULL;
+    if (l->slot >= 0 && l->who->shared[l->proto == 3][l->slot] == l) {
+        l->who->shared[l->proto == 3][l->slot] = NULL;
     }
     if (up->probe == l) {
         up->probe = NULL;
@@ -385,10 +557,17 @@ void upstream_on_link_closed(upstream *up, link *l, int was_ready, const char *r
     if (l->kind != LINK_SHARED || f->stopping || l->epoch != up->epoch || l->slot < 0) {
         return;
     }
+    if (l->who != &up->self) {
+        if (!was_ready) {
+            /* Not reopened at once: a refused connect would spin. */
+            l->who->next_open_ms = uv_now(f->loop) + BACKOFF_MAX_MS;
+        }
+        return;
+    }
     int any = 0;
     for (int i = 0; i < up->nshared; i++) {
         /* The RESP2 set is the one that is always there. */
-        if (up->shared[0][i] != NULL && up->shared[0][i]->state == LINK_READY) {
+        if (up->self.shared[0][i] != NULL && up->self.shared[0][i]->state == LINK_READY) {
             any = 1;
         }
     }
@@ -526,18 +705,19 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     log_info("master view: connecting to %s (epoch %llu): %s", up->name,
              (unsigned long long)up->epoch, why);
     /* Shared links of an older epoch are gone (closed or fencing). */
-    for (int p = 0; p < 2; p++) {
-        for (int i = 0; i < up->nshared; i++) {
-            if (up->shared[p][i] != NULL && up->shared[p][i]->epoch != up->epoch) {
-                link_close(up->shared[p][i], "replaced by a new master");
-            }
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->kind == LINK_SHARED && l->slot >= 0 && l->state != LINK_CLOSING &&
+            l->epoch != up->epoch && l->who->shared[l->proto == 3][l->slot] == l) {
+            link_close(l, "replaced by a new master");
         }
     }
     if (up->probe != NULL) {
         link_close(up->probe, "replaced by a new master");
     }
     if (uv_now(up->f->loop) >= up->next_connect_ms) {
-        upstream_connect_shared(up);
+        upstream_connect_shared(up, &up->self);
     }
 }
 
@@ -584,7 +764,7 @@ static void upstream_probe(upstream *up, uint64_t now)
         if (now < up->next_probe_ms) {
             return;
         }
-        up->probe = p = link_new(up, LINK_PROBE, 2);
+        up->probe = p = link_new(up, LINK_PROBE, 2, NULL);
         if (p == NULL) {
             up->next_probe_ms = now + cfg->ping_interval_ms;
             return;
@@ -615,8 +795,9 @@ void upstream_tick(upstream *up, uint64_t now)
 
     if (!f->stopping && up->target_set && now >= up->next_connect_ms &&
         upstream_missing_shared(up) > 0) {
-        upstream_connect_shared(up);
+        upstream_connect_shared(up, &up->self);
     }
+    ident_tick(up, now);
     if (up->state == UP_SWITCHING && now - up->switch_started_ms >= cfg->fallback_after_ms) {
         char why[160];
         snprintf(why, sizeof(why), "no usable master for %llu ms (fallback.after_ms)",
@@ -624,8 +805,9 @@ void upstream_tick(upstream *up, uint64_t now)
         upstream_set_state(up, UP_DOWN, why);
         f->wake_pending = 1; /* held queue writes may go to the fallback store now */
     }
-    if (up->state == UP_UP && up->shared[0][0] != NULL && up->shared[0][0]->state == LINK_READY) {
-        link *l = up->shared[0][0];
+    if (up->state == UP_UP && up->self.shared[0][0] != NULL &&
+        up->self.shared[0][0]->state == LINK_READY) {
+        link *l = up->self.shared[0][0];
         if (now >= up->next_enforce_ms) {
             up->next_enforce_ms = now + cfg->enforce_interval_ms;
             fence_enforce(l);
@@ -678,10 +860,14 @@ void upstream_tick(upstream *up, uint64_t now)
             l->npending == 0 && !l->passthrough && !l->ping_pending &&
             now - l->last_io_ms >= cfg->ping_interval_ms &&
             (l->owner == NULL || !router_holds_state(l->owner))) {
-            static const char *const argv[] = {"PING"};
+            /* A user may not be allowed PING (and each refusal would land in
+             * ACL LOG): HELLO with no argument runs for every user, and
+             * changes nothing. */
+            static const char *const ping[] = {"PING"};
+            static const char *const hello[] = {"HELLO"};
             l->ping_pending = 1;
             l->ping_sent_ms = now;
-            link_internal(l, argv, 1, ping_done, 0);
+            link_internal(l, l->who->user != NULL ? hello : ping, 1, ping_done, 0);
             l->last_io_ms = now;
         }
     }

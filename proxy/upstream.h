@@ -2,7 +2,9 @@
  * the link pool: a few shared, pipelined links that carry every session's
  * stateless commands, dedicated links lent to one session while it holds
  * connection state (blocking call, MULTI, SELECT n, pub/sub) and pooled
- * afterwards, and a health probe that notices a frozen master under load. */
+ * afterwards, and a health probe that notices a frozen master under load.
+ * Shared links and the pool are kept per identity: ferry's own credentials,
+ * and (client.auth redis) each Redis ACL user a client authenticated as. */
 #ifndef FERRY_UPSTREAM_H
 #define FERRY_UPSTREAM_H
 
@@ -13,6 +15,24 @@
 #include "link.h"
 
 struct session;
+
+/* Who a link is on Redis: ferry itself (redis.username/password), or a Redis
+ * ACL user clients authenticated as (client.auth redis). Links never change
+ * identity, so users share no connection with each other or with ferry. */
+typedef struct ident {
+    char *user;             /* Redis user name; NULL: ferry's own credentials */
+    char *pass;             /* the user's password Redis last accepted (wiped when freed) */
+    link *shared[2][64];    /* shared links by protocol (RESP2, RESP3) and slot */
+    int want3;              /* a RESP3 client asked: keep the RESP3 set too */
+    list_node pool[2];      /* idle dedicated links by protocol (RESP2, RESP3) */
+    list_node node;         /* users: in up->idents */
+    int refs;               /* users: sessions authenticated as it */
+    int nlinks;             /* users: its links not yet freed */
+    int rejected;           /* users: Redis refused pass on a new link */
+    char error[200];        /* users: Redis' error then */
+    uint64_t idle_since_ms; /* users: when refs last fell to 0 (or it was made) */
+    uint64_t next_open_ms;  /* users: a link failed before it was READY: not reopened before */
+} ident;
 
 /* The master view (DESIGN.md "The master view and failover"). */
 typedef enum upstream_state {
@@ -28,12 +48,11 @@ typedef struct upstream {
     int is_unix;
     char name[300];           /* for logs and stats */
     upstream_state state;     /* see upstream_state; changed only by upstream_set_state */
-    link *shared[2][64];      /* shared links by protocol (RESP2, RESP3) and slot */
-    int nshared;              /* slots per protocol */
-    int want3;                /* a RESP3 client asked: keep the RESP3 shared links too */
+    ident self;               /* ferry's own credentials: its shared links verify the master */
+    list_node idents;         /* Redis ACL users clients authenticated as (client.auth redis) */
+    int nshared;              /* shared link slots per protocol and identity */
     list_node links;          /* every link */
-    list_node pool[2];        /* idle dedicated links by protocol (RESP2, RESP3) */
-    int npool;                /* in both pools */
+    int npool;                /* idle dedicated links pooled, every identity */
     uint64_t down_since_ms;   /* when it last went DOWN */
     uint64_t up_since_ms;     /* when it last came UP */
     uint64_t next_connect_ms; /* reconnect backoff */
@@ -67,11 +86,12 @@ upstream *upstream_new(ferry *f);
 void upstream_close(upstream *up);
 void upstream_free(upstream *up);
 
-/* A connected shared link speaking RESP proto for a session (hint spreads
- * sessions), or NULL (the RESP3 set is opened at the first ask). */
-link *upstream_shared(upstream *up, uint64_t hint, int proto);
-/* Lend a dedicated link to s (from the pool or new, speaking s's protocol,
- * with s's db selected):
+/* A connected shared link of identity id (NULL: ferry's own) speaking RESP
+ * proto (hint spreads sessions), or NULL (a user's set, and the RESP3 set,
+ * are opened at the first ask: the caller holds its request and is woken). */
+link *upstream_shared(upstream *up, ident *id, uint64_t hint, int proto);
+/* Lend a dedicated link to s (from the pool of s's identity or new, speaking
+ * s's protocol, with s's db selected):
  * s->dlink and l->owner are set. NULL when no master is UP. Together with
  * upstream_return, the only place that ties a link to a session. */
 link *upstream_lend(upstream *up, struct session *s);
@@ -82,6 +102,19 @@ void upstream_return(upstream *up, struct session *s, int may_pool, const char *
 void upstream_disown(link *l);
 /* l is closing: untie it from its owner, who is told (router_on_link_closed). */
 void upstream_detach(link *l, const char *reason);
+
+/* client.auth redis: the identity of Redis user 'user' (created with pass,
+ * its links opened on demand, when it is not known yet). Never NULL. */
+ident *upstream_ident(upstream *up, const char *user, size_t ulen, const char *pass, size_t plen);
+/* A session authenticated as id (hold) or no longer (release; may be NULL). */
+void upstream_ident_hold(ident *id);
+void upstream_ident_release(upstream *up, ident *id);
+/* Redis accepted pass for id on one of its links: links opened from now on
+ * use it. */
+void upstream_ident_set_pass(ident *id, const char *pass, size_t plen);
+/* Redis refused the credentials of l's user when l was opened (why: its
+ * words): its sessions are closed, as Redis closes a deleted user's. */
+void upstream_ident_rejected(link *l, const char *why);
 
 /* Events from links. */
 void upstream_on_verified(upstream *up, link *l);      /* a shared link passed */

@@ -301,6 +301,25 @@ static void test_sentinel_mode(void **state)
     config_free(&cfg);
 }
 
+/* client.auth: ferry by default, redis when asked (then with no client.password). */
+static void test_client_auth(void **state)
+{
+    config cfg;
+
+    (void)state;
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\n");
+    assert_int_equal(cfg.client_auth, CLIENT_AUTH_FERRY);
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nclient: {auth: redis, password: ''}\n");
+    assert_int_equal(cfg.client_auth, CLIENT_AUTH_REDIS);
+    assert_null(cfg.client_password);
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nclient: {auth: ferry, password: pw}\n");
+    assert_int_equal(cfg.client_auth, CLIENT_AUTH_FERRY);
+    assert_string_equal(cfg.client_password, "pw");
+    config_free(&cfg);
+}
+
 /* Empty strings and YAML nulls for optional strings mean "none". */
 static void test_empty_strings_are_null(void **state)
 {
@@ -643,6 +662,8 @@ static void test_errors_values(void **state)
          "t.yml:2:30: ", "durability.config_command: expected a non-empty string"},
         {"redis: {address: 127.0.0.1:6379}\ndurability: {persist_config: 1}\n",
          "t.yml:2:30: ", "durability.persist_config: expected true or false, got '1'"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {auth: acl}\n",
+         "t.yml:2:16: ", "client.auth: expected ferry or redis, got 'acl'"},
         {"redis: {address: 127.0.0.1:6379}\nlog: {level: loud}\n",
          "t.yml:2:14: ", "log.level: expected debug, info, warn or error, got 'loud'"},
         {"redis: {address: 127.0.0.1:6379}\nlog: {file: [a]}\n",
@@ -695,6 +716,8 @@ static void test_errors_semantic(void **state)
         {"redis: {address: 127.0.0.1:6379}\nlisten: [127.0.0.1:7000]\n"
          "stats:\n  listen: 127.0.0.1:7000\n",
          "t.yml:4:11: ", "stats.listen: 127.0.0.1:7000 is also a listen address"},
+        {"redis: {address: 127.0.0.1:6379}\nclient: {auth: redis, password: x}\n",
+         "t.yml:2:33: ", "client.password cannot be set with client.auth redis"},
     };
 
     (void)state;
@@ -944,6 +967,7 @@ int main(void)
         cmocka_unit_test(test_errors_keys),
         cmocka_unit_test(test_errors_values),
         cmocka_unit_test(test_errors_semantic),
+        cmocka_unit_test(test_client_auth),
         cmocka_unit_test(test_errors_document),
         cmocka_unit_test(test_error_value_quoting),
         cmocka_unit_test(test_example_file),
