@@ -48,8 +48,17 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len)
     if (len == 0 || reply[0] == '-') {
         char why[200];
         link_error_text(reply, len, why, sizeof(why));
-        upstream_ident_rejected(l, why);
-        link_close(l, "Redis refused the user's credentials");
+        if (len >= 10 && memcmp(reply, "-WRONGPASS", 10) == 0) {
+            /* The user is unknown, disabled, or the password wrong. */
+            upstream_ident_rejected(l, why);
+            link_close(l, "Redis refused the user's credentials");
+        } else {
+            /* Not about the user (max clients, ...): this link only. */
+            log_warn("link %llu: Redis answered the AUTH of user '%s' with: %s",
+                     (unsigned long long)l->id, l->who->user, why);
+            l->f->stats.upstream_errors++;
+            link_close(l, "the user's AUTH failed");
+        }
         return;
     }
     link_open_gate(l);
