@@ -108,6 +108,7 @@ static void core_free_buffers(ferry *f)
         free(r);
     }
     f->nfree_reqs = 0;
+    backlog_free(f);
     free(f->rbuf);
     f->rbuf = NULL;
     resp_parser_free(f->parser);

@@ -56,6 +56,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->id = ++f->next_id;
     list_init(&s->node);
     list_init(&s->wait_node);
+    list_init(&s->held);
     list_init(&s->dirty_node);
     list_init(&s->soft_node);
     list_init(&s->mem_node);
