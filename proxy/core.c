@@ -304,15 +304,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         core_free_buffers(f);
         return rc;
     }
-    f->up = upstream_new(f);
-    if (f->up == NULL) {
-        close_everything(f);
-        uv_run(loop, UV_RUN_DEFAULT);
-        server_free(f);
-        stats_free(f);
-        core_free_buffers(f);
-        return FERRY_ECONFIG;
-    }
+    f->up = upstream_new(f); /* a master name resolves later, off the loop */
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
     }
