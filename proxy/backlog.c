@@ -1,14 +1,26 @@
 /* backlog.c - holding requests while there is no usable master.
  *
- * A session whose next request has no link joins f->waiting; its held
- * bytes count against upstream.hold_max_bytes (the newest are refused past
- * it) and each held request against upstream.hold_timeout_ms (-TRYAGAIN).
- * A held blocking call also keeps its own timeout: when it runs out the
- * client gets what Redis answers on timeout, held or not. When a master is
- * UP again, every waiting session is dispatched, in order. */
+ * A session whose next request has no link joins f->waiting; its requests
+ * held for lack of a master are on its held list (s->held, oldest first)
+ * and in one deadline heap for all sessions (f->held_heap, by r->due), so
+ * each step costs O(1), or O(log n) in the heap, per request, however
+ * many are held:
+ *   hold     a request joins once, when a dispatch first finds no master
+ *            for it; each hold looks only at requests newer than those
+ *            the last one looked at (s->held_upto);
+ *   bound    held bytes count against upstream.hold_max_bytes: past it the
+ *            session's newest held requests are refused (-TRYAGAIN), taken
+ *            from the tail of its held list;
+ *   timeout  each held request against upstream.hold_timeout_ms (-TRYAGAIN)
+ *            and a held blocking call against its own timeout too (answered
+ *            as Redis answers a timeout): the tick pops only what is due;
+ *   release  a request that is sent or answered leaves both (its one state
+ *            setter, request_set_state, calls backlog_forget).
+ * When a master is UP again, every waiting session is dispatched, in order. */
 #include "backlog.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -16,11 +28,147 @@
 #include "router.h"
 #include "upstream.h"
 
+#define HEAP_MIN 64 /* entries the heap keeps allocated once it has grown */
+
+/* ------------------------------------------------------------- the heap */
+
+/* r is due before q (ties: the earlier request of its session first, so a
+ * session's timeouts are answered in order and flushed at once). */
+static int heap_before(const request *r, const request *q)
+{
+    return r->due < q->due || (r->due == q->due && r->seq < q->seq);
+}
+
+static void heap_put(ferry *f, size_t i, request *r)
+{
+    f->held_heap[i] = r;
+    r->hpos = i + 1;
+}
+
+static void heap_up(ferry *f, size_t i)
+{
+    request *r = f->held_heap[i];
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!heap_before(r, f->held_heap[parent])) {
+            break;
+        }
+        heap_put(f, i, f->held_heap[parent]);
+        i = parent;
+    }
+    heap_put(f, i, r);
+}
+
+static void heap_down(ferry *f, size_t i)
+{
+    request *r = f->held_heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= f->nheld) {
+            break;
+        }
+        if (c + 1 < f->nheld && heap_before(f->held_heap[c + 1], f->held_heap[c])) {
+            c++;
+        }
+        if (!heap_before(f->held_heap[c], r)) {
+            break;
+        }
+        heap_put(f, i, f->held_heap[c]);
+        i = c;
+    }
+    heap_put(f, i, r);
+}
+
+static void heap_push(ferry *f, request *r)
+{
+    if (f->nheld == f->held_cap) {
+        f->held_cap = f->held_cap == 0 ? HEAP_MIN : f->held_cap * 2;
+        f->held_heap = xrealloc(f->held_heap, f->held_cap * sizeof(*f->held_heap));
+    }
+    f->held_heap[f->nheld++] = r;
+    heap_up(f, f->nheld - 1);
+}
+
+static void heap_remove(ferry *f, request *r)
+{
+    size_t i = r->hpos - 1;
+    request *last = f->held_heap[--f->nheld];
+    r->hpos = 0;
+    if (last != r) {
+        heap_put(f, i, last);
+        heap_up(f, i);
+        heap_down(f, last->hpos - 1);
+    }
+    if (f->held_cap > HEAP_MIN && f->nheld < f->held_cap / 4) {
+        f->held_cap /= 2;
+        f->held_heap = xrealloc(f->held_heap, f->held_cap * sizeof(*f->held_heap));
+    }
+}
+
+/* r's due time changed: move it to its place. */
+static void heap_fix(ferry *f, request *r)
+{
+    heap_up(f, r->hpos - 1);
+    heap_down(f, r->hpos - 1);
+}
+
+void backlog_free(ferry *f)
+{
+    ferry_assert(f->nheld == 0);
+    free(f->held_heap);
+    f->held_heap = NULL;
+    f->held_cap = 0;
+}
+
+/* ---------------------------------------------------------- held requests */
+
 /* What s holds for lack of a master; f->held_bytes is the sum over sessions. */
 static void backlog_set_held(session *s, size_t held)
 {
     s->f->held_bytes = s->f->held_bytes - s->held_bytes + held;
     s->held_bytes = held;
+}
+
+/* When r is next looked at: its hold timeout, or its own timeout (a
+ * blocking call) if that comes first. */
+static uint64_t held_due(const ferry *f, const request *r)
+{
+    uint64_t due = r->held_since + f->cfg->hold_timeout_ms;
+    return r->deadline != 0 && r->deadline < due ? r->deadline : due;
+}
+
+static int is_held(const request *r)
+{
+    return list_linked(&r->hq);
+}
+
+/* r joins s's held requests: at the tail (newest) or, when it is held again
+ * after being sent, at the head. */
+static void held_add(session *s, request *r, int newest)
+{
+    if (newest) {
+        list_add_tail(&s->held, &r->hq);
+    } else {
+        list_add_head(&s->held, &r->hq);
+    }
+    r->held_charge = buf_used(&r->data);
+    backlog_set_held(s, s->held_bytes + r->held_charge);
+    if (r->flags & REQ_F_BLOCKING) {
+        r->flags |= REQ_F_REARM; /* time held counts against its timeout */
+    }
+    r->due = held_due(s->f, r);
+    heap_push(s->f, r);
+}
+
+void backlog_forget(request *r)
+{
+    session *s = r->s;
+    list_del(&r->hq);
+    if (r->hpos != 0) {
+        heap_remove(s->f, r);
+    }
+    backlog_set_held(s, s->held_bytes - r->held_charge);
+    r->held_charge = 0;
 }
 
 void backlog_wait(session *s)
@@ -35,25 +183,49 @@ void backlog_release(session *s)
     if (list_linked(&s->wait_node)) {
         list_del(&s->wait_node);
     }
-    backlog_set_held(s, 0);
+    while (!list_empty(&s->held)) {
+        backlog_forget(list_entry(list_first(&s->held), request, hq));
+    }
+    s->held_upto = 0;
+    ferry_assert(s->held_bytes == 0);
+}
+
+void backlog_requeue(session *s, request *r)
+{
+    backlog_wait(s);
+    if (s->held_upto != 0 && !is_held(r)) {
+        /* s is holding already: the next hold looks only at newer
+         * requests, so r joins now (it is older than every held one). */
+        held_add(s, r, 0);
+        stats_held(&s->f->stats, s->f->held_bytes);
+    }
 }
 
 void backlog_hold(session *s)
 {
     ferry *f = s->f;
-    size_t held = 0;
 
     backlog_wait(s);
-    for (list_node *m = s->cursor; m != &s->requests; m = m->next) {
-        request *r = list_entry(m, request, sq);
-        if (r->state == REQ_HELD) {
-            held += buf_used(&r->data);
-            if (r->flags & REQ_F_BLOCKING) {
-                r->flags |= REQ_F_REARM; /* time held counts against its timeout */
+    if (s->cursor != &s->requests) {
+        /* Held requests from the cursor up to the newest one looked at
+         * before have joined (those held again joined at requeue): only
+         * newer ones are looked at, walking back from the tail. */
+        request *c = list_entry(s->cursor, request, sq);
+        if (c->state == REQ_HELD && !is_held(c)) {
+            held_add(s, c, list_empty(&s->held)); /* older than any held */
+        }
+        list_node *m = s->requests.prev;
+        while (m != s->cursor && list_entry(m, request, sq)->seq >= s->held_upto) {
+            m = m->prev;
+        }
+        for (m = m->next; m != &s->requests; m = m->next) {
+            request *r = list_entry(m, request, sq);
+            if (r->state == REQ_HELD && !is_held(r)) {
+                held_add(s, r, 1);
             }
         }
+        s->held_upto = list_entry(s->requests.prev, request, sq)->seq + 1;
     }
-    backlog_set_held(s, held);
     stats_held(&f->stats, f->held_bytes);
     if (f->held_bytes <= f->cfg->hold_max_bytes) {
         return;
@@ -65,18 +237,12 @@ void backlog_hold(session *s)
         return;
     }
     /* Past the bound, the newest held requests are refused at once. */
-    list_node *prev;
-    for (list_node *m = s->requests.prev;
-         m != &s->requests && f->held_bytes > f->cfg->hold_max_bytes; m = prev) {
-        request *r = list_entry(m, request, sq);
-        prev = m->prev; /* r may be written out and recycled below */
-        if (r->state == REQ_HELD) {
-            backlog_set_held(s, s->held_bytes - buf_used(&r->data));
-            f->stats.requests_tryagain++;
-            session_answer_str(s, r,
-                               "-TRYAGAIN ferry: no master and the hold buffer is "
-                               "full (upstream.hold_max_bytes)\r\n");
-        }
+    while (f->held_bytes > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
+        request *r = list_entry(s->held.prev, request, hq);
+        f->stats.requests_tryagain++;
+        session_answer_str(s, r,
+                           "-TRYAGAIN ferry: no master and the hold buffer is "
+                           "full (upstream.hold_max_bytes)\r\n");
     }
 }
 
@@ -105,42 +271,47 @@ void backlog_tick(ferry *f, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
-    list_foreach_safe(n, t, &f->waiting)
-    {
-        session *s = list_entry(n, session, wait_node);
-        int answered = 0;
-        list_node *next;
-        for (list_node *m = s->cursor; m != &s->requests; m = next) {
-            request *r = list_entry(m, request, sq);
-            next = m->next; /* r may be written out and recycled below */
-            if (r->state != REQ_HELD) {
-                continue;
+    /* Only what is due: the heap's head, until it is in the future. */
+    while (f->nheld > 0 && f->held_heap[0]->due <= now) {
+        request *r = f->held_heap[0];
+        session *s = r->s;
+        if (r->deadline != 0 && now >= r->deadline) {
+            /* A blocked call's own timeout ran out while it was held. */
+            const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||
+                                                     strcmp(r->cmd->name, "brpoplpush") == 0)
+                                      ? "$-1\r\n"
+                                      : "*-1\r\n";
+            f->stats.requests_timed_out_held++;
+            session_answer_str(s, r, session_null(s, expired));
+        } else if (now - r->held_since < cfg->hold_timeout_ms) {
+            r->due = held_due(f, r); /* held again since it joined */
+            heap_fix(f, r);
+            continue;
+        } else if (outage_waits(f, r)) {
+            /* A blocked pop waiting on the fallback store keeps its own
+             * timeout; looked at again after another hold timeout. */
+            r->due = now + cfg->hold_timeout_ms;
+            if (r->deadline != 0 && r->deadline < r->due) {
+                r->due = r->deadline;
             }
-            if (r->deadline != 0 && now >= r->deadline) {
-                /* A blocked call's own timeout ran out while it was held. */
-                const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||
-                                                         strcmp(r->cmd->name, "brpoplpush") == 0)
-                                          ? "$-1\r\n"
-                                          : "*-1\r\n";
-                f->stats.requests_timed_out_held++;
-                session_answer_str(s, r, session_null(s, expired));
-                answered = 1;
-                continue;
-            }
-            if (now - r->held_since < cfg->hold_timeout_ms || outage_waits(f, r)) {
-                continue; /* a blocked pop waiting on the fallback store keeps its own timeout */
-            }
+            heap_fix(f, r);
+            continue;
+        } else {
             char line[128];
             snprintf(line, sizeof(line), "-TRYAGAIN ferry: no master for %llu ms\r\n",
                      (unsigned long long)(now - f->up->down_since_ms));
             f->stats.requests_tryagain++;
             session_answer_str(s, r, line);
-            answered = 1;
         }
-        if (answered || f->up->state == UP_UP || (f->outage != NULL && f->up->state == UP_DOWN)) {
-            /* A master is UP: retry what Redis refused; or the fallback
-             * store may take what waits (at start-up, once after_ms ran out). */
-            router_dispatch(s);
+        /* Written out in order; the fallback store may take what follows. */
+        router_dispatch(s);
+    }
+    if (f->up->state == UP_UP || (f->outage != NULL && f->up->state == UP_DOWN)) {
+        /* A master is UP: retry what Redis refused; or the fallback store
+         * may take what waits (at start-up, once after_ms ran out). */
+        list_foreach_safe(n, t, &f->waiting)
+        {
+            router_dispatch(list_entry(n, session, wait_node));
         }
     }
 }

@@ -108,6 +108,7 @@ static void core_free_buffers(ferry *f)
         free(r);
     }
     f->nfree_reqs = 0;
+    backlog_free(f);
     free(f->rbuf);
     f->rbuf = NULL;
     resp_parser_free(f->parser);
@@ -303,15 +304,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         core_free_buffers(f);
         return rc;
     }
-    f->up = upstream_new(f);
-    if (f->up == NULL) {
-        close_everything(f);
-        uv_run(loop, UV_RUN_DEFAULT);
-        server_free(f);
-        stats_free(f);
-        core_free_buffers(f);
-        return FERRY_ECONFIG;
-    }
+    f->up = upstream_new(f); /* a master name resolves later, off the loop */
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
     }

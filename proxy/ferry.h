@@ -73,6 +73,7 @@ typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply
 typedef struct request {
     list_node sq;        /* in session->requests, in arrival order */
     list_node lq;        /* in link->pending while sent */
+    list_node hq;        /* in its session's held list while held for lack of a master */
     struct session *s;   /* owner; NULL once the client is gone (reply discarded) */
     struct link *link;   /* link it was sent on, while SENT */
     req_state state;     /* see req_state */
@@ -87,6 +88,9 @@ typedef struct request {
     uint64_t seq;        /* position in its session (orders requeues) */
     uint64_t held_since; /* uv_now() when it last became HELD */
     uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */
+    uint64_t due;        /* held: uv_now() of its next hold deadline (backlog.c) */
+    size_t hpos;         /* held: 1-based position in f->held_heap, 0 = not in it */
+    size_t held_charge;  /* held: bytes it counts in held_bytes */
     int route;           /* how the session routes it (session.c) */
     long long arg;       /* route argument (db for SELECT, auth result) */
     size_t charge;       /* bytes charged to its session's memory (session.c) */
@@ -106,6 +110,9 @@ typedef struct ferry {
     int wake_pending;                 /* dispatch waiting sessions at the next flush */
     list_node sessions;               /* every open session */
     list_node waiting;                /* sessions with held requests and no link */
+    struct request **held_heap;       /* held requests, a min-heap by due (backlog.c) */
+    size_t nheld;                     /* entries in held_heap */
+    size_t held_cap;                  /* entries allocated in held_heap */
     list_node dirty;                  /* sessions with output to flush this turn */
     list_node dirty_links;            /* links with output to flush this turn */
     list_node free_reqs;              /* recycled request objects */
@@ -142,7 +149,8 @@ typedef struct ferry {
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);
 /* The one setter of r->state; asserts the transition is legal:
- * HELD->SENT|ANSWERED, SENT->WAITING|ANSWERED|HELD, WAITING->ANSWERED|HELD. */
+ * HELD->SENT|ANSWERED, SENT->WAITING|ANSWERED|HELD, WAITING->ANSWERED|HELD.
+ * A request that leaves HELD leaves the backlog (backlog.c) too. */
 void request_set_state(request *r, req_state st);
 /* Deadline of a blocking call from its timeout argument (uv_now() based),
  * 0 when it blocks forever or is not a blocking call. */

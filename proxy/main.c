@@ -13,7 +13,7 @@
 
 #define EXIT_USAGE 2   /* bad command line */
 #define EXIT_CONFIG 1  /* configuration invalid */
-#define EXIT_RUNTIME 3 /* could not start (listen, resolve) */
+#define EXIT_RUNTIME 3 /* could not start (listen, log file) */
 
 static void usage(FILE *out)
 {
@@ -40,7 +40,7 @@ static void usage(FILE *out)
                  "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
                  "  1  invalid configuration (message: file:line:column: ...)\n"
                  "  2  bad command line\n"
-                 "  3  could not start (listen, resolve, open the log file)\n");
+                 "  3  could not start (listen, open the log file)\n");
 }
 
 int main(int argc, char **argv)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "backlog.h"
 #include "ferry.h"
 
 #define REQ_FREE_MAX 1024   /* recycled request objects kept */
@@ -26,6 +27,10 @@ request *request_new(ferry *f)
     }
     list_init(&r->sq);
     list_init(&r->lq);
+    list_init(&r->hq);
+    r->hpos = 0;
+    r->due = 0;
+    r->held_charge = 0;
     r->s = NULL;
     r->link = NULL;
     r->state = REQ_HELD;
@@ -50,6 +55,7 @@ void request_free(ferry *f, request *r)
     if (r == NULL) {
         return;
     }
+    ferry_assert(!list_linked(&r->hq) && r->hpos == 0); /* never freed while held */
     buf_clear(&r->data);
     buf_clear(&r->reply);
     buf_shrink(&r->data, REQ_KEEP_BYTES);
@@ -73,6 +79,9 @@ void request_set_state(request *r, req_state st)
         [REQ_ANSWERED] = 0,
     };
     ferry_assert(legal[r->state] & (1u << st));
+    if (list_linked(&r->hq)) {
+        backlog_forget(r); /* sent or answered: no longer held for a master */
+    }
     r->state = st;
 }
 

@@ -1207,7 +1207,7 @@ void router_dispatch(session *s)
         return;
     }
     if (s->tunnel == TUN_PUBSUB_LOST && s->dlink == NULL && !router_resubscribe(s)) {
-        backlog_wait(s);
+        backlog_hold(s); /* what it sent meanwhile waits for the new tunnel */
         return;
     }
     while (n != &s->requests) {
@@ -1306,7 +1306,7 @@ static void requeue(session *s, request *r)
     if (c == NULL || r->seq < c->seq) {
         s->cursor = &r->sq;
     }
-    backlog_wait(s);
+    backlog_requeue(s, r);
 }
 
 void router_requeue(session *s, request *r)

@@ -28,6 +28,7 @@ static void session_close_cb(uv_handle_t *h);
 static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
 static void session_output_grew(session *s);
+static void session_touch(session *s);
 static void session_output_shrank(session *s);
 static void session_charge(session *s, request *r, size_t n);
 static void session_count_buffers(session *s);
@@ -56,6 +57,7 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     s->id = ++f->next_id;
     list_init(&s->node);
     list_init(&s->wait_node);
+    list_init(&s->held);
     list_init(&s->dirty_node);
     list_init(&s->soft_node);
     list_init(&s->mem_node);
@@ -293,10 +295,23 @@ static void session_close_at_limit(session *s)
 
 /* Output was queued: recount, and note a limit crossed. Closing waits for
  * the flush (callers are in the middle of dispatching). */
+/* s read a request or got a reply: its idle clock (client.idle_timeout_ms)
+ * starts again. Most recent last, so f->idle stays ordered. */
+static void session_touch(session *s)
+{
+    if (!list_linked(&s->idle_node)) {
+        return; /* closing */
+    }
+    s->last_active_ms = uv_now(s->f->loop);
+    list_del(&s->idle_node);
+    list_add_tail(&s->f->idle, &s->idle_node);
+}
+
 static void session_output_grew(session *s)
 {
     const config_output_limit *lim = session_output_limit(s);
     size_t out = session_output_bytes(s);
+    session_touch(s);
     session_count_buffers(s);
     if (lim->hard > 0 && out >= lim->hard && s->limit_hit == 0) {
         s->limit_hit = OUT_LIMIT_HARD;
@@ -447,9 +462,7 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (nread == 0) {
         return;
     }
-    s->last_active_ms = uv_now(s->f->loop);
-    list_del(&s->idle_node); /* most recent last: f->idle stays ordered */
-    list_add_tail(&s->f->idle, &s->idle_node);
+    session_touch(s);
     if (b->base == s->f->rbuf) {
         buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
         session_process_input(s, &view);

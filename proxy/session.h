@@ -57,6 +57,9 @@ typedef struct session {
     session_state state;       /* see session_state; changed only by session_set_state */
     list_node node;            /* in f->sessions */
     list_node wait_node;       /* in f->waiting while held requests lack a link (backlog.c) */
+    list_node held;            /* its requests held for lack of a master, via r->hq (backlog.c) */
+    uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at (backlog.c);
+                                  0 = not holding */
     list_node dirty_node;      /* in f->dirty while it has output to write */
     resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
     buf in;                    /* bytes read, not yet parsed (no storage when empty) */

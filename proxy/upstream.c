@@ -36,6 +36,7 @@
 
 static void upstream_connect_shared(upstream *up, ident *id);
 static void upstream_set_state(upstream *up, upstream_state st, const char *reason);
+static void upstream_retarget(upstream *up, const char *why);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -58,34 +59,107 @@ const char *upstream_name(const upstream *up)
 
 /* ---------------------------------------------------------------- address */
 
-static int resolve(upstream *up, const config_addr *a)
+static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len)
 {
-    memset(&up->addr, 0, sizeof(up->addr));
+    if (ss->ss_family == AF_INET6) {
+        uv_ip6_name((const struct sockaddr_in6 *)ss, out, len);
+    } else {
+        uv_ip4_name((const struct sockaddr_in *)ss, out, len);
+    }
+}
+
+/* The fixed master of the configuration: a unix path or a numeric address
+ * is the target at once; a name is resolved first (upstream_resolve). */
+static void fixed_target(upstream *up, const config_addr *a)
+{
     if (a->is_unix) {
         up->is_unix = 1;
         snprintf(up->path, sizeof(up->path), "%s", a->path);
         snprintf(up->name, sizeof(up->name), "unix:%s", a->path);
-        return 0;
+        up->target_set = 1;
+        return;
     }
-    struct addrinfo hints, *res = NULL;
+    snprintf(up->name, sizeof(up->name), strchr(a->host, ':') ? "[%s]:%d" : "%s:%d", a->host,
+             a->port);
+    if (server_numeric_addr(a->host, a->port, &up->addr) == 0) {
+        up->target_set = 1;
+        return;
+    }
+    up->host_name = a; /* no target until it resolves */
+}
+
+static void resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    upstream *up = req->data;
+    ferry *f = up->f;
+    uint64_t now = uv_now(f->loop);
+    struct sockaddr_storage ss;
+    char at[64], was[64];
+
+    up->resolving = 0;
+    if (status == UV_EAI_CANCELED || f->stopping || f->closed) {
+        uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0 || res == NULL || res->ai_addrlen > sizeof(ss)) {
+        if (!up->resolve_failing) {
+            log_warn("upstream: cannot resolve %s: %s; retrying", up->name,
+                     status < 0 ? uv_strerror(status) : "no address");
+        }
+        up->resolve_failing = 1;
+        up->next_connect_ms = now + up->backoff_ms;
+        up->backoff_ms = up->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : up->backoff_ms * 2;
+        uv_freeaddrinfo(res);
+        return;
+    }
+    memset(&ss, 0, sizeof(ss));
+    memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    uv_freeaddrinfo(res);
+    addr_text(&ss, at, sizeof(at));
+    if (up->target_set && memcmp(&ss, &up->addr, sizeof(ss)) != 0) {
+        char why[512];
+        addr_text(&up->addr, was, sizeof(was));
+        snprintf(why, sizeof(why), "%s now resolves to %s (was %s): a new master", up->name, at,
+                 was);
+        log_warn("upstream: %s", why);
+        if (up->state == UP_UP) {
+            upstream_switch(up, why);
+        }
+        memcpy(&up->addr, &ss, sizeof(ss));
+        upstream_retarget(up, why);
+    } else {
+        if (!up->target_set || up->resolve_failing) {
+            log_info("upstream: %s resolves to %s", up->name, at);
+        }
+        memcpy(&up->addr, &ss, sizeof(ss));
+        up->target_set = 1;
+    }
+    up->resolve_failing = 0;
+    upstream_connect_shared(up, &up->self);
+}
+
+/* A fixed master given by a name: resolve it again (off the loop) before
+ * the shared links reconnect; resolved_cb connects them. */
+static void upstream_resolve(upstream *up)
+{
+    const config_addr *a = up->host_name;
+    struct addrinfo hints;
     char port[16];
+    if (up->resolving) {
+        return;
+    }
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     snprintf(port, sizeof(port), "%d", a->port);
-    int rc = getaddrinfo(a->host, port, &hints, &res);
-    if (rc != 0 || res == NULL) {
-        log_error("upstream: cannot resolve %s: %s", a->host, gai_strerror(rc));
-        return -1;
+    up->gai.data = up;
+    int rc = uv_getaddrinfo(up->f->loop, &up->gai, resolved_cb, a->host, port, &hints);
+    if (rc < 0) {
+        log_warn("upstream: cannot resolve %s: %s", up->name, uv_strerror(rc));
+        up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;
+        return;
     }
-    memcpy(&up->addr, res->ai_addr, res->ai_addrlen);
-    freeaddrinfo(res);
-    if (strchr(a->host, ':') != NULL) {
-        snprintf(up->name, sizeof(up->name), "[%s]:%d", a->host, a->port);
-    } else {
-        snprintf(up->name, sizeof(up->name), "%s:%d", a->host, a->port);
-    }
-    return 0;
+    up->resolving = 1;
 }
 
 /* ------------------------------------------------------------- lifecycle */
@@ -118,19 +192,22 @@ upstream *upstream_new(ferry *f)
         up->target_set = 0; /* Sentinel will name the master */
         return up;
     }
-    if (resolve(up, &f->cfg->redis_addr) != 0) {
-        free(up);
-        return NULL;
-    }
-    up->target_set = 1;
+    fixed_target(up, &f->cfg->redis_addr);
     up->epoch = 1;
-    upstream_connect_shared(up, &up->self);
+    if (up->host_name != NULL) {
+        upstream_resolve(up);
+    } else {
+        upstream_connect_shared(up, &up->self);
+    }
     return up;
 }
 
 void upstream_close(upstream *up)
 {
     list_node *n, *t;
+    if (up->resolving) {
+        uv_cancel((uv_req_t *)&up->gai); /* resolved_cb runs anyway and frees */
+    }
     list_foreach_safe(n, t, &up->links)
     {
         link *l = list_entry(n, link, node);
@@ -663,6 +740,41 @@ void upstream_switch(upstream *up, const char *reason)
     }
 }
 
+/* A new master address is the target from now on (Sentinel named it, or
+ * the name of a fixed master moved): confirmations from the old one prove
+ * nothing, and no link of an older epoch takes a new request. */
+static void upstream_retarget(upstream *up, const char *why)
+{
+    up->fence_valid = 0;
+    /* ... so a fence still waiting on the old master would only end in a
+     * retry: let its requests go to the new master now. */
+    list_node *n, *t;
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->state == LINK_FENCING) {
+            link_close(l, "a new master is named: the fence no longer counts");
+        }
+    }
+    up->epoch++;
+    up->target_set = 1;
+    up->aof_ok = 0;
+    log_info("master view: connecting to %s (epoch %llu): %s", up->name,
+             (unsigned long long)up->epoch, why);
+    /* Shared links of an older epoch are gone (closed or fencing). */
+    list_foreach_safe(n, t, &up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->kind == LINK_SHARED && l->slot >= 0 && l->state != LINK_CLOSING &&
+            l->epoch != up->epoch && l->who->shared[l->proto == 3][l->slot] == l) {
+            link_close(l, "replaced by a new master");
+        }
+    }
+    if (up->probe != NULL) {
+        link_close(up->probe, "replaced by a new master");
+    }
+}
+
 void upstream_set_master(upstream *up, const char *ip, int port, const char *why)
 {
     char name[300];
@@ -683,39 +795,12 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     }
     memcpy(&up->addr, &ss, sizeof(ss));
     up->is_unix = 0;
-    up->fence_valid = 0; /* a new master: old confirmations no longer prove anything */
-    /* ... so a fence still waiting on the old master would only end in a
-     * retry: let its requests go to the new master now. */
-    list_node *n, *t;
-    list_foreach_safe(n, t, &up->links)
-    {
-        link *l = list_entry(n, link, node);
-        if (l->state == LINK_FENCING) {
-            link_close(l, "a new master is named: the fence no longer counts");
-        }
-    }
     if (strcmp(up->name, name) != 0) {
         up->backoff_ms = BACKOFF_MIN_MS; /* a refused node keeps its backoff */
         up->next_connect_ms = 0;
     }
     snprintf(up->name, sizeof(up->name), "%s", name);
-    up->epoch++;
-    up->target_set = 1;
-    up->aof_ok = 0;
-    log_info("master view: connecting to %s (epoch %llu): %s", up->name,
-             (unsigned long long)up->epoch, why);
-    /* Shared links of an older epoch are gone (closed or fencing). */
-    list_foreach_safe(n, t, &up->links)
-    {
-        link *l = list_entry(n, link, node);
-        if (l->kind == LINK_SHARED && l->slot >= 0 && l->state != LINK_CLOSING &&
-            l->epoch != up->epoch && l->who->shared[l->proto == 3][l->slot] == l) {
-            link_close(l, "replaced by a new master");
-        }
-    }
-    if (up->probe != NULL) {
-        link_close(up->probe, "replaced by a new master");
-    }
+    upstream_retarget(up, why);
     if (uv_now(up->f->loop) >= up->next_connect_ms) {
         upstream_connect_shared(up, &up->self);
     }
@@ -793,9 +878,13 @@ void upstream_tick(upstream *up, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
-    if (!f->stopping && up->target_set && now >= up->next_connect_ms &&
+    if (!f->stopping && (up->target_set || up->host_name != NULL) && now >= up->next_connect_ms &&
         upstream_missing_shared(up) > 0) {
-        upstream_connect_shared(up, &up->self);
+        if (up->host_name != NULL) {
+            upstream_resolve(up); /* every reconnect follows the name */
+        } else {
+            upstream_connect_shared(up, &up->self);
+        }
     }
     ident_tick(up, now);
     if (up->state == UP_SWITCHING && now - up->switch_started_ms >= cfg->fallback_after_ms) {

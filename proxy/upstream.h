@@ -46,16 +46,21 @@ typedef struct upstream {
     struct sockaddr_storage addr; /* master address (TCP) */
     char path[108];               /* master address (unix socket) */
     int is_unix;
-    char name[300];           /* for logs and stats */
-    upstream_state state;     /* see upstream_state; changed only by upstream_set_state */
-    ident self;               /* ferry's own credentials: its shared links verify the master */
-    list_node idents;         /* Redis ACL users clients authenticated as (client.auth redis) */
-    int nshared;              /* shared link slots per protocol and identity */
-    list_node links;          /* every link */
-    int npool;                /* idle dedicated links pooled, every identity */
-    uint64_t down_since_ms;   /* when it last went DOWN */
-    uint64_t up_since_ms;     /* when it last came UP */
-    uint64_t next_connect_ms; /* reconnect backoff */
+    const config_addr *host_name; /* a fixed master given by a name: resolved before
+                                     every reconnect of the shared links; NULL if none */
+    uv_getaddrinfo_t gai;         /* that resolution, while resolving */
+    int resolving;                /* gai is in flight */
+    int resolve_failing;          /* the last resolution failed (logged once) */
+    char name[300];               /* for logs and stats */
+    upstream_state state;         /* see upstream_state; changed only by upstream_set_state */
+    ident self;                   /* ferry's own credentials: its shared links verify the master */
+    list_node idents;             /* Redis ACL users clients authenticated as (client.auth redis) */
+    int nshared;                  /* shared link slots per protocol and identity */
+    list_node links;              /* every link */
+    int npool;                    /* idle dedicated links pooled, every identity */
+    uint64_t down_since_ms;       /* when it last went DOWN */
+    uint64_t up_since_ms;         /* when it last came UP */
+    uint64_t next_connect_ms;     /* reconnect backoff */
     uint64_t backoff_ms;
     uint64_t epoch; /* bumped on each new master */
     int nlinks;
@@ -79,10 +84,11 @@ typedef struct upstream {
     uint64_t probe_ok_ms;       /* last probe answer (or UP time) */
 } upstream;
 
-/* Create the upstream for the configured master and start connecting.
- * Returns NULL and logs if the address cannot be resolved. */
+/* Create the upstream for the configured master and start connecting (a
+ * master given by a name is resolved first, without blocking). */
 upstream *upstream_new(ferry *f);
-/* Close every link (their pending requests are requeued or dropped). */
+/* Close every link (their pending requests are requeued or dropped) and
+ * cancel a name resolution in flight. */
 void upstream_close(upstream *up);
 void upstream_free(upstream *up);
 

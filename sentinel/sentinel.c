@@ -10,7 +10,9 @@
  * start a switch or a round early; the periodic round is the truth. With
  * fewer than a majority reachable, ferry keeps its master as long as ROLE
  * says master. A sentinel that says nonsense gets its connection closed and
- * a log line; nothing else. */
+ * a log line; nothing else. A sentinel configured by a host name is looked
+ * up off the loop before every connect; one that does not resolve is kept
+ * (it counts among the known) and looked up again. */
 #include "sentinel.h"
 
 #include <errno.h>
@@ -36,7 +38,12 @@ typedef struct sentinel_node {
     sentinel_client *sc; /* owner */
     char host[64];       /* address as configured or learned */
     int port;
-    struct sockaddr_storage addr; /* resolved */
+    struct sockaddr_storage addr; /* resolved (numeric, or the last lookup of a name) */
+    int named;                    /* configured by a host name: resolved before each connect */
+    int resolved;                 /* addr holds an address */
+    int resolving;                /* gai is in flight */
+    int resolve_failing;          /* the last lookup failed (logged once) */
+    uv_getaddrinfo_t gai;         /* the lookup of a name */
     char myid[48];                /* SENTINEL MYID, "" until known */
     sconn *cmd;                   /* polling connection, NULL when down */
     sconn *sub;                   /* event connection, NULL when down */
@@ -135,26 +142,15 @@ static int node_is_alias(const sentinel_client *sc, int i)
 static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, int learned)
 {
     struct sockaddr_storage ss;
-    if (server_numeric_addr(host, port, &ss) != 0) {
-        if (learned) {
-            return NULL; /* Sentinel announces numeric addresses */
-        }
-        struct addrinfo hints, *res = NULL;
-        char ps[16];
-        memset(&hints, 0, sizeof(hints));
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        snprintf(ps, sizeof(ps), "%d", port);
-        if (getaddrinfo(host, ps, &hints, &res) != 0 || res == NULL) {
-            log_error("sentinel: cannot resolve %s", host);
-            return NULL;
-        }
-        memcpy(&ss, res->ai_addr, res->ai_addrlen);
-        freeaddrinfo(res);
+    int named = server_numeric_addr(host, port, &ss) != 0;
+    if (named && learned) {
+        return NULL; /* Sentinel announces numeric addresses */
     }
     for (int i = 0; i < sc->n; i++) {
-        if (sc->nodes[i]->port == port && (strcmp(sc->nodes[i]->host, host) == 0 ||
-                                           memcmp(&sc->nodes[i]->addr, &ss, sizeof(ss)) == 0)) {
+        const sentinel_node *o = sc->nodes[i];
+        if (o->port == port &&
+            (strcmp(o->host, host) == 0 ||
+             (!named && o->resolved && memcmp(&o->addr, &ss, sizeof(ss)) == 0))) {
             return NULL;
         }
     }
@@ -166,6 +162,8 @@ static sentinel_node *node_add(sentinel_client *sc, const char *host, int port, 
     snprintf(nd->host, sizeof(nd->host), "%s", host);
     nd->port = port;
     nd->addr = ss;
+    nd->named = named; /* a name is looked up before each connect (node_open) */
+    nd->resolved = !named;
     nd->learned = learned;
     sc->nodes[sc->n++] = nd;
     if (learned) {
@@ -492,6 +490,82 @@ static void node_connect(sentinel_node *nd, int sub, uint64_t now)
     }
 }
 
+static void node_resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    sentinel_node *nd = req->data;
+    sentinel_client *sc = nd->sc;
+    uint64_t now = uv_now(sc->f->loop);
+    struct sockaddr_storage ss;
+    char at[64];
+
+    nd->resolving = 0;
+    if (status == UV_EAI_CANCELED || sc->closing) {
+        uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0 || res == NULL || res->ai_addrlen > sizeof(ss)) {
+        if (!nd->resolve_failing) {
+            log_warn("sentinel %s:%d: cannot resolve %s: %s; kept, and looked up again every "
+                     "%d ms",
+                     nd->host, nd->port, nd->host, status < 0 ? uv_strerror(status) : "no address",
+                     SENTINEL_RECONNECT_MS);
+        }
+        nd->resolve_failing = 1;
+        nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
+        uv_freeaddrinfo(res);
+        return;
+    }
+    memset(&ss, 0, sizeof(ss));
+    memcpy(&ss, res->ai_addr, res->ai_addrlen);
+    uv_freeaddrinfo(res);
+    if (!nd->resolved || nd->resolve_failing || memcmp(&ss, &nd->addr, sizeof(ss)) != 0) {
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((const struct sockaddr_in6 *)&ss, at, sizeof(at));
+        } else {
+            uv_ip4_name((const struct sockaddr_in *)&ss, at, sizeof(at));
+        }
+        log_info("sentinel %s:%d: resolves to %s", nd->host, nd->port, at);
+    }
+    nd->addr = ss;
+    nd->resolved = 1;
+    nd->resolve_failing = 0;
+    if (nd->cmd == NULL) {
+        node_connect(nd, 0, now);
+    }
+    if (nd->sub == NULL) {
+        node_connect(nd, 1, now);
+    }
+}
+
+/* Open nd's command (sub = 0) or event connection. A sentinel given by a
+ * name is looked up first, off the loop, at every (re)connect;
+ * node_resolved_cb opens what is missing. */
+static void node_open(sentinel_node *nd, int sub, uint64_t now)
+{
+    struct addrinfo hints;
+    char port[16];
+    if (!nd->named) {
+        node_connect(nd, sub, now);
+        return;
+    }
+    if (nd->resolving) {
+        return;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(port, sizeof(port), "%d", nd->port);
+    nd->gai.data = nd;
+    int rc = uv_getaddrinfo(nd->sc->f->loop, &nd->gai, node_resolved_cb, nd->host, port, &hints);
+    if (rc < 0) {
+        log_warn("sentinel %s:%d: cannot resolve %s: %s", nd->host, nd->port, nd->host,
+                 uv_strerror(rc));
+        nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
+        return;
+    }
+    nd->resolving = 1;
+}
+
 /* ---------------------------------------------------------------- rounds */
 
 static void round_start(sentinel_client *sc, uint64_t now)
@@ -793,8 +867,8 @@ sentinel_client *sentinel_new(ferry *f)
              sc->n);
     uint64_t now = uv_now(f->loop);
     for (int i = 0; i < sc->n; i++) {
-        node_connect(sc->nodes[i], 0, now);
-        node_connect(sc->nodes[i], 1, now);
+        node_open(sc->nodes[i], 0, now);
+        node_open(sc->nodes[i], 1, now);
     }
     sc->next_round_ms = now; /* ask as soon as connections are up */
     sc->replicas = replicas_new(f);
@@ -823,7 +897,7 @@ void sentinel_tick(sentinel_client *sc, uint64_t now)
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
         if (nd->cmd == NULL && now >= nd->next_connect_ms) {
-            node_connect(nd, 0, now);
+            node_open(nd, 0, now);
         } else if (nd->cmd != NULL && !nd->cmd_up &&
                    now - nd->cmd_started_ms >= cfg->sentinel_timeout_ms) {
             sconn_close(nd->cmd, "connect timeout");
@@ -832,7 +906,7 @@ void sentinel_tick(sentinel_client *sc, uint64_t now)
             sconn_close(nd->cmd, "no answer within sentinel.timeout_ms");
         }
         if (nd->sub == NULL && now >= nd->next_connect_ms) {
-            node_connect(nd, 1, now);
+            node_open(nd, 1, now);
         } else if (nd->sub != NULL && !sconn_up(nd->sub) &&
                    now - nd->sub_started_ms >= cfg->sentinel_timeout_ms) {
             sconn_close(nd->sub, "connect timeout");
@@ -863,6 +937,9 @@ void sentinel_close(sentinel_client *sc)
     replicas_close(sc->replicas);
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
+        if (nd->resolving) {
+            uv_cancel((uv_req_t *)&nd->gai); /* node_resolved_cb runs anyway */
+        }
         if (nd->cmd != NULL) {
             sconn_close(nd->cmd, "ferry is stopping");
         }

@@ -7,7 +7,8 @@ Public API (other test files depend on it; keep it stable):
     RedisServer(conf=None, port=None, host='127.0.0.1', netns=None)
                                       .port .host .pid .dir .client() .stop() .kill() .log()
                                       .start() (again, same port/dir, after stop/kill)
-    Ferry(redis, conf=None, extra_yaml='', wait='ping')
+    Ferry(redis, conf=None, extra_yaml='', wait='ping', wrap=None)
+                                      (wrap: argv in front of ferry's, exec'ing it)
                                       .port .stats_port .pid .dir .config_path
                                       .client() .raw() .stop(sig) .kill() .log() .output()
     Ferry.check_config(path)          -> (exit code, stdout+stderr) of `ferry -t -c path`
@@ -1220,10 +1221,15 @@ class Ferry:
     removes a key (e.g. {'redis': None, 'sentinel': {...}}). extra_yaml is
     appended verbatim. wait: 'ping' (default: port accepts and PING through
     ferry answers), 'port' (port accepts only, e.g. when Redis is down) or
-    None (don't wait)."""
+    None (don't wait). wrap: arguments in front of ferry's command line that
+    exec it (its pid stays ferry's)."""
 
-    def __init__(self, redis=None, conf=None, extra_yaml='', wait='ping', sentinel=None):
+    def __init__(self, redis=None, conf=None, extra_yaml='', wait='ping', sentinel=None,
+                 wrap=None):
         self.redis = redis
+        # wrap: arguments run in front of ferry's command line, which they
+        # must exec (e.g. to start it in a private mount namespace).
+        self.wrap = list(wrap or [])
         # sentinel: a SentinelTopology (or anything with .master_name and
         # .sentinel_addresses()) or a dict used as the sentinel: section.
         self.sentinel = sentinel
@@ -1300,7 +1306,8 @@ class Ferry:
         if not os.access(FERRY_BIN, os.X_OK):
             raise RuntimeError('ferry binary not found or not executable: %s (set FERRY_BIN)' % FERRY_BIN)
         offsets = (_size(self.log_path), _size(self.out_path))
-        self.proc = _spawn([FERRY_BIN, '-c', self.config_path], self.out_path, cwd=self.dir)
+        self.proc = _spawn(self.wrap + [FERRY_BIN, '-c', self.config_path], self.out_path,
+                           cwd=self.dir)
         self.pid = self.proc.pid
         _register(self)
         if not self.wait:
