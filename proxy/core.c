@@ -14,6 +14,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "takeover.h"
 #include "upstream.h"
 
 #define TICK_MS 50
@@ -110,6 +111,7 @@ static void close_everything(ferry *f)
         upstream_close(f->up);
     }
     outage_close(f);
+    takeover_close(f); /* after the store: the next process may open it now */
     uv_prepare_stop(&f->flush);
     uv_timer_stop(&f->tick);
     uv_close((uv_handle_t *)&f->flush, NULL);
@@ -133,6 +135,7 @@ static void tick_cb(uv_timer_t *h)
     outage_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
+    takeover_tick(f, now);
     if (f->stopping) {
         session_stop_all(f, 0);
         if (f->nclients == 0) {
@@ -178,11 +181,12 @@ static void signal_cb(uv_signal_t *h, int signum)
     core_stop(f, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg)
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
 {
     memset(f, 0, sizeof(*f));
     f->loop = loop;
     f->cfg = cfg;
+    f->takeover = tk;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -237,19 +241,18 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
     if (rc == 0) {
         rc = stats_start(f);
     }
-    if (rc < 0) {
-        close_everything(f);
-        uv_run(loop, UV_RUN_DEFAULT);
-        server_free(f);
-        stats_free(f);
-        return rc;
+    if (rc == 0) {
+        rc = takeover_start(f);
     }
-    rc = outage_open(f);
+    if (rc == 0 && takeover_store_free(f) && f->outage == NULL) {
+        rc = outage_open(f); /* else once the process taken over has let go of it */
+    }
     if (rc < 0) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
         stats_free(f);
+        takeover_free(f);
         return rc;
     }
     f->up = upstream_new(f);
@@ -258,6 +261,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         uv_run(loop, UV_RUN_DEFAULT);
         server_free(f);
         stats_free(f);
+        takeover_free(f);
         return FERRY_ECONFIG;
     }
     if (cfg->has_sentinel) {
@@ -285,5 +289,6 @@ int core_run(ferry *f)
     f->up = NULL;
     server_free(f);
     stats_free(f);
+    takeover_free(f);
     return f->exit_code;
 }

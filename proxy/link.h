@@ -71,6 +71,7 @@ typedef struct link {
     uint64_t held_since_ms;     /* when the oldest held reply arrived */
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
+    long long redis_id;         /* dedicated: CLIENT ID on Redis (CLIENT UNBLOCK), 0 unknown */
 } link;
 
 /* Open a link of this kind to up's current target (AUTH queued first when

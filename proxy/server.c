@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "session.h"
+#include "takeover.h"
 
 typedef struct listener {
     ferry *f;       /* context */
@@ -57,6 +58,23 @@ int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *da
                   uv_connection_cb cb)
 {
     int rc;
+    int fd = takeover_claim_listener(loop->data, a);
+    if (fd >= 0) {
+        /* Inherited from the ferry this one takes over: already bound. */
+        if (a->is_unix) {
+            uv_pipe_init(loop, &io->pipe, 0);
+            rc = uv_pipe_open(&io->pipe, fd);
+        } else {
+            uv_tcp_init(loop, &io->tcp);
+            rc = uv_tcp_open(&io->tcp, fd);
+        }
+        io->h.data = data;
+        if (rc < 0) {
+            close(fd);
+            return rc;
+        }
+        return uv_listen(&io->s, backlog, cb);
+    }
     if (a->is_unix) {
         uv_pipe_init(loop, &io->pipe, 0);
         io->h.data = data;
@@ -117,12 +135,26 @@ void server_stop(ferry *f)
         if (sv->l[i].open) {
             sv->l[i].open = 0;
             uv_close(&sv->l[i].io.h, server_close_cb);
-            if (sv->l[i].is_unix) {
+            if (sv->l[i].is_unix && !f->keep_paths) {
                 unlink(f->cfg->listen[i].path);
             }
         }
     }
     sv->n = 0;
+}
+
+int server_sockets(ferry *f, int *fds, const config_addr **addrs, int max)
+{
+    servers *sv = f->servers;
+    int n = 0;
+    for (int i = 0; sv != NULL && i < sv->n && n < max; i++) {
+        uv_os_fd_t fd;
+        if (sv->l[i].open && uv_fileno(&sv->l[i].io.h, &fd) == 0) {
+            fds[n] = fd;
+            addrs[n++] = &f->cfg->listen[i];
+        }
+    }
+    return n;
 }
 
 void server_free(ferry *f)

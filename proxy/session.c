@@ -101,6 +101,75 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     return 0;
 }
 
+int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
+{
+    session *s = xcalloc(1, sizeof(*s));
+    int rc;
+
+    s->f = f;
+    if (im->is_unix) {
+        uv_pipe_init(f->loop, &s->io.pipe, 0);
+        rc = uv_pipe_open(&s->io.pipe, fd);
+    } else {
+        uv_tcp_init(f->loop, &s->io.tcp);
+        rc = uv_tcp_open(&s->io.tcp, fd);
+    }
+    s->io.h.data = s;
+    if (rc < 0) {
+        uv_close(&s->io.h, session_close_cb); /* fd is not the handle's: the caller's */
+        return rc;
+    }
+    s->id = ++f->next_id;
+    list_init(&s->node);
+    list_init(&s->wait_node);
+    list_init(&s->dirty_node);
+    list_init(&s->requests);
+    s->cursor = &s->requests;
+    buf_init(&s->in);
+    outq_init(&s->out);
+    s->parser = resp_parser_new(&f->limits);
+    s->authed = im->authed;
+    s->last_active_ms = uv_now(f->loop);
+    list_add_tail(&f->sessions, &s->node);
+    f->nclients++;
+    snprintf(s->peer, sizeof(s->peer), "%s", im->peer);
+    if (!im->is_unix) {
+        uv_tcp_nodelay(&s->io.tcp, 1);
+        uv_tcp_keepalive(&s->io.tcp, 1, CLIENT_KEEPALIVE_S);
+    }
+    s->channels = im->channels;
+    s->patterns = im->patterns;
+    s->shards = im->shards;
+    memset(&im->channels, 0, sizeof(im->channels));
+    memset(&im->patterns, 0, sizeof(im->patterns));
+    memset(&im->shards, 0, sizeof(im->shards));
+    router_restore(s, im->db, im->pubsub);
+    log_debug("client %llu %s taken over (db %d%s, %zu byte(s) to parse)",
+              (unsigned long long)s->id, s->peer, s->db, im->pubsub ? ", subscribed" : "",
+              im->ninput);
+    rc = uv_read_start(&s->io.s, session_alloc_cb, session_read_cb);
+    if (rc < 0) {
+        session_close(s, uv_strerror(rc));
+        return 0;
+    }
+    s->reading = 1;
+    buf_append(&s->in, im->input, im->ninput);
+    if (buf_used(&s->in) > 0) {
+        session_process_input(s); /* dispatches (and re-subscribes) too */
+    } else if (im->pubsub) {
+        router_dispatch(s);
+    }
+    return 0;
+}
+
+void session_stop_reading(session *s)
+{
+    if (s->reading) {
+        uv_read_stop(&s->io.s);
+        s->reading = 0;
+    }
+}
+
 static const char *session_state_name(session_state st)
 {
     static const char *const names[] = {"OPEN", "QUIT_SEEN", "QUITTING", "CLOSING"};
@@ -419,7 +488,7 @@ void session_check_reading(session *s)
 {
     size_t limit = s->f->cfg->max_pending_bytes;
     size_t load = s->pending_bytes + outq_len(&s->out);
-    if (s->state != SESSION_OPEN || s->f->stopping) {
+    if (s->state != SESSION_OPEN || s->f->stopping || s->f->handing_over) {
         return;
     }
     if (s->reading && load > limit) {

@@ -89,6 +89,28 @@ typedef struct session {
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
+
+/* A client connection handed over by another ferry process (takeover.c),
+ * with the state its session had there. */
+typedef struct session_import {
+    int is_unix;        /* unix socket, else TCP */
+    int db;             /* database selected */
+    int authed;         /* AUTH accepted */
+    int pubsub;         /* subscribed: re-subscribe to the sets below */
+    const char *peer;   /* address for logs */
+    const char *input;  /* bytes to parse first (the blocked call to re-issue, then */
+    size_t ninput;      /* the unparsed input); borrowed for the call */
+    sub_set channels;   /* SUBSCRIBE, moved into the session (left empty) */
+    sub_set patterns;   /* PSUBSCRIBE, moved likewise */
+    sub_set shards;     /* SSUBSCRIBE, moved likewise */
+} session_import;
+
+/* Open a session on fd, a connected client socket, restoring im's state.
+ * Returns 0 (fd is the session's) or a negative uv error (fd stays the
+ * caller's). */
+int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im);
+/* Read nothing more from s until session_check_reading resumes it. */
+void session_stop_reading(session *s);
 /* The one close path: logs reason, detaches in-flight requests, frees later. */
 void session_close(session *s, const char *reason);
 /* The one setter of s->state (asserts the move is legal). */
