@@ -488,7 +488,7 @@ void session_check_reading(session *s)
 {
     size_t limit = s->f->cfg->max_pending_bytes;
     size_t load = s->pending_bytes + outq_len(&s->out);
-    if (s->state != SESSION_OPEN || s->f->stopping || s->f->handing_over) {
+    if (s->state != SESSION_OPEN || s->f->stopping || (s->f->handing_over && s->tx == TX_NONE)) {
         return;
     }
     if (s->reading && load > limit) {

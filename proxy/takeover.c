@@ -776,7 +776,10 @@ static void tk_start_handing(takeover *tk)
     tk_set_phase(tk, TK_SRC_HANDING);
     list_foreach(n, &f->sessions)
     {
-        session_stop_reading(list_entry(n, session, node));
+        session *s = list_entry(n, session, node);
+        if (s->tx == TX_NONE) {
+            session_stop_reading(s); /* a transaction reads until it ends */
+        }
     }
     log_info("takeover: the new process accepts; handing over %llu client(s)",
              (unsigned long long)f->nclients);
@@ -1063,6 +1066,12 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
 {
     if (s->state != SESSION_OPEN) {
         return 0; /* QUIT seen: it closes itself */
+    }
+    if (s->tx != TX_NONE) {
+        /* A transaction (or a WATCH) goes on here until EXEC, DISCARD or
+         * UNWATCH: reading continues until then. */
+        session_check_reading(s);
+        return 0;
     }
     session_stop_reading(s);
     tk_cancel *c = tk_cancel_find(tk, s->id);
@@ -1386,10 +1395,14 @@ void takeover_close(ferry *f)
         buf_init(&b);
         put_u32(&b, (uint32_t)tk->handed);
         put_u32(&b, (uint32_t)tk->closed);
+        log_info("takeover: done: %lu client(s) handed over, %lu closed after their replies; "
+                 "fallback store released",
+                 tk->handed, tk->closed);
         int rc = tk_send(tk->cfd, TK_DONE, &b, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
         buf_free(&b);
-        log_info("takeover: done: %lu client(s) handed over, %lu closed after their replies%s",
-                 tk->handed, tk->closed, rc < 0 ? " (the new process did not hear it)" : "");
+        if (rc < 0) {
+            log_warn("takeover: telling the new process: %s", uv_strerror(rc));
+        }
     }
     tk_unwatch(&tk->cpoll, &tk->cfd);
     if (tk->lpath_owned && tk->lfd >= 0) {

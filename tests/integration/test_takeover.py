@@ -3,12 +3,14 @@ against a running ferry with takeover.socket PATH, in Sentinel mode in front
 of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
 
   TakeoverUnderLoadTest  a takeover under 4 producers and 4 consumers
-                         (failover_load.Load) plus three raw-socket clients:
-                         a consumer blocked in BRPOP q2 0, a SUBSCRIBE client
-                         and a client in SELECT 3. No client error, 0 lost, no
+                         (failover_load.Load) plus four raw-socket clients:
+                         a consumer blocked in BRPOP q2 0, a SUBSCRIBE client,
+                         a client in SELECT 3 and one with a MULTI open (the
+                         old process waits for its EXEC, then hands it over
+                         too). No client error, 0 lost, no
                          connection accepted by the new process (nobody
                          reconnected) and none closed by the old one but by
-                         the handover; the three clients keep their sockets
+                         the handover; the four clients keep their sockets
                          (same local port) and their state: the BRPOP gets an
                          item pushed after the takeover, the subscriber a
                          message published after it, and the SELECT 3
@@ -76,7 +78,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         old_pid = ferry.pid
         master = topo.master()
         mc = master.client(socket_timeout=5)
-        mc.delete('q', 'q2', 'tk:k')
+        mc.delete('q', 'q2', 'tk:k', 'tk:tx')
         master.client(socket_timeout=5, db=3).delete('tk:k')
 
         # The three special clients, on raw sockets: nothing can reconnect.
@@ -90,10 +92,16 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         sub = ferry.raw()
         resp_send(sub, ['SUBSCRIBE', 'tk:ch'])
         self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tk:ch', 1])
+        # A transaction open when the takeover starts: handed over after EXEC.
+        tx = ferry.raw()
+        resp_send(tx, ['MULTI'])
+        self.assertEqual(resp_read_reply(tx), 'OK')
+        resp_send(tx, ['SET', 'tk:tx', 'in-multi'])
+        self.assertEqual(resp_read_reply(tx), 'QUEUED')
         # Only the BRPOP q2 0 blocks until the load starts.
         wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
                    msg='BRPOP q2 0 blocked on the master')
-        ports = [s.getsockname() for s in (sel, blk, sub)]
+        ports = [s.getsockname() for s in (sel, blk, sub, tx)]
 
         load = Load(ferry, 'takeover').start()
         self.addCleanup(load.stop)
@@ -101,6 +109,17 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
 
         t_fault = now()
         new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
+        nothers = 3 + load.producers + load.consumers
+
+        def handed_so_far():
+            return len([ln for ln in log_lines(ferry.log(), old_pid)
+                        if 'closed: handed over to the new process' in ln])
+        # Everyone but the transaction goes over; it waits for its EXEC.
+        wait_until(lambda: handed_so_far() >= nothers, timeout=10,
+                   msg='the other clients to be handed over')
+        self.assertIsNone(ferry.proc.poll(), 'the old ferry exited with a MULTI open')
+        resp_send(tx, ['EXEC'])
+        self.assertEqual(resp_read_reply(tx), ['OK'])
         try:
             old_rc = ferry.proc.wait(TAKEOVER_WAIT)
         except subprocess.TimeoutExpired:
@@ -133,8 +152,13 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
                        msg='the subscriber to be subscribed again')
             self.assertEqual(resp_read_reply(sub, timeout=5),
                              [b'message', b'tk:ch', b'after-takeover'])
+        with self.subTest(check='the transaction client, handed over after its EXEC'):
+            self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:tx'),
+                             'in-multi')
+            resp_send(tx, ['GET', 'tk:tx'])
+            self.assertEqual(resp_read_reply(tx), b'in-multi')
         with self.subTest(check='same sockets'):
-            self.assertEqual([s.getsockname() for s in (sel, blk, sub)], ports)
+            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx)], ports)
 
         res = load.finish(lambda: current_master(topo))
         res.t_fault = t_fault
@@ -154,12 +178,12 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         with self.subTest(check='the old process exits 0 after handing every client over'):
             self.assertEqual(old_rc, 0)
             self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
-            self.assertEqual(int(handed.group(1)), 3 + load.producers + load.consumers)
+            self.assertEqual(int(handed.group(1)), nothers + 1)
         with self.subTest(check='no client closed by the old process but by the handover'):
             closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
             others = [ln for ln in closed if 'handed over to the new process' not in ln]
             self.assertEqual(others, [])
-            self.assertEqual(len(closed), 3 + load.producers + load.consumers)
+            self.assertEqual(len(closed), nothers + 1)
         with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
             # CLIENT UNBLOCK ... TIMEOUT: nothing popped for nobody; at least
             # the BRPOP q2 0 (the load's consumers block 1 s at a time too).
@@ -168,7 +192,8 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         with self.subTest(check='the fallback store passes from the old process to the new'):
             # The old one closes it (its lock) before it says DONE; the new
             # one opens it then.
-            done = [i for i, ln in enumerate(log.splitlines()) if 'takeover: done' in ln]
+            done = [i for i, ln in enumerate(log.splitlines())
+                    if re.match(r'\S+ %d INFO  takeover: the old process is done' % new.pid, ln)]
             opened = [i for i, ln in enumerate(log.splitlines())
                       if re.match(r'\S+ %d INFO  fallback store %s open' % (new.pid, re.escape(store)),
                                   ln)]
@@ -180,7 +205,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
             self.assertEqual(accepted, [])
         self.check_accounting(res, topo, ferry)
-        for s in (sel, blk, sub):
+        for s in (sel, blk, sub, tx):
             s.close()
 
 
