@@ -73,15 +73,15 @@ enum { TK_L_CLIENT = 0, TK_L_STATS, TK_L_TAKEOVER };
 /* Legal moves (tk_set_phase asserts them):
  *   IDLE -> SRC_HELLO -> SRC_LISTENERS -> SRC_HANDING -> SRC_FINISHING
  *   SRC_HELLO, SRC_LISTENERS, SRC_HANDING -> IDLE (aborted)
- *   SINK -> SINK_DONE */
+ *   SINK -> IDLE (all received, or the old process is gone: this process
+ *   may be taken over in turn) */
 typedef enum tk_phase {
     TK_IDLE = 0,      /* listening on takeover.socket (or not at all) */
     TK_SRC_HELLO,     /* old: a new process connected; waiting for its HELLO */
     TK_SRC_LISTENERS, /* old: listeners sent; waiting for ACCEPTING */
     TK_SRC_HANDING,   /* old: handing sessions over */
     TK_SRC_FINISHING, /* old: the rest closes after its replies (SIGTERM's rules) */
-    TK_SINK,          /* new: receiving sessions */
-    TK_SINK_DONE      /* new: all received (or the old process is gone) */
+    TK_SINK           /* new: receiving sessions */
 } tk_phase;
 
 typedef struct tk_inherited {
@@ -137,9 +137,8 @@ static void tk_sink_finish(takeover *tk, const char *why);
 
 static const char *tk_phase_name(tk_phase p)
 {
-    static const char *const names[] = {"IDLE",         "SRC_HELLO",    "SRC_LISTENERS",
-                                        "SRC_HANDING",  "SRC_FINISHING", "SINK",
-                                        "SINK_DONE"};
+    static const char *const names[] = {"IDLE",        "SRC_HELLO",     "SRC_LISTENERS",
+                                        "SRC_HANDING", "SRC_FINISHING", "SINK"};
     return names[p];
 }
 
@@ -151,8 +150,7 @@ static void tk_set_phase(takeover *tk, tk_phase p)
         [TK_SRC_LISTENERS] = 1u << TK_SRC_HANDING | 1u << TK_IDLE,
         [TK_SRC_HANDING] = 1u << TK_SRC_FINISHING | 1u << TK_IDLE,
         [TK_SRC_FINISHING] = 0,
-        [TK_SINK] = 1u << TK_SINK_DONE,
-        [TK_SINK_DONE] = 0,
+        [TK_SINK] = 1u << TK_IDLE,
     };
     if (tk->phase == p) {
         return;
@@ -551,6 +549,13 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
     put_u32(&hello, (uint32_t)getpid());
     int rc = tk_send(fd, TK_HELLO, &hello, NULL, 0, timeout_ms);
     buf_free(&hello);
+    if (rc == UV_EPIPE || rc == UV_ECONNRESET) {
+        snprintf(err, errlen,
+                 "%s: the running ferry refused the takeover (another one in progress, or it "
+                 "is stopping)",
+                 path);
+        goto fail;
+    }
     if (rc < 0) {
         snprintf(err, errlen, "%s: sending HELLO: %s", path, uv_strerror(rc));
         goto fail;
@@ -1285,7 +1290,7 @@ static void tk_sink_finish(takeover *tk, const char *why)
     tk_unwatch(&tk->cpoll, &tk->cfd);
     close_fds(tk->fdq, tk->nfdq);
     tk->nfdq = 0;
-    tk_set_phase(tk, TK_SINK_DONE);
+    tk_set_phase(tk, TK_IDLE);
     log_info("takeover: %s: %lu client(s) received in %llu ms", why, tk->handed,
              (unsigned long long)(uv_now(f->loop) - tk->started_ms));
     if (f->outage == NULL && f->cfg->fallback_path != NULL && !f->stopping && !f->closed) {
