@@ -93,16 +93,16 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix);
 /* A client connection handed over by another ferry process (takeover.c),
  * with the state its session had there. */
 typedef struct session_import {
-    int is_unix;        /* unix socket, else TCP */
-    int db;             /* database selected */
-    int authed;         /* AUTH accepted */
-    int pubsub;         /* subscribed: re-subscribe to the sets below */
-    const char *peer;   /* address for logs */
-    const char *input;  /* bytes to parse first (the blocked call to re-issue, then */
-    size_t ninput;      /* the unparsed input); borrowed for the call */
-    sub_set channels;   /* SUBSCRIBE, moved into the session (left empty) */
-    sub_set patterns;   /* PSUBSCRIBE, moved likewise */
-    sub_set shards;     /* SSUBSCRIBE, moved likewise */
+    int is_unix;       /* unix socket, else TCP */
+    int db;            /* database selected */
+    int authed;        /* AUTH accepted */
+    int pubsub;        /* subscribed: re-subscribe to the sets below */
+    const char *peer;  /* address for logs */
+    const char *input; /* bytes to parse first (the blocked call to re-issue, then */
+    size_t ninput;     /* the unparsed input); borrowed for the call */
+    sub_set channels;  /* SUBSCRIBE, moved into the session (left empty) */
+    sub_set patterns;  /* PSUBSCRIBE, moved likewise */
+    sub_set shards;    /* SSUBSCRIBE, moved likewise */
 } session_import;
 
 /* Open a session on fd, a connected client socket, restoring im's state.

@@ -58,13 +58,13 @@
 #include "upstream.h"
 
 #define TAKEOVER_MAGIC "ferry-takeover/1"
-#define TAKEOVER_SEND_TIMEOUT_MS 5000 /* one frame's send, old process */
+#define TAKEOVER_SEND_TIMEOUT_MS 5000   /* one frame's send, old process */
 #define TAKEOVER_CANCEL_TIMEOUT_MS 2000 /* CLIENT UNBLOCK unanswered: close the link */
-#define TAKEOVER_UNBLOCK_RETRY_MS 20  /* CLIENT UNBLOCK found nothing blocked (yet) */
-#define TAKEOVER_SCAN_MS 5            /* handover scan period while handing over */
-#define TAKEOVER_MAX_FDS 64           /* fds in one frame */
-#define TAKEOVER_FDQ 256              /* fds received, not yet claimed by a frame */
-#define TAKEOVER_HDR 8                /* frame header bytes */
+#define TAKEOVER_UNBLOCK_RETRY_MS 20    /* CLIENT UNBLOCK found nothing blocked (yet) */
+#define TAKEOVER_SCAN_MS 5              /* handover scan period while handing over */
+#define TAKEOVER_MAX_FDS 64             /* fds in one frame */
+#define TAKEOVER_FDQ 256                /* fds received, not yet claimed by a frame */
+#define TAKEOVER_HDR 8                  /* frame header bytes */
 #define TAKEOVER_MAX_INHERIT (CONFIG_MAX_LISTEN + 2)
 
 enum { TK_HELLO = 1, TK_LISTENERS, TK_ACCEPTING, TK_SESSION, TK_DONE };
@@ -103,19 +103,19 @@ typedef struct tk_cancel {
 } tk_cancel;
 
 typedef struct takeover {
-    ferry *f;             /* context */
-    tk_phase phase;       /* see tk_phase; changed only by tk_set_phase */
-    int lfd;              /* takeover.socket listener, -1 */
-    uv_poll_t *lpoll;     /* watches lfd (freed in its close callback) */
-    char lpath[108];      /* its path, "" when none */
-    int lpath_owned;      /* unlink lpath when closing (not once handed over) */
-    int cfd;              /* the control connection, -1 */
-    uv_poll_t *cpoll;     /* watches cfd */
-    uv_timer_t *scan;     /* handover scan while SRC_HANDING */
-    buf rx;               /* control bytes received, not yet framed */
+    ferry *f;              /* context */
+    tk_phase phase;        /* see tk_phase; changed only by tk_set_phase */
+    int lfd;               /* takeover.socket listener, -1 */
+    uv_poll_t *lpoll;      /* watches lfd (freed in its close callback) */
+    char lpath[108];       /* its path, "" when none */
+    int lpath_owned;       /* unlink lpath when closing (not once handed over) */
+    int cfd;               /* the control connection, -1 */
+    uv_poll_t *cpoll;      /* watches cfd */
+    uv_timer_t *scan;      /* handover scan while SRC_HANDING */
+    buf rx;                /* control bytes received, not yet framed */
     int fdq[TAKEOVER_FDQ]; /* fds received, not yet claimed by a frame */
     int nfdq;
-    int bad;              /* the peer broke the protocol (sticky) */
+    int bad;                                /* the peer broke the protocol (sticky) */
     tk_inherited inh[TAKEOVER_MAX_INHERIT]; /* new: listeners received */
     int ninh;
     tk_cancel *cancels; /* old: blocked calls being cancelled */
@@ -571,8 +571,7 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
         if (fr == 1) {
             if (type != TK_LISTENERS) {
                 close_fds(fds, nfds);
-                snprintf(err, errlen, "%s: unexpected frame %d from the running ferry", path,
-                         type);
+                snprintf(err, errlen, "%s: unexpected frame %d from the running ferry", path, type);
                 goto fail;
             }
             uint32_t count = get_u32(&p);
@@ -657,8 +656,7 @@ int takeover_start(ferry *f)
         for (int i = 0; i < tk->ninh; i++) {
             tk_inherited *in = &tk->inh[i];
             if (in->kind != TK_L_TAKEOVER && in->fd >= 0) {
-                log_info("takeover: %s is not in this configuration: no longer served",
-                         in->name);
+                log_info("takeover: %s is not in this configuration: no longer served", in->name);
                 close(in->fd);
                 in->fd = -1;
             }
@@ -1061,8 +1059,8 @@ static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
  * carry (CLIENT SETNAME, MONITOR), no output waiting to be written. */
 static int tk_quiet(const session *s)
 {
-    return s->state == SESSION_OPEN && s->tx == TX_NONE && !s->sticky &&
-           s->tunnel != TUN_OTHER && outq_len(&s->out) == 0 && !s->out.writing;
+    return s->state == SESSION_OPEN && s->tx == TX_NONE && !s->sticky && s->tunnel != TUN_OTHER &&
+           outq_len(&s->out) == 0 && !s->out.writing;
 }
 
 /* Hand s over if it is ready (or start cancelling its blocked call).
@@ -1268,13 +1266,12 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
         im.input = buf_head(&input);
         im.ninput = buf_used(&input);
         tk->handed++;
-        log_info("takeover: client %lld %s received (db %d%s%s%s)", (long long)old_id, peerz,
-                 im.db, im.pubsub ? ", subscribed" : "", ncall > 0 ? ", blocked call" : "",
+        log_info("takeover: client %lld %s received (db %d%s%s%s)", (long long)old_id, peerz, im.db,
+                 im.pubsub ? ", subscribed" : "", ncall > 0 ? ", blocked call" : "",
                  ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "");
         int rc = session_adopt(f, fd, &im);
         if (rc < 0) {
-            log_error("takeover: cannot open client %lld: %s", (long long)old_id,
-                      uv_strerror(rc));
+            log_error("takeover: cannot open client %lld: %s", (long long)old_id, uv_strerror(rc));
             close(fd);
         }
     }

@@ -18,8 +18,7 @@ struct takeover;
  * receive its listening sockets (blocking, at most timeout_ms). Returns a
  * new takeover for core_init, or NULL with err filled (nothing is left
  * open; the running ferry is unaffected). */
-struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *err,
-                                  size_t errlen);
+struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *err, size_t errlen);
 
 /* A listening socket received for the address a (ownership passes to the
  * caller), or -1 when none was received for it (bind it instead). */
