@@ -72,6 +72,7 @@ typedef struct link {
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */
+    long long redis_id;         /* dedicated: CLIENT ID on Redis (CLIENT UNBLOCK), 0 unknown */
 } link;
 
 /* Open a link of this kind to up's current target (AUTH queued first when

@@ -145,6 +145,26 @@ static int router_pinned(const session *s)
            (s->tx != TX_NONE && s->tx != TX_WATCH_LOST && s->tx != TX_MULTI_WATCH_LOST);
 }
 
+void router_restore(session *s, int db, int pubsub)
+{
+    s->db = db;
+    if (pubsub) {
+        router_set_tunnel(s, TUN_PUBSUB);
+        router_set_tunnel(s, TUN_PUBSUB_LOST); /* no link yet: subscribed again */
+    }
+}
+
+void router_release_call(session *s, request *r)
+{
+    ferry_assert(r->s == s && r->state == REQ_SENT && s->inflight == 1);
+    session_unlink(s, r);
+    s->pending_bytes -=
+        buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
+    s->inflight = 0;
+    s->flight_link = NULL;
+    r->s = NULL;
+}
+
 void router_forget(session *s)
 {
     router_set_tx(s, TX_NONE);

@@ -1,0 +1,264 @@
+"""Restarting ferry without its clients noticing: `ferry --takeover PATH`
+against a running ferry with takeover.socket PATH, in Sentinel mode in front
+of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
+
+  TakeoverUnderLoadTest  a takeover under 4 producers and 4 consumers
+                         (failover_load.Load) plus four raw-socket clients:
+                         a consumer blocked in BRPOP q2 0, a SUBSCRIBE client,
+                         a client in SELECT 3 and one with a MULTI open (the
+                         old process waits for its EXEC, then hands it over
+                         too). No client error, 0 lost, no
+                         connection accepted by the new process (nobody
+                         reconnected) and none closed by the old one but by
+                         the handover; the four clients keep their sockets
+                         (same local port) and their state: the BRPOP gets an
+                         item pushed after the takeover, the subscriber a
+                         message published after it, and the SELECT 3
+                         client's SET lands in db 3. The old process exits 0.
+  TakeoverRefusedTest    a takeover with no ferry to take over (socket file
+                         gone, or left behind by a killed ferry) fails at once
+                         with a clear message and exit code 3
+
+Run:  python3 -m unittest test_takeover -v
+Ferry-only (skipped with FERRY_TEST_DIRECT=1).
+"""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+from failover_load import AccountingChecks, Load, current_master, now
+from harness import (FERRY_BIN, Ferry, SentinelTopology, free_port, render_yaml, resp_read_reply,
+                     resp_send, wait_until)
+
+PRE_LOAD = 1.5       # s of load before the takeover
+POST_LOAD = 1.5      # s of load after the old process exited
+TAKEOVER_WAIT = 20   # s for the old process to exit
+
+# As test_failover: replicas_ack 1 so that an acknowledged write is on a
+# replica too.
+FERRY_CONF = {
+    'upstream': {'hold_timeout_ms': 10000},
+    'durability': {
+        'require_aof': True,
+        'replicas_ack': 1,
+        'replicas_ack_timeout_ms': 1000,
+        'enforce_interval_ms': 500,
+    },
+}
+
+
+def spawn_takeover(config_path, sock_path, out_path):
+    """Start `ferry -c config --takeover sock` (its log goes to log.file)."""
+    return harness._spawn([FERRY_BIN, '-c', config_path, '--takeover', sock_path], out_path)
+
+
+def log_lines(text, pid):
+    return [ln for ln in text.splitlines() if re.match(r'\S+ %d ' % pid, ln)]
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
+
+    def test_takeover_under_load(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        store = os.path.join(tmp, 'fallback.db')
+        conf = dict(FERRY_CONF, takeover={'socket': sock_path}, fallback={'path': store})
+        ferry = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        old_pid = ferry.pid
+        master = topo.master()
+        mc = master.client(socket_timeout=5)
+        mc.delete('q', 'q2', 'tk:k', 'tk:tx')
+        master.client(socket_timeout=5, db=3).delete('tk:k')
+
+        # The three special clients, on raw sockets: nothing can reconnect.
+        sel = ferry.raw()
+        resp_send(sel, ['SELECT', '3'])
+        self.assertEqual(resp_read_reply(sel), 'OK')
+        resp_send(sel, ['SET', 'tk:k', 'before'])
+        self.assertEqual(resp_read_reply(sel), 'OK')
+        blk = ferry.raw()
+        resp_send(blk, ['BRPOP', 'q2', '0'])
+        sub = ferry.raw()
+        resp_send(sub, ['SUBSCRIBE', 'tk:ch'])
+        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tk:ch', 1])
+        # A transaction open when the takeover starts: handed over after EXEC.
+        tx = ferry.raw()
+        resp_send(tx, ['MULTI'])
+        self.assertEqual(resp_read_reply(tx), 'OK')
+        resp_send(tx, ['SET', 'tk:tx', 'in-multi'])
+        self.assertEqual(resp_read_reply(tx), 'QUEUED')
+        # Only the BRPOP q2 0 blocks until the load starts.
+        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
+                   msg='BRPOP q2 0 blocked on the master')
+        ports = [s.getsockname() for s in (sel, blk, sub, tx)]
+
+        load = Load(ferry, 'takeover').start()
+        self.addCleanup(load.stop)
+        time.sleep(PRE_LOAD)
+
+        t_fault = now()
+        new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
+        nothers = 3 + load.producers + load.consumers
+
+        def handed_so_far():
+            return len([ln for ln in log_lines(ferry.log(), old_pid)
+                        if 'closed: handed over to the new process' in ln])
+        # Everyone but the transaction goes over; it waits for its EXEC.
+        wait_until(lambda: handed_so_far() >= nothers, timeout=10,
+                   msg='the other clients to be handed over')
+        self.assertIsNone(ferry.proc.poll(), 'the old ferry exited with a MULTI open')
+        resp_send(tx, ['EXEC'])
+        self.assertEqual(resp_read_reply(tx), ['OK'])
+        try:
+            old_rc = ferry.proc.wait(TAKEOVER_WAIT)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        took = now() - t_fault
+        # From here on the harness stops the new process.
+        old_proc = ferry.proc
+        ferry.proc, ferry.pid = new, new.pid
+        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
+            TAKEOVER_WAIT, self.diag(topo, ferry)))
+        if old_proc.poll() is None:
+            old_proc.kill()
+        time.sleep(POST_LOAD)
+        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
+            new.poll(), self.diag(topo, ferry)))
+
+        # The three clients after the takeover, on the same sockets.
+        with self.subTest(check='the SELECT 3 client writes to db 3'):
+            resp_send(sel, ['SET', 'tk:k', 'after'])
+            self.assertEqual(resp_read_reply(sel), 'OK')
+            m = current_master(topo)
+            self.assertEqual(m.client(socket_timeout=5, db=3).get('tk:k'), 'after')
+            self.assertIsNone(m.client(socket_timeout=5).get('tk:k'))
+        with self.subTest(check='the BRPOP q2 0 gets an item pushed after'):
+            current_master(topo).client(socket_timeout=5).lpush('q2', 'after-takeover')
+            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q2', b'after-takeover'])
+        with self.subTest(check='the subscriber gets a message published after'):
+            pub = current_master(topo).client(socket_timeout=5)
+            wait_until(lambda: pub.publish('tk:ch', 'after-takeover') >= 1, timeout=10,
+                       msg='the subscriber to be subscribed again')
+            self.assertEqual(resp_read_reply(sub, timeout=5),
+                             [b'message', b'tk:ch', b'after-takeover'])
+        with self.subTest(check='the transaction client, handed over after its EXEC'):
+            self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:tx'),
+                             'in-multi')
+            resp_send(tx, ['GET', 'tk:tx'])
+            self.assertEqual(resp_read_reply(tx), b'in-multi')
+        with self.subTest(check='same sockets'):
+            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx)], ports)
+
+        res = load.finish(lambda: current_master(topo))
+        res.t_fault = t_fault
+        log = ferry.log()
+        old_log = log_lines(log, old_pid)
+        began = [i for i, ln in enumerate(old_log) if 'takeover: a new process connected' in ln]
+        self.assertEqual(len(began), 1, '\n'.join(old_log[-40:]))
+        old_log = old_log[began[0]:]
+        new_log = log_lines(log, new.pid)
+        handed = re.search(r'takeover: all (\d+) client\(s\) handed over in (\d+) ms',
+                           '\n'.join(old_log))
+        print(res.summary('takeover'), flush=True)
+        print('[takeover] old process exited %.2fs after the new one started; %s; longest '
+              'write gap %.0f ms' % (took, handed.group(0) if handed else 'not all handed over',
+                                     res.gap_ms), flush=True)
+
+        with self.subTest(check='the old process exits 0 after handing every client over'):
+            self.assertEqual(old_rc, 0)
+            self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
+            self.assertEqual(int(handed.group(1)), nothers + 1)
+        with self.subTest(check='no client closed by the old process but by the handover'):
+            closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
+            others = [ln for ln in closed if 'handed over to the new process' not in ln]
+            self.assertEqual(others, [])
+            self.assertEqual(len(closed), nothers + 1)
+        with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
+            # CLIENT UNBLOCK ... TIMEOUT: nothing popped for nobody; at least
+            # the BRPOP q2 0 (the load's consumers block 1 s at a time too).
+            cancelled = [ln for ln in old_log if 'blocked call cancelled on Redis' in ln]
+            self.assertGreaterEqual(len(cancelled), 1, '\n'.join(old_log[-40:]))
+        with self.subTest(check='the fallback store passes from the old process to the new'):
+            # The old one closes it (its lock) before it says DONE; the new
+            # one opens it then.
+            done = [i for i, ln in enumerate(log.splitlines())
+                    if re.match(r'\S+ %d INFO  takeover: the old process is done' % new.pid, ln)]
+            opened = [i for i, ln in enumerate(log.splitlines())
+                      if re.match(r'\S+ %d INFO  fallback store %s open' % (new.pid, re.escape(store)),
+                                  ln)]
+            self.assertEqual(len(done), 1)
+            self.assertEqual(len(opened), 1, '\n'.join(new_log[-40:]))
+            self.assertGreater(opened[0], done[0])
+            self.assertEqual([ln for ln in new_log if 'fallback store' in ln and 'ERROR' in ln], [])
+        with self.subTest(check='nobody reconnected: the new process accepted no connection'):
+            accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
+            self.assertEqual(accepted, [])
+        self.check_accounting(res, topo, ferry)
+        for s in (sel, blk, sub, tx):
+            s.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class TakeoverRefusedTest(unittest.TestCase):
+
+    def config(self, tmp, sock_path):
+        path = os.path.join(tmp, 'new.yml')
+        with open(path, 'w') as f:
+            f.write(render_yaml({
+                'listen': '127.0.0.1:%d' % free_port(),
+                'stats': {'listen': '127.0.0.1:%d' % free_port()},
+                'redis': {'address': '127.0.0.1:%d' % free_port()},
+                'takeover': {'socket': sock_path},
+            }))
+        return path
+
+    def run_takeover(self, cfg, sock_path):
+        p = subprocess.run([FERRY_BIN, '-c', cfg, '--takeover', sock_path],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=30)
+        return p.returncode, p.stdout.decode(errors='replace')
+
+    def test_no_ferry_to_take_over(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        old = Ferry(redis_srv, conf={'takeover': {'socket': sock_path}})
+        self.addCleanup(old.stop)
+        self.assertTrue(os.path.exists(sock_path))
+        cfg = self.config(tmp, sock_path)
+
+        # Stopped cleanly: the socket file is gone with it.
+        self.assertEqual(old.stop(), 0)
+        self.assertFalse(os.path.exists(sock_path))
+        t0 = time.monotonic()
+        rc, out = self.run_takeover(cfg, sock_path)
+        self.assertEqual(rc, 3, out)
+        self.assertIn('takeover failed: cannot connect to %s: No such file or directory' % sock_path,
+                      out)
+        self.assertLess(time.monotonic() - t0, 5)
+
+        # Killed: the socket file is left, nobody listens on it.
+        old2 = Ferry(redis_srv, conf={'takeover': {'socket': sock_path}})
+        self.addCleanup(old2.stop)
+        old2.kill()
+        self.assertTrue(os.path.exists(sock_path))
+        rc, out = self.run_takeover(cfg, sock_path)
+        self.assertEqual(rc, 3, out)
+        self.assertIn('takeover failed: cannot connect to %s: Connection refused' % sock_path, out)
+
+
+if __name__ == '__main__':
+    unittest.main()
