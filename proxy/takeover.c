@@ -1086,6 +1086,22 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         return 0;
     }
     session_stop_reading(s);
+    if (s->sticky || s->tunnel == TUN_OTHER) {
+        /* Connection state ferry does not carry (CLIENT SETNAME/TRACKING,
+         * MONITOR): it never becomes ready, so it is closed now, after its
+         * replies, as SIGTERM does (rather than at shutdown_timeout_ms). */
+        int only_blocked = s->inflight > 0 && s->flight_link != NULL && s->flight_link == s->dlink;
+        if (s->nrequests == 0 || s->tunnel != TUN_NONE || only_blocked) {
+            tk->closed++;
+            if (outq_len(&s->out) == 0) {
+                session_close(s, "ferry restarted (takeover): its connection state "
+                                 "(CLIENT SETNAME/TRACKING, MONITOR) cannot be handed over");
+            } else {
+                session_set_state(s, SESSION_QUITTING); /* closed once written */
+            }
+        }
+        return 0;
+    }
     tk_cancel *c = tk_cancel_find(tk, s->id);
     if (c != NULL) {
         if (!c->done || !tk_quiet(s) || s->nrequests != 0 || s->inflight != 0) {
@@ -1156,7 +1172,12 @@ static void tk_cancel_tick(takeover *tk, uint64_t now)
 static void tk_finish_source(takeover *tk, const char *why)
 {
     ferry *f = tk->f;
-    tk->closed = (unsigned long)f->nclients;
+    list_node *n;
+    list_foreach(n, &f->sessions)
+    {
+        /* Left to SIGTERM's rules (those already closing were counted). */
+        tk->closed += list_entry(n, session, node)->state == SESSION_OPEN;
+    }
     tk_set_phase(tk, TK_SRC_FINISHING);
     if (tk->scan != NULL) {
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);

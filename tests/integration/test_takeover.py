@@ -13,8 +13,12 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          the handover; the four clients keep their sockets
                          (same local port) and their state: the BRPOP gets an
                          item pushed after the takeover, the subscriber a
-                         message published after it, and the SELECT 3
-                         client's SET lands in db 3. The old process exits 0.
+                         message published after it (on its channel and
+                         on its pattern), the SELECT 3 client's SET lands
+                         in db 3, and a client that had sent half a request
+                         completes it on the new process. A CLIENT SETNAME
+                         client (state ferry does not carry) is closed at
+                         once, after its reply. The old process exits 0.
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -78,7 +82,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         old_pid = ferry.pid
         master = topo.master()
         mc = master.client(socket_timeout=5)
-        mc.delete('q', 'q2', 'tk:k', 'tk:tx')
+        mc.delete('q', 'q2', 'tk:k', 'tk:tx', 'tk:par')
         master.client(socket_timeout=5, db=3).delete('tk:k')
 
         # The three special clients, on raw sockets: nothing can reconnect.
@@ -92,6 +96,18 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         sub = ferry.raw()
         resp_send(sub, ['SUBSCRIBE', 'tk:ch'])
         self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tk:ch', 1])
+        resp_send(sub, ['PSUBSCRIBE', 'tk:p*'])
+        self.assertEqual(resp_read_reply(sub), [b'psubscribe', b'tk:p*', 2])
+        # Half a request read by the old process: parsed by the new one once
+        # the rest arrives.
+        part = ferry.raw()
+        whole = b'*3\r\n$3\r\nSET\r\n$6\r\ntk:par\r\n$5\r\nwhole\r\n'
+        part.sendall(whole[:20])
+        # Connection state ferry does not carry: closed at once (after its
+        # reply), not at shutdown_timeout_ms.
+        named = ferry.raw()
+        resp_send(named, ['CLIENT', 'SETNAME', 'tk-named'])
+        self.assertEqual(resp_read_reply(named), 'OK')
         # A transaction open when the takeover starts: handed over after EXEC.
         tx = ferry.raw()
         resp_send(tx, ['MULTI'])
@@ -101,7 +117,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         # Only the BRPOP q2 0 blocks until the load starts.
         wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
                    msg='BRPOP q2 0 blocked on the master')
-        ports = [s.getsockname() for s in (sel, blk, sub, tx)]
+        ports = [s.getsockname() for s in (sel, blk, sub, tx, part)]
 
         load = Load(ferry, 'takeover').start()
         self.addCleanup(load.stop)
@@ -109,7 +125,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
 
         t_fault = now()
         new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
-        nothers = 3 + load.producers + load.consumers
+        nothers = 4 + load.producers + load.consumers
 
         def handed_so_far():
             return len([ln for ln in log_lines(ferry.log(), old_pid)
@@ -118,6 +134,9 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         wait_until(lambda: handed_so_far() >= nothers, timeout=10,
                    msg='the other clients to be handed over')
         self.assertIsNone(ferry.proc.poll(), 'the old ferry exited with a MULTI open')
+        named.settimeout(5)
+        self.assertEqual(named.recv(100), b'', 'the CLIENT SETNAME client was not closed')
+        t_exec = now()
         resp_send(tx, ['EXEC'])
         self.assertEqual(resp_read_reply(tx), ['OK'])
         try:
@@ -125,6 +144,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         except subprocess.TimeoutExpired:
             old_rc = None
         took = now() - t_fault
+        after_exec = now() - t_exec
         # From here on the harness stops the new process.
         old_proc = ferry.proc
         ferry.proc, ferry.pid = new, new.pid
@@ -152,13 +172,24 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
                        msg='the subscriber to be subscribed again')
             self.assertEqual(resp_read_reply(sub, timeout=5),
                              [b'message', b'tk:ch', b'after-takeover'])
+        with self.subTest(check='the subscriber keeps its pattern'):
+            pub = current_master(topo).client(socket_timeout=5)
+            wait_until(lambda: pub.publish('tk:pat', 'after-takeover') >= 1, timeout=10,
+                       msg='the subscriber to have its pattern again')
+            self.assertEqual(resp_read_reply(sub, timeout=5),
+                             [b'pmessage', b'tk:p*', b'tk:pat', b'after-takeover'])
+        with self.subTest(check='the half-sent request completes on the new process'):
+            part.sendall(whole[20:])
+            self.assertEqual(resp_read_reply(part), 'OK')
+            self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:par'),
+                             'whole')
         with self.subTest(check='the transaction client, handed over after its EXEC'):
             self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:tx'),
                              'in-multi')
             resp_send(tx, ['GET', 'tk:tx'])
             self.assertEqual(resp_read_reply(tx), b'in-multi')
         with self.subTest(check='same sockets'):
-            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx)], ports)
+            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx, part)], ports)
 
         res = load.finish(lambda: current_master(topo))
         res.t_fault = t_fault
@@ -182,8 +213,12 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         with self.subTest(check='no client closed by the old process but by the handover'):
             closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
             others = [ln for ln in closed if 'handed over to the new process' not in ln]
-            self.assertEqual(others, [])
-            self.assertEqual(len(closed), nothers + 1)
+            # The CLIENT SETNAME one only, at once: the old process exits
+            # right after the EXEC, not at shutdown_timeout_ms (5 s).
+            self.assertEqual(len(others), 1, others)
+            self.assertIn('cannot be handed over', others[0])
+            self.assertEqual(len(closed), nothers + 2)
+            self.assertLess(after_exec, 3)
         with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
             # CLIENT UNBLOCK ... TIMEOUT: nothing popped for nobody; at least
             # the BRPOP q2 0 (the load's consumers block 1 s at a time too).
@@ -205,7 +240,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
             self.assertEqual(accepted, [])
         self.check_accounting(res, topo, ferry)
-        for s in (sel, blk, sub, tx):
+        for s in (sel, blk, sub, tx, part, named):
             s.close()
 
 
