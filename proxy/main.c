@@ -146,7 +146,8 @@ int main(int argc, char **argv)
         code = EXIT_RUNTIME;
     } else {
         code = core_run(&f);
-        log_info("ferry stopped");
+        /* The last line (scripts/rolling-restart --ferry reads it). */
+        log_info("ferry stopped (exit code %d)", code);
     }
     if (uv_loop_close(&loop) != 0) {
         log_warn("event loop closed with handles still open");

@@ -3,7 +3,9 @@
  *   new process (ferry --takeover PATH)      old process (takeover.socket PATH)
  *   connect ------------- HELLO ------------->
  *           <------- LISTENERS + fds ---------  client listeners, stats, takeover
- *   accepts on them
+ *   accepts on them too; finds and
+ *   verifies the master (at most
+ *   TAKEOVER_READY_MS)                          its clients see nothing meanwhile
  *           ------------ ACCEPTING ---------->  closes its copies (stops accepting;
  *                                               the sockets never close: nothing
  *                                               is refused), stops reading clients
@@ -62,9 +64,12 @@
 #define TAKEOVER_CANCEL_TIMEOUT_MS 2000 /* CLIENT UNBLOCK unanswered: close the link */
 #define TAKEOVER_UNBLOCK_RETRY_MS 20    /* CLIENT UNBLOCK found nothing blocked (yet) */
 #define TAKEOVER_SCAN_MS 5              /* handover scan period while handing over */
-#define TAKEOVER_MAX_FDS 64             /* fds in one frame */
-#define TAKEOVER_FDQ 256                /* fds received, not yet claimed by a frame */
-#define TAKEOVER_HDR 8                  /* frame header bytes */
+#define TAKEOVER_READY_MS 5000          /* new: longest wait for a master before ACCEPTING */
+_Static_assert(TAKEOVER_READY_MS <= TAKEOVER_HANDSHAKE_MS / 2,
+               "the old process gives up on a handshake after TAKEOVER_HANDSHAKE_MS");
+#define TAKEOVER_MAX_FDS 64 /* fds in one frame */
+#define TAKEOVER_FDQ 256    /* fds received, not yet claimed by a frame */
+#define TAKEOVER_HDR 8      /* frame header bytes */
 #define TAKEOVER_MAX_INHERIT (CONFIG_MAX_LISTEN + 2)
 
 enum { TK_HELLO = 1, TK_LISTENERS, TK_ACCEPTING, TK_SESSION, TK_DONE };
@@ -81,6 +86,7 @@ typedef enum tk_phase {
     TK_SRC_LISTENERS, /* old: listeners sent; waiting for ACCEPTING */
     TK_SRC_HANDING,   /* old: handing sessions over */
     TK_SRC_FINISHING, /* old: the rest closes after its replies (SIGTERM's rules) */
+    TK_SINK_READYING, /* new: listeners received; waiting for a usable master */
     TK_SINK           /* new: receiving sessions */
 } tk_phase;
 
@@ -121,6 +127,7 @@ typedef struct takeover {
     tk_cancel *cancels; /* old: blocked calls being cancelled */
     size_t ncancels, capcancels;
     uint64_t started_ms;  /* the takeover began */
+    uint64_t handing_ms;  /* old: uv_now() when the new process said ACCEPTING */
     uint64_t deadline_ms; /* SRC_HANDING: then the rest is closed after replies */
     unsigned long handed; /* old: sessions sent; new: sessions received */
     unsigned long closed; /* old: sessions left to SIGTERM's rules */
@@ -129,6 +136,7 @@ typedef struct takeover {
 static void tk_control_cb(uv_poll_t *h, int status, int events);
 static void tk_listener_cb(uv_poll_t *h, int status, int events);
 static void tk_scan_cb(uv_timer_t *t);
+static void tk_ready_cb(uv_timer_t *t);
 static void tk_scan(takeover *tk);
 static void tk_source_abort(takeover *tk, const char *why);
 static void tk_sink_finish(takeover *tk, const char *why);
@@ -138,7 +146,8 @@ static void tk_sink_finish(takeover *tk, const char *why);
 static const char *tk_phase_name(tk_phase p)
 {
     static const char *const names[] = {"IDLE",        "SRC_HELLO",     "SRC_LISTENERS",
-                                        "SRC_HANDING", "SRC_FINISHING", "SINK"};
+                                        "SRC_HANDING", "SRC_FINISHING", "SINK_READYING",
+                                        "SINK"};
     return names[p];
 }
 
@@ -150,6 +159,7 @@ static void tk_set_phase(takeover *tk, tk_phase p)
         [TK_SRC_LISTENERS] = 1u << TK_SRC_HANDING | 1u << TK_IDLE,
         [TK_SRC_HANDING] = 1u << TK_SRC_FINISHING | 1u << TK_IDLE,
         [TK_SRC_FINISHING] = 0,
+        [TK_SINK_READYING] = 1u << TK_SINK | 1u << TK_IDLE,
         [TK_SINK] = 1u << TK_IDLE,
     };
     if (tk->phase == p) {
@@ -158,6 +168,12 @@ static void tk_set_phase(takeover *tk, tk_phase p)
     ferry_assert(legal[tk->phase] & (1u << p));
     log_debug("takeover: %s -> %s", tk_phase_name(tk->phase), tk_phase_name(p));
     tk->phase = p;
+}
+
+/* The new process, before it is done receiving. */
+static int tk_is_sink(const takeover *tk)
+{
+    return tk->phase == TK_SINK_READYING || tk->phase == TK_SINK;
 }
 
 /* ----------------------------------------------------------------- frames */
@@ -543,7 +559,7 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     takeover *tk = tk_new(NULL);
     tk->cfd = fd;
-    tk->phase = TK_SINK;
+    tk->phase = TK_SINK_READYING;
     buf_init(&hello);
     put_bytes(&hello, TAKEOVER_MAGIC, strlen(TAKEOVER_MAGIC));
     put_u32(&hello, (uint32_t)getpid());
@@ -628,7 +644,7 @@ fail:
 int takeover_claim_listener(ferry *f, const config_addr *a)
 {
     char name[320];
-    if (f == NULL || f->takeover == NULL || f->takeover->phase != TK_SINK) {
+    if (f == NULL || f->takeover == NULL || !tk_is_sink(f->takeover)) {
         return -1;
     }
     config_addr_str(a, name, sizeof(name));
@@ -650,7 +666,7 @@ int takeover_start(ferry *f)
     takeover *tk = f->takeover;
     char msg[64];
 
-    if (tk != NULL && tk->phase == TK_SINK) {
+    if (tk != NULL && tk->phase == TK_SINK_READYING) {
         tk->f = f;
         tk->started_ms = uv_now(f->loop);
         for (int i = 0; i < tk->ninh; i++) {
@@ -662,19 +678,23 @@ int takeover_start(ferry *f)
             }
         }
         int rc = tk_watch(tk, tk->cfd, &tk->cpoll, tk_control_cb);
-        buf none;
-        buf_init(&none);
-        if (rc == 0) {
-            rc = tk_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
-        }
         if (rc < 0) {
             log_error("takeover: %s; continuing on the inherited listeners", uv_strerror(rc));
             tk_sink_finish(tk, "the control connection failed");
-        } else {
-            log_info("takeover: accepting on the inherited listeners; receiving clients");
+            snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
+            takeover_sd_notify(msg);
+            return 0;
         }
-        snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
-        takeover_sd_notify(msg);
+        /* The old process keeps serving until this one has a master: its
+         * clients would otherwise wait here for the master to be found and
+         * verified (tens of ms). */
+        log_info("takeover: listening on the inherited sockets; waiting for a usable master "
+                 "(at most %d ms) before taking the clients over",
+                 TAKEOVER_READY_MS);
+        tk->scan = xmalloc(sizeof(*tk->scan));
+        uv_timer_init(f->loop, tk->scan);
+        tk->scan->data = tk;
+        uv_timer_start(tk->scan, tk_ready_cb, TAKEOVER_SCAN_MS, TAKEOVER_SCAN_MS);
         return 0;
     }
     takeover_sd_notify("READY=1");
@@ -694,7 +714,7 @@ int takeover_start(ferry *f)
 
 int takeover_store_free(const ferry *f)
 {
-    return f->takeover == NULL || f->takeover->phase != TK_SINK;
+    return f->takeover == NULL || !tk_is_sink(f->takeover);
 }
 
 /* ------------------------------------------------------- old: the control */
@@ -775,7 +795,8 @@ static void tk_start_handing(takeover *tk)
     tk->lpath_owned = 0;
     tk_unwatch(&tk->lpoll, &tk->lfd);
     f->handing_over = 1;
-    tk->deadline_ms = uv_now(f->loop) + f->cfg->shutdown_timeout_ms;
+    tk->handing_ms = uv_now(f->loop);
+    tk->deadline_ms = tk->handing_ms + f->cfg->shutdown_timeout_ms;
     tk_set_phase(tk, TK_SRC_HANDING);
     list_foreach(n, &f->sessions)
     {
@@ -1209,7 +1230,9 @@ static void tk_scan(takeover *tk)
         }
     }
     if (f->nclients == 0) {
-        log_info("takeover: all %lu client(s) handed over in %llu ms", tk->handed,
+        log_info("takeover: all %lu client(s) handed over in %llu ms (%llu ms since the new "
+                 "process connected)",
+                 tk->handed, (unsigned long long)(now - tk->handing_ms),
                  (unsigned long long)(now - tk->started_ms));
         tk_finish_source(tk, "handed over to a new process");
     } else if (now >= tk->deadline_ms) {
@@ -1325,10 +1348,54 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     buf_free(&input);
 }
 
+/* New process, waiting for a usable master: once its master view is UP
+ * (or after TAKEOVER_READY_MS, when its clients' requests are held as at any
+ * start), tell the old process to hand the clients over. */
+static void tk_ready_cb(uv_timer_t *t)
+{
+    takeover *tk = t->data;
+    ferry *f = tk->f;
+    uint64_t waited = uv_now(f->loop) - tk->started_ms;
+    char msg[64];
+    buf none;
+
+    if (tk->phase != TK_SINK_READYING) {
+        return;
+    }
+    int up = f->up != NULL && f->up->state == UP_UP;
+    if (!up && waited < TAKEOVER_READY_MS) {
+        return;
+    }
+    uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+    tk->scan = NULL;
+    buf_init(&none);
+    int rc = tk_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
+    if (rc < 0) {
+        log_error("takeover: %s; continuing on the inherited listeners", uv_strerror(rc));
+        tk_sink_finish(tk, "the control connection failed");
+    } else {
+        tk_set_phase(tk, TK_SINK);
+        if (up) {
+            log_info("takeover: master UP after %llu ms; receiving clients",
+                     (unsigned long long)waited);
+        } else {
+            log_warn("takeover: no usable master after %llu ms; receiving clients anyway (their "
+                     "requests are held)",
+                     (unsigned long long)waited);
+        }
+    }
+    snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
+    takeover_sd_notify(msg);
+}
+
 static void tk_sink_finish(takeover *tk, const char *why)
 {
     ferry *f = tk->f;
     tk_unwatch(&tk->cpoll, &tk->cfd);
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
     close_fds(tk->fdq, tk->nfdq);
     tk->nfdq = 0;
     tk_set_phase(tk, TK_IDLE);
@@ -1350,7 +1417,7 @@ static void tk_sink_finish(takeover *tk, const char *why)
 static void tk_control_cb(uv_poll_t *h, int status, int events)
 {
     takeover *tk = h->data;
-    int sink = tk->phase == TK_SINK;
+    int sink = tk_is_sink(tk);
 
     for (int rounds = 0; rounds < 64 && tk->cfd >= 0; rounds++) {
         int rc = status < 0 ? status : tk_recv(tk);
