@@ -22,6 +22,14 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
+  TakeoverScriptTest     scripts/rolling-restart --ferry under the same load,
+                         with a BRPOP q2 0, a SUBSCRIBE and a SELECT 3 client:
+                         exit 0, the old process exited 0, the pid file names
+                         the new one, 0 errors, 0 lost, nobody reconnected;
+                         and its checks: --dry-run changes nothing, a ferry
+                         without takeover.socket or with a dead pid is
+                         refused, a new process that exits at once leaves the
+                         old one serving
 
 Run:  python3 -m unittest test_takeover -v
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
@@ -29,6 +37,7 @@ Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -37,12 +46,14 @@ import unittest
 
 import harness
 from failover_load import AccountingChecks, Load, current_master, now
-from harness import (FERRY_BIN, Ferry, SentinelTopology, free_port, render_yaml, resp_read_reply,
-                     resp_send, wait_until)
+from harness import (FERRY_BIN, REPO, Ferry, SentinelTopology, free_port, render_yaml,
+                     resp_read_reply, resp_send, wait_until)
 
 PRE_LOAD = 1.5       # s of load before the takeover
 POST_LOAD = 1.5      # s of load after the old process exited
 TAKEOVER_WAIT = 20   # s for the old process to exit
+SCRIPT = os.path.join(REPO, 'scripts', 'rolling-restart')
+SCRIPT_TIMEOUT = 90  # s, a scripts/rolling-restart --ferry run
 
 # As test_failover: replicas_ack 1 so that an acknowledged write is on a
 # replica too.
@@ -60,6 +71,14 @@ FERRY_CONF = {
 def spawn_takeover(config_path, sock_path, out_path):
     """Start `ferry -c config --takeover sock` (its log goes to log.file)."""
     return harness._spawn([FERRY_BIN, '-c', config_path, '--takeover', sock_path], out_path)
+
+
+def longest_gap(res, t0, t1):
+    """Longest time (ms) between two acknowledged pushes (any producer) that
+    overlaps [t0, t1]: the stall clients saw in that window."""
+    times = sorted(res.acked.values())
+    gaps = [(b - a) * 1000 for a, b in zip(times, times[1:]) if b >= t0 and a <= t1]
+    return max(gaps, default=0.0)
 
 
 def log_lines(text, pid):
@@ -203,8 +222,11 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
                            '\n'.join(old_log))
         print(res.summary('takeover'), flush=True)
         print('[takeover] old process exited %.2fs after the new one started; %s; longest '
-              'write gap %.0f ms' % (took, handed.group(0) if handed else 'not all handed over',
-                                     res.gap_ms), flush=True)
+              'write gap %.0f ms during the takeover, %.0f ms before it (baseline), %.0f ms '
+              'over the run' % (took, handed.group(0) if handed else 'not all handed over',
+                                longest_gap(res, t_fault, t_fault + took),
+                                longest_gap(res, load.t_start, t_fault - 0.001), res.gap_ms),
+              flush=True)
 
         with self.subTest(check='the old process exits 0 after handing every client over'):
             self.assertEqual(old_rc, 0)
@@ -293,6 +315,197 @@ class TakeoverRefusedTest(unittest.TestCase):
         rc, out = self.run_takeover(cfg, sock_path)
         self.assertEqual(rc, 3, out)
         self.assertIn('takeover failed: cannot connect to %s: Connection refused' % sock_path, out)
+
+
+class PidProc:
+    """A process this test did not start (the script started it), with the
+    Popen methods the harness uses to stop it."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not _running(self.pid):
+            self.returncode = 0  # not our child: its status is not ours to read
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout=None):
+        deadline = time.monotonic() + (timeout if timeout is not None else 60)
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired('ferry', timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+def read_pid(path):
+    with open(path) as f:
+        return int(f.read())
+
+
+def _running(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except (OSError, IndexError):
+        return False
+
+
+def run_script(args, timeout=SCRIPT_TIMEOUT):
+    """scripts/rolling-restart ARGS: (exit status, output)."""
+    p = subprocess.run([SCRIPT] + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors='replace')
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class TakeoverScriptTest(AccountingChecks, unittest.TestCase):
+    """scripts/rolling-restart --ferry drives the takeover."""
+
+    def start(self, conf_extra=None):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        conf = dict(FERRY_CONF, takeover={'socket': os.path.join(tmp, 'takeover.sock')},
+                    fallback={'path': os.path.join(tmp, 'fallback.db')})
+        conf.update(conf_extra or {})
+        ferry = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        pidfile = os.path.join(tmp, 'ferry.pid')
+        with open(pidfile, 'w') as f:
+            f.write('%d\n' % ferry.pid)
+        return tmp, topo, ferry, pidfile
+
+    def script_args(self, ferry, pidfile):
+        return ['--ferry', '--ferry-instance', '%s:%s' % (ferry.config_path, pidfile),
+                '--ferry-bin', FERRY_BIN, '--step-timeout', '30']
+
+    def test_takeover_by_script_under_load(self):
+        tmp, topo, ferry, pidfile = self.start()
+        old_pid = ferry.pid
+        mc = topo.master().client(socket_timeout=5)
+        mc.delete('q', 'q2', 'tk:k')
+        sel = ferry.raw()
+        resp_send(sel, ['SELECT', '3'])
+        self.assertEqual(resp_read_reply(sel), 'OK')
+        blk = ferry.raw()
+        resp_send(blk, ['BRPOP', 'q2', '0'])
+        sub = ferry.raw()
+        resp_send(sub, ['SUBSCRIBE', 'tk:ch'])
+        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tk:ch', 1])
+        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
+                   msg='BRPOP q2 0 blocked on the master')
+        ports = [s.getsockname() for s in (sel, blk, sub)]
+
+        load = Load(ferry, 'takeover-script').start()
+        self.addCleanup(load.stop)
+        time.sleep(PRE_LOAD)
+        t_fault = now()
+        rc, out = run_script(self.script_args(ferry, pidfile))
+        took = now() - t_fault
+        print(out, flush=True)
+        old_proc = ferry.proc
+        try:
+            old_rc = old_proc.wait(10)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        new_pid = read_pid(pidfile)
+        # From here on the harness stops the new process (by pid).
+        ferry.proc, ferry.pid = PidProc(new_pid), new_pid
+        self.assertEqual(rc, 0, out + self.diag(topo, ferry))
+        self.assertEqual(old_rc, 0)
+        self.assertNotEqual(new_pid, old_pid)
+        self.assertIsNone(ferry.proc.poll(), 'the new ferry is not running')
+        time.sleep(POST_LOAD)
+
+        with self.subTest(check='the clients keep their sockets and their state'):
+            resp_send(sel, ['SET', 'tk:k', 'after'])
+            self.assertEqual(resp_read_reply(sel), 'OK')
+            self.assertEqual(current_master(topo).client(socket_timeout=5, db=3).get('tk:k'),
+                             'after')
+            current_master(topo).client(socket_timeout=5).lpush('q2', 'after-takeover')
+            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q2', b'after-takeover'])
+            pub = current_master(topo).client(socket_timeout=5)
+            wait_until(lambda: pub.publish('tk:ch', 'after') >= 1, timeout=10,
+                       msg='the subscriber to be subscribed again')
+            self.assertEqual(resp_read_reply(sub, timeout=5), [b'message', b'tk:ch', b'after'])
+            self.assertEqual([s.getsockname() for s in (sel, blk, sub)], ports)
+
+        res = load.finish(lambda: current_master(topo))
+        res.t_fault = t_fault
+        new_log = log_lines(ferry.log(), new_pid)
+        print(res.summary('takeover-script'), flush=True)
+        print('[takeover-script] the script took %.2fs; longest write gap %.0f ms during it, '
+              '%.0f ms before it (baseline), %.0f ms over the run' % (
+                  took, longest_gap(res, t_fault, t_fault + took),
+                  longest_gap(res, load.t_start, t_fault - 0.001), res.gap_ms), flush=True)
+        with self.subTest(check='the script reports the takeover'):
+            self.assertRegex(out, r'pid %d exited 0 after [\d.]+s, \d+ client\(s\) handed over, '
+                             r'0 closed after their replies; pid %d serves' % (old_pid, new_pid))
+            self.assertRegex(out, r'done: 1 ferry instance\(s\) restarted in [\d.]+s')
+        with self.subTest(check='nobody reconnected: the new process accepted one connection, '
+                          'the script\'s PING'):
+            accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
+            self.assertEqual(len(accepted), 1, accepted)
+        self.check_accounting(res, topo, ferry)
+        for s in (sel, blk, sub):
+            s.close()
+
+    def test_script_checks(self):
+        tmp, topo, ferry, pidfile = self.start()
+        args = self.script_args(ferry, pidfile)
+        with self.subTest(check='--dry-run changes nothing'):
+            rc, out = run_script(args + ['--dry-run'], timeout=60)
+            self.assertEqual(rc, 0, out)
+            self.assertIn('dry run: nothing was changed', out)
+            self.assertIn('--takeover %s' % os.path.join(tmp, 'takeover.sock'), out)
+            self.assertTrue(ferry.running())
+            self.assertEqual(read_pid(pidfile), ferry.pid)
+            self.assertNotIn('takeover: a new process connected', ferry.log())
+        with self.subTest(check='a ferry without takeover.socket is refused'):
+            other = os.path.join(tmp, 'other.yml')
+            with open(ferry.config_path) as f:
+                text = f.read()
+            with open(other, 'w') as f:
+                f.write(re.sub(r'(?ms)^takeover:\n(\s+.*\n)*', '', text))
+            rc, out = run_script(['--ferry', '--ferry-instance', '%s:%s' % (other, pidfile),
+                                  '--ferry-bin', FERRY_BIN], timeout=60)
+            self.assertEqual(rc, 1, out)
+            self.assertIn('FAILED: other: takeover.socket is not set in %s' % other, out)
+        with self.subTest(check='a pid file naming no process is refused'):
+            dead = os.path.join(tmp, 'dead.pid')
+            p = subprocess.Popen(['true'])
+            p.wait()
+            with open(dead, 'w') as f:
+                f.write('%d\n' % p.pid)
+            rc, out = run_script(['--ferry', '--ferry-instance', '%s:%s' % (
+                ferry.config_path, dead), '--ferry-bin', FERRY_BIN], timeout=60)
+            self.assertEqual(rc, 1, out)
+            self.assertIn('is not running', out)
+        with self.subTest(check='a new process that cannot start leaves the old one serving'):
+            bad = os.path.join(tmp, 'bad-ferry')
+            with open(bad, 'w') as f:
+                f.write('#!/bin/sh\n[ "$1" = -t ] && exit 0\necho cannot start >&2\nexit 3\n')
+            os.chmod(bad, 0o755)
+            rc, out = run_script(['--ferry', '--ferry-instance', '%s:%s' % (
+                ferry.config_path, pidfile), '--ferry-bin', bad, '--step-timeout', '10'],
+                timeout=60)
+            self.assertEqual(rc, 1, out)
+            self.assertRegex(out, r'FAILED: ferry: the new process \(pid \d+\) exited with '
+                             r'status 3 before pid %d was done; pid %d keeps serving'
+                             % (ferry.pid, ferry.pid))
+            self.assertTrue(ferry.running())
+            self.assertEqual(read_pid(pidfile), ferry.pid)
+            self.assertEqual(ferry.client().ping(), True)
 
 
 if __name__ == '__main__':
