@@ -1368,6 +1368,11 @@ static void tk_ready_cb(uv_timer_t *t)
     }
     uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
     tk->scan = NULL;
+    /* Before ACCEPTING: the old process may exit right after it, and systemd
+     * must know the new main process by then (it reads notifications before
+     * exits, so one sent first is seen first). */
+    snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
+    takeover_sd_notify(msg);
     buf_init(&none);
     int rc = tk_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
     if (rc < 0) {
@@ -1384,8 +1389,6 @@ static void tk_ready_cb(uv_timer_t *t)
                      (unsigned long long)waited);
         }
     }
-    snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
-    takeover_sd_notify(msg);
 }
 
 static void tk_sink_finish(takeover *tk, const char *why)

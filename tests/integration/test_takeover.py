@@ -30,12 +30,20 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          without takeover.socket or with a dead pid is
                          refused, a new process that exits at once leaves the
                          old one serving
+  TakeoverSystemdReloadTest  scripts/ferry.service's ExecReload lines run by
+                         hand (what systemd replaces in them replaced) against
+                         a ferry started as its ExecStart starts it, with
+                         NOTIFY_SOCKET: exit 0, MAINPID=<new pid> notified,
+                         the old process exited 0, a client keeps its
+                         connection, a second reload works too; without a
+                         takeover socket the reload fails and ferry serves on
 
 Run:  python3 -m unittest test_takeover -v
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 """
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -318,16 +326,27 @@ class TakeoverRefusedTest(unittest.TestCase):
 
 
 class PidProc:
-    """A process this test did not start (the script started it), with the
-    Popen methods the harness uses to stop it."""
+    """A process this test did not start itself (a script or a shell did),
+    with the Popen methods the harness uses to stop it. When it is a child
+    of this process after all (a subreaper adopts orphans), its exit status
+    is read; otherwise an exit reads as 0."""
 
     def __init__(self, pid):
         self.pid = pid
         self.returncode = None
 
     def poll(self):
-        if self.returncode is None and not _running(self.pid):
-            self.returncode = 0  # not our child: its status is not ours to read
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        except ChildProcessError:
+            pass
+        if not _running(self.pid):
+            self.returncode = 0
         return self.returncode
 
     def send_signal(self, sig):
@@ -506,6 +525,175 @@ class TakeoverScriptTest(AccountingChecks, unittest.TestCase):
             self.assertTrue(ferry.running())
             self.assertEqual(read_pid(pidfile), ferry.pid)
             self.assertEqual(ferry.client().ping(), True)
+
+
+UNIT = os.path.join(REPO, 'scripts', 'ferry.service')
+RELOAD_TIMEOUT = 60          # s, one ExecReload command
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+def unit_commands(key, pid, conf, sock):
+    """The unit's KEY= command lines (ExecStart, ExecReload, ...) as argv
+    lists, with what systemd replaces in them ($MAINPID, $$) and the unit's
+    paths replaced by this test's."""
+    out = []
+    with open(UNIT) as f:
+        for line in f:
+            if not line.startswith(key + '='):
+                continue
+            text = line[len(key) + 1:].strip()
+            text = text.replace('$$', '\0').replace('$MAINPID', str(pid)).replace('\0', '$')
+            text = (text.replace('/usr/local/bin/ferry', FERRY_BIN)
+                    .replace('/etc/ferry/ferry.yml', conf)
+                    .replace('/run/ferry/takeover.sock', sock))
+            out.append(shlex.split(text))
+    return out
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class TakeoverSystemdReloadTest(unittest.TestCase):
+    """scripts/ferry.service's ExecReload, run by hand against a ferry
+    started as its ExecStart starts it (Type=notify: NOTIFY_SOCKET set):
+    the reload exits 0 once the old process has exited (0), the new process
+    told systemd MAINPID=<its pid>, and a client keeps its connection; with
+    no takeover socket the reload fails (exit 1) and the old ferry serves."""
+
+    def start(self, tmp, takeover):
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        sock = os.path.join(tmp, 'takeover.sock')
+        port = free_port()
+        conf = os.path.join(tmp, 'ferry.yml')
+        with open(conf, 'w') as f:
+            f.write(render_yaml({
+                'listen': '127.0.0.1:%d' % port,
+                'stats': {'listen': '127.0.0.1:%d' % free_port()},
+                'redis': {'address': '127.0.0.1:%d' % redis_srv.port},
+                'log': {'level': 'debug', 'file': os.path.join(tmp, 'ferry.log')},
+                'takeover': {'socket': sock if takeover else ''},
+            }))
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(notify.close)
+        self.notify_path = os.path.join(tmp, 'notify.sock')
+        notify.bind(self.notify_path)
+        notify.settimeout(0.2)
+        [argv] = unit_commands('ExecStart', 0, conf, sock)
+        for pre in unit_commands('ExecStartPre', 0, conf, sock):
+            self.assertEqual(subprocess.run(pre, stdout=subprocess.DEVNULL, timeout=30).returncode,
+                             0, pre)
+        proc = harness._spawn(argv, os.path.join(tmp, 'ferry.out'),
+                              env=dict(os.environ, NOTIFY_SOCKET=self.notify_path))
+        self.addCleanup(harness._terminate, proc)
+        self.assertIn('READY=1', self.notifications(notify, 'READY=1'))
+        cli = socket.create_connection(('127.0.0.1', port), timeout=10)
+        self.addCleanup(cli.close)
+        resp_send(cli, ['SET', 'sd:k', 'before'])
+        self.assertEqual(resp_read_reply(cli), 'OK')
+        return conf, sock, proc, notify, cli
+
+    def notifications(self, notify, until, timeout=10):
+        got = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not any(until in m for m in got):
+            try:
+                got.append(notify.recv(4096).decode())
+            except socket.timeout:
+                pass
+        return '\n'.join(got)
+
+    def reload(self, main, conf, sock, tmp):
+        """Run the ExecReload lines as systemd does, one after the other
+        until one fails; meanwhile reap main (the service's main process)
+        once it exits, as systemd, its parent, would. Returns their exit
+        statuses."""
+        rcs = []
+        for argv in unit_commands('ExecReload', main.pid, conf, sock):
+            with open(os.path.join(tmp, 'reload.out'), 'ab') as out:
+                # With NotifyAccess=all systemd passes NOTIFY_SOCKET to
+                # ExecReload too: the new process reports MAINPID through it.
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, env=dict(
+                                         os.environ, NOTIFY_SOCKET=self.notify_path))
+            deadline = time.monotonic() + RELOAD_TIMEOUT
+            while p.poll() is None and time.monotonic() < deadline:
+                main.poll()
+                time.sleep(0.02)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+                self.fail('ExecReload still running after %ds: %r' % (RELOAD_TIMEOUT, argv))
+            rcs.append(p.returncode)
+            if p.returncode != 0:
+                break
+        return rcs
+
+    def setUp(self):
+        # Orphans (the process a reload starts, once its shell has exited)
+        # become this process's children, so their exit is seen and reaped
+        # here as systemd would (and not left to whatever init runs here).
+        if harness._libc is not None:
+            harness._libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            self.addCleanup(harness._libc.prctl, PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        self.tmp = tempfile.mkdtemp(prefix='ferry-sd-')
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+        self.addCleanup(self.stop_strays)
+
+    def stop_strays(self):
+        """A ferry a failed reload left running: found by this test's own
+        directory in its command line, stopped by pid."""
+        for d in os.listdir('/proc'):
+            if not d.isdigit():
+                continue
+            try:
+                with open('/proc/%s/cmdline' % d, 'rb') as f:
+                    cmd = f.read().decode(errors='replace')
+            except OSError:
+                continue
+            if self.tmp in cmd and '--takeover' in cmd:
+                harness._terminate(PidProc(int(d)), signal.SIGKILL)
+
+    def test_reload_is_a_takeover(self):
+        tmp = self.tmp
+        conf, sock, old, notify, cli = self.start(tmp, takeover=True)
+        port = cli.getsockname()
+        t0 = now()
+        rcs = self.reload(old, conf, sock, tmp)
+        took = now() - t0
+        msgs = self.notifications(notify, 'MAINPID=')
+        m = re.search(r'MAINPID=(\d+)', msgs)
+        self.assertIsNotNone(m, msgs)
+        new = PidProc(int(m.group(1)))
+        self.addCleanup(harness._terminate, new)
+        print('[systemd reload] ExecReload exit codes %r in %.2fs' % (rcs, took), flush=True)
+        self.assertEqual(rcs, [0, 0])
+        self.assertEqual(old.wait(5), 0)
+        self.assertNotEqual(new.pid, old.pid)
+        self.assertIsNone(new.poll())
+        resp_send(cli, ['GET', 'sd:k'])
+        self.assertEqual(resp_read_reply(cli), b'before')
+        self.assertEqual(cli.getsockname(), port)
+        log = harness._read(os.path.join(tmp, 'ferry.log'))
+        self.assertRegex(log, r'\S+ %d INFO  takeover: all 1 client\(s\) handed over' % old.pid)
+        # A second reload takes over from the process that took over.
+        rcs = self.reload(new, conf, sock, tmp)
+        self.assertEqual(rcs, [0, 0])
+        m2 = re.search(r'MAINPID=(\d+)', self.notifications(notify, 'MAINPID='))
+        self.assertIsNotNone(m2)
+        newer = PidProc(int(m2.group(1)))
+        self.addCleanup(harness._terminate, newer)
+        self.assertIsNotNone(new.poll())
+        resp_send(cli, ['GET', 'sd:k'])
+        self.assertEqual(resp_read_reply(cli), b'before')
+
+    def test_reload_without_takeover_socket_fails(self):
+        tmp = self.tmp
+        conf, sock, old, notify, cli = self.start(tmp, takeover=False)
+        rcs = self.reload(old, conf, sock, tmp)
+        self.assertEqual(rcs, [0, 1])
+        self.assertIsNone(old.poll())
+        resp_send(cli, ['GET', 'sd:k'])
+        self.assertEqual(resp_read_reply(cli), b'before')
+        self.assertNotIn('MAINPID=', self.notifications(notify, 'MAINPID=', timeout=0.5))
 
 
 if __name__ == '__main__':
