@@ -123,7 +123,7 @@ void backlog_tick(ferry *f, uint64_t now)
                                           ? "$-1\r\n"
                                           : "*-1\r\n";
                 f->stats.requests_timed_out_held++;
-                session_answer_str(s, r, expired);
+                session_answer_str(s, r, session_null(s, expired));
                 answered = 1;
                 continue;
             }

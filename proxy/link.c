@@ -27,17 +27,156 @@ static void link_client_id_done(link *l, request *r, const char *reply, size_t l
 
 /* ---------------------------------------------------------------- helpers */
 
+#define DOWNGRADE_MAX_DEPTH 32
+
+/* Line of the header at p[*at] (type byte excluded, CRLF not included). */
+static int downgrade_line(const char *p, size_t n, size_t *at, const char **line, size_t *len)
+{
+    const char *cr = *at < n ? memchr(p + *at, '\r', n - *at) : NULL;
+    if (cr == NULL || (size_t)(cr - p) + 1 >= n || cr[1] != '\n') {
+        return -1;
+    }
+    *line = p + *at + 1;
+    *len = (size_t)(cr - p) - *at - 1;
+    *at = (size_t)(cr - p) + 2;
+    return 0;
+}
+
+/* Append the RESP2 form of the RESP3 reply at p[*at] to out (maps and
+ * attributes' pairs, sets and pushes as arrays; null, booleans, doubles, big
+ * numbers and verbatim strings as RESP2 types; attributes dropped), so
+ * hiredis 0.14, which reads RESP2 only, can parse ferry's own replies on a
+ * RESP3 link. Returns 0, or -1 on malformed input. */
+static int downgrade(const char *p, size_t n, size_t *at, buf *out, int depth)
+{
+    const char *line;
+    size_t len;
+    char type;
+    long long cnt;
+
+    if (depth > DOWNGRADE_MAX_DEPTH || *at >= n) {
+        return -1;
+    }
+    type = p[*at];
+    if (downgrade_line(p, n, at, &line, &len) != 0) {
+        return -1;
+    }
+    switch (type) {
+    case '+':
+    case '-':
+    case ':':
+        buf_append(out, &type, 1);
+        buf_append(out, line, len);
+        buf_append(out, "\r\n", 2);
+        return 0;
+    case '_':
+        buf_append_str(out, "$-1\r\n");
+        return 0;
+    case '#':
+        buf_append_str(out, len == 1 && line[0] == 't' ? ":1\r\n" : ":0\r\n");
+        return 0;
+    case ',':
+    case '(':
+        buf_append_bulk(out, line, len);
+        return 0;
+    case '$':
+    case '=':
+    case '!': {
+        char tmp[24];
+        size_t tl = len < sizeof(tmp) - 1 ? len : sizeof(tmp) - 1;
+        memcpy(tmp, line, tl);
+        tmp[tl] = '\0';
+        cnt = strtoll(tmp, NULL, 10);
+        if (cnt < 0) {
+            buf_append_str(out, "$-1\r\n");
+            return 0;
+        }
+        if ((size_t)cnt > n - *at || n - *at - (size_t)cnt < 2) {
+            return -1;
+        }
+        const char *data = p + *at;
+        size_t dl = (size_t)cnt;
+        *at += dl + 2;
+        if (type == '=' && dl >= 4) {
+            data += 4; /* "txt:" or "mkd:" */
+            dl -= 4;
+        }
+        if (type == '!') {
+            buf_append(out, "-", 1);
+            buf_append(out, data, dl);
+            buf_append(out, "\r\n", 2);
+        } else {
+            buf_append_bulk(out, data, dl);
+        }
+        return 0;
+    }
+    case '*':
+    case '~':
+    case '>':
+    case '%':
+    case '|': {
+        char tmp[24];
+        size_t tl = len < sizeof(tmp) - 1 ? len : sizeof(tmp) - 1;
+        memcpy(tmp, line, tl);
+        tmp[tl] = '\0';
+        cnt = strtoll(tmp, NULL, 10);
+        if (cnt < 0) {
+            buf_append_str(out, "*-1\r\n");
+            return 0;
+        }
+        if (type == '%' || type == '|') {
+            cnt *= 2;
+        }
+        if (type == '|') {
+            buf skip;
+            buf_init(&skip);
+            for (long long i = 0; i < cnt; i++) {
+                if (downgrade(p, n, at, &skip, depth + 1) != 0) {
+                    buf_free(&skip);
+                    return -1;
+                }
+            }
+            buf_free(&skip);
+            return downgrade(p, n, at, out, depth + 1); /* the reply it annotates */
+        }
+        buf_append_count(out, '*', (size_t)cnt);
+        for (long long i = 0; i < cnt; i++) {
+            if (downgrade(p, n, at, out, depth + 1) != 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
 redisReply *link_parse_reply(const char *p, size_t n)
 {
     void *reply = NULL;
+    buf resp2;
+    buf_init(&resp2);
+    if (n > 0 && p[0] != '\0' && strchr("*_#,(=!~>%|", p[0]) != NULL) {
+        /* RESP3 (or an array that may hold RESP3 elements): as RESP2. */
+        size_t at = 0;
+        if (downgrade(p, n, &at, &resp2, 0) != 0) {
+            buf_free(&resp2);
+            return NULL;
+        }
+        p = buf_head(&resp2);
+        n = buf_used(&resp2);
+    }
     redisReader *rd = redisReaderCreate();
     if (rd == NULL) {
+        buf_free(&resp2);
         return NULL;
     }
     if (redisReaderFeed(rd, p, n) != REDIS_OK || redisReaderGetReply(rd, &reply) != REDIS_OK) {
         reply = NULL;
     }
     redisReaderFree(rd);
+    buf_free(&resp2);
     return reply;
 }
 
@@ -94,7 +233,7 @@ int link_connected(const link *l)
 
 /* ------------------------------------------------------------- lifecycle */
 
-link *link_new(upstream *up, link_kind kind)
+link *link_new(upstream *up, link_kind kind, int proto)
 {
     ferry *f = up->f;
     link *l = xcalloc(1, sizeof(*l));
@@ -106,6 +245,7 @@ link *link_new(upstream *up, link_kind kind)
     l->kind = kind;
     l->slot = -1;
     l->epoch = up->epoch;
+    l->proto = proto == 3 ? 3 : 2;
     l->state = LINK_CONNECTING;
     outq_init(&l->out);
     buf_init(&l->in);
@@ -140,14 +280,21 @@ link *link_new(upstream *up, link_kind kind)
         uv_close(&l->io.h, link_close_cb);
         return NULL;
     }
-    log_debug("link %llu: connecting to %s (%s, epoch %llu)", (unsigned long long)l->id, up->name,
+    log_debug("link %llu: connecting to %s (%s, RESP%d, epoch %llu)", (unsigned long long)l->id,
+              up->name,
               kind == LINK_SHARED  ? "shared"
               : kind == LINK_PROBE ? "probe"
                                    : "dedicated",
-              (unsigned long long)l->epoch);
+              l->proto, (unsigned long long)l->epoch);
     /* Redis handles these before anything queued behind them. */
     const config *cfg = f->cfg;
-    if (cfg->redis_password != NULL) {
+    if (l->proto == 3) {
+        /* HELLO 3 switches the protocol and authenticates in one step. */
+        const char *argv[] = {"HELLO", "3", "AUTH",
+                              cfg->redis_username != NULL ? cfg->redis_username : "default",
+                              cfg->redis_password};
+        link_internal(l, argv, cfg->redis_password != NULL ? 5 : 2, fence_auth_done, 0);
+    } else if (cfg->redis_password != NULL) {
         if (cfg->redis_username != NULL) {
             const char *argv[] = {"AUTH", cfg->redis_username, cfg->redis_password};
             link_internal(l, argv, 3, fence_auth_done, 0);
@@ -329,11 +476,12 @@ static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
     b->len = l->in.cap - l->in.len;
 }
 
-/* A "subscribe"/"psubscribe"/"ssubscribe" confirmation (RESP2). */
+/* A "subscribe"/"psubscribe"/"ssubscribe" confirmation (RESP2, or a RESP3 push). */
 static int is_subscribe_confirmation(const char *p, size_t n)
 {
-    static const char *const heads[] = {"*3\r\n$9\r\nsubscribe\r\n", "*3\r\n$10\r\npsubscribe\r\n",
-                                        "*3\r\n$10\r\nssubscribe\r\n"};
+    static const char *const heads[] = {
+        "*3\r\n$9\r\nsubscribe\r\n", "*3\r\n$10\r\npsubscribe\r\n", "*3\r\n$10\r\nssubscribe\r\n",
+        ">3\r\n$9\r\nsubscribe\r\n", ">3\r\n$10\r\npsubscribe\r\n", ">3\r\n$10\r\nssubscribe\r\n"};
     for (size_t i = 0; i < sizeof(heads) / sizeof(heads[0]); i++) {
         if (starts(p, n, heads[i]) && n > strlen(heads[i])) {
             return 1;
@@ -342,9 +490,33 @@ static int is_subscribe_confirmation(const char *p, size_t n)
     return 0;
 }
 
+/* A RESP3 push frame: never the reply to a request. On a dedicated link
+ * it is its client's out-of-band data (pub/sub messages, CLIENT TRACKING
+ * invalidations); on a shared link nobody asked for it. */
+static void link_on_push(link *l, const char *p, size_t n)
+{
+    if (l->swallow > 0 && is_subscribe_confirmation(p, n)) {
+        l->swallow--; /* ferry's own re-subscription, not the client's */
+    } else if (l->kind == LINK_DEDICATED && l->owner != NULL) {
+        if (l->passthrough) {
+            session_on_stream(l->owner, p, n);
+        } else {
+            session_on_push(l->owner, p, n);
+        }
+    } else if (l->kind == LINK_DEDICATED) {
+        log_debug("link %llu: push frame without a client dropped", (unsigned long long)l->id);
+    } else {
+        link_close(l, "push frame on a shared link (protocol error)");
+    }
+}
+
 /* One complete reply: to the oldest pending request, or down the tunnel. */
 static void link_deliver(link *l, const char *p, size_t n)
 {
+    if (p[0] == '>') {
+        link_on_push(l, p, n);
+        return;
+    }
     list_node *node = list_first(&l->pending);
     if (node == NULL) {
         if (l->passthrough && l->swallow > 0 && is_subscribe_confirmation(p, n)) {

@@ -73,11 +73,13 @@ typedef struct link {
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */
     long long redis_id;         /* dedicated: CLIENT ID on Redis (CLIENT UNBLOCK), 0 unknown */
+    int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
 } link;
 
-/* Open a link of this kind to up's current target (AUTH queued first when
- * configured). Returns NULL (logged, handle closing) if connect fails at once. */
-link *link_new(struct upstream *up, link_kind kind);
+/* Open a link of this kind to up's current target speaking RESP proto (2 or
+ * 3: AUTH, or HELLO 3 with AUTH, queued first). Returns NULL (logged, handle
+ * closing) if connect fails at once. */
+link *link_new(struct upstream *up, link_kind kind, int proto);
 /* The one setter of l->state: asserts the move is legal, logs it at debug. */
 void link_set_state(link *l, link_state st);
 /* Connected: bytes queued now are written this turn. */
@@ -101,7 +103,8 @@ void link_flush(link *l);
  * (retried or answered), the owner is told, the reason is logged. */
 void link_close(link *l, const char *reason);
 
-/* Helpers for ferry's own replies (not the hot path). */
+/* Helpers for ferry's own replies (not the hot path). RESP3 replies are
+ * read as their RESP2 form (hiredis 0.14 reads RESP2 only). */
 redisReply *link_parse_reply(const char *p, size_t n); /* returns new, or NULL */
 void link_error_text(const char *p, size_t n, char *out, size_t len);
 /* Redis refused without applying anything because it is not (or no longer)

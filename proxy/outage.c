@@ -278,7 +278,7 @@ static int arg_count(const resp_arg *a, size_t *out)
     return 0;
 }
 
-static void append_double(buf *b, double d)
+static void append_double(buf *b, double d, int proto)
 {
     char tmp[64];
     if (d == 1.0 / 0.0) {
@@ -287,6 +287,12 @@ static void append_double(buf *b, double d)
         snprintf(tmp, sizeof(tmp), "-inf");
     } else {
         snprintf(tmp, sizeof(tmp), "%.17g", d);
+    }
+    if (proto == 3) {
+        buf_append(b, ",", 1); /* RESP3 double */
+        buf_append_str(b, tmp);
+        buf_append(b, "\r\n", 2);
+        return;
     }
     buf_append_bulk(b, tmp, strlen(tmp));
 }
@@ -457,8 +463,13 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
     }
     f->stats.fallback_popped += res->nitems;
     buf_init(&b);
-    if (res->nitems == 0) {
-        buf_append_str(&b, op->with_count || op->zset ? "*-1\r\n" : "$-1\r\n");
+    int proto = r->s != NULL ? r->s->proto : 2;
+    if (res->nitems == 0 && op->zset && !op->blocking) {
+        buf_append_str(&b, "*0\r\n"); /* ZPOPMIN/ZPOPMAX on nothing: empty array */
+    } else if (res->nitems == 0) {
+        buf_append_str(&b, proto == 3                   ? "_\r\n"
+                           : op->with_count || op->zset ? "*-1\r\n"
+                                                        : "$-1\r\n");
     } else if (op->move) {
         buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
     } else if (op->blocking) {
@@ -466,13 +477,21 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         buf_append_bulk(&b, op->key, op->keylen);
         buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
         if (op->zset) {
-            append_double(&b, res->items[0].score);
+            append_double(&b, res->items[0].score, proto);
+        }
+    } else if (op->zset && proto == 3 && op->with_count) {
+        /* RESP3 ZPOPMIN key count: one [member, score] pair per item. */
+        buf_append_count(&b, '*', res->nitems);
+        for (size_t i = 0; i < res->nitems; i++) {
+            buf_append_count(&b, '*', 2);
+            buf_append_bulk(&b, res->items[i].member, res->items[i].memberlen);
+            append_double(&b, res->items[i].score, proto);
         }
     } else if (op->zset) {
         buf_append_count(&b, '*', res->nitems * 2);
         for (size_t i = 0; i < res->nitems; i++) {
             buf_append_bulk(&b, res->items[i].member, res->items[i].memberlen);
-            append_double(&b, res->items[i].score);
+            append_double(&b, res->items[i].score, proto);
         }
     } else if (op->with_count) {
         buf_append_count(&b, '*', res->nitems);
@@ -861,7 +880,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
     ferry *f = o->f;
     upstream *up = f->up;
     uint64_t now = uv_now(f->loop);
-    link *l = upstream_shared(up, 0);
+    link *l = upstream_shared(up, 0, 2);
 
     if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
         round_fail(o, status < 0 ? errstr : "no master");
@@ -963,7 +982,7 @@ static void replay_next(struct outage *o)
     upstream *up = f->up;
     uint64_t now = uv_now(f->loop);
     if (o->rstate != REPLAY_IDLE || up->state != UP_UP || o->pending_ops > 0 ||
-        fallback_rows(o->fb) == 0 || now < o->next_round_ms || upstream_shared(up, 0) == NULL) {
+        fallback_rows(o->fb) == 0 || now < o->next_round_ms || upstream_shared(up, 0, 2) == NULL) {
         return;
     }
     o->round++;

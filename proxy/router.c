@@ -61,10 +61,20 @@ enum {
     HELLO_SYNTAX = 5
 };
 
+#define HELLO_PROTO_SHIFT 4 /* r->arg of HELLO: result | protocol asked (0: none) << 4 */
+
+/* r->arg of CLIENT TRACKING (RT_STICKY). */
+enum { TRACK_NONE = 0, TRACK_ON, TRACK_OFF };
+
 enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
 static int router_pinned(const session *s);
 static tx_state tx_after_loss(tx_state st);
+static void sticky_add(session *s, const char *p, size_t n);
+static void tracking_flush(session *s, const char *why);
+static void sticky_done(link *l, request *r, const char *reply, size_t len);
+static size_t send_each(link *l, const buf *b, req_done_cb done);
+static void tx_rebuild(session *s, link *l);
 
 /* ------------------------------------------------------------------ states */
 
@@ -105,6 +115,7 @@ static void router_set_tx(session *s, tx_state st)
               tx_name(st));
     if (st == TX_NONE) {
         s->tx_writes = 0;
+        s->tx_dirty = 0;
         buf_clear(&s->tx_log);
         buf_shrink(&s->tx_log, 4096);
     }
@@ -133,6 +144,11 @@ int router_holds_state(const session *s)
     return s->tx == TX_WATCHING || s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
 }
 
+int router_link_bound(const session *s)
+{
+    return router_holds_state(s) || s->sticky || s->tunnel != TUN_NONE;
+}
+
 static int in_multi(const session *s)
 {
     return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_MULTI_REBUILD ||
@@ -145,10 +161,17 @@ static int router_pinned(const session *s)
            (s->tx != TX_NONE && s->tx != TX_WATCH_LOST && s->tx != TX_MULTI_WATCH_LOST);
 }
 
-void router_restore(session *s, int db, int pubsub)
+void router_restore(session *s, const session_import *im)
 {
-    s->db = db;
-    if (pubsub) {
+    s->proto = im->proto;
+    s->db = im->db;
+    s->sticky = im->sticky;
+    buf_append(&s->sticky_log, im->settings, im->nsettings);
+    s->tracking = im->tracking;
+    if (s->tracking) {
+        tracking_flush(s, "taken over from another ferry process");
+    }
+    if (im->pubsub) {
         router_set_tunnel(s, TUN_PUBSUB);
         router_set_tunnel(s, TUN_PUBSUB_LOST); /* no link yet: subscribed again */
     }
@@ -315,16 +338,23 @@ static void classify_hello(ferry *f, request *r, const resp_request *req)
         r->arg = HELLO_BADPROTO;
         return;
     }
-    if (ver != 2) {
+    if (ver != 2 && ver != 3) {
         r->arg = HELLO_NOPROTO;
         return;
     }
+    r->arg = HELLO_OK | (ver << HELLO_PROTO_SHIFT);
     for (size_t i = 2; i < req->argc; i++) {
         if (arg_eq(&argv[i], "auth") && i + 2 < req->argc) {
             int ok = password_ok(f, &argv[i + 1], &argv[i + 2]);
-            r->arg = ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL;
+            r->arg = (ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL) | (ver << HELLO_PROTO_SHIFT);
             i += 2;
         } else if (arg_eq(&argv[i], "setname") && i + 1 < req->argc) {
+            /* Kept as the CLIENT SETNAME it stands for (applied on success). */
+            buf_clear(&r->data);
+            buf_append_count(&r->data, '*', 3);
+            buf_append_bulk(&r->data, "CLIENT", 6);
+            buf_append_bulk(&r->data, "SETNAME", 7);
+            buf_append_bulk(&r->data, argv[i + 1].ptr, argv[i + 1].len);
             i += 1;
         } else {
             r->arg = HELLO_SYNTAX;
@@ -421,8 +451,24 @@ int router_classify(session *s, request *r, const resp_request *req)
         }
         if (strcmp(cmd->name, "monitor") == 0 || strcmp(cmd->name, "client|reply") == 0) {
             r->route = RT_TUNNEL;
-        } else {
-            r->route = RT_STICKY;
+            return 0;
+        }
+        r->route = RT_STICKY;
+        if (strcmp(cmd->name, "client|tracking") == 0 && argc >= 3) {
+            for (size_t i = 3; i < argc; i++) {
+                if (arg_eq(&argv[i], "redirect")) {
+                    /* The id a client learns from CLIENT ID names one of
+                     * ferry's links, and changes at every failover. */
+                    set_error(r,
+                              "-ERR ferry: CLIENT TRACKING REDIRECT is not supported through "
+                              "the proxy (client ids are ferry's links); use RESP3 (HELLO 3), "
+                              "whose invalidations come on the same connection\r\n%s",
+                              "");
+                    f->stats.commands_denied++;
+                    return 1;
+                }
+            }
+            r->arg = arg_eq(&argv[2], "on") ? TRACK_ON : TRACK_OFF;
         }
         return 0;
     case CMD_LOCAL:
@@ -456,10 +502,64 @@ int router_classify(session *s, request *r, const resp_request *req)
 
 /* ---------------------------------------------------------- local answers */
 
+/* HELLO's map: Redis' fields, with the values a client needs (the protocol
+ * it now speaks, its id in ferry), plus "proxy" naming ferry. "version" is
+ * the Redis version whose commands ferry follows, "mode" and "role" what
+ * ferry presents (one master, standalone). */
+static void hello_reply(session *s, request *r)
+{
+    buf b;
+    char id[32];
+    buf_init(&b);
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)s->id);
+    if (s->proto == 3) {
+        buf_append_count(&b, '%', 8);
+    } else {
+        buf_append_count(&b, '*', 16);
+    }
+    buf_append_bulk(&b, "server", 6);
+    buf_append_bulk(&b, "redis", 5);
+    buf_append_bulk(&b, "version", 7);
+    buf_append_bulk(&b, FERRY_REDIS_VERSION, strlen(FERRY_REDIS_VERSION));
+    buf_append_bulk(&b, "proto", 5);
+    buf_append_str(&b, s->proto == 3 ? ":3\r\n" : ":2\r\n");
+    buf_append_bulk(&b, "id", 2);
+    buf_append_str(&b, ":");
+    buf_append_str(&b, id);
+    buf_append_str(&b, "\r\n");
+    buf_append_bulk(&b, "mode", 4);
+    buf_append_bulk(&b, "standalone", 10);
+    buf_append_bulk(&b, "role", 4);
+    buf_append_bulk(&b, "master", 6);
+    buf_append_bulk(&b, "modules", 7);
+    buf_append_str(&b, "*0\r\n");
+    buf_append_bulk(&b, "proxy", 5);
+    buf_append_bulk(&b, "ferry " FERRY_VERSION, strlen("ferry " FERRY_VERSION));
+    session_answer(s, r, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+}
+
+/* The client switches protocol: so does its dedicated link, behind what it
+ * already carries (their replies come in the protocol they were sent in). */
+static void switch_proto(session *s, int proto)
+{
+    static const char *const hello2[] = {"HELLO", "2"};
+    static const char *const hello3[] = {"HELLO", "3"};
+    if (s->proto == proto) {
+        return;
+    }
+    log_debug("client %llu: RESP%d -> RESP%d", (unsigned long long)s->id, s->proto, proto);
+    s->proto = proto;
+    if (s->dlink != NULL && s->dlink->state != LINK_CLOSING) {
+        link_internal(s->dlink, proto == 3 ? hello3 : hello2, 2, NULL, 0);
+        s->dlink->proto = proto;
+    }
+}
+
 static void answer_hello(session *s, request *r)
 {
-    char line[512];
-    switch (r->arg) {
+    int proto = (int)(r->arg >> HELLO_PROTO_SHIFT);
+    switch (r->arg & ((1 << HELLO_PROTO_SHIFT) - 1)) {
     case HELLO_NOPROTO:
         session_answer_str(s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
         return;
@@ -489,12 +589,27 @@ static void answer_hello(session *s, request *r)
         }
         break;
     }
-    int n = snprintf(line, sizeof(line),
-                     "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$%zu\r\n%s\r\n"
-                     "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n:%llu\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n"
-                     "$4\r\nrole\r\n$6\r\nmaster\r\n$7\r\nmodules\r\n*0\r\n",
-                     strlen(FERRY_REDIS_VERSION), FERRY_REDIS_VERSION, (unsigned long long)s->id);
-    session_answer(s, r, line, (size_t)n);
+    if (proto != 0 && proto != s->proto && s->tunnel != TUN_NONE) {
+        /* A tunnel's bytes pass as Redis sends them: they cannot change
+         * protocol half way. */
+        session_answer_str(s, r,
+                           "-ERR ferry: HELLO cannot change the protocol of a connection in "
+                           "pub/sub, MONITOR or CLIENT REPLY mode\r\n");
+        return;
+    }
+    if (proto != 0) {
+        switch_proto(s, proto);
+    }
+    if (buf_used(&r->data) > 0) {
+        /* HELLO ... SETNAME: the name lives on the client's own link, as
+         * CLIENT SETNAME's does. */
+        sticky_add(s, buf_head(&r->data), buf_used(&r->data));
+        if (s->dlink != NULL && s->dlink->state != LINK_CLOSING) {
+            link_internal_raw(s->dlink, buf_head(&r->data), buf_used(&r->data), sticky_done);
+        }
+        s->sticky = 1;
+    }
+    hello_reply(s, r);
 }
 
 static void answer_auth(session *s, request *r)
@@ -528,7 +643,23 @@ static void do_reset(session *s, request *r)
     sub_sets_free(s->subs);
     s->subs = NULL;
     s->authed = s->f->cfg->client_password == NULL;
+    s->proto = 2; /* RESET goes back to RESP2, as on Redis */
+    s->tracking = 0;
+    buf_free(&s->sticky_log);
     session_answer_str(s, r, "+RESET\r\n");
+}
+
+/* ferry refused r inside a MULTI: the transaction is aborted at EXEC, as
+ * Redis aborts one after refusing a command; a command Redis never allows
+ * in a transaction gets Redis' own words. */
+static void refuse_in_multi(session *s, request *r)
+{
+    static const char no_multi[] = "-ERR Command not allowed inside a transaction\r\n";
+    s->tx_dirty = 1;
+    if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
+        buf_clear(&r->reply);
+        buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
+    }
 }
 
 /* A transaction whose WATCH broke with its link: nothing goes to Redis;
@@ -540,7 +671,7 @@ static int dispatch_watch_lost(session *s, request *r)
     case RT_EXEC:
         router_set_tx(s, TX_NONE);
         s->f->stats.transactions_watch_lost++;
-        session_answer_str(s, r, "*-1\r\n");
+        session_answer_str(s, r, session_null(s, "*-1\r\n"));
         break;
     case RT_DISCARD:
         router_set_tx(s, TX_NONE);
@@ -559,6 +690,95 @@ static int dispatch_watch_lost(session *s, request *r)
     return DISPATCH_DONE;
 }
 
+/* ----------------------------------------------------- connection settings */
+
+/* Reply to a replayed CLIENT SETNAME/TRACKING... on a new link. */
+static void sticky_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: Redis refused a connection setting ferry restored: %s",
+                 (unsigned long long)l->id, why);
+    }
+}
+
+/* Same command (first two words, any case)? */
+static int same_command(const resp_request *a, const resp_request *b)
+{
+    size_t n = a->argc < 2 ? a->argc : 2;
+    if (a->argc < n || b->argc < n) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (a->argv[i].len != b->argv[i].len ||
+            strncasecmp(a->argv[i].ptr, b->argv[i].ptr, a->argv[i].len) != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Keep the setting encoded in p[0..n) in s->sticky_log, in place of an
+ * earlier one of the same command: the log is what a new link replays. */
+static void sticky_add(session *s, const char *p, size_t n)
+{
+    buf keep;
+    resp_parser *np = resp_parser_new(NULL);
+    resp_parser *op = resp_parser_new(NULL);
+    resp_request nr;
+    buf_init(&keep);
+    if (resp_parse_request(np, p, n, &nr) == RESP_OK) {
+        const char *q = buf_head(&s->sticky_log);
+        size_t left = buf_used(&s->sticky_log);
+        resp_request orq;
+        while (left > 0 && resp_parse_request(op, q, left, &orq) == RESP_OK) {
+            if (!same_command(&orq, &nr)) {
+                buf_append(&keep, q, orq.len);
+            }
+            q += orq.len;
+            left -= orq.len;
+        }
+    }
+    buf_append(&keep, p, n);
+    resp_parser_free(np);
+    resp_parser_free(op);
+    buf_free(&s->sticky_log);
+    s->sticky_log = keep;
+}
+
+/* Redis accepted a connection setting (CLIENT SETNAME, TRACKING, ...). */
+static void sticky_accepted(session *s, request *r)
+{
+    if (r->cmd != NULL && strcmp(r->cmd->name, "client|caching") == 0) {
+        return; /* it applies to the next command only */
+    }
+    if (r->arg == TRACK_ON || r->arg == TRACK_OFF) {
+        s->tracking = r->arg == TRACK_ON;
+    }
+    sticky_add(s, buf_head(&r->data), buf_used(&r->data));
+}
+
+/* Lend s a dedicated link and restore on it the connection settings s made
+ * on its earlier ones (CLIENT SETNAME, TRACKING...) and an open MULTI
+ * being rebuilt. NULL when no master is UP. */
+static link *router_lend(session *s)
+{
+    link *l = upstream_lend(s->f->up, s);
+    if (l == NULL) {
+        return NULL;
+    }
+    if (buf_used(&s->sticky_log) > 0) {
+        size_t n = send_each(l, &s->sticky_log, sticky_done);
+        log_debug("client %llu: %zu connection setting(s) restored on link %llu",
+                  (unsigned long long)s->id, n, (unsigned long long)l->id);
+    }
+    if (s->tx == TX_MULTI_REBUILD) {
+        tx_rebuild(s, l);
+    }
+    return l;
+}
+
 /* Rebuild an open MULTI on a new dedicated link: MULTI and every command
  * Redis had queued (s->tx_log), sent as ferry's own requests, their replies
  * dropped (the client had its +QUEUED already). */
@@ -572,25 +792,33 @@ static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
     }
 }
 
-static void tx_rebuild(session *s, link *l)
+/* Send every request encoded in b on l as one of ferry's own (done gets
+ * each reply). Returns how many. */
+static size_t send_each(link *l, const buf *b, req_done_cb done)
 {
-    const char *p = buf_head(&s->tx_log);
-    size_t left = buf_used(&s->tx_log);
+    const char *p = buf_head(b);
+    size_t left = buf_used(b);
     resp_parser *pp = resp_parser_new(NULL);
     size_t n = 0;
-    static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
-    link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
     while (left > 0) {
         resp_request req;
         if (resp_parse_request(pp, p, left, &req) != RESP_OK) {
             break;
         }
-        link_internal_raw(l, p, req.len, tx_rebuilt_cb);
+        link_internal_raw(l, p, req.len, done);
         p += req.len;
         left -= req.len;
         n++;
     }
     resp_parser_free(pp);
+    return n;
+}
+
+static void tx_rebuild(session *s, link *l)
+{
+    static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
+    link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
+    size_t n = send_each(l, &s->tx_log, tx_rebuilt_cb);
     router_set_tx(s, TX_MULTI);
     s->f->stats.transactions_rebuilt++;
     log_info("client %llu: transaction rebuilt on link %llu (%zu command(s) queued again)",
@@ -601,7 +829,7 @@ static void tx_rebuild(session *s, link *l)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = upstream_lend(s->f->up, s);
+    link *l = router_lend(s);
     if (l == NULL) {
         return 0;
     }
@@ -620,7 +848,7 @@ static int router_resubscribe(session *s)
     if (ss->shards.n > 0) {
         subs_encode(&b, "SSUBSCRIBE", &ss->shards);
     }
-    l->passthrough = 1;
+    l->passthrough = s->proto == 2; /* RESP3: request/reply, with pushes out of band */
     l->swallow = (int)(ss->channels.n + ss->patterns.n + ss->shards.n);
     link_send_raw(l, buf_head(&b), buf_used(&b));
     buf_free(&b);
@@ -657,6 +885,9 @@ static int dispatch_one(session *s, request *r)
     switch (r->route) {
     case RT_ERROR:
         /* The reply was composed when it was parsed. */
+        if (in_multi(s)) {
+            refuse_in_multi(s, r);
+        }
         request_set_state(r, REQ_ANSWERED);
         f->stats.commands_local++;
         return DISPATCH_DONE;
@@ -682,6 +913,17 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     default:
         break;
+    }
+    if (r->route == RT_EXEC && s->tx_dirty && in_multi(s)) {
+        /* As Redis does after refusing a command inside the transaction. */
+        static const char *const discard[] = {"DISCARD"};
+        if (s->dlink != NULL && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
+            link_internal(s->dlink, discard, 1, NULL, 0);
+        }
+        router_set_tx(s, TX_NONE);
+        session_answer_str(s, r,
+                           "-EXECABORT Transaction discarded because of previous errors.\r\n");
+        return DISPATCH_DONE;
     }
     if (s->tx == TX_MULTI_WATCH_LOST) {
         return dispatch_watch_lost(s, r);
@@ -713,7 +955,19 @@ static int dispatch_one(session *s, request *r)
         }
         upstream_return(up, s, 1, "lent by an old master");
     }
-    if (s->tunnel != TUN_NONE) {
+    /* A RESP3 client in pub/sub goes on issuing commands: its dedicated
+     * link stays request/reply and the pushes come out of band. */
+    int pubsub3 = s->proto == 3 && (s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
+    if (pubsub3 && s->dlink == NULL) {
+        return DISPATCH_DOWN; /* held until the subscriptions are rebuilt */
+    }
+    if (pubsub3 && r->route == RT_TUNNEL && r->cmd->cls != CMD_PUBSUB) {
+        session_answer_str(s, r,
+                           "-ERR ferry: MONITOR and CLIENT REPLY are not supported on a "
+                           "subscribed RESP3 connection\r\n");
+        return DISPATCH_DONE;
+    }
+    if (s->tunnel != TUN_NONE && !pubsub3) {
         if (s->dlink == NULL && s->tunnel == TUN_PUBSUB_LOST) {
             return DISPATCH_DOWN; /* held until the tunnel is rebuilt */
         }
@@ -765,7 +1019,8 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    if (r->route == RT_TUNNEL && s->inflight > 0) {
+    int push_sub = r->route == RT_TUNNEL && s->proto == 3 && r->cmd->cls == CMD_PUBSUB;
+    if (r->route == RT_TUNNEL && s->inflight > 0 && !push_sub) {
         return DISPATCH_WAIT; /* the tunnel starts once everything before is answered */
     }
     link *target;
@@ -774,13 +1029,11 @@ static int dispatch_one(session *s, request *r)
             if (s->inflight > 0) {
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
-            if (upstream_lend(up, s) != NULL && s->tx == TX_MULTI_REBUILD) {
-                tx_rebuild(s, s->dlink);
-            }
+            router_lend(s);
         }
         target = s->dlink;
     } else {
-        target = upstream_shared(up, s->id);
+        target = upstream_shared(up, s->id, s->proto);
     }
     if (target == NULL) {
         return DISPATCH_DOWN;
@@ -831,6 +1084,12 @@ static int dispatch_one(session *s, request *r)
         break;
     case RT_TUNNEL:
         router_set_tunnel(s, r->cmd != NULL && r->cmd->cls == CMD_PUBSUB ? TUN_PUBSUB : TUN_OTHER);
+        if (push_sub) {
+            /* RESP3: Redis confirms with push frames, not a reply. */
+            link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
+            session_answer(s, r, "", 0);
+            return DISPATCH_DONE;
+        }
         target->passthrough = 1;
         link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
         session_answer(s, r, "", 0);
@@ -855,7 +1114,7 @@ static int dispatch_one(session *s, request *r)
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
         r->flags &= ~REQ_F_REARM;
         if (done != 0) {
-            session_answer_str(s, r, expired); /* its time ran out meanwhile */
+            session_answer_str(s, r, session_null(s, expired)); /* its time ran out meanwhile */
             return DISPATCH_DONE;
         }
     }
@@ -940,6 +1199,9 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     }
     if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
         router_set_tx(s, TX_NONE);
+    }
+    if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
+        sticky_accepted(s, r);
     }
     session_answer(s, r, p, n);
     session_flush_answered(s);
@@ -1065,8 +1327,25 @@ static tx_state tx_after_loss(tx_state st)
     }
 }
 
+/* What a tracking client cached may have changed unseen (its link is
+ * gone): flush it all, as Redis does (an invalidate with a null key list);
+ * tracking is turned on again on its next link. */
+static void tracking_flush(session *s, const char *why)
+{
+    static const char flush[] = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
+    if (s->proto != 3) {
+        return; /* RESP2 tracking (REDIRECT) is refused */
+    }
+    session_on_push(s, flush, sizeof(flush) - 1);
+    log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
+             why);
+}
+
 void router_on_link_closed(session *s, link *l, const char *reason)
 {
+    if (s->tracking && !s->f->stopping) {
+        tracking_flush(s, reason);
+    }
     if (s->tunnel == TUN_PUBSUB && !s->f->stopping) {
         /* Pub/sub survives a failover: subscribe again on the next master. */
         router_set_tunnel(s, TUN_PUBSUB_LOST);

@@ -95,6 +95,7 @@ static void session_register(session *s, int is_unix)
     buf_init(&s->in);
     outq_init(&s->out);
     s->authed = f->cfg->client_password == NULL;
+    s->proto = 2;
     s->last_active_ms = uv_now(f->loop);
     list_add_tail(&f->idle, &s->idle_node);
     list_add_tail(&f->sessions, &s->node);
@@ -180,7 +181,7 @@ int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
                           offsetof(session, last_active_ms));
     s->subs = im->subs;
     im->subs = NULL;
-    router_restore(s, im->db, im->pubsub);
+    router_restore(s, im);
     log_debug("client %llu %s taken over (db %d%s, %zu byte(s) to parse)",
               (unsigned long long)s->id, s->peer, s->db, im->pubsub ? ", subscribed" : "",
               im->ninput);
@@ -341,6 +342,7 @@ static void session_close_cb(uv_handle_t *h)
     buf_free(&s->in);
     outq_free(&s->out);
     sub_sets_free(s->subs);
+    buf_free(&s->sticky_log);
     free(s);
 }
 
@@ -764,6 +766,45 @@ void session_on_stream(session *s, const char *p, size_t n)
     }
     session_output_grew(s);
     session_check_tunnel(s);
+}
+
+void session_on_push(session *s, const char *p, size_t n)
+{
+    if (s->state == SESSION_CLOSING) {
+        return;
+    }
+    /* Redis wrote the push after the replies to what it answered already
+     * and before the replies still to come: it goes ahead of the first
+     * request not answered yet (in flight or held), or last. */
+    list_node *at = &s->requests;
+    list_node *node;
+    list_foreach(node, &s->requests)
+    {
+        request *q = list_entry(node, request, sq);
+        if (q->state == REQ_SENT || q->state == REQ_HELD) {
+            at = node;
+            break;
+        }
+    }
+    if (list_empty(&s->requests)) {
+        buf_append(&s->out.fill, p, n);
+    } else {
+        request *r = request_new(s->f);
+        r->s = s;
+        r->seq = at == &s->requests ? s->next_seq++ : list_entry(at, request, sq)->seq;
+        request_set_state(r, REQ_ANSWERED);
+        buf_append(&r->reply, p, n);
+        list_add_tail(at, &r->sq); /* just before at */
+        s->nrequests++;
+        session_charge(s, r, sizeof(*r) + r->data.cap + r->reply.cap);
+        session_flush_answered(s);
+    }
+    session_output_grew(s);
+}
+
+const char *session_null(const session *s, const char *resp2)
+{
+    return s->proto == 3 ? "_\r\n" : resp2;
 }
 
 /* A tunnel's stream has no request to stop reading: its link stops reading

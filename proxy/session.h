@@ -81,6 +81,7 @@ typedef struct session {
     tx_state tx;               /* see tx_state */
     buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
     int tx_writes;             /* one of them may write: EXEC is a write */
+    int tx_dirty;              /* ferry refused a command inside it: EXEC gets -EXECABORT */
     int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */
     tunnel_state tunnel;       /* see tunnel_state */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
@@ -89,6 +90,9 @@ typedef struct session {
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
+    int proto;                 /* RESP version the client speaks: 2, or 3 after HELLO 3 */
+    int tracking;              /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
+    buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
 } session;
 
 #define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
@@ -100,15 +104,20 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix);
 /* A client connection handed over by another ferry process (takeover.c),
  * with the state its session had there. */
 typedef struct session_import {
-    int is_unix;         /* unix socket, else TCP */
-    int db;              /* database selected */
-    int authed;          /* AUTH accepted */
-    int pubsub;          /* subscribed: re-subscribe to subs */
-    const char *input;   /* bytes to parse first (the blocked call to re-issue, then */
-    size_t ninput;       /* the unparsed input, a partial request included); borrowed */
-    sub_sets *subs;      /* its subscriptions, or NULL; moved into the session (NULLed) */
-    uint64_t idle_ms;    /* time since it was last active (client.idle_timeout_ms) */
-    uint64_t partial_ms; /* age of the incomplete request in input (request_timeout_ms) */
+    int is_unix;          /* unix socket, else TCP */
+    int db;               /* database selected */
+    int authed;           /* AUTH accepted */
+    int pubsub;           /* subscribed: re-subscribe to subs */
+    int proto;            /* RESP version it speaks: 2, or 3 (HELLO 3) */
+    int sticky;           /* pinned for life (CLIENT SETNAME/TRACKING...) */
+    int tracking;         /* CLIENT TRACKING on: its cache is flushed first */
+    const char *settings; /* connection settings Redis accepted (sticky_log), */
+    size_t nsettings;     /* replayed on its next link; borrowed */
+    const char *input;    /* bytes to parse first (the blocked call to re-issue, then */
+    size_t ninput;        /* the unparsed input, a partial request included); borrowed */
+    sub_sets *subs;       /* its subscriptions, or NULL; moved into the session (NULLed) */
+    uint64_t idle_ms;     /* time since it was last active (client.idle_timeout_ms) */
+    uint64_t partial_ms;  /* age of the incomplete request in input (request_timeout_ms) */
 } session_import;
 
 /* Open a session on fd, a connected client socket, restoring im's state.
@@ -129,6 +138,12 @@ void session_answer_str(session *s, request *r, const char *text);
 void session_flush_answered(session *s);
 /* Bytes from a pass-through tunnel, kept in order with ferry's own replies. */
 void session_on_stream(session *s, const char *p, size_t n);
+/* A RESP3 push frame for s (out of band): written after every reply Redis
+ * sent before it, ahead of the requests it has not answered yet. */
+void session_on_push(session *s, const char *p, size_t n);
+/* The null reply in s's protocol: "_" in RESP3, resp2 (a "$-1" or "*-1"
+ * line) in RESP2. */
+const char *session_null(const session *s, const char *resp2);
 /* Stop reading a client whose work piles up; resume when it drains. */
 void session_check_reading(session *s);
 /* Remove r from the queue, keeping the dispatch cursor valid. */

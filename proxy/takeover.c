@@ -963,7 +963,8 @@ static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
 static void tk_ask_unblock(takeover *tk, tk_cancel *c, uint64_t now)
 {
     ferry *f = tk->f;
-    link *sh = f->up != NULL ? upstream_shared(f->up, c->sid) : NULL;
+    /* RESP2: the answer (:1 / :0) reads the same in both protocols. */
+    link *sh = f->up != NULL ? upstream_shared(f->up, c->sid, 2) : NULL;
     if (sh == NULL) {
         c->next_try = now + TAKEOVER_UNBLOCK_RETRY_MS;
         return;
@@ -1012,8 +1013,10 @@ static int tk_hand(takeover *tk, session *s, const request *call)
     }
     buf_init(&b);
     put_u32(&b, s->io.h.type == UV_NAMED_PIPE);
-    put_u32(&b, 2); /* RESP2: the only protocol ferry speaks to clients (HELLO 3 is refused) */
+    put_u32(&b, (uint32_t)s->proto);
     put_u32(&b, (uint32_t)s->authed);
+    put_u32(&b, (uint32_t)s->sticky);
+    put_u32(&b, (uint32_t)s->tracking);
     put_u32(&b, s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
     put_u32(&b, (uint32_t)s->db);
     put_i64(&b, left);
@@ -1023,6 +1026,9 @@ static int tk_hand(takeover *tk, session *s, const request *call)
                               ? now - s->partial_since_ms
                               : 0));
     put_bytes(&b, s->peer, strlen(s->peer));
+    /* CLIENT SETNAME/TRACKING... as Redis accepted them: replayed on the
+     * link the new process lends (as after a failover). */
+    put_bytes(&b, buf_head(&s->sticky_log), buf_used(&s->sticky_log));
     put_bytes(&b, buf_head(&callb), buf_used(&callb));
     /* Unparsed input, an incomplete request included: parsed again from its
      * first byte there (the parser's state here is only a resume point). */
@@ -1059,7 +1065,8 @@ static int tk_hand(takeover *tk, session *s, const request *call)
 static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
 {
     link *l = s->dlink;
-    if (l->state != LINK_READY || l->redis_id <= 0 || upstream_shared(tk->f->up, s->id) == NULL) {
+    if (l->state != LINK_READY || l->redis_id <= 0 ||
+        upstream_shared(tk->f->up, s->id, 2) == NULL) {
         /* No way to ask Redis: closing the link (session_close) cancels it,
          * as when a client leaves. */
         return tk_hand(tk, s, r);
@@ -1085,11 +1092,11 @@ static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
     return 0;
 }
 
-/* Nothing of s is half done: no transaction, no pinned state ferry cannot
- * carry (CLIENT SETNAME, MONITOR), no output waiting to be written. */
+/* Nothing of s is half done: no transaction, no stream ferry cannot carry
+ * (MONITOR), no output waiting to be written. */
 static int tk_quiet(const session *s)
 {
-    return s->state == SESSION_OPEN && s->tx == TX_NONE && !s->sticky && s->tunnel != TUN_OTHER &&
+    return s->state == SESSION_OPEN && s->tx == TX_NONE && s->tunnel != TUN_OTHER &&
            outq_len(&s->out) == 0 && !s->out.writing;
 }
 
@@ -1107,19 +1114,17 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         return 0;
     }
     session_stop_reading(s);
-    if (s->sticky || s->tunnel == TUN_OTHER) {
-        /* Connection state ferry does not carry (CLIENT SETNAME/TRACKING,
-         * MONITOR): it never becomes ready, so it is closed now, after its
-         * replies, as SIGTERM does (rather than at shutdown_timeout_ms). */
-        int only_blocked = s->inflight > 0 && s->flight_link != NULL && s->flight_link == s->dlink;
-        if (s->nrequests == 0 || s->tunnel != TUN_NONE || only_blocked) {
-            tk->closed++;
-            if (outq_len(&s->out) == 0) {
-                session_close(s, "ferry restarted (takeover): its connection state "
-                                 "(CLIENT SETNAME/TRACKING, MONITOR) cannot be handed over");
-            } else {
-                session_set_state(s, SESSION_QUITTING); /* closed once written */
-            }
+    if (s->tunnel == TUN_OTHER) {
+        /* MONITOR or CLIENT REPLY: a stream ferry does not rebuild on
+         * another link (as after a failover). It never becomes ready, so it
+         * is closed now, after its replies, as SIGTERM does (rather than at
+         * shutdown_timeout_ms). */
+        tk->closed++;
+        if (outq_len(&s->out) == 0) {
+            session_close(s, "ferry restarted (takeover): a MONITOR or CLIENT REPLY stream "
+                             "cannot be handed over");
+        } else {
+            session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
         return 0;
     }
@@ -1286,7 +1291,10 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     memset(&im, 0, sizeof(im));
     im.is_unix = (int)get_u32(p);
     uint32_t proto = get_u32(p);
+    im.proto = (int)proto;
     im.authed = (int)get_u32(p);
+    im.sticky = (int)get_u32(p);
+    im.tracking = (int)get_u32(p);
     im.pubsub = (int)get_u32(p);
     im.db = (int)get_u32(p);
     int64_t left = get_i64(p);
@@ -1298,6 +1306,7 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     const char *peer = get_bytes(p, &n);
     char peerz[64];
     snprintf(peerz, sizeof(peerz), "%.*s", (int)n, peer);
+    im.settings = get_bytes(p, &im.nsettings);
     buf_init(&input);
     const char *call = get_bytes(p, &n);
     buf_append(&input, call, n);
@@ -1323,7 +1332,7 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     if (im.pubsub && im.subs == NULL) {
         im.subs = sub_sets_new(); /* subscribed to nothing yet: the tunnel stays open */
     }
-    if (p->bad || proto != 2 || fd < 0) {
+    if (p->bad || (proto != 2 && proto != 3) || fd < 0) {
         log_error("takeover: malformed client from the old process (protocol %u): closed",
                   (unsigned)proto);
         if (fd >= 0) {
@@ -1333,9 +1342,10 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
         im.input = buf_head(&input);
         im.ninput = buf_used(&input);
         tk->handed++;
-        log_info("takeover: client %lld %s received (db %d%s%s%s, %zu byte(s) unparsed)",
-                 (long long)old_id, peerz, im.db, im.pubsub ? ", subscribed" : "",
-                 ncall > 0 ? ", blocked call" : "",
+        log_info("takeover: client %lld %s received (RESP%d, db %d%s%s%s%s, %zu byte(s) "
+                 "unparsed)",
+                 (long long)old_id, peerz, im.proto, im.db, im.pubsub ? ", subscribed" : "",
+                 im.nsettings > 0 ? ", connection settings" : "", ncall > 0 ? ", blocked call" : "",
                  ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "",
                  im.ninput - ncall);
         int rc = session_adopt(f, fd, &im);

@@ -87,7 +87,8 @@ upstream *upstream_new(ferry *f)
     upstream *up = xcalloc(1, sizeof(*up));
     up->f = f;
     list_init(&up->links);
-    list_init(&up->pool);
+    list_init(&up->pool[0]);
+    list_init(&up->pool[1]);
     up->nshared = f->cfg->shared_links;
     if (up->nshared < 1) {
         up->nshared = 1;
@@ -174,31 +175,52 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
     up->state = st;
 }
 
-/* (Re)open every missing shared link. */
+/* Slots of missing shared links (of the protocols in use). */
+static int upstream_missing_shared(const upstream *up)
+{
+    int missing = 0;
+    for (int p = 0; p < (up->want3 ? 2 : 1); p++) {
+        for (int i = 0; i < up->nshared; i++) {
+            missing += up->shared[p][i] == NULL;
+        }
+    }
+    return missing;
+}
+
+/* (Re)open every missing shared link: the RESP2 set always, the RESP3 set
+ * once a RESP3 client asked for it. Each is verified on its own (fence.c). */
 static void upstream_connect_shared(upstream *up)
 {
     if (!up->target_set) {
         return;
     }
-    for (int i = 0; i < up->nshared; i++) {
-        if (up->shared[i] == NULL) {
-            link *l = link_new(up, LINK_SHARED);
-            if (l == NULL) {
-                continue;
+    for (int p = 0; p < (up->want3 ? 2 : 1); p++) {
+        for (int i = 0; i < up->nshared; i++) {
+            if (up->shared[p][i] == NULL) {
+                link *l = link_new(up, LINK_SHARED, p + 2);
+                if (l == NULL) {
+                    continue;
+                }
+                l->slot = i;
+                up->shared[p][i] = l;
             }
-            l->slot = i;
-            up->shared[i] = l;
         }
     }
 }
 
-link *upstream_shared(upstream *up, uint64_t hint)
+link *upstream_shared(upstream *up, uint64_t hint, int proto)
 {
+    int p = proto == 3;
     if (up->state != UP_UP) {
         return NULL;
     }
+    if (p == 1 && !up->want3) {
+        up->want3 = 1;
+        log_info("upstream: opening RESP3 shared links for RESP3 clients");
+        upstream_connect_shared(up);
+    }
     for (int i = 0; i < up->nshared; i++) {
-        link *l = up->shared[(hint + (uint64_t)i) % (uint64_t)up->nshared];
+        link *l = up->shared[p][(hint + (uint64_t)i) % (uint64_t)up->nshared];
         if (l != NULL && l->state == LINK_READY) {
             return l;
         }
@@ -242,11 +264,12 @@ static void select_done(link *l, request *r, const char *reply, size_t len)
 link *upstream_lend(upstream *up, session *s)
 {
     link *l = NULL;
+    list_node *pool = &up->pool[s->proto == 3];
     if (up->state != UP_UP) {
         return NULL;
     }
-    while (!list_empty(&up->pool)) {
-        list_node *n = list_first(&up->pool);
+    while (!list_empty(pool)) {
+        list_node *n = list_first(pool);
         l = list_entry(n, link, pool_node);
         list_del(n);
         up->npool--;
@@ -257,7 +280,7 @@ link *upstream_lend(upstream *up, session *s)
         l = NULL;
     }
     if (l == NULL) {
-        l = link_new(up, LINK_DEDICATED);
+        l = link_new(up, LINK_DEDICATED, s->proto);
         if (l == NULL) {
             return NULL;
         }
@@ -283,7 +306,7 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
     if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
         list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
         up->npool < up->f->cfg->pool_idle && !up->f->stopping) {
-        list_add_head(&up->pool, &l->pool_node);
+        list_add_head(&up->pool[l->proto == 3], &l->pool_node);
         up->npool++;
         return;
     }
@@ -312,6 +335,7 @@ void upstream_on_verified(upstream *up, link *l)
     if (up->state != UP_UP) {
         upstream_set_state(up, UP_UP, "link connected, ROLE master, durability asserted");
     }
+    up->f->wake_pending = 1; /* requests waiting for this protocol's links */
 }
 
 void upstream_on_not_master(link *l, const char *why)
@@ -347,8 +371,8 @@ void upstream_on_link_closing(upstream *up, link *l)
         list_del(&l->pool_node);
         up->npool--;
     }
-    if (l->slot >= 0 && up->shared[l->slot] == l) {
-        up->shared[l->slot] = NULL;
+    if (l->slot >= 0 && up->shared[l->proto == 3][l->slot] == l) {
+        up->shared[l->proto == 3][l->slot] = NULL;
     }
     if (up->probe == l) {
         up->probe = NULL;
@@ -363,7 +387,8 @@ void upstream_on_link_closed(upstream *up, link *l, int was_ready, const char *r
     }
     int any = 0;
     for (int i = 0; i < up->nshared; i++) {
-        if (up->shared[i] != NULL && up->shared[i]->state == LINK_READY) {
+        /* The RESP2 set is the one that is always there. */
+        if (up->shared[0][i] != NULL && up->shared[0][i]->state == LINK_READY) {
             any = 1;
         }
     }
@@ -438,7 +463,10 @@ void upstream_switch(upstream *up, const char *reason)
                 user++;
             }
         }
-        int stateful = l->passthrough || (l->owner != NULL && router_holds_state(l->owner));
+        /* A link with state is closed, so its owner hears of it (re-subscribes,
+         * restores its settings, flushes a tracking cache): its requests are
+         * retried by the retry policy. */
+        int stateful = l->passthrough || (l->owner != NULL && router_link_bound(l->owner));
         if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
             fence_start(l);
         } else if (l->state == LINK_READY && !stateful && link_has_blocking(l)) {
@@ -498,9 +526,11 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     log_info("master view: connecting to %s (epoch %llu): %s", up->name,
              (unsigned long long)up->epoch, why);
     /* Shared links of an older epoch are gone (closed or fencing). */
-    for (int i = 0; i < up->nshared; i++) {
-        if (up->shared[i] != NULL && up->shared[i]->epoch != up->epoch) {
-            link_close(up->shared[i], "replaced by a new master");
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < up->nshared; i++) {
+            if (up->shared[p][i] != NULL && up->shared[p][i]->epoch != up->epoch) {
+                link_close(up->shared[p][i], "replaced by a new master");
+            }
         }
     }
     if (up->probe != NULL) {
@@ -554,7 +584,7 @@ static void upstream_probe(upstream *up, uint64_t now)
         if (now < up->next_probe_ms) {
             return;
         }
-        up->probe = p = link_new(up, LINK_PROBE);
+        up->probe = p = link_new(up, LINK_PROBE, 2);
         if (p == NULL) {
             up->next_probe_ms = now + cfg->ping_interval_ms;
             return;
@@ -583,14 +613,9 @@ void upstream_tick(upstream *up, uint64_t now)
     const config *cfg = f->cfg;
     list_node *n, *t;
 
-    if (!f->stopping && up->target_set && now >= up->next_connect_ms) {
-        int missing = 0;
-        for (int i = 0; i < up->nshared; i++) {
-            missing += up->shared[i] == NULL;
-        }
-        if (missing) {
-            upstream_connect_shared(up);
-        }
+    if (!f->stopping && up->target_set && now >= up->next_connect_ms &&
+        upstream_missing_shared(up) > 0) {
+        upstream_connect_shared(up);
     }
     if (up->state == UP_SWITCHING && now - up->switch_started_ms >= cfg->fallback_after_ms) {
         char why[160];
@@ -599,8 +624,8 @@ void upstream_tick(upstream *up, uint64_t now)
         upstream_set_state(up, UP_DOWN, why);
         f->wake_pending = 1; /* held queue writes may go to the fallback store now */
     }
-    if (up->state == UP_UP && up->shared[0] != NULL && up->shared[0]->state == LINK_READY) {
-        link *l = up->shared[0];
+    if (up->state == UP_UP && up->shared[0][0] != NULL && up->shared[0][0]->state == LINK_READY) {
+        link *l = up->shared[0][0];
         if (now >= up->next_enforce_ms) {
             up->next_enforce_ms = now + cfg->enforce_interval_ms;
             fence_enforce(l);

@@ -26,13 +26,14 @@ typedef struct upstream {
     struct sockaddr_storage addr; /* master address (TCP) */
     char path[108];               /* master address (unix socket) */
     int is_unix;
-    char name[300];       /* for logs and stats */
-    upstream_state state; /* see upstream_state; changed only by upstream_set_state */
-    link *shared[64];     /* shared links by slot */
-    int nshared;
-    list_node links; /* every link */
-    list_node pool;  /* idle dedicated links */
-    int npool;
+    char name[300];           /* for logs and stats */
+    upstream_state state;     /* see upstream_state; changed only by upstream_set_state */
+    link *shared[2][64];      /* shared links by protocol (RESP2, RESP3) and slot */
+    int nshared;              /* slots per protocol */
+    int want3;                /* a RESP3 client asked: keep the RESP3 shared links too */
+    list_node links;          /* every link */
+    list_node pool[2];        /* idle dedicated links by protocol (RESP2, RESP3) */
+    int npool;                /* in both pools */
     uint64_t down_since_ms;   /* when it last went DOWN */
     uint64_t up_since_ms;     /* when it last came UP */
     uint64_t next_connect_ms; /* reconnect backoff */
@@ -66,9 +67,11 @@ upstream *upstream_new(ferry *f);
 void upstream_close(upstream *up);
 void upstream_free(upstream *up);
 
-/* A connected shared link for a session (hint spreads sessions), or NULL. */
-link *upstream_shared(upstream *up, uint64_t hint);
-/* Lend a dedicated link to s (from the pool or new, with s's db selected):
+/* A connected shared link speaking RESP proto for a session (hint spreads
+ * sessions), or NULL (the RESP3 set is opened at the first ask). */
+link *upstream_shared(upstream *up, uint64_t hint, int proto);
+/* Lend a dedicated link to s (from the pool or new, speaking s's protocol,
+ * with s's db selected):
  * s->dlink and l->owner are set. NULL when no master is UP. Together with
  * upstream_return, the only place that ties a link to a session. */
 link *upstream_lend(upstream *up, struct session *s);

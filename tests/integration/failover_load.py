@@ -59,6 +59,19 @@ def current_master(topo):
     return masters[0]
 
 
+def sentinel_config_epoch(topo):
+    """The highest config epoch any sentinel reports for the master: 0 before
+    any failover, 1 after the first."""
+    best = 0
+    for sn in topo.sentinels:
+        try:
+            info = sn.client(socket_timeout=2).sentinel_master(topo.master_name)
+            best = max(best, int(info.get('config-epoch', 0)))
+        except Exception:  # noqa: BLE001 - a dead sentinel says nothing
+            pass
+    return best
+
+
 def is_int(r):
     return isinstance(r, int) and not isinstance(r, bool)
 

@@ -38,7 +38,8 @@ import unittest
 import redis
 
 import harness
-from failover_load import AccountingChecks, Load, current_master, is_int, merged, now
+from failover_load import (AccountingChecks, Load, current_master, is_int, merged, now,
+                           sentinel_config_epoch)
 from harness import (Ferry, RespError, SentinelTopology, resp_read_reply, resp_send,
                      wait_until)
 from test_stats import stats_json
@@ -150,19 +151,6 @@ for _, item in ipairs(items) do
 end
 return #items
 """
-
-
-def sentinel_config_epoch(topo):
-    """The highest config epoch any sentinel reports for the master: 0 before
-    any failover, 1 after the first."""
-    best = 0
-    for sn in topo.sentinels:
-        try:
-            info = sn.client(socket_timeout=2).sentinel_master(topo.master_name)
-            best = max(best, int(info.get('config-epoch', 0)))
-        except Exception:  # noqa: BLE001 - a dead sentinel says nothing
-            pass
-    return best
 
 
 def ms_now():

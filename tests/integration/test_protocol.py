@@ -441,14 +441,33 @@ class TestPipeline(Base):
         self.assertEqual(d.get('proto'), 2)
         self.assertEqual(self.call(s, 'PING'), 'PONG')
 
-    def test_hello3_noproto(self):
-        self.ferry_only()
+    def test_hello4_noproto(self):
         s = self.raw()
-        self.assertErr(self.call(s, 'HELLO', '3'), 'NOPROTO')
+        self.assertErr(self.call(s, 'HELLO', '4'), 'NOPROTO')
         # still RESP2
         self.assertEqual(self.call(s, 'PING'), 'PONG')
         self.assertEqual(self.call(s, 'HSET', 'h', 'f', 'v'), 1)
         self.assertEqual(self.call(s, 'HGETALL', 'h'), ['f', 'v'])
+
+    def test_hello3_switches_and_back(self):
+        s = self.raw()
+        r = self.call(s, 'HELLO', '3')
+        self.assertIsInstance(r, dict)
+        self.assertEqual(r[b'proto'], 3)
+        self.assertEqual(r[b'server'], b'redis')
+        harness.resp_send(s, enc('HSET', 'h3', 'f', 'v'))
+        self.assertEqual(self.read(s), 1)
+        # the bytes Redis sends in RESP3: a map, a null
+        harness.resp_send(s, enc('HGETALL', 'h3'))
+        self.assertEqual(harness.resp_read_raw(s), b'%1\r\n$1\r\nf\r\n$1\r\nv\r\n')
+        harness.resp_send(s, enc('GET', 'h3-missing'))
+        self.assertEqual(harness.resp_read_raw(s), b'_\r\n')
+        r = self.call(s, 'HELLO', '2')
+        d = dict(zip(r[0::2], r[1::2]))
+        self.assertEqual(d.get('proto'), 2)
+        harness.resp_send(s, enc('GET', 'h3-missing'))
+        self.assertEqual(harness.resp_read_raw(s), b'$-1\r\n')
+        self.assertEqual(self.call(s, 'HGETALL', 'h3'), ['f', 'v'])
 
 
 # ---------------------------------------------------------------- denied / allowed

@@ -16,9 +16,12 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          message published after it (on its channel and
                          on its pattern), the SELECT 3 client's SET lands
                          in db 3, and a client that had sent half a request
-                         completes it on the new process. A CLIENT SETNAME
-                         client (state ferry does not carry) is closed at
-                         once, after its reply. The old process exits 0.
+                         completes it on the new process, a CLIENT SETNAME
+                         client keeps its name, a RESP3 client with CLIENT
+                         TRACKING stays RESP3, gets a cache flush and is
+                         tracked again; a MONITOR client (a stream ferry
+                         does not carry over) is closed at once. The old
+                         process exits 0.
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -55,12 +58,13 @@ import unittest
 import harness
 from failover_load import AccountingChecks, Load, current_master, now
 from harness import (FERRY_BIN, REPO, Ferry, SentinelTopology, free_port, render_yaml,
-                     resp_read_reply, resp_send, wait_until)
+                     resp_read_raw, resp_read_reply, resp_send, wait_until)
 
 PRE_LOAD = 1.5       # s of load before the takeover
 POST_LOAD = 1.5      # s of load after the old process exited
 TAKEOVER_WAIT = 20   # s for the old process to exit
 SCRIPT = os.path.join(REPO, 'scripts', 'rolling-restart')
+FLUSH = b'>2\r\n$10\r\ninvalidate\r\n_\r\n'  # RESP3: drop every cached key
 SCRIPT_TIMEOUT = 90  # s, a scripts/rolling-restart --ferry run
 
 # As test_failover: replicas_ack 1 so that an acknowledged write is on a
@@ -109,7 +113,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         old_pid = ferry.pid
         master = topo.master()
         mc = master.client(socket_timeout=5)
-        mc.delete('q', 'q2', 'tk:k', 'tk:tx', 'tk:par')
+        mc.delete('q', 'q2', 'tk:k', 'tk:tx', 'tk:par', 'tk:nokey')
         master.client(socket_timeout=5, db=3).delete('tk:k')
 
         # The three special clients, on raw sockets: nothing can reconnect.
@@ -130,11 +134,25 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         part = ferry.raw()
         whole = b'*3\r\n$3\r\nSET\r\n$6\r\ntk:par\r\n$5\r\nwhole\r\n'
         part.sendall(whole[:20])
-        # Connection state ferry does not carry: closed at once (after its
-        # reply), not at shutdown_timeout_ms.
+        # A connection setting: handed over, replayed on the new link.
         named = ferry.raw()
         resp_send(named, ['CLIENT', 'SETNAME', 'tk-named'])
         self.assertEqual(resp_read_reply(named), 'OK')
+        # RESP3 with client-side caching: stays RESP3, gets a cache flush
+        # (its link changes), then tracking goes on.
+        mc.set('tk:tr', 'v1')
+        trk = ferry.raw()
+        resp_send(trk, ['HELLO', '3'])
+        self.assertIsInstance(resp_read_reply(trk), dict)
+        resp_send(trk, ['CLIENT', 'TRACKING', 'on'])
+        self.assertEqual(resp_read_raw(trk), b'+OK\r\n')
+        resp_send(trk, ['GET', 'tk:tr'])
+        self.assertEqual(resp_read_raw(trk), b'$2\r\nv1\r\n')
+        # A stream ferry does not carry over: closed at once (after what it
+        # has received), not at shutdown_timeout_ms.
+        mon = ferry.raw()
+        resp_send(mon, ['MONITOR'])
+        self.assertEqual(resp_read_reply(mon), 'OK')
         # A transaction open when the takeover starts: handed over after EXEC.
         tx = ferry.raw()
         resp_send(tx, ['MULTI'])
@@ -144,7 +162,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         # Only the BRPOP q2 0 blocks until the load starts.
         wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
                    msg='BRPOP q2 0 blocked on the master')
-        ports = [s.getsockname() for s in (sel, blk, sub, tx, part)]
+        ports = [s.getsockname() for s in (sel, blk, sub, tx, part, named, trk)]
 
         load = Load(ferry, 'takeover').start()
         self.addCleanup(load.stop)
@@ -152,7 +170,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
 
         t_fault = now()
         new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
-        nothers = 4 + load.producers + load.consumers
+        nothers = 6 + load.producers + load.consumers
 
         def handed_so_far():
             return len([ln for ln in log_lines(ferry.log(), old_pid)
@@ -161,8 +179,11 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         wait_until(lambda: handed_so_far() >= nothers, timeout=10,
                    msg='the other clients to be handed over')
         self.assertIsNone(ferry.proc.poll(), 'the old ferry exited with a MULTI open')
-        named.settimeout(5)
-        self.assertEqual(named.recv(100), b'', 'the CLIENT SETNAME client was not closed')
+        mon.settimeout(5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and mon.recv(65536) != b'':
+            pass  # what MONITOR streamed before it was closed
+        self.assertLess(time.monotonic(), deadline, 'the MONITOR client was not closed')
         t_exec = now()
         resp_send(tx, ['EXEC'])
         self.assertEqual(resp_read_reply(tx), ['OK'])
@@ -210,13 +231,26 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             self.assertEqual(resp_read_reply(part), 'OK')
             self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:par'),
                              'whole')
+        with self.subTest(check='the CLIENT SETNAME client keeps its name'):
+            resp_send(named, ['CLIENT', 'GETNAME'])
+            self.assertEqual(resp_read_reply(named), b'tk-named')
+        with self.subTest(check='the RESP3 tracking client: flushed, RESP3, tracked again'):
+            self.assertEqual(resp_read_raw(trk), FLUSH)
+            resp_send(trk, ['GET', 'tk:nokey'])
+            self.assertEqual(resp_read_raw(trk), b'_\r\n')
+            resp_send(trk, ['GET', 'tk:tr'])
+            self.assertEqual(resp_read_raw(trk), b'$2\r\nv1\r\n')
+            current_master(topo).client(socket_timeout=5).set('tk:tr', 'v2')
+            self.assertEqual(resp_read_raw(trk), b'>2\r\n$10\r\ninvalidate\r\n*1\r\n'
+                             b'$5\r\ntk:tr\r\n')
         with self.subTest(check='the transaction client, handed over after its EXEC'):
             self.assertEqual(current_master(topo).client(socket_timeout=5).get('tk:tx'),
                              'in-multi')
             resp_send(tx, ['GET', 'tk:tx'])
             self.assertEqual(resp_read_reply(tx), b'in-multi')
         with self.subTest(check='same sockets'):
-            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx, part)], ports)
+            self.assertEqual([s.getsockname() for s in (sel, blk, sub, tx, part, named, trk)],
+                             ports)
 
         res = load.finish(lambda: current_master(topo))
         res.t_fault = t_fault
@@ -243,10 +277,10 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         with self.subTest(check='no client closed by the old process but by the handover'):
             closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
             others = [ln for ln in closed if 'handed over to the new process' not in ln]
-            # The CLIENT SETNAME one only, at once: the old process exits
-            # right after the EXEC, not at shutdown_timeout_ms (5 s).
+            # The MONITOR one only, at once: the old process exits right
+            # after the EXEC, not at shutdown_timeout_ms (5 s).
             self.assertEqual(len(others), 1, others)
-            self.assertIn('cannot be handed over', others[0])
+            self.assertIn('MONITOR or CLIENT REPLY stream cannot be handed over', others[0])
             self.assertEqual(len(closed), nothers + 2)
             self.assertLess(after_exec, 3)
         with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
@@ -270,7 +304,7 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
             self.assertEqual(accepted, [])
         self.check_accounting(res, topo, ferry)
-        for s in (sel, blk, sub, tx, part, named):
+        for s in (sel, blk, sub, tx, part, named, trk, mon):
             s.close()
 
 
