@@ -61,6 +61,7 @@ typedef struct conf_entry {
 
 static const char *conf_check_command(char *value);
 static const char *conf_check_word(char *value);
+static const char *conf_check_sockpath(char *value);
 
 /* client.auth: "ferry" or "redis". */
 static int client_auth_parse(const char *s)
@@ -313,6 +314,13 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(shutdown_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+
+    {.key = "takeover", .type = CONF_SECTION},
+    {.key = "takeover.socket",
+     .type = CONF_STRING,
+     CONF_FIELD(takeover_socket),
+     .flags = CONF_EMPTY_NULL,
+     .check = conf_check_sockpath},
 
     {.key = "durability", .type = CONF_SECTION},
     {.key = "durability.require_aof", .type = CONF_BOOL, CONF_FIELD(require_aof)},
@@ -737,6 +745,12 @@ static const char *conf_check_word(char *value)
         }
     }
     return NULL;
+}
+
+/* A unix socket path: "" (off) or one that fits sockaddr_un. */
+static const char *conf_check_sockpath(char *value)
+{
+    return strlen(value) >= sizeof(((config_addr *)0)->path) ? "unix socket path too long" : NULL;
 }
 
 /* Error for a value of the wrong shape. */
@@ -1366,6 +1380,8 @@ void config_free(config *cfg)
     cfg->log_file = NULL;
     free(cfg->fallback_path);
     cfg->fallback_path = NULL;
+    free(cfg->takeover_socket);
+    cfg->takeover_socket = NULL;
     for (int i = 0; i < cfg->nfallback_keys && i < CONFIG_MAX_DENY; i++) {
         free(cfg->fallback_keys[i]);
         cfg->fallback_keys[i] = NULL;

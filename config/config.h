@@ -119,6 +119,8 @@ typedef struct config {
     size_t fallback_max_bytes; /* fallback.max_bytes (0 = no bound but the disk) */
 
     uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
+    char *takeover_socket;        /* takeover.socket: unix socket a new ferry
+                                     takes this one over through, NULL = off */
 
     /* durability: checks on the master's persistence and replication */
     int require_aof;                  /* durability.require_aof (0): refuse

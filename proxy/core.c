@@ -15,6 +15,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "takeover.h"
 #include "upstream.h"
 
 #define TICK_MS 50
@@ -136,6 +137,7 @@ static void close_everything(ferry *f)
         upstream_close(f->up);
     }
     outage_close(f);
+    takeover_close(f); /* after the store: the next process may open it now */
     uv_prepare_stop(&f->flush);
     uv_timer_stop(&f->tick);
     uv_close((uv_handle_t *)&f->flush, NULL);
@@ -159,6 +161,7 @@ static void tick_cb(uv_timer_t *h)
     outage_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
+    takeover_tick(f, now);
     if (f->stopping) {
         session_stop_all(f, 0);
         if (f->nclients == 0) {
@@ -227,11 +230,12 @@ static void raise_fd_limit(const config *cfg)
     }
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg)
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
 {
     memset(f, 0, sizeof(*f));
     f->loop = loop;
     f->cfg = cfg;
+    f->takeover = tk;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -294,7 +298,14 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         rc = stats_start(f);
     }
     if (rc == 0) {
-        rc = outage_open(f);
+        rc = takeover_start(f);
+    }
+    if (rc == 0 && takeover_store_free(f) && f->outage == NULL) {
+        rc = outage_open(f); /* else once the process taken over has let go of it */
+    }
+    if (rc == 0) {
+        f->up = upstream_new(f); /* a master name resolves later, off the loop */
+        rc = f->up == NULL ? FERRY_ECONFIG : 0;
     }
     if (rc < 0) {
         close_everything(f);
@@ -302,9 +313,9 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg)
         server_free(f);
         stats_free(f);
         core_free_buffers(f);
+        takeover_free(f);
         return rc;
     }
-    f->up = upstream_new(f); /* a master name resolves later, off the loop */
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
     }
@@ -323,5 +334,6 @@ int core_run(ferry *f)
     server_free(f);
     stats_free(f);
     core_free_buffers(f);
+    takeover_free(f);
     return f->exit_code;
 }

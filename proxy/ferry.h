@@ -139,6 +139,9 @@ typedef struct ferry {
     int stopping;           /* graceful shutdown in progress */
     uint64_t stop_deadline; /* uv_now() after which shutdown is forced */
     int exit_code;
+    struct takeover *takeover;      /* takeover.c: socket, handover in progress */
+    int handing_over;               /* sessions are being handed to a new process */
+    int keep_paths;                 /* listeners handed over: leave their unix paths */
     int closed;                     /* every handle has been closed */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */

@@ -23,6 +23,7 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void link_write_cb(uv_write_t *w, int status);
 static void link_close_cb(uv_handle_t *h);
 static void link_mark_dirty(link *l);
+static void link_client_id_done(link *l, request *r, const char *reply, size_t len);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -319,8 +320,20 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
     }
     if (kind == LINK_SHARED && l->who->user == NULL) {
         fence_verify(l); /* ROLE, then durability, before any client request */
+    } else if (kind == LINK_DEDICATED) {
+        /* Its id lets a takeover cancel a blocked call (CLIENT UNBLOCK)
+         * and know whether it popped something first. */
+        static const char *const argv[] = {"CLIENT", "ID"};
+        link_internal(l, argv, 2, link_client_id_done, 0);
     }
     return l;
+}
+
+static void link_client_id_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (len > 1 && reply[0] == ':') {
+        l->redis_id = strtoll(reply + 1, NULL, 10);
+    }
 }
 
 static void link_connect_cb(uv_connect_t *req, int status)

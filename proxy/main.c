@@ -10,6 +10,7 @@
 #include "fallback.h"
 #include "log.h"
 #include "stats.h"
+#include "takeover.h"
 
 #define EXIT_USAGE 2   /* bad command line */
 #define EXIT_CONFIG 1  /* configuration invalid */
@@ -17,7 +18,7 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "Usage: ferry -c FILE [-t]\n"
+    fprintf(out, "Usage: ferry -c FILE [-t] [--takeover PATH]\n"
                  "       ferry -V | -h | -D\n"
                  "\n"
                  "ferry is a high-availability RESP proxy for Redis queue workloads.\n"
@@ -25,6 +26,10 @@ static void usage(FILE *out)
                  "  -c, --config FILE  the YAML configuration (see config/ferry.yml)\n"
                  "  -t, --test         check the configuration and exit (0 valid, 1 invalid)\n"
                  "  -V, --version      print the version and exit\n"
+                 "      --takeover PATH\n"
+                 "                     take over from the ferry running with takeover.socket\n"
+                 "                     PATH: its listening sockets, then each client\n"
+                 "                     connection with its state; it exits 0 when done\n"
                  "      --fallback-dump\n"
                  "                     print the rows pending in the fallback store named by\n"
                  "                     the configuration (fallback.path) and exit\n"
@@ -40,19 +45,18 @@ static void usage(FILE *out)
                  "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
                  "  1  invalid configuration (message: file:line:column: ...)\n"
                  "  2  bad command line\n"
-                 "  3  could not start (listen, open the log file)\n");
+                 "  3  could not start (listen, open the log file, take over)\n");
 }
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"test", no_argument, NULL, 't'},
-                                         {"version", no_argument, NULL, 'V'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"describe-stats", no_argument, NULL, 'D'},
-                                         {"fallback-dump", no_argument, NULL, 'F'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},   {"test", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
+        {"describe-stats", no_argument, NULL, 'D'}, {"fallback-dump", no_argument, NULL, 'F'},
+        {"takeover", required_argument, NULL, 'T'}, {NULL, 0, NULL, 0}};
     const char *path = NULL;
+    const char *takeover_path = NULL;
     int test = 0, dump = 0, c;
 
     while ((c = getopt_long(argc, argv, "c:tVhD", opts, NULL)) != -1) {
@@ -74,6 +78,9 @@ int main(int argc, char **argv)
             return 0;
         case 'F':
             dump = 1;
+            break;
+        case 'T':
+            takeover_path = optarg;
             break;
         default:
             usage(stderr);
@@ -115,17 +122,32 @@ int main(int argc, char **argv)
     }
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
 
+    struct takeover *tk = NULL;
+    if (takeover_path != NULL) {
+        tk = takeover_connect(takeover_path, TAKEOVER_HANDSHAKE_MS, err, sizeof(err));
+        if (tk == NULL) {
+            log_error("takeover failed: %s", err);
+            if (cfg.log_file != NULL) {
+                fprintf(stderr, "ferry: takeover failed: %s\n", err);
+            }
+            log_close();
+            config_free(&cfg);
+            return EXIT_RUNTIME;
+        }
+    }
+
     uv_loop_t loop;
     uv_loop_init(&loop);
     ferry f;
-    rc = core_init(&f, &loop, &cfg);
+    rc = core_init(&f, &loop, &cfg, tk);
     int code;
     if (rc < 0) {
         log_error("ferry could not start: %s", ferry_strerror(rc));
         code = EXIT_RUNTIME;
     } else {
         code = core_run(&f);
-        log_info("ferry stopped");
+        /* The last line (scripts/rolling-restart --ferry reads it). */
+        log_info("ferry stopped (exit code %d)", code);
     }
     if (uv_loop_close(&loop) != 0) {
         log_warn("event loop closed with handles still open");

@@ -80,6 +80,7 @@ enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 static int router_pinned(const session *s);
 static tx_state tx_after_loss(tx_state st);
 static void sticky_add(session *s, const char *p, size_t n);
+static void tracking_flush(session *s, const char *why);
 static void sticky_done(link *l, request *r, const char *reply, size_t len);
 static size_t send_each(link *l, const buf *b, req_done_cb done);
 static void tx_rebuild(session *s, link *l);
@@ -167,6 +168,33 @@ static int router_pinned(const session *s)
 {
     return s->db != 0 || s->sticky || s->tunnel != TUN_NONE ||
            (s->tx != TX_NONE && s->tx != TX_WATCH_LOST && s->tx != TX_MULTI_WATCH_LOST);
+}
+
+void router_restore(session *s, const session_import *im)
+{
+    s->proto = im->proto;
+    s->db = im->db;
+    s->sticky = im->sticky;
+    buf_append(&s->sticky_log, im->settings, im->nsettings);
+    s->tracking = im->tracking;
+    if (s->tracking) {
+        tracking_flush(s, "taken over from another ferry process");
+    }
+    if (im->pubsub) {
+        router_set_tunnel(s, TUN_PUBSUB);
+        router_set_tunnel(s, TUN_PUBSUB_LOST); /* no link yet: subscribed again */
+    }
+}
+
+void router_release_call(session *s, request *r)
+{
+    ferry_assert(r->s == s && r->state == REQ_SENT && s->inflight == 1);
+    session_unlink(s, r);
+    s->pending_bytes -=
+        buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
+    s->inflight = 0;
+    s->flight_link = NULL;
+    r->s = NULL;
 }
 
 void router_forget(session *s)
@@ -1408,16 +1436,24 @@ static tx_state tx_after_loss(tx_state st)
     }
 }
 
+/* What a tracking client cached may have changed unseen (its link is
+ * gone): flush it all, as Redis does (an invalidate with a null key list);
+ * tracking is turned on again on its next link. */
+static void tracking_flush(session *s, const char *why)
+{
+    static const char flush[] = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
+    if (s->proto != 3) {
+        return; /* RESP2 tracking (REDIRECT) is refused */
+    }
+    session_on_push(s, flush, sizeof(flush) - 1);
+    log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
+             why);
+}
+
 void router_on_link_closed(session *s, link *l, const char *reason)
 {
-    if (s->tracking && s->proto == 3 && !s->f->stopping) {
-        /* What it cached may have changed unseen: flush it all, as Redis
-         * does (an invalidate with a null key list); tracking is turned on
-         * again on its next link. */
-        static const char flush[] = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
-        session_on_push(s, flush, sizeof(flush) - 1);
-        log_info("client %llu: tracking link lost (%s); cache flush sent",
-                 (unsigned long long)s->id, reason);
+    if (s->tracking && !s->f->stopping) {
+        tracking_flush(s, reason);
     }
     if (s->tunnel == TUN_PUBSUB && !s->f->stopping) {
         /* Pub/sub survives a failover: subscribe again on the next master. */

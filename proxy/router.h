@@ -33,6 +33,14 @@ void router_requeue(session *s, request *r);
 /* s holds state on its dedicated link that a fence or a PING would break
  * (an open MULTI or a WATCH in force). */
 int router_holds_state(const session *s);
+/* A session taken over from another ferry process: protocol, db selected,
+ * connection settings (replayed on its next link) and, when pubsub,
+ * subscribed to s's sets (re-subscribed at its next dispatch); a tracking
+ * client is sent a cache flush, as when its link is lost. */
+void router_restore(session *s, const session_import *im);
+/* Takeover: s stops waiting for r, its one blocking call in flight on its
+ * dedicated link; r stays on the link with no session (r->s is NULL). */
+void router_release_call(session *s, request *r);
 /* s's dedicated link carries state a fence would lose unseen: a
  * transaction, connection settings (CLIENT SETNAME/TRACKING), pub/sub. */
 int router_link_bound(const session *s);

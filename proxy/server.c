@@ -2,13 +2,17 @@
  * and hand each to a new session. */
 #include "server.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "session.h"
+#include "takeover.h"
 
 typedef struct listener {
     ferry *f;       /* context */
@@ -53,15 +57,67 @@ int server_numeric_addr(const char *ip, int port, struct sockaddr_storage *ss)
     return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss);
 }
 
+/* A unix stream socket bound to path (a stale socket file from an earlier
+ * run is replaced), or a negative errno. */
+static int unix_listen_socket(const char *path)
+{
+    struct sockaddr_un sa;
+    int fd;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        return UV_ENAMETOOLONG;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, strlen(path));
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *data, int backlog,
                   uv_connection_cb cb)
 {
     int rc;
+    int fd = takeover_claim_listener(loop->data, a);
+    if (fd >= 0) {
+        /* Inherited from the ferry this one takes over: already bound. */
+        if (a->is_unix) {
+            uv_pipe_init(loop, &io->pipe, 0);
+            rc = uv_pipe_open(&io->pipe, fd);
+        } else {
+            uv_tcp_init(loop, &io->tcp);
+            rc = uv_tcp_open(&io->tcp, fd);
+        }
+        io->h.data = data;
+        if (rc < 0) {
+            close(fd);
+            return rc;
+        }
+        return uv_listen(&io->s, backlog, cb);
+    }
     if (a->is_unix) {
+        /* Bound here rather than with uv_pipe_bind: libuv unlinks the path
+         * of a pipe it bound when the handle closes, and a listener handed
+         * over to a new process (takeover) must stay where it is. ferry
+         * removes the path itself when it stops (server_stop, stats_stop). */
         uv_pipe_init(loop, &io->pipe, 0);
         io->h.data = data;
-        unlink(a->path); /* a stale socket file from an earlier run */
-        rc = uv_pipe_bind(&io->pipe, a->path);
+        fd = unix_listen_socket(a->path);
+        if (fd < 0) {
+            return fd;
+        }
+        rc = uv_pipe_open(&io->pipe, fd);
+        if (rc < 0) {
+            close(fd);
+        }
     } else {
         struct sockaddr_storage ss;
         uv_tcp_init(loop, &io->tcp);
@@ -117,12 +173,26 @@ void server_stop(ferry *f)
         if (sv->l[i].open) {
             sv->l[i].open = 0;
             uv_close(&sv->l[i].io.h, server_close_cb);
-            if (sv->l[i].is_unix) {
+            if (sv->l[i].is_unix && !f->keep_paths) {
                 unlink(f->cfg->listen[i].path);
             }
         }
     }
     sv->n = 0;
+}
+
+int server_sockets(ferry *f, int *fds, const config_addr **addrs, int max)
+{
+    servers *sv = f->servers;
+    int n = 0;
+    for (int i = 0; sv != NULL && i < sv->n && n < max; i++) {
+        uv_os_fd_t fd;
+        if (sv->l[i].open && uv_fileno(&sv->l[i].io.h, &fd) == 0) {
+            fds[n] = fd;
+            addrs[n++] = &f->cfg->listen[i];
+        }
+    }
+    return n;
 }
 
 void server_free(ferry *f)

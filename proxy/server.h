@@ -27,6 +27,9 @@ int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *da
 int server_start(ferry *f);
 /* Stop accepting (close the listeners). */
 void server_stop(ferry *f);
+/* The open listening sockets and their addresses, at most max (for a
+ * takeover; the sockets stay ferry's). Returns how many. */
+int server_sockets(ferry *f, int *fds, const config_addr **addrs, int max);
 /* Free the listener table (after the loop closed the handles). */
 void server_free(ferry *f);
 

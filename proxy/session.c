@@ -7,6 +7,7 @@
  */
 #include "session.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,11 +38,11 @@ static void session_note_partial(session *s, int incomplete, int new_request);
 
 /* ------------------------------------------------------------ accept/close */
 
-int session_accept(ferry *f, uv_stream_t *server, int is_unix)
+/* A session for a client socket of this kind: its handle is initialised
+ * (the caller attaches the socket to it, and closes it on failure). */
+static session *session_new(ferry *f, int is_unix)
 {
     session *s = xcalloc(1, sizeof(*s));
-    int rc;
-
     s->f = f;
     if (is_unix) {
         uv_pipe_init(f->loop, &s->io.pipe, 0);
@@ -49,11 +50,40 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
         uv_tcp_init(f->loop, &s->io.tcp);
     }
     s->io.h.data = s;
-    rc = uv_accept(server, &s->io.s);
-    if (rc < 0) {
-        uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
-        return rc;
+    return s;
+}
+
+/* The client's address for logs. */
+static void session_peer_name(session *s, int is_unix)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof(ss);
+    char host[48] = "?";
+    int port = 0;
+    if (is_unix) {
+        snprintf(s->peer, sizeof(s->peer), "unix");
+        return;
     }
+    if (uv_tcp_getpeername(&s->io.tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+            uv_ip4_name(in, host, sizeof(host));
+            port = ntohs(in->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+            uv_ip6_name(in6, host, sizeof(host));
+            port = ntohs(in6->sin6_port);
+        }
+    }
+    snprintf(s->peer, sizeof(s->peer), "%s:%d", host, port);
+}
+
+/* Everything a session with a connected socket needs, whether accepted
+ * here or taken over from another process: id, lists, buffers, memory
+ * accounting, the idle clock, socket options. */
+static void session_register(session *s, int is_unix)
+{
+    ferry *f = s->f;
     s->id = ++f->next_id;
     list_init(&s->node);
     list_init(&s->wait_node);
@@ -74,29 +104,53 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     f->nclients++;
     f->clients_mem += sizeof(*s);
     f->stats.clients_total++;
-
-    if (is_unix) {
-        snprintf(s->peer, sizeof(s->peer), "unix");
-    } else {
-        struct sockaddr_storage ss;
-        int len = sizeof(ss);
-        char host[48] = "?";
-        int port = 0;
+    session_peer_name(s, is_unix);
+    if (!is_unix) {
         uv_tcp_nodelay(&s->io.tcp, 1);
         uv_tcp_keepalive(&s->io.tcp, 1, CLIENT_KEEPALIVE_S);
-        if (uv_tcp_getpeername(&s->io.tcp, (struct sockaddr *)&ss, &len) == 0) {
-            if (ss.ss_family == AF_INET) {
-                struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-                uv_ip4_name(in, host, sizeof(host));
-                port = ntohs(in->sin_port);
-            } else if (ss.ss_family == AF_INET6) {
-                struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-                uv_ip6_name(in6, host, sizeof(host));
-                port = ntohs(in6->sin6_port);
-            }
-        }
-        snprintf(s->peer, sizeof(s->peer), "%s:%d", host, port);
     }
+}
+
+/* Move node n (of a session, at node_off) in the list head, kept oldest
+ * first by the uint64_t at time_off, to its place. A session taken over
+ * from another process brings clocks that began before now; walking from
+ * the newest end is short when they arrive in that list's order. */
+static void session_place_by_time(list_node *head, list_node *n, size_t node_off, size_t time_off)
+{
+    const char *me = (const char *)n - node_off;
+    uint64_t t = *(const uint64_t *)(me + time_off);
+    list_node *p;
+    list_del(n);
+    for (p = head->prev; p != head; p = p->prev) {
+        const char *other = (const char *)p - node_off;
+        if (*(const uint64_t *)(other + time_off) <= t) {
+            break;
+        }
+    }
+    list_add_tail(p->next, n); /* right after p */
+}
+
+/* Start reading s. Returns 0, or closes s and returns the error. */
+static int session_start_reading(session *s)
+{
+    int rc = uv_read_start(&s->io.s, session_alloc_cb, session_read_cb);
+    if (rc < 0) {
+        session_close(s, uv_strerror(rc));
+        return rc;
+    }
+    s->reading = 1;
+    return 0;
+}
+
+int session_accept(ferry *f, uv_stream_t *server, int is_unix)
+{
+    session *s = session_new(f, is_unix);
+    int rc = uv_accept(server, &s->io.s);
+    if (rc < 0) {
+        uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
+        return rc;
+    }
+    session_register(s, is_unix);
     log_debug("client %llu %s connected", (unsigned long long)s->id, s->peer);
 
     if (f->nclients > (uint64_t)f->cfg->max_clients) {
@@ -106,13 +160,57 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
         session_output_grew(s);
         return 0;
     }
-    rc = uv_read_start(&s->io.s, session_alloc_cb, session_read_cb);
+    session_start_reading(s);
+    return 0;
+}
+
+int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
+{
+    session *s = session_new(f, im->is_unix);
+    uint64_t now = uv_now(f->loop);
+    int rc = im->is_unix ? uv_pipe_open(&s->io.pipe, fd) : uv_tcp_open(&s->io.tcp, fd);
     if (rc < 0) {
-        session_close(s, uv_strerror(rc));
+        uv_close(&s->io.h, session_close_cb); /* fd is not the handle's: the caller's */
+        return rc;
+    }
+    /* Already connected: max_clients does not apply (refusing it now would
+     * be an error the client never saw from the process it connected to). */
+    session_register(s, im->is_unix);
+    s->authed = im->authed;
+    /* The idle clock goes on where it was. */
+    s->last_active_ms = now >= im->idle_ms ? now - im->idle_ms : 0;
+    session_place_by_time(&f->idle, &s->idle_node, offsetof(session, idle_node),
+                          offsetof(session, last_active_ms));
+    s->subs = im->subs;
+    im->subs = NULL;
+    router_restore(s, im);
+    log_debug("client %llu %s taken over (db %d%s, %zu byte(s) to parse)",
+              (unsigned long long)s->id, s->peer, s->db, im->pubsub ? ", subscribed" : "",
+              im->ninput);
+    if (session_start_reading(s) < 0) {
         return 0;
     }
-    s->reading = 1;
+    if (im->ninput > 0) {
+        buf_append(&s->in, im->input, im->ninput);
+        session_process_input(s, &s->in); /* dispatches (and re-subscribes) too */
+        if (list_linked(&s->partial_node) && im->partial_ms > 0) {
+            /* client.request_timeout_ms: the request began arriving then. */
+            s->partial_since_ms = now >= im->partial_ms ? now - im->partial_ms : 0;
+            session_place_by_time(&f->partial, &s->partial_node, offsetof(session, partial_node),
+                                  offsetof(session, partial_since_ms));
+        }
+    } else if (im->pubsub) {
+        router_dispatch(s);
+    }
     return 0;
+}
+
+void session_stop_reading(session *s)
+{
+    if (s->reading) {
+        uv_read_stop(&s->io.s);
+        s->reading = 0;
+    }
 }
 
 static const char *session_state_name(session_state st)
@@ -632,7 +730,9 @@ void session_check_reading(session *s)
     const config *cfg = s->f->cfg;
     size_t limit = cfg->max_pending_bytes;
     size_t load = session_mem(s);
-    if (s->state != SESSION_OPEN || s->f->stopping) {
+    /* While sessions are handed to a new process (takeover.c), only one in
+     * a transaction reads: it goes over once the transaction has ended. */
+    if (s->state != SESSION_OPEN || s->f->stopping || (s->f->handing_over && s->tx == TX_NONE)) {
         return;
     }
     /* Over limits.max_memory, the clients holding more than the average

@@ -105,6 +105,32 @@ typedef struct session {
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
+
+/* A client connection handed over by another ferry process (takeover.c),
+ * with the state its session had there. */
+typedef struct session_import {
+    int is_unix;          /* unix socket, else TCP */
+    int db;               /* database selected */
+    int authed;           /* AUTH accepted */
+    int pubsub;           /* subscribed: re-subscribe to subs */
+    int proto;            /* RESP version it speaks: 2, or 3 (HELLO 3) */
+    int sticky;           /* pinned for life (CLIENT SETNAME/TRACKING...) */
+    int tracking;         /* CLIENT TRACKING on: its cache is flushed first */
+    const char *settings; /* connection settings Redis accepted (sticky_log), */
+    size_t nsettings;     /* replayed on its next link; borrowed */
+    const char *input;    /* bytes to parse first (the blocked call to re-issue, then */
+    size_t ninput;        /* the unparsed input, a partial request included); borrowed */
+    sub_sets *subs;       /* its subscriptions, or NULL; moved into the session (NULLed) */
+    uint64_t idle_ms;     /* time since it was last active (client.idle_timeout_ms) */
+    uint64_t partial_ms;  /* age of the incomplete request in input (request_timeout_ms) */
+} session_import;
+
+/* Open a session on fd, a connected client socket, restoring im's state.
+ * Returns 0 (fd is the session's) or a negative uv error (fd stays the
+ * caller's). */
+int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im);
+/* Read nothing more from s until session_check_reading resumes it. */
+void session_stop_reading(session *s);
 /* The one close path: logs reason, detaches in-flight requests, frees later. */
 void session_close(session *s, const char *reason);
 /* The one setter of s->state (asserts the move is legal). */

@@ -988,7 +988,7 @@ void stats_stop(ferry *f)
     if (sv->open) {
         sv->open = 0;
         uv_close(&sv->io.h, NULL);
-        if (sv->is_unix) {
+        if (sv->is_unix && !f->keep_paths) {
             remove(f->cfg->stats_listen.path);
         }
     }
@@ -996,6 +996,16 @@ void stats_stop(ferry *f)
     {
         sconn_close(list_entry(n, sconn, node), "ferry is stopping");
     }
+}
+
+int stats_socket(ferry *f)
+{
+    stats_server *sv = f->stats_srv;
+    uv_os_fd_t fd;
+    if (sv == NULL || !sv->open || uv_fileno(&sv->io.h, &fd) != 0) {
+        return -1;
+    }
+    return fd;
 }
 
 void stats_free(ferry *f)

@@ -261,5 +261,7 @@ int stats_start(struct ferry *f);
 void stats_stop(struct ferry *f);
 /* Free the stats port's memory once the loop has closed its handles. */
 void stats_free(struct ferry *f);
+/* The stats port's listening socket (for a takeover; it stays ferry's), or -1. */
+int stats_socket(struct ferry *f);
 
 #endif

@@ -330,7 +330,9 @@ static void test_empty_strings_are_null(void **state)
                   "client:\n"
                   "  password:\n"
                   "log: {file: ~}\n"
-                  "fallback: {path: \"\"}\n");
+                  "fallback: {path: \"\"}\n"
+                  "takeover: {socket: \"\"}\n");
+    assert_null(cfg.takeover_socket);
     assert_null(cfg.redis_username);
     assert_null(cfg.redis_password);
     assert_null(cfg.client_password);
@@ -341,6 +343,35 @@ static void test_empty_strings_are_null(void **state)
     /* A quoted "null" is a real password. */
     load_ok(&cfg, "redis: {address: 127.0.0.1:6379, password: \"null\"}\n");
     assert_string_equal(cfg.redis_password, "null");
+    config_free(&cfg);
+}
+
+static void test_takeover_socket(void **state)
+{
+    config cfg;
+    char yaml[400];
+    char path[200];
+    error_case c = {yaml, "t.yml:2:20: takeover.socket: ", "unix socket path too long"};
+
+    (void)state;
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\n");
+    assert_null(cfg.takeover_socket); /* off by default */
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\ntakeover: {socket: /run/ferry/t.sock}\n");
+    assert_string_equal(cfg.takeover_socket, "/run/ferry/t.sock");
+    config_free(&cfg);
+    /* sockaddr_un holds 107 bytes and the NUL. */
+    memset(path, 'a', 108);
+    path[0] = '/';
+    path[108] = '\0';
+    snprintf(yaml, sizeof(yaml), "redis: {address: 127.0.0.1:6379}\ntakeover: {socket: %s}\n",
+             path);
+    load_fails(&c);
+    path[107] = '\0';
+    snprintf(yaml, sizeof(yaml), "redis: {address: 127.0.0.1:6379}\ntakeover: {socket: %s}\n",
+             path);
+    load_ok(&cfg, yaml);
+    assert_string_equal(cfg.takeover_socket, path);
     config_free(&cfg);
 }
 
@@ -958,6 +989,7 @@ int main(void)
         cmocka_unit_test(test_full_round_trip),
         cmocka_unit_test(test_sentinel_mode),
         cmocka_unit_test(test_empty_strings_are_null),
+        cmocka_unit_test(test_takeover_socket),
         cmocka_unit_test(test_stats_off),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_parse_addr),

@@ -1,0 +1,1565 @@
+/* takeover.c - restarting ferry without its clients noticing.
+ *
+ *   new process (ferry --takeover PATH)      old process (takeover.socket PATH)
+ *   connect ------------- HELLO ------------->
+ *           <------- LISTENERS + fds ---------  client listeners, stats, takeover
+ *   accepts on them too; finds and
+ *   verifies the master (at most
+ *   TAKEOVER_READY_MS)                          its clients see nothing meanwhile
+ *           ------------ ACCEPTING ---------->  closes its copies (stops accepting;
+ *                                               the sockets never close: nothing
+ *                                               is refused), stops reading clients
+ *           <-------- SESSION + fd -----------  a session with nothing in flight
+ *           <-------- SESSION + fd -----------  and no unwritten output, or blocked
+ *           <-------- ...                       in a pop whose call it cancelled
+ *           <------------ DONE ---------------  after closing the fallback store
+ *   opens the store, listens on                 exits 0
+ *   takeover.socket
+ *
+ * A frame is a header (payload length, type | fd count << 16, both uint32 in
+ * host order: both ends run on one machine) and a payload. Its fds ride
+ * (SCM_RIGHTS) on the sendmsg that carries the header's first byte, so they
+ * are in hand once the frame is complete; the receiver queues them in
+ * arrival order. Raw sendmsg/recvmsg rather than libuv's IPC pipes (uv_write2
+ * / uv_pipe_pending_*): the framing and which fd belongs to which frame stay
+ * ours, and listening sockets of both kinds travel the same way. Received
+ * sockets are opened with uv_tcp_open / uv_pipe_open; the control sockets
+ * are watched with uv_poll. The old process's sends wait (poll) at most
+ * TAKEOVER_SEND_TIMEOUT_MS: the new one reads in its loop, so they complete
+ * at once unless it is stuck, and then the takeover is aborted.
+ *
+ * A blocked call (BRPOP q 0 in flight on a dedicated link) is cancelled on
+ * the old process first: CLIENT UNBLOCK <id> TIMEOUT from a shared link. A
+ * null reply on the dedicated link means nothing was popped, and the call is
+ * re-issued by the new process with what is left of its timeout; anything
+ * else is the call's own reply (Redis served it first), written to the
+ * client before the session goes over idle. Without a client id or a shared
+ * link, the dedicated link is closed instead, as when a client leaves. */
+#include "takeover.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#define link posix_link /* unistd.h's link(2) would clash with ferry's link type */
+#include <unistd.h>
+#undef link
+
+#include "core.h"
+#include "link.h"
+#include "log.h"
+#include "outage.h"
+#include "router.h"
+#include "server.h"
+#include "session.h"
+#include "upstream.h"
+
+#define TAKEOVER_MAGIC "ferry-takeover/1"
+#define TAKEOVER_SEND_TIMEOUT_MS 5000   /* one frame's send, old process */
+#define TAKEOVER_CANCEL_TIMEOUT_MS 2000 /* CLIENT UNBLOCK unanswered: close the link */
+#define TAKEOVER_UNBLOCK_RETRY_MS 20    /* CLIENT UNBLOCK found nothing blocked (yet) */
+#define TAKEOVER_SCAN_MS 5              /* handover scan period while handing over */
+#define TAKEOVER_READY_MS 5000          /* new: longest wait for a master before ACCEPTING */
+_Static_assert(TAKEOVER_READY_MS <= TAKEOVER_HANDSHAKE_MS / 2,
+               "the old process gives up on a handshake after TAKEOVER_HANDSHAKE_MS");
+#define TAKEOVER_MAX_FDS 64 /* fds in one frame */
+#define TAKEOVER_FDQ 256    /* fds received, not yet claimed by a frame */
+#define TAKEOVER_HDR 8      /* frame header bytes */
+#define TAKEOVER_MAX_INHERIT (CONFIG_MAX_LISTEN + 2)
+
+enum { TK_HELLO = 1, TK_LISTENERS, TK_ACCEPTING, TK_SESSION, TK_DONE };
+enum { TK_L_CLIENT = 0, TK_L_STATS, TK_L_TAKEOVER };
+
+/* Legal moves (tk_set_phase asserts them):
+ *   IDLE -> SRC_HELLO -> SRC_LISTENERS -> SRC_HANDING -> SRC_FINISHING
+ *   SRC_HELLO, SRC_LISTENERS, SRC_HANDING -> IDLE (aborted)
+ *   SINK -> IDLE (all received, or the old process is gone: this process
+ *   may be taken over in turn) */
+typedef enum tk_phase {
+    TK_IDLE = 0,      /* listening on takeover.socket (or not at all) */
+    TK_SRC_HELLO,     /* old: a new process connected; waiting for its HELLO */
+    TK_SRC_LISTENERS, /* old: listeners sent; waiting for ACCEPTING */
+    TK_SRC_HANDING,   /* old: handing sessions over */
+    TK_SRC_FINISHING, /* old: the rest closes after its replies (SIGTERM's rules) */
+    TK_SINK_READYING, /* new: listeners received; waiting for a usable master */
+    TK_SINK           /* new: receiving sessions */
+} tk_phase;
+
+typedef struct tk_inherited {
+    int kind;       /* TK_L_* */
+    char name[320]; /* address as config_addr_str writes it, or the takeover path */
+    int fd;         /* -1 once claimed or closed */
+} tk_inherited;
+
+/* A session whose blocked call is being cancelled on Redis. */
+typedef struct tk_cancel {
+    uint64_t sid;       /* the session */
+    uint64_t lid;       /* the dedicated link the call is on */
+    long long redis_id; /* that link's CLIENT ID */
+    request *call;      /* copy of the call, to re-issue (owned) */
+    uint64_t since;     /* uv_now() when the cancel began */
+    uint64_t next_try;  /* when to send CLIENT UNBLOCK (again) */
+    int asking;         /* a CLIENT UNBLOCK is in flight */
+    int done;           /* Redis let go of it without popping: hand it over */
+} tk_cancel;
+
+typedef struct takeover {
+    ferry *f;              /* context */
+    tk_phase phase;        /* see tk_phase; changed only by tk_set_phase */
+    int lfd;               /* takeover.socket listener, -1 */
+    uv_poll_t *lpoll;      /* watches lfd (freed in its close callback) */
+    char lpath[108];       /* its path, "" when none */
+    int lpath_owned;       /* unlink lpath when closing (not once handed over) */
+    int cfd;               /* the control connection, -1 */
+    uv_poll_t *cpoll;      /* watches cfd */
+    uv_timer_t *scan;      /* handover scan while SRC_HANDING */
+    buf rx;                /* control bytes received, not yet framed */
+    int fdq[TAKEOVER_FDQ]; /* fds received, not yet claimed by a frame */
+    int nfdq;
+    int bad;                                /* the peer broke the protocol (sticky) */
+    tk_inherited inh[TAKEOVER_MAX_INHERIT]; /* new: listeners received */
+    int ninh;
+    tk_cancel *cancels; /* old: blocked calls being cancelled */
+    size_t ncancels, capcancels;
+    uint64_t started_ms;  /* the takeover began */
+    uint64_t handing_ms;  /* old: uv_now() when the new process said ACCEPTING */
+    uint64_t deadline_ms; /* SRC_HANDING: then the rest is closed after replies */
+    unsigned long handed; /* old: sessions sent; new: sessions received */
+    unsigned long closed; /* old: sessions left to SIGTERM's rules */
+} takeover;
+
+static void tk_control_cb(uv_poll_t *h, int status, int events);
+static void tk_listener_cb(uv_poll_t *h, int status, int events);
+static void tk_scan_cb(uv_timer_t *t);
+static void tk_ready_cb(uv_timer_t *t);
+static void tk_scan(takeover *tk);
+static void tk_source_abort(takeover *tk, const char *why);
+static void tk_sink_finish(takeover *tk, const char *why);
+
+/* ------------------------------------------------------------------ phases */
+
+static const char *tk_phase_name(tk_phase p)
+{
+    static const char *const names[] = {"IDLE",        "SRC_HELLO",     "SRC_LISTENERS",
+                                        "SRC_HANDING", "SRC_FINISHING", "SINK_READYING",
+                                        "SINK"};
+    return names[p];
+}
+
+static void tk_set_phase(takeover *tk, tk_phase p)
+{
+    static const unsigned legal[] = {
+        [TK_IDLE] = 1u << TK_SRC_HELLO,
+        [TK_SRC_HELLO] = 1u << TK_SRC_LISTENERS | 1u << TK_IDLE,
+        [TK_SRC_LISTENERS] = 1u << TK_SRC_HANDING | 1u << TK_IDLE,
+        [TK_SRC_HANDING] = 1u << TK_SRC_FINISHING | 1u << TK_IDLE,
+        [TK_SRC_FINISHING] = 0,
+        [TK_SINK_READYING] = 1u << TK_SINK | 1u << TK_IDLE,
+        [TK_SINK] = 1u << TK_IDLE,
+    };
+    if (tk->phase == p) {
+        return;
+    }
+    ferry_assert(legal[tk->phase] & (1u << p));
+    log_debug("takeover: %s -> %s", tk_phase_name(tk->phase), tk_phase_name(p));
+    tk->phase = p;
+}
+
+/* The new process, before it is done receiving. */
+static int tk_is_sink(const takeover *tk)
+{
+    return tk->phase == TK_SINK_READYING || tk->phase == TK_SINK;
+}
+
+/* ----------------------------------------------------------------- frames */
+
+static void put_u32(buf *b, uint32_t v)
+{
+    buf_append(b, &v, sizeof(v));
+}
+
+static void put_i64(buf *b, int64_t v)
+{
+    buf_append(b, &v, sizeof(v));
+}
+
+static void put_bytes(buf *b, const void *p, size_t n)
+{
+    put_u32(b, (uint32_t)n);
+    buf_append(b, p, n);
+}
+
+typedef struct rd {
+    const char *p; /* next byte */
+    size_t n;      /* bytes left */
+    int bad;       /* read past the end (sticky) */
+} rd;
+
+static int rd_take(rd *r, void *out, size_t n)
+{
+    if (r->bad || r->n < n) {
+        r->bad = 1;
+        memset(out, 0, n);
+        return -1;
+    }
+    memcpy(out, r->p, n);
+    r->p += n;
+    r->n -= n;
+    return 0;
+}
+
+static uint32_t get_u32(rd *r)
+{
+    uint32_t v;
+    rd_take(r, &v, sizeof(v));
+    return v;
+}
+
+static int64_t get_i64(rd *r)
+{
+    int64_t v;
+    rd_take(r, &v, sizeof(v));
+    return v;
+}
+
+/* Borrowed pointer into the payload; *n its length. */
+static const char *get_bytes(rd *r, size_t *n)
+{
+    uint32_t len = get_u32(r);
+    if (r->bad || r->n < len) {
+        r->bad = 1;
+        *n = 0;
+        return "";
+    }
+    const char *p = r->p;
+    r->p += len;
+    r->n -= len;
+    *n = len;
+    return p;
+}
+
+static uint64_t mono_ms(void)
+{
+    return uv_hrtime() / 1000000;
+}
+
+/* Send one frame on fd, its fds attached to its first byte, waiting at most
+ * timeout_ms for room. Returns 0 or a negative uv error. */
+static int tk_send(int fd, int type, const buf *payload, const int *fds, int nfds,
+                   uint64_t timeout_ms)
+{
+    buf b;
+    uint32_t hdr[2] = {(uint32_t)buf_used(payload), (uint32_t)type | (uint32_t)nfds << 16};
+    uint64_t deadline = mono_ms() + timeout_ms;
+    size_t off = 0;
+    int rc = 0;
+
+    ferry_assert(nfds >= 0 && nfds <= TAKEOVER_MAX_FDS);
+    buf_init(&b);
+    buf_append(&b, hdr, sizeof(hdr));
+    buf_append(&b, buf_head(payload), buf_used(payload));
+    while (off < buf_used(&b)) {
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(sizeof(int) * TAKEOVER_MAX_FDS)];
+        } cm;
+        struct iovec iov = {.iov_base = buf_head(&b) + off, .iov_len = buf_used(&b) - off};
+        struct msghdr mh;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        if (off == 0 && nfds > 0) {
+            memset(&cm, 0, sizeof(cm));
+            mh.msg_control = cm.space;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+        }
+        ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            uint64_t now = mono_ms();
+            if (now >= deadline) {
+                rc = UV_ETIMEDOUT;
+                break;
+            }
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            poll(&p, 1, (int)(deadline - now));
+            continue;
+        }
+        rc = n < 0 ? -errno : UV_EPIPE;
+        break;
+    }
+    buf_free(&b);
+    return rc;
+}
+
+/* Read what the control socket has. Returns the bytes read (> 0), 0 at EOF,
+ * UV_EAGAIN, or a negative uv error. Received fds join the queue. */
+static int tk_recv(takeover *tk)
+{
+    union {
+        struct cmsghdr h;
+        char space[CMSG_SPACE(sizeof(int) * TAKEOVER_MAX_FDS)];
+    } cm;
+    struct msghdr mh;
+    struct iovec iov;
+    ssize_t n;
+
+    buf_reserve(&tk->rx, 64 * 1024);
+    iov.iov_base = tk->rx.data + tk->rx.len;
+    iov.iov_len = tk->rx.cap - tk->rx.len;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cm.space;
+    mh.msg_controllen = sizeof(cm.space);
+    do {
+        n = recvmsg(tk->cfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        return errno == EAGAIN || errno == EWOULDBLOCK ? UV_EAGAIN : -errno;
+    }
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
+            continue;
+        }
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int *in = (int *)CMSG_DATA(c);
+        for (size_t i = 0; i < k; i++) {
+            if (tk->nfdq < TAKEOVER_FDQ) {
+                tk->fdq[tk->nfdq++] = in[i];
+            } else {
+                close(in[i]);
+                tk->bad = 1;
+            }
+        }
+    }
+    if (mh.msg_flags & MSG_CTRUNC) {
+        tk->bad = 1; /* fds were dropped by the kernel */
+    }
+    tk->rx.len += (size_t)n;
+    return (int)n;
+}
+
+/* The next complete frame: 1 (type, payload and fds filled; consume it with
+ * tk_consume), 0 when incomplete, -1 on a protocol error. */
+static int tk_frame(takeover *tk, int *type, rd *payload, int *fds, int *nfds)
+{
+    uint32_t hdr[2];
+    if (tk->bad) {
+        return -1;
+    }
+    if (buf_used(&tk->rx) < TAKEOVER_HDR) {
+        return 0;
+    }
+    memcpy(hdr, buf_head(&tk->rx), sizeof(hdr));
+    if (buf_used(&tk->rx) - TAKEOVER_HDR < hdr[0]) {
+        return 0;
+    }
+    *type = (int)(hdr[1] & 0xffff);
+    *nfds = (int)(hdr[1] >> 16);
+    if (*nfds > TAKEOVER_MAX_FDS || *nfds > tk->nfdq) {
+        tk->bad = 1;
+        return -1;
+    }
+    memcpy(fds, tk->fdq, sizeof(int) * (size_t)*nfds);
+    memmove(tk->fdq, tk->fdq + *nfds, sizeof(int) * (size_t)(tk->nfdq - *nfds));
+    tk->nfdq -= *nfds;
+    payload->p = buf_head(&tk->rx) + TAKEOVER_HDR;
+    payload->n = hdr[0];
+    payload->bad = 0;
+    return 1;
+}
+
+static void tk_consume(takeover *tk, const rd *payload)
+{
+    buf_consume(&tk->rx, (size_t)(payload->p + payload->n - buf_head(&tk->rx)));
+}
+
+static void close_fds(const int *fds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+        }
+    }
+}
+
+/* --------------------------------------------------------------- handles */
+
+static void tk_free_handle_cb(uv_handle_t *h)
+{
+    free(h);
+}
+
+static int tk_watch(takeover *tk, int fd, uv_poll_t **hp, uv_poll_cb cb)
+{
+    uv_poll_t *h = xmalloc(sizeof(*h));
+    int rc = uv_poll_init(tk->f->loop, h, fd);
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    h->data = tk;
+    *hp = h;
+    return uv_poll_start(h, UV_READABLE, cb);
+}
+
+static void tk_unwatch(uv_poll_t **hp, int *fd)
+{
+    if (*hp != NULL) {
+        uv_close((uv_handle_t *)*hp, tk_free_handle_cb); /* stops it first */
+        *hp = NULL;
+    }
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+static takeover *tk_new(ferry *f)
+{
+    takeover *tk = xcalloc(1, sizeof(*tk));
+    tk->f = f;
+    tk->lfd = -1;
+    tk->cfd = -1;
+    buf_init(&tk->rx);
+    return tk;
+}
+
+/* Listen on the unix socket path (a stale file is replaced). */
+static int tk_listen(takeover *tk, const char *path)
+{
+    struct sockaddr_un sa;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    unlink(path);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 8) != 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    snprintf(tk->lpath, sizeof(tk->lpath), "%s", path);
+    tk->lpath_owned = 1;
+    tk->lfd = fd;
+    return tk_watch(tk, fd, &tk->lpoll, tk_listener_cb);
+}
+
+/* Listen for the next takeover: on the inherited socket when it is the
+ * configured path, else on a fresh one. */
+static void tk_listen_configured(takeover *tk)
+{
+    const char *path = tk->f->cfg->takeover_socket;
+    for (int i = 0; i < tk->ninh; i++) {
+        tk_inherited *in = &tk->inh[i];
+        if (in->kind == TK_L_TAKEOVER && in->fd >= 0) {
+            if (path != NULL && strcmp(in->name, path) == 0) {
+                snprintf(tk->lpath, sizeof(tk->lpath), "%s", path);
+                tk->lpath_owned = 1;
+                tk->lfd = in->fd;
+                in->fd = -1;
+                if (tk_watch(tk, tk->lfd, &tk->lpoll, tk_listener_cb) == 0) {
+                    log_info("takeover socket %s (inherited)", path);
+                    return;
+                }
+            } else {
+                close(in->fd);
+                in->fd = -1;
+            }
+        }
+    }
+    if (path == NULL || tk->lfd >= 0) {
+        return;
+    }
+    int rc = tk_listen(tk, path);
+    if (rc < 0) {
+        log_error("cannot listen on takeover socket %s: %s", path, uv_strerror(rc));
+    } else {
+        log_info("takeover socket %s", path);
+    }
+}
+
+/* ------------------------------------------------------------- public API */
+
+void takeover_sd_notify(const char *msg)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un sa;
+    size_t n;
+    if (path == NULL || (path[0] != '/' && path[0] != '@')) {
+        return;
+    }
+    n = strlen(path);
+    if (n >= sizeof(sa.sun_path)) {
+        return;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, n);
+    if (path[0] == '@') {
+        sa.sun_path[0] = '\0'; /* abstract namespace */
+    }
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return;
+    }
+    if (sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+               (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n)) < 0) {
+        log_warn("systemd notify (%s) failed: %s", msg, strerror(errno));
+    }
+    close(fd);
+}
+
+struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *err, size_t errlen)
+{
+    struct sockaddr_un sa;
+    uint64_t deadline = mono_ms() + timeout_ms;
+    buf hello;
+
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "takeover socket path too long: %s", path);
+        return NULL;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return NULL;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sun_family = AF_UNIX;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        snprintf(err, errlen,
+                 "cannot connect to %s: %s (is a ferry running there with takeover.socket "
+                 "set?)",
+                 path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    takeover *tk = tk_new(NULL);
+    tk->cfd = fd;
+    tk->phase = TK_SINK_READYING;
+    buf_init(&hello);
+    put_bytes(&hello, TAKEOVER_MAGIC, strlen(TAKEOVER_MAGIC));
+    put_u32(&hello, (uint32_t)getpid());
+    int rc = tk_send(fd, TK_HELLO, &hello, NULL, 0, timeout_ms);
+    buf_free(&hello);
+    if (rc == UV_EPIPE || rc == UV_ECONNRESET) {
+        snprintf(err, errlen,
+                 "%s: the running ferry refused the takeover (another one in progress, or it "
+                 "is stopping)",
+                 path);
+        goto fail;
+    }
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: sending HELLO: %s", path, uv_strerror(rc));
+        goto fail;
+    }
+    for (;;) {
+        int type, fds[TAKEOVER_MAX_FDS], nfds;
+        rd p;
+        int fr = tk_frame(tk, &type, &p, fds, &nfds);
+        if (fr < 0) {
+            snprintf(err, errlen, "%s: protocol error from the running ferry", path);
+            goto fail;
+        }
+        if (fr == 1) {
+            if (type != TK_LISTENERS) {
+                close_fds(fds, nfds);
+                snprintf(err, errlen, "%s: unexpected frame %d from the running ferry", path, type);
+                goto fail;
+            }
+            uint32_t count = get_u32(&p);
+            for (uint32_t i = 0; i < count && (int)i < nfds; i++) {
+                size_t nl;
+                int kind = (int)get_u32(&p);
+                const char *name = get_bytes(&p, &nl);
+                if (p.bad || tk->ninh == TAKEOVER_MAX_INHERIT) {
+                    close(fds[i]);
+                    continue;
+                }
+                tk_inherited *in = &tk->inh[tk->ninh++];
+                in->kind = kind;
+                snprintf(in->name, sizeof(in->name), "%.*s", (int)nl, name);
+                in->fd = fds[i];
+            }
+            close_fds(fds + count, nfds - (int)(count < (uint32_t)nfds ? count : (uint32_t)nfds));
+            tk_consume(tk, &p);
+            return tk;
+        }
+        rc = tk_recv(tk);
+        if (rc == 0) {
+            snprintf(err, errlen,
+                     "%s: the running ferry closed the connection (another takeover in "
+                     "progress, or it is stopping)",
+                     path);
+            goto fail;
+        }
+        if (rc == UV_EAGAIN) {
+            uint64_t now = mono_ms();
+            if (now >= deadline) {
+                snprintf(err, errlen, "%s: no answer from the running ferry within %llu ms", path,
+                         (unsigned long long)timeout_ms);
+                goto fail;
+            }
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            poll(&pf, 1, (int)(deadline - now));
+        } else if (rc < 0) {
+            snprintf(err, errlen, "%s: %s", path, uv_strerror(rc));
+            goto fail;
+        }
+    }
+fail:
+    close(fd);
+    close_fds(tk->fdq, tk->nfdq);
+    for (int i = 0; i < tk->ninh; i++) {
+        close(tk->inh[i].fd);
+    }
+    buf_free(&tk->rx);
+    free(tk);
+    return NULL;
+}
+
+int takeover_claim_listener(ferry *f, const config_addr *a)
+{
+    char name[320];
+    if (f == NULL || f->takeover == NULL || !tk_is_sink(f->takeover)) {
+        return -1;
+    }
+    config_addr_str(a, name, sizeof(name));
+    takeover *tk = f->takeover;
+    for (int i = 0; i < tk->ninh; i++) {
+        tk_inherited *in = &tk->inh[i];
+        if (in->kind != TK_L_TAKEOVER && in->fd >= 0 && strcmp(in->name, name) == 0) {
+            int fd = in->fd;
+            in->fd = -1;
+            log_info("listening on %s (inherited)", name);
+            return fd;
+        }
+    }
+    return -1;
+}
+
+int takeover_start(ferry *f)
+{
+    takeover *tk = f->takeover;
+    char msg[64];
+
+    if (tk != NULL && tk->phase == TK_SINK_READYING) {
+        tk->f = f;
+        tk->started_ms = uv_now(f->loop);
+        for (int i = 0; i < tk->ninh; i++) {
+            tk_inherited *in = &tk->inh[i];
+            if (in->kind != TK_L_TAKEOVER && in->fd >= 0) {
+                log_info("takeover: %s is not in this configuration: no longer served", in->name);
+                close(in->fd);
+                in->fd = -1;
+            }
+        }
+        int rc = tk_watch(tk, tk->cfd, &tk->cpoll, tk_control_cb);
+        if (rc < 0) {
+            log_error("takeover: %s; continuing on the inherited listeners", uv_strerror(rc));
+            tk_sink_finish(tk, "the control connection failed");
+            snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
+            takeover_sd_notify(msg);
+            return 0;
+        }
+        /* The old process keeps serving until this one has a master: its
+         * clients would otherwise wait here for the master to be found and
+         * verified (tens of ms). */
+        log_info("takeover: listening on the inherited sockets; waiting for a usable master "
+                 "(at most %d ms) before taking the clients over",
+                 TAKEOVER_READY_MS);
+        tk->scan = xmalloc(sizeof(*tk->scan));
+        uv_timer_init(f->loop, tk->scan);
+        tk->scan->data = tk;
+        uv_timer_start(tk->scan, tk_ready_cb, TAKEOVER_SCAN_MS, TAKEOVER_SCAN_MS);
+        return 0;
+    }
+    takeover_sd_notify("READY=1");
+    if (f->cfg->takeover_socket == NULL) {
+        return 0;
+    }
+    tk = f->takeover = tk_new(f);
+    int rc = tk_listen(tk, f->cfg->takeover_socket);
+    if (rc < 0) {
+        log_error("cannot listen on takeover socket %s: %s", f->cfg->takeover_socket,
+                  uv_strerror(rc));
+        return rc;
+    }
+    log_info("takeover socket %s", f->cfg->takeover_socket);
+    return 0;
+}
+
+int takeover_store_free(const ferry *f)
+{
+    return f->takeover == NULL || !tk_is_sink(f->takeover);
+}
+
+/* ------------------------------------------------------- old: the control */
+
+static void tk_listener_cb(uv_poll_t *h, int status, int events)
+{
+    takeover *tk = h->data;
+    ferry *f = tk->f;
+    int fd = accept(tk->lfd, NULL, NULL);
+    if (fd < 0) {
+        return;
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (tk->phase != TK_IDLE || tk->cfd >= 0 || f->stopping || f->closed) {
+        log_warn("takeover: a second process connected while %s: refused",
+                 f->stopping ? "stopping" : "a takeover is in progress");
+        close(fd);
+        return;
+    }
+    tk->cfd = fd;
+    tk->started_ms = uv_now(f->loop);
+    tk->handed = tk->closed = 0;
+    buf_clear(&tk->rx);
+    tk->bad = 0;
+    if (tk_watch(tk, fd, &tk->cpoll, tk_control_cb) < 0) {
+        tk_unwatch(&tk->cpoll, &tk->cfd);
+        return;
+    }
+    tk_set_phase(tk, TK_SRC_HELLO);
+    log_info("takeover: a new process connected on %s", tk->lpath);
+}
+
+static int tk_send_listeners(takeover *tk)
+{
+    ferry *f = tk->f;
+    int fds[TAKEOVER_MAX_INHERIT];
+    const config_addr *addrs[CONFIG_MAX_LISTEN];
+    char name[320];
+    buf b;
+    int n = server_sockets(f, fds, addrs, CONFIG_MAX_LISTEN);
+    int total = n;
+
+    buf_init(&b);
+    int sfd = stats_socket(f);
+    put_u32(&b, (uint32_t)(n + (sfd >= 0) + (tk->lfd >= 0)));
+    for (int i = 0; i < n; i++) {
+        config_addr_str(addrs[i], name, sizeof(name));
+        put_u32(&b, TK_L_CLIENT);
+        put_bytes(&b, name, strlen(name));
+    }
+    if (sfd >= 0) {
+        config_addr_str(&f->cfg->stats_listen, name, sizeof(name));
+        put_u32(&b, TK_L_STATS);
+        put_bytes(&b, name, strlen(name));
+        fds[total++] = sfd;
+    }
+    if (tk->lfd >= 0) {
+        put_u32(&b, TK_L_TAKEOVER);
+        put_bytes(&b, tk->lpath, strlen(tk->lpath));
+        fds[total++] = tk->lfd;
+    }
+    int rc = tk_send(tk->cfd, TK_LISTENERS, &b, fds, total, TAKEOVER_SEND_TIMEOUT_MS);
+    buf_free(&b);
+    return rc;
+}
+
+/* The new process accepts on the listeners: stop accepting here and start
+ * handing sessions over. */
+static void tk_start_handing(takeover *tk)
+{
+    ferry *f = tk->f;
+    list_node *n;
+
+    f->keep_paths = 1; /* the sockets live on in the new process */
+    server_stop(f);
+    stats_stop(f);
+    tk->lpath_owned = 0;
+    tk_unwatch(&tk->lpoll, &tk->lfd);
+    f->handing_over = 1;
+    tk->handing_ms = uv_now(f->loop);
+    tk->deadline_ms = tk->handing_ms + f->cfg->shutdown_timeout_ms;
+    tk_set_phase(tk, TK_SRC_HANDING);
+    list_foreach(n, &f->sessions)
+    {
+        session *s = list_entry(n, session, node);
+        if (s->tx == TX_NONE) {
+            session_stop_reading(s); /* a transaction reads until it ends */
+        }
+    }
+    log_info("takeover: the new process accepts; handing over %llu client(s)",
+             (unsigned long long)f->nclients);
+    tk->scan = xmalloc(sizeof(*tk->scan));
+    uv_timer_init(f->loop, tk->scan);
+    tk->scan->data = tk;
+    uv_timer_start(tk->scan, tk_scan_cb, TAKEOVER_SCAN_MS, TAKEOVER_SCAN_MS);
+    tk_scan(tk);
+}
+
+static void tk_source_frame(takeover *tk, int type, rd *p, int *fds, int nfds)
+{
+    close_fds(fds, nfds); /* the new process sends none */
+    if (type == TK_HELLO && tk->phase == TK_SRC_HELLO) {
+        size_t ml;
+        const char *magic = get_bytes(p, &ml);
+        uint32_t pid = get_u32(p);
+        if (p->bad || ml != strlen(TAKEOVER_MAGIC) || memcmp(magic, TAKEOVER_MAGIC, ml) != 0) {
+            tk_source_abort(tk, "the new process speaks another takeover protocol");
+            return;
+        }
+        log_info("takeover: new process %u; sending the listening sockets", (unsigned)pid);
+        int rc = tk_send_listeners(tk);
+        if (rc < 0) {
+            tk_source_abort(tk, uv_strerror(rc));
+            return;
+        }
+        tk_set_phase(tk, TK_SRC_LISTENERS);
+    } else if (type == TK_ACCEPTING && tk->phase == TK_SRC_LISTENERS) {
+        tk_start_handing(tk);
+    } else {
+        tk_source_abort(tk, "unexpected frame from the new process");
+    }
+}
+
+/* ----------------------------------------------------- old: the sessions */
+
+static session *tk_session_find(ferry *f, uint64_t id)
+{
+    list_node *n;
+    list_foreach(n, &f->sessions)
+    {
+        session *s = list_entry(n, session, node);
+        if (s->id == id) {
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static link *tk_link_find(ferry *f, uint64_t id)
+{
+    list_node *n;
+    if (f->up == NULL) {
+        return NULL;
+    }
+    list_foreach(n, &f->up->links)
+    {
+        link *l = list_entry(n, link, node);
+        if (l->id == id) {
+            return l->state == LINK_CLOSING ? NULL : l;
+        }
+    }
+    return NULL;
+}
+
+static tk_cancel *tk_cancel_find(takeover *tk, uint64_t sid)
+{
+    for (size_t i = 0; i < tk->ncancels; i++) {
+        if (tk->cancels[i].sid == sid) {
+            return &tk->cancels[i];
+        }
+    }
+    return NULL;
+}
+
+static void tk_cancel_drop(takeover *tk, tk_cancel *c)
+{
+    request_free(tk->f, c->call);
+    *c = tk->cancels[--tk->ncancels];
+}
+
+/* A copy of the blocking call r (enough to re-arm and re-issue it). */
+static request *tk_copy_call(ferry *f, const request *r)
+{
+    request *c = request_new(f);
+    c->cmd = r->cmd;
+    c->flags = r->flags & REQ_F_BLOCKING;
+    c->born = r->born;
+    c->deadline = r->deadline;
+    buf_append(&c->data, buf_head(&r->data), buf_used(&r->data));
+    return c;
+}
+
+/* A null reply: the call timed out (CLIENT UNBLOCK ... TIMEOUT) with
+ * nothing served. */
+static int is_null_reply(const char *p, size_t n)
+{
+    return (n >= 3 && (memcmp(p, "*-1", 3) == 0 || memcmp(p, "$-1", 3) == 0)) ||
+           (n >= 1 && p[0] == '_');
+}
+
+/* The dedicated link's reply to the call being cancelled. */
+static void tk_call_done(link *l, request *r, const char *p, size_t n)
+{
+    ferry *f = l->f;
+    takeover *tk = f->takeover;
+    tk_cancel *c = tk != NULL ? tk_cancel_find(tk, (uint64_t)r->arg) : NULL;
+    session *s = tk_session_find(f, (uint64_t)r->arg);
+
+    if (c != NULL && s != NULL && is_null_reply(p, n)) {
+        c->done = 1;
+        log_debug("takeover: client %llu: blocked call cancelled on Redis",
+                  (unsigned long long)s->id);
+    } else {
+        if (s != NULL) {
+            /* Served before the cancel reached Redis: the client's reply. */
+            session_on_stream(s, p, n);
+            log_debug("takeover: client %llu: blocked call served while cancelling",
+                      (unsigned long long)s->id);
+        }
+        if (c != NULL) {
+            tk_cancel_drop(tk, c);
+        }
+    }
+    link_close(l, "blocked call cancelled for a takeover");
+}
+
+static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
+{
+    takeover *tk = sh->f->takeover;
+    uint64_t sid = (uint64_t)r->arg;
+    tk_cancel *c = tk != NULL ? tk_cancel_find(tk, sid) : NULL;
+    if (c == NULL || c->done) {
+        return;
+    }
+    c->asking = 0;
+    if (n >= 2 && memcmp(p, ":1", 2) == 0) {
+        return; /* the null reply is on its way on the dedicated link */
+    }
+    if (n >= 1 && p[0] == '-') {
+        /* CLIENT UNBLOCK refused (renamed, ACL): closing the link cancels it. */
+        char why[160];
+        link_error_text(p, n, why, sizeof(why));
+        log_warn("takeover: CLIENT UNBLOCK refused (%s): closing the blocked call's link", why);
+        link *l = tk_link_find(sh->f, c->lid);
+        c->done = 1;
+        if (l != NULL) {
+            link_close(l, "blocked call cancelled for a takeover");
+        }
+        return;
+    }
+    /* :0 - not blocked (yet, or served already): ask again shortly. */
+    c->next_try = uv_now(sh->f->loop) + TAKEOVER_UNBLOCK_RETRY_MS;
+}
+
+static void tk_ask_unblock(takeover *tk, tk_cancel *c, uint64_t now)
+{
+    ferry *f = tk->f;
+    /* RESP2: the answer (:1 / :0) reads the same in both protocols. */
+    link *sh = f->up != NULL ? upstream_shared(f->up, &f->up->self, c->sid, 2) : NULL;
+    if (sh == NULL) {
+        c->next_try = now + TAKEOVER_UNBLOCK_RETRY_MS;
+        return;
+    }
+    char id[32];
+    snprintf(id, sizeof(id), "%lld", c->redis_id);
+    const char *argv[] = {"CLIENT", "UNBLOCK", id, "TIMEOUT"};
+    link_internal(sh, argv, 4, tk_unblock_done, (long long)c->sid);
+    c->asking = 1;
+}
+
+/* Hand s over: its state, then the bytes the new process parses first
+ * (call, re-armed with what is left of its timeout, then s's unparsed
+ * input); s is closed here. Returns 0, or a negative error (the takeover
+ * is aborted). */
+static int tk_hand(takeover *tk, session *s, const request *call)
+{
+    ferry *f = tk->f;
+    uint64_t now = uv_now(f->loop);
+    int64_t left = -1;
+    buf b, callb;
+    uv_os_fd_t fd;
+
+    buf_init(&callb);
+    if (call != NULL) {
+        const char *expired = NULL;
+        request *c = tk_copy_call(f, call);
+        if (request_rearm_blocking(c, now, &expired) == 1) {
+            /* Its time ran out meanwhile: answered as Redis would. */
+            request_free(f, c);
+            if (call->s == s) {
+                session_answer_str(s, (request *)call, expired);
+                session_flush_answered(s);
+            } else {
+                session_on_stream(s, expired, strlen(expired));
+            }
+            return 0; /* handed over idle once that is written */
+        }
+        left = call->deadline == 0 ? 0 : (int64_t)(call->deadline > now ? call->deadline - now : 1);
+        buf_append(&callb, buf_head(&c->data), buf_used(&c->data));
+        request_free(f, c);
+    }
+    if (uv_fileno(&s->io.h, &fd) != 0) {
+        buf_free(&callb);
+        return 0;
+    }
+    buf_init(&b);
+    put_u32(&b, s->io.h.type == UV_NAMED_PIPE);
+    put_u32(&b, (uint32_t)s->proto);
+    put_u32(&b, (uint32_t)s->authed);
+    put_u32(&b, (uint32_t)s->sticky);
+    put_u32(&b, (uint32_t)s->tracking);
+    put_u32(&b, s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
+    put_u32(&b, (uint32_t)s->db);
+    put_i64(&b, left);
+    put_i64(&b, (int64_t)s->id);
+    put_i64(&b, (int64_t)(now >= s->last_active_ms ? now - s->last_active_ms : 0));
+    put_i64(&b, (int64_t)(s->partial_since_ms != 0 && now >= s->partial_since_ms
+                              ? now - s->partial_since_ms
+                              : 0));
+    put_bytes(&b, s->peer, strlen(s->peer));
+    /* CLIENT SETNAME/TRACKING... as Redis accepted them: replayed on the
+     * link the new process lends (as after a failover). */
+    put_bytes(&b, buf_head(&s->sticky_log), buf_used(&s->sticky_log));
+    put_bytes(&b, buf_head(&callb), buf_used(&callb));
+    /* Unparsed input, an incomplete request included: parsed again from its
+     * first byte there (the parser's state here is only a resume point). */
+    put_bytes(&b, buf_head(&s->in), buf_used(&s->in));
+    for (int i = 0; i < 3; i++) {
+        const sub_set *set = s->subs == NULL ? NULL
+                             : i == 0        ? &s->subs->channels
+                             : i == 1        ? &s->subs->patterns
+                                             : &s->subs->shards;
+        put_u32(&b, set == NULL ? 0 : (uint32_t)set->n);
+        for (size_t j = 0; set != NULL && j < set->n; j++) {
+            put_bytes(&b, set->v[j], set->l[j]); /* in subscription order */
+        }
+    }
+    buf_free(&callb);
+    int rc = tk_send(tk->cfd, TK_SESSION, &b, &fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
+    buf_free(&b);
+    if (rc < 0) {
+        char why[160];
+        snprintf(why, sizeof(why), "sending client %llu: %s", (unsigned long long)s->id,
+                 uv_strerror(rc));
+        tk_source_abort(tk, why);
+        return rc;
+    }
+    tk->handed++;
+    /* The socket lives on in the new process: closing this copy of it sends
+     * nothing to the client. */
+    session_close(s, "handed over to the new process");
+    return 0;
+}
+
+/* s's one blocking call r is in flight on its dedicated link: cancel it on
+ * Redis before the session goes over. Returns what tk_hand returns. */
+static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
+{
+    link *l = s->dlink;
+    if (l->state != LINK_READY || l->redis_id <= 0 ||
+        upstream_shared(tk->f->up, &tk->f->up->self, s->id, 2) == NULL) {
+        /* No way to ask Redis: closing the link (session_close) cancels it,
+         * as when a client leaves. */
+        return tk_hand(tk, s, r);
+    }
+    if (tk->ncancels == tk->capcancels) {
+        tk->capcancels = tk->capcancels ? tk->capcancels * 2 : 16;
+        tk->cancels = xrealloc(tk->cancels, tk->capcancels * sizeof(*tk->cancels));
+    }
+    tk_cancel *c = &tk->cancels[tk->ncancels++];
+    memset(c, 0, sizeof(*c));
+    c->sid = s->id;
+    c->lid = l->id;
+    c->redis_id = l->redis_id;
+    c->call = tk_copy_call(tk->f, r);
+    c->since = now;
+    router_release_call(s, r);
+    /* The reply to the call now comes to the takeover, not to s. */
+    r->flags |= REQ_F_INTERNAL;
+    r->done = tk_call_done;
+    r->arg = (long long)s->id;
+    upstream_disown(l);
+    tk_ask_unblock(tk, c, now);
+    return 0;
+}
+
+/* Nothing of s is half done: no transaction, no stream ferry cannot carry
+ * (MONITOR), no output waiting to be written. */
+static int tk_quiet(const session *s)
+{
+    return s->state == SESSION_OPEN && s->tx == TX_NONE && s->tunnel != TUN_OTHER &&
+           outq_len(&s->out) == 0 && !s->out.writing;
+}
+
+/* Hand s over if it is ready (or start cancelling its blocked call).
+ * Returns 0, or a negative error (the takeover was aborted). */
+static int tk_try_session(takeover *tk, session *s, uint64_t now)
+{
+    if (s->state != SESSION_OPEN) {
+        return 0; /* QUIT seen: it closes itself */
+    }
+    if (s->tx != TX_NONE) {
+        /* A transaction (or a WATCH) goes on here until EXEC, DISCARD or
+         * UNWATCH: reading continues until then. */
+        session_check_reading(s);
+        return 0;
+    }
+    session_stop_reading(s);
+    if (s->tunnel == TUN_OTHER) {
+        /* MONITOR or CLIENT REPLY: a stream ferry does not rebuild on
+         * another link (as after a failover). It never becomes ready, so it
+         * is closed now, after its replies, as SIGTERM does (rather than at
+         * shutdown_timeout_ms). */
+        tk->closed++;
+        if (outq_len(&s->out) == 0) {
+            session_close(s, "ferry restarted (takeover): a MONITOR or CLIENT REPLY stream "
+                             "cannot be handed over");
+        } else {
+            session_set_state(s, SESSION_QUITTING); /* closed once written */
+        }
+        return 0;
+    }
+    tk_cancel *c = tk_cancel_find(tk, s->id);
+    if (c != NULL) {
+        if (!c->done || !tk_quiet(s) || s->nrequests != 0 || s->inflight != 0) {
+            return 0;
+        }
+        request *call = c->call;
+        c->call = NULL;
+        tk_cancel_drop(tk, c);
+        int rc = tk_hand(tk, s, call);
+        request_free(tk->f, call);
+        return rc;
+    }
+    if (!tk_quiet(s)) {
+        return 0;
+    }
+    if (s->nrequests == 0 && s->inflight == 0) {
+        return tk_hand(tk, s, NULL);
+    }
+    if (s->nrequests == 1 && s->tunnel == TUN_NONE) {
+        request *r = list_entry(list_first(&s->requests), request, sq);
+        if (!(r->flags & REQ_F_BLOCKING)) {
+            return 0;
+        }
+        if (r->state == REQ_HELD && s->inflight == 0) {
+            return tk_hand(tk, s, r);
+        }
+        if (r->state == REQ_SENT && r->link != NULL && r->link == s->dlink && s->inflight == 1) {
+            return tk_cancel_call(tk, s, r, now);
+        }
+    }
+    return 0;
+}
+
+/* Cancels that need a nudge: CLIENT UNBLOCK again, a client that left, or
+ * no answer in time (the link is closed: that cancels the call too). */
+static void tk_cancel_tick(takeover *tk, uint64_t now)
+{
+    ferry *f = tk->f;
+    for (size_t i = 0; i < tk->ncancels;) {
+        tk_cancel *c = &tk->cancels[i];
+        if (c->done) {
+            i++;
+            continue;
+        }
+        session *s = tk_session_find(f, c->sid);
+        if (s == NULL || now - c->since >= TAKEOVER_CANCEL_TIMEOUT_MS) {
+            link *l = tk_link_find(f, c->lid);
+            if (s != NULL) {
+                log_warn("takeover: client %llu: CLIENT UNBLOCK unanswered for %d ms: closing "
+                         "its link",
+                         (unsigned long long)s->id, TAKEOVER_CANCEL_TIMEOUT_MS);
+                c->done = 1;
+            }
+            if (l != NULL) {
+                link_close(l, "blocked call cancelled for a takeover");
+            }
+            if (s == NULL) {
+                tk_cancel_drop(tk, c);
+                continue;
+            }
+        } else if (!c->asking && now >= c->next_try) {
+            tk_ask_unblock(tk, c, now);
+        }
+        i++;
+    }
+}
+
+static void tk_finish_source(takeover *tk, const char *why)
+{
+    ferry *f = tk->f;
+    list_node *n;
+    list_foreach(n, &f->sessions)
+    {
+        /* Left to SIGTERM's rules (those already closing were counted). */
+        tk->closed += list_entry(n, session, node)->state == SESSION_OPEN;
+    }
+    tk_set_phase(tk, TK_SRC_FINISHING);
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    core_stop(f, why);
+}
+
+static void tk_scan(takeover *tk)
+{
+    ferry *f = tk->f;
+    uint64_t now = uv_now(f->loop);
+    list_node *n, *t;
+
+    if (tk->phase != TK_SRC_HANDING) {
+        return;
+    }
+    if (f->stopping) {
+        tk_finish_source(tk, "stopping");
+        return;
+    }
+    tk_cancel_tick(tk, now);
+    /* Least recently active first: the new process keeps its idle list
+     * ordered by appending (session_adopt). */
+    list_foreach_safe(n, t, &f->idle)
+    {
+        if (tk_try_session(tk, list_entry(n, session, idle_node), now) < 0) {
+            return; /* aborted */
+        }
+    }
+    if (f->nclients == 0) {
+        log_info("takeover: all %lu client(s) handed over in %llu ms (%llu ms since the new "
+                 "process connected)",
+                 tk->handed, (unsigned long long)(now - tk->handing_ms),
+                 (unsigned long long)(now - tk->started_ms));
+        tk_finish_source(tk, "handed over to a new process");
+    } else if (now >= tk->deadline_ms) {
+        log_warn("takeover: %llu client(s) not handed over within shutdown_timeout_ms (%lu "
+                 "were): closed after their replies",
+                 (unsigned long long)f->nclients, tk->handed);
+        tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
+    }
+}
+
+static void tk_scan_cb(uv_timer_t *t)
+{
+    tk_scan(t->data);
+}
+
+static void tk_source_abort(takeover *tk, const char *why)
+{
+    ferry *f = tk->f;
+    list_node *n;
+    int handing = tk->phase == TK_SRC_HANDING;
+
+    log_error("takeover aborted: %s", why);
+    tk_unwatch(&tk->cpoll, &tk->cfd);
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    tk_set_phase(tk, TK_IDLE);
+    if (handing) {
+        /* The listeners went to the new process: this one keeps the
+         * clients it still has, and accepts no new ones. */
+        log_error("takeover: this process no longer listens; %llu client(s) stay with it",
+                  (unsigned long long)f->nclients);
+        f->handing_over = 0;
+        list_foreach(n, &f->sessions)
+        {
+            session_check_reading(list_entry(n, session, node));
+        }
+    }
+}
+
+/* ---------------------------------------------------- new: the sessions */
+
+static void tk_sink_session(takeover *tk, rd *p, int fd)
+{
+    ferry *f = tk->f;
+    session_import im;
+    buf input;
+    size_t n;
+
+    memset(&im, 0, sizeof(im));
+    im.is_unix = (int)get_u32(p);
+    uint32_t proto = get_u32(p);
+    im.proto = (int)proto;
+    im.authed = (int)get_u32(p);
+    im.sticky = (int)get_u32(p);
+    im.tracking = (int)get_u32(p);
+    im.pubsub = (int)get_u32(p);
+    im.db = (int)get_u32(p);
+    int64_t left = get_i64(p);
+    int64_t old_id = get_i64(p);
+    int64_t idle = get_i64(p);
+    int64_t partial = get_i64(p);
+    im.idle_ms = idle > 0 ? (uint64_t)idle : 0;
+    im.partial_ms = partial > 0 ? (uint64_t)partial : 0;
+    const char *peer = get_bytes(p, &n);
+    char peerz[64];
+    snprintf(peerz, sizeof(peerz), "%.*s", (int)n, peer);
+    im.settings = get_bytes(p, &im.nsettings);
+    buf_init(&input);
+    const char *call = get_bytes(p, &n);
+    buf_append(&input, call, n);
+    size_t ncall = n;
+    const char *rest = get_bytes(p, &n);
+    buf_append(&input, rest, n);
+    for (int i = 0; i < 3 && !p->bad; i++) {
+        uint32_t k = get_u32(p);
+        for (uint32_t j = 0; j < k && !p->bad; j++) {
+            const char *name = get_bytes(p, &n);
+            if (p->bad) {
+                break;
+            }
+            if (im.subs == NULL) {
+                im.subs = sub_sets_new();
+            }
+            sub_set *set = i == 0   ? &im.subs->channels
+                           : i == 1 ? &im.subs->patterns
+                                    : &im.subs->shards;
+            subs_add(set, name, n);
+        }
+    }
+    if (im.pubsub && im.subs == NULL) {
+        im.subs = sub_sets_new(); /* subscribed to nothing yet: the tunnel stays open */
+    }
+    if (p->bad || (proto != 2 && proto != 3) || fd < 0) {
+        log_error("takeover: malformed client from the old process (protocol %u): closed",
+                  (unsigned)proto);
+        if (fd >= 0) {
+            close(fd);
+        }
+    } else {
+        im.input = buf_head(&input);
+        im.ninput = buf_used(&input);
+        tk->handed++;
+        log_info("takeover: client %lld %s received (RESP%d, db %d%s%s%s%s, %zu byte(s) "
+                 "unparsed)",
+                 (long long)old_id, peerz, im.proto, im.db, im.pubsub ? ", subscribed" : "",
+                 im.nsettings > 0 ? ", connection settings" : "", ncall > 0 ? ", blocked call" : "",
+                 ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "",
+                 im.ninput - ncall);
+        int rc = session_adopt(f, fd, &im);
+        if (rc < 0) {
+            log_error("takeover: cannot open client %lld: %s", (long long)old_id, uv_strerror(rc));
+            close(fd);
+        }
+    }
+    sub_sets_free(im.subs);
+    buf_free(&input);
+}
+
+/* New process, waiting for a usable master: once its master view is UP
+ * (or after TAKEOVER_READY_MS, when its clients' requests are held as at any
+ * start), tell the old process to hand the clients over. */
+static void tk_ready_cb(uv_timer_t *t)
+{
+    takeover *tk = t->data;
+    ferry *f = tk->f;
+    uint64_t waited = uv_now(f->loop) - tk->started_ms;
+    char msg[64];
+    buf none;
+
+    if (tk->phase != TK_SINK_READYING) {
+        return;
+    }
+    int up = f->up != NULL && f->up->state == UP_UP;
+    if (!up && waited < TAKEOVER_READY_MS) {
+        return;
+    }
+    uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+    tk->scan = NULL;
+    /* Before ACCEPTING: the old process may exit right after it, and systemd
+     * must know the new main process by then (it reads notifications before
+     * exits, so one sent first is seen first). */
+    snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
+    takeover_sd_notify(msg);
+    buf_init(&none);
+    int rc = tk_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
+    if (rc < 0) {
+        log_error("takeover: %s; continuing on the inherited listeners", uv_strerror(rc));
+        tk_sink_finish(tk, "the control connection failed");
+    } else {
+        tk_set_phase(tk, TK_SINK);
+        if (up) {
+            log_info("takeover: master UP after %llu ms; receiving clients",
+                     (unsigned long long)waited);
+        } else {
+            log_warn("takeover: no usable master after %llu ms; receiving clients anyway (their "
+                     "requests are held)",
+                     (unsigned long long)waited);
+        }
+    }
+}
+
+static void tk_sink_finish(takeover *tk, const char *why)
+{
+    ferry *f = tk->f;
+    tk_unwatch(&tk->cpoll, &tk->cfd);
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    close_fds(tk->fdq, tk->nfdq);
+    tk->nfdq = 0;
+    tk_set_phase(tk, TK_IDLE);
+    log_info("takeover: %s: %lu client(s) received in %llu ms", why, tk->handed,
+             (unsigned long long)(uv_now(f->loop) - tk->started_ms));
+    if (f->outage == NULL && f->cfg->fallback_path != NULL && !f->stopping && !f->closed) {
+        if (outage_open(f) < 0) {
+            log_error("takeover: running without the fallback store");
+        }
+        f->wake_pending = 1;
+    }
+    if (!f->stopping && !f->closed) {
+        tk_listen_configured(tk);
+    }
+}
+
+/* ---------------------------------------------------------- the control */
+
+static void tk_control_cb(uv_poll_t *h, int status, int events)
+{
+    takeover *tk = h->data;
+    int sink = tk_is_sink(tk);
+
+    for (int rounds = 0; rounds < 64 && tk->cfd >= 0; rounds++) {
+        int rc = status < 0 ? status : tk_recv(tk);
+        for (;;) {
+            int type, fds[TAKEOVER_MAX_FDS], nfds;
+            rd p;
+            int fr = tk_frame(tk, &type, &p, fds, &nfds);
+            if (fr == 0) {
+                break;
+            }
+            if (fr < 0) {
+                if (sink) {
+                    log_error("takeover: protocol error from the old process");
+                    tk_sink_finish(tk, "protocol error");
+                } else {
+                    tk_source_abort(tk, "protocol error from the new process");
+                }
+                return;
+            }
+            if (!sink) {
+                tk_source_frame(tk, type, &p, fds, nfds);
+                if (tk->cfd >= 0) {
+                    tk_consume(tk, &p);
+                }
+            } else if (type == TK_SESSION) {
+                tk_sink_session(tk, &p, nfds == 1 ? fds[0] : -1);
+                close_fds(fds + 1, nfds - 1);
+                tk_consume(tk, &p);
+            } else if (type == TK_DONE) {
+                close_fds(fds, nfds);
+                uint32_t handed = get_u32(&p), closed = get_u32(&p);
+                log_info("takeover: the old process is done (%u handed over, %u closed after "
+                         "their replies)",
+                         (unsigned)handed, (unsigned)closed);
+                tk_consume(tk, &p);
+                tk_sink_finish(tk, "complete");
+                return;
+            } else {
+                close_fds(fds, nfds);
+                tk_consume(tk, &p);
+            }
+            if (tk->cfd < 0) {
+                return;
+            }
+        }
+        if (rc == UV_EAGAIN) {
+            return;
+        }
+        if (rc <= 0) {
+            if (sink) {
+                tk_sink_finish(tk, "the old process went away before it was done");
+            } else if (tk->phase == TK_SRC_FINISHING) {
+                tk_unwatch(&tk->cpoll, &tk->cfd);
+            } else {
+                tk_source_abort(tk, rc == 0 ? "the new process went away" : uv_strerror(rc));
+            }
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------- periodic */
+
+void takeover_tick(ferry *f, uint64_t now)
+{
+    takeover *tk = f->takeover;
+    if (tk == NULL) {
+        return;
+    }
+    if ((tk->phase == TK_SRC_HELLO || tk->phase == TK_SRC_LISTENERS) &&
+        now - tk->started_ms >= TAKEOVER_HANDSHAKE_MS) {
+        tk_source_abort(tk, "the new process did not finish the handshake in time");
+        return;
+    }
+    if (tk->phase == TK_SRC_HANDING && f->stopping) {
+        tk_finish_source(tk, "stopping");
+    }
+}
+
+void takeover_close(ferry *f)
+{
+    takeover *tk = f->takeover;
+    if (tk == NULL) {
+        return;
+    }
+    if (tk->phase == TK_SRC_FINISHING && tk->cfd >= 0) {
+        buf b;
+        buf_init(&b);
+        put_u32(&b, (uint32_t)tk->handed);
+        put_u32(&b, (uint32_t)tk->closed);
+        log_info("takeover: done: %lu client(s) handed over, %lu closed after their replies; "
+                 "fallback store released",
+                 tk->handed, tk->closed);
+        int rc = tk_send(tk->cfd, TK_DONE, &b, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
+        buf_free(&b);
+        if (rc < 0) {
+            log_warn("takeover: telling the new process: %s", uv_strerror(rc));
+        }
+    }
+    tk_unwatch(&tk->cpoll, &tk->cfd);
+    if (tk->lpath_owned && tk->lfd >= 0) {
+        unlink(tk->lpath);
+    }
+    tk_unwatch(&tk->lpoll, &tk->lfd);
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    close_fds(tk->fdq, tk->nfdq);
+    tk->nfdq = 0;
+    for (int i = 0; i < tk->ninh; i++) {
+        if (tk->inh[i].fd >= 0) {
+            close(tk->inh[i].fd);
+            tk->inh[i].fd = -1;
+        }
+    }
+    while (tk->ncancels > 0) {
+        tk_cancel_drop(tk, &tk->cancels[tk->ncancels - 1]);
+    }
+}
+
+void takeover_free(ferry *f)
+{
+    takeover *tk = f->takeover;
+    if (tk == NULL) {
+        return;
+    }
+    buf_free(&tk->rx);
+    free(tk->cancels);
+    free(tk);
+    f->takeover = NULL;
+}
