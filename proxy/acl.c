@@ -67,6 +67,24 @@ static void refuse(session *s, request *r, const char *p, size_t n)
     session_answer(s, r, p, n);
 }
 
+/* Whether id's links may be opened with pass: not when Redis refused that
+ * very password on its last new link. Another password for a refused user
+ * is tried: its links are opened with it. */
+static int ident_usable(ferry *f, ident *id, const char *pass, size_t plen)
+{
+    if (!id->rejected) {
+        return 1;
+    }
+    if (strlen(id->pass) == plen && memcmp(id->pass, pass, plen) == 0) {
+        return 0;
+    }
+    upstream_ident_set_pass(id, pass, plen);
+    id->rejected = 0;
+    id->next_open_ms = 0;
+    id->idle_since_ms = uv_now(f->loop);
+    return 1;
+}
+
 int acl_dispatch(session *s, request *r)
 {
     ferry *f = s->f;
@@ -93,20 +111,13 @@ int acl_dispatch(session *s, request *r)
         return ACL_ANSWERED;
     }
     ident *id = upstream_ident(up, user.ptr, user.len, pass.ptr, pass.len);
-    if (id->rejected) {
-        if (strlen(id->pass) == pass.len && memcmp(id->pass, pass.ptr, pass.len) == 0) {
-            /* Redis refused these very credentials on the link opened for them. */
-            char line[256];
-            snprintf(line, sizeof(line), "-%s\r\n", id->error);
-            resp_parser_free(pp);
-            refuse(s, r, line, strlen(line));
-            return ACL_ANSWERED;
-        }
-        /* Another password for the user: open its links with this one. */
-        upstream_ident_set_pass(id, pass.ptr, pass.len);
-        id->rejected = 0;
-        id->next_open_ms = 0;
-        id->idle_since_ms = uv_now(f->loop);
+    if (!ident_usable(f, id, pass.ptr, pass.len)) {
+        /* Redis refused these very credentials on the link opened for them. */
+        char line[256];
+        snprintf(line, sizeof(line), "-%s\r\n", id->error);
+        resp_parser_free(pp);
+        refuse(s, r, line, strlen(line));
+        return ACL_ANSWERED;
     }
     resp_parser_free(pp);
     link *l = upstream_shared(up, id, s->id, 2);
@@ -187,4 +198,46 @@ void acl_forget(session *s)
         upstream_ident_release(s->f->up, s->ident);
         s->ident = NULL;
     }
+}
+
+int acl_adopt(session *s, const session_import *im, char *why, size_t whylen)
+{
+    ferry *f = s->f;
+    int redis = f->cfg->client_auth == CLIENT_AUTH_REDIS;
+
+    if (im->user == NULL) {
+        if (redis && s->authed) {
+            /* Authenticated by ferry (client.auth was not redis there): it
+             * would run as ferry's own user, which client.auth redis never
+             * lets a client do. */
+            snprintf(why, whylen,
+                     "taken over authenticated by ferry, but client.auth is redis here: it "
+                     "must authenticate as a Redis user");
+            return -1;
+        }
+        return 0;
+    }
+    if (!redis) {
+        snprintf(why, whylen,
+                 "taken over authenticated as Redis user '%.*s', but client.auth is not redis "
+                 "here",
+                 (int)(im->nuser < 64 ? im->nuser : 64), im->user);
+        return -1;
+    }
+    /* A user this process knows keeps its password (its links may be
+     * open, or opening, with it); a new one is created with the password
+     * the old process's links were opened with, and its links are opened
+     * when the session needs them, as after a failover. */
+    ident *id = upstream_ident(f->up, im->user, im->nuser, im->pass, im->npass);
+    if (!ident_usable(f, id, im->pass, im->npass)) {
+        snprintf(why, whylen,
+                 "taken over as Redis user '%s', whose credentials Redis refuses on a new link: "
+                 "%s",
+                 id->user, id->error);
+        return -1;
+    }
+    upstream_ident_hold(id);
+    upstream_ident_release(f->up, s->ident);
+    s->ident = id;
+    return 0;
 }

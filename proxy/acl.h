@@ -28,6 +28,12 @@ int acl_dispatch(session *s, request *r);
  * (s->ident is set; the caller answers as the command does), 0 when r was
  * answered with Redis' refusal or ferry's, or its next step was sent. */
 int acl_on_reply(session *s, request *r, struct link *l, const char *p, size_t n);
+/* A session taken over from another ferry process (takeover.c) goes on as
+ * the Redis user it ran as there: im->user, whose links are opened with
+ * im->pass when this process has none (as after a failover). Returns 0, or
+ * -1 with why filled when it cannot be carried (the caller closes it): the
+ * user is refused by Redis, or this configuration's client.auth differs. */
+int acl_adopt(session *s, const session_import *im, char *why, size_t whylen);
 /* The session leaves its user (RESET, close). */
 void acl_forget(session *s);
 

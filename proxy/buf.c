@@ -44,6 +44,41 @@ void buf_reserve(buf *b, size_t n)
     b->cap = cap;
 }
 
+void buf_reserve_secret(buf *b, size_t n)
+{
+    size_t live = b->len - b->pos;
+    if (b->cap - b->len >= n) {
+        return;
+    }
+    if (b->pos > 0 && b->cap - live >= n && b->pos >= live) {
+        memmove(b->data, b->data + b->pos, live);
+        explicit_bzero(b->data + live, b->len - live); /* the copy moved from */
+        b->len = live;
+        b->pos = 0;
+        return;
+    }
+    size_t cap = b->cap ? b->cap : BUF_MIN;
+    while (cap < live + n) {
+        cap = cap < (64u << 20) ? cap * 2 : cap + (64u << 20);
+    }
+    char *data = xmalloc(cap);
+    if (live > 0) {
+        memcpy(data, b->data + b->pos, live);
+    }
+    buf_free_secret(b);
+    b->data = data;
+    b->len = live;
+    b->cap = cap;
+}
+
+void buf_free_secret(buf *b)
+{
+    if (b->data != NULL) {
+        explicit_bzero(b->data, b->cap);
+    }
+    buf_free(b);
+}
+
 void buf_append(buf *b, const void *p, size_t n)
 {
     if (n == 0) {

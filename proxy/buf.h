@@ -29,6 +29,12 @@ void buf_init(buf *b);
 void buf_free(buf *b);
 /* Make room for n more bytes after len (compacting consumed bytes first). */
 void buf_reserve(buf *b, size_t n);
+/* As buf_reserve, for bytes that may hold a password: no copy of them is
+ * left behind (a compaction wipes what it moved from, a growth wipes the
+ * block it leaves). */
+void buf_reserve_secret(buf *b, size_t n);
+/* As buf_free, wiping every byte of the storage first. */
+void buf_free_secret(buf *b);
 void buf_append(buf *b, const void *p, size_t n);
 void buf_append_str(buf *b, const char *s);
 /* RESP encoding: "<type><n>\r\n" (type '*' or '$'), one bulk string, and a

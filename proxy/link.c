@@ -322,17 +322,30 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
         fence_verify(l); /* ROLE, then durability, before any client request */
     } else if (kind == LINK_DEDICATED) {
         /* Its id lets a takeover cancel a blocked call (CLIENT UNBLOCK)
-         * and know whether it popped something first. */
-        static const char *const argv[] = {"CLIENT", "ID"};
-        link_internal(l, argv, 2, link_client_id_done, 0);
+         * and know whether it popped something first. HELLO (no argument:
+         * changes nothing) tells it, and Redis lets every user run it,
+         * where CLIENT ID would be refused to most client.auth redis users
+         * (and each refusal land in ACL LOG). */
+        static const char *const argv[] = {"HELLO"};
+        link_internal(l, argv, 1, link_client_id_done, 0);
     }
     return l;
 }
 
+/* HELLO's answer, a map (RESP3) or a flat array (RESP2) of bulk-string
+ * keys: the connection's id is the integer after the key "id". */
 static void link_client_id_done(link *l, request *r, const char *reply, size_t len)
 {
-    if (len > 1 && reply[0] == ':') {
-        l->redis_id = strtoll(reply + 1, NULL, 10);
+    static const char key[] = "\r\n$2\r\nid\r\n:";
+    const size_t klen = sizeof(key) - 1;
+    if (len == 0 || (reply[0] != '*' && reply[0] != '%')) {
+        return;
+    }
+    for (size_t i = 0; i + klen < len; i++) {
+        if (memcmp(reply + i, key, klen) == 0) {
+            l->redis_id = strtoll(reply + i + klen, NULL, 10);
+            return;
+        }
     }
 }
 

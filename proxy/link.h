@@ -73,7 +73,8 @@ typedef struct link {
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */
-    long long redis_id;         /* dedicated: CLIENT ID on Redis (CLIENT UNBLOCK), 0 unknown */
+    long long redis_id;         /* dedicated: its client id on Redis, from HELLO (for CLIENT
+                                   UNBLOCK); 0 unknown */
     int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
     struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "acl.h"
 #include "backlog.h"
 #include "link.h"
 #include "log.h"
@@ -177,6 +178,13 @@ int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
      * be an error the client never saw from the process it connected to). */
     session_register(s, im->is_unix);
     s->authed = im->authed;
+    char why[300];
+    if (acl_adopt(s, im, why, sizeof(why)) < 0) {
+        /* Nothing of it runs as anyone else: it connects and authenticates
+         * again, as after Redis closed a deleted user's connection. */
+        session_close(s, why);
+        return 0;
+    }
     /* The idle clock goes on where it was. */
     s->last_active_ms = now >= im->idle_ms ? now - im->idle_ms : 0;
     session_place_by_time(&f->idle, &s->idle_node, offsetof(session, idle_node),

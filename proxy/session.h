@@ -112,6 +112,10 @@ typedef struct session_import {
     int is_unix;          /* unix socket, else TCP */
     int db;               /* database selected */
     int authed;           /* AUTH accepted */
+    const char *user;     /* client.auth redis: the Redis user it runs as, */
+    size_t nuser;         /* NULL when none; borrowed */
+    const char *pass;     /* the password Redis last accepted for user there, */
+    size_t npass;         /* to open the user's links with; borrowed */
     int pubsub;           /* subscribed: re-subscribe to subs */
     int proto;            /* RESP version it speaks: 2, or 3 (HELLO 3) */
     int sticky;           /* pinned for life (CLIENT SETNAME/TRACKING...) */

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #define link posix_link /* unistd.h's link(2) would clash with ferry's link type */
 #include <unistd.h>
@@ -59,7 +60,8 @@
 #include "session.h"
 #include "upstream.h"
 
-#define TAKEOVER_MAGIC "ferry-takeover/1"
+/* /2: a session frame ends with the Redis user it runs as (client.auth redis). */
+#define TAKEOVER_MAGIC "ferry-takeover/2"
 #define TAKEOVER_SEND_TIMEOUT_MS 5000   /* one frame's send, old process */
 #define TAKEOVER_CANCEL_TIMEOUT_MS 2000 /* CLIENT UNBLOCK unanswered: close the link */
 #define TAKEOVER_UNBLOCK_RETRY_MS 20    /* CLIENT UNBLOCK found nothing blocked (yet) */
@@ -261,6 +263,7 @@ static int tk_send(int fd, int type, const buf *payload, const int *fds, int nfd
 
     ferry_assert(nfds >= 0 && nfds <= TAKEOVER_MAX_FDS);
     buf_init(&b);
+    buf_reserve(&b, sizeof(hdr) + buf_used(payload)); /* one block, wiped when freed */
     buf_append(&b, hdr, sizeof(hdr));
     buf_append(&b, buf_head(payload), buf_used(payload));
     while (off < buf_used(&b)) {
@@ -304,7 +307,7 @@ static int tk_send(int fd, int type, const buf *payload, const int *fds, int nfd
         rc = n < 0 ? -errno : UV_EPIPE;
         break;
     }
-    buf_free(&b);
+    buf_free_secret(&b); /* a session's frame carries its user's password */
     return rc;
 }
 
@@ -320,7 +323,7 @@ static int tk_recv(takeover *tk)
     struct iovec iov;
     ssize_t n;
 
-    buf_reserve(&tk->rx, 64 * 1024);
+    buf_reserve_secret(&tk->rx, 64 * 1024); /* session frames carry passwords */
     iov.iov_base = tk->rx.data + tk->rx.len;
     iov.iov_len = tk->rx.cap - tk->rx.len;
     memset(&mh, 0, sizeof(mh));
@@ -454,7 +457,11 @@ static int tk_listen(takeover *tk, const char *path)
     sa.sun_family = AF_UNIX;
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     unlink(path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 8) != 0) {
+    /* Only ferry's own system user may connect (what comes over it: every
+     * client connection, and client.auth redis users' passwords): the mode
+     * is set before listen, so nobody connects meanwhile. */
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || chmod(path, 0600) != 0 ||
+        listen(fd, 8) != 0) {
         int rc = -errno;
         close(fd);
         return rc;
@@ -729,6 +736,20 @@ static void tk_listener_cb(uv_poll_t *h, int status, int events)
     }
     fcntl(fd, F_SETFD, FD_CLOEXEC);
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    struct {
+        pid_t pid;
+        uid_t uid;
+        gid_t gid;
+    } cred; /* Linux's struct ucred (unix(7)), which glibc shows only with _GNU_SOURCE */
+    socklen_t clen = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 ||
+        (cred.uid != getuid() && cred.uid != 0)) {
+        /* The socket file's mode keeps others out; this holds even if it
+         * was changed. root may (it can read this process's memory anyway). */
+        log_warn("takeover: a process of another user connected: refused");
+        close(fd);
+        return;
+    }
     if (tk->phase != TK_IDLE || tk->cfd >= 0 || f->stopping || f->closed) {
         log_warn("takeover: a second process connected while %s: refused",
                  f->stopping ? "stopping" : "a takeover is in progress");
@@ -1043,9 +1064,22 @@ static int tk_hand(takeover *tk, session *s, const request *call)
             put_bytes(&b, set->v[j], set->l[j]); /* in subscription order */
         }
     }
+    /* client.auth redis: the Redis user it runs as, and the password Redis
+     * last accepted for that user, with which the new process opens the
+     * user's links if it has none (the control socket is reachable only
+     * by ferry's own system user, and the password is in this process's
+     * memory anyway). Last, with room made first: b does not grow (leaving
+     * a copy behind) once the password is in it, and is wiped when freed. */
+    const ident *id = s->ident;
+    size_t nuser = id != NULL ? strlen(id->user) : 0;
+    size_t npass = id != NULL ? strlen(id->pass) : 0;
+    buf_reserve(&b, 3 * sizeof(uint32_t) + nuser + npass);
+    put_u32(&b, id != NULL);
+    put_bytes(&b, id != NULL ? id->user : "", nuser);
+    put_bytes(&b, id != NULL ? id->pass : "", npass);
     buf_free(&callb);
     int rc = tk_send(tk->cfd, TK_SESSION, &b, &fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
-    buf_free(&b);
+    buf_free_secret(&b);
     if (rc < 0) {
         char why[160];
         snprintf(why, sizeof(why), "sending client %llu: %s", (unsigned long long)s->id,
@@ -1332,7 +1366,21 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     if (im.pubsub && im.subs == NULL) {
         im.subs = sub_sets_new(); /* subscribed to nothing yet: the tunnel stays open */
     }
-    if (p->bad || (proto != 2 && proto != 3) || fd < 0) {
+    uint32_t has_user = get_u32(p);
+    const char *user = get_bytes(p, &im.nuser);
+    size_t npass;
+    /* Wiped below, in the received bytes, once the session has it. */
+    char *pass = (char *)get_bytes(p, &npass);
+    if (has_user) {
+        im.user = user;
+        im.pass = pass;
+        im.npass = npass;
+    }
+    char userz[80] = "";
+    if (has_user) {
+        snprintf(userz, sizeof(userz), ", user '%.*s'", (int)(im.nuser < 64 ? im.nuser : 64), user);
+    }
+    if (p->bad || (proto != 2 && proto != 3) || fd < 0 || (has_user && im.nuser == 0)) {
         log_error("takeover: malformed client from the old process (protocol %u): closed",
                   (unsigned)proto);
         if (fd >= 0) {
@@ -1342,9 +1390,9 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
         im.input = buf_head(&input);
         im.ninput = buf_used(&input);
         tk->handed++;
-        log_info("takeover: client %lld %s received (RESP%d, db %d%s%s%s%s, %zu byte(s) "
+        log_info("takeover: client %lld %s received (RESP%d%s, db %d%s%s%s%s, %zu byte(s) "
                  "unparsed)",
-                 (long long)old_id, peerz, im.proto, im.db, im.pubsub ? ", subscribed" : "",
+                 (long long)old_id, peerz, im.proto, userz, im.db, im.pubsub ? ", subscribed" : "",
                  im.nsettings > 0 ? ", connection settings" : "", ncall > 0 ? ", blocked call" : "",
                  ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "",
                  im.ninput - ncall);
@@ -1353,6 +1401,9 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
             log_error("takeover: cannot open client %lld: %s", (long long)old_id, uv_strerror(rc));
             close(fd);
         }
+    }
+    if (npass > 0) {
+        explicit_bzero(pass, npass); /* the user's ident has its own copy */
     }
     sub_sets_free(im.subs);
     buf_free(&input);
@@ -1411,6 +1462,7 @@ static void tk_sink_finish(takeover *tk, const char *why)
     }
     close_fds(tk->fdq, tk->nfdq);
     tk->nfdq = 0;
+    buf_free_secret(&tk->rx); /* what is left of the session frames */
     tk_set_phase(tk, TK_IDLE);
     log_info("takeover: %s: %lu client(s) received in %llu ms", why, tk->handed,
              (unsigned long long)(uv_now(f->loop) - tk->started_ms));
@@ -1558,7 +1610,7 @@ void takeover_free(ferry *f)
     if (tk == NULL) {
         return;
     }
-    buf_free(&tk->rx);
+    buf_free_secret(&tk->rx);
     free(tk->cancels);
     free(tk);
     f->takeover = NULL;

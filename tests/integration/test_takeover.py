@@ -22,6 +22,22 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          tracked again; a MONITOR client (a stream ferry
                          does not carry over) is closed at once. The old
                          process exits 0.
+  TakeoverAclTest        client.auth redis: a takeover under producers and
+                         consumers running as Redis user tq (~queue:* +@list
+                         +wait); a RESP2 client AUTHed as tq, a RESP3 client
+                         HELLO 3 AUTH tq, a BRPOP blocked as tq (cancelled
+                         and re-issued as tq) and a client whose AUTH as
+                         user to waits behind its BRPOP (handed over only
+                         once Redis answered it, then as to): same sockets,
+                         no error, 0 lost, each still runs as its user on
+                         the new process (Redis' -NOPERM on a key outside
+                         its pattern, CLIENT LIST and ACL LOG name the user
+                         of the new process's links), no password in the
+                         logs; a new process whose client.auth differs
+                         closes the clients it cannot carry (a Redis user's
+                         under client.auth ferry, one authenticated by
+                         ferry under client.auth redis); the takeover
+                         socket has mode 0600
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -57,8 +73,9 @@ import unittest
 
 import harness
 from failover_load import AccountingChecks, Load, current_master, now
-from harness import (FERRY_BIN, REPO, Ferry, SentinelTopology, free_port, render_yaml,
-                     resp_read_raw, resp_read_reply, resp_send, wait_until)
+from harness import (FERRY_BIN, REPO, Ferry, RespError, SentinelTopology, free_port,
+                     render_yaml, resp_encode, resp_read_raw, resp_read_reply, resp_send,
+                     wait_until)
 
 PRE_LOAD = 1.5       # s of load before the takeover
 POST_LOAD = 1.5      # s of load after the old process exited
@@ -305,6 +322,244 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             self.assertEqual(accepted, [])
         self.check_accounting(res, topo, ferry)
         for s in (sel, blk, sub, tx, part, named, trk, mon):
+            s.close()
+
+
+NOKEY = ('NOPERM this user has no permissions to access one of the keys used as arguments')
+
+
+def blocked_as(client, user):
+    """Redis clients of user blocked in BRPOP (CLIENT LIST on the master)."""
+    return [c for c in client.client_list()
+            if c.get('user') == user and c.get('cmd') == 'brpop' and 'b' in c.get('flags', '')]
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class TakeoverAclTest(AccountingChecks, unittest.TestCase):
+    """client.auth redis: a takeover under producers and consumers that run
+    as a Redis user keeps every client's user."""
+
+    USERS = {'tq': ('tqpass', '~queue:*'), 'to': ('topass', '~other:*')}
+
+    def test_takeover_keeps_redis_users(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        for node in topo.redis:
+            c = node.client(socket_timeout=5)
+            for user, (pw, keys) in self.USERS.items():
+                c.execute_command('ACL', 'SETUSER', user, 'reset', 'on', '>' + pw, keys,
+                                  '+@list', '+wait')
+            c.close()
+        conf = dict(FERRY_CONF, takeover={'socket': sock_path}, client={'auth': 'redis'})
+        ferry = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        old_pid = ferry.pid
+        mc = topo.master().client(socket_timeout=5)
+        mc.delete('queue:tk:load', 'queue:tk:a', 'queue:tk:r3', 'queue:tk:blk',
+                  'queue:tk:pend', 'other:tk:pend', 'tk:b')
+        mc.execute_command('ACL', 'LOG', 'RESET')
+
+        def call(s, *args):
+            resp_send(s, list(args))
+            return resp_read_reply(s, 10)
+
+        # RESP2 and RESP3 clients authenticated as tq, on raw sockets.
+        a = ferry.raw()
+        self.assertEqual(call(a, 'AUTH', 'tq', 'tqpass'), 'OK')
+        self.assertEqual(call(a, 'RPUSH', 'queue:tk:a', 'before'), 1)
+        r3 = ferry.raw()
+        self.assertIsInstance(call(r3, 'HELLO', '3', 'AUTH', 'tq', 'tqpass'), dict)
+        self.assertEqual(call(r3, 'RPUSH', 'queue:tk:r3', 'before'), 1)
+        # A BRPOP blocked as tq: cancelled on Redis, re-issued as tq.
+        blk = ferry.raw()
+        self.assertEqual(call(blk, 'AUTH', 'tq', 'tqpass'), 'OK')
+        resp_send(blk, ['BRPOP', 'queue:tk:blk', '0'])
+        # A BRPOP with an AUTH as another user behind it: not handed over
+        # before that AUTH is answered, then as the user it names.
+        pend = ferry.raw()
+        self.assertEqual(call(pend, 'AUTH', 'tq', 'tqpass'), 'OK')
+        pend.sendall(resp_encode('BRPOP', 'queue:tk:pend', '0') +
+                     resp_encode('AUTH', 'to', 'topass'))
+        wait_until(lambda: len(blocked_as(mc, 'tq')) == 2, timeout=10,
+                   msg='both BRPOPs blocked on the master as tq')
+        ports = [s.getsockname() for s in (a, r3, blk, pend)]
+
+        load = Load(ferry, 'tkacl', key='queue:tk:load',
+                    client_kw={'username': 'tq', 'password': 'tqpass'}).start()
+        self.addCleanup(load.stop)
+        time.sleep(PRE_LOAD)
+
+        t_fault = now()
+        new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
+        nothers = 3 + load.producers + load.consumers
+
+        def handed_so_far():
+            return len([ln for ln in log_lines(ferry.log(), old_pid)
+                        if 'closed: handed over to the new process' in ln])
+        wait_until(lambda: handed_so_far() >= nothers, timeout=10,
+                   msg='the other clients to be handed over')
+        with self.subTest(check='a client with an AUTH waiting stays until it is answered'):
+            self.assertIsNone(ferry.proc.poll(), 'the old ferry exited')
+            self.assertEqual(handed_so_far(), nothers)
+        mc.rpush('queue:tk:pend', 'served')
+        self.assertEqual(resp_read_reply(pend, 10), [b'queue:tk:pend', b'served'])
+        self.assertEqual(resp_read_reply(pend, 10), 'OK')
+        try:
+            old_rc = ferry.proc.wait(TAKEOVER_WAIT)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        old_proc = ferry.proc
+        ferry.proc, ferry.pid = new, new.pid
+        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
+            TAKEOVER_WAIT, self.diag(topo, ferry)))
+        if old_proc.poll() is None:
+            old_proc.kill()
+        time.sleep(POST_LOAD)
+        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
+            new.poll(), self.diag(topo, ferry)))
+        res = load.finish(lambda: current_master(topo))
+        res.t_fault = t_fault
+        m = current_master(topo).client(socket_timeout=5)
+
+        with self.subTest(check='the blocked BRPOP is re-issued as tq'):
+            # The load's consumers have stopped: the one blocked now is blk's.
+            wait_until(lambda: len(blocked_as(m, 'tq')) == 1, timeout=10,
+                       msg='the BRPOP re-issued as tq')
+            self.assertEqual([c for c in m.client_list() if c.get('cmd') == 'brpop'
+                              and 'b' in c.get('flags', '')], blocked_as(m, 'tq'))
+            m.rpush('queue:tk:blk', 'after')
+            self.assertEqual(resp_read_reply(blk, 10), [b'queue:tk:blk', b'after'])
+        with self.subTest(check='the RESP2 client runs as tq'):
+            self.assertEqual(call(a, 'RPUSH', 'queue:tk:a', 'after'), 2)
+            self.assertEqual(call(a, 'RPUSH', 'tk:b', 'x'), RespError(NOKEY))
+        with self.subTest(check='the RESP3 client runs as tq, in RESP3'):
+            resp_send(r3, ['RPUSH', 'queue:tk:r3', 'after'])
+            self.assertEqual(resp_read_raw(r3), b':2\r\n')
+            resp_send(r3, ['RPOP', 'queue:tk:none'])
+            self.assertEqual(resp_read_raw(r3), b'_\r\n')
+            self.assertEqual(call(r3, 'LPUSH', 'tk:b', 'x'), RespError(NOKEY))
+        with self.subTest(check='the client whose AUTH was answered last runs as to'):
+            self.assertEqual(call(pend, 'RPUSH', 'other:tk:pend', 'x'), 1)
+            self.assertEqual(call(pend, 'RPUSH', 'queue:tk:pend', 'x'), RespError(NOKEY))
+        with self.subTest(check='Redis names the user of the new process links'):
+            self.assertEqual(m.exists('tk:b'), 0)
+            self.assertEqual(m.lrange('queue:tk:a', 0, -1), ['before', 'after'])
+            links = {int(c['id']): c['user'] for c in m.client_list()}
+            # ... and nothing else was refused to the users (ferry runs
+            # nothing a user may not on the user's links).
+            log = [dict(zip(e[::2], e[1::2])) for e in m.execute_command('ACL', 'LOG')]
+            self.assertEqual(sorted((e['reason'], e['username'], e['object']) for e in log),
+                             [('key', 'to', 'queue:tk:pend'), ('key', 'tq', 'tk:b')], log)
+            for e in log:
+                info = dict(kv.split('=', 1) for kv in e['client-info'].split(' ') if '=' in kv)
+                # the old process has exited: a link still open is the new one's
+                self.assertEqual(links.get(int(info['id'])), e['username'], (e, links))
+                self.assertEqual(info['user'], e['username'])
+        with self.subTest(check='same sockets'):
+            self.assertEqual([s.getsockname() for s in (a, r3, blk, pend)], ports)
+
+        log = ferry.log()
+        old_log = log_lines(log, old_pid)
+        new_log = log_lines(log, new.pid)
+        with self.subTest(check='the old process handed every client over and exited 0'):
+            self.assertEqual(old_rc, 0)
+            handed = re.search(r'takeover: all (\d+) client\(s\) handed over',
+                               '\n'.join(old_log))
+            self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
+            self.assertEqual(int(handed.group(1)), nothers + 1)
+        with self.subTest(check="blocked calls cancelled on Redis, not by closing the link"):
+            # CLIENT UNBLOCK needs the user link's client id: an item Redis
+            # pops as the link closes would be popped for nobody.
+            began = [i for i, ln in enumerate(old_log) if 'takeover: a new process connected' in ln]
+            self.assertEqual(len(began), 1)
+            during = old_log[began[0]:]
+            self.assertGreaterEqual(
+                len([ln for ln in during if 'blocked call cancelled on Redis' in ln]), 1,
+                '\n'.join(during[-40:]))
+            self.assertEqual([ln for ln in during if 'its client left' in ln], [])
+        with self.subTest(check='the new process received them with their users'):
+            got = [ln for ln in new_log if re.search(r'takeover: client \d+ \S+ received', ln)]
+            self.assertEqual(len(got), nothers + 1, '\n'.join(new_log[-40:]))
+            self.assertEqual([ln for ln in got if ", user '" not in ln], [])
+            self.assertEqual(len([ln for ln in got if "(RESP3, user 'tq'" in ln]), 1)
+            self.assertEqual(len([ln for ln in got if "user 'to'" in ln]), 1)
+            self.assertTrue(any("user 'tq'" in ln and 'blocked call' in ln for ln in got))
+            accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
+            self.assertEqual(accepted, [])
+        with self.subTest(check='no password in any log'):
+            out = log + ferry.output()
+            for pw in ('tqpass', 'topass'):
+                self.assertNotIn(pw, out)
+        self.check_accounting(res, topo, ferry)
+        for s in (a, r3, blk, pend):
+            s.close()
+
+
+    def test_client_auth_changed(self):
+        """A new process whose client.auth differs closes the clients it
+        cannot carry: one authenticated as a Redis user under client.auth
+        ferry, one authenticated by ferry under client.auth redis (it would
+        run as ferry's own user). The others go over."""
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        redis_srv.client().execute_command('ACL', 'SETUSER', 'tq', 'reset', 'on', '>tqpass',
+                                           '~queue:*', '+@list')
+        ferry = Ferry(redis_srv, conf={'takeover': {'socket': sock_path},
+                                       'client': {'auth': 'redis'}})
+        self.addCleanup(ferry.stop)
+        # Only ferry's own user may connect (client connections, passwords).
+        self.assertEqual(os.stat(sock_path).st_mode & 0o777, 0o600)
+
+        def call(s, *args):
+            resp_send(s, list(args))
+            return resp_read_reply(s, 10)
+
+        def take_over(auth):
+            conf = dict(ferry.conf, client={'auth': auth})
+            path = os.path.join(tmp, 'ferry-%s.yml' % auth)
+            with open(path, 'w') as f:
+                f.write(render_yaml(conf))
+            new = spawn_takeover(path, sock_path, ferry.out_path)
+            old = ferry.proc
+            try:
+                self.assertEqual(old.wait(TAKEOVER_WAIT), 0)
+            finally:
+                ferry.proc, ferry.pid = new, new.pid
+            wait_until(lambda: 'takeover: complete' in '\n'.join(log_lines(ferry.log(), new.pid)),
+                       timeout=10, msg='the new process to be done')
+            return log_lines(ferry.log(), new.pid)
+
+        user = ferry.raw()
+        self.assertEqual(call(user, 'AUTH', 'tq', 'tqpass'), 'OK')
+        anon = ferry.raw()
+        self.assertEqual(call(anon, 'PING'), RespError('NOAUTH Authentication required.'))
+        new_log = take_over('ferry')
+        with self.subTest(check='client.auth ferry: the Redis user client is closed'):
+            user.settimeout(10)
+            self.assertEqual(user.recv(100), b'')
+            self.assertTrue(any("taken over authenticated as Redis user 'tq', but client.auth "
+                                "is not redis here" in ln for ln in new_log), '\n'.join(new_log))
+        with self.subTest(check='client.auth ferry: the other client goes on'):
+            self.assertEqual(call(anon, 'PING'), 'PONG')
+        by_ferry = ferry.raw()
+        self.assertEqual(call(by_ferry, 'PING'), 'PONG')  # no client.password: authenticated
+        new_log = take_over('redis')
+        with self.subTest(check='client.auth redis: a client authenticated by ferry is closed'):
+            by_ferry.settimeout(10)
+            self.assertEqual(by_ferry.recv(100), b'')
+            self.assertTrue(any('taken over authenticated by ferry, but client.auth is redis '
+                                'here' in ln for ln in new_log), '\n'.join(new_log))
+        with self.subTest(check='client.auth redis: a client never authenticated must AUTH'):
+            self.assertEqual(call(anon, 'PING'), RespError('NOAUTH Authentication required.'))
+            self.assertEqual(call(anon, 'AUTH', 'tq', 'tqpass'), 'OK')
+            self.assertEqual(call(anon, 'RPUSH', 'tk:b', 'x'), RespError(NOKEY))
+        for s in (user, anon, by_ferry):
             s.close()
 
 
