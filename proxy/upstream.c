@@ -332,7 +332,7 @@ void upstream_on_link_error(link *l, const char *why)
 {
     upstream *up = l->up;
     if (l->epoch == up->epoch && up->state == UP_UP &&
-        (l->kind != LINK_DEDICATED || l->npending > 0)) {
+        (l->kind != LINK_DEDICATED || l->npending > 0 || l->state == LINK_CONNECTING)) {
         /* A master connection broke: hold everything until we know which
          * master to use (Sentinel) or it is back (fixed). */
         char sw[500];
