@@ -973,6 +973,16 @@ void router_on_refused(session *s, request *r, const char *why)
               (unsigned long long)s->id, why);
 }
 
+/* ferry answers r, whose link was lost. Requests behind it may wait for
+ * it to leave that link (never in flight on two links): the session is
+ * dispatched again at the next wake-up, which the closing link asks for. */
+static void answer_lost(session *s, request *r, const char *text)
+{
+    session_answer_str(s, r, text);
+    session_flush_answered(s);
+    backlog_wait(s);
+}
+
 void router_on_lost(session *s, request *r, const char *reason)
 {
     ferry *f = s->f;
@@ -981,8 +991,7 @@ void router_on_lost(session *s, request *r, const char *reason)
     note_flight_done(s);
     if (r->route == RT_DISCARD) {
         /* The transaction is gone with its link, as DISCARD asked. */
-        session_answer_str(s, r, "+OK\r\n");
-        session_flush_answered(s);
+        answer_lost(s, r, "+OK\r\n");
         return;
     }
     if ((r->route == RT_MULTI || r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) &&
@@ -997,8 +1006,7 @@ void router_on_lost(session *s, request *r, const char *reason)
             f->stats.requests_retried_unknown++;
         }
         if (r->route == RT_MULTI) {
-            session_answer_str(s, r, "+OK\r\n");
-            session_flush_answered(s);
+            answer_lost(s, r, "+OK\r\n");
         } else {
             requeue(s, r);
         }
@@ -1024,8 +1032,7 @@ void router_on_lost(session *s, request *r, const char *reason)
     f->stats.requests_failed++;
     snprintf(line, sizeof(line), "-ERR ferry: request failed %d times: %s\r\n", r->retries + 1,
              reason);
-    session_answer_str(s, r, line);
-    session_flush_answered(s);
+    answer_lost(s, r, line);
 }
 
 /* The state a transaction goes to when the link carrying it breaks. */
