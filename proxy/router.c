@@ -24,6 +24,7 @@
 #include <strings.h>
 
 #include "backlog.h"
+#include "fence.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -131,6 +132,11 @@ static void router_set_tunnel(session *s, tunnel_state st)
 int router_holds_state(const session *s)
 {
     return s->tx == TX_WATCHING || s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
+}
+
+int router_multi_open(const session *s)
+{
+    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
 }
 
 static int in_multi(const session *s)
@@ -841,6 +847,11 @@ static int dispatch_one(session *s, request *r)
     }
     r->s = s;
     r->sent_ns = uv_hrtime();
+    if (r->route == RT_MULTI && target->need_wait && target->state != LINK_FENCING) {
+        /* The WAIT owed for writes already sent goes before MULTI: after
+         * it, Redis would queue the WAIT in the client's transaction. */
+        fence_wait(target);
+    }
     link_send(target, r);
     s->inflight++;
     s->flight_link = target;

@@ -33,6 +33,9 @@ void router_requeue(session *s, request *r);
 /* s holds state on its dedicated link that a fence or a PING would break
  * (an open MULTI or a WATCH in force). */
 int router_holds_state(const session *s);
+/* s has sent MULTI on its dedicated link and not EXEC yet: a command ferry
+ * adds there (WAIT, PING) would be queued in the transaction. */
+int router_multi_open(const session *s);
 /* Forget s's connection state (the session is closing). */
 void router_forget(session *s);
 
