@@ -1284,6 +1284,14 @@ static int redis_reply(ep *e, const rqcmd *c, uint8_t variant, int unblock, buf 
             buf_append_str(&one, "+OK\r\n");
         }
     }
+    if (r->multi && rarg_is(r, c, 0, "wait") && rarg_is(r, c, 2, "1000")) {
+        /* ferry's own WAIT (a client of this harness sends WAIT 1 0) inside
+         * the MULTI of a client that sent nothing raw. */
+        const link *l = e->h->data;
+        const ep *owner = l->owner != NULL ? ep_find(&l->owner->io.h) : NULL;
+        check(owner == NULL || owner->c == NULL || !owner->c->exact,
+              "ferry queued its own WAIT inside a client's MULTI");
+    }
     if (r->multi && !rarg_is(r, c, 0, "watch") && !rarg_is(r, c, 0, "quit")) {
         buf_append(&r->queued, buf_head(&one), buf_used(&one));
         r->nqueued++;

@@ -156,6 +156,9 @@ SEEDS = {
     "connect_refused": bytes([0]) + mode(DOWN) + cmd(GET) + time(100) + time(250) + time(500)
     + mode(UP) + time(1000) + READY + answer_all(),
     "replicas_ack": bytes([ACK]) + READY + cmd(SET) + cmd(LPUSH) + answer_all() + answer_all(),
+    "replicas_ack_write_then_multi": bytes([ACK]) + READY + cmd(SELECT, 4) + answer_all()
+    + pipeline([(SET, 0), (MULTI, 0)]) + answer_all() + answer_all() + cmd(SET) + cmd(EXEC)
+    + answer_all() * 3,
     "replicas_ack_fence": bytes([ACK]) + READY + cmd(SET) + answer(n=1) + error(0, 1)
     + answer_all() + time(1000) + READY + answer_all(),
     "auth": bytes([AUTH]) + answer_all() + READY + cmd(GET) + cmd(AUTH_BAD) + cmd(AUTH_OK)
