@@ -732,6 +732,14 @@ static int dispatch_one(session *s, request *r)
         }
     }
 
+    if ((r->route == RT_MULTI || r->route == RT_WATCH) &&
+        (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        /* A transaction pipelined behind another: the state is tracked
+         * for one at a time, so it starts once the EXEC before it is
+         * answered (else ferry would take the new MULTI or WATCH for
+         * none and put its own WAIT or PING in it, or pool the link). */
+        return DISPATCH_WAIT;
+    }
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
