@@ -54,7 +54,7 @@ static int trace; /* FUZZ_SESSION_TRACE=1: print what happens (to read a crash) 
 static void trace_bytes(const char *who, const char *p, size_t n)
 {
     fprintf(stderr, "  %s: ", who);
-    for (size_t i = 0; i < n && i < 200; i++) {
+    for (size_t i = 0; i < n && i < 4000; i++) {
         unsigned char ch = (unsigned char)p[i];
         if (ch == '\r') {
             fputs("\\r", stderr);
@@ -66,7 +66,7 @@ static void trace_bytes(const char *who, const char *p, size_t n)
             fputc(ch, stderr);
         }
     }
-    fprintf(stderr, "%s\n", n > 200 ? "..." : "");
+    fprintf(stderr, "%s\n", n > 4000 ? "..." : "");
 }
 
 static void fail(const char *what)
