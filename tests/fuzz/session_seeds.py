@@ -160,8 +160,8 @@ SEEDS = {
     + pipeline([(SET, 0), (MULTI, 0)]) + answer_all() + answer_all() + cmd(SET) + cmd(EXEC)
     + answer_all() * 3,
     "two_transactions_pipelined": bytes([ACK]) + READY
-    + pipeline([(MULTI, 0), (SET, 0), (EXEC, 0), (MULTI, 0), (SET, 1), (EXEC, 0)])
-    + answer_all() * 4,
+    + pipeline([(MULTI, 0), (SET, 0), (EXEC, 0), (MULTI, 0), (SET, 1)]) + answer_all() * 2
+    + cmd(EXEC) + answer_all() * 2,
     "replicas_ack_fence": bytes([ACK]) + READY + cmd(SET) + answer(n=1) + error(0, 1)
     + answer_all() + time(1000) + READY + answer_all(),
     "auth": bytes([AUTH]) + answer_all() + READY + cmd(GET) + cmd(AUTH_BAD) + cmd(AUTH_OK)
