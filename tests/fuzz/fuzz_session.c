@@ -353,7 +353,6 @@ int __wrap_uv_listen(uv_stream_t *h, int backlog, uv_connection_cb cb)
     return 0;
 }
 
-struct client;
 static void client_accepted(struct client *c, ep *e);
 
 int __wrap_uv_accept(uv_stream_t *server, uv_stream_t *client)
