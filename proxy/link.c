@@ -361,6 +361,10 @@ static void link_connect_cb(uv_connect_t *req, int status)
         char why[400];
         snprintf(why, sizeof(why), "connect to %s failed: %s", up->name, uv_strerror(status));
         l->f->stats.upstream_errors++;
+        /* A master that refuses connections is lost as one that breaks
+         * them: otherwise a request waiting for a new dedicated link would
+         * open another at every loop turn. */
+        upstream_on_link_error(l, why);
         link_close(l, why);
         return;
     }

@@ -25,6 +25,7 @@
 
 #include "acl.h"
 #include "backlog.h"
+#include "fence.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -156,6 +157,11 @@ int router_holds_state(const session *s)
 int router_link_bound(const session *s)
 {
     return router_holds_state(s) || s->sticky || s->tunnel != TUN_NONE;
+}
+
+int router_multi_open(const session *s)
+{
+    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
 }
 
 static int in_multi(const session *s)
@@ -1084,6 +1090,14 @@ static int dispatch_one(session *s, request *r)
         }
     }
 
+    if ((r->route == RT_MULTI || r->route == RT_WATCH) &&
+        (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        /* A transaction pipelined behind another: the state is tracked
+         * for one at a time, so it starts once the EXEC before it is
+         * answered (else ferry would take the new MULTI or WATCH for
+         * none and put its own WAIT or PING in it, or pool the link). */
+        return DISPATCH_WAIT;
+    }
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
@@ -1207,6 +1221,11 @@ static int dispatch_one(session *s, request *r)
     }
     r->s = s;
     r->sent_ns = uv_hrtime();
+    if (r->route == RT_MULTI && target->need_wait && target->state != LINK_FENCING) {
+        /* The WAIT owed for writes already sent goes before MULTI: after
+         * it, Redis would queue the WAIT in the client's transaction. */
+        fence_wait(target);
+    }
     link_send(target, r);
     s->inflight++;
     s->flight_link = target;
@@ -1364,6 +1383,16 @@ void router_on_refused(session *s, request *r, const char *why)
               (unsigned long long)s->id, why);
 }
 
+/* ferry answers r, whose link was lost. Requests behind it may wait for
+ * it to leave that link (never in flight on two links): the session is
+ * dispatched again at the next wake-up, which the closing link asks for. */
+static void answer_lost(session *s, request *r, const char *text)
+{
+    session_answer_str(s, r, text);
+    session_flush_answered(s);
+    backlog_wait(s);
+}
+
 void router_on_lost(session *s, request *r, const char *reason)
 {
     ferry *f = s->f;
@@ -1372,8 +1401,7 @@ void router_on_lost(session *s, request *r, const char *reason)
     note_flight_done(s);
     if (r->route == RT_DISCARD) {
         /* The transaction is gone with its link, as DISCARD asked. */
-        session_answer_str(s, r, "+OK\r\n");
-        session_flush_answered(s);
+        answer_lost(s, r, "+OK\r\n");
         return;
     }
     if ((r->route == RT_MULTI || r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) &&
@@ -1388,8 +1416,7 @@ void router_on_lost(session *s, request *r, const char *reason)
             f->stats.requests_retried_unknown++;
         }
         if (r->route == RT_MULTI) {
-            session_answer_str(s, r, "+OK\r\n");
-            session_flush_answered(s);
+            answer_lost(s, r, "+OK\r\n");
         } else {
             requeue(s, r);
         }
@@ -1415,8 +1442,7 @@ void router_on_lost(session *s, request *r, const char *reason)
     f->stats.requests_failed++;
     snprintf(line, sizeof(line), "-ERR ferry: request failed %d times: %s\r\n", r->retries + 1,
              reason);
-    session_answer_str(s, r, line);
-    session_flush_answered(s);
+    answer_lost(s, r, line);
 }
 
 /* The state a transaction goes to when the link carrying it breaks. */

@@ -44,6 +44,9 @@ void router_release_call(session *s, request *r);
 /* s's dedicated link carries state a fence would lose unseen: a
  * transaction, connection settings (CLIENT SETNAME/TRACKING), pub/sub. */
 int router_link_bound(const session *s);
+/* s has sent MULTI on its dedicated link and not EXEC yet: a command ferry
+ * adds there (WAIT, PING) would be queued in the transaction. */
+int router_multi_open(const session *s);
 /* Forget s's connection state (the session is closing). */
 void router_forget(session *s);
 

@@ -605,7 +605,7 @@ void upstream_on_link_error(link *l, const char *why)
     /* A user's link may be closed by Redis for the user alone (ACL DELUSER,
      * CLIENT KILL USER): only ferry's own links speak for the master. */
     if (l->epoch == up->epoch && up->state == UP_UP && l->who == &up->self &&
-        (l->kind != LINK_DEDICATED || l->npending > 0)) {
+        (l->kind != LINK_DEDICATED || l->npending > 0 || l->state == LINK_CONNECTING)) {
         /* A master connection broke: hold everything until we know which
          * master to use (Sentinel) or it is back (fixed). */
         char sw[500];

@@ -125,7 +125,7 @@ void upstream_ident_rejected(link *l, const char *why);
 /* Events from links. */
 void upstream_on_verified(upstream *up, link *l);      /* a shared link passed */
 void upstream_on_not_master(link *l, const char *why); /* ROLE/READONLY/... */
-void upstream_on_link_error(link *l, const char *why); /* read error or EOF */
+void upstream_on_link_error(link *l, const char *why); /* read error, EOF, failed connect */
 void upstream_on_link_closing(upstream *up, link *l);  /* leaves slot and pool */
 void upstream_on_link_closed(upstream *up, link *l, int was_ready, const char *reason);
 

@@ -1,0 +1,156 @@
+"""Edges of a client session that fuzz_session (tests/fuzz) found, checked
+against real Redis: transactions pipelined with writes under
+durability.replicas_ack, a request stranded behind a DISCARD whose link was
+lost, and a master that refuses new connections while one stays open.
+
+Run: python3 -m unittest test_session_edges -v
+"""
+import os
+import socket
+import tempfile
+import time
+import unittest
+
+from harness import DIRECT, Ferry, RedisServer, resp_encode, resp_read_reply, resp_send, wait_until
+from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
+from test_stats import stats_json
+
+load_tests = sentinel_first
+
+PROMPT_S = 4.0  # replies that need no retry come well within this
+
+
+def connect(ferry):
+    s = socket.create_connection(('127.0.0.1', ferry.port), timeout=10)
+    return s
+
+
+def send_all(sock, *commands):
+    """Several commands in one write (a pipeline)."""
+    sock.sendall(b''.join(resp_encode(*c) for c in commands))
+
+
+def replies(sock, n, timeout=PROMPT_S):
+    deadline = time.monotonic() + timeout
+    out = []
+    for _ in range(n):
+        out.append(resp_read_reply(sock, timeout=max(0.1, deadline - time.monotonic())))
+    return out
+
+
+class TransactionChecks:
+    """Transactions pipelined with writes. In Sentinel mode replicas_ack is
+    1: ferry's WAIT for a write must never be queued inside the client's
+    MULTI (Redis would answer it +QUEUED, ferry would hold the write's reply
+    until hold_timeout_ms, and EXEC would hand the WAITs' results to the
+    client)."""
+
+    def session(self):
+        s = connect(self.ferry)
+        self.addCleanup(s.close)
+        # SELECT 1 pins the session to a dedicated link: the write and the
+        # MULTI below travel on one connection.
+        resp_send(s, ['SELECT', '1'])
+        self.assertEqual(resp_read_reply(s), 'OK')
+        return s
+
+    def test_write_then_multi_in_one_pipeline(self):
+        k = key_prefix(self)
+        s = self.session()
+        send_all(s, ['SET', k + ':a', '1'], ['MULTI'], ['SET', k + ':b', '2'])
+        self.assertEqual(replies(s, 3), ['OK', 'OK', 'QUEUED'], self.diag())
+        resp_send(s, ['EXEC'])
+        self.assertEqual(resp_read_reply(s, timeout=PROMPT_S), ['OK'], self.diag())
+
+    def test_two_transactions_in_one_pipeline(self):
+        k = key_prefix(self)
+        s = self.session()
+        send_all(s, ['MULTI'], ['SET', k + ':c', '1'], ['EXEC'], ['MULTI'], ['SET', k + ':d', '2'])
+        self.assertEqual(replies(s, 5), ['OK', 'QUEUED', ['OK'], 'OK', 'QUEUED'], self.diag())
+        resp_send(s, ['EXEC'])
+        self.assertEqual(resp_read_reply(s, timeout=PROMPT_S), ['OK'], self.diag())
+        c = self.master().client(db=1)
+        self.assertEqual((c.get(k + ':c'), c.get(k + ':d')), ('1', '2'))
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class SentinelTransactions(SentinelMode, TransactionChecks, unittest.TestCase):
+    pass
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class FixedMasterTransactions(FixedMasterMode, TransactionChecks, unittest.TestCase):
+    pass
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class LostDiscardTest(unittest.TestCase):
+    def test_watch_behind_a_lost_discard_is_served(self):
+        # DISCARD (no MULTI: the shared link) and WATCH (a dedicated link:
+        # it waits until DISCARD has left the shared one) in one write to a
+        # frozen master. The health probe gives the master up, the fence
+        # gives the DISCARD up and ferry answers it; once the master is
+        # back the WATCH must still be sent.
+        r = RedisServer()
+        self.addCleanup(r.stop)
+        f = Ferry(r, conf={'upstream': {'health_timeout_ms': 1000, 'ping_interval_ms': 200,
+                                        'fence_timeout_ms': 300, 'hold_timeout_ms': 30000}})
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        resp_send(s, ['PING'])
+        self.assertEqual(resp_read_reply(s), 'PONG')
+        r.sigstop()
+        try:
+            send_all(s, ['DISCARD'], ['WATCH', 'edge:w'])
+            # ferry answers DISCARD itself once it lets the frozen master go.
+            self.assertEqual(resp_read_reply(s, timeout=15), 'OK')
+        finally:
+            r.sigcont()
+        self.assertEqual(resp_read_reply(s, timeout=15), 'OK')
+        send_all(s, ['MULTI'], ['SET', 'edge:w', '1'], ['EXEC'])
+        self.assertEqual(replies(s, 3, timeout=10), ['OK', 'QUEUED', ['OK']])
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class RefusedConnectTest(unittest.TestCase):
+    def test_no_busy_loop_when_new_connections_are_refused(self):
+        # Redis on a unix socket: renaming the socket file makes every new
+        # connection fail at once while ferry's shared link stays open. A
+        # BLPOP needs a dedicated link: ferry must count that as a lost
+        # master (and retry with its backoff), not open a link per loop turn.
+        d = tempfile.mkdtemp(prefix='ferry-edge-')
+        path = os.path.join(d, 'redis.sock')
+        r = RedisServer(conf={'unixsocket': path, 'unixsocketperm': 700})
+        self.addCleanup(r.stop)
+        f = Ferry(r, conf={'redis': {'address': 'unix:' + path},
+                           'upstream': {'hold_timeout_ms': 30000}})
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        resp_send(s, ['SET', 'edge:q', 'x'])
+        self.assertEqual(resp_read_reply(s), 'OK')
+        resp_send(s, ['DEL', 'edge:q'])
+        self.assertEqual(resp_read_reply(s), 1)
+
+        moved = path + '.away'
+        os.rename(path, moved)
+        try:
+            before = stats_json(f.stats_port)['upstream']['links_opened']
+            resp_send(s, ['BLPOP', 'edge:q', '0'])
+
+            def opened():
+                return stats_json(f.stats_port)['upstream']['links_opened'] - before
+            # ferry lets the master go (and backs off), or spins: either
+            # shows within the deadline.
+            wait_until(lambda: stats_json(f.stats_port)['upstream']['upstream_state'] != 'UP'
+                       or opened() > 1000, timeout=10, msg='master view left UP')
+            self.assertLess(opened(), 50, 'links opened with connections refused')
+        finally:
+            os.rename(moved, path)
+        r.client().rpush('edge:q', 'item')
+        self.assertEqual(resp_read_reply(s, timeout=15), [b'edge:q', b'item'])
+
+
+if __name__ == '__main__':
+    unittest.main()
