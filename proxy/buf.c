@@ -155,7 +155,26 @@ void outq_free(outq *q)
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 {
     if (q->writing || buf_used(&q->fill) == 0) {
-        return 1;
+        return OUTQ_IDLE;
+    }
+    /* Most writes fit in the socket buffer: written now, they need no write
+     * request, no callback on a later loop turn, and no change of the
+     * socket's epoll interest. */
+    if (buf_used(&q->fill) <= OUTQ_PIECE) {
+        uv_buf_t one = uv_buf_init(buf_head(&q->fill), (unsigned int)buf_used(&q->fill));
+        int n = uv_try_write(stream, &one, 1);
+        if (n < 0 && n != UV_EAGAIN) {
+            return n;
+        }
+        if (n > 0) {
+            buf_consume(&q->fill, (size_t)n);
+        }
+        if (buf_used(&q->fill) == 0) {
+            /* As outq_done: an idle connection keeps no storage. */
+            buf_free(&q->busy);
+            buf_free(&q->fill);
+            return OUTQ_WRITTEN;
+        }
     }
     /* Swap: the filled buffer goes to libuv, the drained one takes new bytes. */
     buf tmp = q->busy;
@@ -182,7 +201,7 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
         return rc;
     }
     q->writing = 1;
-    return 0;
+    return OUTQ_STARTED;
 }
 
 void outq_done(outq *q)

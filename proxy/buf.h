@@ -61,8 +61,14 @@ static inline size_t outq_len(const outq *q)
 {
     return buf_used(&q->fill) + buf_used(&q->busy);
 }
-/* Start writing what is queued if no write is in flight. Returns 0, a
- * negative uv error (cb is not called), or 1 when nothing was started. */
+/* What outq_flush did (or a negative uv error, with cb not called). */
+enum {
+    OUTQ_STARTED = 0, /* a write is in flight: cb will be called */
+    OUTQ_IDLE = 1,    /* nothing started: nothing queued, or a write already in flight */
+    OUTQ_WRITTEN = 2, /* everything queued was written at once: no cb; storage freed */
+};
+/* Write what is queued if no write is in flight: first directly
+ * (uv_try_write), what the socket did not take with uv_write. */
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
 /* Call from the write callback (once it no longer needs its uv_write_t,
  * which this frees): marks the write done, drops its bytes, and frees both

@@ -19,6 +19,7 @@
 #include "upstream.h"
 
 #define TICK_MS 50
+#define FLUSH_ROUNDS 8 /* flush rounds in one loop turn */
 #define FD_RESERVE 256 /* descriptors beyond client.max_clients: links, listeners, logs */
 
 void *xmalloc(size_t n)
@@ -81,20 +82,30 @@ const char *ferry_strerror(int err)
     }
 }
 
+/* Once per loop turn, right before it waits for I/O. Writes done at once
+ * have no callback to come: what they set going (a client read again once
+ * its replies left, sending on a link) is flushed in the same turn, in up
+ * to FLUSH_ROUNDS rounds (the rest waits for the next turn, at the latest
+ * the tick). */
 static void flush_cb(uv_prepare_t *h)
 {
     ferry *f = h->data;
-    if (f->wake_pending) {
-        f->wake_pending = 0;
-        backlog_wake_all(f);
+    for (int round = 0; round < FLUSH_ROUNDS; round++) {
+        if (f->wake_pending) {
+            f->wake_pending = 0;
+            backlog_wake_all(f);
+        }
+        while (!list_empty(&f->dirty_links)) {
+            list_node *n = list_first(&f->dirty_links);
+            link *l = list_entry(n, link, dirty_node);
+            list_del(n);
+            link_flush(l);
+        }
+        session_flush_all(f);
+        if (list_empty(&f->dirty_links) && !f->wake_pending) {
+            break;
+        }
     }
-    while (!list_empty(&f->dirty_links)) {
-        list_node *n = list_first(&f->dirty_links);
-        link *l = list_entry(n, link, dirty_node);
-        list_del(n);
-        link_flush(l);
-    }
-    session_flush_all(f);
 }
 
 /* What the context owns outside any handle. */

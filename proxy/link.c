@@ -21,6 +21,7 @@ static void link_connect_cb(uv_connect_t *req, int status);
 static void link_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
 static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void link_write_cb(uv_write_t *w, int status);
+static void link_wrote(link *l, int status);
 static void link_close_cb(uv_handle_t *h);
 static void link_mark_dirty(link *l);
 static void link_client_id_done(link *l, request *r, const char *reply, size_t len);
@@ -480,8 +481,8 @@ void link_flush(link *l)
         fence_wait(l);
     }
     int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
-    if (rc < 0) {
-        link_close(l, uv_strerror(rc));
+    if (rc < 0 || rc == OUTQ_WRITTEN) {
+        link_wrote(l, rc < 0 ? rc : 0);
     }
 }
 
@@ -492,6 +493,12 @@ static void link_write_cb(uv_write_t *w, int status)
     if (l->state == LINK_CLOSING) {
         return;
     }
+    link_wrote(l, status);
+}
+
+/* A write ended (status < 0: it failed), in its callback or at once. */
+static void link_wrote(link *l, int status)
+{
     if (status < 0) {
         char why[128];
         snprintf(why, sizeof(why), "write error: %s", uv_strerror(status));

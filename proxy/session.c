@@ -26,6 +26,7 @@
 static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b);
 static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void session_write_cb(uv_write_t *w, int status);
+static void session_wrote(session *s, int status);
 static void session_close_cb(uv_handle_t *h);
 static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
@@ -450,9 +451,9 @@ void session_flush_all(ferry *f)
             continue;
         }
         int rc = outq_flush(&s->out, &s->io.s, session_write_cb);
-        if (rc < 0) {
-            session_close(s, uv_strerror(rc));
-        } else if (rc == 1 && s->state == SESSION_QUITTING && outq_len(&s->out) == 0) {
+        if (rc < 0 || rc == OUTQ_WRITTEN) {
+            session_wrote(s, rc < 0 ? rc : 0);
+        } else if (rc == OUTQ_IDLE && s->state == SESSION_QUITTING && outq_len(&s->out) == 0) {
             session_close(s, "closed after reply");
         }
     }
@@ -465,6 +466,12 @@ static void session_write_cb(uv_write_t *w, int status)
     if (s->state == SESSION_CLOSING) {
         return;
     }
+    session_wrote(s, status);
+}
+
+/* A write ended (status < 0: it failed), in its callback or at once. */
+static void session_wrote(session *s, int status)
+{
     session_output_shrank(s);
     session_check_tunnel(s);
     if (status < 0) {
