@@ -1704,7 +1704,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     log_init(trace ? LOG_DEBUG : cfg->log_level, NULL);
 
-    check(core_init(&F, &loop, cfg) == 0, "core_init failed");
+    check(core_init(&F, &loop, cfg, NULL) == 0, "core_init failed");
     connect_client(&C[0]);
     settle();
     while (in_left > 0) {
