@@ -98,7 +98,7 @@ typedef struct request {
 } request;
 
 typedef struct ferry {
-    uv_loop_t *loop;                      /* the one event loop */
+    uv_loop_t *loop;                      /* this context's event loop */
     config *cfg;                          /* loaded configuration (owned by main) */
     resp_limits limits;                   /* request parser limits from cfg */
     const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
@@ -143,6 +143,10 @@ typedef struct ferry {
     int handing_over;               /* sessions are being handed to a new process */
     int keep_paths;                 /* listeners handed over: leave their unix paths */
     int closed;                     /* every handle has been closed */
+    struct workers *workers;        /* workers.c: every event loop, NULL with workers: 1 */
+    int worker_index;               /* 0: the main loop; 1..: a worker's */
+    size_t others_mem;              /* bytes the other loops held for clients at their
+                                       last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;

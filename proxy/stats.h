@@ -206,7 +206,14 @@ typedef enum stat_type {
     X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
       "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
-      "group commits that failed (disk full, I/O error): nothing of them acknowledged")
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")            \
+                                                                                                   \
+    X(workers, workers, GAUGE, "ferry_workers",                                                    \
+      "event loops serving clients (workers); counters and gauges above are their sum, the "       \
+      "master view, failover and durability figures the main loop's (live)")                       \
+    X(workers, loops, NODES, "",                                                                   \
+      "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
+      "upstream_up, epoch (as of its last tick, 50 ms) (live)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */
@@ -243,6 +250,9 @@ void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, ui
                          int is_error);
 /* Add one observation of us microseconds to h. */
 void stats_observe(stats_histogram *h, uint64_t us);
+/* Add src's counters and histograms to dst (another event loop's; the
+ * peak of held bytes is the larger one). */
+void stats_add(ferry_stats *dst, const ferry_stats *src);
 /* Note how many request bytes are held now (keeps the peak). */
 void stats_held(ferry_stats *st, uint64_t held_bytes);
 

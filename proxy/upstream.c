@@ -22,6 +22,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "workers.h"
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
@@ -700,6 +701,8 @@ void upstream_switch(upstream *up, const char *reason)
         up->target_set = 0;
         if (up->f->sentinel != NULL) {
             sentinel_trigger(up->f->sentinel);
+        } else {
+            workers_trigger_sentinel(up->f); /* a worker: the main loop asks */
         }
     } else {
         up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;
