@@ -263,6 +263,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     memset(f, 0, sizeof(*f));
     f->loop = loop;
     f->cfg = cfg;
+    f->id_step = 1;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -312,12 +313,15 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->tick.data = f;
 }
 
-int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index)
+int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                     uint64_t base_id)
 {
     core_setup(f, loop, cfg);
     f->workers = wk;
     f->worker_index = index;
-    f->up = upstream_new(f); /* with Sentinel: connects once told of a master */
+    f->id_step = (uint64_t)cfg->workers;
+    f->next_id = base_id + (uint64_t)index; /* ids base + index + k * workers, k >= 1 */
+    f->up = upstream_new(f);                /* with Sentinel: connects once told of a master */
     if (f->up == NULL) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);

@@ -15,9 +15,11 @@ struct workers;
 int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk);
 /* Set up f as worker index (1..) of wk on its own loop: no listener,
  * stats port, signals, Sentinel client or fallback store; its own upstream
- * (with Sentinel, it connects once the main loop names a master). Returns
- * 0 or a negative error. */
-int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index);
+ * (with Sentinel, it connects once the main loop names a master). Its ids
+ * are base_id + index + k * cfg->workers (k >= 1). Returns 0 or a negative
+ * error. */
+int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                     uint64_t base_id);
 /* Run until shutdown. Returns the exit code. */
 int core_run(ferry *f);
 /* Begin a graceful stop (what SIGTERM does). */

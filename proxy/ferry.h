@@ -131,7 +131,9 @@ typedef struct ferry {
     list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
     list_node partial;    /* sessions with an incomplete request, oldest first */
     list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
-    uint64_t next_id;     /* ids for sessions and links */
+    uint64_t next_id;     /* ids for sessions and links: the last one given */
+    uint64_t id_step;     /* how far apart this loop's ids are: one per loop, so
+                             ids are unique across loops (loop i gives i + k*n) */
     uint64_t started_ms;  /* uv_now() at start */
     uv_prepare_t flush;   /* writes everything queued in one turn */
     uv_timer_t tick;      /* timeouts, health pings, reconnects */
@@ -152,6 +154,13 @@ typedef struct ferry {
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
+
+/* A new id for a session, link or stats connection, unique in the process. */
+static inline uint64_t ferry_next_id(ferry *f)
+{
+    f->next_id += f->id_step;
+    return f->next_id;
+}
 
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);

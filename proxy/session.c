@@ -87,7 +87,7 @@ static void session_peer_name(session *s, int is_unix)
 static void session_register(session *s, int is_unix)
 {
     ferry *f = s->f;
-    s->id = ++f->next_id;
+    s->id = ferry_next_id(f);
     list_init(&s->node);
     list_init(&s->wait_node);
     list_init(&s->held);

@@ -949,7 +949,7 @@ static void stats_conn_cb(uv_stream_t *st, int status)
     }
     sconn *c = xcalloc(1, sizeof(*c));
     c->sv = sv;
-    c->id = ++f->next_id;
+    c->id = ferry_next_id(f);
     snprintf(c->peer, sizeof(c->peer), "%s", sv->is_unix ? "unix" : "?");
     if (sv->is_unix) {
         uv_pipe_init(f->loop, &c->io.pipe, 0);

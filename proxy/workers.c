@@ -269,6 +269,10 @@ int workers_start(ferry *f)
     wk->n = 1;
     f->workers = wk;
     f->worker_index = 0;
+    /* Ids unique across loops from now on: loop i gives base + i + k * n. */
+    uint64_t base_id = (f->next_id / (uint64_t)n + 1) * (uint64_t)n;
+    f->id_step = (uint64_t)n;
+    f->next_id = base_id;
     uv_async_init(f->loop, &wk->async, trigger_cb);
     wk->async.data = wk;
     wk->async_open = 1;
@@ -282,7 +286,7 @@ int workers_start(ferry *f)
         uv_mutex_init(&w->lock);
         int rc = uv_loop_init(&w->loop);
         if (rc == 0) {
-            rc = core_init_worker(&w->f, &w->loop, f->cfg, wk, i);
+            rc = core_init_worker(&w->f, &w->loop, f->cfg, wk, i, base_id);
         }
         if (rc < 0) {
             log_error("worker %d: cannot start: %s", i, ferry_strerror(rc));
