@@ -437,11 +437,13 @@ static void json_loops(ferry *f, buf *b)
         const worker_view *v = &views[i];
         stats_printf(b,
                      "%s{\"clients\":%llu,\"commands_total\":%llu,\"held_bytes\":%llu,"
-                     "\"links_open\":%llu,\"upstream_up\":%s,\"epoch\":%llu}",
+                     "\"links_open\":%llu,\"upstream_up\":%s,\"epoch\":%llu,\"master\":",
                      i > 0 ? "," : "", (unsigned long long)v->clients,
                      (unsigned long long)v->commands, (unsigned long long)v->held_bytes,
                      (unsigned long long)v->links, v->up ? "true" : "false",
                      (unsigned long long)v->epoch);
+        json_string(b, v->master);
+        buf_append_str(b, "}");
     }
     buf_append_str(b, "]");
 }

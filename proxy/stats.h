@@ -213,7 +213,7 @@ typedef enum stat_type {
       "master view, failover and durability figures the main loop's (live)")                       \
     X(workers, loops, NODES, "",                                                                   \
       "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
-      "upstream_up, epoch (as of its last tick, 50 ms) (live)")
+      "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */

@@ -466,6 +466,7 @@ static void view_of(ferry *f, worker_view *v)
         v->pool = (uint64_t)f->up->npool;
         v->up = f->up->state == UP_UP;
         v->epoch = f->up->epoch;
+        snprintf(v->master, sizeof(v->master), "%s", upstream_name(f->up));
     }
 }
 

@@ -24,6 +24,7 @@ typedef struct worker_view {
     int up;                  /* its master view is UP */
     uint64_t epoch;          /* its master view's epoch */
     uint64_t commands;       /* requests parsed from its clients (commands_total) */
+    char master[64];         /* the master it follows ("" if none) */
 } worker_view;
 
 /* Main loop, at the end of core_init: start cfg->workers - 1 worker loops,
