@@ -332,7 +332,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     *st = f->stats;
     int nloops = workers_stats(f, st, views, CONFIG_MAX_WORKERS); /* the main loop first */
     st->workers = (uint64_t)nloops;
-    st->loops = (uint64_t)nloops;
+    st->worker_loops = (uint64_t)nloops;
     for (int i = 0; i < nloops; i++) {
         st->curr_connections += views[i].clients;
         st->clients_paused += views[i].clients_paused;
@@ -489,8 +489,8 @@ void stats_render_json(ferry *f, buf *out)
         case STAT_HISTOGRAM:
             json_histogram(out, stat_hist(st, d));
             break;
-        case STAT_NODES: /* durability.replicas, workers.loops */
-            if (strcmp(d->name, "loops") == 0) {
+        case STAT_NODES: /* durability.replicas, worker_loops */
+            if (strcmp(d->name, "worker_loops") == 0) {
                 json_loops(f, out);
             } else {
                 json_replicas(f, out);

@@ -40,6 +40,12 @@ typedef enum stat_type {
     X(top, total_connections, COUNTER, "",                                                         \
       "client connections accepted; same as clients.clients_total (live)")                         \
     X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
+    X(top, workers, GAUGE, "ferry_workers",                                                        \
+      "event loops serving clients (workers); counters and gauges are their sum, the master "      \
+      "view, failover and durability figures the main loop's (live)")                              \
+    X(top, worker_loops, NODES, "",                                                                \
+      "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
+      "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")                            \
                                                                                                    \
     X(clients, clients_total, COUNTER, "ferry_clients_total", "client connections accepted")       \
     X(clients, clients_rejected, COUNTER, "ferry_clients_rejected_total",                          \
@@ -206,14 +212,7 @@ typedef enum stat_type {
     X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
       "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
-      "group commits that failed (disk full, I/O error): nothing of them acknowledged")            \
-                                                                                                   \
-    X(workers, workers, GAUGE, "ferry_workers",                                                    \
-      "event loops serving clients (workers); counters and gauges above are their sum, the "       \
-      "master view, failover and durability figures the main loop's (live)")                       \
-    X(workers, loops, NODES, "",                                                                   \
-      "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
-      "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */

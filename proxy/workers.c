@@ -300,9 +300,11 @@ int workers_start(ferry *f)
         uv_async_init(&w->loop, &w->async, mail_cb);
         w->async.data = w;
         w->open = 1;
+        wk->w[i] = w; /* before its thread reads it (self_of) */
         rc = uv_thread_create(&w->thread, worker_run, w);
         if (rc < 0) {
             log_error("worker %d: cannot start its thread: %s", i, uv_strerror(rc));
+            wk->w[i] = NULL;
             w->open = 0;
             uv_close((uv_handle_t *)&w->async, NULL);
             worker_discard(w);
@@ -310,7 +312,6 @@ int workers_start(ferry *f)
             workers_join(f);
             return rc;
         }
-        wk->w[i] = w;
         wk->n = i + 1;
     }
     log_info("%d event loops serve clients (workers: %d)", n, n);

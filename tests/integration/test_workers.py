@@ -55,12 +55,12 @@ class Checks:
         def settled():
             st = stats_json(port)
             state['st'] = st
-            loops = st['workers']['loops']
+            loops = st['worker_loops']
             return (st['curr_connections'] == 0 and
                     sum(l['commands_total'] for l in loops) == st['commands']['commands_total'])
         wait_until(settled, timeout=10, msg='stats settle')
         base = state['st']['commands']['commands_total']
-        self.assertEqual(state['st']['workers']['workers'], WORKERS)
+        self.assertEqual(state['st']['workers'], WORKERS)
 
         socks = [self.ferry.raw() for _ in range(CLIENTS)]
         try:
@@ -68,7 +68,7 @@ class Checks:
             # each loop.
             wait_until(lambda: stats_json(port)['curr_connections'] == CLIENTS, timeout=10,
                        msg='clients counted')
-            loops = stats_json(port)['workers']['loops']
+            loops = stats_json(port)['worker_loops']
             self.assertEqual(len(loops), WORKERS)
             self.assertEqual([l['clients'] for l in loops], [CLIENTS // WORKERS] * WORKERS,
                              'clients per loop: %r' % loops)
@@ -87,15 +87,15 @@ class Checks:
         def added_up():
             st = stats_json(port)
             state['st'] = st
-            loops = st['workers']['loops']
+            loops = st['worker_loops']
             total = st['commands']['commands_total']
             return total == base + sent and sum(l['commands_total'] for l in loops) == total
         try:
             wait_until(added_up, timeout=10, msg='commands_total = base + sent')
         except AssertionError:
-            self.fail('sent %d after %d: %s\n%s' % (sent, base, json.dumps(state['st']['workers']),
+            self.fail('sent %d after %d: %s\n%s' % (sent, base, json.dumps(state['st']['worker_loops']),
                                                     self.diag()))
-        loops = state['st']['workers']['loops']
+        loops = state['st']['worker_loops']
         # Every loop served some of them: its own counter grew.
         self.assertTrue(all(l['commands_total'] > 0 for l in loops), loops)
         self.assertEqual(state['st']['commands']['class_stateless'] >= sent, True)
@@ -165,7 +165,7 @@ class WorkersSentinel(SentinelMode, Checks, unittest.TestCase):
                 harness.resp_send(s, resp_encode('INCR', '%s:n%d' % (p, i)))
                 self.assertEqual(resp_read_reply(s), 1)
             wait_until(lambda: all(l['upstream_up'] and l['master'] == '127.0.0.1:%d' % old
-                                   for l in stats_json(port)['workers']['loops']),
+                                   for l in stats_json(port)['worker_loops']),
                        timeout=10, msg='every loop UP on the old master')
             self.topo.failover()
             new = self.topo.wait_failover(old)
@@ -173,7 +173,7 @@ class WorkersSentinel(SentinelMode, Checks, unittest.TestCase):
             state = {}
 
             def every_loop():
-                loops = stats_json(port)['workers']['loops']
+                loops = stats_json(port)['worker_loops']
                 state['loops'] = loops
                 return all(l['upstream_up'] and l['master'] == want for l in loops)
             try:
