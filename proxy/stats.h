@@ -37,15 +37,15 @@ typedef enum stat_type {
     X(top, version, TEXT, "ferry_info", "ferry version (live)")                                    \
     X(top, uptime, GAUGE, "ferry_uptime_seconds", "seconds since ferry started (live)")            \
     X(top, timestamp, GAUGE, "", "unix time of this report, seconds (live)")                       \
-    X(top, total_connections, COUNTER, "",                                                         \
-      "client connections accepted; same as clients.clients_total (live)")                         \
-    X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
     X(top, workers, GAUGE, "ferry_workers",                                                        \
       "event loops serving clients (workers); counters and gauges are their sum, the master "      \
       "view, failover and durability figures the main loop's (live)")                              \
     X(top, worker_loops, NODES, "",                                                                \
       "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
       "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")                            \
+    X(top, total_connections, COUNTER, "",                                                         \
+      "client connections accepted; same as clients.clients_total (live)")                         \
+    X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
                                                                                                    \
     X(clients, clients_total, COUNTER, "ferry_clients_total", "client connections accepted")       \
     X(clients, clients_rejected, COUNTER, "ferry_clients_rejected_total",                          \
