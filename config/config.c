@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <uv.h>
 #include <yaml.h>
 
 #define CONF_MAX_FILE (4u * 1024 * 1024)   /* larger files are refused */
@@ -60,6 +61,7 @@ typedef struct conf_entry {
 } conf_entry;
 
 static const char *conf_check_command(char *value);
+static int conf_parse_ll(const char *s, long long *out);
 static const char *conf_check_word(char *value);
 static const char *conf_check_sockpath(char *value);
 
@@ -75,6 +77,20 @@ static int client_auth_parse(const char *s)
     return -1;
 }
 
+/* workers: 1 to CONFIG_MAX_WORKERS, or "auto" (0: resolved by
+ * conf_semantic). */
+static int workers_parse(const char *s)
+{
+    if (strcmp(s, "auto") == 0) {
+        return 0;
+    }
+    long long n = 0;
+    if (conf_parse_ll(s, &n) != 0 || n < 1 || n > CONFIG_MAX_WORKERS) {
+        return -1;
+    }
+    return (int)n;
+}
+
 #define CONF_FIELD(f) .off = offsetof(config, f)
 #define CONF_COUNT(f) .count_off = offsetof(config, f)
 #define CONF_FLAG(f) .flag_off = offsetof(config, f), .has_flag = 1
@@ -85,6 +101,12 @@ static const conf_entry conf_table[] = {
      CONF_FIELD(listen),
      CONF_COUNT(nlisten),
      .max = CONFIG_MAX_LISTEN},
+
+    {.key = "workers",
+     .type = CONF_ENUM,
+     CONF_FIELD(workers),
+     .parse_enum = workers_parse,
+     .what = "a number of event loops from 1 to 64, or auto"},
 
     {.key = "redis", .type = CONF_SECTION},
     {.key = "redis.address", .type = CONF_ADDR, CONF_FIELD(redis_addr), CONF_FLAG(has_redis)},
@@ -1109,6 +1131,30 @@ static int conf_semantic(conf_ctx *ctx)
     if (cfg->nlisten == 0) {
         return conf_key_error(ctx, "listen", 0, "listen must have at least one address");
     }
+    if (cfg->workers == 0) {
+        /* auto: one loop per core but one, at most CONFIG_AUTO_WORKERS; one
+         * where a feature needs a single loop (below). */
+        unsigned cores = uv_available_parallelism();
+        cfg->workers = cores > 1 ? (int)cores - 1 : 1;
+        if (cfg->workers > CONFIG_AUTO_WORKERS) {
+            cfg->workers = CONFIG_AUTO_WORKERS;
+        }
+        if (cfg->fallback_path != NULL || cfg->takeover_socket != NULL) {
+            cfg->workers = 1;
+        }
+    }
+    if (cfg->workers > 1 && cfg->fallback_path != NULL) {
+        return conf_key_error(ctx, "workers", 1,
+                              "workers: %d with fallback.path: the fallback store needs "
+                              "workers: 1 (or auto) for now",
+                              cfg->workers);
+    }
+    if (cfg->workers > 1 && cfg->takeover_socket != NULL) {
+        return conf_key_error(ctx, "workers", 1,
+                              "workers: %d with takeover.socket: a takeover needs "
+                              "workers: 1 (or auto) for now",
+                              cfg->workers);
+    }
     if (cfg->client_auth == CLIENT_AUTH_REDIS && cfg->client_password != NULL) {
         return conf_key_error(ctx, "client.password", 1,
                               "client.password cannot be set with client.auth redis "
@@ -1250,6 +1296,7 @@ void config_defaults(config *cfg)
     cfg->pubsub_output_limit.soft_seconds = 60;
     cfg->max_memory = 0;
     cfg->shared_links = 1;
+    cfg->workers = 1;
     cfg->pool_idle = 16;
     cfg->connect_timeout_ms = 2000;
     cfg->ping_interval_ms = 1000;

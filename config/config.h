@@ -9,6 +9,8 @@
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_MAX_SENTINELS 16
 #define CONFIG_MAX_DENY 64
+#define CONFIG_MAX_WORKERS 64 /* workers: most event loops */
+#define CONFIG_AUTO_WORKERS 8 /* workers: auto picks at most this many */
 
 /* client.auth: who checks a client's AUTH, and as whom its commands run. */
 enum {
@@ -80,6 +82,9 @@ typedef struct config {
 
     /* limits: ferry as a whole */
     size_t max_memory; /* limits.max_memory (0 = none): bytes held for clients */
+
+    /* workers: event loops, each with its own clients and links to the master */
+    int workers; /* workers (1; "auto" = cores - 1, at most CONFIG_AUTO_WORKERS) */
 
     /* upstream: links to the master */
     int shared_links;            /* upstream.shared_links (1) */

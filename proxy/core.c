@@ -17,6 +17,7 @@
 #include "session.h"
 #include "takeover.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define TICK_MS 50
 #define FLUSH_ROUNDS 8 /* flush rounds in one loop turn */
@@ -138,6 +139,7 @@ static void close_everything(ferry *f)
         return;
     }
     f->closed = 1;
+    workers_close(f); /* the main loop's workers close too */
     server_stop(f);
     stats_stop(f);
     session_stop_all(f, 1);
@@ -153,9 +155,17 @@ static void close_everything(ferry *f)
     uv_timer_stop(&f->tick);
     uv_close((uv_handle_t *)&f->flush, NULL);
     uv_close((uv_handle_t *)&f->tick, NULL);
-    uv_close((uv_handle_t *)&f->sig_term, NULL);
-    uv_close((uv_handle_t *)&f->sig_int, NULL);
-    uv_close((uv_handle_t *)&f->sig_hup, NULL);
+    if (f->worker_index == 0) {
+        uv_close((uv_handle_t *)&f->sig_term, NULL);
+        uv_close((uv_handle_t *)&f->sig_int, NULL);
+        uv_close((uv_handle_t *)&f->sig_hup, NULL);
+    }
+    workers_loop_close(f);
+}
+
+void core_close(ferry *f)
+{
+    close_everything(f);
 }
 
 static void tick_cb(uv_timer_t *h)
@@ -173,14 +183,18 @@ static void tick_cb(uv_timer_t *h)
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
-    if (f->stopping) {
+    workers_tick(f);
+    if (f->stopping && !f->closed) {
         session_stop_all(f, 0);
-        if (f->nclients == 0) {
-            log_info("all clients done; exiting");
+        if (f->nclients == 0 && workers_running(f) == 0) {
+            if (f->worker_index == 0) {
+                log_info("all clients done; exiting");
+            }
             close_everything(f);
         } else if (now >= f->stop_deadline) {
-            log_warn("shutdown timeout: closing %llu client(s) with work in flight",
-                     (unsigned long long)f->nclients);
+            log_warn("shutdown timeout: closing %llu client(s) with work in flight%s",
+                     (unsigned long long)f->nclients,
+                     workers_running(f) > 0 ? " and the workers still busy" : "");
             close_everything(f);
         }
     }
@@ -196,6 +210,7 @@ void core_stop(ferry *f, const char *why)
     f->stop_deadline = uv_now(f->loop) + f->cfg->shutdown_timeout_ms;
     server_stop(f);
     session_stop_all(f, 0);
+    workers_stop(f, why);
 }
 
 static void signal_cb(uv_signal_t *h, int signum)
@@ -241,12 +256,14 @@ static void raise_fd_limit(const config *cfg)
     }
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
+/* What every loop's context needs: lists, buffers, the deny list, the
+ * per-turn flush and the tick (not started). */
+static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
 {
     memset(f, 0, sizeof(*f));
     f->loop = loop;
     f->cfg = cfg;
-    f->takeover = tk;
+    f->id_step = 1;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -263,7 +280,6 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
     f->rbuf = xmalloc(FERRY_READ_BUF);
     f->parser = resp_parser_new(&f->limits);
     f->started_ms = uv_now(loop);
-    raise_fd_limit(cfg);
 
     /* Resolve the deny list once; entries Redis 7.0 does not know are kept
      * out (a warning names them). */
@@ -295,6 +311,32 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
     uv_prepare_start(&f->flush, flush_cb);
     uv_timer_init(loop, &f->tick);
     f->tick.data = f;
+}
+
+int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                     uint64_t base_id)
+{
+    core_setup(f, loop, cfg);
+    f->workers = wk;
+    f->worker_index = index;
+    f->id_step = (uint64_t)cfg->workers;
+    f->next_id = base_id + (uint64_t)index; /* ids base + index + k * workers, k >= 1 */
+    f->up = upstream_new(f);                /* with Sentinel: connects once told of a master */
+    if (f->up == NULL) {
+        close_everything(f);
+        uv_run(loop, UV_RUN_DEFAULT);
+        core_release(f);
+        return FERRY_ECONFIG;
+    }
+    uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
+    return 0;
+}
+
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
+{
+    core_setup(f, loop, cfg);
+    f->takeover = tk;
+    raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);
     uv_signal_init(loop, &f->sig_int);
     uv_signal_init(loop, &f->sig_hup);
@@ -304,7 +346,14 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
     uv_signal_start(&f->sig_hup, signal_cb, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = server_start(f);
+    int rc = 0;
+    if (tk != NULL && cfg->workers > 1) {
+        log_error("a takeover needs workers: 1 (this configuration has workers: %d)", cfg->workers);
+        rc = FERRY_ECONFIG;
+    }
+    if (rc == 0) {
+        rc = server_start(f);
+    }
     if (rc == 0) {
         rc = stats_start(f);
     }
@@ -318,13 +367,13 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
         f->up = upstream_new(f); /* a master name resolves later, off the loop */
         rc = f->up == NULL ? FERRY_ECONFIG : 0;
     }
+    if (rc == 0) {
+        rc = workers_start(f); /* no worker is left running if it fails */
+    }
     if (rc < 0) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);
-        server_free(f);
-        stats_free(f);
-        core_free_buffers(f);
-        takeover_free(f);
+        core_release(f);
         return rc;
     }
     if (cfg->has_sentinel) {
@@ -337,14 +386,21 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
 int core_run(ferry *f)
 {
     uv_run(f->loop, UV_RUN_DEFAULT);
-    /* Everything is closed; free what outlives the handles. */
+    workers_join(f); /* their loops ended with the main one's */
+    core_release(f);
+    return f->exit_code;
+}
+
+void core_release(ferry *f)
+{
     sentinel_free(f->sentinel);
     f->sentinel = NULL;
-    upstream_free(f->up);
-    f->up = NULL;
+    if (f->up != NULL) {
+        upstream_free(f->up);
+        f->up = NULL;
+    }
     server_free(f);
     stats_free(f);
     core_free_buffers(f);
     takeover_free(f);
-    return f->exit_code;
 }

@@ -6,15 +6,27 @@
 #include "ferry.h"
 
 struct takeover;
+struct workers;
 
 /* Set up f on loop with cfg (borrowed for f's life), listen and start
  * connecting. tk (owned by f from now on, even on error) is the takeover of
  * a running ferry that takeover_connect began, or NULL. Returns 0 or a
  * negative error (logged). */
 int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk);
+/* Set up f as worker index (1..) of wk on its own loop: no listener,
+ * stats port, signals, Sentinel client or fallback store; its own upstream
+ * (with Sentinel, it connects once the main loop names a master). Its ids
+ * are base_id + index + k * cfg->workers (k >= 1). Returns 0 or a negative
+ * error. */
+int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                     uint64_t base_id);
 /* Run until shutdown. Returns the exit code. */
 int core_run(ferry *f);
 /* Begin a graceful stop (what SIGTERM does). */
 void core_stop(ferry *f, const char *why);
+/* Close every handle of f now (the loop then ends). */
+void core_close(ferry *f);
+/* Free what outlives f's handles, once its loop has ended. */
+void core_release(ferry *f);
 
 #endif

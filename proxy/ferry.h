@@ -98,7 +98,7 @@ typedef struct request {
 } request;
 
 typedef struct ferry {
-    uv_loop_t *loop;                      /* the one event loop */
+    uv_loop_t *loop;                      /* this context's event loop */
     config *cfg;                          /* loaded configuration (owned by main) */
     resp_limits limits;                   /* request parser limits from cfg */
     const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
@@ -131,7 +131,9 @@ typedef struct ferry {
     list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
     list_node partial;    /* sessions with an incomplete request, oldest first */
     list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
-    uint64_t next_id;     /* ids for sessions and links */
+    uint64_t next_id;     /* ids for sessions and links: the last one given */
+    uint64_t id_step;     /* how far apart this loop's ids are: one per loop, so
+                             ids are unique across loops (loop i gives i + k*n) */
     uint64_t started_ms;  /* uv_now() at start */
     uv_prepare_t flush;   /* writes everything queued in one turn */
     uv_timer_t tick;      /* timeouts, health pings, reconnects */
@@ -143,11 +145,22 @@ typedef struct ferry {
     int handing_over;               /* sessions are being handed to a new process */
     int keep_paths;                 /* listeners handed over: leave their unix paths */
     int closed;                     /* every handle has been closed */
+    struct workers *workers;        /* workers.c: every event loop, NULL with workers: 1 */
+    int worker_index;               /* 0: the main loop; 1..: a worker's */
+    size_t others_mem;              /* bytes the other loops held for clients at their
+                                       last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
+
+/* A new id for a session, link or stats connection, unique in the process. */
+static inline uint64_t ferry_next_id(ferry *f)
+{
+    f->next_id += f->id_step;
+    return f->next_id;
+}
 
 /* Request objects (recycled through f->free_reqs). */
 request *request_new(ferry *f);

@@ -242,7 +242,7 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
 
     l->f = f;
     l->up = up;
-    l->id = ++f->next_id;
+    l->id = ferry_next_id(f);
     l->kind = kind;
     l->slot = -1;
     l->epoch = up->epoch;

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "session.h"
 #include "takeover.h"
+#include "workers.h"
 
 typedef struct listener {
     ferry *f;       /* context */
@@ -42,7 +43,8 @@ static void server_conn_cb(uv_stream_t *st, int status)
     if (ls->f->stopping) {
         return;
     }
-    int rc = session_accept(ls->f, st, ls->is_unix);
+    int rc = ls->f->workers != NULL ? workers_accept(ls->f, st, ls->is_unix)
+                                    : session_accept(ls->f, st, ls->is_unix);
     if (rc < 0) {
         log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(rc));
     }

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "router.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define SESSION_READ_CHUNK (16 * 1024)
 #define CLIENT_KEEPALIVE_S 300
@@ -86,7 +87,7 @@ static void session_peer_name(session *s, int is_unix)
 static void session_register(session *s, int is_unix)
 {
     ferry *f = s->f;
-    s->id = ++f->next_id;
+    s->id = ferry_next_id(f);
     list_init(&s->node);
     list_init(&s->wait_node);
     list_init(&s->held);
@@ -104,6 +105,7 @@ static void session_register(session *s, int is_unix)
     list_add_tail(&f->idle, &s->idle_node);
     list_add_tail(&f->sessions, &s->node);
     f->nclients++;
+    workers_client_opened(f);
     f->clients_mem += sizeof(*s);
     f->stats.clients_total++;
     session_peer_name(s, is_unix);
@@ -144,18 +146,15 @@ static int session_start_reading(session *s)
     return 0;
 }
 
-int session_accept(ferry *f, uv_stream_t *server, int is_unix)
+/* A new client's socket is s's: count it, refuse it past
+ * client.max_clients (all loops together), or start reading it. */
+static int session_begin(session *s, int is_unix)
 {
-    session *s = session_new(f, is_unix);
-    int rc = uv_accept(server, &s->io.s);
-    if (rc < 0) {
-        uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
-        return rc;
-    }
+    ferry *f = s->f;
     session_register(s, is_unix);
     log_debug("client %llu %s connected", (unsigned long long)s->id, s->peer);
 
-    if (f->nclients > (uint64_t)f->cfg->max_clients) {
+    if (workers_clients(f) > (uint64_t)f->cfg->max_clients) {
         f->stats.clients_rejected++;
         buf_append_str(&s->out.fill, "-ERR max number of clients reached\r\n");
         session_set_state(s, SESSION_QUITTING);
@@ -164,6 +163,28 @@ int session_accept(ferry *f, uv_stream_t *server, int is_unix)
     }
     session_start_reading(s);
     return 0;
+}
+
+int session_accept(ferry *f, uv_stream_t *server, int is_unix)
+{
+    session *s = session_new(f, is_unix);
+    int rc = uv_accept(server, &s->io.s);
+    if (rc < 0) {
+        uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
+        return rc;
+    }
+    return session_begin(s, is_unix);
+}
+
+int session_accept_fd(ferry *f, uv_os_sock_t fd, int is_unix)
+{
+    session *s = session_new(f, is_unix);
+    int rc = is_unix ? uv_pipe_open(&s->io.pipe, fd) : uv_tcp_open(&s->io.tcp, fd);
+    if (rc < 0) {
+        uv_close(&s->io.h, session_close_cb); /* fd is not the handle's: the caller's */
+        return rc;
+    }
+    return session_begin(s, is_unix);
 }
 
 int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
@@ -272,7 +293,7 @@ size_t session_mem(const session *s)
 
 int session_over_memory(const ferry *f)
 {
-    return f->cfg->max_memory > 0 && f->clients_mem > f->cfg->max_memory;
+    return f->cfg->max_memory > 0 && f->clients_mem + f->others_mem > f->cfg->max_memory;
 }
 
 /* Charge n more bytes of r to s (and to ferry's total). */
@@ -341,6 +362,7 @@ void session_close(session *s, const char *reason)
     }
     list_del(&s->idle_node);
     f->nclients--;
+    workers_client_closed(f);
     f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
     s->buf_mem = 0;
     uv_close(&s->io.h, session_close_cb);

@@ -105,6 +105,10 @@ typedef struct session {
 
 /* Accept a client from a listening stream. Returns 0 or a negative uv error. */
 int session_accept(ferry *f, uv_stream_t *server, int is_unix);
+/* Serve fd, a client socket just accepted by another loop (workers.c).
+ * Returns 0 (fd is the session's) or a negative uv error (fd stays the
+ * caller's). */
+int session_accept_fd(ferry *f, uv_os_sock_t fd, int is_unix);
 
 /* A client connection handed over by another ferry process (takeover.c),
  * with the state its session had there. */

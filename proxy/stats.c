@@ -25,6 +25,7 @@
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define STATS_MAX_CONNS 64            /* stats connections open at once */
 #define STATS_MAX_REQUEST 8192        /* bytes of an HTTP request line and headers */
@@ -164,6 +165,28 @@ void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, ui
     }
 }
 
+#define STATS_ADD_COUNTER(name) dst->name += src->name;
+#define STATS_ADD_GAUGE(name)
+#define STATS_ADD_MSEC(name)
+#define STATS_ADD_BOOL(name)
+#define STATS_ADD_TEXT(name)
+#define STATS_ADD_NODES(name)
+#define STATS_ADD_HISTOGRAM(name)                                                                  \
+    for (int i = 0; i < STATS_NBUCKETS; i++) {                                                     \
+        dst->name.bucket[i] += src->name.bucket[i];                                                \
+    }                                                                                              \
+    dst->name.count += src->name.count;                                                            \
+    dst->name.sum_us += src->name.sum_us;
+#define STATS_ADD(section, name, type, prom, help) STATS_ADD_##type(name)
+
+void stats_add(ferry_stats *dst, const ferry_stats *src)
+{
+    FERRY_STATS(STATS_ADD)
+    if (src->held_bytes_peak > dst->held_bytes_peak) {
+        dst->held_bytes_peak = src->held_bytes_peak;
+    }
+}
+
 void stats_held(ferry_stats *st, uint64_t held_bytes)
 {
     if (held_bytes > st->held_bytes_peak) {
@@ -282,13 +305,6 @@ static uint64_t stats_rss(void)
 static void stats_limits(ferry *f, ferry_stats *st)
 {
     const config *cfg = f->cfg;
-    list_node *n;
-    list_foreach(n, &f->sessions)
-    {
-        const session *s = list_entry(n, session, node);
-        st->clients_paused += (uint64_t)(!s->reading && s->state == SESSION_OPEN);
-    }
-    st->memory_clients = f->clients_mem;
     st->memory_rss = stats_rss();
     st->max_memory = cfg->max_memory;
     st->max_pending_bytes = cfg->max_pending_bytes;
@@ -311,7 +327,20 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     char host[256];
     size_t hlen = sizeof(host);
 
+    worker_view views[CONFIG_MAX_WORKERS];
+
     *st = f->stats;
+    int nloops = workers_stats(f, st, views, CONFIG_MAX_WORKERS); /* the main loop first */
+    st->workers = (uint64_t)nloops;
+    st->worker_loops = (uint64_t)nloops;
+    for (int i = 0; i < nloops; i++) {
+        st->curr_connections += views[i].clients;
+        st->clients_paused += views[i].clients_paused;
+        st->held_bytes += views[i].held_bytes;
+        st->memory_clients += views[i].memory;
+        st->links_open += views[i].links;
+        st->pool_idle += views[i].pool;
+    }
     if (uv_gettimeofday(&tv) != 0) {
         tv.tv_sec = 0;
     }
@@ -324,8 +353,6 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->uptime = (now - f->started_ms) / 1000;
     st->timestamp = (uint64_t)tv.tv_sec;
     st->total_connections = st->clients_total;
-    st->curr_connections = f->nclients;
-    st->held_bytes = f->held_bytes;
     stats_limits(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
@@ -353,8 +380,6 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->epoch = up->epoch;
     st->connected_since = is_up ? unix_of(now, up->up_since_ms, tv.tv_sec) : 0;
     st->down_for_ms = is_up ? 0 : now - up->down_since_ms;
-    st->links_open = (uint64_t)up->nlinks;
-    st->pool_idle = (uint64_t)up->npool;
     st->failovers = up->switches;
     st->failover_last_ms = up->last_switch_ms;
     st->failover_longest_ms = up->longest_switch_ms;
@@ -402,6 +427,27 @@ static void json_replicas(ferry *f, buf *b)
     buf_append_str(b, "]");
 }
 
+/* Every event loop, the main one first, as of its last tick. */
+static void json_loops(ferry *f, buf *b)
+{
+    worker_view views[CONFIG_MAX_WORKERS];
+    int n = workers_stats(f, NULL, views, CONFIG_MAX_WORKERS);
+    buf_append_str(b, "[");
+    for (int i = 0; i < n; i++) {
+        const worker_view *v = &views[i];
+        stats_printf(b,
+                     "%s{\"clients\":%llu,\"commands_total\":%llu,\"held_bytes\":%llu,"
+                     "\"links_open\":%llu,\"upstream_up\":%s,\"epoch\":%llu,\"master\":",
+                     i > 0 ? "," : "", (unsigned long long)v->clients,
+                     (unsigned long long)v->commands, (unsigned long long)v->held_bytes,
+                     (unsigned long long)v->links, v->up ? "true" : "false",
+                     (unsigned long long)v->epoch);
+        json_string(b, v->master);
+        buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
+}
+
 void stats_render_json(ferry *f, buf *out)
 {
     ferry_stats *st = xmalloc(sizeof(*st));
@@ -443,8 +489,12 @@ void stats_render_json(ferry *f, buf *out)
         case STAT_HISTOGRAM:
             json_histogram(out, stat_hist(st, d));
             break;
-        case STAT_NODES: /* one such entry: durability.replicas */
-            json_replicas(f, out);
+        case STAT_NODES: /* durability.replicas, worker_loops */
+            if (strcmp(d->name, "worker_loops") == 0) {
+                json_loops(f, out);
+            } else {
+                json_replicas(f, out);
+            }
             break;
         }
     }
@@ -901,7 +951,7 @@ static void stats_conn_cb(uv_stream_t *st, int status)
     }
     sconn *c = xcalloc(1, sizeof(*c));
     c->sv = sv;
-    c->id = ++f->next_id;
+    c->id = ferry_next_id(f);
     snprintf(c->peer, sizeof(c->peer), "%s", sv->is_unix ? "unix" : "?");
     if (sv->is_unix) {
         uv_pipe_init(f->loop, &c->io.pipe, 0);

@@ -37,6 +37,12 @@ typedef enum stat_type {
     X(top, version, TEXT, "ferry_info", "ferry version (live)")                                    \
     X(top, uptime, GAUGE, "ferry_uptime_seconds", "seconds since ferry started (live)")            \
     X(top, timestamp, GAUGE, "", "unix time of this report, seconds (live)")                       \
+    X(top, workers, GAUGE, "ferry_workers",                                                        \
+      "event loops serving clients (workers); counters and gauges are their sum, the master "      \
+      "view, failover and durability figures the main loop's (live)")                              \
+    X(top, worker_loops, NODES, "",                                                                \
+      "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
+      "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")                            \
     X(top, total_connections, COUNTER, "",                                                         \
       "client connections accepted; same as clients.clients_total (live)")                         \
     X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
@@ -243,6 +249,9 @@ void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, ui
                          int is_error);
 /* Add one observation of us microseconds to h. */
 void stats_observe(stats_histogram *h, uint64_t us);
+/* Add src's counters and histograms to dst (another event loop's; the
+ * peak of held bytes is the larger one). */
+void stats_add(ferry_stats *dst, const ferry_stats *src);
 /* Note how many request bytes are held now (keeps the peak). */
 void stats_held(ferry_stats *st, uint64_t held_bytes);
 

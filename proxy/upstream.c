@@ -22,6 +22,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "workers.h"
 
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
@@ -168,6 +169,9 @@ upstream *upstream_new(ferry *f)
 {
     upstream *up = xcalloc(1, sizeof(*up));
     up->f = f;
+    if (f->worker_index > 0) {
+        snprintf(up->tag, sizeof(up->tag), "worker %d: ", f->worker_index);
+    }
     list_init(&up->links);
     list_init(&up->self.pool[0]);
     list_init(&up->self.pool[1]);
@@ -251,7 +255,7 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
     upstream_state old = up->state;
     if (st == UP_UP) {
         uint64_t took = now - up->switch_started_ms;
-        log_info("master view: %s -> UP(%s, epoch %llu) after %llu ms: %s",
+        log_info("%smaster view: %s -> UP(%s, epoch %llu) after %llu ms: %s", up->tag,
                  upstream_state_name(old), up->name, (unsigned long long)up->epoch,
                  (unsigned long long)took, reason);
         if (up->switches > 0) {
@@ -264,7 +268,7 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
         up->backoff_ms = BACKOFF_MIN_MS;
         up->f->wake_pending = 1;
     } else {
-        log_warn("master view: %s(%s) -> %s: %s", upstream_state_name(old),
+        log_warn("%smaster view: %s(%s) -> %s: %s", up->tag, upstream_state_name(old),
                  up->target_set ? up->name : "none", upstream_state_name(st), reason);
         if (old == UP_UP) {
             up->down_since_ms = now;
@@ -700,6 +704,8 @@ void upstream_switch(upstream *up, const char *reason)
         up->target_set = 0;
         if (up->f->sentinel != NULL) {
             sentinel_trigger(up->f->sentinel);
+        } else {
+            workers_trigger_sentinel(up->f); /* a worker: the main loop asks */
         }
     } else {
         up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;
@@ -759,7 +765,7 @@ static void upstream_retarget(upstream *up, const char *why)
     up->epoch++;
     up->target_set = 1;
     up->aof_ok = 0;
-    log_info("master view: connecting to %s (epoch %llu): %s", up->name,
+    log_info("%smaster view: connecting to %s (epoch %llu): %s", up->tag, up->name,
              (unsigned long long)up->epoch, why);
     /* Shared links of an older epoch are gone (closed or fencing). */
     list_foreach_safe(n, t, &up->links)

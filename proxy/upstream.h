@@ -52,6 +52,7 @@ typedef struct upstream {
     int resolving;                /* gai is in flight */
     int resolve_failing;          /* the last resolution failed (logged once) */
     char name[300];               /* for logs and stats */
+    char tag[24];                 /* "worker N: " in a worker loop's logs, "" in the main one's */
     upstream_state state;         /* see upstream_state; changed only by upstream_set_state */
     ident self;                   /* ferry's own credentials: its shared links verify the master */
     list_node idents;             /* Redis ACL users clients authenticated as (client.auth redis) */

@@ -27,6 +27,7 @@
 #include "sconn.h"
 #include "server.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define SENTINEL_RECONNECT_MS 500
 #define SENTINEL_DISCOVER_EVERY 10  /* rounds between SENTINEL SENTINELS */
@@ -286,7 +287,7 @@ static void on_event(sentinel_node *nd, const redisReply *r)
     if (strcmp(ev, "+promoted-slave") == 0 || strcmp(ev, "+switch-master") == 0 ||
         strcmp(ev, "+failover-state-send-slaveof-noone") == 0 ||
         strcmp(ev, "+failover-state-wait-promotion") == 0) {
-        up->fence_valid = 0; /* a replica is (being) promoted */
+        workers_fence_invalid(sc->f); /* a replica is (being) promoted */
     }
     char why[600];
     snprintf(why, sizeof(why), "Sentinel event %s %s", ev, text);
@@ -294,10 +295,10 @@ static void on_event(sentinel_node *nd, const redisReply *r)
         char to[300];
         snprintf(to, sizeof(to), "%s:%s", w[3], w[4]);
         if (strcmp(to, current) != 0) {
-            upstream_switch(up, why);
+            workers_switch(sc->f, why);
         }
     } else if (is_switch_event(ev) && mentions) {
-        upstream_switch(up, why);
+        workers_switch(sc->f, why);
     }
     sentinel_trigger(sc);
 }
@@ -720,20 +721,14 @@ static void quorum_note(sentinel_client *sc, int ok, int replies, int need, uint
  * switch, ROLE checked again on the new link. */
 static void keep_master(sentinel_client *sc)
 {
-    upstream *up = sc->f->up;
-    if (!up->target_set && up->epoch > 0 && up->name[0] != '\0') {
-        log_warn("sentinel: no majority of the sentinels reachable; retrying the last known "
-                 "master %s",
-                 up->name);
-        up->target_set = 1;
-    }
+    workers_keep_master(sc->f); /* every loop's upstream */
 }
 
 static void accept_master(sentinel_client *sc, const sentinel_node *nd, long long epoch,
                           const char *why)
 {
     sc->trusted_epoch = epoch;
-    upstream_set_master(sc->f->up, nd->ip, nd->mport, why);
+    workers_set_master(sc->f, nd->ip, nd->mport, why); /* every loop's upstream */
 }
 
 /* Close a round: accept the master a majority of the known sentinels name
@@ -820,7 +815,7 @@ static void round_evaluate(sentinel_client *sc)
             if (up->state == UP_UP && up->target_set && strcmp(up->name, name) == 0) {
                 snprintf(why, sizeof(why), "Sentinel reports master %s %s", name,
                          failing ? "failing over" : "down");
-                upstream_switch(up, why);
+                workers_switch(sc->f, why);
             }
             return;
         }

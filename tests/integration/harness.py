@@ -75,6 +75,11 @@ import redis
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FERRY_BIN = os.environ.get('FERRY_BIN') or os.path.join(REPO, 'build', 'ferry')
 DIRECT = os.environ.get('FERRY_TEST_DIRECT') == '1'
+# FERRY_TEST_WORKERS=N: every ferry this harness configures runs N event
+# loops (workers: N), unless its test sets workers itself or configures
+# what needs one loop (fallback.path, takeover.socket), so any suite runs
+# with workers.
+WORKERS = os.environ.get('FERRY_TEST_WORKERS')
 KEEP = os.environ.get('FERRY_TEST_KEEP') == '1'
 REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
 
@@ -316,6 +321,17 @@ def _merge(base, over):
         else:
             base[k] = v
     return base
+
+
+def _needs_one_loop(c, extra_yaml):
+    """The config uses what workers > 1 refuses (fallback store, takeover)."""
+    fb = c.get('fallback')
+    tk = c.get('takeover')
+    if isinstance(fb, dict) and fb.get('path'):
+        return True
+    if isinstance(tk, dict) and tk.get('socket'):
+        return True
+    return bool(re.search(r'^(fallback|takeover|workers)\s*:', extra_yaml or '', re.M))
 
 
 def _port_of(addr):
@@ -1278,6 +1294,8 @@ class Ferry:
         elif self.sentinel is not None:
             c['sentinel'] = self._sentinel_section()
         _merge(c, copy.deepcopy(self.user_conf))
+        if WORKERS and 'workers' not in c and not _needs_one_loop(c, self.extra_yaml):
+            c['workers'] = int(WORKERS)
         listen = c.get('listen')
         first = listen[0] if isinstance(listen, list) and listen else listen
         self.port = _port_of(first)

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <uv.h>
 
 #include "config.h"
 #include "log.h"
@@ -373,6 +374,47 @@ static void test_takeover_socket(void **state)
     load_ok(&cfg, yaml);
     assert_string_equal(cfg.takeover_socket, path);
     config_free(&cfg);
+}
+
+static void test_workers(void **state)
+{
+    static const error_case cases[] = {
+        {"redis: {address: 127.0.0.1:6379}\nworkers: 0\n", "t.yml:2:10: ",
+         "workers: expected a number of event loops from 1 to 64, or auto, got '0'"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: 65\n", "t.yml:2:10: ", "got '65'"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: -2\n", "t.yml:2:10: ", "got '-2'"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: many\n", "t.yml:2:10: ", "got 'many'"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: 2x\n", "t.yml:2:10: ", "got '2x'"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: 2\nfallback: {path: /tmp/f.db}\n",
+         "t.yml:2:10: ", "workers: 2 with fallback.path: the fallback store needs workers: 1"},
+        {"redis: {address: 127.0.0.1:6379}\nworkers: 3\ntakeover: {socket: /tmp/t.sock}\n",
+         "t.yml:2:10: ", "workers: 3 with takeover.socket: a takeover needs workers: 1"},
+    };
+    config cfg;
+    unsigned cores = uv_available_parallelism();
+    int want = cores > 1 ? (int)cores - 1 : 1;
+
+    (void)state;
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\n");
+    assert_int_equal(cfg.workers, 1); /* one event loop by default */
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: 4\n");
+    assert_int_equal(cfg.workers, 4);
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: 64\n");
+    assert_int_equal(cfg.workers, 64);
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: auto\n");
+    assert_int_equal(cfg.workers, want > 8 ? 8 : want);
+    config_free(&cfg);
+    /* auto with a feature that needs one loop: one loop, no error */
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: auto\nfallback: {path: /tmp/f.db}\n");
+    assert_int_equal(cfg.workers, 1);
+    config_free(&cfg);
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: 1\nfallback: {path: /tmp/f.db}\n");
+    assert_int_equal(cfg.workers, 1);
+    config_free(&cfg);
+    run_error_cases(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 static void test_stats_off(void **state)
@@ -990,6 +1032,7 @@ int main(void)
         cmocka_unit_test(test_sentinel_mode),
         cmocka_unit_test(test_empty_strings_are_null),
         cmocka_unit_test(test_takeover_socket),
+        cmocka_unit_test(test_workers),
         cmocka_unit_test(test_stats_off),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_parse_addr),

@@ -1,0 +1,538 @@
+/* workers.c - more event loops (workers: N).
+ *
+ *   main loop: listeners, Sentinel client, stats port, signals, its clients
+ *      | accept -> round-robin: itself, worker 1, ..., worker N-1
+ *      | master view (Sentinel) -> its own upstream, then every mailbox
+ *      v
+ *   worker i (thread, loop, context): its clients, its upstream and shared
+ *      links; applies the mailbox in order (a client, a master named, a
+ *      switch, stop); publishes its figures on its tick
+ *
+ * A mailbox is a list under a mutex and a uv_async_t on the worker's loop.
+ * The main loop is the only writer of every mailbox, so a worker applies
+ * the master view's changes in the order Sentinel's client made them, and
+ * its upstream connects only to a master it was told of. Without Sentinel
+ * (a fixed master) every loop's upstream follows that master by itself. */
+#include "workers.h"
+
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define link posix_link /* unistd.h's link(2) would clash with ferry's link type */
+#include <unistd.h>
+#undef link
+
+#include "core.h"
+#include "log.h"
+#include "sentinel.h"
+#include "server.h"
+#include "session.h"
+#include "upstream.h"
+
+/* What a mailbox carries. */
+typedef enum wmsg_kind {
+    WM_ACCEPT = 0, /* a client socket (fd) to serve */
+    WM_MASTER,     /* Sentinel named a master (ip, port, why) */
+    WM_SWITCH,     /* stop sending to the current master (why) */
+    WM_FENCE,      /* a replica is being promoted: fences on the old master count no more */
+    WM_KEEP,       /* no majority of sentinels: go back to the last master, ROLE checked */
+    WM_STOP,       /* graceful stop (why) */
+    WM_CLOSE       /* close everything now */
+} wmsg_kind;
+
+typedef struct wmsg {
+    struct wmsg *next; /* in the mailbox, oldest first */
+    wmsg_kind kind;    /* see wmsg_kind */
+    int fd;            /* WM_ACCEPT: the client socket, owned by the message */
+    int is_unix;       /* WM_ACCEPT: a unix socket */
+    int port;          /* WM_MASTER */
+    char ip[64];       /* WM_MASTER: numeric */
+    char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
+} wmsg;
+
+typedef struct worker {
+    struct workers *all; /* every loop */
+    int index;           /* 1..n-1 */
+    uv_loop_t loop;      /* its own loop */
+    ferry f;             /* its own context */
+    uv_thread_t thread;  /* runs the loop */
+    uv_async_t async;    /* on loop: the mailbox has mail */
+    uv_mutex_t lock;     /* guards the fields below */
+    wmsg *head, *tail;   /* the mailbox */
+    int open;            /* async may be sent (cleared before it closes) */
+    ferry_stats *pub;    /* its counters at its last tick */
+    worker_view view;    /* its gauges at its last tick */
+    atomic_int done;     /* its loop returned */
+} worker;
+
+typedef struct workers {
+    ferry *main;                           /* the main loop's context */
+    int n;                                 /* loops, the main one included */
+    worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
+    uint64_t next;                         /* round-robin (main loop only) */
+    uv_async_t async;                      /* on the main loop: a worker asks
+                                              for a Sentinel round */
+    int async_open;                        /* async initialised, not closed */
+    atomic_ullong clients;                 /* sessions open in all loops */
+    atomic_ullong mem[CONFIG_MAX_WORKERS]; /* bytes each loop held for clients
+                                              at its last tick */
+} workers;
+
+static worker *self_of(ferry *f)
+{
+    workers *wk = f->workers;
+    return wk != NULL && f->worker_index > 0 ? wk->w[f->worker_index] : NULL;
+}
+
+/* --------------------------------------------------------------- mailbox */
+
+static void free_close_cb(uv_handle_t *h)
+{
+    free(h);
+}
+
+static void msg_free(wmsg *m)
+{
+    if (m->kind == WM_ACCEPT && m->fd >= 0) {
+        close(m->fd);
+    }
+    free(m);
+}
+
+/* Main loop: append m to w's mailbox (m is the mailbox's from now on). */
+static void post(worker *w, wmsg *m)
+{
+    m->next = NULL;
+    uv_mutex_lock(&w->lock);
+    if (!w->open) {
+        uv_mutex_unlock(&w->lock);
+        msg_free(m);
+        return;
+    }
+    if (w->tail == NULL) {
+        w->head = m;
+    } else {
+        w->tail->next = m;
+    }
+    w->tail = m;
+    uv_async_send(&w->async);
+    uv_mutex_unlock(&w->lock);
+}
+
+static wmsg *msg_new(wmsg_kind kind, const char *why)
+{
+    wmsg *m = xcalloc(1, sizeof(*m));
+    m->kind = kind;
+    m->fd = -1;
+    if (why != NULL) {
+        snprintf(m->why, sizeof(m->why), "%s", why);
+    }
+    return m;
+}
+
+static void post_all(ferry *f, wmsg_kind kind, const char *ip, int port, const char *why)
+{
+    workers *wk = f->workers;
+    for (int i = 1; wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        wmsg *m = msg_new(kind, why);
+        if (ip != NULL) {
+            snprintf(m->ip, sizeof(m->ip), "%s", ip);
+        }
+        m->port = port;
+        post(wk->w[i], m);
+    }
+}
+
+static void keep_master(upstream *up, int quiet)
+{
+    if (!up->target_set && up->epoch > 0 && up->name[0] != '\0') {
+        if (!quiet) {
+            log_warn("sentinel: no majority of the sentinels reachable; retrying the last "
+                     "known master %s",
+                     up->name);
+        }
+        up->target_set = 1;
+    }
+}
+
+/* Worker loop: apply m. */
+static void apply(worker *w, wmsg *m)
+{
+    ferry *f = &w->f;
+    switch (m->kind) {
+    case WM_ACCEPT:
+        if (f->stopping || f->closed) {
+            break; /* msg_free closes it */
+        }
+        if (session_accept_fd(f, m->fd, m->is_unix) == 0) {
+            m->fd = -1; /* the session's */
+        }
+        break;
+    case WM_MASTER:
+        if (!f->closed) {
+            upstream_set_master(f->up, m->ip, m->port, m->why);
+        }
+        break;
+    case WM_SWITCH:
+        if (!f->closed) {
+            upstream_switch(f->up, m->why);
+        }
+        break;
+    case WM_FENCE:
+        f->up->fence_valid = 0;
+        break;
+    case WM_KEEP:
+        keep_master(f->up, 1);
+        break;
+    case WM_STOP:
+        core_stop(f, m->why);
+        break;
+    case WM_CLOSE:
+        core_close(f);
+        break;
+    }
+}
+
+static void mail_cb(uv_async_t *a)
+{
+    worker *w = a->data;
+    uv_mutex_lock(&w->lock);
+    wmsg *m = w->head;
+    w->head = w->tail = NULL;
+    uv_mutex_unlock(&w->lock);
+    while (m != NULL) {
+        wmsg *next = m->next;
+        apply(w, m);
+        msg_free(m);
+        m = next;
+    }
+}
+
+/* Main loop: workers asked for a Sentinel round. */
+static void trigger_cb(uv_async_t *a)
+{
+    workers *wk = a->data;
+    ferry *f = wk->main;
+    if (f->sentinel != NULL && !f->closed) {
+        sentinel_trigger(f->sentinel);
+    }
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+static void worker_run(void *arg)
+{
+    worker *w = arg;
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    core_release(&w->f);
+    uv_mutex_lock(&w->lock);
+    wmsg *m = w->head;
+    w->head = w->tail = NULL;
+    w->open = 0;
+    uv_mutex_unlock(&w->lock);
+    while (m != NULL) {
+        wmsg *next = m->next;
+        msg_free(m);
+        m = next;
+    }
+    int rc = uv_loop_close(&w->loop);
+    if (rc != 0) {
+        log_warn("worker %d: its loop closed with handles open: %s", w->index, uv_strerror(rc));
+    }
+    atomic_store(&w->done, 1);
+    /* The main loop's tick sees it; a nudge makes it see it now. */
+    uv_async_send(&w->all->async);
+}
+
+/* A worker whose thread never started: close its loop here. */
+static void worker_discard(worker *w)
+{
+    core_close(&w->f);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    core_release(&w->f);
+    uv_loop_close(&w->loop);
+    uv_mutex_destroy(&w->lock);
+    free(w->pub);
+    free(w);
+}
+
+int workers_start(ferry *f)
+{
+    int n = f->cfg->workers;
+    if (n <= 1) {
+        return 0;
+    }
+    workers *wk = xcalloc(1, sizeof(*wk));
+    wk->main = f;
+    wk->n = 1;
+    f->workers = wk;
+    f->worker_index = 0;
+    /* Ids unique across loops from now on: loop i gives base + i + k * n. */
+    uint64_t base_id = (f->next_id / (uint64_t)n + 1) * (uint64_t)n;
+    f->id_step = (uint64_t)n;
+    f->next_id = base_id;
+    uv_async_init(f->loop, &wk->async, trigger_cb);
+    wk->async.data = wk;
+    wk->async_open = 1;
+    uv_unref((uv_handle_t *)&wk->async); /* the main loop ends without it */
+    atomic_store(&wk->clients, f->nclients);
+    for (int i = 1; i < n; i++) {
+        worker *w = xcalloc(1, sizeof(*w));
+        w->all = wk;
+        w->index = i;
+        w->pub = xcalloc(1, sizeof(*w->pub));
+        uv_mutex_init(&w->lock);
+        int rc = uv_loop_init(&w->loop);
+        if (rc == 0) {
+            rc = core_init_worker(&w->f, &w->loop, f->cfg, wk, i, base_id);
+        }
+        if (rc < 0) {
+            log_error("worker %d: cannot start: %s", i, ferry_strerror(rc));
+            uv_mutex_destroy(&w->lock);
+            free(w->pub);
+            free(w);
+            workers_close(f);
+            workers_join(f);
+            return rc;
+        }
+        uv_async_init(&w->loop, &w->async, mail_cb);
+        w->async.data = w;
+        w->open = 1;
+        wk->w[i] = w; /* before its thread reads it (self_of) */
+        rc = uv_thread_create(&w->thread, worker_run, w);
+        if (rc < 0) {
+            log_error("worker %d: cannot start its thread: %s", i, uv_strerror(rc));
+            wk->w[i] = NULL;
+            w->open = 0;
+            uv_close((uv_handle_t *)&w->async, NULL);
+            worker_discard(w);
+            workers_close(f);
+            workers_join(f);
+            return rc;
+        }
+        wk->n = i + 1;
+    }
+    log_info("%d event loops serve clients (workers: %d)", n, n);
+    return 0;
+}
+
+int workers_accept(ferry *f, uv_stream_t *server, int is_unix)
+{
+    workers *wk = f->workers;
+    int i = (int)(wk->next++ % (uint64_t)wk->n);
+    if (i == 0) {
+        return session_accept(f, server, is_unix);
+    }
+    /* Accepted here, handed over as a descriptor of its own: the handle
+     * that accepted it closes its copy on this loop. */
+    server_io *tmp = xmalloc(sizeof(*tmp));
+    if (is_unix) {
+        uv_pipe_init(f->loop, &tmp->pipe, 0);
+    } else {
+        uv_tcp_init(f->loop, &tmp->tcp);
+    }
+    uv_os_fd_t fd = -1;
+    int rc = uv_accept(server, &tmp->s);
+    if (rc == 0) {
+        rc = uv_fileno(&tmp->h, &fd);
+    }
+    int dup_fd = -1;
+    if (rc == 0) {
+        dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        rc = dup_fd < 0 ? UV_EMFILE : 0;
+    }
+    uv_close(&tmp->h, free_close_cb);
+    if (rc < 0) {
+        return rc;
+    }
+    wmsg *m = msg_new(WM_ACCEPT, NULL);
+    m->fd = dup_fd;
+    m->is_unix = is_unix;
+    post(wk->w[i], m);
+    return 0;
+}
+
+void workers_stop(ferry *f, const char *why)
+{
+    post_all(f, WM_STOP, NULL, 0, why);
+}
+
+void workers_close(ferry *f)
+{
+    post_all(f, WM_CLOSE, NULL, 0, NULL);
+}
+
+int workers_running(ferry *f)
+{
+    workers *wk = f->workers;
+    int n = 0;
+    for (int i = 1; wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        n += !atomic_load(&wk->w[i]->done);
+    }
+    return n;
+}
+
+void workers_join(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk == NULL || f->worker_index != 0) {
+        return;
+    }
+    for (int i = 1; i < wk->n; i++) {
+        worker *w = wk->w[i];
+        uv_thread_join(&w->thread);
+        uv_mutex_destroy(&w->lock);
+        free(w->pub);
+        free(w);
+        wk->w[i] = NULL;
+    }
+    wk->n = 1;
+    if (wk->async_open) {
+        wk->async_open = 0;
+        uv_close((uv_handle_t *)&wk->async, NULL);
+        uv_run(f->loop, UV_RUN_DEFAULT);
+    }
+    f->workers = NULL;
+    free(wk);
+}
+
+void workers_loop_close(ferry *f)
+{
+    worker *w = self_of(f);
+    if (w == NULL) {
+        return;
+    }
+    uv_mutex_lock(&w->lock);
+    int was = w->open;
+    w->open = 0;
+    uv_mutex_unlock(&w->lock);
+    if (was) {
+        uv_close((uv_handle_t *)&w->async, NULL);
+    }
+}
+
+/* ----------------------------------------------------------- master view */
+
+void workers_switch(ferry *f, const char *why)
+{
+    upstream_switch(f->up, why);
+    post_all(f, WM_SWITCH, NULL, 0, why);
+}
+
+void workers_set_master(ferry *f, const char *ip, int port, const char *why)
+{
+    upstream_set_master(f->up, ip, port, why);
+    post_all(f, WM_MASTER, ip, port, why);
+}
+
+void workers_fence_invalid(ferry *f)
+{
+    f->up->fence_valid = 0;
+    post_all(f, WM_FENCE, NULL, 0, NULL);
+}
+
+void workers_keep_master(ferry *f)
+{
+    keep_master(f->up, 0);
+    post_all(f, WM_KEEP, NULL, 0, NULL);
+}
+
+void workers_trigger_sentinel(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk != NULL && f->worker_index > 0) {
+        uv_async_send(&wk->async);
+    }
+}
+
+/* ------------------------------------------------------- stats and limits */
+
+static void view_of(ferry *f, worker_view *v)
+{
+    const list_node *n;
+    memset(v, 0, sizeof(*v));
+    v->clients = f->nclients;
+    list_foreach(n, &f->sessions)
+    {
+        const session *s = list_entry(n, session, node);
+        v->clients_paused += (uint64_t)(!s->reading && s->state == SESSION_OPEN);
+    }
+    v->held_bytes = f->held_bytes;
+    v->memory = f->clients_mem;
+    v->commands = f->stats.commands_total;
+    if (f->up != NULL) {
+        v->links = (uint64_t)f->up->nlinks;
+        v->pool = (uint64_t)f->up->npool;
+        v->up = f->up->state == UP_UP;
+        v->epoch = f->up->epoch;
+        snprintf(v->master, sizeof(v->master), "%s", upstream_name(f->up));
+    }
+}
+
+void workers_tick(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk == NULL) {
+        return;
+    }
+    uint64_t others = 0;
+    atomic_store_explicit(&wk->mem[f->worker_index], f->clients_mem, memory_order_relaxed);
+    for (int i = 0; i < CONFIG_MAX_WORKERS; i++) {
+        if (i != f->worker_index) {
+            others += atomic_load_explicit(&wk->mem[i], memory_order_relaxed);
+        }
+    }
+    f->others_mem = (size_t)others;
+    worker *w = self_of(f);
+    if (w != NULL) {
+        worker_view v;
+        view_of(f, &v);
+        uv_mutex_lock(&w->lock);
+        *w->pub = f->stats;
+        w->view = v;
+        uv_mutex_unlock(&w->lock);
+    }
+}
+
+int workers_stats(ferry *f, ferry_stats *st, worker_view *views, int max)
+{
+    workers *wk = f->workers;
+    int n = 0;
+    if (max > 0) {
+        view_of(f, &views[n++]);
+    }
+    for (int i = 1; wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        worker *w = wk->w[i];
+        uv_mutex_lock(&w->lock);
+        if (st != NULL) {
+            stats_add(st, w->pub);
+        }
+        if (n < max) {
+            views[n++] = w->view;
+        }
+        uv_mutex_unlock(&w->lock);
+    }
+    return n;
+}
+
+uint64_t workers_clients(const ferry *f)
+{
+    const workers *wk = f->workers;
+    return wk != NULL ? (uint64_t)atomic_load(&wk->clients) : f->nclients;
+}
+
+void workers_client_opened(ferry *f)
+{
+    if (f->workers != NULL) {
+        atomic_fetch_add(&f->workers->clients, 1);
+    }
+}
+
+void workers_client_closed(ferry *f)
+{
+    if (f->workers != NULL) {
+        atomic_fetch_sub(&f->workers->clients, 1);
+    }
+}

@@ -1,0 +1,74 @@
+/* workers.h - more event loops (workers: N). The main loop listens, runs
+ * the Sentinel client, the stats port and the signals, and serves clients
+ * like every loop; workers 1..N-1 are threads with a context of their own
+ * (sessions, their own upstream and shared links to the master, held
+ * requests). The main loop hands accepted clients round-robin to every loop
+ * and tells each worker, through a mailbox read in order, of every change
+ * Sentinel makes to the master view: a worker connects only to a master it
+ * was told of. With workers: 1 nothing here runs (f->workers is NULL). */
+#ifndef FERRY_WORKERS_H
+#define FERRY_WORKERS_H
+
+#include "ferry.h"
+
+struct workers;
+
+/* What one loop reports on its tick, for the stats port. */
+typedef struct worker_view {
+    uint64_t clients;        /* sessions open */
+    uint64_t clients_paused; /* of those, not read for backpressure */
+    uint64_t held_bytes;     /* request bytes held for lack of a master */
+    uint64_t memory;         /* bytes held for clients */
+    uint64_t links;          /* links to Redis open */
+    uint64_t pool;           /* idle dedicated links pooled */
+    int up;                  /* its master view is UP */
+    uint64_t epoch;          /* its master view's epoch */
+    uint64_t commands;       /* requests parsed from its clients (commands_total) */
+    char master[64];         /* the master it follows ("" if none) */
+} worker_view;
+
+/* Main loop, at the end of core_init: start cfg->workers - 1 worker loops,
+ * each with a context of its own. Returns 0, or a negative error (logged;
+ * no worker is left running). Does nothing with workers: 1. */
+int workers_start(ferry *f);
+/* Main loop: a client connects on server (a unix socket if is_unix): accept
+ * it and hand it to the next loop in turn (this one included). Returns 0 or
+ * a negative uv error. */
+int workers_accept(ferry *f, uv_stream_t *server, int is_unix);
+/* Main loop: stop every worker gracefully (what SIGTERM does) / at once. */
+void workers_stop(ferry *f, const char *why);
+void workers_close(ferry *f);
+/* Main loop: workers whose loop still runs. */
+int workers_running(ferry *f);
+/* Main loop, once its own loop returned: wait for every worker and free
+ * them (workers_close first if they might still run). */
+void workers_join(ferry *f);
+
+/* The master view as the Sentinel client on the main loop decides it:
+ * applied to the main loop's upstream at once, and sent to every worker,
+ * which applies it to its own, in the same order. */
+void workers_switch(ferry *f, const char *why);
+void workers_set_master(ferry *f, const char *ip, int port, const char *why);
+void workers_fence_invalid(ferry *f);
+void workers_keep_master(ferry *f);
+/* A worker lost its master: the main loop's Sentinel client asks again. */
+void workers_trigger_sentinel(ferry *f);
+
+/* Every loop, on its tick: publish what the stats port and limits.max_memory
+ * need to know of this loop, and learn the memory the other loops hold
+ * (f->others_mem). */
+void workers_tick(ferry *f);
+/* Main loop: add every worker's counters (last published) to st (unless
+ * NULL), and fill
+ * views[0..n) with each loop's view (the main loop first). Returns the
+ * number of loops (at most max). */
+int workers_stats(ferry *f, ferry_stats *st, worker_view *views, int max);
+/* Sessions open in all loops together (client.max_clients). */
+uint64_t workers_clients(const ferry *f);
+/* A session opened / closed on f (client.max_clients counts all loops). */
+void workers_client_opened(ferry *f);
+void workers_client_closed(ferry *f);
+/* Close this loop's own handle of the mailbox (close_everything). */
+void workers_loop_close(ferry *f);
+
+#endif
