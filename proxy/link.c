@@ -612,9 +612,12 @@ static void link_deliver(link *l, const char *p, size_t n)
         link_error_text(p, n, why, sizeof(why));
         router_on_refused(r->s, r, why);
         upstream_on_not_master(l, why);
-    } else if (starts(p, n, "-NOREPLICAS")) {
+    } else if (starts(p, n, "-NOREPLICAS") && !(r->flags & REQ_F_TXLOG) &&
+               !(r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
         /* min-replicas-to-write refused it: nothing applied; held and
-         * retried until the hold bound. */
+         * retried until the hold bound. Not inside a transaction: Redis
+         * has marked it failed (EXEC answers EXECABORT) on this link,
+         * which stays, so the client gets the refusal as Redis gave it. */
         router_on_refused(r->s, r, "NOREPLICAS");
     } else if (!fence_hold(l, r, p, n)) {
         router_on_reply(r->s, r, p, n);

@@ -952,6 +952,7 @@ typedef struct rconn {
     rqcmd *q;      /* parsed, not answered (from qhead) */
     size_t qhead, qn, qcap;
     int multi;  /* inside MULTI */
+    int dirty;  /* MULTI: a command was refused, EXEC aborts */
     buf queued; /* MULTI: the replies EXEC returns */
     size_t nqueued;
     long long subs;  /* subscriptions */
@@ -1113,6 +1114,13 @@ static int is_blocking_name(const rconn *r, const rqcmd *c)
     return rarg_is(r, c, 0, "xread") && rarg_is(r, c, 1, "block");
 }
 
+/* MULTI, EXEC, DISCARD, WATCH: what Redis answers inside a MULTI itself. */
+static int is_tx_control(const rconn *r, const rqcmd *c)
+{
+    return rarg_is(r, c, 0, "multi") || rarg_is(r, c, 0, "exec") || rarg_is(r, c, 0, "discard") ||
+           rarg_is(r, c, 0, "watch");
+}
+
 static const char *const ERRORS[] = {
     "-ERR fake error\r\n",
     "-READONLY You can't write against a read only replica.\r\n",
@@ -1176,6 +1184,7 @@ static int redis_reply(ep *e, const rqcmd *c, uint8_t variant, int unblock, buf 
     }
     if (rarg_is(r, c, 0, "reset")) {
         r->multi = 0;
+        r->dirty = 0;
         r->subs = 0;
         r->monitor = 0;
         r->reply_off = 0;
@@ -1205,6 +1214,8 @@ static int redis_reply(ep *e, const rqcmd *c, uint8_t variant, int unblock, buf 
             buf_append_str(out, "-ERR EXEC without MULTI\r\n");
         } else if (rarg_is(r, c, 0, "discard")) {
             buf_append_str(out, "+OK\r\n");
+        } else if (r->dirty) {
+            buf_append_str(out, "-EXECABORT Transaction discarded because of previous errors.\r\n");
         } else if (variant % 8 == 7) {
             buf_append_str(out, "*-1\r\n"); /* a WATCH conflict */
         } else {
@@ -1212,6 +1223,7 @@ static int redis_reply(ep *e, const rqcmd *c, uint8_t variant, int unblock, buf 
             buf_append(out, buf_head(&r->queued), buf_used(&r->queued));
         }
         r->multi = 0;
+        r->dirty = 0;
         buf_clear(&r->queued);
         r->nqueued = 0;
         return 1;
@@ -1321,8 +1333,13 @@ static void redis_answer(ep *e, size_t n, uint8_t flavor, int unblock)
         const rqcmd *c = &r->q[r->qhead];
         buf out;
         buf_init(&out);
-        if (i == 0 && (flavor & 3) == 0 && !r->multi && r->subs == 0) {
-            buf_append_str(&out, ERRORS[(flavor >> 2) % NERRORS]);
+        const char *err = ERRORS[(flavor >> 2) % NERRORS];
+        if (i == 0 && (flavor & 3) == 0 && r->subs == 0 &&
+            (!r->multi || (err[0] == '-' && !is_tx_control(r, c)))) {
+            /* Inside MULTI only an error: Redis refuses the command instead
+             * of queuing it, and EXEC then aborts the transaction. */
+            buf_append_str(&out, err);
+            r->dirty |= r->multi;
         } else if (!redis_reply(e, c, (uint8_t)(i == 0 ? flavor >> 2 : 0), unblock, &out)) {
             buf_free(&out);
             return; /* blocked: later commands wait behind it */

@@ -162,6 +162,8 @@ SEEDS = {
     "two_transactions_pipelined": bytes([ACK]) + READY
     + pipeline([(MULTI, 0), (SET, 0), (EXEC, 0), (MULTI, 0), (SET, 1)]) + answer_all() * 2
     + cmd(EXEC) + answer_all() * 2,
+    "noreplicas_in_multi": bytes([0]) + READY + cmd(MULTI) + cmd(SET) + answer(1, n=1)
+    + error(1, 3) + cmd(EXEC) + answer_all() + cmd(MULTI) + cmd(EXEC) + answer_all(),
     "replicas_ack_fence": bytes([ACK]) + READY + cmd(SET) + answer(n=1) + error(0, 1)
     + answer_all() + time(1000) + READY + answer_all(),
     "auth": bytes([AUTH]) + answer_all() + READY + cmd(GET) + cmd(AUTH_BAD) + cmd(AUTH_OK)

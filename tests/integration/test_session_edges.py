@@ -11,7 +11,8 @@ import tempfile
 import time
 import unittest
 
-from harness import DIRECT, Ferry, RedisServer, resp_encode, resp_read_reply, resp_send, wait_until
+from harness import (DIRECT, Ferry, RedisServer, RespError, resp_encode, resp_read_reply, resp_send,
+                     wait_until)
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 from test_stats import stats_json
 
@@ -81,6 +82,33 @@ class SentinelTransactions(SentinelMode, TransactionChecks, unittest.TestCase):
 @unittest.skipIf(DIRECT, 'ferry only')
 class FixedMasterTransactions(FixedMasterMode, TransactionChecks, unittest.TestCase):
     pass
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class NoReplicasInMultiTest(unittest.TestCase):
+    def test_write_refused_inside_multi(self):
+        # min-replicas-to-write 1 and no replica: Redis refuses writes with
+        # NOREPLICAS, inside a MULTI too, and EXEC then aborts. The link
+        # stays: ferry passes the refusal on as Redis gave it (retrying it
+        # once held ferry's view of the MULTI wrong, and the EXEC after it
+        # failed an assertion: ferry aborted).
+        r = RedisServer(conf={'min-replicas-to-write': 1})
+        self.addCleanup(r.stop)
+        f = Ferry(r)
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        send_all(s, ['MULTI'], ['SET', 'edge:nr', '1'])
+        multi, refused = replies(s, 2)
+        self.assertEqual(multi, 'OK')
+        self.assertIsInstance(refused, RespError)
+        self.assertTrue(str(refused).startswith('NOREPLICAS'), refused)
+        resp_send(s, ['EXEC'])
+        aborted = resp_read_reply(s, timeout=PROMPT_S)
+        self.assertIsInstance(aborted, RespError)
+        self.assertTrue(str(aborted).startswith('EXECABORT'), aborted)
+        send_all(s, ['MULTI'], ['GET', 'edge:nr'], ['EXEC'])
+        self.assertEqual(replies(s, 3), ['OK', 'QUEUED', [None]])
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
