@@ -156,8 +156,16 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
 
     def test_2_killed_master_restarts(self):
         def run(k, cleanups):
-            topo, ferry = self.start(cleanups)
-            load = Load(ferry, 'restart-%d' % k, reconnect_every=20).start()
+            # The hold budget must cover what Sentinel does here: the old
+            # master back at +3.5 s can make a first failover attempt abort
+            # (the replica it promoted stays a master), and Sentinel converts
+            # a node that reports the wrong role only some 8-10 s after the
+            # final failover, so the new master can be without any replica
+            # (replicas_ack 1 unmet) for over 10 s. Past hold_timeout_ms the
+            # honest answer is -NOREPLICAS; this test wants the pause.
+            topo, ferry = self.start(cleanups, ferry_conf={'upstream': {'hold_timeout_ms': 30000}})
+            load = Load(ferry, 'restart-%d' % k, reconnect_every=20, client_timeout=45,
+                        join_timeout=60.0).start()
             cleanups.append(lambda: (load.stop_producers.set(), load.stop_consumers.set()))
             time.sleep(PRE_FAULT)
             old = topo.master()
