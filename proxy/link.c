@@ -453,6 +453,26 @@ void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done)
     link_queue(l, r);
 }
 
+size_t link_internal_each(link *l, const buf *b, req_done_cb done)
+{
+    const char *p = buf_head(b);
+    size_t left = buf_used(b);
+    resp_parser *pp = resp_parser_new(NULL);
+    size_t n = 0;
+    while (left > 0) {
+        resp_request req;
+        if (resp_parse_request(pp, p, left, &req) != RESP_OK) {
+            break;
+        }
+        link_internal_raw(l, p, req.len, done);
+        p += req.len;
+        left -= req.len;
+        n++;
+    }
+    resp_parser_free(pp);
+    return n;
+}
+
 void link_send(link *l, request *r)
 {
     link_queue(l, r);

@@ -104,6 +104,9 @@ void link_send_bytes(link *l, request *r, const char *p, size_t n);
 void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg);
 /* Queue already-encoded bytes as one of ferry's own commands (one reply). */
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
+/* Send every request encoded in b on l as one of ferry's own (done gets
+ * each reply). Returns how many. */
+size_t link_internal_each(link *l, const buf *b, req_done_cb done);
 /* Queue r's bytes without expecting a reply of its own (pass-through). */
 void link_send_raw(link *l, const char *p, size_t n);
 /* Stop (paused 1) or resume (0) reading from Redis: backpressure for a

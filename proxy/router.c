@@ -15,7 +15,7 @@
  * outcome is unknown is sent again (at-least-once), counted in
  * requests_retried_unknown. An open MULTI is rebuilt on the next link from
  * the commands Redis had queued; one under a WATCH that broke ends in the
- * null reply of a watch conflict. */
+ * null reply of a watch conflict (the transaction state machine: tx.c). */
 #include "router.h"
 
 #include <stdio.h>
@@ -29,29 +29,11 @@
 #include "link.h"
 #include "log.h"
 #include "outage.h"
+#include "tx.h"
 #include "upstream.h"
 
 #define ROUTER_MAX_RETRIES 3
 #define FERRY_REDIS_VERSION "7.0.0"
-
-/* How a request is routed; decided when it is parsed, acted on in order. */
-enum route {
-    RT_SHARED = 0, /* stateless: shared link, or the dedicated one if pinned */
-    RT_BLOCKING,   /* blocking call: a dedicated link for its duration */
-    RT_MULTI,      /* MULTI */
-    RT_EXEC,       /* EXEC */
-    RT_DISCARD,    /* DISCARD */
-    RT_WATCH,      /* WATCH */
-    RT_UNWATCH,    /* UNWATCH */
-    RT_SELECT,     /* SELECT arg */
-    RT_STICKY,     /* CLIENT SETNAME/TRACKING...: pinned for the session's life */
-    RT_TUNNEL,     /* pub/sub, MONITOR, CLIENT REPLY: a raw tunnel from now on */
-    RT_ERROR,      /* refused: the reply is already in r->reply */
-    RT_AUTH,       /* AUTH: arg = auth result */
-    RT_HELLO,      /* HELLO: arg = hello result */
-    RT_QUIT,       /* QUIT */
-    RT_RESET       /* RESET */
-};
 
 /* r->arg of AUTH and HELLO: the result (bits 0-3), HELLO's protocol asked
  * (bits 4-7, 0: none) and, for a check Redis makes (client.auth redis),
@@ -79,58 +61,11 @@ enum { TRACK_NONE = 0, TRACK_ON, TRACK_OFF };
 enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
 static int router_pinned(const session *s);
-static tx_state tx_after_loss(tx_state st);
 static void sticky_add(session *s, const char *p, size_t n);
 static void tracking_flush(session *s, const char *why);
 static void sticky_done(link *l, request *r, const char *reply, size_t len);
-static size_t send_each(link *l, const buf *b, req_done_cb done);
-static void tx_rebuild(session *s, link *l);
 
 /* ------------------------------------------------------------------ states */
-
-static const char *tx_name(tx_state st)
-{
-    static const char *const names[] = {"NONE",
-                                        "WATCHING",
-                                        "WATCH_LOST",
-                                        "MULTI",
-                                        "MULTI_WATCHING",
-                                        "MULTI_REBUILD",
-                                        "MULTI_WATCH_LOST",
-                                        "EXEC_SENT",
-                                        "EXEC_SENT_WATCHED"};
-    return names[st];
-}
-
-/* The one setter of s->tx. Every state may return to NONE (EXEC answered,
- * DISCARD, RESET); the other moves are listed here. */
-static void router_set_tx(session *s, tx_state st)
-{
-    static const unsigned legal[] = {
-        [TX_NONE] = 1u << TX_WATCHING | 1u << TX_MULTI,
-        [TX_WATCHING] = 1u << TX_WATCH_LOST | 1u << TX_MULTI_WATCHING,
-        [TX_WATCH_LOST] = 1u << TX_MULTI_WATCH_LOST,
-        [TX_MULTI] = 1u << TX_MULTI_REBUILD | 1u << TX_EXEC_SENT,
-        [TX_MULTI_WATCHING] = 1u << TX_MULTI_WATCH_LOST | 1u << TX_EXEC_SENT_WATCHED,
-        [TX_MULTI_REBUILD] = 1u << TX_MULTI,
-        [TX_MULTI_WATCH_LOST] = 0,
-        [TX_EXEC_SENT] = 1u << TX_MULTI_REBUILD,
-        [TX_EXEC_SENT_WATCHED] = 1u << TX_MULTI_WATCH_LOST,
-    };
-    if (s->tx == st) {
-        return;
-    }
-    ferry_assert(st == TX_NONE || (legal[s->tx] & (1u << st)));
-    log_debug("client %llu: transaction %s -> %s", (unsigned long long)s->id, tx_name(s->tx),
-              tx_name(st));
-    if (st == TX_NONE) {
-        s->tx_writes = 0;
-        s->tx_dirty = 0;
-        buf_clear(&s->tx_log);
-        buf_shrink(&s->tx_log, 4096);
-    }
-    s->tx = st;
-}
 
 /* The one setter of s->tunnel: NONE -> PUBSUB | OTHER, PUBSUB <-> PUBSUB_LOST,
  * anything -> NONE (RESET). */
@@ -149,25 +84,9 @@ static void router_set_tunnel(session *s, tunnel_state st)
     s->tunnel = st;
 }
 
-int router_holds_state(const session *s)
-{
-    return s->tx == TX_WATCHING || s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
-}
-
 int router_link_bound(const session *s)
 {
     return router_holds_state(s) || s->sticky || s->tunnel != TUN_NONE;
-}
-
-int router_multi_open(const session *s)
-{
-    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
-}
-
-static int in_multi(const session *s)
-{
-    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_MULTI_REBUILD ||
-           s->tx == TX_MULTI_WATCH_LOST;
 }
 
 static int router_pinned(const session *s)
@@ -205,8 +124,7 @@ void router_release_call(session *s, request *r)
 
 void router_forget(session *s)
 {
-    router_set_tx(s, TX_NONE);
-    buf_free(&s->tx_log);
+    tx_forget(s);
     acl_forget(s);
 }
 
@@ -676,7 +594,7 @@ static void do_reset(session *s, request *r)
     upstream_return(s->f->up, s, !stateful, "client reset its connection");
     s->db = 0;
     s->sticky = 0;
-    router_set_tx(s, TX_NONE);
+    tx_set(s, TX_NONE);
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
@@ -686,47 +604,6 @@ static void do_reset(session *s, request *r)
     s->tracking = 0;
     buf_free(&s->sticky_log);
     session_answer_str(s, r, "+RESET\r\n");
-}
-
-/* ferry refused r inside a MULTI: the transaction is aborted at EXEC, as
- * Redis aborts one after refusing a command; a command Redis never allows
- * in a transaction gets Redis' own words. */
-static void refuse_in_multi(session *s, request *r)
-{
-    static const char no_multi[] = "-ERR Command not allowed inside a transaction\r\n";
-    s->tx_dirty = 1;
-    if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
-        buf_clear(&r->reply);
-        buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
-    }
-}
-
-/* A transaction whose WATCH broke with its link: nothing goes to Redis;
- * queued commands are acknowledged and EXEC answers the null reply of a
- * watch conflict, so the client takes its normal retry path. */
-static int dispatch_watch_lost(session *s, request *r)
-{
-    switch (r->route) {
-    case RT_EXEC:
-        router_set_tx(s, TX_NONE);
-        s->f->stats.transactions_watch_lost++;
-        session_answer_str(s, r, session_null(s, "*-1\r\n"));
-        break;
-    case RT_DISCARD:
-        router_set_tx(s, TX_NONE);
-        session_answer_str(s, r, "+OK\r\n");
-        break;
-    case RT_MULTI:
-        session_answer_str(s, r, "-ERR MULTI calls can not be nested\r\n");
-        break;
-    case RT_WATCH:
-        session_answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
-        break;
-    default:
-        session_answer_str(s, r, "+QUEUED\r\n");
-        break;
-    }
-    return DISPATCH_DONE;
 }
 
 /* ----------------------------------------------------- connection settings */
@@ -808,60 +685,12 @@ static link *router_lend(session *s)
         return NULL;
     }
     if (buf_used(&s->sticky_log) > 0) {
-        size_t n = send_each(l, &s->sticky_log, sticky_done);
+        size_t n = link_internal_each(l, &s->sticky_log, sticky_done);
         log_debug("client %llu: %zu connection setting(s) restored on link %llu",
                   (unsigned long long)s->id, n, (unsigned long long)l->id);
     }
-    if (s->tx == TX_MULTI_REBUILD) {
-        tx_rebuild(s, l);
-    }
+    tx_on_lend(s, l);
     return l;
-}
-
-/* Rebuild an open MULTI on a new dedicated link: MULTI and every command
- * Redis had queued (s->tx_log), sent as ferry's own requests, their replies
- * dropped (the client had its +QUEUED already). */
-static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
-{
-    if (len > 0 && reply[0] == '-') {
-        char why[200];
-        link_error_text(reply, len, why, sizeof(why));
-        log_warn("link %llu: rebuilding a transaction: Redis refused a queued command: %s",
-                 (unsigned long long)l->id, why);
-    }
-}
-
-/* Send every request encoded in b on l as one of ferry's own (done gets
- * each reply). Returns how many. */
-static size_t send_each(link *l, const buf *b, req_done_cb done)
-{
-    const char *p = buf_head(b);
-    size_t left = buf_used(b);
-    resp_parser *pp = resp_parser_new(NULL);
-    size_t n = 0;
-    while (left > 0) {
-        resp_request req;
-        if (resp_parse_request(pp, p, left, &req) != RESP_OK) {
-            break;
-        }
-        link_internal_raw(l, p, req.len, done);
-        p += req.len;
-        left -= req.len;
-        n++;
-    }
-    resp_parser_free(pp);
-    return n;
-}
-
-static void tx_rebuild(session *s, link *l)
-{
-    static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
-    link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
-    size_t n = send_each(l, &s->tx_log, tx_rebuilt_cb);
-    router_set_tx(s, TX_MULTI);
-    s->f->stats.transactions_rebuilt++;
-    log_info("client %llu: transaction rebuilt on link %llu (%zu command(s) queued again)",
-             (unsigned long long)s->id, (unsigned long long)l->id, n);
 }
 
 /* Rebuild a pub/sub tunnel on the current master. Returns 0 when no master
@@ -968,9 +797,7 @@ static int dispatch_one(session *s, request *r)
     switch (r->route) {
     case RT_ERROR:
         /* The reply was composed when it was parsed. */
-        if (in_multi(s)) {
-            refuse_in_multi(s, r);
-        }
+        tx_on_refused_locally(s, r);
         request_set_state(r, REQ_ANSWERED);
         f->stats.commands_local++;
         return DISPATCH_DONE;
@@ -1003,38 +830,8 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    if (r->route == RT_EXEC && s->tx_dirty && in_multi(s)) {
-        /* As Redis does after refusing a command inside the transaction. */
-        static const char *const discard[] = {"DISCARD"};
-        if (s->dlink != NULL && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
-            link_internal(s->dlink, discard, 1, NULL, 0);
-        }
-        router_set_tx(s, TX_NONE);
-        session_answer_str(s, r,
-                           "-EXECABORT Transaction discarded because of previous errors.\r\n");
+    if (tx_answer(s, r)) {
         return DISPATCH_DONE;
-    }
-    if (s->tx == TX_MULTI_WATCH_LOST) {
-        return dispatch_watch_lost(s, r);
-    }
-    if (s->tx == TX_WATCH_LOST) {
-        if (r->route == RT_MULTI) {
-            router_set_tx(s, TX_MULTI_WATCH_LOST);
-            session_answer_str(s, r, "+OK\r\n");
-            return DISPATCH_DONE;
-        }
-        if (r->route == RT_WATCH) {
-            session_answer_str(s, r, "+OK\r\n"); /* EXEC fails anyway */
-            return DISPATCH_DONE;
-        }
-        if (r->route == RT_UNWATCH) {
-            router_set_tx(s, TX_NONE);
-            session_answer_str(s, r, "+OK\r\n");
-            return DISPATCH_DONE;
-        }
-        if (r->route == RT_EXEC || r->route == RT_DISCARD) {
-            router_set_tx(s, TX_NONE); /* without MULTI: Redis answers the error */
-        }
     }
 
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
@@ -1090,13 +887,8 @@ static int dispatch_one(session *s, request *r)
         }
     }
 
-    if ((r->route == RT_MULTI || r->route == RT_WATCH) &&
-        (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
-        /* A transaction pipelined behind another: the state is tracked
-         * for one at a time, so it starts once the EXEC before it is
-         * answered (else ferry would take the new MULTI or WATCH for
-         * none and put its own WAIT or PING in it, or pool the link). */
-        return DISPATCH_WAIT;
+    if (tx_must_wait(s, r)) {
+        return DISPATCH_WAIT; /* a transaction pipelined behind another */
     }
     int dedicated = router_pinned(s);
     switch (r->route) {
@@ -1140,39 +932,8 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_WAIT; /* never in flight on two links: ordering */
     }
     r->flags &= ~(REQ_F_ACK | REQ_F_TXLOG);
+    tx_on_send(s, r, up->replicas_ack > 0);
     switch (r->route) {
-    case RT_MULTI:
-        if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
-            router_set_tx(s, s->tx == TX_NONE ? TX_MULTI : TX_MULTI_WATCHING);
-        }
-        break;
-    case RT_EXEC:
-        if (in_multi(s)) {
-            /* One WAIT after EXEC covers the whole transaction. */
-            if (s->tx_writes) {
-                r->flags |= REQ_F_WRITE;
-                if (up->replicas_ack > 0) {
-                    r->flags |= REQ_F_ACK;
-                }
-            }
-            router_set_tx(s, s->tx == TX_MULTI_WATCHING ? TX_EXEC_SENT_WATCHED : TX_EXEC_SENT);
-        }
-        break;
-    case RT_DISCARD:
-        if (in_multi(s)) {
-            router_set_tx(s, TX_NONE);
-        }
-        break;
-    case RT_WATCH:
-        if (s->tx == TX_NONE) {
-            router_set_tx(s, TX_WATCHING);
-        }
-        break;
-    case RT_UNWATCH:
-        if (s->tx == TX_WATCHING) {
-            router_set_tx(s, TX_NONE);
-        }
-        break;
     case RT_SELECT:
         /* Pipelined commands behind it run in the new db: set it now, and
          * back to the one before if Redis refuses (NOPERM, out of range). */
@@ -1198,14 +959,10 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    if (in_multi(s) && r->route != RT_MULTI && r->route != RT_EXEC && r->route != RT_DISCARD &&
-        r->route != RT_WATCH) {
-        r->flags |= REQ_F_TXLOG; /* queued: kept to rebuild the transaction */
-        if (r->flags & REQ_F_WRITE) {
-            s->tx_writes = 1;
-        }
-    } else if ((r->flags & REQ_F_WRITE) && up->replicas_ack > 0 && r->route != RT_EXEC &&
-               !in_multi(s)) {
+    /* A command queued in a MULTI is covered by the WAIT after EXEC; any
+     * other write gets its own. */
+    if (!tx_queue(s, r) && (r->flags & REQ_F_WRITE) && up->replicas_ack > 0 &&
+        r->route != RT_EXEC && !tx_in_multi(s)) {
         r->flags |= REQ_F_ACK;
     }
     if (r->flags & REQ_F_REARM) {
@@ -1311,16 +1068,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         session_check_reading(s);
         return;
     }
-    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
-        (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
-         s->tx == TX_EXEC_SENT_WATCHED)) {
-        /* Queued by Redis (EXEC may be on its way already): kept, so a
-         * transaction whose link breaks is rebuilt with every command. */
-        buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
-    }
-    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
-        router_set_tx(s, TX_NONE);
-    }
+    tx_on_reply(s, r, p, n);
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
         sticky_accepted(s, r);
     }
@@ -1376,7 +1124,7 @@ void router_on_refused(session *s, request *r, const char *why)
     if (r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) {
         /* Nothing was applied; the master is being let go with the link
          * that holds the transaction: rebuilt (or null, if watched). */
-        router_set_tx(s, tx_after_loss(s->tx));
+        tx_on_link_lost(s);
     }
     requeue(s, r);
     log_debug("client %llu: request refused by Redis (%s); held for the next master",
@@ -1411,7 +1159,7 @@ void router_on_lost(session *s, request *r, const char *reason)
          * unknown, at-least-once); watched, it ends in the null reply of a
          * watch conflict. MULTI itself is answered by ferry: the rebuild
          * (or the lost watch) opens the transaction again. */
-        router_set_tx(s, tx_after_loss(s->tx));
+        tx_on_link_lost(s);
         if (r->route == RT_EXEC) {
             f->stats.requests_retried_unknown++;
         }
@@ -1443,23 +1191,6 @@ void router_on_lost(session *s, request *r, const char *reason)
     snprintf(line, sizeof(line), "-ERR ferry: request failed %d times: %s\r\n", r->retries + 1,
              reason);
     answer_lost(s, r, line);
-}
-
-/* The state a transaction goes to when the link carrying it breaks. */
-static tx_state tx_after_loss(tx_state st)
-{
-    switch (st) {
-    case TX_WATCHING:
-        return TX_WATCH_LOST;
-    case TX_MULTI:
-    case TX_EXEC_SENT:
-        return TX_MULTI_REBUILD;
-    case TX_MULTI_WATCHING:
-    case TX_EXEC_SENT_WATCHED:
-        return TX_MULTI_WATCH_LOST;
-    default:
-        return st;
-    }
 }
 
 /* What a tracking client cached may have changed unseen (its link is
@@ -1497,6 +1228,6 @@ void router_on_link_closed(session *s, link *l, const char *reason)
         log_info("client %llu: pass-through link lost (%s)", (unsigned long long)s->id, reason);
         return;
     }
-    router_set_tx(s, tx_after_loss(s->tx));
+    tx_on_link_lost(s);
     backlog_wait(s);
 }

@@ -10,6 +10,26 @@
 
 struct link;
 
+/* r->route: how a request is routed; decided when it is parsed
+ * (router_classify), acted on in order (router.c, tx.c). */
+enum route {
+    RT_SHARED = 0, /* stateless: shared link, or the dedicated one if pinned */
+    RT_BLOCKING,   /* blocking call: a dedicated link for its duration */
+    RT_MULTI,      /* MULTI */
+    RT_EXEC,       /* EXEC */
+    RT_DISCARD,    /* DISCARD */
+    RT_WATCH,      /* WATCH */
+    RT_UNWATCH,    /* UNWATCH */
+    RT_SELECT,     /* SELECT arg */
+    RT_STICKY,     /* CLIENT SETNAME/TRACKING...: pinned for the session's life */
+    RT_TUNNEL,     /* pub/sub, MONITOR, CLIENT REPLY: a raw tunnel from now on */
+    RT_ERROR,      /* refused: the reply is already in r->reply */
+    RT_AUTH,       /* AUTH: arg = auth result */
+    RT_HELLO,      /* HELLO: arg = hello result */
+    RT_QUIT,       /* QUIT */
+    RT_RESET       /* RESET */
+};
+
 /* Decide how r is routed from its parsed arguments (gone after this).
  * Returns 1 when ferry answers r itself (its bytes need not be kept). */
 int router_classify(session *s, request *r, const resp_request *req);

@@ -20,7 +20,7 @@ typedef enum session_state {
     SESSION_CLOSING    /* session_close called; freed in the close callback */
 } session_state;
 
-/* A transaction's state (router_set_tx is its one setter). "LOST" states:
+/* A transaction's state (tx_set in tx.c is its one setter). "LOST" states:
  * the link carrying it broke; a MULTI is rebuilt on the next link from the
  * commands already queued, unless a WATCH was in force, in which case EXEC
  * answers the null reply of a watch conflict. */

@@ -1,0 +1,290 @@
+/* tx.c - a session's MULTI/EXEC/WATCH state machine (see tx.h).
+ *
+ * Redis keeps a transaction on one connection: ferry follows it on the
+ * session's dedicated link. Commands Redis answers +QUEUED are logged, so
+ * that an open MULTI whose link breaks is rebuilt on the next one (an EXEC
+ * already sent is sent again: outcome unknown, at-least-once); a
+ * transaction under a WATCH that broke ends in the null reply of a watch
+ * conflict, answered by ferry without Redis. */
+#include "tx.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "link.h"
+#include "log.h"
+
+static const char *tx_name(tx_state st)
+{
+    static const char *const names[] = {"NONE",
+                                        "WATCHING",
+                                        "WATCH_LOST",
+                                        "MULTI",
+                                        "MULTI_WATCHING",
+                                        "MULTI_REBUILD",
+                                        "MULTI_WATCH_LOST",
+                                        "EXEC_SENT",
+                                        "EXEC_SENT_WATCHED"};
+    return names[st];
+}
+
+/* Every state may return to NONE (EXEC answered, DISCARD, RESET); the
+ * other moves are listed here. */
+void tx_set(session *s, tx_state st)
+{
+    static const unsigned legal[] = {
+        [TX_NONE] = 1u << TX_WATCHING | 1u << TX_MULTI,
+        [TX_WATCHING] = 1u << TX_WATCH_LOST | 1u << TX_MULTI_WATCHING,
+        [TX_WATCH_LOST] = 1u << TX_MULTI_WATCH_LOST,
+        [TX_MULTI] = 1u << TX_MULTI_REBUILD | 1u << TX_EXEC_SENT,
+        [TX_MULTI_WATCHING] = 1u << TX_MULTI_WATCH_LOST | 1u << TX_EXEC_SENT_WATCHED,
+        [TX_MULTI_REBUILD] = 1u << TX_MULTI,
+        [TX_MULTI_WATCH_LOST] = 0,
+        [TX_EXEC_SENT] = 1u << TX_MULTI_REBUILD,
+        [TX_EXEC_SENT_WATCHED] = 1u << TX_MULTI_WATCH_LOST,
+    };
+    if (s->tx == st) {
+        return;
+    }
+    ferry_assert(st == TX_NONE || (legal[s->tx] & (1u << st)));
+    log_debug("client %llu: transaction %s -> %s", (unsigned long long)s->id, tx_name(s->tx),
+              tx_name(st));
+    if (st == TX_NONE) {
+        s->tx_writes = 0;
+        s->tx_dirty = 0;
+        buf_clear(&s->tx_log);
+        buf_shrink(&s->tx_log, 4096);
+    }
+    s->tx = st;
+}
+
+int router_holds_state(const session *s)
+{
+    return s->tx == TX_WATCHING || s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
+}
+
+int router_multi_open(const session *s)
+{
+    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
+}
+
+int tx_in_multi(const session *s)
+{
+    return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_MULTI_REBUILD ||
+           s->tx == TX_MULTI_WATCH_LOST;
+}
+
+/* The transaction is aborted at EXEC, as Redis aborts one after refusing a
+ * command; a command Redis never allows in a transaction gets Redis' own
+ * words. */
+void tx_on_refused_locally(session *s, request *r)
+{
+    static const char no_multi[] = "-ERR Command not allowed inside a transaction\r\n";
+    if (!tx_in_multi(s)) {
+        return;
+    }
+    s->tx_dirty = 1;
+    if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
+        buf_clear(&r->reply);
+        buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
+    }
+}
+
+/* A transaction whose WATCH broke with its link: nothing goes to Redis;
+ * queued commands are acknowledged and EXEC answers the null reply of a
+ * watch conflict, so the client takes its normal retry path. */
+static void answer_watch_lost(session *s, request *r)
+{
+    switch (r->route) {
+    case RT_EXEC:
+        tx_set(s, TX_NONE);
+        s->f->stats.transactions_watch_lost++;
+        session_answer_str(s, r, session_null(s, "*-1\r\n"));
+        break;
+    case RT_DISCARD:
+        tx_set(s, TX_NONE);
+        session_answer_str(s, r, "+OK\r\n");
+        break;
+    case RT_MULTI:
+        session_answer_str(s, r, "-ERR MULTI calls can not be nested\r\n");
+        break;
+    case RT_WATCH:
+        session_answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
+        break;
+    default:
+        session_answer_str(s, r, "+QUEUED\r\n");
+        break;
+    }
+}
+
+int tx_answer(session *s, request *r)
+{
+    if (r->route == RT_EXEC && s->tx_dirty && tx_in_multi(s)) {
+        /* As Redis does after refusing a command inside the transaction. */
+        static const char *const discard[] = {"DISCARD"};
+        if (s->dlink != NULL && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
+            link_internal(s->dlink, discard, 1, NULL, 0);
+        }
+        tx_set(s, TX_NONE);
+        session_answer_str(s, r,
+                           "-EXECABORT Transaction discarded because of previous errors.\r\n");
+        return 1;
+    }
+    if (s->tx == TX_MULTI_WATCH_LOST) {
+        answer_watch_lost(s, r);
+        return 1;
+    }
+    if (s->tx == TX_WATCH_LOST) {
+        if (r->route == RT_MULTI) {
+            tx_set(s, TX_MULTI_WATCH_LOST);
+            session_answer_str(s, r, "+OK\r\n");
+            return 1;
+        }
+        if (r->route == RT_WATCH) {
+            session_answer_str(s, r, "+OK\r\n"); /* EXEC fails anyway */
+            return 1;
+        }
+        if (r->route == RT_UNWATCH) {
+            tx_set(s, TX_NONE);
+            session_answer_str(s, r, "+OK\r\n");
+            return 1;
+        }
+        if (r->route == RT_EXEC || r->route == RT_DISCARD) {
+            tx_set(s, TX_NONE); /* without MULTI: Redis answers the error */
+        }
+    }
+    return 0;
+}
+
+int tx_must_wait(const session *s, const request *r)
+{
+    /* The state is tracked for one transaction at a time, so a new one
+     * starts once the EXEC before it is answered (else ferry would take the
+     * new MULTI or WATCH for none and put its own WAIT or PING in it, or
+     * pool the link). */
+    return (r->route == RT_MULTI || r->route == RT_WATCH) &&
+           (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED);
+}
+
+void tx_on_send(session *s, request *r, int ack)
+{
+    switch (r->route) {
+    case RT_MULTI:
+        if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
+            tx_set(s, s->tx == TX_NONE ? TX_MULTI : TX_MULTI_WATCHING);
+        }
+        break;
+    case RT_EXEC:
+        if (tx_in_multi(s)) {
+            /* One WAIT after EXEC covers the whole transaction. */
+            if (s->tx_writes) {
+                r->flags |= REQ_F_WRITE;
+                if (ack) {
+                    r->flags |= REQ_F_ACK;
+                }
+            }
+            tx_set(s, s->tx == TX_MULTI_WATCHING ? TX_EXEC_SENT_WATCHED : TX_EXEC_SENT);
+        }
+        break;
+    case RT_DISCARD:
+        if (tx_in_multi(s)) {
+            tx_set(s, TX_NONE);
+        }
+        break;
+    case RT_WATCH:
+        if (s->tx == TX_NONE) {
+            tx_set(s, TX_WATCHING);
+        }
+        break;
+    case RT_UNWATCH:
+        if (s->tx == TX_WATCHING) {
+            tx_set(s, TX_NONE);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+int tx_queue(session *s, request *r)
+{
+    if (!tx_in_multi(s) || r->route == RT_MULTI || r->route == RT_EXEC || r->route == RT_DISCARD ||
+        r->route == RT_WATCH) {
+        return 0;
+    }
+    r->flags |= REQ_F_TXLOG; /* queued: kept to rebuild the transaction */
+    if (r->flags & REQ_F_WRITE) {
+        s->tx_writes = 1;
+    }
+    return 1;
+}
+
+void tx_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
+        (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
+         s->tx == TX_EXEC_SENT_WATCHED)) {
+        /* Queued by Redis (EXEC may be on its way already): kept, so a
+         * transaction whose link breaks is rebuilt with every command. */
+        buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
+    }
+    if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
+        tx_set(s, TX_NONE);
+    }
+}
+
+/* The state a transaction goes to when the link carrying it breaks. */
+static tx_state tx_after_loss(tx_state st)
+{
+    switch (st) {
+    case TX_WATCHING:
+        return TX_WATCH_LOST;
+    case TX_MULTI:
+    case TX_EXEC_SENT:
+        return TX_MULTI_REBUILD;
+    case TX_MULTI_WATCHING:
+    case TX_EXEC_SENT_WATCHED:
+        return TX_MULTI_WATCH_LOST;
+    default:
+        return st;
+    }
+}
+
+void tx_on_link_lost(session *s)
+{
+    tx_set(s, tx_after_loss(s->tx));
+}
+
+/* Replies to the rebuilt MULTI and its commands are dropped (the client
+ * had its +QUEUED already). */
+static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
+{
+    if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: rebuilding a transaction: Redis refused a queued command: %s",
+                 (unsigned long long)l->id, why);
+    }
+}
+
+/* Rebuild an open MULTI on a new dedicated link: MULTI and every command
+ * Redis had queued (s->tx_log), sent as ferry's own requests. */
+void tx_on_lend(session *s, link *l)
+{
+    static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
+    if (s->tx != TX_MULTI_REBUILD) {
+        return;
+    }
+    link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
+    size_t n = link_internal_each(l, &s->tx_log, tx_rebuilt_cb);
+    tx_set(s, TX_MULTI);
+    s->f->stats.transactions_rebuilt++;
+    log_info("client %llu: transaction rebuilt on link %llu (%zu command(s) queued again)",
+             (unsigned long long)s->id, (unsigned long long)l->id, n);
+}
+
+void tx_forget(session *s)
+{
+    tx_set(s, TX_NONE);
+    buf_free(&s->tx_log);
+}

@@ -1,0 +1,41 @@
+/* tx.h - a session's MULTI/EXEC/WATCH state machine, for router.c (internal):
+ * the one setter of s->tx, what each transaction command does to it, the
+ * log of queued commands a transaction is rebuilt from, and where a lost
+ * link leaves it. router.c stays the dispatcher and calls these at its
+ * steps; the states are listed in session.h (tx_state). */
+#ifndef FERRY_TX_H
+#define FERRY_TX_H
+
+#include "router.h"
+
+struct link;
+
+/* The one setter of s->tx. */
+void tx_set(session *s, tx_state st);
+/* MULTI was given and neither EXEC nor DISCARD yet, whatever its link. */
+int tx_in_multi(const session *s);
+/* ferry refused r itself (RT_ERROR): inside a MULTI, EXEC aborts. */
+void tx_on_refused_locally(session *s, request *r);
+/* Before r is routed: ferry answers it for the transaction (EXECABORT
+ * after a refusal, a lost WATCH). Returns 1 when r is answered. */
+int tx_answer(session *s, request *r);
+/* r (MULTI or WATCH) starts a transaction behind an EXEC still in flight:
+ * it waits for that EXEC's reply. */
+int tx_must_wait(const session *s, const request *r);
+/* r is about to be sent: MULTI, EXEC, DISCARD, WATCH and UNWATCH move the
+ * state; an EXEC of writes is a write, acknowledged by replicas when ack. */
+void tx_on_send(session *s, request *r, int ack);
+/* r is queued in the open MULTI: flagged so that Redis' +QUEUED keeps it
+ * in the log. Returns 1 when it is. */
+int tx_queue(session *s, request *r);
+/* Redis answered r: a queued command joins the log, an EXEC ends it. */
+void tx_on_reply(session *s, request *r, const char *p, size_t n);
+/* The link carrying the transaction is gone: WATCH is lost, a MULTI is
+ * rebuilt on the next link (or lost with its WATCH). */
+void tx_on_link_lost(session *s);
+/* s is lent a new dedicated link l: a MULTI being rebuilt is sent on it. */
+void tx_on_lend(session *s, struct link *l);
+/* The session is closing. */
+void tx_forget(session *s);
+
+#endif
