@@ -43,6 +43,17 @@ static int downgrade_line(const char *p, size_t n, size_t *at, const char **line
     return 0;
 }
 
+/* The length or count of a header line (strtoll's reading of at most 23
+ * bytes of it: what does not parse reads as 0). */
+static long long downgrade_count(const char *line, size_t len)
+{
+    char tmp[24];
+    size_t tl = len < sizeof(tmp) - 1 ? len : sizeof(tmp) - 1;
+    memcpy(tmp, line, tl);
+    tmp[tl] = '\0';
+    return strtoll(tmp, NULL, 10);
+}
+
 /* Append the RESP2 form of the RESP3 reply at p[*at] to out (maps and
  * attributes' pairs, sets and pushes as arrays; null, booleans, doubles, big
  * numbers and verbatim strings as RESP2 types; attributes dropped), so
@@ -83,11 +94,7 @@ static int downgrade(const char *p, size_t n, size_t *at, buf *out, int depth)
     case '$':
     case '=':
     case '!': {
-        char tmp[24];
-        size_t tl = len < sizeof(tmp) - 1 ? len : sizeof(tmp) - 1;
-        memcpy(tmp, line, tl);
-        tmp[tl] = '\0';
-        cnt = strtoll(tmp, NULL, 10);
+        cnt = downgrade_count(line, len);
         if (cnt < 0) {
             buf_append_str(out, "$-1\r\n");
             return 0;
@@ -116,11 +123,7 @@ static int downgrade(const char *p, size_t n, size_t *at, buf *out, int depth)
     case '>':
     case '%':
     case '|': {
-        char tmp[24];
-        size_t tl = len < sizeof(tmp) - 1 ? len : sizeof(tmp) - 1;
-        memcpy(tmp, line, tl);
-        tmp[tl] = '\0';
-        cnt = strtoll(tmp, NULL, 10);
+        cnt = downgrade_count(line, len);
         if (cnt < 0) {
             buf_append_str(out, "*-1\r\n");
             return 0;
