@@ -59,6 +59,31 @@ int server_numeric_addr(const char *ip, int port, struct sockaddr_storage *ss)
     return uv_ip4_addr(ip, port, (struct sockaddr_in *)ss);
 }
 
+int server_resolve(uv_loop_t *loop, uv_getaddrinfo_t *req, uv_getaddrinfo_cb cb, const char *host,
+                   int port, void *data)
+{
+    struct addrinfo hints;
+    char text[16];
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(text, sizeof(text), "%d", port);
+    req->data = data;
+    return uv_getaddrinfo(loop, req, cb, host, text, &hints);
+}
+
+int server_resolved_addr(int status, struct addrinfo *res, struct sockaddr_storage *ss)
+{
+    int rc = -1;
+    if (status == 0 && res != NULL && res->ai_addrlen <= sizeof(*ss)) {
+        memset(ss, 0, sizeof(*ss));
+        memcpy(ss, res->ai_addr, res->ai_addrlen);
+        rc = 0;
+    }
+    uv_freeaddrinfo(res);
+    return rc;
+}
+
 /* A unix stream socket bound to path (a stale socket file from an earlier
  * run is replaced), or a negative errno. */
 static int unix_listen_socket(const char *path)

@@ -15,6 +15,15 @@ typedef union server_io {
 /* Fill ss from a numeric IPv4 or IPv6 address (no name lookup). Returns 0
  * or a negative uv error. */
 int server_numeric_addr(const char *ip, int port, struct sockaddr_storage *ss);
+/* Look host:port up off the loop (any address family, a stream socket);
+ * cb gets the answer with req->data = data. Returns 0 or a negative uv
+ * error (cb is then not called). */
+int server_resolve(uv_loop_t *loop, uv_getaddrinfo_t *req, uv_getaddrinfo_cb cb, const char *host,
+                   int port, void *data);
+/* In a lookup's callback: the first address of a successful answer into
+ * ss. Frees res either way. Returns 0, or -1 when the lookup failed or
+ * found nothing usable. */
+int server_resolved_addr(int status, struct addrinfo *res, struct sockaddr_storage *ss);
 
 /* Initialise io on loop (io->h.data = data), bind it to a and listen. The
  * handle is initialised, and must be closed, whether or not this succeeds.

@@ -102,7 +102,7 @@ static void resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         uv_freeaddrinfo(res);
         return;
     }
-    if (status < 0 || res == NULL || res->ai_addrlen > sizeof(ss)) {
+    if (server_resolved_addr(status, res, &ss) < 0) {
         if (!up->resolve_failing) {
             log_warn("upstream: cannot resolve %s: %s; retrying", up->name,
                      status < 0 ? uv_strerror(status) : "no address");
@@ -110,12 +110,8 @@ static void resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         up->resolve_failing = 1;
         up->next_connect_ms = now + up->backoff_ms;
         up->backoff_ms = up->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : up->backoff_ms * 2;
-        uv_freeaddrinfo(res);
         return;
     }
-    memset(&ss, 0, sizeof(ss));
-    memcpy(&ss, res->ai_addr, res->ai_addrlen);
-    uv_freeaddrinfo(res);
     addr_text(&ss, at, sizeof(at));
     if (up->target_set && memcmp(&ss, &up->addr, sizeof(ss)) != 0) {
         char why[512];
@@ -144,17 +140,10 @@ static void resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 static void upstream_resolve(upstream *up)
 {
     const config_addr *a = up->host_name;
-    struct addrinfo hints;
-    char port[16];
     if (up->resolving) {
         return;
     }
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    snprintf(port, sizeof(port), "%d", a->port);
-    up->gai.data = up;
-    int rc = uv_getaddrinfo(up->f->loop, &up->gai, resolved_cb, a->host, port, &hints);
+    int rc = server_resolve(up->f->loop, &up->gai, resolved_cb, a->host, a->port, up);
     if (rc < 0) {
         log_warn("upstream: cannot resolve %s: %s", up->name, uv_strerror(rc));
         up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;

@@ -504,7 +504,7 @@ static void node_resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo 
         uv_freeaddrinfo(res);
         return;
     }
-    if (status < 0 || res == NULL || res->ai_addrlen > sizeof(ss)) {
+    if (server_resolved_addr(status, res, &ss) < 0) {
         if (!nd->resolve_failing) {
             log_warn("sentinel %s:%d: cannot resolve %s: %s; kept, and looked up again every "
                      "%d ms",
@@ -513,12 +513,8 @@ static void node_resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo 
         }
         nd->resolve_failing = 1;
         nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;
-        uv_freeaddrinfo(res);
         return;
     }
-    memset(&ss, 0, sizeof(ss));
-    memcpy(&ss, res->ai_addr, res->ai_addrlen);
-    uv_freeaddrinfo(res);
     if (!nd->resolved || nd->resolve_failing || memcmp(&ss, &nd->addr, sizeof(ss)) != 0) {
         if (ss.ss_family == AF_INET6) {
             uv_ip6_name((const struct sockaddr_in6 *)&ss, at, sizeof(at));
@@ -543,8 +539,6 @@ static void node_resolved_cb(uv_getaddrinfo_t *req, int status, struct addrinfo 
  * node_resolved_cb opens what is missing. */
 static void node_open(sentinel_node *nd, int sub, uint64_t now)
 {
-    struct addrinfo hints;
-    char port[16];
     if (!nd->named) {
         node_connect(nd, sub, now);
         return;
@@ -552,12 +546,7 @@ static void node_open(sentinel_node *nd, int sub, uint64_t now)
     if (nd->resolving) {
         return;
     }
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    snprintf(port, sizeof(port), "%d", nd->port);
-    nd->gai.data = nd;
-    int rc = uv_getaddrinfo(nd->sc->f->loop, &nd->gai, node_resolved_cb, nd->host, port, &hints);
+    int rc = server_resolve(nd->sc->f->loop, &nd->gai, node_resolved_cb, nd->host, nd->port, nd);
     if (rc < 0) {
         log_warn("sentinel %s:%d: cannot resolve %s: %s", nd->host, nd->port, nd->host,
                  uv_strerror(rc));
