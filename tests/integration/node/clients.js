@@ -11,9 +11,10 @@
 
 const Redis = require('ioredis');
 
+const { waitFor, blockedClients, ioredisOptions } = require('./common');
+
 const COMMAND_TIMEOUT_MS = 5000; // one command; a healthy ferry answers in ms
 const RUN_TIMEOUT_MS = 40000;    // the whole scenario
-const WAIT_STEP_MS = 10;
 
 const port = parseInt(process.argv[2], 10);
 const scenario = process.argv[3];
@@ -22,16 +23,11 @@ const out = { scenario };
 const conns = [];
 
 function connect() {
-    const c = new Redis({
-        host: '127.0.0.1',
-        port,
-        connectTimeout: COMMAND_TIMEOUT_MS,
+    const c = new Redis(ioredisOptions(port, COMMAND_TIMEOUT_MS, {
         commandTimeout: COMMAND_TIMEOUT_MS,
-        maxRetriesPerRequest: 0,
-        retryStrategy: () => null, // a dropped connection is a failure, not retried
         enableOfflineQueue: true,
         lazyConnect: false,
-    });
+    }));
     c.on('error', (e) => { (out.conn_errors = out.conn_errors || []).push(String(e)); });
     conns.push(c);
     return c;
@@ -44,25 +40,6 @@ function plain(results) {
         return null;
     }
     return results.map(([err, val]) => [err ? err.message : null, val]);
-}
-
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-// Resolves once await pred() is true; rejects after ms.
-async function waitFor(pred, ms, what) {
-    const t0 = Date.now();
-    while (!(await pred())) {
-        if (Date.now() - t0 > ms) {
-            throw new Error('timed out waiting for ' + what);
-        }
-        await sleep(WAIT_STEP_MS);
-    }
-}
-
-// Redis' blocked_clients count, from INFO clients through the proxy.
-async function blockedClients(c) {
-    const m = /blocked_clients:(\d+)/.exec(await c.info('clients'));
-    return m ? parseInt(m[1], 10) : -1;
 }
 
 const scenarios = {

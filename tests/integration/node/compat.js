@@ -17,10 +17,11 @@
 
 const crypto = require('crypto');
 
+const { waitFor, blockedClients, nodeRedisOptions, ioredisOptions } = require('./common');
+
 const CHECK_TIMEOUT_MS = 10000; // one check; through a healthy ferry it takes ms
 const RUN_TIMEOUT_MS = 50000;   // the whole run
 const CONNECT_TIMEOUT_MS = 5000;
-const WAIT_STEP_MS = 10;
 const BINARY_SIZE = 1 << 20;
 
 const port = parseInt(process.argv[2], 10);
@@ -49,31 +50,14 @@ const DELAYED_SCRIPT = [
 ].join('\n');
 
 const sha256 = (buf) => crypto.createHash('sha256').update(buf).digest('hex');
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function waitFor(pred, ms, what) {
-    const t0 = Date.now();
-    while (!(await pred())) {
-        if (Date.now() - t0 > ms) {
-            throw new Error('timed out waiting for ' + what);
-        }
-        await sleep(WAIT_STEP_MS);
-    }
-}
-
-function blockedClients(info) {
-    const m = /blocked_clients:(\d+)/.exec(info);
-    return m ? parseInt(m[1], 10) : -1;
-}
-
 // Starts the blocking call block() (a promise), waits until Redis counts one
 // more blocked client (INFO through `other`), then runs push(). Returns
 // [what push answered, what the blocking call answered].
 async function blockThenPush(other, block, push) {
-    const base = blockedClients(await other.info('clients'));
+    const base = await blockedClients(other);
     const pending = block();
     pending.catch(() => {}); // judged below
-    await waitFor(async () => blockedClients(await other.info('clients')) > base,
+    await waitFor(async () => (await blockedClients(other)) > base,
         CHECK_TIMEOUT_MS / 2, 'the blocking call to block in Redis');
     const pushed = await push();
     return [pushed, await pending];
@@ -85,19 +69,7 @@ function nodeRedis(resp) {
     const { createClient, RESP_TYPES, WatchError } = require('redis');
     return (conns) => {
         async function connect(extra = {}) {
-            const opts = {
-                socket: {
-                    host: '127.0.0.1',
-                    port,
-                    connectTimeout: CONNECT_TIMEOUT_MS,
-                    reconnectStrategy: false, // a failed connection fails the check
-                },
-                ...extra,
-            };
-            if (resp !== undefined) {
-                opts.RESP = resp; // absent: the library's default
-            }
-            const c = createClient(opts);
+            const c = createClient(nodeRedisOptions(port, CONNECT_TIMEOUT_MS, resp, extra));
             c.on('error', () => {}); // connect() and each command report their own
             conns.push(() => c.destroy());
             await c.connect();
@@ -282,15 +254,8 @@ function ioredis() {
     const Redis = require('ioredis');
     return (conns) => {
         async function connect(extra = {}) {
-            const c = new Redis({
-                host: '127.0.0.1',
-                port,
-                connectTimeout: CONNECT_TIMEOUT_MS,
-                maxRetriesPerRequest: 0,
-                retryStrategy: () => null, // a dropped connection fails the check
-                lazyConnect: true,
-                ...extra,
-            });
+            const c = new Redis(ioredisOptions(port, CONNECT_TIMEOUT_MS,
+                { lazyConnect: true, ...extra }));
             c.on('error', () => {}); // connect() and each command report their own
             conns.push(() => c.disconnect());
             await c.connect();

@@ -8,32 +8,17 @@
 
 const { createClient } = require('redis');
 
+const { waitFor, nodeRedisOptions } = require('./common');
+
 const RUN_TIMEOUT_MS = 40000;
-const WAIT_STEP_MS = 10;
 
 const port = parseInt(process.argv[2], 10);
 const prefix = process.argv[3] || 'node3';
 const out = {};
 const clients = [];
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function waitFor(pred, ms, what) {
-    const t0 = Date.now();
-    while (!(await pred())) {
-        if (Date.now() - t0 > ms) {
-            throw new Error('timed out waiting for ' + what);
-        }
-        await sleep(WAIT_STEP_MS);
-    }
-}
-
 async function connect(extra) {
-    const c = createClient({
-        RESP: 3,
-        socket: { host: '127.0.0.1', port, reconnectStrategy: false, connectTimeout: 5000 },
-        ...(extra || {}),
-    });
+    const c = createClient(nodeRedisOptions(port, 5000, 3, extra || {}));
     c.on('error', (e) => { (out.conn_errors = out.conn_errors || []).push(String(e)); });
     clients.push(c);
     await c.connect();
