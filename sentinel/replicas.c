@@ -85,16 +85,6 @@ static uint64_t list_period(const replicas *rs)
     return p < REPLICAS_LIST_MAX_MS ? p : REPLICAS_LIST_MAX_MS;
 }
 
-/* A reply string used as text: no embedded NUL, bounded. */
-static const char *text_of(const redisReply *r)
-{
-    if (r == NULL || r->type != REDIS_REPLY_STRING || r->str == NULL || r->len > 255 ||
-        strlen(r->str) != r->len) {
-        return NULL;
-    }
-    return r->str;
-}
-
 /* The replica is (no longer) enforced: log on change, keep the reason. */
 static void set_failed(replica *rp, const char *why)
 {
@@ -319,7 +309,7 @@ static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
         return;
     }
     for (size_t j = 0; j + 1 < e->elements; j += 2) {
-        const char *k = text_of(e->element[j]), *v = text_of(e->element[j + 1]);
+        const char *k = sconn_reply_text(e->element[j]), *v = sconn_reply_text(e->element[j + 1]);
         if (k == NULL || v == NULL) {
             continue;
         }

@@ -198,3 +198,12 @@ sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_
     }
     return c;
 }
+
+const char *sconn_reply_text(const redisReply *r)
+{
+    if (r == NULL || r->type != REDIS_REPLY_STRING || r->str == NULL || r->len > 255 ||
+        strlen(r->str) != r->len) {
+        return NULL;
+    }
+    return r->str;
+}

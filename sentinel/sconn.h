@@ -28,5 +28,8 @@ int sconn_send(sconn *c, int kind, int argc, const char *const *argv);
 /* Close; the state callback reports it once. Safe inside a callback. */
 void sconn_close(sconn *c, const char *why);
 int sconn_up(const sconn *c);
+/* A string reply used as text: its bytes, or NULL when r is no string, is
+ * longer than 255 bytes or holds a NUL. */
+const char *sconn_reply_text(const redisReply *r);
 
 #endif

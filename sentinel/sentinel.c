@@ -90,17 +90,6 @@ static void round_evaluate(sentinel_client *sc);
 
 /* ---------------------------------------------------------------- helpers */
 
-/* A reply string used as text: no embedded NUL, bounded. */
-static int reply_text(const redisReply *r, const char **out)
-{
-    if (r == NULL || r->type != REDIS_REPLY_STRING || r->str == NULL || r->len > 255 ||
-        strlen(r->str) != r->len) {
-        return -1;
-    }
-    *out = r->str;
-    return 0;
-}
-
 int sentinel_parse_port(const char *s)
 {
     long v = 0;
@@ -223,8 +212,9 @@ static void on_event(sentinel_node *nd, const redisReply *r)
 {
     sentinel_client *sc = nd->sc;
     const char *kind, *ev, *text;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 || reply_text(r->element[0], &kind) != 0 ||
-        strcmp(kind, "pmessage") != 0 || reply_text(r->element[2], &ev) != 0 ||
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 4 ||
+        (kind = sconn_reply_text(r->element[0])) == NULL || strcmp(kind, "pmessage") != 0 ||
+        (ev = sconn_reply_text(r->element[2])) == NULL ||
         r->element[3]->type != REDIS_REPLY_STRING || r->element[3]->len > 400) {
         return;
     }
@@ -320,7 +310,8 @@ static void on_master(sentinel_node *nd, const redisReply *r)
         const char *ip = NULL, *port = NULL, *epoch = NULL, *flags = NULL, *k, *v;
         int bad = 0;
         for (size_t i = 0; i + 1 < r->elements; i += 2) {
-            if (reply_text(r->element[i], &k) != 0 || reply_text(r->element[i + 1], &v) != 0) {
+            if ((k = sconn_reply_text(r->element[i])) == NULL ||
+                (v = sconn_reply_text(r->element[i + 1])) == NULL) {
                 bad = 1;
                 break;
             }
@@ -377,7 +368,8 @@ static void on_sentinels(sentinel_node *nd, const redisReply *r)
             continue;
         }
         for (size_t j = 0; j + 1 < e->elements; j += 2) {
-            if (reply_text(e->element[j], &k) != 0 || reply_text(e->element[j + 1], &v) != 0) {
+            if ((k = sconn_reply_text(e->element[j])) == NULL ||
+                (v = sconn_reply_text(e->element[j + 1])) == NULL) {
                 continue;
             }
             if (strcmp(k, "ip") == 0) {
@@ -407,7 +399,7 @@ static void cmd_reply(sconn *c, void *data, int kind, redisReply *r)
         break;
     case K_MYID: {
         const char *id;
-        if (reply_text(r, &id) == 0 && strlen(id) < sizeof(nd->myid)) {
+        if ((id = sconn_reply_text(r)) != NULL && strlen(id) < sizeof(nd->myid)) {
             snprintf(nd->myid, sizeof(nd->myid), "%s", id);
         }
         break;
