@@ -122,8 +122,9 @@ typedef struct remote_op {
     list_node node; /* worker: in its outage's remote_ops while it waits for the result */
     ferry *main;    /* the main loop's context */
     int loop;       /* the worker's index */
-    fallback_cb cb; /* worker: gets the result; NULL: nobody waits for it */
+    fallback_cb cb; /* worker: gets the result; NULL once nobody waits for it */
     void *arg;      /* for cb */
+    int awaited;    /* a result goes back (set once, before it is sent) */
     remote_kind kind;
     int how;      /* push: enum fallback_kind; pop, move: enum fallback_end */
     int to;       /* move: FB_LPUSH or FB_RPUSH */
@@ -534,6 +535,7 @@ static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key
     ro->loop = o->f->worker_index;
     ro->cb = cb;
     ro->arg = arg;
+    ro->awaited = cb != NULL;
     ro->kind = kind;
     ro->key = dup_bytes(key, keylen);
     ro->keylen = keylen;
@@ -543,13 +545,13 @@ static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key
 /* Worker: hand ro to the main loop; a result is awaited if it has a cb. */
 static void remote_send(struct outage *o, remote_op *ro)
 {
-    if (ro->cb != NULL) {
+    if (ro->awaited) {
         list_add_tail(&o->remote_ops, &ro->node);
     }
     if (workers_to_main(o->f, ro) < 0) {
-        /* Only once every worker has stopped: outage_close answers it. */
+        /* Not while this worker runs: outage_close answers it. */
         log_error("fallback store: an operation could not reach the main loop");
-        if (ro->cb == NULL) {
+        if (!ro->awaited) {
             remote_free(ro);
         }
     }
@@ -696,7 +698,7 @@ void outage_remote_run(ferry *f, void *p)
         return;
     }
     if (o == NULL) {
-        if (ro->cb == NULL) {
+        if (!ro->awaited) {
             remote_free(ro);
             return;
         }
@@ -705,7 +707,7 @@ void outage_remote_run(ferry *f, void *p)
         return;
     }
     /* Nobody waits for a push back: the store copies what it needs. */
-    fallback_cb cb = ro->cb != NULL ? remote_done : NULL;
+    fallback_cb cb = ro->awaited ? remote_done : NULL;
     switch (ro->kind) {
     case RO_PUSH:
         fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
@@ -718,7 +720,7 @@ void outage_remote_run(ferry *f, void *p)
         fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen, cb, ro);
         break;
     }
-    if (cb == NULL) {
+    if (!ro->awaited) {
         remote_free(ro);
     }
 }
