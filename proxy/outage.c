@@ -552,6 +552,7 @@ static void remote_send(struct outage *o, remote_op *ro)
         /* Not while this worker runs: outage_close answers it. */
         log_error("fallback store: an operation could not reach the main loop");
         if (!ro->awaited) {
+            atomic_fetch_sub(&o->sh->pending_ops, 1); /* a push back (store_push_back) */
             remote_free(ro);
         }
     }
@@ -609,6 +610,19 @@ static void store_move(struct outage *o, int end, const char *src, size_t srclen
     remote_send(o, ro);
 }
 
+/* A push back committed: it counted as an operation in flight, so no write
+ * to its key overtook it (outage_blocks) and no replay round started. */
+static void push_back_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    outage_shared *sh = arg;
+    (void)res;
+    atomic_fetch_sub(&sh->pending_ops, 1);
+    if (status < 0) {
+        log_error("fallback store: rows popped for a client that left could not be put back: %s",
+                  errstr);
+    }
+}
+
 /* Rows popped for nobody: put them back where they were (the first item
  * popped goes back last, so it is at its end again). */
 static void store_push_back(struct outage *o, int end, const char *key, size_t keylen,
@@ -628,7 +642,12 @@ static void store_push_back(struct outage *o, int end, const char *key, size_t k
         l[i] = it->memberlen;
         sc[i] = it->score;
     }
-    store_push(o, kind, key, keylen, m, l, sc, n, NULL, NULL);
+    atomic_fetch_add(&o->sh->pending_ops, 1); /* push_back_done, on the main loop */
+    if (o->remote) {
+        store_push(o, kind, key, keylen, m, l, sc, n, NULL, NULL);
+    } else {
+        fallback_push(o->fb, kind, key, keylen, m, l, sc, n, push_back_done, o->sh);
+    }
     free(m);
     free(l);
     free(sc);
@@ -699,19 +718,21 @@ void outage_remote_run(ferry *f, void *p)
     }
     if (o == NULL) {
         if (!ro->awaited) {
-            remote_free(ro);
+            remote_free(ro); /* a push back: the store is closed (its count goes with it) */
             return;
         }
         fallback_result none = {0, NULL, 0};
         remote_done(ro, UV_ECANCELED, "fallback store closed", &none);
         return;
     }
-    /* Nobody waits for a push back: the store copies what it needs. */
+    /* Nobody waits for a push back (the only operation without a result):
+     * the store copies what it needs. */
     fallback_cb cb = ro->awaited ? remote_done : NULL;
     switch (ro->kind) {
     case RO_PUSH:
         fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
-                      ro->lens, ro->scores, ro->n, cb, ro);
+                      ro->lens, ro->scores, ro->n, ro->awaited ? remote_done : push_back_done,
+                      ro->awaited ? (void *)ro : (void *)o->sh);
         break;
     case RO_POP:
         fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, cb, ro);
