@@ -639,21 +639,15 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
     }
     if (cfg->workers == 0) {
         /* auto: one loop per core but one, at most CONFIG_AUTO_WORKERS; one
-         * where a feature needs a single loop (below). */
+         * where a feature needs a single loop (the takeover, below). */
         unsigned cores = uv_available_parallelism();
         cfg->workers = cores > 1 ? (int)cores - 1 : 1;
         if (cfg->workers > CONFIG_AUTO_WORKERS) {
             cfg->workers = CONFIG_AUTO_WORKERS;
         }
-        if (cfg->fallback_path != NULL || cfg->takeover_socket != NULL) {
+        if (cfg->takeover_socket != NULL) {
             cfg->workers = 1;
         }
-    }
-    if (cfg->workers > 1 && cfg->fallback_path != NULL) {
-        return conf_key_error(ctx, "workers", 1,
-                              "workers: %d with fallback.path: the fallback store needs "
-                              "workers: 1 (or auto) for now",
-                              cfg->workers);
     }
     if (cfg->workers > 1 && cfg->takeover_socket != NULL) {
         return conf_key_error(ctx, "workers", 1,

@@ -34,7 +34,10 @@
  * meanwhile form the next group. Callbacks, the per-key row index and the
  * stats live on the loop thread. The SQLite connection is used by the
  * worker while a group is in flight and by the loop thread only at open
- * (which may sync: schema, WAL recovery) and close. fallback_close blocks the
+ * (which may sync: schema, WAL recovery) and close. The per-key row index
+ * and the row count are also read from other threads (workers: N, every
+ * event loop decides what the store serves): they change and are read under
+ * ixlock; everything else is the loop thread's. fallback_close blocks the
  * loop thread: it waits (mutex/cond) for the group in flight, delivers its
  * callbacks, and closes SQLite (whose last checkpoint syncs the file) -
  * start-up and shutdown only. Its memory is freed once the loop has run the
@@ -212,6 +215,7 @@ struct fallback {
     sqlite3_stmt *stmt[ST_COUNT]; /* prepared statements */
     char werr[FB_ERRLEN];         /* worker: the first error of the group in flight */
     uv_mutex_t mu;                /* guards fb_group.done */
+    uv_mutex_t ixlock;            /* guards keys and stats.rows (read by other loops) */
     uv_cond_t cond;               /* signalled when a group is done */
     fb_op *qhead;                 /* queued, not submitted yet */
     fb_op *qtail;                 /* last queued */
@@ -462,6 +466,7 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
     }
     if (status == 0) {
         fallback_stats *st = &fb->stats;
+        uv_mutex_lock(&fb->ixlock);
         key_index_add(&fb->keys, op->key, op->keylen, op->drows);
         st->rows += (uint64_t)op->drows; /* drows < 0 wraps to a subtraction */
         st->bytes += (uint64_t)op->dbytes;
@@ -474,11 +479,12 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
         res.count = op->count;
         res.items = op->items;
         res.nitems = op->nitems;
+        if (op->type == OP_PUSH && op->how != FB_ZADD) {
+            res.count = (int64_t)key_index_get(&fb->keys, op->key, op->keylen);
+        }
+        uv_mutex_unlock(&fb->ixlock);
         if (op->type == OP_PUSH) {
             st->written += (uint64_t)op->drows;
-            if (op->how != FB_ZADD) {
-                res.count = (int64_t)key_index_get(&fb->keys, op->key, op->keylen);
-            }
         } else if (op->type == OP_POP) {
             st->popped += op->nitems;
         } else if (op->type == OP_DELETE) {
@@ -1091,6 +1097,7 @@ static int take_lock(fallback *fb, char *err, size_t errlen)
 static void fb_free(fallback *fb)
 {
     key_index_free(&fb->keys);
+    uv_mutex_destroy(&fb->ixlock);
     uv_mutex_destroy(&fb->mu);
     uv_cond_destroy(&fb->cond);
     free(fb->path);
@@ -1124,6 +1131,10 @@ int fallback_open(uv_loop_t *loop, const char *path, uint64_t max_bytes, fallbac
         r = open_db(fb, max_bytes, err, errlen);
     }
     if (r == 0 && (r = uv_mutex_init(&fb->mu)) == 0 && (r = uv_cond_init(&fb->cond)) != 0) {
+        uv_mutex_destroy(&fb->mu);
+    }
+    if (r == 0 && (r = uv_mutex_init(&fb->ixlock)) != 0) {
+        uv_cond_destroy(&fb->cond);
         uv_mutex_destroy(&fb->mu);
     }
     if (r != 0) {
@@ -1278,12 +1289,20 @@ void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int6
 
 uint64_t fallback_key_rows(const fallback *fb, const char *key, size_t keylen)
 {
-    return key_index_get(&fb->keys, key, keylen);
+    uv_mutex_t *lock = (uv_mutex_t *)&fb->ixlock; /* the index itself is not changed */
+    uv_mutex_lock(lock);
+    uint64_t n = key_index_get(&fb->keys, key, keylen);
+    uv_mutex_unlock(lock);
+    return n;
 }
 
 uint64_t fallback_rows(const fallback *fb)
 {
-    return fb->stats.rows;
+    uv_mutex_t *lock = (uv_mutex_t *)&fb->ixlock;
+    uv_mutex_lock(lock);
+    uint64_t n = fb->stats.rows;
+    uv_mutex_unlock(lock);
+    return n;
 }
 
 void fallback_get_stats(const fallback *fb, fallback_stats *st)

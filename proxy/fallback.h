@@ -111,8 +111,9 @@ void fallback_delete_upto(fallback *fb, int64_t upto, fallback_cb cb, void *arg)
 void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int64_t upto,
                               fallback_cb cb, void *arg);
 
-/* Rows pending for key, from an in-memory index kept on the loop thread
- * (exact once every queued operation has completed). */
+/* Rows pending for key, from an in-memory index kept by the loop thread
+ * (exact once every queued operation has completed). This and
+ * fallback_rows may be called from any thread while the store is open. */
 uint64_t fallback_key_rows(const fallback *fb, const char *key, size_t keylen);
 /* Rows pending in all. */
 uint64_t fallback_rows(const fallback *fb);

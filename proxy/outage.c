@@ -15,9 +15,27 @@
  * the script's effect loses the marker with it. Rows are deleted only once
  * Redis acknowledged them (and replicas_ack confirmed them). Until a key's
  * rows are replayed, new writes to that key wait. A key Redis refuses
- * (WRONGTYPE) is logged and retried with back-off; other keys go on. */
+ * (WRONGTYPE) is logged and retried with back-off; other keys go on.
+ *
+ * More event loops (workers: N): the main loop owns the store (one SQLite
+ * file, one lock) and the replay. A worker loop has a view of it (remote):
+ * it decides what the store serves exactly as the main loop does, reading
+ * the store's row index (fallback_key_rows, locked inside the store) and
+ * the count of client operations in flight on any loop (shared, atomic),
+ * so outage_blocks stays per key and a blocked pop waits, held, on its own
+ * loop (woken by every store write, on every loop, and by the tick). Only
+ * the store operations themselves hop threads: a worker posts a copy of the
+ * operation to the main loop (workers_to_main), the main loop runs it on
+ * the store and posts the result, rows deep-copied, back to the worker's
+ * mailbox (workers_to_loop), where the usual callback answers the request
+ * in its session's order. A request whose client left stays alive until
+ * its result is back (as on one loop); popped rows nobody can take any
+ * more - the client left, the worker closed, its mailbox is gone - are put
+ * back in the store by the main loop, as one loop does for a vanished
+ * client of a pop. */
 #include "outage.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +47,7 @@
 #include "log.h"
 #include "router.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define REPLAY_BATCH 256              /* rows read per round */
 #define REPLAY_ROUND_TIMEOUT_MS 30000 /* a round whose link broke is abandoned */
@@ -84,11 +103,57 @@ typedef enum replay_state {
     REPLAY_DELETING  /* fallback deletes in flight */
 } replay_state;
 
+/* What every loop's outage shares (workers: N): the store's lifetime and
+ * the client operations in flight on any loop. */
+typedef struct outage_shared {
+    uv_mutex_t lock;           /* guards fb */
+    fallback *fb;              /* the main loop's store; NULL once it closes */
+    atomic_size_t pending_ops; /* client operations submitted, not answered yet */
+    atomic_int refs;           /* the main loop's outage and each worker's */
+} outage_shared;
+
+/* A store operation a worker loop asked the main loop to run. The worker
+ * fills the request, the main loop the result; each hand-off goes through a
+ * mutex-guarded queue, so one thread at a time touches it (node, cb and arg
+ * are the worker's alone). */
+typedef enum remote_kind { RO_PUSH = 0, RO_POP, RO_MOVE } remote_kind;
+
+typedef struct remote_op {
+    list_node node; /* worker: in its outage's remote_ops while it waits for the result */
+    ferry *main;    /* the main loop's context */
+    int loop;       /* the worker's index */
+    fallback_cb cb; /* worker: gets the result; NULL once nobody waits for it */
+    void *arg;      /* for cb */
+    int awaited;    /* a result goes back (set once, before it is sent) */
+    remote_kind kind;
+    int how;      /* push: enum fallback_kind; pop, move: enum fallback_end */
+    int to;       /* move: FB_LPUSH or FB_RPUSH */
+    size_t count; /* pop: most rows */
+    char *key;    /* push, pop: the key; move: the source */
+    size_t keylen;
+    char *dst; /* move: the destination */
+    size_t dstlen;
+    size_t n;       /* push: members */
+    char **members; /* push: copies */
+    size_t *lens;   /* push */
+    double *scores; /* push */
+    int answered;   /* the main loop ran it: the result below holds */
+    int returned;   /* handed back to the main loop undelivered */
+    int status;     /* 0 or a negative error */
+    char errstr[160];
+    int64_t rcount;       /* fallback_result.count */
+    fallback_item *items; /* deep copies: item.key owns key and member */
+    size_t nitems;
+} remote_op;
+
 struct outage {
     ferry *f;               /* context */
-    fallback *fb;           /* the store */
+    fallback *fb;           /* the store (NULL in a worker's view) */
+    outage_shared *sh;      /* shared with the other loops */
+    int remote;             /* a worker's view: the main loop runs its store operations */
+    ferry *main;            /* remote: the main loop's context */
+    list_node remote_ops;   /* remote: operations waiting for their result */
     char marker[512];       /* the marker hash's name in Redis */
-    size_t pending_ops;     /* store operations submitted and not completed */
     replay_state rstate;    /* see replay_state */
     uint64_t round;         /* generation of the current round */
     uint64_t round_started; /* uv_now() */
@@ -109,6 +174,7 @@ struct outage {
 /* A client request in flight on the store. */
 typedef struct store_op {
     ferry *f;
+    outage_shared *sh; /* pending_ops */
     request *r;
     int kind;       /* what was asked: a fallback_kind for pushes, else 0 */
     int end;        /* pops: enum fallback_end */
@@ -299,6 +365,14 @@ static void append_double(buf *b, double d, int proto)
 
 /* -------------------------------------------------------------- open/close */
 
+static void shared_unref(outage_shared *sh)
+{
+    if (atomic_fetch_sub(&sh->refs, 1) == 1) {
+        uv_mutex_destroy(&sh->lock);
+        free(sh);
+    }
+}
+
 int outage_open(ferry *f)
 {
     const config *cfg = f->cfg;
@@ -310,6 +384,7 @@ int outage_open(ferry *f)
     }
     o = xcalloc(1, sizeof(*o));
     o->f = f;
+    list_init(&o->remote_ops);
     int rc = fallback_open(f->loop, cfg->fallback_path, cfg->fallback_max_bytes, &o->fb, err,
                            sizeof(err));
     if (rc < 0) {
@@ -317,6 +392,11 @@ int outage_open(ferry *f)
         free(o);
         return rc;
     }
+    o->sh = xcalloc(1, sizeof(*o->sh));
+    uv_mutex_init(&o->sh->lock);
+    o->sh->fb = o->fb;
+    atomic_init(&o->sh->pending_ops, 0);
+    atomic_init(&o->sh->refs, 1);
     if (uv_os_gethostname(host, &hlen) != 0) {
         snprintf(host, sizeof(host), "localhost");
     }
@@ -331,6 +411,26 @@ int outage_open(ferry *f)
     return 0;
 }
 
+void outage_attach(ferry *wf, ferry *main)
+{
+    struct outage *mo = main->outage;
+    if (mo == NULL || wf->outage != NULL) {
+        return;
+    }
+    struct outage *o = xcalloc(1, sizeof(*o));
+    o->f = wf;
+    o->sh = mo->sh;
+    atomic_fetch_add(&o->sh->refs, 1);
+    o->remote = 1;
+    o->main = main;
+    list_init(&o->remote_ops);
+    snprintf(o->marker, sizeof(o->marker), "%s", mo->marker);
+    wf->outage = o;
+}
+
+static void op_answer(store_op *op, const char *p, size_t n);
+static void op_free(store_op *op);
+
 void outage_close(ferry *f)
 {
     struct outage *o = f->outage;
@@ -338,7 +438,29 @@ void outage_close(ferry *f)
         return;
     }
     f->outage = NULL;
-    fallback_close(o->fb);
+    if (o->remote) {
+        /* The worker closes (its sessions are closed): its operations still
+         * on the main loop lose their requests; a result that comes back
+         * with popped rows is put back in the store there (cb NULL). */
+        while (!list_empty(&o->remote_ops)) {
+            remote_op *ro = list_entry(list_first(&o->remote_ops), remote_op, node);
+            list_del(&ro->node);
+            store_op *op = ro->arg;
+            ro->cb = NULL;
+            ro->arg = NULL;
+            atomic_fetch_sub(&op->sh->pending_ops, 1);
+            op_answer(op, "-ERR ferry: closing\r\n", 21);
+            op_free(op);
+        }
+        shared_unref(o->sh);
+        free(o);
+        return;
+    }
+    uv_mutex_lock(&o->sh->lock);
+    o->sh->fb = NULL; /* no loop reads its index any more */
+    uv_mutex_unlock(&o->sh->lock);
+    fallback_close(o->fb); /* callbacks run: op->sh is still held */
+    shared_unref(o->sh);
     for (size_t i = 0; i < o->ngroups; i++) {
         free(o->groups[i].key);
     }
@@ -352,12 +474,311 @@ void outage_close(ferry *f)
     free(o);
 }
 
+/* ------------------------------------------------------------ store access */
+
+/* Every loop may ask for the rows pending (the index is locked inside the
+ * store); a worker's view holds the shared lock so the store stays open
+ * while it asks. */
+static uint64_t store_key_rows(struct outage *o, const char *key, size_t len)
+{
+    if (!o->remote) {
+        return fallback_key_rows(o->fb, key, len);
+    }
+    uv_mutex_lock(&o->sh->lock);
+    uint64_t n = o->sh->fb != NULL ? fallback_key_rows(o->sh->fb, key, len) : 0;
+    uv_mutex_unlock(&o->sh->lock);
+    return n;
+}
+
+static uint64_t store_rows(struct outage *o)
+{
+    if (!o->remote) {
+        return fallback_rows(o->fb);
+    }
+    uv_mutex_lock(&o->sh->lock);
+    uint64_t n = o->sh->fb != NULL ? fallback_rows(o->sh->fb) : 0;
+    uv_mutex_unlock(&o->sh->lock);
+    return n;
+}
+
+static char *dup_bytes(const char *p, size_t n)
+{
+    char *c = xmalloc(n + 1);
+    memcpy(c, p, n);
+    c[n] = '\0';
+    return c;
+}
+
+static void remote_free(remote_op *ro)
+{
+    free(ro->key);
+    free(ro->dst);
+    for (size_t i = 0; i < ro->n; i++) {
+        free(ro->members[i]);
+    }
+    free(ro->members);
+    free(ro->lens);
+    free(ro->scores);
+    for (size_t i = 0; i < ro->nitems; i++) {
+        free((char *)ro->items[i].key); /* owns key and member */
+    }
+    free(ro->items);
+    free(ro);
+}
+
+static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key, size_t keylen,
+                             fallback_cb cb, void *arg)
+{
+    remote_op *ro = xcalloc(1, sizeof(*ro));
+    list_init(&ro->node);
+    ro->main = o->main;
+    ro->loop = o->f->worker_index;
+    ro->cb = cb;
+    ro->arg = arg;
+    ro->awaited = cb != NULL;
+    ro->kind = kind;
+    ro->key = dup_bytes(key, keylen);
+    ro->keylen = keylen;
+    return ro;
+}
+
+/* Worker: hand ro to the main loop; a result is awaited if it has a cb. */
+static void remote_send(struct outage *o, remote_op *ro)
+{
+    if (ro->awaited) {
+        list_add_tail(&o->remote_ops, &ro->node);
+    }
+    if (workers_to_main(o->f, ro) < 0) {
+        /* Not while this worker runs: outage_close answers it. */
+        log_error("fallback store: an operation could not reach the main loop");
+        if (!ro->awaited) {
+            atomic_fetch_sub(&o->sh->pending_ops, 1); /* a push back (store_push_back) */
+            remote_free(ro);
+        }
+    }
+}
+
+/* The store operations a client request needs, on the loop's own store or,
+ * from a worker, on the main loop's. */
+static void store_push(struct outage *o, int kind, const char *key, size_t keylen,
+                       const char *const *m, const size_t *l, const double *sc, size_t n,
+                       fallback_cb cb, void *arg)
+{
+    if (!o->remote) {
+        fallback_push(o->fb, kind, key, keylen, m, l, sc, n, cb, arg);
+        return;
+    }
+    remote_op *ro = remote_new(o, RO_PUSH, key, keylen, cb, arg);
+    ro->how = kind;
+    ro->n = n;
+    ro->members = xcalloc(n, sizeof(*ro->members));
+    ro->lens = xcalloc(n, sizeof(*ro->lens));
+    ro->scores = xcalloc(n, sizeof(*ro->scores));
+    for (size_t i = 0; i < n; i++) {
+        ro->members[i] = dup_bytes(m[i], l[i]);
+        ro->lens[i] = l[i];
+        ro->scores[i] = sc != NULL ? sc[i] : 0;
+    }
+    remote_send(o, ro);
+}
+
+static void store_pop(struct outage *o, int end, const char *key, size_t keylen, size_t count,
+                      fallback_cb cb, void *arg)
+{
+    if (!o->remote) {
+        fallback_pop(o->fb, end, key, keylen, count, cb, arg);
+        return;
+    }
+    remote_op *ro = remote_new(o, RO_POP, key, keylen, cb, arg);
+    ro->how = end;
+    ro->count = count;
+    remote_send(o, ro);
+}
+
+static void store_move(struct outage *o, int end, const char *src, size_t srclen, int to,
+                       const char *dst, size_t dstlen, fallback_cb cb, void *arg)
+{
+    if (!o->remote) {
+        fallback_move(o->fb, end, src, srclen, to, dst, dstlen, cb, arg);
+        return;
+    }
+    remote_op *ro = remote_new(o, RO_MOVE, src, srclen, cb, arg);
+    ro->how = end;
+    ro->to = to;
+    ro->dst = dup_bytes(dst, dstlen);
+    ro->dstlen = dstlen;
+    remote_send(o, ro);
+}
+
+/* A push back committed: it counted as an operation in flight, so no write
+ * to its key overtook it (outage_blocks) and no replay round started. */
+static void push_back_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    outage_shared *sh = arg;
+    (void)res;
+    atomic_fetch_sub(&sh->pending_ops, 1);
+    if (status < 0) {
+        log_error("fallback store: rows popped for a client that left could not be put back: %s",
+                  errstr);
+    }
+}
+
+/* Rows popped for nobody: put them back where they were (the first item
+ * popped goes back last, so it is at its end again). */
+static void store_push_back(struct outage *o, int end, const char *key, size_t keylen,
+                            const fallback_item *items, size_t n)
+{
+    int zset = end == FB_MIN || end == FB_MAX;
+    if (o == NULL || n == 0) {
+        return;
+    }
+    const char **m = xcalloc(n, sizeof(*m));
+    size_t *l = xcalloc(n, sizeof(*l));
+    double *sc = xcalloc(n, sizeof(*sc));
+    int kind = zset ? FB_ZADD : end == FB_HEAD ? FB_LPUSH : FB_RPUSH;
+    for (size_t i = 0; i < n; i++) {
+        const fallback_item *it = &items[zset ? i : n - 1 - i];
+        m[i] = it->member;
+        l[i] = it->memberlen;
+        sc[i] = it->score;
+    }
+    atomic_fetch_add(&o->sh->pending_ops, 1); /* push_back_done, on the main loop */
+    if (o->remote) {
+        store_push(o, kind, key, keylen, m, l, sc, n, NULL, NULL);
+    } else {
+        fallback_push(o->fb, kind, key, keylen, m, l, sc, n, push_back_done, o->sh);
+    }
+    free(m);
+    free(l);
+    free(sc);
+}
+
+/* Blocked pops on every loop may be served now. */
+static void wake_loops(ferry *f)
+{
+    f->wake_pending = 1;
+    workers_wake(f);
+}
+
+/* Main loop: a result no worker can take (the client left, the worker
+ * closed): popped rows go back to the store, as for a vanished client of a
+ * pop on one loop (a move left its element in the store: nothing to undo). */
+static void remote_orphan(struct outage *o, remote_op *ro)
+{
+    if (ro->answered && ro->status == 0 && ro->kind == RO_POP && ro->nitems > 0) {
+        if (o != NULL) {
+            store_push_back(o, ro->how, ro->key, ro->keylen, ro->items, ro->nitems);
+        } else {
+            log_error("fallback store: %zu popped row(s) of key '%.*s' lost: the store closed "
+                      "before the worker could deliver them",
+                      ro->nitems, (int)(ro->keylen < 100 ? ro->keylen : 100), ro->key);
+        }
+    }
+    remote_free(ro);
+}
+
+/* Main loop: the store ran a worker's operation. */
+static void remote_done(void *arg, int status, const char *errstr, const fallback_result *res)
+{
+    remote_op *ro = arg;
+    ferry *f = ro->main;
+    ro->answered = 1;
+    ro->status = status;
+    if (status < 0) {
+        snprintf(ro->errstr, sizeof(ro->errstr), "%s", errstr != NULL ? errstr : "error");
+    }
+    ro->rcount = res->count;
+    if (res->nitems > 0) {
+        ro->items = xcalloc(res->nitems, sizeof(*ro->items));
+        for (size_t i = 0; i < res->nitems; i++) {
+            const fallback_item *it = &res->items[i];
+            fallback_item *c = &ro->items[i];
+            char *blk = xmalloc(it->keylen + it->memberlen + 1);
+            memcpy(blk, it->key, it->keylen);
+            memcpy(blk + it->keylen, it->member, it->memberlen);
+            *c = *it;
+            c->key = blk;
+            c->member = blk + it->keylen;
+        }
+        ro->nitems = res->nitems;
+    }
+    if (status == 0 && ro->kind == RO_PUSH) {
+        wake_loops(f);
+    }
+    workers_to_loop(f, ro->loop, ro); /* undeliverable: outage_remote_drop */
+}
+
+void outage_remote_run(ferry *f, void *p)
+{
+    remote_op *ro = p;
+    struct outage *o = f->outage;
+    if (ro->returned) {
+        remote_orphan(o, ro);
+        return;
+    }
+    if (o == NULL) {
+        if (!ro->awaited) {
+            remote_free(ro); /* a push back: the store is closed (its count goes with it) */
+            return;
+        }
+        fallback_result none = {0, NULL, 0};
+        remote_done(ro, UV_ECANCELED, "fallback store closed", &none);
+        return;
+    }
+    /* Nobody waits for a push back (the only operation without a result):
+     * the store copies what it needs. */
+    fallback_cb cb = ro->awaited ? remote_done : NULL;
+    switch (ro->kind) {
+    case RO_PUSH:
+        fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
+                      ro->lens, ro->scores, ro->n, ro->awaited ? remote_done : push_back_done,
+                      ro->awaited ? (void *)ro : (void *)o->sh);
+        break;
+    case RO_POP:
+        fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, cb, ro);
+        break;
+    case RO_MOVE:
+        fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen, cb, ro);
+        break;
+    }
+    if (!ro->awaited) {
+        remote_free(ro);
+    }
+}
+
+void outage_remote_done(ferry *f, void *p)
+{
+    remote_op *ro = p;
+    if (ro->cb == NULL || !list_linked(&ro->node)) {
+        outage_remote_drop(f, ro);
+        return;
+    }
+    list_del(&ro->node);
+    fallback_result res = {ro->rcount, ro->items, ro->nitems};
+    ro->cb(ro->arg, ro->status, ro->status < 0 ? ro->errstr : NULL, &res);
+    remote_free(ro);
+}
+
+void outage_remote_drop(ferry *f, void *p)
+{
+    remote_op *ro = p;
+    if (f->worker_index == 0) {
+        remote_orphan(f->outage, ro);
+        return;
+    }
+    ro->returned = 1;
+    if (workers_to_main(f, ro) < 0) {
+        remote_orphan(NULL, ro); /* every loop has stopped: no store to put rows back in */
+    }
+}
+
 /* ------------------------------------------------------------- client path */
 
 static store_op *op_new(session *s, request *r)
 {
     store_op *op = xcalloc(1, sizeof(*op));
     op->f = s->f;
+    op->sh = s->f->outage->sh;
     op->r = r;
     op->start_ns = uv_hrtime();
     r->s = s;
@@ -365,7 +786,7 @@ static store_op *op_new(session *s, request *r)
     request_set_state(r, REQ_SENT);
     s->inflight++;
     s->flight_link = NULL; /* in flight on the store */
-    s->f->outage->pending_ops++;
+    atomic_fetch_add(&op->sh->pending_ops, 1);
     return op;
 }
 
@@ -391,9 +812,7 @@ static void push_done(void *arg, int status, const char *errstr, const fallback_
     store_op *op = arg;
     ferry *f = op->f;
     char line[300];
-    if (f->outage != NULL) {
-        f->outage->pending_ops--;
-    }
+    atomic_fetch_sub(&op->sh->pending_ops, 1);
     if (status < 0) {
         if (f->outage != NULL) {
             f->outage->store_errors++;
@@ -409,32 +828,8 @@ static void push_done(void *arg, int status, const char *errstr, const fallback_
         stats_observe(&f->stats.fallback_commit_seconds, (uv_hrtime() - op->start_ns) / 1000);
     }
     op_answer(op, line, strlen(line));
-    f->wake_pending = 1; /* blocked pops may be served now */
+    wake_loops(f); /* blocked pops may be served now */
     op_free(op);
-}
-
-/* Items popped for a client that left: put them back where they were. */
-static void push_back(store_op *op, const fallback_result *res)
-{
-    struct outage *o = op->f->outage;
-    size_t n = res->nitems;
-    const char **m = xcalloc(n, sizeof(*m));
-    size_t *l = xcalloc(n, sizeof(*l));
-    double *sc = xcalloc(n, sizeof(*sc));
-    int kind = op->zset ? FB_ZADD : op->end == FB_HEAD ? FB_LPUSH : FB_RPUSH;
-    for (size_t i = 0; i < n; i++) {
-        /* The first item popped goes back last, so it is at its end again. */
-        const fallback_item *it = &res->items[op->zset ? i : n - 1 - i];
-        m[i] = it->member;
-        l[i] = it->memberlen;
-        sc[i] = it->score;
-    }
-    if (o != NULL) {
-        fallback_push(o->fb, kind, op->key, op->keylen, m, l, sc, n, NULL, NULL);
-    }
-    free(m);
-    free(l);
-    free(sc);
 }
 
 static void pop_done(void *arg, int status, const char *errstr, const fallback_result *res)
@@ -443,9 +838,7 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
     ferry *f = op->f;
     request *r = op->r;
     buf b;
-    if (f->outage != NULL) {
-        f->outage->pending_ops--;
-    }
+    atomic_fetch_sub(&op->sh->pending_ops, 1);
     if (status < 0) {
         char line[300];
         snprintf(line, sizeof(line),
@@ -455,7 +848,9 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         return;
     }
     if (r->s == NULL && res->nitems > 0 && !op->move) {
-        push_back(op, res); /* a move left its element in the store: nothing to undo */
+        /* Items popped for a client that left: put them back where they
+         * were (a move left its element in the store: nothing to undo). */
+        store_push_back(f->outage, op->end, op->key, op->keylen, res->items, res->nitems);
         request_free(f, r);
         op_free(op);
         return;
@@ -567,8 +962,7 @@ static int dispatch_push(session *s, request *r, const resp_request *req, int ki
     }
     store_op *op = op_new(s, r);
     op->kind = kind;
-    fallback_push(f->outage->fb, kind, req->argv[1].ptr, req->argv[1].len, m, l, sc, n, push_done,
-                  op);
+    store_push(f->outage, kind, req->argv[1].ptr, req->argv[1].len, m, l, sc, n, push_done, op);
     free(m);
     free(l);
     free(sc);
@@ -579,7 +973,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
                         int zset)
 {
     ferry *f = s->f;
-    fallback *fb = f->outage->fb;
+    struct outage *o = f->outage;
     size_t count = 1, nkeys = 1;
     int with_count = 0;
     if (!f->cfg->fallback_serve_pops || req->argc < 2) {
@@ -605,7 +999,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
             continue;
         }
         eligible = 1;
-        if (fallback_key_rows(fb, k->ptr, k->len) == 0) {
+        if (store_key_rows(o, k->ptr, k->len) == 0) {
             continue;
         }
         store_op *op = op_new(s, r);
@@ -616,7 +1010,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
         op->key = xmalloc(k->len + 1);
         memcpy(op->key, k->ptr, k->len);
         op->keylen = k->len;
-        fallback_pop(fb, end, k->ptr, k->len, count, pop_done, op);
+        store_pop(o, end, k->ptr, k->len, count, pop_done, op);
         return 1;
     }
     return blocking && eligible ? 2 : 0;
@@ -627,7 +1021,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
 static int dispatch_move(session *s, request *r, const resp_request *req, int blocking, int lmove)
 {
     ferry *f = s->f;
-    fallback *fb = f->outage->fb;
+    struct outage *o = f->outage;
     int end = FB_TAIL, to = FB_LPUSH;
     size_t want = lmove ? 5 + (size_t)blocking : 3 + (size_t)blocking;
     if (!f->cfg->fallback_serve_pops || req->argc != want) {
@@ -649,14 +1043,14 @@ static int dispatch_move(session *s, request *r, const resp_request *req, int bl
     if (!key_eligible(f, src->ptr, src->len) || !key_eligible(f, dst->ptr, dst->len)) {
         return 0;
     }
-    if (fallback_key_rows(fb, src->ptr, src->len) == 0) {
+    if (store_key_rows(o, src->ptr, src->len) == 0) {
         return blocking ? 2 : 0;
     }
     store_op *op = op_new(s, r);
     op->move = 1;
     op->blocking = blocking;
     op->end = end;
-    fallback_move(fb, end, src->ptr, src->len, to, dst->ptr, dst->len, pop_done, op);
+    store_move(o, end, src->ptr, src->len, to, dst->ptr, dst->len, pop_done, op);
     return 1;
 }
 
@@ -726,8 +1120,13 @@ int outage_blocks(ferry *f, const request *r)
     struct outage *o = f->outage;
     resp_request req;
     int blocked = 0;
-    if (o == NULL || !(r->flags & REQ_F_WRITE) || r->cmd == NULL || r->cmd->first_key != 1 ||
-        (fallback_rows(o->fb) == 0 && o->pending_ops == 0)) {
+    if (o == NULL || !(r->flags & REQ_F_WRITE) || r->cmd == NULL || r->cmd->first_key != 1) {
+        return 0;
+    }
+    /* Client operations in flight on any loop's behalf count: a commit in
+     * flight may still add rows to any key. */
+    size_t pending = atomic_load(&o->sh->pending_ops);
+    if (pending == 0 && store_rows(o) == 0) {
         return 0;
     }
     resp_parser *p = parse(r, &req);
@@ -735,9 +1134,7 @@ int outage_blocks(ferry *f, const request *r)
         return 0;
     }
     if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
-        /* A commit in flight may still add rows to any key. */
-        blocked =
-            o->pending_ops > 0 || fallback_key_rows(o->fb, req.argv[1].ptr, req.argv[1].len) > 0;
+        blocked = pending > 0 || store_key_rows(o, req.argv[1].ptr, req.argv[1].len) > 0;
     }
     resp_parser_free(p);
     return blocked;
@@ -786,7 +1183,7 @@ static void delete_done(void *arg, int status, const char *errstr, const fallbac
     }
     if (--o->deletes_left == 0) {
         round_reset(o);
-        o->f->wake_pending = 1; /* writes waiting on replayed keys */
+        wake_loops(o->f); /* writes waiting on replayed keys, on every loop */
         replay_next(o);
     }
 }
@@ -985,7 +1382,7 @@ static void replay_next(struct outage *o)
     ferry *f = o->f;
     upstream *up = f->up;
     uint64_t now = uv_now(f->loop);
-    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || o->pending_ops > 0 ||
+    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || atomic_load(&o->sh->pending_ops) > 0 ||
         fallback_rows(o->fb) == 0 || now < o->next_round_ms ||
         upstream_shared(up, NULL, 0, 2) == NULL) {
         return;
@@ -1005,8 +1402,8 @@ static void replay_next(struct outage *o)
 void outage_tick(ferry *f, uint64_t now)
 {
     struct outage *o = f->outage;
-    if (o == NULL) {
-        return;
+    if (o == NULL || o->remote) {
+        return; /* the main loop replays */
     }
     if (o->rstate == REPLAY_APPLYING &&
         (f->up->epoch != o->round_epoch || now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
@@ -1022,8 +1419,8 @@ void outage_stats(ferry *f, ferry_stats *st)
 {
     struct outage *o = f->outage;
     fallback_stats fs;
-    if (o == NULL) {
-        return;
+    if (o == NULL || o->remote) {
+        return; /* the store's figures are the main loop's, once */
     }
     fallback_get_stats(o->fb, &fs);
     st->fallback_pending = fs.rows;

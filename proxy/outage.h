@@ -27,6 +27,19 @@ int outage_blocks(ferry *f, const request *r);
  * store (its own timeout applies, not the hold timeout). */
 int outage_waits(ferry *f, const request *r);
 
+/* workers: N. The main loop owns the store and the replay; a worker loop
+ * gets a view of it (wf->outage) that serves its clients the same way and
+ * has the main loop run the store operations. Called by workers_start
+ * before the worker's thread starts; nothing if main has no store. */
+void outage_attach(ferry *wf, ferry *main);
+/* Main loop: run a store operation a worker posted (workers_to_main). */
+void outage_remote_run(ferry *f, void *op);
+/* Worker loop: the result of its operation (its mailbox). */
+void outage_remote_done(ferry *f, void *op);
+/* On f's thread: a result no request can take any more (its worker
+ * closed): popped rows go back to the store, on the main loop. */
+void outage_remote_drop(ferry *f, void *op);
+
 /* Periodic: start or continue the replay when a master is UP. */
 void outage_tick(ferry *f, uint64_t now);
 /* Figures for the stats port. */

@@ -12,7 +12,13 @@
  * The main loop is the only writer of every mailbox, so a worker applies
  * the master view's changes in the order Sentinel's client made them, and
  * its upstream connects only to a master it was told of. Without Sentinel
- * (a fixed master) every loop's upstream follows that master by itself. */
+ * (a fixed master) every loop's upstream follows that master by itself.
+ *
+ * The other way, a queue under a mutex and the main loop's uv_async_t: a
+ * worker asks for a Sentinel round, or posts an operation for the fallback
+ * store, which the main loop owns (outage.c); its result comes back in the
+ * worker's mailbox (WM_STORE). A store write wakes every loop (a flag and
+ * the async: blocked pops may be served now). */
 #include "workers.h"
 
 #include <fcntl.h>
@@ -26,6 +32,7 @@
 
 #include "core.h"
 #include "log.h"
+#include "outage.h"
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
@@ -39,7 +46,8 @@ typedef enum wmsg_kind {
     WM_FENCE,      /* a replica is being promoted: fences on the old master count no more */
     WM_KEEP,       /* no majority of sentinels: go back to the last master, ROLE checked */
     WM_STOP,       /* graceful stop (why) */
-    WM_CLOSE       /* close everything now */
+    WM_CLOSE,      /* close everything now */
+    WM_STORE       /* the result of a fallback store operation (store) */
 } wmsg_kind;
 
 typedef struct wmsg {
@@ -50,7 +58,14 @@ typedef struct wmsg {
     int port;          /* WM_MASTER */
     char ip[64];       /* WM_MASTER: numeric */
     char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
+    void *store;       /* WM_STORE: owned by the message until applied */
 } wmsg;
+
+/* A fallback store operation on its way to the main loop. */
+typedef struct mmsg {
+    struct mmsg *next;
+    void *store; /* outage.c's */
+} mmsg;
 
 typedef struct worker {
     struct workers *all; /* every loop */
@@ -65,6 +80,7 @@ typedef struct worker {
     ferry_stats *pub;    /* its counters at its last tick */
     worker_view view;    /* its gauges at its last tick */
     atomic_int done;     /* its loop returned */
+    atomic_int wake;     /* a store write: re-dispatch what waits */
 } worker;
 
 typedef struct workers {
@@ -73,8 +89,13 @@ typedef struct workers {
     worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
     uint64_t next;                         /* round-robin (main loop only) */
     uv_async_t async;                      /* on the main loop: a worker asks
-                                              for a Sentinel round */
+                                              for a Sentinel round, or posted
+                                              a store operation */
     int async_open;                        /* async initialised, not closed */
+    atomic_int sentinel_asked;             /* a worker lost its master */
+    uv_mutex_t qlock;                      /* guards the fields below */
+    mmsg *qhead, *qtail;                   /* store operations for the main loop */
+    int qopen;                             /* the main loop will read the queue */
     atomic_ullong clients;                 /* sessions open in all loops */
     atomic_ullong mem[CONFIG_MAX_WORKERS]; /* bytes each loop held for clients
                                               at its last tick */
@@ -93,10 +114,14 @@ static void free_close_cb(uv_handle_t *h)
     free(h);
 }
 
-static void msg_free(wmsg *m)
+/* On f's thread: m was not applied (a result goes back to the store). */
+static void msg_free(ferry *f, wmsg *m)
 {
     if (m->kind == WM_ACCEPT && m->fd >= 0) {
         close(m->fd);
+    }
+    if (m->kind == WM_STORE && m->store != NULL) {
+        outage_remote_drop(f, m->store);
     }
     free(m);
 }
@@ -108,7 +133,7 @@ static void post(worker *w, wmsg *m)
     uv_mutex_lock(&w->lock);
     if (!w->open) {
         uv_mutex_unlock(&w->lock);
-        msg_free(m);
+        msg_free(w->all->main, m);
         return;
     }
     if (w->tail == NULL) {
@@ -192,12 +217,21 @@ static void apply(worker *w, wmsg *m)
     case WM_CLOSE:
         core_close(f);
         break;
+    case WM_STORE: {
+        void *op = m->store;
+        m->store = NULL;
+        outage_remote_done(f, op);
+        break;
+    }
     }
 }
 
 static void mail_cb(uv_async_t *a)
 {
     worker *w = a->data;
+    if (atomic_exchange(&w->wake, 0)) {
+        w->f.wake_pending = 1; /* the flush at this turn's end re-dispatches */
+    }
     uv_mutex_lock(&w->lock);
     wmsg *m = w->head;
     w->head = w->tail = NULL;
@@ -205,18 +239,28 @@ static void mail_cb(uv_async_t *a)
     while (m != NULL) {
         wmsg *next = m->next;
         apply(w, m);
-        msg_free(m);
+        msg_free(&w->f, m);
         m = next;
     }
 }
 
-/* Main loop: workers asked for a Sentinel round. */
+/* Main loop: workers asked for a Sentinel round or posted store operations. */
 static void trigger_cb(uv_async_t *a)
 {
     workers *wk = a->data;
     ferry *f = wk->main;
-    if (f->sentinel != NULL && !f->closed) {
+    if (atomic_exchange(&wk->sentinel_asked, 0) && f->sentinel != NULL && !f->closed) {
         sentinel_trigger(f->sentinel);
+    }
+    uv_mutex_lock(&wk->qlock);
+    mmsg *q = wk->qhead;
+    wk->qhead = wk->qtail = NULL;
+    uv_mutex_unlock(&wk->qlock);
+    while (q != NULL) {
+        mmsg *next = q->next;
+        outage_remote_run(f, q->store);
+        free(q);
+        q = next;
     }
 }
 
@@ -234,7 +278,7 @@ static void worker_run(void *arg)
     uv_mutex_unlock(&w->lock);
     while (m != NULL) {
         wmsg *next = m->next;
-        msg_free(m);
+        msg_free(&w->f, m);
         m = next;
     }
     int rc = uv_loop_close(&w->loop);
@@ -273,6 +317,8 @@ int workers_start(ferry *f)
     uint64_t base_id = (f->next_id / (uint64_t)n + 1) * (uint64_t)n;
     f->id_step = (uint64_t)n;
     f->next_id = base_id;
+    uv_mutex_init(&wk->qlock);
+    wk->qopen = 1;
     uv_async_init(f->loop, &wk->async, trigger_cb);
     wk->async.data = wk;
     wk->async_open = 1;
@@ -297,6 +343,7 @@ int workers_start(ferry *f)
             workers_join(f);
             return rc;
         }
+        outage_attach(&w->f, f); /* the main loop's store serves its clients too */
         uv_async_init(&w->loop, &w->async, mail_cb);
         w->async.data = w;
         w->open = 1;
@@ -389,11 +436,25 @@ void workers_join(ferry *f)
         wk->w[i] = NULL;
     }
     wk->n = 1;
+    /* What workers posted once the main loop stopped reading: no store is
+     * left to run it (outage_close came first); popped rows are logged. */
+    uv_mutex_lock(&wk->qlock);
+    mmsg *q = wk->qhead;
+    wk->qhead = wk->qtail = NULL;
+    wk->qopen = 0;
+    uv_mutex_unlock(&wk->qlock);
+    while (q != NULL) {
+        mmsg *next = q->next;
+        outage_remote_drop(f, q->store);
+        free(q);
+        q = next;
+    }
     if (wk->async_open) {
         wk->async_open = 0;
         uv_close((uv_handle_t *)&wk->async, NULL);
         uv_run(f->loop, UV_RUN_DEFAULT);
     }
+    uv_mutex_destroy(&wk->qlock);
     f->workers = NULL;
     free(wk);
 }
@@ -443,7 +504,60 @@ void workers_trigger_sentinel(ferry *f)
 {
     workers *wk = f->workers;
     if (wk != NULL && f->worker_index > 0) {
+        atomic_store(&wk->sentinel_asked, 1);
         uv_async_send(&wk->async);
+    }
+}
+
+/* ------------------------------------------------------ the fallback store */
+
+int workers_to_main(ferry *f, void *op)
+{
+    workers *wk = f->workers;
+    if (wk == NULL || f->worker_index == 0) {
+        return -1;
+    }
+    mmsg *q = xcalloc(1, sizeof(*q));
+    q->store = op;
+    uv_mutex_lock(&wk->qlock);
+    if (!wk->qopen) {
+        uv_mutex_unlock(&wk->qlock);
+        free(q);
+        return -1;
+    }
+    if (wk->qtail == NULL) {
+        wk->qhead = q;
+    } else {
+        wk->qtail->next = q;
+    }
+    wk->qtail = q;
+    uv_async_send(&wk->async);
+    uv_mutex_unlock(&wk->qlock);
+    return 0;
+}
+
+void workers_to_loop(ferry *f, int index, void *op)
+{
+    workers *wk = f->workers;
+    ferry_assert(wk != NULL && f->worker_index == 0 && index > 0 && index < wk->n);
+    wmsg *m = msg_new(WM_STORE, NULL);
+    m->store = op;
+    post(wk->w[index], m); /* a closed mailbox: msg_free drops it */
+}
+
+void workers_wake(ferry *f)
+{
+    workers *wk = f->workers;
+    for (int i = 1; wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        worker *w = wk->w[i];
+        if (atomic_exchange(&w->wake, 1)) {
+            continue; /* a wake is on its way */
+        }
+        uv_mutex_lock(&w->lock);
+        if (w->open) {
+            uv_async_send(&w->async);
+        }
+        uv_mutex_unlock(&w->lock);
     }
 }
 

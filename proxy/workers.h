@@ -54,6 +54,16 @@ void workers_keep_master(ferry *f);
 /* A worker lost its master: the main loop's Sentinel client asks again. */
 void workers_trigger_sentinel(ferry *f);
 
+/* The fallback store (outage.c) lives on the main loop. A worker posts a
+ * store operation to it (0, or -1 once the main loop reads no more: only
+ * after every worker stopped); the main loop runs outage_remote_run. */
+int workers_to_main(ferry *f, void *op);
+/* Main loop: the result goes to worker index's mailbox (outage_remote_done
+ * there; if the worker has closed, outage_remote_drop here). */
+void workers_to_loop(ferry *f, int index, void *op);
+/* Main loop: a store write; every worker re-dispatches what waits. */
+void workers_wake(ferry *f);
+
 /* Every loop, on its tick: publish what the stats port and limits.max_memory
  * need to know of this loop, and learn the memory the other loops hold
  * (f->others_mem). */

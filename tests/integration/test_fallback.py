@@ -1,7 +1,8 @@
 """The fallback store (N14): queue writes while no Redis is reachable are
 committed to ferry's own disk and acknowledged, pops are served from it, and
 everything is replayed into Redis, exactly once, once it is back; a kill -9
-of ferry with rows pending loses nothing; one store per ferry."""
+of ferry with rows pending loses nothing; one store per ferry; with
+workers: N the main loop's store serves every loop."""
 
 import os
 import sqlite3
@@ -13,7 +14,7 @@ import unittest
 import redis
 
 from failover_load import Load
-from harness import Ferry, FERRY_BIN, RedisServer, SentinelTopology, wait_until
+from harness import Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode, wait_until
 from test_stats import stats_json
 
 OUTAGE_CONF = {
@@ -193,6 +194,131 @@ class FallbackTest(unittest.TestCase):
         got = self.redis.client().lrange('big', 0, -1)
         self.assertEqual(len(got), n, 'each row applied once')
         self.assertEqual(got, ['b%d' % i for i in range(n)], 'in order')
+
+
+class FallbackWorkersTest(unittest.TestCase):
+    """workers: 4 - the main loop owns the store; clients on every loop use
+    it at once, and the replay delivers what they wrote exactly once."""
+
+    WORKERS = 4
+    PER_PRODUCER = 1500
+
+    def setUp(self):
+        self.redis = RedisServer()
+        self.addCleanup(self.redis.kill)
+        self.path = os.path.join(self.redis.dir, 'ferry-fallback.db')
+        conf = fallback_conf(self.path)
+        conf['workers'] = self.WORKERS
+        self.ferry = Ferry(self.redis, conf=conf)
+        self.addCleanup(self.ferry.kill)
+
+    def loops(self):
+        return stats_json(self.ferry.stats_port)['worker_loops']
+
+    def test_cross_loop_outage_and_replay(self):
+        f = self.ferry
+        wait_until(lambda: sum(l['clients'] for l in self.loops()) == 0, timeout=10,
+                   msg='no client left from the start-up check')
+        # Four clients connected one after the other: one on each loop.
+        cl = []
+        for _ in range(self.WORKERS):
+            c = f.client(socket_timeout=30)
+            c.ping()
+            cl.append(c)
+        wait_until(lambda: [l['clients'] for l in self.loops()] == [1] * self.WORKERS,
+                   timeout=10, msg='one client per loop')
+        producers, consumer = cl[:3], cl[3]
+        self.assertEqual(producers[0].rpush('cross', 'pre'), 1)
+        self.redis.kill()
+        wait_until(lambda: state(f) == 'DOWN' and
+                   not any(l['upstream_up'] for l in self.loops()),
+                   timeout=10, msg='every loop DOWN')
+
+        # A pop blocked on one loop is served from the store by a push
+        # made on another.
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault('v', consumer.brpop('cross', 20)))
+        t.start()
+        wait_until(lambda: sum(l['held_bytes'] for l in self.loops()) > 0, timeout=10,
+                   msg='the pop held on its loop')
+        self.assertEqual(producers[0].rpush('cross', 'first'), 1)
+        t.join(timeout=20)
+        self.assertEqual(got.get('v'), ('cross', 'first'))
+
+        # Three loops push to the same key at once, pipelined.
+        errors = []
+
+        def produce(i):
+            try:
+                pipe = producers[i].pipeline(transaction=False)
+                for k in range(self.PER_PRODUCER):
+                    pipe.rpush('cross', 'p%d-%d' % (i, k))
+                lens = pipe.execute()
+                # Each reply is the key's length in the store: growing.
+                if any(b <= a for a, b in zip(lens, lens[1:])):
+                    errors.append('producer %d: lengths not increasing' % i)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append('producer %d: %r' % (i, e))
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+        self.assertEqual(errors, [])
+        self.assertEqual(pending(f), 3 * self.PER_PRODUCER)
+
+        # Clients that leave with a pop in flight (sent, socket closed at
+        # once), on every loop: what was popped for them goes back in place.
+        vkeys = ['v%d' % j for j in range(8)]
+        for j, k in enumerate(vkeys):
+            producers[j % 3].rpush(k, *['%s-%d' % (k, n) for n in range(50)])
+        socks = [f.raw() for _ in vkeys]
+        for k, s in zip(vkeys, socks):
+            s.sendall(resp_encode('RPOP', k, '25'))
+            s.close()  # long before a commit (an fsync) could answer
+        # A blocked pop whose client left is cancelled: the push after it
+        # stays in the store.
+        s = f.raw()
+        s.sendall(b'*3\r\n$5\r\nBRPOP\r\n$4\r\ngone\r\n$2\r\n20\r\n')
+        wait_until(lambda: sum(l['held_bytes'] for l in self.loops()) > 0, timeout=10,
+                   msg='the second pop held')
+        s.close()
+        wait_until(lambda: sum(l['clients'] for l in self.loops()) == self.WORKERS and
+                   sum(l['held_bytes'] for l in self.loops()) == 0, timeout=10,
+                   msg='the leaving clients gone')
+        self.assertEqual(producers[1].rpush('gone', 'kept'), 1)
+        wait_until(lambda: pending(f) == 3 * self.PER_PRODUCER + 8 * 50 + 1, timeout=10,
+                   msg='every popped row back in the store')
+
+        # The master is back: writes made once it is UP land after the
+        # replayed rows, whichever loop takes them.
+        self.redis.start()
+        wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
+        left = pending(f)
+        for i, c in enumerate(producers):
+            c.rpush('cross', 'after%d' % i)
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        print('\n[workers replay] %d row(s) still pending when the writes after it came' % left,
+              flush=True)
+        items = self.redis.client().lrange('cross', 0, -1)
+        outage = ['p%d-%d' % (i, k) for i in range(3) for k in range(self.PER_PRODUCER)]
+        self.assertEqual(len(items), 1 + len(outage) + 3, 'each row once')
+        self.assertEqual(items[0], 'pre')
+        self.assertEqual(sorted(items[1:-3]), sorted(outage), 'exactly the acknowledged rows')
+        self.assertEqual(sorted(items[-3:]), ['after0', 'after1', 'after2'],
+                         'writes after the return land after the replayed rows')
+        for i in range(3):
+            mine = [x for x in items if x.startswith('p%d-' % i)]
+            self.assertEqual(mine, ['p%d-%d' % (i, k) for k in range(self.PER_PRODUCER)],
+                             'producer %d in order' % i)
+        self.assertEqual(self.redis.client().lrange('gone', 0, -1), ['kept'])
+        for k in vkeys:
+            self.assertEqual(self.redis.client().lrange(k, 0, -1),
+                             ['%s-%d' % (k, n) for n in range(50)], k)
+        # The writes after the return went to Redis, or to the store (on a
+        # loop that had not seen the master back yet) and then replayed.
+        st = stats_json(f.stats_port)['fallback']
+        self.assertIn(st['fallback_replayed'] - (3 * self.PER_PRODUCER + 8 * 50 + 1), range(4))
 
 
 class SentinelOutageTest(unittest.TestCase):
