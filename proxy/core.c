@@ -159,6 +159,13 @@ static void close_everything(ferry *f)
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
         uv_close((uv_handle_t *)&f->sig_hup, NULL);
+        /* libuv puts back the default action once the last handle of a
+         * signal is closed: a SIGTERM or a logrotate SIGHUP arriving while
+         * the process winds down would then kill it with work unflushed
+         * and a non-zero status. It is stopping anyway: ignore them. */
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
     }
     workers_loop_close(f);
 }

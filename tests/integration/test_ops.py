@@ -282,6 +282,37 @@ class SignalTest(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertIn('second SIGTERM', f.log())
 
+    def test_signal_storm_while_stopping_exits_0(self):
+        """SIGTERM, SIGINT and SIGHUP sent back to back from the first
+        SIGTERM until ferry is gone, with work in flight on every loop and a
+        fallback store to close: none of them may kill the process on its
+        way out (a signal's default action once ferry's handlers are
+        closed), so it always exits 0. The window is short: three rounds."""
+        for _ in range(3):
+            f = self.start(shutdown_timeout_ms=10000, workers=4,
+                           fallback={'path': os.path.join(harness._mkdtemp('ferry-storm-'),
+                                                          'fallback.db')})
+            self.sleep_redis(1)
+            clients = []
+            for i in range(8):
+                c = f.raw()
+                self.addCleanup(c.close)
+                c.sendall(resp_encode('LPUSH', 'storm', str(i)))
+                clients.append(c)
+            wait_until(lambda: self.commands_total() >= 8, msg='the pushes parsed')
+            sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+            deadline = time.monotonic() + 15
+            n = 0
+            while f.proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    f.proc.send_signal(sigs[n % len(sigs)])
+                except ProcessLookupError:
+                    break
+                n += 1
+            rc = f.proc.wait(5)
+            self.assertEqual(rc, 0, 'exit status %r after %d signals\n%s' % (rc, n, f.log()[-2000:]))
+            self.assertIn('second SIG', f.log())
+
     def test_sighup_reopens_log(self):
         f = self.start()
         path = f.log_path
