@@ -33,6 +33,8 @@
 #define STATS_REQUEST_TIMEOUT_MS 5000 /* an HTTP request must be complete by then */
 #define STATS_WRITE_TIMEOUT_MS 5000   /* the response must be written by then */
 #define STATS_LINGER_MS 1000          /* after the response, wait this long for EOF */
+#define STATS_GATHER_MS 100           /* at most this long for every loop's figures */
+#define STATS_GATHER_POLL_MS 1        /* how often a gathering request looks */
 
 typedef struct stat_desc {
     const char *section; /* JSON object it belongs to ("top": the document) */
@@ -56,6 +58,7 @@ const uint64_t stats_bucket_us[STATS_NBUCKETS - 1] = {
 /* Where a stats connection is; see the diagram above. */
 typedef enum sconn_state {
     SCONN_READING = 0, /* waiting for a request, or for silence */
+    SCONN_GATHERING,   /* a request for figures waits for every loop to publish */
     SCONN_WRITING,     /* the response is being written */
     SCONN_LINGERING,   /* written and shut down; reading until the peer closes */
     SCONN_CLOSING      /* uv_close called on its handles */
@@ -79,7 +82,10 @@ typedef struct sconn {
     list_node node;     /* in sv->conns until closed */
     buf in;             /* request bytes (bounded by STATS_MAX_REQUEST) */
     buf out;            /* the response, alive until the write callback */
-    sconn_state state;  /* see sconn_state */
+    sconn_state state;  /* see sconn_state; set by sconn_set_state only */
+    int route;          /* SCONN_GATHERING: what to answer (sconn_route) */
+    uint64_t gen;       /* SCONN_GATHERING: the workers' publish request */
+    uint64_t deadline;  /* SCONN_GATHERING: answer with what is there by then */
     int http_wait;      /* a partial HTTP request got the longer timeout */
     int nhandles;       /* handles not yet closed (freed at 0) */
 } sconn;
@@ -632,12 +638,17 @@ void stats_describe(FILE *out)
 
 /* ------------------------------------------------------------ stats port */
 
+static void sconn_set_state(sconn *c, sconn_state st)
+{
+    c->state = st;
+}
+
 static void sconn_close(sconn *c, const char *reason)
 {
     if (c->state == SCONN_CLOSING) {
         return;
     }
-    c->state = SCONN_CLOSING;
+    sconn_set_state(c, SCONN_CLOSING);
     log_debug("stats %llu %s closed: %s", (unsigned long long)c->id, c->peer, reason);
     uv_timer_stop(&c->timer);
     list_del(&c->node);
@@ -662,7 +673,7 @@ static void sconn_close_cb(uv_handle_t *h)
 static void sconn_send(sconn *c)
 {
     uv_buf_t b = uv_buf_init(c->out.data, (unsigned)c->out.len);
-    c->state = SCONN_WRITING;
+    sconn_set_state(c, SCONN_WRITING);
     buf_clear(&c->in);
     uv_timer_start(&c->timer, sconn_timer_cb, STATS_WRITE_TIMEOUT_MS, 0);
     c->wreq.data = c;
@@ -683,7 +694,7 @@ static void sconn_write_cb(uv_write_t *w, int status)
         return;
     }
     buf_free(&c->out);
-    c->state = SCONN_LINGERING;
+    sconn_set_state(c, SCONN_LINGERING);
     c->sreq.data = c;
     int rc = uv_shutdown(&c->sreq, &c->io.s, sconn_shutdown_cb);
     if (rc < 0) {
@@ -770,37 +781,96 @@ static int healthz(ferry *f, buf *body)
     return 503;
 }
 
-/* Route a complete request: method and target are NUL-terminated. */
-static void sconn_route(sconn *c, const char *method, char *target)
-{
-    ferry *f = c->sv->f;
-    buf body;
-    int code = 200;
-    const char *ctype = "text/plain; charset=utf-8";
+/* What a request asks for. */
+enum {
+    ROUTE_PLAIN = 0, /* not HTTP: the JSON figures, as is */
+    ROUTE_METRICS,   /* GET /metrics */
+    ROUTE_STATS,     /* GET /stats */
+    ROUTE_HEALTHZ,   /* GET /healthz */
+    ROUTE_NOT_GET,   /* 405 */
+    ROUTE_UNKNOWN    /* 404 */
+};
 
-    buf_init(&body);
+/* The route of a complete request: method and target are NUL-terminated. */
+static int sconn_route(sconn *c, const char *method, char *target)
+{
     char *q = strchr(target, '?');
     if (q != NULL) {
         *q = '\0';
     }
     log_debug("stats %llu %s: %s %s", (unsigned long long)c->id, c->peer, method, target);
     if (strcmp(method, "GET") != 0) {
-        code = 405;
-        buf_append_str(&body, "only GET is supported\n");
-    } else if (strcmp(target, "/metrics") == 0) {
+        return ROUTE_NOT_GET;
+    }
+    if (strcmp(target, "/metrics") == 0) {
+        return ROUTE_METRICS;
+    }
+    if (strcmp(target, "/stats") == 0) {
+        return ROUTE_STATS;
+    }
+    if (strcmp(target, "/healthz") == 0) {
+        return ROUTE_HEALTHZ;
+    }
+    return ROUTE_UNKNOWN;
+}
+
+static void sconn_answer(sconn *c, int route)
+{
+    ferry *f = c->sv->f;
+    buf body;
+    int code = 200;
+    const char *ctype = "text/plain; charset=utf-8";
+
+    if (route == ROUTE_PLAIN) {
+        sconn_reply_plain(c);
+        return;
+    }
+    buf_init(&body);
+    switch (route) {
+    case ROUTE_METRICS:
         ctype = "text/plain; version=0.0.4; charset=utf-8";
         stats_render_prometheus(f, &body);
-    } else if (strcmp(target, "/stats") == 0) {
+        break;
+    case ROUTE_STATS:
         ctype = "application/json";
         stats_render_json(f, &body);
-    } else if (strcmp(target, "/healthz") == 0) {
+        break;
+    case ROUTE_HEALTHZ:
         code = healthz(f, &body);
-    } else {
+        break;
+    case ROUTE_NOT_GET:
+        code = 405;
+        buf_append_str(&body, "only GET is supported\n");
+        break;
+    default:
         code = 404;
         buf_append_str(&body, "not found; try /metrics, /stats or /healthz\n");
+        break;
     }
     sconn_reply_http(c, code, ctype, &body);
     buf_free(&body);
+}
+
+/* Figures come from every loop: each worker publishes its counters on its
+ * tick, so a reply read at once could miss up to a tick of their commands.
+ * Ask every worker to publish now and answer once all have (within
+ * STATS_GATHER_MS; past it, with what they last published). */
+static void sconn_gather(sconn *c, int route)
+{
+    ferry *f = c->sv->f;
+    uint64_t gen = 0;
+    if (route == ROUTE_PLAIN || route == ROUTE_METRICS || route == ROUTE_STATS) {
+        gen = workers_refresh(f);
+    }
+    if (gen == 0) {
+        sconn_answer(c, route);
+        return;
+    }
+    sconn_set_state(c, SCONN_GATHERING);
+    c->route = route;
+    c->gen = gen;
+    c->deadline = uv_now(f->loop) + STATS_GATHER_MS;
+    uv_timer_start(&c->timer, sconn_timer_cb, STATS_GATHER_POLL_MS, STATS_GATHER_POLL_MS);
 }
 
 enum { PARSE_MORE = 0, PARSE_PLAIN, PARSE_HTTP };
@@ -870,9 +940,9 @@ static void sconn_process(sconn *c)
     int rc = sconn_parse(c, &method, &target);
 
     if (rc == PARSE_PLAIN) {
-        sconn_reply_plain(c);
+        sconn_gather(c, ROUTE_PLAIN);
     } else if (rc == PARSE_HTTP) {
-        sconn_route(c, method, target);
+        sconn_gather(c, sconn_route(c, method, target));
     } else if (c->in.len >= STATS_MAX_REQUEST) {
         buf body;
         buf_init(&body);
@@ -920,13 +990,19 @@ static void sconn_timer_cb(uv_timer_t *t)
     switch (c->state) {
     case SCONN_READING:
         if (c->in.len == 0) {
-            sconn_reply_plain(c);
+            sconn_gather(c, ROUTE_PLAIN);
         } else if (!c->http_wait) {
             c->http_wait = 1;
             uv_timer_start(&c->timer, sconn_timer_cb,
                            STATS_REQUEST_TIMEOUT_MS - STATS_PLAIN_WAIT_MS, 0);
         } else {
             sconn_close(c, "request timeout");
+        }
+        return;
+    case SCONN_GATHERING:
+        if (workers_refreshed(c->sv->f, c->gen) || uv_now(c->sv->f->loop) >= c->deadline) {
+            uv_timer_stop(&c->timer);
+            sconn_answer(c, c->route);
         }
         return;
     case SCONN_WRITING:

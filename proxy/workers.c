@@ -47,7 +47,8 @@ typedef enum wmsg_kind {
     WM_KEEP,       /* no majority of sentinels: go back to the last master, ROLE checked */
     WM_STOP,       /* graceful stop (why) */
     WM_CLOSE,      /* close everything now */
-    WM_STORE       /* the result of a fallback store operation (store) */
+    WM_STORE,      /* the result of a fallback store operation (store) */
+    WM_PUBLISH     /* publish the figures now (gen): the stats port is answering */
 } wmsg_kind;
 
 typedef struct wmsg {
@@ -59,6 +60,7 @@ typedef struct wmsg {
     char ip[64];       /* WM_MASTER: numeric */
     char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
     void *store;       /* WM_STORE: owned by the message until applied */
+    uint64_t gen;      /* WM_PUBLISH: the main loop's request number */
 } wmsg;
 
 /* A fallback store operation on its way to the main loop. */
@@ -77,7 +79,8 @@ typedef struct worker {
     uv_mutex_t lock;     /* guards the fields below */
     wmsg *head, *tail;   /* the mailbox */
     int open;            /* async may be sent (cleared before it closes) */
-    ferry_stats *pub;    /* its counters at its last tick */
+    ferry_stats *pub;    /* its counters at its last tick or WM_PUBLISH */
+    uint64_t published;  /* gen of the last WM_PUBLISH applied */
     worker_view view;    /* its gauges at its last tick */
     atomic_int done;     /* its loop returned */
     atomic_int wake;     /* a store write: re-dispatch what waits */
@@ -88,6 +91,7 @@ typedef struct workers {
     int n;                                 /* loops, the main one included */
     worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
     uint64_t next;                         /* round-robin (main loop only) */
+    uint64_t refresh_gen;                  /* last WM_PUBLISH sent (main loop only) */
     uv_async_t async;                      /* on the main loop: a worker asks
                                               for a Sentinel round, or posted
                                               a store operation */
@@ -182,6 +186,8 @@ static void keep_master(upstream *up, int quiet)
     }
 }
 
+static void publish(ferry *f, worker *w, uint64_t gen);
+
 /* Worker loop: apply m. */
 static void apply(worker *w, wmsg *m)
 {
@@ -223,6 +229,9 @@ static void apply(worker *w, wmsg *m)
         outage_remote_done(f, op);
         break;
     }
+    case WM_PUBLISH:
+        publish(f, w, m->gen);
+        break;
     }
 }
 
@@ -601,13 +610,54 @@ void workers_tick(ferry *f)
     f->others_mem = (size_t)others;
     worker *w = self_of(f);
     if (w != NULL) {
-        worker_view v;
-        view_of(f, &v);
-        uv_mutex_lock(&w->lock);
-        *w->pub = f->stats;
-        w->view = v;
-        uv_mutex_unlock(&w->lock);
+        publish(f, w, 0);
     }
+}
+
+/* Worker loop: copy its counters and gauges where the main loop reads
+ * them; gen > 0 answers the main loop's WM_PUBLISH of that number. */
+static void publish(ferry *f, worker *w, uint64_t gen)
+{
+    worker_view v;
+    view_of(f, &v);
+    uv_mutex_lock(&w->lock);
+    *w->pub = f->stats;
+    w->view = v;
+    if (gen > w->published) {
+        w->published = gen;
+    }
+    uv_mutex_unlock(&w->lock);
+}
+
+uint64_t workers_refresh(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk == NULL || f->worker_index != 0 || wk->n < 2) {
+        return 0;
+    }
+    uint64_t gen = ++wk->refresh_gen;
+    for (int i = 1; i < wk->n; i++) {
+        wmsg *m = msg_new(WM_PUBLISH, NULL);
+        m->gen = gen;
+        post(wk->w[i], m);
+    }
+    return gen;
+}
+
+int workers_refreshed(ferry *f, uint64_t gen)
+{
+    workers *wk = f->workers;
+    for (int i = 1; gen > 0 && wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        worker *w = wk->w[i];
+        uv_mutex_lock(&w->lock);
+        /* A loop that no longer reads its mail has published its last. */
+        int fresh = w->published >= gen || !w->open;
+        uv_mutex_unlock(&w->lock);
+        if (!fresh) {
+            return 0;
+        }
+    }
+    return 1;
 }
 
 int workers_stats(ferry *f, ferry_stats *st, worker_view *views, int max)

@@ -68,6 +68,12 @@ void workers_wake(ferry *f);
  * need to know of this loop, and learn the memory the other loops hold
  * (f->others_mem). */
 void workers_tick(ferry *f);
+/* Main loop: ask every worker to publish its figures now; returns the
+ * request's number (0: nothing to wait for, one loop). */
+uint64_t workers_refresh(ferry *f);
+/* Main loop: 1 once every worker has published for request gen (or no
+ * longer reads its mail), else 0. */
+int workers_refreshed(ferry *f, uint64_t gen);
 /* Main loop: add every worker's counters (last published) to st (unless
  * NULL), and fill
  * views[0..n) with each loop's view (the main loop first). Returns the
