@@ -1139,19 +1139,13 @@ static int conf_semantic(conf_ctx *ctx)
         if (cfg->workers > CONFIG_AUTO_WORKERS) {
             cfg->workers = CONFIG_AUTO_WORKERS;
         }
-        if (cfg->fallback_path != NULL || cfg->takeover_socket != NULL) {
+        if (cfg->fallback_path != NULL) {
             cfg->workers = 1;
         }
     }
     if (cfg->workers > 1 && cfg->fallback_path != NULL) {
         return conf_key_error(ctx, "workers", 1,
                               "workers: %d with fallback.path: the fallback store needs "
-                              "workers: 1 (or auto) for now",
-                              cfg->workers);
-    }
-    if (cfg->workers > 1 && cfg->takeover_socket != NULL) {
-        return conf_key_error(ctx, "workers", 1,
-                              "workers: %d with takeover.socket: a takeover needs "
                               "workers: 1 (or auto) for now",
                               cfg->workers);
     }

@@ -34,12 +34,25 @@
  * re-issued by the new process with what is left of its timeout; anything
  * else is the call's own reply (Redis served it first), written to the
  * client before the session goes over idle. Without a client id or a shared
- * link, the dedicated link is closed instead, as when a client leaves. */
+ * link, the dedicated link is closed instead, as when a client leaves.
+ *
+ * With workers: N, the main loop holds the takeover socket and the
+ * conversation on both sides. Old process: on ACCEPTING it tells every
+ * worker (workers_takeover_hand); each loop hands its own sessions over
+ * with its own links (a blocked call is cancelled on that loop's upstream),
+ * a worker posting each session's frame and a copy of its socket to the
+ * relay (a queue under a mutex and a uv_async on the main loop), which the
+ * main loop sends in the order posted. Every loop's clients gone and the
+ * relay empty: all handed over. New process: ACCEPTING only once every
+ * loop's master view is UP; each session received is adopted by the next
+ * loop in turn (workers_adopt), its frame decoded there. The loop counts
+ * of the two processes need not match. */
 #include "takeover.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +72,7 @@
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
+#include "workers.h"
 
 /* /2: a session frame ends with the Redis user it runs as (client.auth redis). */
 #define TAKEOVER_MAGIC "ferry-takeover/2"
@@ -79,6 +93,7 @@ enum { TK_L_CLIENT = 0, TK_L_STATS, TK_L_TAKEOVER };
 
 /* Legal moves (tk_set_phase asserts them):
  *   IDLE -> SRC_HELLO -> SRC_LISTENERS -> SRC_HANDING -> SRC_FINISHING
+ *   IDLE -> SRC_HANDING (a worker's, told by the main loop)
  *   SRC_HELLO, SRC_LISTENERS, SRC_HANDING -> IDLE (aborted)
  *   SINK -> IDLE (all received, or the old process is gone: this process
  *   may be taken over in turn) */
@@ -110,8 +125,27 @@ typedef struct tk_cancel {
     int done;           /* Redis let go of it without popping: hand it over */
 } tk_cancel;
 
+/* A session a worker handed over: its frame and a copy of its socket. */
+typedef struct tk_item {
+    struct tk_item *next; /* in the relay, oldest first */
+    buf frame;            /* TK_SESSION payload (carries a password: wiped) */
+    int fd;               /* the client socket, owned by the item */
+} tk_item;
+
+/* Old process with workers: the sessions the workers hand over, on their
+ * way to the main loop, which alone writes on the control connection. */
+typedef struct tk_relay {
+    uv_mutex_t lock; /* guards head, tail, open */
+    tk_item *head, *tail;
+    int open;            /* async may be sent (cleared before it closes) */
+    uv_async_t async;    /* on the main loop: items posted */
+    atomic_ulong closed; /* sessions the workers left to SIGTERM's rules */
+} tk_relay;
+
 typedef struct takeover {
     ferry *f;              /* context */
+    tk_relay *relay;       /* old, with workers: owned by the main loop's, borrowed by a
+                              worker's (which exists only while it hands over) */
     tk_phase phase;        /* see tk_phase; changed only by tk_set_phase */
     int lfd;               /* takeover.socket listener, -1 */
     uv_poll_t *lpoll;      /* watches lfd (freed in its close callback) */
@@ -156,7 +190,7 @@ static const char *tk_phase_name(tk_phase p)
 static void tk_set_phase(takeover *tk, tk_phase p)
 {
     static const unsigned legal[] = {
-        [TK_IDLE] = 1u << TK_SRC_HELLO,
+        [TK_IDLE] = 1u << TK_SRC_HELLO | 1u << TK_SRC_HANDING, /* the latter: a worker */
         [TK_SRC_HELLO] = 1u << TK_SRC_LISTENERS | 1u << TK_IDLE,
         [TK_SRC_LISTENERS] = 1u << TK_SRC_HANDING | 1u << TK_IDLE,
         [TK_SRC_HANDING] = 1u << TK_SRC_FINISHING | 1u << TK_IDLE,
@@ -803,21 +837,17 @@ static int tk_send_listeners(takeover *tk)
     return rc;
 }
 
-/* The new process accepts on the listeners: stop accepting here and start
- * handing sessions over. */
-static void tk_start_handing(takeover *tk)
+/* Every loop: stop reading its clients and hand them over as they become
+ * ready (tk_scan). */
+static void tk_begin_handing(takeover *tk)
 {
     ferry *f = tk->f;
     list_node *n;
 
-    f->keep_paths = 1; /* the sockets live on in the new process */
-    server_stop(f);
-    stats_stop(f);
-    tk->lpath_owned = 0;
-    tk_unwatch(&tk->lpoll, &tk->lfd);
     f->handing_over = 1;
     tk->handing_ms = uv_now(f->loop);
     tk->deadline_ms = tk->handing_ms + f->cfg->shutdown_timeout_ms;
+    tk->handed = tk->closed = 0;
     tk_set_phase(tk, TK_SRC_HANDING);
     list_foreach(n, &f->sessions)
     {
@@ -826,13 +856,49 @@ static void tk_start_handing(takeover *tk)
             session_stop_reading(s); /* a transaction reads until it ends */
         }
     }
-    log_info("takeover: the new process accepts; handing over %llu client(s)",
-             (unsigned long long)f->nclients);
     tk->scan = xmalloc(sizeof(*tk->scan));
     uv_timer_init(f->loop, tk->scan);
     tk->scan->data = tk;
     uv_timer_start(tk->scan, tk_scan_cb, TAKEOVER_SCAN_MS, TAKEOVER_SCAN_MS);
     tk_scan(tk);
+}
+
+/* Main loop: the workers' sessions reach it through the relay. */
+static void tk_relay_cb(uv_async_t *a);
+
+static void tk_relay_open(takeover *tk)
+{
+    if (tk->relay != NULL) {
+        return;
+    }
+    tk_relay *r = xcalloc(1, sizeof(*r));
+    uv_mutex_init(&r->lock);
+    uv_async_init(tk->f->loop, &r->async, tk_relay_cb);
+    r->async.data = tk;
+    uv_unref((uv_handle_t *)&r->async); /* the loop ends without it */
+    r->open = 1;
+    tk->relay = r;
+}
+
+/* The new process accepts on the listeners: stop accepting here and start
+ * handing sessions over, in every loop. */
+static void tk_start_handing(takeover *tk)
+{
+    ferry *f = tk->f;
+
+    f->keep_paths = 1; /* the sockets live on in the new process */
+    server_stop(f);
+    stats_stop(f);
+    tk->lpath_owned = 0;
+    tk_unwatch(&tk->lpoll, &tk->lfd);
+    log_info("takeover: the new process accepts; handing over %llu client(s)",
+             (unsigned long long)workers_clients(f));
+    if (f->workers != NULL) {
+        tk_relay_open(tk);
+        atomic_store(&tk->relay->closed, 0);
+        workers_takeover_hand(f, tk->relay);
+    }
+    tk_begin_handing(tk);
 }
 
 static void tk_source_frame(takeover *tk, int type, rd *p, int *fds, int nfds)
@@ -997,6 +1063,96 @@ static void tk_ask_unblock(takeover *tk, tk_cancel *c, uint64_t now)
     c->asking = 1;
 }
 
+/* Worker: queue a session's frame (moved out of *frame) and fd for the
+ * main loop. */
+static void tk_relay_post(tk_relay *r, buf *frame, int fd)
+{
+    tk_item *it = xcalloc(1, sizeof(*it));
+    it->frame = *frame;
+    buf_init(frame);
+    it->fd = fd;
+    uv_mutex_lock(&r->lock);
+    if (!r->open) {
+        /* The main loop is closing (forced): the client goes with it. */
+        uv_mutex_unlock(&r->lock);
+        close(fd);
+        buf_free_secret(&it->frame);
+        free(it);
+        return;
+    }
+    if (r->tail == NULL) {
+        r->head = it;
+    } else {
+        r->tail->next = it;
+    }
+    r->tail = it;
+    uv_async_send(&r->async);
+    uv_mutex_unlock(&r->lock);
+}
+
+static tk_item *tk_relay_pop(tk_relay *r)
+{
+    uv_mutex_lock(&r->lock);
+    tk_item *it = r->head;
+    if (it != NULL) {
+        r->head = it->next;
+        if (r->head == NULL) {
+            r->tail = NULL;
+        }
+    }
+    uv_mutex_unlock(&r->lock);
+    return it;
+}
+
+static void tk_item_free(tk_item *it)
+{
+    if (it->fd >= 0) {
+        close(it->fd);
+    }
+    buf_free_secret(&it->frame);
+    free(it);
+}
+
+/* Main loop: send what the workers posted, in order. Once the control
+ * connection is gone (an abort), a session posted is served here instead:
+ * its frame is what the new process would have adopted it from. */
+static void tk_relay_drain(takeover *tk)
+{
+    ferry *f = tk->f;
+    tk_item *it;
+    while (tk->relay != NULL && (it = tk_relay_pop(tk->relay)) != NULL) {
+        if (tk->cfd >= 0 && (tk->phase == TK_SRC_HANDING || tk->phase == TK_SRC_FINISHING)) {
+            int rc = tk_send(tk->cfd, TK_SESSION, &it->frame, &it->fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
+            if (rc == 0) {
+                tk->handed++;
+                tk_item_free(it);
+                continue;
+            }
+            char why[160];
+            snprintf(why, sizeof(why), "sending a worker's client: %s", uv_strerror(rc));
+            if (tk->phase == TK_SRC_HANDING) {
+                tk_source_abort(tk, why);
+            } else {
+                log_error("takeover: %s", why);
+                tk_unwatch(&tk->cpoll, &tk->cfd);
+            }
+        }
+        if (f->closed) {
+            tk_item_free(it); /* closing: the client goes with this process */
+            continue;
+        }
+        int fd = it->fd;
+        it->fd = -1;
+        takeover_adopt(f, fd, buf_head(&it->frame), buf_used(&it->frame));
+        tk_item_free(it);
+    }
+}
+
+static void tk_relay_cb(uv_async_t *a)
+{
+    tk_relay_drain(a->data);
+}
+
 /* Hand s over: its state, then the bytes the new process parses first
  * (call, re-armed with what is left of its timeout, then s's unparsed
  * input); s is closed here. Returns 0, or a negative error (the takeover
@@ -1078,6 +1234,19 @@ static int tk_hand(takeover *tk, session *s, const request *call)
     put_bytes(&b, id != NULL ? id->user : "", nuser);
     put_bytes(&b, id != NULL ? id->pass : "", npass);
     buf_free(&callb);
+    if (f->worker_index > 0) {
+        /* The main loop sends it: a copy of the socket goes with the frame
+         * (closing this one, below, sends nothing to the client). */
+        int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (dup_fd < 0) {
+            buf_free_secret(&b);
+            return 0; /* out of descriptors: tried again on the next scan */
+        }
+        tk_relay_post(tk->relay, &b, dup_fd);
+        tk->handed++;
+        session_close(s, "handed over to the new process");
+        return 0;
+    }
     int rc = tk_send(tk->cfd, TK_SESSION, &b, &fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
     buf_free_secret(&b);
     if (rc < 0) {
@@ -1238,6 +1407,9 @@ static void tk_finish_source(takeover *tk, const char *why)
         /* Left to SIGTERM's rules (those already closing were counted). */
         tk->closed += list_entry(n, session, node)->state == SESSION_OPEN;
     }
+    if (f->worker_index > 0) {
+        atomic_fetch_add(&tk->relay->closed, tk->closed); /* for the main loop's DONE */
+    }
     tk_set_phase(tk, TK_SRC_FINISHING);
     if (tk->scan != NULL) {
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
@@ -1268,7 +1440,30 @@ static void tk_scan(takeover *tk)
             return; /* aborted */
         }
     }
-    if (f->nclients == 0) {
+    if (f->worker_index > 0) {
+        /* A worker: done once its own clients are; the main loop sends
+         * what it posted and tells the new process when all are over. */
+        if (f->nclients == 0) {
+            log_info("takeover: loop %d: its %lu client(s) handed over in %llu ms", f->worker_index,
+                     tk->handed, (unsigned long long)(now - tk->handing_ms));
+            tk_finish_source(tk, "handed over to a new process");
+        } else if (now >= tk->deadline_ms) {
+            tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
+        }
+        return;
+    }
+    tk_relay_drain(tk);
+    if (tk->phase != TK_SRC_HANDING) {
+        return; /* aborted */
+    }
+    /* Every loop's clients gone: each worker posted its last one before
+     * it closed it, so once the count reads 0 the relay has them all. */
+    uint64_t left = workers_clients(f);
+    if (left == 0) {
+        tk_relay_drain(tk);
+        if (tk->phase != TK_SRC_HANDING) {
+            return;
+        }
         log_info("takeover: all %lu client(s) handed over in %llu ms (%llu ms since the new "
                  "process connected)",
                  tk->handed, (unsigned long long)(now - tk->handing_ms),
@@ -1277,7 +1472,7 @@ static void tk_scan(takeover *tk)
     } else if (now >= tk->deadline_ms) {
         log_warn("takeover: %llu client(s) not handed over within shutdown_timeout_ms (%lu "
                  "were): closed after their replies",
-                 (unsigned long long)f->nclients, tk->handed);
+                 (unsigned long long)left, tk->handed);
         tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
     }
 }
@@ -1304,20 +1499,60 @@ static void tk_source_abort(takeover *tk, const char *why)
         /* The listeners went to the new process: this one keeps the
          * clients it still has, and accepts no new ones. */
         log_error("takeover: this process no longer listens; %llu client(s) stay with it",
-                  (unsigned long long)f->nclients);
+                  (unsigned long long)workers_clients(f));
         f->handing_over = 0;
         list_foreach(n, &f->sessions)
         {
             session_check_reading(list_entry(n, session, node));
         }
+        workers_takeover_abort(f);
+        tk_relay_drain(tk); /* what the workers posted is served here */
+    }
+}
+
+void takeover_worker_hand(ferry *f, tk_relay *relay)
+{
+    if (f->stopping || f->closed) {
+        return; /* closing its clients already (SIGTERM's rules) */
+    }
+    if (f->takeover == NULL) {
+        f->takeover = tk_new(f);
+    }
+    takeover *tk = f->takeover;
+    if (tk->phase != TK_IDLE) {
+        return;
+    }
+    tk->relay = relay;
+    tk->started_ms = uv_now(f->loop);
+    tk_begin_handing(tk);
+}
+
+void takeover_worker_abort(ferry *f)
+{
+    takeover *tk = f->takeover;
+    list_node *n;
+    if (tk == NULL || tk->phase != TK_SRC_HANDING) {
+        return; /* done already: its clients are over, or closing */
+    }
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    tk_set_phase(tk, TK_IDLE);
+    f->handing_over = 0;
+    list_foreach(n, &f->sessions)
+    {
+        session_check_reading(list_entry(n, session, node));
     }
 }
 
 /* ---------------------------------------------------- new: the sessions */
 
-static void tk_sink_session(takeover *tk, rd *p, int fd)
+int takeover_adopt(ferry *f, int fd, char *frame, size_t len)
 {
-    ferry *f = tk->f;
+    rd pr = {.p = frame, .n = len, .bad = 0};
+    rd *p = &pr;
+    int ok = 0;
     session_import im;
     buf input;
     size_t n;
@@ -1386,10 +1621,14 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
         if (fd >= 0) {
             close(fd);
         }
+    } else if (f->stopping || f->closed) {
+        log_warn("takeover: client %lld %s received while stopping: closed", (long long)old_id,
+                 peerz);
+        close(fd);
     } else {
         im.input = buf_head(&input);
         im.ninput = buf_used(&input);
-        tk->handed++;
+        ok = 1;
         log_info("takeover: client %lld %s received (RESP%d%s, db %d%s%s%s%s, %zu byte(s) "
                  "unparsed)",
                  (long long)old_id, peerz, im.proto, userz, im.db, im.pubsub ? ", subscribed" : "",
@@ -1400,6 +1639,7 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
         if (rc < 0) {
             log_error("takeover: cannot open client %lld: %s", (long long)old_id, uv_strerror(rc));
             close(fd);
+            ok = 0;
         }
     }
     if (npass > 0) {
@@ -1407,9 +1647,27 @@ static void tk_sink_session(takeover *tk, rd *p, int fd)
     }
     sub_sets_free(im.subs);
     buf_free(&input);
+    return ok ? 0 : -1;
 }
 
-/* New process, waiting for a usable master: once its master view is UP
+/* Every loop's master view is UP: the main loop's now, each worker's as
+ * it published it on its last tick. */
+static int tk_all_up(ferry *f)
+{
+    worker_view views[CONFIG_MAX_WORKERS];
+    if (f->up == NULL || f->up->state != UP_UP) {
+        return 0;
+    }
+    int n = workers_stats(f, NULL, views, CONFIG_MAX_WORKERS);
+    for (int i = 1; i < n; i++) {
+        if (!views[i].up) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* New process, waiting for a usable master: once every loop's view is UP
  * (or after TAKEOVER_READY_MS, when its clients' requests are held as at any
  * start), tell the old process to hand the clients over. */
 static void tk_ready_cb(uv_timer_t *t)
@@ -1423,7 +1681,7 @@ static void tk_ready_cb(uv_timer_t *t)
     if (tk->phase != TK_SINK_READYING) {
         return;
     }
-    int up = f->up != NULL && f->up->state == UP_UP;
+    int up = tk_all_up(f);
     if (!up && waited < TAKEOVER_READY_MS) {
         return;
     }
@@ -1508,7 +1766,9 @@ static void tk_control_cb(uv_poll_t *h, int status, int events)
                     tk_consume(tk, &p);
                 }
             } else if (type == TK_SESSION) {
-                tk_sink_session(tk, &p, nfds == 1 ? fds[0] : -1);
+                tk->handed += nfds == 1;
+                /* Adopted by the next loop in turn (this one without workers). */
+                workers_adopt(tk->f, nfds >= 1 ? fds[0] : -1, (char *)p.p, p.n);
                 close_fds(fds + 1, nfds - 1);
                 tk_consume(tk, &p);
             } else if (type == TK_DONE) {
@@ -1568,9 +1828,23 @@ void takeover_close(ferry *f)
     if (tk == NULL) {
         return;
     }
+    if (tk->relay != NULL && f->worker_index == 0) {
+        /* Sessions the workers posted last, then no more. */
+        tk_relay_drain(tk);
+        uv_mutex_lock(&tk->relay->lock);
+        int was = tk->relay->open;
+        tk->relay->open = 0;
+        uv_mutex_unlock(&tk->relay->lock);
+        if (was) {
+            uv_close((uv_handle_t *)&tk->relay->async, NULL);
+        }
+    }
     if (tk->phase == TK_SRC_FINISHING && tk->cfd >= 0) {
         buf b;
         buf_init(&b);
+        if (tk->relay != NULL) {
+            tk->closed += atomic_load(&tk->relay->closed);
+        }
         put_u32(&b, (uint32_t)tk->handed);
         put_u32(&b, (uint32_t)tk->closed);
         log_info("takeover: done: %lu client(s) handed over, %lu closed after their replies; "
@@ -1612,6 +1886,15 @@ void takeover_free(ferry *f)
     }
     buf_free_secret(&tk->rx);
     free(tk->cancels);
+    if (tk->relay != NULL && f->worker_index == 0) {
+        /* Every worker has been joined, and the async closed. */
+        tk_item *it;
+        while ((it = tk_relay_pop(tk->relay)) != NULL) {
+            tk_item_free(it);
+        }
+        uv_mutex_destroy(&tk->relay->lock);
+        free(tk->relay);
+    }
     free(tk);
     f->takeover = NULL;
 }

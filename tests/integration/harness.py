@@ -77,8 +77,7 @@ FERRY_BIN = os.environ.get('FERRY_BIN') or os.path.join(REPO, 'build', 'ferry')
 DIRECT = os.environ.get('FERRY_TEST_DIRECT') == '1'
 # FERRY_TEST_WORKERS=N: every ferry this harness configures runs N event
 # loops (workers: N), unless its test sets workers itself or configures
-# what needs one loop (fallback.path, takeover.socket), so any suite runs
-# with workers.
+# what needs one loop (fallback.path), so any suite runs with workers.
 WORKERS = os.environ.get('FERRY_TEST_WORKERS')
 KEEP = os.environ.get('FERRY_TEST_KEEP') == '1'
 REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
@@ -324,14 +323,11 @@ def _merge(base, over):
 
 
 def _needs_one_loop(c, extra_yaml):
-    """The config uses what workers > 1 refuses (fallback store, takeover)."""
+    """The config uses what workers > 1 refuses (the fallback store)."""
     fb = c.get('fallback')
-    tk = c.get('takeover')
     if isinstance(fb, dict) and fb.get('path'):
         return True
-    if isinstance(tk, dict) and tk.get('socket'):
-        return True
-    return bool(re.search(r'^(fallback|takeover|workers)\s*:', extra_yaml or '', re.M))
+    return bool(re.search(r'^(fallback|workers)\s*:', extra_yaml or '', re.M))
 
 
 def _port_of(addr):

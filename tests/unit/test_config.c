@@ -387,8 +387,6 @@ static void test_workers(void **state)
         {"redis: {address: 127.0.0.1:6379}\nworkers: 2x\n", "t.yml:2:10: ", "got '2x'"},
         {"redis: {address: 127.0.0.1:6379}\nworkers: 2\nfallback: {path: /tmp/f.db}\n",
          "t.yml:2:10: ", "workers: 2 with fallback.path: the fallback store needs workers: 1"},
-        {"redis: {address: 127.0.0.1:6379}\nworkers: 3\ntakeover: {socket: /tmp/t.sock}\n",
-         "t.yml:2:10: ", "workers: 3 with takeover.socket: a takeover needs workers: 1"},
     };
     config cfg;
     unsigned cores = uv_available_parallelism();
@@ -410,6 +408,15 @@ static void test_workers(void **state)
     /* auto with a feature that needs one loop: one loop, no error */
     load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: auto\nfallback: {path: /tmp/f.db}\n");
     assert_int_equal(cfg.workers, 1);
+    config_free(&cfg);
+    /* a takeover socket does not need one loop: auto stays auto, N stays N */
+    load_ok(&cfg,
+            "redis: {address: 127.0.0.1:6379}\nworkers: auto\ntakeover: {socket: /tmp/t.sock}\n");
+    assert_int_equal(cfg.workers, want > 8 ? 8 : want);
+    config_free(&cfg);
+    load_ok(&cfg,
+            "redis: {address: 127.0.0.1:6379}\nworkers: 3\ntakeover: {socket: /tmp/t.sock}\n");
+    assert_int_equal(cfg.workers, 3);
     config_free(&cfg);
     load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nworkers: 1\nfallback: {path: /tmp/f.db}\n");
     assert_int_equal(cfg.workers, 1);
