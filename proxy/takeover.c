@@ -1327,6 +1327,9 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
             session_close(s, "ferry restarted (takeover): a MONITOR or CLIENT REPLY stream "
                              "cannot be handed over");
         } else {
+            log_info("client %llu %s: ferry restarted (takeover): a MONITOR or CLIENT REPLY "
+                     "stream cannot be handed over: closed once its output is written",
+                     (unsigned long long)s->id, s->peer);
             session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
         return 0;

@@ -124,7 +124,11 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         topo = SentinelTopology()
         self.addCleanup(topo.stop)
         store = os.path.join(tmp, 'fallback.db')
-        conf = dict(FERRY_CONF, takeover={'socket': sock_path}, fallback={'path': store})
+        conf = dict(FERRY_CONF, takeover={'socket': sock_path})
+        if not harness.WORKERS:
+            # The fallback store needs one loop: under FERRY_TEST_WORKERS
+            # this test runs without it, so that both processes run workers.
+            conf['fallback'] = {'path': store}
         ferry = Ferry(None, conf=conf, sentinel=topo)
         self.addCleanup(ferry.stop)
         old_pid = ferry.pid
@@ -297,7 +301,12 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             # The MONITOR one only, at once: the old process exits right
             # after the EXEC, not at shutdown_timeout_ms (5 s).
             self.assertEqual(len(others), 1, others)
-            self.assertIn('MONITOR or CLIENT REPLY stream cannot be handed over', others[0])
+            # Closed at once, or once what it was streaming is written.
+            mon_id = re.search(r' client (\d+) ', others[0]).group(1)
+            said = [ln for ln in old_log if re.search(
+                r' client %s \S+(:| closed:) ferry restarted \(takeover\): a MONITOR or CLIENT '
+                r'REPLY stream cannot be handed over' % mon_id, ln)]
+            self.assertEqual(len(said), 1, others)
             self.assertEqual(len(closed), nothers + 2)
             self.assertLess(after_exec, 3)
         with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
@@ -306,6 +315,8 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             cancelled = [ln for ln in old_log if 'blocked call cancelled on Redis' in ln]
             self.assertGreaterEqual(len(cancelled), 1, '\n'.join(old_log[-40:]))
         with self.subTest(check='the fallback store passes from the old process to the new'):
+            if harness.WORKERS:
+                self.skipTest('no fallback store with workers')
             # The old one closes it (its lock) before it says DONE; the new
             # one opens it then.
             done = [i for i, ln in enumerate(log.splitlines())
@@ -322,6 +333,136 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             self.assertEqual(accepted, [])
         self.check_accounting(res, topo, ferry)
         for s in (sel, blk, sub, tx, part, named, trk, mon):
+            s.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
+    """The old process on workers: 4, the new one on workers: 2."""
+
+    def test_four_loops_to_two(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        conf = dict(FERRY_CONF, takeover={'socket': sock_path}, workers=4)
+        ferry = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        old_pid = ferry.pid
+        mc = topo.master().client(socket_timeout=5)
+        mc.delete('q', 'tkw:q', 'tkw:k')
+        topo.master().client(socket_timeout=5, db=3).delete('tkw:k')
+
+        # Three clients in a row: three loops of four (round-robin).
+        sel = ferry.raw()
+        resp_send(sel, ['SELECT', '3'])
+        self.assertEqual(resp_read_reply(sel), 'OK')
+        blk = ferry.raw()
+        resp_send(blk, ['BRPOP', 'q', '0'])
+        sub = ferry.raw()
+        resp_send(sub, ['SUBSCRIBE', 'tkw:ch'])
+        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tkw:ch', 1])
+        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
+                   msg='BRPOP q 0 blocked on the master')
+        clients = (sel, blk, sub)
+        names = [s.getsockname() for s in clients]
+
+        load = Load(ferry, 'takeover-workers', key='tkw:q').start()
+        self.addCleanup(load.stop)
+        time.sleep(PRE_LOAD)
+
+        new_conf = dict(ferry.conf, workers=2)
+        new_path = os.path.join(tmp, 'new.yml')
+        with open(new_path, 'w') as f:
+            f.write(render_yaml(new_conf))
+        t_fault = now()
+        new = spawn_takeover(new_path, sock_path, ferry.out_path)
+        try:
+            old_rc = ferry.proc.wait(TAKEOVER_WAIT)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        took = now() - t_fault
+        old_proc = ferry.proc
+        ferry.proc, ferry.pid = new, new.pid
+        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
+            TAKEOVER_WAIT, self.diag(topo, ferry)))
+        if old_proc.poll() is None:
+            old_proc.kill()
+        time.sleep(POST_LOAD)
+        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
+            new.poll(), self.diag(topo, ferry)))
+
+        with self.subTest(check='the SELECT 3 client writes to db 3'):
+            resp_send(sel, ['SET', 'tkw:k', 'after'])
+            self.assertEqual(resp_read_reply(sel), 'OK')
+            m = current_master(topo)
+            self.assertEqual(m.client(socket_timeout=5, db=3).get('tkw:k'), 'after')
+            self.assertIsNone(m.client(socket_timeout=5).get('tkw:k'))
+        with self.subTest(check='the BRPOP q 0 gets an item pushed after'):
+            current_master(topo).client(socket_timeout=5).lpush('q', 'after-takeover')
+            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q', b'after-takeover'])
+        with self.subTest(check='the subscriber gets a message published after'):
+            pub = current_master(topo).client(socket_timeout=5)
+            wait_until(lambda: pub.publish('tkw:ch', 'after-takeover') >= 1, timeout=10,
+                       msg='the subscriber to be subscribed again')
+            self.assertEqual(resp_read_reply(sub, timeout=5),
+                             [b'message', b'tkw:ch', b'after-takeover'])
+        with self.subTest(check='same sockets'):
+            self.assertEqual([s.getsockname() for s in clients], names)
+
+        res = load.finish(lambda: current_master(topo))
+        res.t_fault = t_fault
+        log = ferry.log()
+        old_log = log_lines(log, old_pid)
+        began = [i for i, ln in enumerate(old_log) if 'takeover: a new process connected' in ln]
+        self.assertEqual(len(began), 1, '\n'.join(old_log[-40:]))
+        old_log = old_log[began[0]:]
+        new_log = log_lines(log, new.pid)
+        nclients = 3 + load.producers + load.consumers
+        handed = re.search(r'takeover: all (\d+) client\(s\) handed over in (\d+) ms',
+                           '\n'.join(old_log))
+        print(res.summary('takeover-workers'), flush=True)
+        print('[takeover-workers] old process (4 loops) exited %.2fs after the new one (2 loops) '
+              'started; %s' % (took, handed.group(0) if handed else 'not all handed over'),
+              flush=True)
+
+        # A session's id names its loop: loop i of n gives the ids i + k * n.
+        def loops_of(lines, pattern, n):
+            found = {}
+            for ln in lines:
+                m = re.search(pattern, ln)
+                if m:
+                    found[m.group(2)] = int(m.group(1)) % n
+            return found
+        old_loop = loops_of(new_log, r'takeover: client (\d+) (\S+) received', 4)
+        new_loop = loops_of(new_log, r'client (\d+) (\S+) taken over', 2)
+        peers = ['127.0.0.1:%d' % s.getsockname()[1] for s in clients]
+        with self.subTest(check='the old process exits 0 after handing every client over'):
+            self.assertEqual(old_rc, 0)
+            self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
+            self.assertEqual(int(handed.group(1)), nclients)
+            done = [ln for ln in old_log if re.search(r'takeover: loop \d: its \d+ client', ln)]
+            self.assertEqual(len(done), 3, '\n'.join(old_log[-40:]))
+        with self.subTest(check='the three clients were on three loops of the old process'):
+            self.assertEqual(len({old_loop.get(p) for p in peers}), 3, (peers, old_loop))
+        with self.subTest(check='both loops of the new process adopted clients'):
+            self.assertEqual(len(new_loop), nclients, new_loop)
+            self.assertEqual(set(new_loop.values()), {0, 1}, new_loop)
+            self.assertTrue(all(p in new_loop for p in peers), (peers, new_loop))
+        with self.subTest(check='no client closed by the old process but by the handover'):
+            closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
+            others = [ln for ln in closed if 'handed over to the new process' not in ln]
+            self.assertEqual(others, [])
+            self.assertEqual(len(closed), nclients)
+        with self.subTest(check='nobody reconnected: the new process accepted no connection'):
+            accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
+            self.assertEqual(accepted, [])
+        with self.subTest(check='the BRPOP was cancelled on Redis, not by closing its link'):
+            cancelled = [ln for ln in old_log if 'blocked call cancelled on Redis' in ln]
+            self.assertGreaterEqual(len(cancelled), 1, '\n'.join(old_log[-40:]))
+        self.check_accounting(res, topo, ferry)
+        for s in clients:
             s.close()
 
 
