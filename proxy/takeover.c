@@ -1444,12 +1444,16 @@ static void tk_scan(takeover *tk)
         }
     }
     if (f->worker_index > 0) {
-        /* A worker: done once its own clients are; the main loop sends
-         * what it posted and tells the new process when all are over. */
+        /* A worker: done once its own clients are over; the main loop
+         * sends what it posted and tells the new process when all are. */
         if (f->nclients == 0) {
             log_info("takeover: loop %d: its %lu client(s) handed over in %llu ms", f->worker_index,
                      tk->handed, (unsigned long long)(now - tk->handing_ms));
-            tk_finish_source(tk, "handed over to a new process");
+            /* It waits for the main loop: stopped with every loop once all
+             * are over (takeover_tick), or serving on if the takeover is
+             * aborted (the main loop then serves what it posted). */
+            uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+            tk->scan = NULL;
         } else if (now >= tk->deadline_ms) {
             tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
         }

@@ -38,6 +38,16 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          under client.auth ferry, one authenticated by
                          ferry under client.auth redis); the takeover
                          socket has mode 0600
+  TakeoverWorkersTest    the old process on workers: 4, the new one on
+                         workers: 2, under load, with a BRPOP q 0, a SUBSCRIBE
+                         and a SELECT 3 client on three loops of the old one:
+                         every loop hands its clients over, both loops of the
+                         new one adopt some; same sockets, no error, 0 lost,
+                         each keeps its state, nobody reconnected, the old
+                         process exits 0. And a new process that goes away
+                         right after ACCEPTING: the old one keeps every client
+                         (the workers' served by its main loop), every loop
+                         runs on
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -58,6 +68,8 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          takeover socket the reload fails and ferry serves on
 
 Run:  python3 -m unittest test_takeover -v
+With FERRY_TEST_WORKERS=N both processes of every test run N loops (the
+test under load then runs without its fallback store, which needs one).
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 """
 import os
@@ -66,6 +78,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -464,6 +477,70 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         self.check_accounting(res, topo, ferry)
         for s in clients:
             s.close()
+
+    def test_aborted_with_workers(self):
+        """A new process that goes away right after ACCEPTING: the old one
+        keeps every client (a worker's, posted for the main loop to send, is
+        served by the main loop), each on its socket with its database, and
+        every loop runs on."""
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        ferry = Ferry(redis_srv, conf={'takeover': {'socket': sock_path}, 'workers': 4})
+        self.addCleanup(ferry.stop)
+        clients = []
+        for i in range(8):  # two on each loop
+            c = ferry.raw()
+            resp_send(c, ['SELECT', str(i % 4)])
+            self.assertEqual(resp_read_reply(c), 'OK')
+            clients.append(c)
+        names = [c.getsockname() for c in clients]
+
+        fake_new_process(sock_path)
+        wait_until(lambda: 'takeover: this process no longer listens' in ferry.log(), timeout=10,
+                   msg='the takeover to be aborted')
+        for i, c in enumerate(clients):
+            resp_send(c, ['SET', 'tka:%d' % i, 'kept'])
+            self.assertEqual(resp_read_reply(c, timeout=5), 'OK')
+        for i in range(8):
+            self.assertEqual(redis_srv.client(db=i % 4).get('tka:%d' % i), 'kept')
+        self.assertEqual([c.getsockname() for c in clients], names)
+        self.assertIsNone(ferry.proc.poll(), 'the old ferry exited')
+        log = ferry.log()
+        self.assertIn('takeover aborted', log)
+        # Every loop serves on: none stopped once its clients were posted.
+        self.assertNotIn('stopping (', log)
+        # The workers' clients came back through the main loop.
+        self.assertGreaterEqual(len(re.findall(r'takeover: client \d+ \S+ received', log)), 1,
+                                log[-4000:])
+        for c in clients:
+            c.close()
+
+
+def fake_new_process(sock_path):
+    """Play a new process that goes away as soon as it said ACCEPTING:
+    HELLO, the listeners received (and closed), then ACCEPTING on a socket
+    already shut for reading, so that every send of the old process fails."""
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(10)
+    c.connect(sock_path)
+    magic = b'ferry-takeover/2'
+    hello = struct.pack('=I', len(magic)) + magic + struct.pack('=I', os.getpid())
+    c.sendall(struct.pack('=II', len(hello), 1) + hello)  # TK_HELLO
+    got = b''
+    while len(got) < 8 or len(got) < 8 + struct.unpack('=I', got[:4])[0]:
+        data, fds, _, _ = socket.recv_fds(c, 65536, 64)
+        for fd in fds:
+            os.close(fd)
+        if not data:
+            break
+        got += data
+    assert len(got) >= 8 and struct.unpack('=I', got[4:8])[0] & 0xffff == 2, got  # LISTENERS
+    c.shutdown(socket.SHUT_RD)
+    c.sendall(struct.pack('=II', 0, 3))  # TK_ACCEPTING
+    c.close()
 
 
 NOKEY = ('NOPERM this user has no permissions to access one of the keys used as arguments')
