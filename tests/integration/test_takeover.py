@@ -43,8 +43,9 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          and a SELECT 3 client on three loops of the old one:
                          every loop hands its clients over, both loops of the
                          new one adopt some; same sockets, no error, 0 lost,
-                         each keeps its state, nobody reconnected, the old
-                         process exits 0. And a new process that goes away
+                         each keeps its state, nobody reconnected, new
+                         connections every 10 ms all along are all answered
+                         (none refused), the old process exits 0. And a new process that goes away
                          right after ACCEPTING: the old one keeps every client
                          (the workers' served by its main loop), every loop
                          runs on
@@ -81,6 +82,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -389,6 +391,10 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         new_path = os.path.join(tmp, 'new.yml')
         with open(new_path, 'w') as f:
             f.write(render_yaml(new_conf))
+        # New connections all along: none refused, each answered.
+        conns = Connector(ferry.port).start()
+        self.addCleanup(conns.stop)
+        time.sleep(0.2)
         t_fault = now()
         new = spawn_takeover(new_path, sock_path, ferry.out_path)
         try:
@@ -396,6 +402,8 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         except subprocess.TimeoutExpired:
             old_rc = None
         took = now() - t_fault
+        time.sleep(0.3)
+        conns.stop()
         old_proc = ferry.proc
         ferry.proc, ferry.pid = new, new.pid
         self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
@@ -451,10 +459,19 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         old_loop = loops_of(new_log, r'takeover: client (\d+) (\S+) received', 4)
         new_loop = loops_of(new_log, r'client (\d+) (\S+) taken over', 2)
         peers = ['127.0.0.1:%d' % s.getsockname()[1] for s in clients]
+        # The connector's connections: any open at the handover goes over too.
+        fresh = {'127.0.0.1:%d' % p for p in conns.ports}
+
+        def peer_of(ln):
+            return re.search(r' client \d+ (\S+) ', ln).group(1)
+        fresh_handed = [ln for ln in old_log if 'closed: handed over to the new process' in ln
+                        and peer_of(ln) in fresh]
+        old_loop = {p: i for p, i in old_loop.items() if p not in fresh}
+        new_loop = {p: i for p, i in new_loop.items() if p not in fresh}
         with self.subTest(check='the old process exits 0 after handing every client over'):
             self.assertEqual(old_rc, 0)
             self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
-            self.assertEqual(int(handed.group(1)), nclients)
+            self.assertEqual(int(handed.group(1)), nclients + len(fresh_handed))
             done = [ln for ln in old_log if re.search(r'takeover: loop \d: its \d+ client', ln)]
             self.assertEqual(len(done), 3, '\n'.join(old_log[-40:]))
         with self.subTest(check='the three clients were on three loops of the old process'):
@@ -464,13 +481,17 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
             self.assertEqual(set(new_loop.values()), {0, 1}, new_loop)
             self.assertTrue(all(p in new_loop for p in peers), (peers, new_loop))
         with self.subTest(check='no client closed by the old process but by the handover'):
-            closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)]
+            closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)
+                      and peer_of(ln) not in fresh]
             others = [ln for ln in closed if 'handed over to the new process' not in ln]
             self.assertEqual(others, [])
             self.assertEqual(len(closed), nclients)
-        with self.subTest(check='nobody reconnected: the new process accepted no connection'):
+        with self.subTest(check='new connections during the takeover: none refused'):
+            self.assertEqual(conns.errors, [])
+            self.assertGreater(len(conns.ports), 10)
+        with self.subTest(check='nobody reconnected: the new process accepted no old client'):
             accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
-            self.assertEqual(accepted, [])
+            self.assertEqual([ln for ln in accepted if peer_of(ln) not in fresh], [])
         with self.subTest(check='the BRPOP was cancelled on Redis, not by closing its link'):
             cancelled = [ln for ln in old_log if 'blocked call cancelled on Redis' in ln]
             self.assertGreaterEqual(len(cancelled), 1, '\n'.join(old_log[-40:]))
@@ -517,6 +538,38 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
                                 log[-4000:])
         for c in clients:
             c.close()
+
+
+class Connector:
+    """Connects to ferry every 10 ms, PING, PONG, closes; notes every
+    failure (a refused or unanswered connection)."""
+
+    def __init__(self, port):
+        self.port = port
+        self.ports = []   # local ports of the connections answered
+        self.errors = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def run(self):
+        while not self.done.wait(0.01):
+            try:
+                with socket.create_connection(('127.0.0.1', self.port), timeout=5) as c:
+                    port = c.getsockname()[1]
+                    resp_send(c, ['PING'])
+                    if resp_read_reply(c, timeout=5) != 'PONG':
+                        raise AssertionError('no PONG')
+                    self.ports.append(port)
+            except Exception as e:  # noqa: BLE001 - every failure is the finding
+                self.errors.append('%.3f %r' % (time.monotonic(), e))
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(10)
 
 
 def fake_new_process(sock_path):
