@@ -169,6 +169,7 @@ static void tk_ready_cb(uv_timer_t *t);
 static void tk_scan(takeover *tk);
 static void tk_source_abort(takeover *tk, const char *why);
 static void tk_sink_finish(takeover *tk, const char *why);
+static void tk_return_calls(takeover *tk);
 
 /* ------------------------------------------------------------------ phases */
 
@@ -780,12 +781,18 @@ static void tk_call_done(link *l, request *r, const char *p, size_t n)
             session_on_stream(s, p, n);
             log_debug("takeover: client %llu: blocked call served while cancelling",
                       (unsigned long long)s->id);
+            if (tk != NULL && tk->phase != TK_SRC_HANDING) {
+                session_check_reading(s); /* aborted meanwhile: served here */
+            }
         }
         if (c != NULL) {
             tk_cancel_drop(tk, c);
         }
     }
     link_close(l, "blocked call cancelled for a takeover");
+    if (tk != NULL && tk->phase != TK_SRC_HANDING) {
+        tk_return_calls(tk); /* aborted meanwhile: re-issued here */
+    }
 }
 
 static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
@@ -961,6 +968,18 @@ static int tk_hand(takeover *tk, session *s, const request *call)
     buf_init(&b);
     tkw_session(&b, s, &callb, left, now);
     buf_free(&callb);
+    if (tk->phase != TK_SRC_HANDING) {
+        /* The takeover was aborted while s's call was being cancelled:
+         * s is served here again, as the new process would have served
+         * it (its call re-issued with what is left of its timeout). */
+        int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        session_close(s, "takeover aborted: its blocked call is re-issued here");
+        if (dup_fd >= 0) {
+            takeover_adopt(f, dup_fd, buf_head(&b), buf_used(&b));
+        }
+        buf_free_secret(&b);
+        return 0;
+    }
     if (f->worker_index > 0) {
         /* The main loop sends it: a copy of the socket goes with the frame
          * (closing this one, below, sends nothing to the client). */
@@ -1094,6 +1113,55 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
     return 0;
 }
 
+/* The takeover was aborted: every call cancelled on Redis (for the new
+ * process to re-issue) is re-issued here; one still being cancelled is
+ * when Redis answers (tk_call_done). */
+static void tk_return_calls(takeover *tk)
+{
+    ferry *f = tk->f;
+    for (size_t i = 0; i < tk->ncancels;) {
+        tk_cancel *c = &tk->cancels[i];
+        if (!c->done) {
+            i++;
+            continue;
+        }
+        session *s = tk_session_find(f, c->sid);
+        request *call = c->call;
+        c->call = NULL;
+        tk_cancel_drop(tk, c); /* the last one takes its place */
+        if (s == NULL || s->state != SESSION_OPEN) {
+            request_free(f, call);
+            continue;
+        }
+        if (!tk_quiet(s) || s->nrequests != 0 || s->inflight != 0) {
+            /* It was not read since (reading stays stopped until then). */
+            session_close(s, "takeover aborted: its blocked call cannot be re-issued");
+        } else {
+            tk_hand(tk, s, call);
+            if (s->state == SESSION_OPEN) {
+                session_check_reading(s); /* its time was up: answered */
+            }
+        }
+        request_free(f, call);
+    }
+}
+
+/* After an abort: read every client again, but one whose blocked call is
+ * still being cancelled (its reply, or the call, comes first). */
+static void tk_resume_reading(takeover *tk)
+{
+    list_node *n;
+    tk->f->handing_over = 0;
+    list_foreach(n, &tk->f->sessions)
+    {
+        session *s = list_entry(n, session, node);
+        if (tk_cancel_find(tk, s->id) == NULL) {
+            session_check_reading(s);
+        }
+    }
+    tk_return_calls(tk);
+}
+
 /* Cancels that need a nudge: CLIENT UNBLOCK again, a client that left, or
  * no answer in time (the link is closed: that cancels the call too). */
 static void tk_cancel_tick(takeover *tk, uint64_t now)
@@ -1219,7 +1287,6 @@ static void tk_scan_cb(uv_timer_t *t)
 static void tk_source_abort(takeover *tk, const char *why)
 {
     ferry *f = tk->f;
-    list_node *n;
     int handing = tk->phase == TK_SRC_HANDING;
 
     log_error("takeover aborted: %s", why);
@@ -1234,11 +1301,7 @@ static void tk_source_abort(takeover *tk, const char *why)
          * clients it still has, and accepts no new ones. */
         log_error("takeover: this process no longer listens; %llu client(s) stay with it",
                   (unsigned long long)workers_clients(f));
-        f->handing_over = 0;
-        list_foreach(n, &f->sessions)
-        {
-            session_check_reading(list_entry(n, session, node));
-        }
+        tk_resume_reading(tk);
         workers_takeover_abort(f);
         tk_relay_drain(tk); /* what the workers posted is served here */
     }
@@ -1264,7 +1327,6 @@ void takeover_worker_hand(ferry *f, tk_relay *relay)
 void takeover_worker_abort(ferry *f)
 {
     takeover *tk = f->takeover;
-    list_node *n;
     if (tk == NULL || tk->phase != TK_SRC_HANDING) {
         return; /* done already: its clients are over, or closing */
     }
@@ -1273,11 +1335,7 @@ void takeover_worker_abort(ferry *f)
         tk->scan = NULL;
     }
     tk_set_phase(tk, TK_IDLE);
-    f->handing_over = 0;
-    list_foreach(n, &f->sessions)
-    {
-        session_check_reading(list_entry(n, session, node));
-    }
+    tk_resume_reading(tk);
 }
 
 /* ---------------------------------------------------- new: the sessions */

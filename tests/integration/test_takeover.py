@@ -47,8 +47,9 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          connections every 10 ms all along are all answered
                          (none refused), the old process exits 0. And a new process that goes away
                          right after ACCEPTING: the old one keeps every client
-                         (the workers' served by its main loop), every loop
-                         runs on
+                         (the workers' served by its main loop), a BRPOP
+                         cancelled for the handover is re-issued and gets an
+                         item pushed after, every loop runs on
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -517,7 +518,17 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
             resp_send(c, ['SELECT', str(i % 4)])
             self.assertEqual(resp_read_reply(c), 'OK')
             clients.append(c)
-        names = [c.getsockname() for c in clients]
+        # Blocked in BRPOP on each loop: cancelled on Redis for the handover,
+        # re-issued in place once it is aborted.
+        blocked = []
+        for i in range(4):
+            c = ferry.raw()
+            resp_send(c, ['BRPOP', 'tka:q%d' % i, '0'])
+            blocked.append(c)
+        rc = redis_srv.client()
+        wait_until(lambda: int(rc.info('clients')['blocked_clients']) >= 4, timeout=10,
+                   msg='the four BRPOP blocked on Redis')
+        names = [c.getsockname() for c in clients + blocked]
 
         fake_new_process(sock_path)
         wait_until(lambda: 'takeover: this process no longer listens' in ferry.log(), timeout=10,
@@ -527,7 +538,12 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
             self.assertEqual(resp_read_reply(c, timeout=5), 'OK')
         for i in range(8):
             self.assertEqual(redis_srv.client(db=i % 4).get('tka:%d' % i), 'kept')
-        self.assertEqual([c.getsockname() for c in clients], names)
+        wait_until(lambda: int(rc.info('clients')['blocked_clients']) >= 4, timeout=10,
+                   msg='the four BRPOP blocked on Redis again')
+        for i, c in enumerate(blocked):
+            rc.lpush('tka:q%d' % i, 'after')
+            self.assertEqual(resp_read_reply(c, timeout=5), [b'tka:q%d' % i, b'after'])
+        self.assertEqual([c.getsockname() for c in clients + blocked], names)
         self.assertIsNone(ferry.proc.poll(), 'the old ferry exited')
         log = ferry.log()
         self.assertIn('takeover aborted', log)
@@ -536,7 +552,7 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         # The workers' clients came back through the main loop.
         self.assertGreaterEqual(len(re.findall(r'takeover: client \d+ \S+ received', log)), 1,
                                 log[-4000:])
-        for c in clients:
+        for c in clients + blocked:
             c.close()
 
 
