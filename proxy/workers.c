@@ -47,13 +47,15 @@ typedef enum wmsg_kind {
 } wmsg_kind;
 
 typedef struct wmsg {
-    struct wmsg *next;      /* in the mailbox, oldest first */
-    wmsg_kind kind;         /* see wmsg_kind */
-    int fd;                 /* WM_ACCEPT: the client socket, owned by the message */
-    int is_unix;            /* WM_ACCEPT: a unix socket */
-    int port;               /* WM_MASTER */
-    char ip[64];            /* WM_MASTER: numeric */
-    char why[600];          /* WM_MASTER, WM_SWITCH, WM_STOP */
+    struct wmsg *next; /* in the mailbox, oldest first */
+    wmsg_kind kind;    /* see wmsg_kind */
+    int fd;            /* WM_ACCEPT: the client socket, owned by the message */
+    int is_unix;       /* WM_ACCEPT: a unix socket */
+    int port;          /* WM_MASTER */
+    char ip[64];       /* WM_MASTER: numeric */
+    char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
+
+    /* A takeover's (takeover.c); WM_TK_ADOPT owns fd too. */
     struct tk_relay *relay; /* WM_TK_HAND: the main loop's */
     buf frame;              /* WM_TK_ADOPT: the session's state (wiped when freed) */
 } wmsg;
