@@ -638,22 +638,12 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
         return conf_key_error(ctx, "listen", 0, "listen must have at least one address");
     }
     if (cfg->workers == 0) {
-        /* auto: one loop per core but one, at most CONFIG_AUTO_WORKERS; one
-         * where a feature needs a single loop (the takeover, below). */
+        /* auto: one loop per core but one, at most CONFIG_AUTO_WORKERS. */
         unsigned cores = uv_available_parallelism();
         cfg->workers = cores > 1 ? (int)cores - 1 : 1;
         if (cfg->workers > CONFIG_AUTO_WORKERS) {
             cfg->workers = CONFIG_AUTO_WORKERS;
         }
-        if (cfg->takeover_socket != NULL) {
-            cfg->workers = 1;
-        }
-    }
-    if (cfg->workers > 1 && cfg->takeover_socket != NULL) {
-        return conf_key_error(ctx, "workers", 1,
-                              "workers: %d with takeover.socket: a takeover needs "
-                              "workers: 1 (or auto) for now",
-                              cfg->workers);
     }
     if (cfg->client_auth == CLIENT_AUTH_REDIS && cfg->client_password != NULL) {
         return conf_key_error(ctx, "client.password", 1,

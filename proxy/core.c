@@ -353,14 +353,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
     uv_signal_start(&f->sig_hup, signal_cb, SIGHUP);
     signal(SIGPIPE, SIG_IGN);
 
-    int rc = 0;
-    if (tk != NULL && cfg->workers > 1) {
-        log_error("a takeover needs workers: 1 (this configuration has workers: %d)", cfg->workers);
-        rc = FERRY_ECONFIG;
-    }
-    if (rc == 0) {
-        rc = server_start(f);
-    }
+    int rc = server_start(f);
     if (rc == 0) {
         rc = stats_start(f);
     }

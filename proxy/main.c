@@ -123,18 +123,6 @@ int main(int argc, char **argv)
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
 
     struct takeover *tk = NULL;
-    if (takeover_path != NULL && cfg.workers > 1) {
-        /* Refused before the running ferry hears of it: it goes on as is. */
-        log_error("takeover refused: a takeover needs workers: 1 (this configuration has "
-                  "workers: %d)",
-                  cfg.workers);
-        if (cfg.log_file != NULL) {
-            fprintf(stderr, "ferry: takeover refused: a takeover needs workers: 1\n");
-        }
-        log_close();
-        config_free(&cfg);
-        return EXIT_CONFIG;
-    }
     if (takeover_path != NULL) {
         tk = takeover_connect(takeover_path, TAKEOVER_HANDSHAKE_MS, err, sizeof(err));
         if (tk == NULL) {

@@ -16,7 +16,8 @@
  *   opens the store, listens on                 exits 0
  *   takeover.socket
  *
- * A frame is a header (payload length, type | fd count << 16, both uint32 in
+ * A frame (takeover_wire.c, with the session state it carries) is a
+ * header (payload length, type | fd count << 16, both uint32 in
  * host order: both ends run on one machine) and a payload. Its fds ride
  * (SCM_RIGHTS) on the sendmsg that carries the header's first byte, so they
  * are in hand once the frame is complete; the receiver queues them in
@@ -34,12 +35,25 @@
  * re-issued by the new process with what is left of its timeout; anything
  * else is the call's own reply (Redis served it first), written to the
  * client before the session goes over idle. Without a client id or a shared
- * link, the dedicated link is closed instead, as when a client leaves. */
+ * link, the dedicated link is closed instead, as when a client leaves.
+ *
+ * With workers: N, the main loop holds the takeover socket and the
+ * conversation on both sides. Old process: on ACCEPTING it tells every
+ * worker (workers_takeover_hand); each loop hands its own sessions over
+ * with its own links (a blocked call is cancelled on that loop's upstream),
+ * a worker posting each session's frame and a copy of its socket to the
+ * relay (a queue under a mutex and a uv_async on the main loop), which the
+ * main loop sends in the order posted. Every loop's clients gone and the
+ * relay empty: all handed over. New process: ACCEPTING only once every
+ * loop's master view is UP; each session received is adopted by the next
+ * loop in turn (workers_adopt), its frame decoded there. The loop counts
+ * of the two processes need not match. */
 #include "takeover.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,10 +72,10 @@
 #include "router.h"
 #include "server.h"
 #include "session.h"
+#include "takeover_wire.h"
 #include "upstream.h"
+#include "workers.h"
 
-/* /2: a session frame ends with the Redis user it runs as (client.auth redis). */
-#define TAKEOVER_MAGIC "ferry-takeover/2"
 #define TAKEOVER_SEND_TIMEOUT_MS 5000   /* one frame's send, old process */
 #define TAKEOVER_CANCEL_TIMEOUT_MS 2000 /* CLIENT UNBLOCK unanswered: close the link */
 #define TAKEOVER_UNBLOCK_RETRY_MS 20    /* CLIENT UNBLOCK found nothing blocked (yet) */
@@ -69,16 +83,13 @@
 #define TAKEOVER_READY_MS 5000          /* new: longest wait for a master before ACCEPTING */
 _Static_assert(TAKEOVER_READY_MS <= TAKEOVER_HANDSHAKE_MS / 2,
                "the old process gives up on a handshake after TAKEOVER_HANDSHAKE_MS");
-#define TAKEOVER_MAX_FDS 64 /* fds in one frame */
-#define TAKEOVER_FDQ 256    /* fds received, not yet claimed by a frame */
-#define TAKEOVER_HDR 8      /* frame header bytes */
 #define TAKEOVER_MAX_INHERIT (CONFIG_MAX_LISTEN + 2)
 
-enum { TK_HELLO = 1, TK_LISTENERS, TK_ACCEPTING, TK_SESSION, TK_DONE };
 enum { TK_L_CLIENT = 0, TK_L_STATS, TK_L_TAKEOVER };
 
 /* Legal moves (tk_set_phase asserts them):
  *   IDLE -> SRC_HELLO -> SRC_LISTENERS -> SRC_HANDING -> SRC_FINISHING
+ *   IDLE -> SRC_HANDING (a worker's, told by the main loop)
  *   SRC_HELLO, SRC_LISTENERS, SRC_HANDING -> IDLE (aborted)
  *   SINK -> IDLE (all received, or the old process is gone: this process
  *   may be taken over in turn) */
@@ -110,20 +121,36 @@ typedef struct tk_cancel {
     int done;           /* Redis let go of it without popping: hand it over */
 } tk_cancel;
 
+/* A session a worker handed over: its frame and a copy of its socket. */
+typedef struct tk_item {
+    struct tk_item *next; /* in the relay, oldest first */
+    buf frame;            /* TK_SESSION payload (carries a password: wiped) */
+    int fd;               /* the client socket, owned by the item */
+} tk_item;
+
+/* Old process with workers: the sessions the workers hand over, on their
+ * way to the main loop, which alone writes on the control connection. */
+typedef struct tk_relay {
+    uv_mutex_t lock; /* guards head, tail, open */
+    tk_item *head, *tail;
+    int open;            /* async may be sent (cleared before it closes) */
+    uv_async_t async;    /* on the main loop: items posted */
+    atomic_ulong closed; /* sessions the workers left to SIGTERM's rules */
+} tk_relay;
+
 typedef struct takeover {
-    ferry *f;              /* context */
-    tk_phase phase;        /* see tk_phase; changed only by tk_set_phase */
-    int lfd;               /* takeover.socket listener, -1 */
-    uv_poll_t *lpoll;      /* watches lfd (freed in its close callback) */
-    char lpath[108];       /* its path, "" when none */
-    int lpath_owned;       /* unlink lpath when closing (not once handed over) */
-    int cfd;               /* the control connection, -1 */
-    uv_poll_t *cpoll;      /* watches cfd */
-    uv_timer_t *scan;      /* handover scan while SRC_HANDING */
-    buf rx;                /* control bytes received, not yet framed */
-    int fdq[TAKEOVER_FDQ]; /* fds received, not yet claimed by a frame */
-    int nfdq;
-    int bad;                                /* the peer broke the protocol (sticky) */
+    ferry *f;         /* context */
+    tk_relay *relay;  /* old, with workers: owned by the main loop's, borrowed by a
+                         worker's (which exists only while it hands over) */
+    tk_phase phase;   /* see tk_phase; changed only by tk_set_phase */
+    int lfd;          /* takeover.socket listener, -1 */
+    uv_poll_t *lpoll; /* watches lfd (freed in its close callback) */
+    char lpath[108];  /* its path, "" when none */
+    int lpath_owned;  /* unlink lpath when closing (not once handed over) */
+    int cfd;          /* the control connection, -1 */
+    uv_poll_t *cpoll; /* watches cfd */
+    uv_timer_t *scan; /* handover scan while SRC_HANDING */
+    tkw_rx in;        /* control bytes and fds received, not yet framed */
     tk_inherited inh[TAKEOVER_MAX_INHERIT]; /* new: listeners received */
     int ninh;
     tk_cancel *cancels; /* old: blocked calls being cancelled */
@@ -142,6 +169,7 @@ static void tk_ready_cb(uv_timer_t *t);
 static void tk_scan(takeover *tk);
 static void tk_source_abort(takeover *tk, const char *why);
 static void tk_sink_finish(takeover *tk, const char *why);
+static void tk_return_calls(takeover *tk);
 
 /* ------------------------------------------------------------------ phases */
 
@@ -156,7 +184,7 @@ static const char *tk_phase_name(tk_phase p)
 static void tk_set_phase(takeover *tk, tk_phase p)
 {
     static const unsigned legal[] = {
-        [TK_IDLE] = 1u << TK_SRC_HELLO,
+        [TK_IDLE] = 1u << TK_SRC_HELLO | 1u << TK_SRC_HANDING, /* the latter: a worker */
         [TK_SRC_HELLO] = 1u << TK_SRC_LISTENERS | 1u << TK_IDLE,
         [TK_SRC_LISTENERS] = 1u << TK_SRC_HANDING | 1u << TK_IDLE,
         [TK_SRC_HANDING] = 1u << TK_SRC_FINISHING | 1u << TK_IDLE,
@@ -176,231 +204,6 @@ static void tk_set_phase(takeover *tk, tk_phase p)
 static int tk_is_sink(const takeover *tk)
 {
     return tk->phase == TK_SINK_READYING || tk->phase == TK_SINK;
-}
-
-/* ----------------------------------------------------------------- frames */
-
-static void put_u32(buf *b, uint32_t v)
-{
-    buf_append(b, &v, sizeof(v));
-}
-
-static void put_i64(buf *b, int64_t v)
-{
-    buf_append(b, &v, sizeof(v));
-}
-
-static void put_bytes(buf *b, const void *p, size_t n)
-{
-    put_u32(b, (uint32_t)n);
-    buf_append(b, p, n);
-}
-
-typedef struct rd {
-    const char *p; /* next byte */
-    size_t n;      /* bytes left */
-    int bad;       /* read past the end (sticky) */
-} rd;
-
-static int rd_take(rd *r, void *out, size_t n)
-{
-    if (r->bad || r->n < n) {
-        r->bad = 1;
-        memset(out, 0, n);
-        return -1;
-    }
-    memcpy(out, r->p, n);
-    r->p += n;
-    r->n -= n;
-    return 0;
-}
-
-static uint32_t get_u32(rd *r)
-{
-    uint32_t v;
-    rd_take(r, &v, sizeof(v));
-    return v;
-}
-
-static int64_t get_i64(rd *r)
-{
-    int64_t v;
-    rd_take(r, &v, sizeof(v));
-    return v;
-}
-
-/* Borrowed pointer into the payload; *n its length. */
-static const char *get_bytes(rd *r, size_t *n)
-{
-    uint32_t len = get_u32(r);
-    if (r->bad || r->n < len) {
-        r->bad = 1;
-        *n = 0;
-        return "";
-    }
-    const char *p = r->p;
-    r->p += len;
-    r->n -= len;
-    *n = len;
-    return p;
-}
-
-static uint64_t mono_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
-/* Send one frame on fd, its fds attached to its first byte, waiting at most
- * timeout_ms for room. Returns 0 or a negative uv error. */
-static int tk_send(int fd, int type, const buf *payload, const int *fds, int nfds,
-                   uint64_t timeout_ms)
-{
-    buf b;
-    uint32_t hdr[2] = {(uint32_t)buf_used(payload), (uint32_t)type | (uint32_t)nfds << 16};
-    uint64_t deadline = mono_ms() + timeout_ms;
-    size_t off = 0;
-    int rc = 0;
-
-    ferry_assert(nfds >= 0 && nfds <= TAKEOVER_MAX_FDS);
-    buf_init(&b);
-    buf_reserve(&b, sizeof(hdr) + buf_used(payload)); /* one block, wiped when freed */
-    buf_append(&b, hdr, sizeof(hdr));
-    buf_append(&b, buf_head(payload), buf_used(payload));
-    while (off < buf_used(&b)) {
-        union {
-            struct cmsghdr h;
-            char space[CMSG_SPACE(sizeof(int) * TAKEOVER_MAX_FDS)];
-        } cm;
-        struct iovec iov = {.iov_base = buf_head(&b) + off, .iov_len = buf_used(&b) - off};
-        struct msghdr mh;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        if (off == 0 && nfds > 0) {
-            memset(&cm, 0, sizeof(cm));
-            mh.msg_control = cm.space;
-            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-            struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-            memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
-        }
-        ssize_t n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (n > 0) {
-            off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            uint64_t now = mono_ms();
-            if (now >= deadline) {
-                rc = UV_ETIMEDOUT;
-                break;
-            }
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            poll(&p, 1, (int)(deadline - now));
-            continue;
-        }
-        rc = n < 0 ? -errno : UV_EPIPE;
-        break;
-    }
-    buf_free_secret(&b); /* a session's frame carries its user's password */
-    return rc;
-}
-
-/* Read what the control socket has. Returns the bytes read (> 0), 0 at EOF,
- * UV_EAGAIN, or a negative uv error. Received fds join the queue. */
-static int tk_recv(takeover *tk)
-{
-    union {
-        struct cmsghdr h;
-        char space[CMSG_SPACE(sizeof(int) * TAKEOVER_MAX_FDS)];
-    } cm;
-    struct msghdr mh;
-    struct iovec iov;
-    ssize_t n;
-
-    buf_reserve_secret(&tk->rx, 64 * 1024); /* session frames carry passwords */
-    iov.iov_base = tk->rx.data + tk->rx.len;
-    iov.iov_len = tk->rx.cap - tk->rx.len;
-    memset(&mh, 0, sizeof(mh));
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cm.space;
-    mh.msg_controllen = sizeof(cm.space);
-    do {
-        n = recvmsg(tk->cfd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        return errno == EAGAIN || errno == EWOULDBLOCK ? UV_EAGAIN : -errno;
-    }
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) {
-            continue;
-        }
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *in = (int *)CMSG_DATA(c);
-        for (size_t i = 0; i < k; i++) {
-            if (tk->nfdq < TAKEOVER_FDQ) {
-                tk->fdq[tk->nfdq++] = in[i];
-            } else {
-                close(in[i]);
-                tk->bad = 1;
-            }
-        }
-    }
-    if (mh.msg_flags & MSG_CTRUNC) {
-        tk->bad = 1; /* fds were dropped by the kernel */
-    }
-    tk->rx.len += (size_t)n;
-    return (int)n;
-}
-
-/* The next complete frame: 1 (type, payload and fds filled; consume it with
- * tk_consume), 0 when incomplete, -1 on a protocol error. */
-static int tk_frame(takeover *tk, int *type, rd *payload, int *fds, int *nfds)
-{
-    uint32_t hdr[2];
-    if (tk->bad) {
-        return -1;
-    }
-    if (buf_used(&tk->rx) < TAKEOVER_HDR) {
-        return 0;
-    }
-    memcpy(hdr, buf_head(&tk->rx), sizeof(hdr));
-    if (buf_used(&tk->rx) - TAKEOVER_HDR < hdr[0]) {
-        return 0;
-    }
-    *type = (int)(hdr[1] & 0xffff);
-    *nfds = (int)(hdr[1] >> 16);
-    if (*nfds > TAKEOVER_MAX_FDS || *nfds > tk->nfdq) {
-        tk->bad = 1;
-        return -1;
-    }
-    memcpy(fds, tk->fdq, sizeof(int) * (size_t)*nfds);
-    memmove(tk->fdq, tk->fdq + *nfds, sizeof(int) * (size_t)(tk->nfdq - *nfds));
-    tk->nfdq -= *nfds;
-    payload->p = buf_head(&tk->rx) + TAKEOVER_HDR;
-    payload->n = hdr[0];
-    payload->bad = 0;
-    return 1;
-}
-
-static void tk_consume(takeover *tk, const rd *payload)
-{
-    buf_consume(&tk->rx, (size_t)(payload->p + payload->n - buf_head(&tk->rx)));
-}
-
-static void close_fds(const int *fds, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (fds[i] >= 0) {
-            close(fds[i]);
-        }
-    }
 }
 
 /* --------------------------------------------------------------- handles */
@@ -441,7 +244,7 @@ static takeover *tk_new(ferry *f)
     tk->f = f;
     tk->lfd = -1;
     tk->cfd = -1;
-    buf_init(&tk->rx);
+    buf_init(&tk->in.rx);
     return tk;
 }
 
@@ -540,7 +343,7 @@ void takeover_sd_notify(const char *msg)
 struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *err, size_t errlen)
 {
     struct sockaddr_un sa;
-    uint64_t deadline = mono_ms() + timeout_ms;
+    uint64_t deadline = tkw_mono_ms() + timeout_ms;
     buf hello;
 
     if (strlen(path) >= sizeof(sa.sun_path)) {
@@ -568,9 +371,9 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
     tk->cfd = fd;
     tk->phase = TK_SINK_READYING;
     buf_init(&hello);
-    put_bytes(&hello, TAKEOVER_MAGIC, strlen(TAKEOVER_MAGIC));
-    put_u32(&hello, (uint32_t)getpid());
-    int rc = tk_send(fd, TK_HELLO, &hello, NULL, 0, timeout_ms);
+    tkw_put_bytes(&hello, TAKEOVER_MAGIC, strlen(TAKEOVER_MAGIC));
+    tkw_put_u32(&hello, (uint32_t)getpid());
+    int rc = tkw_send(fd, TK_HELLO, &hello, NULL, 0, timeout_ms);
     buf_free(&hello);
     if (rc == UV_EPIPE || rc == UV_ECONNRESET) {
         snprintf(err, errlen,
@@ -585,23 +388,23 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
     }
     for (;;) {
         int type, fds[TAKEOVER_MAX_FDS], nfds;
-        rd p;
-        int fr = tk_frame(tk, &type, &p, fds, &nfds);
+        tkw_rd p;
+        int fr = tkw_frame(&tk->in, &type, &p, fds, &nfds);
         if (fr < 0) {
             snprintf(err, errlen, "%s: protocol error from the running ferry", path);
             goto fail;
         }
         if (fr == 1) {
             if (type != TK_LISTENERS) {
-                close_fds(fds, nfds);
+                tkw_close_fds(fds, nfds);
                 snprintf(err, errlen, "%s: unexpected frame %d from the running ferry", path, type);
                 goto fail;
             }
-            uint32_t count = get_u32(&p);
+            uint32_t count = tkw_get_u32(&p);
             for (uint32_t i = 0; i < count && (int)i < nfds; i++) {
                 size_t nl;
-                int kind = (int)get_u32(&p);
-                const char *name = get_bytes(&p, &nl);
+                int kind = (int)tkw_get_u32(&p);
+                const char *name = tkw_get_bytes(&p, &nl);
                 if (p.bad || tk->ninh == TAKEOVER_MAX_INHERIT) {
                     close(fds[i]);
                     continue;
@@ -611,11 +414,12 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
                 snprintf(in->name, sizeof(in->name), "%.*s", (int)nl, name);
                 in->fd = fds[i];
             }
-            close_fds(fds + count, nfds - (int)(count < (uint32_t)nfds ? count : (uint32_t)nfds));
-            tk_consume(tk, &p);
+            tkw_close_fds(fds + count,
+                          nfds - (int)(count < (uint32_t)nfds ? count : (uint32_t)nfds));
+            tkw_consume(&tk->in, &p);
             return tk;
         }
-        rc = tk_recv(tk);
+        rc = tkw_recv(&tk->in, tk->cfd);
         if (rc == 0) {
             snprintf(err, errlen,
                      "%s: the running ferry closed the connection (another takeover in "
@@ -624,7 +428,7 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
             goto fail;
         }
         if (rc == UV_EAGAIN) {
-            uint64_t now = mono_ms();
+            uint64_t now = tkw_mono_ms();
             if (now >= deadline) {
                 snprintf(err, errlen, "%s: no answer from the running ferry within %llu ms", path,
                          (unsigned long long)timeout_ms);
@@ -639,11 +443,11 @@ struct takeover *takeover_connect(const char *path, uint64_t timeout_ms, char *e
     }
 fail:
     close(fd);
-    close_fds(tk->fdq, tk->nfdq);
+    tkw_close_fds(tk->in.fdq, tk->in.nfdq);
     for (int i = 0; i < tk->ninh; i++) {
         close(tk->inh[i].fd);
     }
-    buf_free(&tk->rx);
+    buf_free(&tk->in.rx);
     free(tk);
     return NULL;
 }
@@ -759,8 +563,8 @@ static void tk_listener_cb(uv_poll_t *h, int status, int events)
     tk->cfd = fd;
     tk->started_ms = uv_now(f->loop);
     tk->handed = tk->closed = 0;
-    buf_clear(&tk->rx);
-    tk->bad = 0;
+    buf_clear(&tk->in.rx);
+    tk->in.bad = 0;
     if (tk_watch(tk, fd, &tk->cpoll, tk_control_cb) < 0) {
         tk_unwatch(&tk->cpoll, &tk->cfd);
         return;
@@ -781,43 +585,39 @@ static int tk_send_listeners(takeover *tk)
 
     buf_init(&b);
     int sfd = stats_socket(f);
-    put_u32(&b, (uint32_t)(n + (sfd >= 0) + (tk->lfd >= 0)));
+    tkw_put_u32(&b, (uint32_t)(n + (sfd >= 0) + (tk->lfd >= 0)));
     for (int i = 0; i < n; i++) {
         config_addr_str(addrs[i], name, sizeof(name));
-        put_u32(&b, TK_L_CLIENT);
-        put_bytes(&b, name, strlen(name));
+        tkw_put_u32(&b, TK_L_CLIENT);
+        tkw_put_bytes(&b, name, strlen(name));
     }
     if (sfd >= 0) {
         config_addr_str(&f->cfg->stats_listen, name, sizeof(name));
-        put_u32(&b, TK_L_STATS);
-        put_bytes(&b, name, strlen(name));
+        tkw_put_u32(&b, TK_L_STATS);
+        tkw_put_bytes(&b, name, strlen(name));
         fds[total++] = sfd;
     }
     if (tk->lfd >= 0) {
-        put_u32(&b, TK_L_TAKEOVER);
-        put_bytes(&b, tk->lpath, strlen(tk->lpath));
+        tkw_put_u32(&b, TK_L_TAKEOVER);
+        tkw_put_bytes(&b, tk->lpath, strlen(tk->lpath));
         fds[total++] = tk->lfd;
     }
-    int rc = tk_send(tk->cfd, TK_LISTENERS, &b, fds, total, TAKEOVER_SEND_TIMEOUT_MS);
+    int rc = tkw_send(tk->cfd, TK_LISTENERS, &b, fds, total, TAKEOVER_SEND_TIMEOUT_MS);
     buf_free(&b);
     return rc;
 }
 
-/* The new process accepts on the listeners: stop accepting here and start
- * handing sessions over. */
-static void tk_start_handing(takeover *tk)
+/* Every loop: stop reading its clients and hand them over as they become
+ * ready (tk_scan). */
+static void tk_begin_handing(takeover *tk)
 {
     ferry *f = tk->f;
     list_node *n;
 
-    f->keep_paths = 1; /* the sockets live on in the new process */
-    server_stop(f);
-    stats_stop(f);
-    tk->lpath_owned = 0;
-    tk_unwatch(&tk->lpoll, &tk->lfd);
     f->handing_over = 1;
     tk->handing_ms = uv_now(f->loop);
     tk->deadline_ms = tk->handing_ms + f->cfg->shutdown_timeout_ms;
+    tk->handed = tk->closed = 0;
     tk_set_phase(tk, TK_SRC_HANDING);
     list_foreach(n, &f->sessions)
     {
@@ -826,8 +626,6 @@ static void tk_start_handing(takeover *tk)
             session_stop_reading(s); /* a transaction reads until it ends */
         }
     }
-    log_info("takeover: the new process accepts; handing over %llu client(s)",
-             (unsigned long long)f->nclients);
     tk->scan = xmalloc(sizeof(*tk->scan));
     uv_timer_init(f->loop, tk->scan);
     tk->scan->data = tk;
@@ -835,13 +633,51 @@ static void tk_start_handing(takeover *tk)
     tk_scan(tk);
 }
 
-static void tk_source_frame(takeover *tk, int type, rd *p, int *fds, int nfds)
+/* Main loop: the workers' sessions reach it through the relay. */
+static void tk_relay_cb(uv_async_t *a);
+
+static void tk_relay_open(takeover *tk)
 {
-    close_fds(fds, nfds); /* the new process sends none */
+    if (tk->relay != NULL) {
+        return;
+    }
+    tk_relay *r = xcalloc(1, sizeof(*r));
+    uv_mutex_init(&r->lock);
+    uv_async_init(tk->f->loop, &r->async, tk_relay_cb);
+    r->async.data = tk;
+    uv_unref((uv_handle_t *)&r->async); /* the loop ends without it */
+    r->open = 1;
+    tk->relay = r;
+}
+
+/* The new process accepts on the listeners: stop accepting here and start
+ * handing sessions over, in every loop. */
+static void tk_start_handing(takeover *tk)
+{
+    ferry *f = tk->f;
+
+    f->keep_paths = 1; /* the sockets live on in the new process */
+    server_stop(f);
+    stats_stop(f);
+    tk->lpath_owned = 0;
+    tk_unwatch(&tk->lpoll, &tk->lfd);
+    log_info("takeover: the new process accepts; handing over %llu client(s)",
+             (unsigned long long)workers_clients(f));
+    if (f->workers != NULL) {
+        tk_relay_open(tk);
+        atomic_store(&tk->relay->closed, 0);
+        workers_takeover_hand(f, tk->relay);
+    }
+    tk_begin_handing(tk);
+}
+
+static void tk_source_frame(takeover *tk, int type, tkw_rd *p, int *fds, int nfds)
+{
+    tkw_close_fds(fds, nfds); /* the new process sends none */
     if (type == TK_HELLO && tk->phase == TK_SRC_HELLO) {
         size_t ml;
-        const char *magic = get_bytes(p, &ml);
-        uint32_t pid = get_u32(p);
+        const char *magic = tkw_get_bytes(p, &ml);
+        uint32_t pid = tkw_get_u32(p);
         if (p->bad || ml != strlen(TAKEOVER_MAGIC) || memcmp(magic, TAKEOVER_MAGIC, ml) != 0) {
             tk_source_abort(tk, "the new process speaks another takeover protocol");
             return;
@@ -945,12 +781,18 @@ static void tk_call_done(link *l, request *r, const char *p, size_t n)
             session_on_stream(s, p, n);
             log_debug("takeover: client %llu: blocked call served while cancelling",
                       (unsigned long long)s->id);
+            if (tk != NULL && tk->phase != TK_SRC_HANDING) {
+                session_check_reading(s); /* aborted meanwhile: served here */
+            }
         }
         if (c != NULL) {
             tk_cancel_drop(tk, c);
         }
     }
     link_close(l, "blocked call cancelled for a takeover");
+    if (tk != NULL && tk->phase != TK_SRC_HANDING) {
+        tk_return_calls(tk); /* aborted meanwhile: re-issued here */
+    }
 }
 
 static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
@@ -997,6 +839,97 @@ static void tk_ask_unblock(takeover *tk, tk_cancel *c, uint64_t now)
     c->asking = 1;
 }
 
+/* Worker: queue a session's frame (moved out of *frame) and fd for the
+ * main loop. */
+static void tk_relay_post(tk_relay *r, buf *frame, int fd)
+{
+    tk_item *it = xcalloc(1, sizeof(*it));
+    it->frame = *frame;
+    buf_init(frame);
+    it->fd = fd;
+    uv_mutex_lock(&r->lock);
+    if (!r->open) {
+        /* The main loop is closing (forced): the client goes with it. */
+        uv_mutex_unlock(&r->lock);
+        close(fd);
+        buf_free_secret(&it->frame);
+        free(it);
+        return;
+    }
+    if (r->tail == NULL) {
+        r->head = it;
+    } else {
+        r->tail->next = it;
+    }
+    r->tail = it;
+    uv_async_send(&r->async);
+    uv_mutex_unlock(&r->lock);
+}
+
+static tk_item *tk_relay_pop(tk_relay *r)
+{
+    uv_mutex_lock(&r->lock);
+    tk_item *it = r->head;
+    if (it != NULL) {
+        r->head = it->next;
+        if (r->head == NULL) {
+            r->tail = NULL;
+        }
+    }
+    uv_mutex_unlock(&r->lock);
+    return it;
+}
+
+static void tk_item_free(tk_item *it)
+{
+    if (it->fd >= 0) {
+        close(it->fd);
+    }
+    buf_free_secret(&it->frame);
+    free(it);
+}
+
+/* Main loop: send what the workers posted, in order. Once the control
+ * connection is gone (an abort), a session posted is served here instead:
+ * its frame is what the new process would have adopted it from. */
+static void tk_relay_drain(takeover *tk)
+{
+    ferry *f = tk->f;
+    tk_item *it;
+    while (tk->relay != NULL && (it = tk_relay_pop(tk->relay)) != NULL) {
+        if (tk->cfd >= 0 && (tk->phase == TK_SRC_HANDING || tk->phase == TK_SRC_FINISHING)) {
+            int rc =
+                tkw_send(tk->cfd, TK_SESSION, &it->frame, &it->fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
+            if (rc == 0) {
+                tk->handed++;
+                tk_item_free(it);
+                continue;
+            }
+            char why[160];
+            snprintf(why, sizeof(why), "sending a worker's client: %s", uv_strerror(rc));
+            if (tk->phase == TK_SRC_HANDING) {
+                tk_source_abort(tk, why);
+            } else {
+                log_error("takeover: %s", why);
+                tk_unwatch(&tk->cpoll, &tk->cfd);
+            }
+        }
+        if (f->closed) {
+            tk_item_free(it); /* closing: the client goes with this process */
+            continue;
+        }
+        int fd = it->fd;
+        it->fd = -1;
+        takeover_adopt(f, fd, buf_head(&it->frame), buf_used(&it->frame));
+        tk_item_free(it);
+    }
+}
+
+static void tk_relay_cb(uv_async_t *a)
+{
+    tk_relay_drain(a->data);
+}
+
 /* Hand s over: its state, then the bytes the new process parses first
  * (call, re-armed with what is left of its timeout, then s's unparsed
  * input); s is closed here. Returns 0, or a negative error (the takeover
@@ -1033,52 +966,34 @@ static int tk_hand(takeover *tk, session *s, const request *call)
         return 0;
     }
     buf_init(&b);
-    put_u32(&b, s->io.h.type == UV_NAMED_PIPE);
-    put_u32(&b, (uint32_t)s->proto);
-    put_u32(&b, (uint32_t)s->authed);
-    put_u32(&b, (uint32_t)s->sticky);
-    put_u32(&b, (uint32_t)s->tracking);
-    put_u32(&b, s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
-    put_u32(&b, (uint32_t)s->db);
-    put_i64(&b, left);
-    put_i64(&b, (int64_t)s->id);
-    put_i64(&b, (int64_t)(now >= s->last_active_ms ? now - s->last_active_ms : 0));
-    put_i64(&b, (int64_t)(s->partial_since_ms != 0 && now >= s->partial_since_ms
-                              ? now - s->partial_since_ms
-                              : 0));
-    put_bytes(&b, s->peer, strlen(s->peer));
-    /* CLIENT SETNAME/TRACKING... as Redis accepted them: replayed on the
-     * link the new process lends (as after a failover). */
-    put_bytes(&b, buf_head(&s->sticky_log), buf_used(&s->sticky_log));
-    put_bytes(&b, buf_head(&callb), buf_used(&callb));
-    /* Unparsed input, an incomplete request included: parsed again from its
-     * first byte there (the parser's state here is only a resume point). */
-    put_bytes(&b, buf_head(&s->in), buf_used(&s->in));
-    for (int i = 0; i < 3; i++) {
-        const sub_set *set = s->subs == NULL ? NULL
-                             : i == 0        ? &s->subs->channels
-                             : i == 1        ? &s->subs->patterns
-                                             : &s->subs->shards;
-        put_u32(&b, set == NULL ? 0 : (uint32_t)set->n);
-        for (size_t j = 0; set != NULL && j < set->n; j++) {
-            put_bytes(&b, set->v[j], set->l[j]); /* in subscription order */
-        }
-    }
-    /* client.auth redis: the Redis user it runs as, and the password Redis
-     * last accepted for that user, with which the new process opens the
-     * user's links if it has none (the control socket is reachable only
-     * by ferry's own system user, and the password is in this process's
-     * memory anyway). Last, with room made first: b does not grow (leaving
-     * a copy behind) once the password is in it, and is wiped when freed. */
-    const ident *id = s->ident;
-    size_t nuser = id != NULL ? strlen(id->user) : 0;
-    size_t npass = id != NULL ? strlen(id->pass) : 0;
-    buf_reserve(&b, 3 * sizeof(uint32_t) + nuser + npass);
-    put_u32(&b, id != NULL);
-    put_bytes(&b, id != NULL ? id->user : "", nuser);
-    put_bytes(&b, id != NULL ? id->pass : "", npass);
+    tkw_session(&b, s, &callb, left, now);
     buf_free(&callb);
-    int rc = tk_send(tk->cfd, TK_SESSION, &b, &fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
+    if (tk->phase != TK_SRC_HANDING) {
+        /* The takeover was aborted while s's call was being cancelled:
+         * s is served here again, as the new process would have served
+         * it (its call re-issued with what is left of its timeout). */
+        int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        session_close(s, "takeover aborted: its blocked call is re-issued here");
+        if (dup_fd >= 0) {
+            takeover_adopt(f, dup_fd, buf_head(&b), buf_used(&b));
+        }
+        buf_free_secret(&b);
+        return 0;
+    }
+    if (f->worker_index > 0) {
+        /* The main loop sends it: a copy of the socket goes with the frame
+         * (closing this one, below, sends nothing to the client). */
+        int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (dup_fd < 0) {
+            buf_free_secret(&b);
+            return 0; /* out of descriptors: tried again on the next scan */
+        }
+        tk_relay_post(tk->relay, &b, dup_fd);
+        tk->handed++;
+        session_close(s, "handed over to the new process");
+        return 0;
+    }
+    int rc = tkw_send(tk->cfd, TK_SESSION, &b, &fd, 1, TAKEOVER_SEND_TIMEOUT_MS);
     buf_free_secret(&b);
     if (rc < 0) {
         char why[160];
@@ -1158,6 +1073,9 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
             session_close(s, "ferry restarted (takeover): a MONITOR or CLIENT REPLY stream "
                              "cannot be handed over");
         } else {
+            log_info("client %llu %s: ferry restarted (takeover): a MONITOR or CLIENT REPLY "
+                     "stream cannot be handed over: closed once its output is written",
+                     (unsigned long long)s->id, s->peer);
             session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
         return 0;
@@ -1193,6 +1111,55 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         }
     }
     return 0;
+}
+
+/* The takeover was aborted: every call cancelled on Redis (for the new
+ * process to re-issue) is re-issued here; one still being cancelled is
+ * when Redis answers (tk_call_done). */
+static void tk_return_calls(takeover *tk)
+{
+    ferry *f = tk->f;
+    for (size_t i = 0; i < tk->ncancels;) {
+        tk_cancel *c = &tk->cancels[i];
+        if (!c->done) {
+            i++;
+            continue;
+        }
+        session *s = tk_session_find(f, c->sid);
+        request *call = c->call;
+        c->call = NULL;
+        tk_cancel_drop(tk, c); /* the last one takes its place */
+        if (s == NULL || s->state != SESSION_OPEN) {
+            request_free(f, call);
+            continue;
+        }
+        if (!tk_quiet(s) || s->nrequests != 0 || s->inflight != 0) {
+            /* It was not read since (reading stays stopped until then). */
+            session_close(s, "takeover aborted: its blocked call cannot be re-issued");
+        } else {
+            tk_hand(tk, s, call);
+            if (s->state == SESSION_OPEN) {
+                session_check_reading(s); /* its time was up: answered */
+            }
+        }
+        request_free(f, call);
+    }
+}
+
+/* After an abort: read every client again, but one whose blocked call is
+ * still being cancelled (its reply, or the call, comes first). */
+static void tk_resume_reading(takeover *tk)
+{
+    list_node *n;
+    tk->f->handing_over = 0;
+    list_foreach(n, &tk->f->sessions)
+    {
+        session *s = list_entry(n, session, node);
+        if (tk_cancel_find(tk, s->id) == NULL) {
+            session_check_reading(s);
+        }
+    }
+    tk_return_calls(tk);
 }
 
 /* Cancels that need a nudge: CLIENT UNBLOCK again, a client that left, or
@@ -1238,6 +1205,9 @@ static void tk_finish_source(takeover *tk, const char *why)
         /* Left to SIGTERM's rules (those already closing were counted). */
         tk->closed += list_entry(n, session, node)->state == SESSION_OPEN;
     }
+    if (f->worker_index > 0) {
+        atomic_fetch_add(&tk->relay->closed, tk->closed); /* for the main loop's DONE */
+    }
     tk_set_phase(tk, TK_SRC_FINISHING);
     if (tk->scan != NULL) {
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
@@ -1268,7 +1238,34 @@ static void tk_scan(takeover *tk)
             return; /* aborted */
         }
     }
-    if (f->nclients == 0) {
+    if (f->worker_index > 0) {
+        /* A worker: done once its own clients are over; the main loop
+         * sends what it posted and tells the new process when all are. */
+        if (f->nclients == 0) {
+            log_info("takeover: loop %d: its %lu client(s) handed over in %llu ms", f->worker_index,
+                     tk->handed, (unsigned long long)(now - tk->handing_ms));
+            /* It waits for the main loop: stopped with every loop once all
+             * are over (takeover_tick), or serving on if the takeover is
+             * aborted (the main loop then serves what it posted). */
+            uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+            tk->scan = NULL;
+        } else if (now >= tk->deadline_ms) {
+            tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
+        }
+        return;
+    }
+    tk_relay_drain(tk);
+    if (tk->phase != TK_SRC_HANDING) {
+        return; /* aborted */
+    }
+    /* Every loop's clients gone: each worker posted its last one before
+     * it closed it, so once the count reads 0 the relay has them all. */
+    uint64_t left = workers_clients(f);
+    if (left == 0) {
+        tk_relay_drain(tk);
+        if (tk->phase != TK_SRC_HANDING) {
+            return;
+        }
         log_info("takeover: all %lu client(s) handed over in %llu ms (%llu ms since the new "
                  "process connected)",
                  tk->handed, (unsigned long long)(now - tk->handing_ms),
@@ -1277,7 +1274,7 @@ static void tk_scan(takeover *tk)
     } else if (now >= tk->deadline_ms) {
         log_warn("takeover: %llu client(s) not handed over within shutdown_timeout_ms (%lu "
                  "were): closed after their replies",
-                 (unsigned long long)f->nclients, tk->handed);
+                 (unsigned long long)left, tk->handed);
         tk_finish_source(tk, "takeover: shutdown_timeout_ms reached");
     }
 }
@@ -1290,7 +1287,6 @@ static void tk_scan_cb(uv_timer_t *t)
 static void tk_source_abort(takeover *tk, const char *why)
 {
     ferry *f = tk->f;
-    list_node *n;
     int handing = tk->phase == TK_SRC_HANDING;
 
     log_error("takeover aborted: %s", why);
@@ -1304,112 +1300,64 @@ static void tk_source_abort(takeover *tk, const char *why)
         /* The listeners went to the new process: this one keeps the
          * clients it still has, and accepts no new ones. */
         log_error("takeover: this process no longer listens; %llu client(s) stay with it",
-                  (unsigned long long)f->nclients);
-        f->handing_over = 0;
-        list_foreach(n, &f->sessions)
-        {
-            session_check_reading(list_entry(n, session, node));
-        }
+                  (unsigned long long)workers_clients(f));
+        tk_resume_reading(tk);
+        workers_takeover_abort(f);
+        tk_relay_drain(tk); /* what the workers posted is served here */
     }
+}
+
+void takeover_worker_hand(ferry *f, tk_relay *relay)
+{
+    if (f->stopping || f->closed) {
+        return; /* closing its clients already (SIGTERM's rules) */
+    }
+    if (f->takeover == NULL) {
+        f->takeover = tk_new(f);
+    }
+    takeover *tk = f->takeover;
+    if (tk->phase != TK_IDLE) {
+        return;
+    }
+    tk->relay = relay;
+    tk->started_ms = uv_now(f->loop);
+    tk_begin_handing(tk);
+}
+
+void takeover_worker_abort(ferry *f)
+{
+    takeover *tk = f->takeover;
+    if (tk == NULL || tk->phase != TK_SRC_HANDING) {
+        return; /* done already: its clients are over, or closing */
+    }
+    if (tk->scan != NULL) {
+        uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
+        tk->scan = NULL;
+    }
+    tk_set_phase(tk, TK_IDLE);
+    tk_resume_reading(tk);
 }
 
 /* ---------------------------------------------------- new: the sessions */
 
-static void tk_sink_session(takeover *tk, rd *p, int fd)
+/* Every loop's master view is UP: the main loop's now, each worker's as
+ * it published it on its last tick. */
+static int tk_all_up(ferry *f)
 {
-    ferry *f = tk->f;
-    session_import im;
-    buf input;
-    size_t n;
-
-    memset(&im, 0, sizeof(im));
-    im.is_unix = (int)get_u32(p);
-    uint32_t proto = get_u32(p);
-    im.proto = (int)proto;
-    im.authed = (int)get_u32(p);
-    im.sticky = (int)get_u32(p);
-    im.tracking = (int)get_u32(p);
-    im.pubsub = (int)get_u32(p);
-    im.db = (int)get_u32(p);
-    int64_t left = get_i64(p);
-    int64_t old_id = get_i64(p);
-    int64_t idle = get_i64(p);
-    int64_t partial = get_i64(p);
-    im.idle_ms = idle > 0 ? (uint64_t)idle : 0;
-    im.partial_ms = partial > 0 ? (uint64_t)partial : 0;
-    const char *peer = get_bytes(p, &n);
-    char peerz[64];
-    snprintf(peerz, sizeof(peerz), "%.*s", (int)n, peer);
-    im.settings = get_bytes(p, &im.nsettings);
-    buf_init(&input);
-    const char *call = get_bytes(p, &n);
-    buf_append(&input, call, n);
-    size_t ncall = n;
-    const char *rest = get_bytes(p, &n);
-    buf_append(&input, rest, n);
-    for (int i = 0; i < 3 && !p->bad; i++) {
-        uint32_t k = get_u32(p);
-        for (uint32_t j = 0; j < k && !p->bad; j++) {
-            const char *name = get_bytes(p, &n);
-            if (p->bad) {
-                break;
-            }
-            if (im.subs == NULL) {
-                im.subs = sub_sets_new();
-            }
-            sub_set *set = i == 0   ? &im.subs->channels
-                           : i == 1 ? &im.subs->patterns
-                                    : &im.subs->shards;
-            subs_add(set, name, n);
+    worker_view views[CONFIG_MAX_WORKERS];
+    if (f->up == NULL || f->up->state != UP_UP) {
+        return 0;
+    }
+    int n = workers_stats(f, NULL, views, CONFIG_MAX_WORKERS);
+    for (int i = 1; i < n; i++) {
+        if (!views[i].up) {
+            return 0;
         }
     }
-    if (im.pubsub && im.subs == NULL) {
-        im.subs = sub_sets_new(); /* subscribed to nothing yet: the tunnel stays open */
-    }
-    uint32_t has_user = get_u32(p);
-    const char *user = get_bytes(p, &im.nuser);
-    size_t npass;
-    /* Wiped below, in the received bytes, once the session has it. */
-    char *pass = (char *)get_bytes(p, &npass);
-    if (has_user) {
-        im.user = user;
-        im.pass = pass;
-        im.npass = npass;
-    }
-    char userz[80] = "";
-    if (has_user) {
-        snprintf(userz, sizeof(userz), ", user '%.*s'", (int)(im.nuser < 64 ? im.nuser : 64), user);
-    }
-    if (p->bad || (proto != 2 && proto != 3) || fd < 0 || (has_user && im.nuser == 0)) {
-        log_error("takeover: malformed client from the old process (protocol %u): closed",
-                  (unsigned)proto);
-        if (fd >= 0) {
-            close(fd);
-        }
-    } else {
-        im.input = buf_head(&input);
-        im.ninput = buf_used(&input);
-        tk->handed++;
-        log_info("takeover: client %lld %s received (RESP%d%s, db %d%s%s%s%s, %zu byte(s) "
-                 "unparsed)",
-                 (long long)old_id, peerz, im.proto, userz, im.db, im.pubsub ? ", subscribed" : "",
-                 im.nsettings > 0 ? ", connection settings" : "", ncall > 0 ? ", blocked call" : "",
-                 ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "",
-                 im.ninput - ncall);
-        int rc = session_adopt(f, fd, &im);
-        if (rc < 0) {
-            log_error("takeover: cannot open client %lld: %s", (long long)old_id, uv_strerror(rc));
-            close(fd);
-        }
-    }
-    if (npass > 0) {
-        explicit_bzero(pass, npass); /* the user's ident has its own copy */
-    }
-    sub_sets_free(im.subs);
-    buf_free(&input);
+    return 1;
 }
 
-/* New process, waiting for a usable master: once its master view is UP
+/* New process, waiting for a usable master: once every loop's view is UP
  * (or after TAKEOVER_READY_MS, when its clients' requests are held as at any
  * start), tell the old process to hand the clients over. */
 static void tk_ready_cb(uv_timer_t *t)
@@ -1423,7 +1371,7 @@ static void tk_ready_cb(uv_timer_t *t)
     if (tk->phase != TK_SINK_READYING) {
         return;
     }
-    int up = f->up != NULL && f->up->state == UP_UP;
+    int up = tk_all_up(f);
     if (!up && waited < TAKEOVER_READY_MS) {
         return;
     }
@@ -1435,7 +1383,7 @@ static void tk_ready_cb(uv_timer_t *t)
     snprintf(msg, sizeof(msg), "MAINPID=%d\nREADY=1", (int)getpid());
     takeover_sd_notify(msg);
     buf_init(&none);
-    int rc = tk_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
+    int rc = tkw_send(tk->cfd, TK_ACCEPTING, &none, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
     if (rc < 0) {
         log_error("takeover: %s; continuing on the inherited listeners", uv_strerror(rc));
         tk_sink_finish(tk, "the control connection failed");
@@ -1460,9 +1408,9 @@ static void tk_sink_finish(takeover *tk, const char *why)
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
         tk->scan = NULL;
     }
-    close_fds(tk->fdq, tk->nfdq);
-    tk->nfdq = 0;
-    buf_free_secret(&tk->rx); /* what is left of the session frames */
+    tkw_close_fds(tk->in.fdq, tk->in.nfdq);
+    tk->in.nfdq = 0;
+    buf_free_secret(&tk->in.rx); /* what is left of the session frames */
     tk_set_phase(tk, TK_IDLE);
     log_info("takeover: %s: %lu client(s) received in %llu ms", why, tk->handed,
              (unsigned long long)(uv_now(f->loop) - tk->started_ms));
@@ -1485,11 +1433,11 @@ static void tk_control_cb(uv_poll_t *h, int status, int events)
     int sink = tk_is_sink(tk);
 
     for (int rounds = 0; rounds < 64 && tk->cfd >= 0; rounds++) {
-        int rc = status < 0 ? status : tk_recv(tk);
+        int rc = status < 0 ? status : tkw_recv(&tk->in, tk->cfd);
         for (;;) {
             int type, fds[TAKEOVER_MAX_FDS], nfds;
-            rd p;
-            int fr = tk_frame(tk, &type, &p, fds, &nfds);
+            tkw_rd p;
+            int fr = tkw_frame(&tk->in, &type, &p, fds, &nfds);
             if (fr == 0) {
                 break;
             }
@@ -1505,24 +1453,26 @@ static void tk_control_cb(uv_poll_t *h, int status, int events)
             if (!sink) {
                 tk_source_frame(tk, type, &p, fds, nfds);
                 if (tk->cfd >= 0) {
-                    tk_consume(tk, &p);
+                    tkw_consume(&tk->in, &p);
                 }
             } else if (type == TK_SESSION) {
-                tk_sink_session(tk, &p, nfds == 1 ? fds[0] : -1);
-                close_fds(fds + 1, nfds - 1);
-                tk_consume(tk, &p);
+                tk->handed += nfds == 1;
+                /* Adopted by the next loop in turn (this one without workers). */
+                workers_adopt(tk->f, nfds >= 1 ? fds[0] : -1, (char *)p.p, p.n);
+                tkw_close_fds(fds + 1, nfds - 1);
+                tkw_consume(&tk->in, &p);
             } else if (type == TK_DONE) {
-                close_fds(fds, nfds);
-                uint32_t handed = get_u32(&p), closed = get_u32(&p);
+                tkw_close_fds(fds, nfds);
+                uint32_t handed = tkw_get_u32(&p), closed = tkw_get_u32(&p);
                 log_info("takeover: the old process is done (%u handed over, %u closed after "
                          "their replies)",
                          (unsigned)handed, (unsigned)closed);
-                tk_consume(tk, &p);
+                tkw_consume(&tk->in, &p);
                 tk_sink_finish(tk, "complete");
                 return;
             } else {
-                close_fds(fds, nfds);
-                tk_consume(tk, &p);
+                tkw_close_fds(fds, nfds);
+                tkw_consume(&tk->in, &p);
             }
             if (tk->cfd < 0) {
                 return;
@@ -1568,15 +1518,29 @@ void takeover_close(ferry *f)
     if (tk == NULL) {
         return;
     }
+    if (tk->relay != NULL && f->worker_index == 0) {
+        /* Sessions the workers posted last, then no more. */
+        tk_relay_drain(tk);
+        uv_mutex_lock(&tk->relay->lock);
+        int was = tk->relay->open;
+        tk->relay->open = 0;
+        uv_mutex_unlock(&tk->relay->lock);
+        if (was) {
+            uv_close((uv_handle_t *)&tk->relay->async, NULL);
+        }
+    }
     if (tk->phase == TK_SRC_FINISHING && tk->cfd >= 0) {
         buf b;
         buf_init(&b);
-        put_u32(&b, (uint32_t)tk->handed);
-        put_u32(&b, (uint32_t)tk->closed);
+        if (tk->relay != NULL) {
+            tk->closed += atomic_load(&tk->relay->closed);
+        }
+        tkw_put_u32(&b, (uint32_t)tk->handed);
+        tkw_put_u32(&b, (uint32_t)tk->closed);
         log_info("takeover: done: %lu client(s) handed over, %lu closed after their replies; "
                  "fallback store released",
                  tk->handed, tk->closed);
-        int rc = tk_send(tk->cfd, TK_DONE, &b, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
+        int rc = tkw_send(tk->cfd, TK_DONE, &b, NULL, 0, TAKEOVER_SEND_TIMEOUT_MS);
         buf_free(&b);
         if (rc < 0) {
             log_warn("takeover: telling the new process: %s", uv_strerror(rc));
@@ -1591,8 +1555,8 @@ void takeover_close(ferry *f)
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
         tk->scan = NULL;
     }
-    close_fds(tk->fdq, tk->nfdq);
-    tk->nfdq = 0;
+    tkw_close_fds(tk->in.fdq, tk->in.nfdq);
+    tk->in.nfdq = 0;
     for (int i = 0; i < tk->ninh; i++) {
         if (tk->inh[i].fd >= 0) {
             close(tk->inh[i].fd);
@@ -1610,8 +1574,17 @@ void takeover_free(ferry *f)
     if (tk == NULL) {
         return;
     }
-    buf_free_secret(&tk->rx);
+    buf_free_secret(&tk->in.rx);
     free(tk->cancels);
+    if (tk->relay != NULL && f->worker_index == 0) {
+        /* Every worker has been joined, and the async closed. */
+        tk_item *it;
+        while ((it = tk_relay_pop(tk->relay)) != NULL) {
+            tk_item_free(it);
+        }
+        uv_mutex_destroy(&tk->relay->lock);
+        free(tk->relay);
+    }
     free(tk);
     f->takeover = NULL;
 }

@@ -40,6 +40,17 @@ void takeover_close(ferry *f);
 /* Free what outlives the handles (after the loop ran them closed). */
 void takeover_free(ferry *f);
 
+/* With workers (takeover.c's header comment). A worker, told by the main
+ * loop of an old process: hand this loop's sessions over through relay /
+ * stop handing them over (the takeover was aborted: they stay). */
+struct tk_relay;
+void takeover_worker_hand(ferry *f, struct tk_relay *relay);
+void takeover_worker_abort(ferry *f);
+/* New process, any loop: serve fd, a client received with its state frame
+ * (frame[0..len), a TK_SESSION payload; its password bytes are wiped).
+ * Returns 0, or -1 with fd closed. */
+int takeover_adopt(ferry *f, int fd, char *frame, size_t len);
+
 /* Tell systemd (NOTIFY_SOCKET, Type=notify) msg, e.g. "READY=1". Does
  * nothing without NOTIFY_SOCKET. */
 void takeover_sd_notify(const char *msg);

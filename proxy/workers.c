@@ -36,6 +36,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "takeover.h"
 #include "upstream.h"
 
 /* What a mailbox carries. */
@@ -48,7 +49,10 @@ typedef enum wmsg_kind {
     WM_STOP,       /* graceful stop (why) */
     WM_CLOSE,      /* close everything now */
     WM_STORE,      /* the result of a fallback store operation (store) */
-    WM_PUBLISH     /* publish the figures now (gen): the stats port is answering */
+    WM_PUBLISH,    /* publish the figures now (gen): the stats port is answering */
+    WM_TK_HAND,    /* takeover, old process: hand every client over through relay */
+    WM_TK_ABORT,   /* takeover, old process: aborted, keep the clients left */
+    WM_TK_ADOPT    /* takeover, new process: a client (fd) with its state (frame) */
 } wmsg_kind;
 
 typedef struct wmsg {
@@ -61,6 +65,10 @@ typedef struct wmsg {
     char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
     void *store;       /* WM_STORE: owned by the message until applied */
     uint64_t gen;      /* WM_PUBLISH: the main loop's request number */
+
+    /* A takeover's (takeover.c); WM_TK_ADOPT owns fd too. */
+    struct tk_relay *relay; /* WM_TK_HAND: the main loop's */
+    buf frame;              /* WM_TK_ADOPT: the session's state (wiped when freed) */
 } wmsg;
 
 /* A fallback store operation on its way to the main loop. */
@@ -121,12 +129,13 @@ static void free_close_cb(uv_handle_t *h)
 /* On f's thread: m was not applied (a result goes back to the store). */
 static void msg_free(ferry *f, wmsg *m)
 {
-    if (m->kind == WM_ACCEPT && m->fd >= 0) {
+    if ((m->kind == WM_ACCEPT || m->kind == WM_TK_ADOPT) && m->fd >= 0) {
         close(m->fd);
     }
     if (m->kind == WM_STORE && m->store != NULL) {
         outage_remote_drop(f, m->store);
     }
+    buf_free_secret(&m->frame); /* a client.auth redis user's password */
     free(m);
 }
 
@@ -231,6 +240,16 @@ static void apply(worker *w, wmsg *m)
     }
     case WM_PUBLISH:
         publish(f, w, m->gen);
+        break;
+    case WM_TK_HAND:
+        takeover_worker_hand(f, m->relay);
+        break;
+    case WM_TK_ABORT:
+        takeover_worker_abort(f);
+        break;
+    case WM_TK_ADOPT:
+        takeover_adopt(f, m->fd, buf_head(&m->frame), buf_used(&m->frame));
+        m->fd = -1; /* the session's, or closed */
         break;
     }
 }
@@ -408,6 +427,37 @@ int workers_accept(ferry *f, uv_stream_t *server, int is_unix)
     m->is_unix = is_unix;
     post(wk->w[i], m);
     return 0;
+}
+
+void workers_takeover_hand(ferry *f, struct tk_relay *relay)
+{
+    workers *wk = f->workers;
+    for (int i = 1; wk != NULL && f->worker_index == 0 && i < wk->n; i++) {
+        wmsg *m = msg_new(WM_TK_HAND, NULL);
+        m->relay = relay;
+        post(wk->w[i], m);
+    }
+}
+
+void workers_takeover_abort(ferry *f)
+{
+    post_all(f, WM_TK_ABORT, NULL, 0, NULL);
+}
+
+void workers_adopt(ferry *f, int fd, char *p, size_t n)
+{
+    workers *wk = f->workers;
+    int i = wk != NULL ? (int)(wk->next++ % (uint64_t)wk->n) : 0;
+    if (i == 0) {
+        takeover_adopt(f, fd, p, n);
+        return;
+    }
+    wmsg *m = msg_new(WM_TK_ADOPT, NULL);
+    m->fd = fd;
+    buf_reserve_secret(&m->frame, n); /* one block: no copy left behind */
+    buf_append(&m->frame, p, n);
+    explicit_bzero(p, n);
+    post(wk->w[i], m);
 }
 
 void workers_stop(ferry *f, const char *why)

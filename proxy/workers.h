@@ -51,6 +51,14 @@ void workers_switch(ferry *f, const char *why);
 void workers_set_master(ferry *f, const char *ip, int port, const char *why);
 void workers_fence_invalid(ferry *f);
 void workers_keep_master(ferry *f);
+/* Takeover (takeover.c). Old process, main loop: every worker hands its
+ * clients over through relay / stops doing so (aborted). New process, main
+ * loop: fd, a client received with its state frame p[0..n), is adopted by
+ * the next loop in turn (this one included); p's password bytes are wiped. */
+struct tk_relay;
+void workers_takeover_hand(ferry *f, struct tk_relay *relay);
+void workers_takeover_abort(ferry *f);
+void workers_adopt(ferry *f, int fd, char *p, size_t n);
 /* A worker lost its master: the main loop's Sentinel client asks again. */
 void workers_trigger_sentinel(ferry *f);
 

@@ -76,8 +76,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FERRY_BIN = os.environ.get('FERRY_BIN') or os.path.join(REPO, 'build', 'ferry')
 DIRECT = os.environ.get('FERRY_TEST_DIRECT') == '1'
 # FERRY_TEST_WORKERS=N: every ferry this harness configures runs N event
-# loops (workers: N), unless its test sets workers itself or configures
-# what needs one loop (takeover.socket), so any suite runs with workers.
+# loops (workers: N), unless its test sets workers itself, so any suite runs
+# with workers.
 WORKERS = os.environ.get('FERRY_TEST_WORKERS')
 KEEP = os.environ.get('FERRY_TEST_KEEP') == '1'
 REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
@@ -323,11 +323,8 @@ def _merge(base, over):
 
 
 def _needs_one_loop(c, extra_yaml):
-    """The config uses what workers > 1 refuses (the takeover)."""
-    tk = c.get('takeover')
-    if isinstance(tk, dict) and tk.get('socket'):
-        return True
-    return bool(re.search(r'^(takeover|workers)\s*:', extra_yaml or '', re.M))
+    """The test sets workers itself (in extra YAML)."""
+    return bool(re.search(r'^workers\s*:', extra_yaml or '', re.M))
 
 
 def _port_of(addr):

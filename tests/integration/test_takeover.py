@@ -38,6 +38,18 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          under client.auth ferry, one authenticated by
                          ferry under client.auth redis); the takeover
                          socket has mode 0600
+  TakeoverWorkersTest    the old process on workers: 4, the new one on
+                         workers: 2, under load, with a BRPOP q 0, a SUBSCRIBE
+                         and a SELECT 3 client on three loops of the old one:
+                         every loop hands its clients over, both loops of the
+                         new one adopt some; same sockets, no error, 0 lost,
+                         each keeps its state, nobody reconnected, new
+                         connections every 10 ms all along are all answered
+                         (none refused), the old process exits 0. And a new process that goes away
+                         right after ACCEPTING: the old one keeps every client
+                         (the workers' served by its main loop), a BRPOP
+                         cancelled for the handover is re-issued and gets an
+                         item pushed after, every loop runs on
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -58,6 +70,7 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          takeover socket the reload fails and ferry serves on
 
 Run:  python3 -m unittest test_takeover -v
+With FERRY_TEST_WORKERS=N both processes of every test run N loops.
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 """
 import os
@@ -66,8 +79,10 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -297,7 +312,12 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             # The MONITOR one only, at once: the old process exits right
             # after the EXEC, not at shutdown_timeout_ms (5 s).
             self.assertEqual(len(others), 1, others)
-            self.assertIn('MONITOR or CLIENT REPLY stream cannot be handed over', others[0])
+            # Closed at once, or once what it was streaming is written.
+            mon_id = re.search(r' client (\d+) ', others[0]).group(1)
+            said = [ln for ln in old_log if re.search(
+                r' client %s \S+(:| closed:) ferry restarted \(takeover\): a MONITOR or CLIENT '
+                r'REPLY stream cannot be handed over' % mon_id, ln)]
+            self.assertEqual(len(said), 1, others)
             self.assertEqual(len(closed), nothers + 2)
             self.assertLess(after_exec, 3)
         with self.subTest(check='blocked calls cancelled on Redis, not by closing their link'):
@@ -323,6 +343,266 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
         self.check_accounting(res, topo, ferry)
         for s in (sel, blk, sub, tx, part, named, trk, mon):
             s.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
+    """The old process on workers: 4, the new one on workers: 2."""
+
+    def test_four_loops_to_two(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        conf = dict(FERRY_CONF, takeover={'socket': sock_path}, workers=4)
+        ferry = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        old_pid = ferry.pid
+        mc = topo.master().client(socket_timeout=5)
+        mc.delete('q', 'tkw:q', 'tkw:k')
+        topo.master().client(socket_timeout=5, db=3).delete('tkw:k')
+
+        # Three clients in a row: three loops of four (round-robin).
+        sel = ferry.raw()
+        resp_send(sel, ['SELECT', '3'])
+        self.assertEqual(resp_read_reply(sel), 'OK')
+        blk = ferry.raw()
+        resp_send(blk, ['BRPOP', 'q', '0'])
+        sub = ferry.raw()
+        resp_send(sub, ['SUBSCRIBE', 'tkw:ch'])
+        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tkw:ch', 1])
+        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
+                   msg='BRPOP q 0 blocked on the master')
+        clients = (sel, blk, sub)
+        names = [s.getsockname() for s in clients]
+
+        load = Load(ferry, 'takeover-workers', key='tkw:q').start()
+        self.addCleanup(load.stop)
+        time.sleep(PRE_LOAD)
+
+        new_conf = dict(ferry.conf, workers=2)
+        new_path = os.path.join(tmp, 'new.yml')
+        with open(new_path, 'w') as f:
+            f.write(render_yaml(new_conf))
+        # New connections all along: none refused, each answered.
+        conns = Connector(ferry.port).start()
+        self.addCleanup(conns.stop)
+        time.sleep(0.2)
+        t_fault = now()
+        new = spawn_takeover(new_path, sock_path, ferry.out_path)
+        try:
+            old_rc = ferry.proc.wait(TAKEOVER_WAIT)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        took = now() - t_fault
+        time.sleep(0.3)
+        conns.stop()
+        old_proc = ferry.proc
+        ferry.proc, ferry.pid = new, new.pid
+        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
+            TAKEOVER_WAIT, self.diag(topo, ferry)))
+        if old_proc.poll() is None:
+            old_proc.kill()
+        time.sleep(POST_LOAD)
+        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
+            new.poll(), self.diag(topo, ferry)))
+
+        with self.subTest(check='the SELECT 3 client writes to db 3'):
+            resp_send(sel, ['SET', 'tkw:k', 'after'])
+            self.assertEqual(resp_read_reply(sel), 'OK')
+            m = current_master(topo)
+            self.assertEqual(m.client(socket_timeout=5, db=3).get('tkw:k'), 'after')
+            self.assertIsNone(m.client(socket_timeout=5).get('tkw:k'))
+        with self.subTest(check='the BRPOP q 0 gets an item pushed after'):
+            current_master(topo).client(socket_timeout=5).lpush('q', 'after-takeover')
+            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q', b'after-takeover'])
+        with self.subTest(check='the subscriber gets a message published after'):
+            pub = current_master(topo).client(socket_timeout=5)
+            wait_until(lambda: pub.publish('tkw:ch', 'after-takeover') >= 1, timeout=10,
+                       msg='the subscriber to be subscribed again')
+            self.assertEqual(resp_read_reply(sub, timeout=5),
+                             [b'message', b'tkw:ch', b'after-takeover'])
+        with self.subTest(check='same sockets'):
+            self.assertEqual([s.getsockname() for s in clients], names)
+
+        res = load.finish(lambda: current_master(topo))
+        res.t_fault = t_fault
+        log = ferry.log()
+        old_log = log_lines(log, old_pid)
+        began = [i for i, ln in enumerate(old_log) if 'takeover: a new process connected' in ln]
+        self.assertEqual(len(began), 1, '\n'.join(old_log[-40:]))
+        old_log = old_log[began[0]:]
+        new_log = log_lines(log, new.pid)
+        nclients = 3 + load.producers + load.consumers
+        handed = re.search(r'takeover: all (\d+) client\(s\) handed over in (\d+) ms',
+                           '\n'.join(old_log))
+        print(res.summary('takeover-workers'), flush=True)
+        print('[takeover-workers] old process (4 loops) exited %.2fs after the new one (2 loops) '
+              'started; %s' % (took, handed.group(0) if handed else 'not all handed over'),
+              flush=True)
+
+        # A session's id names its loop: loop i of n gives the ids i + k * n.
+        def loops_of(lines, pattern, n):
+            found = {}
+            for ln in lines:
+                m = re.search(pattern, ln)
+                if m:
+                    found[m.group(2)] = int(m.group(1)) % n
+            return found
+        old_loop = loops_of(new_log, r'takeover: client (\d+) (\S+) received', 4)
+        new_loop = loops_of(new_log, r'client (\d+) (\S+) taken over', 2)
+        peers = ['127.0.0.1:%d' % s.getsockname()[1] for s in clients]
+        # The connector's connections: any open at the handover goes over too.
+        fresh = {'127.0.0.1:%d' % p for p in conns.ports}
+
+        def peer_of(ln):
+            return re.search(r' client \d+ (\S+) ', ln).group(1)
+        fresh_handed = [ln for ln in old_log if 'closed: handed over to the new process' in ln
+                        and peer_of(ln) in fresh]
+        old_loop = {p: i for p, i in old_loop.items() if p not in fresh}
+        new_loop = {p: i for p, i in new_loop.items() if p not in fresh}
+        with self.subTest(check='the old process exits 0 after handing every client over'):
+            self.assertEqual(old_rc, 0)
+            self.assertIsNotNone(handed, '\n'.join(old_log[-40:]))
+            self.assertEqual(int(handed.group(1)), nclients + len(fresh_handed))
+            done = [ln for ln in old_log if re.search(r'takeover: loop \d: its \d+ client', ln)]
+            self.assertEqual(len(done), 3, '\n'.join(old_log[-40:]))
+        with self.subTest(check='the three clients were on three loops of the old process'):
+            self.assertEqual(len({old_loop.get(p) for p in peers}), 3, (peers, old_loop))
+        with self.subTest(check='both loops of the new process adopted clients'):
+            self.assertEqual(len(new_loop), nclients, new_loop)
+            self.assertEqual(set(new_loop.values()), {0, 1}, new_loop)
+            self.assertTrue(all(p in new_loop for p in peers), (peers, new_loop))
+        with self.subTest(check='no client closed by the old process but by the handover'):
+            closed = [ln for ln in old_log if re.search(r' client \d+ \S+ closed: ', ln)
+                      and peer_of(ln) not in fresh]
+            others = [ln for ln in closed if 'handed over to the new process' not in ln]
+            self.assertEqual(others, [])
+            self.assertEqual(len(closed), nclients)
+        with self.subTest(check='new connections during the takeover: none refused'):
+            self.assertEqual(conns.errors, [])
+            self.assertGreater(len(conns.ports), 10)
+        with self.subTest(check='nobody reconnected: the new process accepted no old client'):
+            accepted = [ln for ln in new_log if re.search(r' client \d+ \S+ connected$', ln)]
+            self.assertEqual([ln for ln in accepted if peer_of(ln) not in fresh], [])
+        with self.subTest(check='the BRPOP was cancelled on Redis, not by closing its link'):
+            cancelled = [ln for ln in old_log if 'blocked call cancelled on Redis' in ln]
+            self.assertGreaterEqual(len(cancelled), 1, '\n'.join(old_log[-40:]))
+        self.check_accounting(res, topo, ferry)
+        for s in clients:
+            s.close()
+
+    def test_aborted_with_workers(self):
+        """A new process that goes away right after ACCEPTING: the old one
+        keeps every client (a worker's, posted for the main loop to send, is
+        served by the main loop), each on its socket with its database, and
+        every loop runs on."""
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        ferry = Ferry(redis_srv, conf={'takeover': {'socket': sock_path}, 'workers': 4})
+        self.addCleanup(ferry.stop)
+        clients = []
+        for i in range(8):  # two on each loop
+            c = ferry.raw()
+            resp_send(c, ['SELECT', str(i % 4)])
+            self.assertEqual(resp_read_reply(c), 'OK')
+            clients.append(c)
+        # Blocked in BRPOP on each loop: cancelled on Redis for the handover,
+        # re-issued in place once it is aborted.
+        blocked = []
+        for i in range(4):
+            c = ferry.raw()
+            resp_send(c, ['BRPOP', 'tka:q%d' % i, '0'])
+            blocked.append(c)
+        rc = redis_srv.client()
+        wait_until(lambda: int(rc.info('clients')['blocked_clients']) >= 4, timeout=10,
+                   msg='the four BRPOP blocked on Redis')
+        names = [c.getsockname() for c in clients + blocked]
+
+        fake_new_process(sock_path)
+        wait_until(lambda: 'takeover: this process no longer listens' in ferry.log(), timeout=10,
+                   msg='the takeover to be aborted')
+        for i, c in enumerate(clients):
+            resp_send(c, ['SET', 'tka:%d' % i, 'kept'])
+            self.assertEqual(resp_read_reply(c, timeout=5), 'OK')
+        for i in range(8):
+            self.assertEqual(redis_srv.client(db=i % 4).get('tka:%d' % i), 'kept')
+        wait_until(lambda: int(rc.info('clients')['blocked_clients']) >= 4, timeout=10,
+                   msg='the four BRPOP blocked on Redis again')
+        for i, c in enumerate(blocked):
+            rc.lpush('tka:q%d' % i, 'after')
+            self.assertEqual(resp_read_reply(c, timeout=5), [b'tka:q%d' % i, b'after'])
+        self.assertEqual([c.getsockname() for c in clients + blocked], names)
+        self.assertIsNone(ferry.proc.poll(), 'the old ferry exited')
+        log = ferry.log()
+        self.assertIn('takeover aborted', log)
+        # Every loop serves on: none stopped once its clients were posted.
+        self.assertNotIn('stopping (', log)
+        # The workers' clients came back through the main loop.
+        self.assertGreaterEqual(len(re.findall(r'takeover: client \d+ \S+ received', log)), 1,
+                                log[-4000:])
+        for c in clients + blocked:
+            c.close()
+
+
+class Connector:
+    """Connects to ferry every 10 ms, PING, PONG, closes; notes every
+    failure (a refused or unanswered connection)."""
+
+    def __init__(self, port):
+        self.port = port
+        self.ports = []   # local ports of the connections answered
+        self.errors = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def run(self):
+        while not self.done.wait(0.01):
+            try:
+                with socket.create_connection(('127.0.0.1', self.port), timeout=5) as c:
+                    port = c.getsockname()[1]
+                    resp_send(c, ['PING'])
+                    if resp_read_reply(c, timeout=5) != 'PONG':
+                        raise AssertionError('no PONG')
+                    self.ports.append(port)
+            except Exception as e:  # noqa: BLE001 - every failure is the finding
+                self.errors.append('%.3f %r' % (time.monotonic(), e))
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(10)
+
+
+def fake_new_process(sock_path):
+    """Play a new process that goes away as soon as it said ACCEPTING:
+    HELLO, the listeners received (and closed), then ACCEPTING on a socket
+    already shut for reading, so that every send of the old process fails."""
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.settimeout(10)
+    c.connect(sock_path)
+    magic = b'ferry-takeover/2'
+    hello = struct.pack('=I', len(magic)) + magic + struct.pack('=I', os.getpid())
+    c.sendall(struct.pack('=II', len(hello), 1) + hello)  # TK_HELLO
+    got = b''
+    while len(got) < 8 or len(got) < 8 + struct.unpack('=I', got[:4])[0]:
+        data, fds, _, _ = socket.recv_fds(c, 65536, 64)
+        for fd in fds:
+            os.close(fd)
+        if not data:
+            break
+        got += data
+    assert len(got) >= 8 and struct.unpack('=I', got[4:8])[0] & 0xffff == 2, got  # LISTENERS
+    c.shutdown(socket.SHUT_RD)
+    c.sendall(struct.pack('=II', 0, 3))  # TK_ACCEPTING
+    c.close()
 
 
 NOKEY = ('NOPERM this user has no permissions to access one of the keys used as arguments')
