@@ -42,7 +42,7 @@ typedef enum stat_type {
       "view, failover and durability figures the main loop's (live)")                              \
     X(top, worker_loops, NODES, "",                                                                \
       "per event loop, the main one first: clients, commands_total, held_bytes, links_open, "      \
-      "upstream_up, epoch, master (as of its last tick, 50 ms) (live)")                            \
+      "upstream_up, epoch, master (published by each loop when the stats are read) (live)")        \
     X(top, total_connections, COUNTER, "",                                                         \
       "client connections accepted; same as clients.clients_total (live)")                         \
     X(top, curr_connections, GAUGE, "ferry_client_connections", "client connections open (live)")  \
