@@ -53,6 +53,9 @@ int log_reopen(void)
     if (fd < 0) {
         return fd;
     }
+    /* dup2 swaps the file under the same descriptor in one step: a worker
+     * thread's line (one write each) lands whole in the old file or the
+     * new one, never lost or split, without a lock on the write path. */
     dup2(fd, log_fd);
     close(fd);
     return 0;
