@@ -44,7 +44,11 @@
  * handles' close callbacks and the work request's completion.
  *
  * Lock: flock(LOCK_EX|LOCK_NB) on "<path>.lock", held while open; the file
- * is left in place (removing lock files races). */
+ * is left in place (removing lock files races).
+ *
+ * This file is the loop thread's side (the queue, the key index, open and
+ * close, the dump); fallback_group.c runs a group's statements on the
+ * threadpool. Their shared types: fallback_int.h. */
 #include "fallback.h"
 
 #include <errno.h>
@@ -57,6 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fallback_int.h"
 #include "ferry.h"
 
 #define FB_APP_ID 0x46525259    /* "FRRY" */
@@ -64,106 +69,10 @@
 #define FB_BUSY_TIMEOUT_MS 100  /* only a foreign writer (sqlite3 CLI) can hold it */
 #define FB_WAL_LIMIT (16 << 20) /* WAL file truncated to this after checkpoints */
 #define FB_KEYS_MIN_SLOTS 64    /* key index: initial slots (power of two) */
-#define FB_ERRLEN 160           /* error strings (fits fallback_stats.last_error) */
 
 /* ---------------------------------------------------------------------------
  * Types
  * ------------------------------------------------------------------------ */
-
-/* One key's pending rows in the loop-side index. */
-typedef struct key_entry {
-    struct key_entry *next; /* next in the same slot */
-    uint64_t hash;          /* key_hash() of the key */
-    uint64_t rows;          /* rows pending (> 0; entries at 0 are removed) */
-    size_t keylen;          /* bytes in key */
-    char key[];             /* the key bytes */
-} key_entry;
-
-/* A chained hash table of key_entry. */
-typedef struct key_index {
-    key_entry **slots; /* nslots chain heads */
-    size_t nslots;     /* a power of two */
-    size_t n;          /* entries */
-} key_index;
-
-typedef enum op_type {
-    OP_PUSH = 0, /* fallback_push */
-    OP_POP,      /* fallback_pop */
-    OP_READ,     /* fallback_read */
-    OP_DELETE,   /* fallback_delete_upto */
-    OP_MOVE      /* fallback_move */
-} op_type;
-
-/* The effect of a delete on one key. */
-typedef struct key_delta {
-    char *key;     /* key bytes (owned) */
-    size_t keylen; /* bytes */
-    int64_t rows;  /* rows deleted */
-    int64_t bytes; /* key + member bytes deleted */
-} key_delta;
-
-/* One queued operation; the worker writes its results. */
-typedef struct fb_op {
-    struct fb_op *next;   /* next in the queue / the group, in submission order */
-    op_type type;         /* what it does */
-    int how;              /* push: enum fallback_kind; pop: enum fallback_end */
-    char *key;            /* push/pop: key bytes, then (push) the members back to back */
-    size_t keylen;        /* bytes of key */
-    size_t n;             /* push: members; pop/read: most rows to return */
-    size_t *lens;         /* push: member lengths */
-    double *scores;       /* push FB_ZADD: scores */
-    int64_t id;           /* read: rows after this id; delete: rows up to it */
-    int64_t ts_ms;        /* push: wall-clock ms when queued */
-    fallback_cb cb;       /* may be NULL */
-    void *arg;            /* for cb */
-    int err;              /* refused before it ran (UV_EINVAL), else 0 */
-    const char *errstr;   /* why, when err != 0 */
-    int64_t count;        /* result count (see fallback_result) */
-    fallback_item *items; /* pop/read: rows returned; item.key owns key+member */
-    size_t nitems;        /* rows in items */
-    size_t itemcap;       /* allocated in items */
-    int64_t drows;        /* push/pop: rows added (negative: removed) for key */
-    int64_t dbytes;       /* push/pop: bytes added (negative: removed) */
-    key_delta *deltas;    /* delete: per key; move: the destination's row */
-    int to;               /* move: FB_LPUSH or FB_RPUSH into dst */
-    size_t ndeltas;       /* entries in deltas */
-} fb_op;
-
-/* One transaction's worth of operations. */
-typedef struct fb_group {
-    uv_work_t req;          /* threadpool request; req.data unused */
-    fallback *fb;           /* owner */
-    fb_op *ops;             /* in order; popped as their callbacks run */
-    int done;               /* worker finished (under fb->mu) */
-    int finished;           /* stats applied on the loop thread */
-    int status;             /* 0 committed, or negative: nothing took effect */
-    char errstr[FB_ERRLEN]; /* why it failed */
-    uint64_t commit_us;     /* BEGIN..COMMIT in the worker */
-    int64_t oldest_ms;      /* ts of the lowest id after commit, 0 if none */
-} fb_group;
-
-enum fb_stmt {
-    ST_BEGIN = 0,
-    ST_COMMIT,
-    ST_ROLLBACK,
-    ST_INSERT,
-    ST_HEADPOS,
-    ST_TAILPOS,
-    ST_ZFIND,
-    ST_ZUPDATE,
-    ST_POP_HEAD, /* ST_POP_HEAD + enum fallback_end */
-    ST_POP_TAIL,
-    ST_POP_MIN,
-    ST_POP_MAX,
-    ST_DEL_ID,
-    ST_READ,
-    ST_DEL_COUNT,
-    ST_DEL_UPTO,
-    ST_DEL_KEY_COUNT,
-    ST_DEL_KEY_UPTO,
-    ST_OLDEST,
-    ST_COUNT
-};
 
 #define ROW_COLS "id, kind, key, member, score, ts"
 
@@ -205,34 +114,10 @@ static const char schema_sql[] =
     "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;"
     "CREATE INDEX rows_key ON rows(key, id);";
 
-struct fallback {
-    uv_loop_t *loop;              /* the loop callbacks run on */
-    uv_check_t check;             /* submits the queued group at the end of a loop turn */
-    uv_idle_t idle;               /* keeps the poll from blocking while operations wait */
-    char *path;                   /* database file */
-    int lockfd;                   /* "<path>.lock", flock'ed; -1 once released */
-    sqlite3 *db;                  /* the connection (see the threads note on top) */
-    sqlite3_stmt *stmt[ST_COUNT]; /* prepared statements */
-    char werr[FB_ERRLEN];         /* worker: the first error of the group in flight */
-    uv_mutex_t mu;                /* guards fb_group.done */
-    uv_mutex_t ixlock;            /* guards keys and stats.rows (read by other loops) */
-    uv_cond_t cond;               /* signalled when a group is done */
-    fb_op *qhead;                 /* queued, not submitted yet */
-    fb_op *qtail;                 /* last queued */
-    fb_group *inflight;           /* the group in the worker or being delivered */
-    int scheduled;                /* check and idle started */
-    int closing;                  /* fallback_close called */
-    int refs;                     /* pending close callbacks and work completions */
-    key_index keys;               /* pending rows per key */
-    fallback_stats stats;         /* rows, bytes, oldest_ms kept current on the loop */
-};
-
 static void key_index_init(key_index *ix);
 static void key_index_free(key_index *ix);
 static uint64_t key_index_get(const key_index *ix, const char *key, size_t keylen);
 static void key_index_add(key_index *ix, const char *key, size_t keylen, int64_t delta);
-static int sql_run(fallback *fb, sqlite3_stmt *s);
-static void work_cb(uv_work_t *req);
 static void after_work_cb(uv_work_t *req, int status);
 static void fb_unref(fallback *fb);
 
@@ -260,7 +145,7 @@ static const char *sqlite_code_name(int rc)
 }
 
 /* A SQLite result code as a libuv error. */
-static int sqlite_to_uv(int rc)
+int fb_sqlite_to_uv(int rc)
 {
     switch (rc & 0xff) {
     case SQLITE_FULL:
@@ -283,29 +168,18 @@ static int sqlite_to_uv(int rc)
 }
 
 /* "<sqlite3_errmsg> (SQLITE_X)" into buf. */
-static void sqlite_errstr(sqlite3 *db, int rc, char *out, size_t len)
+void fb_sqlite_errstr(sqlite3 *db, int rc, char *out, size_t len)
 {
     const char *msg = db != NULL ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     snprintf(out, len, "%s (SQLITE_%s)", msg, sqlite_code_name(rc));
 }
 
-/* Bind bytes as a BLOB; a zero-length one must not become NULL. */
-static int bind_bytes(sqlite3_stmt *s, int idx, const char *p, size_t n)
-{
-    return sqlite3_bind_blob64(s, idx, n > 0 ? p : "", n, SQLITE_STATIC);
-}
-
 /* A BLOB column's bytes (a zero-length one comes back as NULL). */
-static const char *column_bytes(sqlite3_stmt *s, int col, size_t *n)
+const char *fb_column_bytes(sqlite3_stmt *s, int col, size_t *n)
 {
     const char *p = sqlite3_column_blob(s, col);
     *n = (size_t)sqlite3_column_bytes(s, col);
     return p != NULL ? p : "";
-}
-
-static sqlite3_int64 clamp_limit(size_t n)
-{
-    return n > (size_t)INT64_MAX ? INT64_MAX : (sqlite3_int64)n;
 }
 
 /* ---------------------------------------------------------------------------
@@ -430,7 +304,7 @@ static fb_op *op_new(op_type type, fallback_cb cb, void *arg)
     return op;
 }
 
-static void op_drop_results(fb_op *op)
+void fb_op_drop_results(fb_op *op)
 {
     for (size_t i = 0; i < op->nitems; i++) {
         free((void *)op->items[i].key);
@@ -449,7 +323,7 @@ static void op_drop_results(fb_op *op)
 
 static void op_free(fb_op *op)
 {
-    op_drop_results(op);
+    fb_op_drop_results(op);
     free(op->key);
     free(op->lens);
     free(op->scores);
@@ -498,311 +372,6 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
 }
 
 /* ---------------------------------------------------------------------------
- * Worker side: one group in one transaction
- * ------------------------------------------------------------------------ */
-
-/* Note the group's first error (the message is read before the reset). */
-static int sql_fail(fallback *fb, int rc)
-{
-    if (fb->werr[0] == '\0') {
-        sqlite_errstr(fb->db, rc, fb->werr, sizeof(fb->werr));
-    }
-    return rc;
-}
-
-/* Step a statement that returns no rows; SQLITE_OK or the error. */
-static int sql_run(fallback *fb, sqlite3_stmt *s)
-{
-    int rc = sqlite3_step(s);
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    return rc == SQLITE_DONE || rc == SQLITE_ROW ? SQLITE_OK : rc;
-}
-
-/* Step once: SQLITE_ROW with column 0 in *out, SQLITE_DONE, or the error. */
-static int sql_int(fallback *fb, sqlite3_stmt *s, int64_t *out)
-{
-    int rc = sqlite3_step(s);
-    if (rc == SQLITE_ROW) {
-        *out = sqlite3_column_int64(s, 0);
-    } else if (rc != SQLITE_DONE) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    return rc;
-}
-
-/* The rows a SELECT of ROW_COLS yields, appended to op->items. */
-static int sql_collect(fallback *fb, sqlite3_stmt *s, fb_op *op)
-{
-    int rc;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (op->nitems == op->itemcap) {
-            op->itemcap = op->itemcap ? op->itemcap * 2 : 8;
-            op->items = xrealloc(op->items, op->itemcap * sizeof(*op->items));
-        }
-        fallback_item *it = &op->items[op->nitems++];
-        size_t klen, mlen;
-        const char *k = column_bytes(s, 2, &klen);
-        const char *m = column_bytes(s, 3, &mlen);
-        char *chunk = xmalloc(klen + mlen + 1);
-        memcpy(chunk, k, klen);
-        memcpy(chunk + klen, m, mlen);
-        chunk[klen + mlen] = '\0';
-        it->id = sqlite3_column_int64(s, 0);
-        it->kind = sqlite3_column_int(s, 1);
-        it->key = chunk;
-        it->keylen = klen;
-        it->member = chunk + klen;
-        it->memberlen = mlen;
-        it->score = sqlite3_column_double(s, 4);
-        it->ts_ms = sqlite3_column_int64(s, 5);
-    }
-    if (rc != SQLITE_DONE) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-static int sql_insert(fallback *fb, const fb_op *op, const char *m, size_t mlen, double score,
-                      int64_t pos, int has_pos)
-{
-    sqlite3_stmt *s = fb->stmt[ST_INSERT];
-    bind_bytes(s, 1, op->key, op->keylen);
-    sqlite3_bind_int(s, 2, op->how);
-    bind_bytes(s, 3, m, mlen);
-    if (op->how == FB_ZADD) {
-        sqlite3_bind_double(s, 4, score);
-    }
-    if (has_pos) {
-        sqlite3_bind_int64(s, 5, pos);
-    }
-    sqlite3_bind_int64(s, 6, op->ts_ms);
-    return sql_run(fb, s);
-}
-
-/* ZADD: update the member's row if the key has it, else insert one. */
-static int sql_zadd(fallback *fb, fb_op *op, const char *m, size_t mlen, double score)
-{
-    sqlite3_stmt *s = fb->stmt[ST_ZFIND];
-    int64_t id = 0;
-    bind_bytes(s, 1, op->key, op->keylen);
-    bind_bytes(s, 2, m, mlen);
-    int rc = sql_int(fb, s, &id);
-    if (rc == SQLITE_ROW) {
-        s = fb->stmt[ST_ZUPDATE];
-        sqlite3_bind_int64(s, 1, id);
-        sqlite3_bind_double(s, 2, score);
-        return sql_run(fb, s);
-    }
-    if (rc != SQLITE_DONE) {
-        return rc;
-    }
-    rc = sql_insert(fb, op, m, mlen, score, 0, 0);
-    if (rc == SQLITE_OK) {
-        op->count++;
-        op->drows++;
-        op->dbytes += (int64_t)(op->keylen + mlen);
-    }
-    return rc;
-}
-
-static int sql_push(fallback *fb, fb_op *op)
-{
-    const char *m = op->key + op->keylen;
-    int64_t pos = 0;
-    int rc = SQLITE_DONE;
-    if (op->how != FB_ZADD) {
-        sqlite3_stmt *s = fb->stmt[op->how == FB_LPUSH ? ST_HEADPOS : ST_TAILPOS];
-        bind_bytes(s, 1, op->key, op->keylen);
-        if ((rc = sql_int(fb, s, &pos)) != SQLITE_ROW && rc != SQLITE_DONE) {
-            return rc;
-        }
-    }
-    int has_end = rc == SQLITE_ROW; /* pos is the end the pushes go past */
-    for (size_t i = 0; i < op->n; i++) {
-        if (op->how == FB_ZADD) {
-            rc = sql_zadd(fb, op, m, op->lens[i], op->scores[i]);
-        } else {
-            pos = !has_end ? 0 : op->how == FB_LPUSH ? pos - 1 : pos + 1;
-            has_end = 1;
-            rc = sql_insert(fb, op, m, op->lens[i], 0, pos, 1);
-            op->drows += rc == SQLITE_OK;
-            op->dbytes += rc == SQLITE_OK ? (int64_t)(op->keylen + op->lens[i]) : 0;
-        }
-        if (rc != SQLITE_OK) {
-            return rc;
-        }
-        m += op->lens[i];
-    }
-    return SQLITE_OK;
-}
-
-static int sql_pop(fallback *fb, fb_op *op)
-{
-    sqlite3_stmt *s = fb->stmt[ST_POP_HEAD + op->how];
-    bind_bytes(s, 1, op->key, op->keylen);
-    sqlite3_bind_int64(s, 2, clamp_limit(op->n));
-    int rc = sql_collect(fb, s, op);
-    for (size_t i = 0; rc == SQLITE_OK && i < op->nitems; i++) {
-        sqlite3_bind_int64(fb->stmt[ST_DEL_ID], 1, op->items[i].id);
-        rc = sql_run(fb, fb->stmt[ST_DEL_ID]);
-        op->drows--;
-        op->dbytes -= (int64_t)(op->items[i].keylen + op->items[i].memberlen);
-    }
-    op->count = (int64_t)op->nitems;
-    return rc;
-}
-
-/* LMOVE: one row off src's end, onto dst's end, in the same transaction.
- * op->key holds src then dst (op->n is dst's length). */
-static int sql_move(fallback *fb, fb_op *op)
-{
-    size_t dstlen = op->n;
-    op->n = 1;
-    int rc = sql_pop(fb, op);
-    op->n = dstlen;
-    if (rc != SQLITE_OK || op->nitems == 0) {
-        return rc;
-    }
-    const fallback_item *it = &op->items[0];
-    fb_op dst;
-    memset(&dst, 0, sizeof(dst));
-    dst.key = op->key + op->keylen;
-    dst.keylen = dstlen;
-    dst.how = op->to;
-    dst.ts_ms = op->ts_ms;
-    int64_t pos = 0;
-    sqlite3_stmt *s = fb->stmt[op->to == FB_LPUSH ? ST_HEADPOS : ST_TAILPOS];
-    bind_bytes(s, 1, dst.key, dst.keylen);
-    rc = sql_int(fb, s, &pos);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
-        return rc;
-    }
-    pos = rc == SQLITE_DONE ? 0 : op->to == FB_LPUSH ? pos - 1 : pos + 1;
-    rc = sql_insert(fb, &dst, it->member, it->memberlen, 0, pos, 1);
-    if (rc == SQLITE_OK) {
-        /* Deltas are subtracted when the group completes: -1 row = one more. */
-        op->deltas = xcalloc(1, sizeof(*op->deltas));
-        op->ndeltas = 1;
-        op->deltas[0].key = xmalloc(dstlen + 1);
-        memcpy(op->deltas[0].key, dst.key, dstlen);
-        op->deltas[0].keylen = dstlen;
-        op->deltas[0].rows = -1;
-        op->deltas[0].bytes = -(int64_t)(dstlen + it->memberlen);
-    }
-    return rc;
-}
-
-static int sql_delete(fallback *fb, fb_op *op)
-{
-    int by_key = op->key != NULL; /* fallback_delete_key_upto */
-    sqlite3_stmt *s = fb->stmt[by_key ? ST_DEL_KEY_COUNT : ST_DEL_COUNT];
-    sqlite3_stmt *del = fb->stmt[by_key ? ST_DEL_KEY_UPTO : ST_DEL_UPTO];
-    size_t cap = 0;
-    int rc;
-    sqlite3_bind_int64(s, 1, op->id);
-    if (by_key) {
-        bind_bytes(s, 2, op->key, op->keylen);
-    }
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
-        if (op->ndeltas == cap) {
-            cap = cap ? cap * 2 : 8;
-            op->deltas = xrealloc(op->deltas, cap * sizeof(*op->deltas));
-        }
-        key_delta *d = &op->deltas[op->ndeltas++];
-        const char *k = column_bytes(s, 0, &d->keylen);
-        d->key = xmalloc(d->keylen + 1);
-        memcpy(d->key, k, d->keylen);
-        d->rows = sqlite3_column_int64(s, 1);
-        d->bytes = sqlite3_column_int64(s, 2);
-    }
-    if (rc != SQLITE_DONE) {
-        sql_fail(fb, rc);
-    }
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-    if (rc != SQLITE_DONE) {
-        return rc;
-    }
-    sqlite3_bind_int64(del, 1, op->id);
-    if (by_key) {
-        bind_bytes(del, 2, op->key, op->keylen);
-    }
-    rc = sql_run(fb, del);
-    op->count = rc == SQLITE_OK ? sqlite3_changes64(fb->db) : 0;
-    return rc;
-}
-
-static int sql_op(fallback *fb, fb_op *op)
-{
-    switch (op->type) {
-    case OP_PUSH:
-        return sql_push(fb, op);
-    case OP_POP:
-        return sql_pop(fb, op);
-    case OP_READ:
-        sqlite3_bind_int64(fb->stmt[ST_READ], 1, op->id);
-        sqlite3_bind_int64(fb->stmt[ST_READ], 2, clamp_limit(op->n));
-        return sql_collect(fb, fb->stmt[ST_READ], op);
-    case OP_DELETE:
-        return sql_delete(fb, op);
-    case OP_MOVE:
-        return sql_move(fb, op);
-    }
-    return SQLITE_MISUSE;
-}
-
-/* ts of the lowest id, 0 if the store is empty. */
-static int sql_oldest(fallback *fb, int64_t *out)
-{
-    *out = 0;
-    int rc = sql_int(fb, fb->stmt[ST_OLDEST], out);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-static void work_cb(uv_work_t *req)
-{
-    fb_group *g = (fb_group *)(void *)((char *)req - offsetof(fb_group, req));
-    fallback *fb = g->fb;
-    uint64_t t0 = uv_hrtime();
-    fb->werr[0] = '\0';
-    int rc = sql_run(fb, fb->stmt[ST_BEGIN]);
-    for (fb_op *op = g->ops; rc == SQLITE_OK && op != NULL; op = op->next) {
-        if (op->err == 0) {
-            rc = sql_op(fb, op);
-        }
-    }
-    if (rc == SQLITE_OK) {
-        rc = sql_oldest(fb, &g->oldest_ms);
-    }
-    if (rc == SQLITE_OK) {
-        rc = sql_run(fb, fb->stmt[ST_COMMIT]);
-    }
-    if (rc != SQLITE_OK) {
-        g->status = sqlite_to_uv(rc);
-        snprintf(g->errstr, sizeof(g->errstr), "%s", fb->werr[0] ? fb->werr : sqlite3_errstr(rc));
-        if (!sqlite3_get_autocommit(fb->db)) {
-            sql_run(fb, fb->stmt[ST_ROLLBACK]);
-        }
-        for (fb_op *op = g->ops; op != NULL; op = op->next) {
-            op_drop_results(op);
-        }
-    }
-    g->commit_us = (uv_hrtime() - t0) / 1000;
-    uv_mutex_lock(&fb->mu);
-    g->done = 1;
-    uv_cond_signal(&fb->cond);
-    uv_mutex_unlock(&fb->mu);
-}
-
-/* ---------------------------------------------------------------------------
  * Loop side: queue, submit, deliver
  * ------------------------------------------------------------------------ */
 
@@ -822,7 +391,7 @@ static void submit(fallback *fb)
     fb->qhead = fb->qtail = NULL;
     fb->inflight = g;
     fb->refs++;
-    int rc = uv_queue_work(fb->loop, &g->req, work_cb, after_work_cb);
+    int rc = uv_queue_work(fb->loop, &g->req, fb_work_cb, after_work_cb);
     ferry_assert(rc == 0);
 }
 
@@ -930,9 +499,9 @@ static int query_int(sqlite3 *db, const char *sql, int64_t *out)
 static int open_fail(sqlite3 *db, int rc, const char *path, char *err, size_t errlen)
 {
     char why[FB_ERRLEN];
-    sqlite_errstr(db, rc, why, sizeof(why));
+    fb_sqlite_errstr(db, rc, why, sizeof(why));
     snprintf(err, errlen, "fallback store %s: %s", path, why);
-    return sqlite_to_uv(rc);
+    return fb_sqlite_to_uv(rc);
 }
 
 /* Is this ferry's store? Creates the schema in an empty file when create. */
@@ -980,14 +549,14 @@ static int load_index(fallback *fb, char *err, size_t errlen)
                                 -1, &s, NULL);
     while ((rc == SQLITE_OK || rc == SQLITE_ROW) && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         size_t klen;
-        const char *k = column_bytes(s, 0, &klen);
+        const char *k = fb_column_bytes(s, 0, &klen);
         int64_t rows = sqlite3_column_int64(s, 1);
         key_index_add(&fb->keys, k, klen, rows);
         fb->stats.rows += (uint64_t)rows;
         fb->stats.bytes += (uint64_t)sqlite3_column_int64(s, 2);
     }
     if (rc == SQLITE_DONE) {
-        rc = sql_oldest(fb, &fb->stats.oldest_ms);
+        rc = fb_sql_oldest(fb, &fb->stats.oldest_ms);
     }
     sqlite3_finalize(s);
     if (rc != SQLITE_OK && rc != SQLITE_DONE) {
@@ -1359,8 +928,8 @@ int fallback_dump(const char *path, FILE *out, char *err, size_t errlen)
         }
         int kind = sqlite3_column_int(s, 1);
         size_t klen, mlen;
-        const char *k = column_bytes(s, 2, &klen);
-        const char *m = column_bytes(s, 3, &mlen);
+        const char *k = fb_column_bytes(s, 2, &klen);
+        const char *m = fb_column_bytes(s, 3, &mlen);
         fprintf(out, "%lld %s.%03dZ %s ", (long long)sqlite3_column_int64(s, 0), when,
                 (int)(ts % 1000), cmd[kind >= 1 && kind <= 3 ? kind : 0]);
         dump_bytes(out, k, klen);

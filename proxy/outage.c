@@ -7,15 +7,8 @@
  * key waits for a fallback write (or its own timeout). A push answers the
  * length of the key's part in the store: Redis' part is out of reach.
  *
- * Replay, once a master is UP (durability asserted): rows are read in id
- * order and applied per key by one Lua script that also records, in the
- * same atomic step, the last row id applied for that key in a ferry-owned
- * hash (ferry:fallback:<host>:<path>). A script run twice (a crash, a lost
- * reply, a failover) applies nothing the second time; a failover that loses
- * the script's effect loses the marker with it. Rows are deleted only once
- * Redis acknowledged them (and replicas_ack confirmed them). Until a key's
- * rows are replayed, new writes to that key wait. A key Redis refuses
- * (WRONGTYPE) is logged and retried with back-off; other keys go on.
+ * The replay of the stored rows, once a master is UP again, is
+ * replay.c's; both files share the state in outage_int.h.
  *
  * More event loops (workers: N): the main loop owns the store (one SQLite
  * file, one lock) and the replay. A worker loop has a view of it (remote):
@@ -45,72 +38,10 @@
 #include "fallback.h"
 #include "link.h"
 #include "log.h"
+#include "outage_int.h"
 #include "router.h"
 #include "upstream.h"
 #include "workers.h"
-
-#define REPLAY_BATCH 256              /* rows read per round */
-#define REPLAY_ROUND_TIMEOUT_MS 30000 /* a round whose link broke is abandoned */
-#define REPLAY_BACKOFF_MIN_MS 100
-#define REPLAY_BACKOFF_MAX_MS 10000
-
-/* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
- * ARGV[1] the last row id of this group, then id, kind, member, score per
- * row. Checks the type first so a refused key applies nothing. */
-static const char replay_script[] =
-    "local done = tonumber(redis.call('HGET', KEYS[1], KEYS[2]) or '0')\n"
-    "if done >= tonumber(ARGV[1]) then return 0 end\n"
-    "local want = ARGV[3] == '3' and 'zset' or 'list'\n"
-    "local t = redis.call('TYPE', KEYS[2]).ok\n"
-    "if t ~= 'none' and t ~= want then\n"
-    "  return redis.error_reply('WRONGTYPE ferry replay: ' .. KEYS[2] .. ' holds a ' .. t)\n"
-    "end\n"
-    "local n = 0\n"
-    "for i = 2, #ARGV, 4 do\n"
-    "  if tonumber(ARGV[i]) > done then\n"
-    "    local k = ARGV[i + 1]\n"
-    "    if k == '1' then redis.call('LPUSH', KEYS[2], ARGV[i + 2])\n"
-    "    elseif k == '2' then redis.call('RPUSH', KEYS[2], ARGV[i + 2])\n"
-    "    else redis.call('ZADD', KEYS[2], ARGV[i + 3], ARGV[i + 2]) end\n"
-    "    n = n + 1\n"
-    "  end\n"
-    "end\n"
-    "redis.call('HSET', KEYS[1], KEYS[2], ARGV[1])\n"
-    "return n\n";
-
-/* A key Redis refused during replay: retried after a back-off. */
-typedef struct refused_key {
-    char *key;
-    size_t keylen;
-    uint64_t next_ms;    /* not before */
-    uint64_t backoff_ms; /* current back-off */
-    struct refused_key *next;
-} refused_key;
-
-/* One key's rows in a replay round. */
-typedef struct replay_group {
-    char *key;
-    size_t keylen;
-    int64_t last_id; /* highest row id of the key in this round */
-    size_t rows;
-    int status; /* 0 pending, 1 applied, -1 refused */
-} replay_group;
-
-typedef enum replay_state {
-    REPLAY_IDLE = 0, /* nothing in flight */
-    REPLAY_READING,  /* fallback_read in flight */
-    REPLAY_APPLYING, /* scripts (and the closing WAIT/PING) in flight on a link */
-    REPLAY_DELETING  /* fallback deletes in flight */
-} replay_state;
-
-/* What every loop's outage shares (workers: N): the store's lifetime and
- * the client operations in flight on any loop. */
-typedef struct outage_shared {
-    uv_mutex_t lock;           /* guards fb */
-    fallback *fb;              /* the main loop's store; NULL once it closes */
-    atomic_size_t pending_ops; /* client operations submitted, not answered yet */
-    atomic_int refs;           /* the main loop's outage and each worker's */
-} outage_shared;
 
 /* A store operation a worker loop asked the main loop to run. The worker
  * fills the request, the main loop the result; each hand-off goes through a
@@ -146,31 +77,6 @@ typedef struct remote_op {
     size_t nitems;
 } remote_op;
 
-struct outage {
-    ferry *f;               /* context */
-    fallback *fb;           /* the store (NULL in a worker's view) */
-    outage_shared *sh;      /* shared with the other loops */
-    int remote;             /* a worker's view: the main loop runs its store operations */
-    ferry *main;            /* remote: the main loop's context */
-    list_node remote_ops;   /* remote: operations waiting for their result */
-    char marker[512];       /* the marker hash's name in Redis */
-    replay_state rstate;    /* see replay_state */
-    uint64_t round;         /* generation of the current round */
-    uint64_t round_started; /* uv_now() */
-    uint64_t round_epoch;   /* master epoch the round was sent on */
-    replay_group *groups;   /* the round's keys */
-    size_t ngroups;
-    size_t gcap;
-    size_t deletes_left;    /* deletes in flight */
-    int64_t cursor;         /* read rows after this id (rows of refused keys stay) */
-    uint64_t next_round_ms; /* back-off after a failed round */
-    refused_key *refused;   /* keys in back-off */
-    uint64_t replayed;      /* rows replayed since start */
-    uint64_t replay_errors; /* refusals and failed rounds */
-    uint64_t store_errors;  /* client writes the store could not take */
-    int announced;          /* the replay was logged (reset once the store is empty) */
-};
-
 /* A client request in flight on the store. */
 typedef struct store_op {
     ferry *f;
@@ -186,8 +92,6 @@ typedef struct store_op {
     size_t keylen;
     uint64_t start_ns; /* uv_hrtime() when submitted */
 } store_op;
-
-static void replay_next(struct outage *o);
 
 /* ----------------------------------------------------------------- helpers */
 
@@ -654,7 +558,7 @@ static void store_push_back(struct outage *o, int end, const char *key, size_t k
 }
 
 /* Blocked pops on every loop may be served now. */
-static void wake_loops(ferry *f)
+void outage_wake_loops(ferry *f)
 {
     f->wake_pending = 1;
     workers_wake(f);
@@ -703,7 +607,7 @@ static void remote_done(void *arg, int status, const char *errstr, const fallbac
         ro->nitems = res->nitems;
     }
     if (status == 0 && ro->kind == RO_PUSH) {
-        wake_loops(f);
+        outage_wake_loops(f);
     }
     workers_to_loop(f, ro->loop, ro); /* undeliverable: outage_remote_drop */
 }
@@ -828,7 +732,7 @@ static void push_done(void *arg, int status, const char *errstr, const fallback_
         stats_observe(&f->stats.fallback_commit_seconds, (uv_hrtime() - op->start_ns) / 1000);
     }
     op_answer(op, line, strlen(line));
-    wake_loops(f); /* blocked pops may be served now */
+    outage_wake_loops(f); /* blocked pops may be served now */
     op_free(op);
 }
 
@@ -1138,281 +1042,6 @@ int outage_blocks(ferry *f, const request *r)
     }
     resp_parser_free(p);
     return blocked;
-}
-
-/* ------------------------------------------------------------------ replay */
-
-static refused_key *refused_find(struct outage *o, const char *key, size_t len)
-{
-    for (refused_key *k = o->refused; k != NULL; k = k->next) {
-        if (k->keylen == len && memcmp(k->key, key, len) == 0) {
-            return k;
-        }
-    }
-    return NULL;
-}
-
-static void round_reset(struct outage *o)
-{
-    for (size_t i = 0; i < o->ngroups; i++) {
-        free(o->groups[i].key);
-    }
-    o->ngroups = 0;
-    o->rstate = REPLAY_IDLE;
-}
-
-static void round_fail(struct outage *o, const char *why)
-{
-    uint64_t now = uv_now(o->f->loop);
-    o->replay_errors++;
-    log_warn("fallback replay: round abandoned (%s); retried", why);
-    round_reset(o);
-    o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS * 5;
-}
-
-static void delete_done(void *arg, int status, const char *errstr, const fallback_result *res)
-{
-    struct outage *o = arg;
-    if (status < 0) {
-        log_error("fallback replay: rows replayed but not deleted: %s (they will be skipped by "
-                  "the marker when replayed again)",
-                  errstr);
-    } else {
-        o->replayed += (uint64_t)res->count;
-        o->f->stats.fallback_replayed += (uint64_t)res->count;
-    }
-    if (--o->deletes_left == 0) {
-        round_reset(o);
-        wake_loops(o->f); /* writes waiting on replayed keys, on every loop */
-        replay_next(o);
-    }
-}
-
-/* Every script of the round answered and (with replicas_ack) a WAIT said
- * replicas have them: delete the applied rows. */
-static void round_finish(struct outage *o, int confirmed)
-{
-    uint64_t now = uv_now(o->f->loop);
-    if (!confirmed) {
-        round_fail(o, "replicas did not confirm the replayed rows");
-        return;
-    }
-    o->rstate = REPLAY_DELETING;
-    o->deletes_left = 1;
-    for (size_t i = 0; i < o->ngroups; i++) {
-        replay_group *g = &o->groups[i];
-        if (g->status == 1) {
-            o->deletes_left++;
-            fallback_delete_key_upto(o->fb, g->key, g->keylen, g->last_id, delete_done, o);
-            refused_key *k = refused_find(o, g->key, g->keylen);
-            if (k != NULL) {
-                k->next_ms = now; /* it went through: no more back-off */
-            }
-        }
-    }
-    o->deletes_left--;
-    if (o->deletes_left == 0) {
-        round_reset(o);
-        replay_next(o);
-    }
-}
-
-static void script_done(link *l, request *r, const char *reply, size_t len)
-{
-    struct outage *o = l->f->outage;
-    if (o == NULL || o->rstate != REPLAY_APPLYING ||
-        (uint64_t)(r->arg >> 20) != (o->round & 0xffffffffffULL)) {
-        return;
-    }
-    replay_group *g = &o->groups[r->arg & 0xfffff];
-    if (len > 0 && reply[0] == '-') {
-        char why[300];
-        uint64_t now = uv_now(l->f->loop);
-        link_error_text(reply, len, why, sizeof(why));
-        g->status = -1;
-        o->replay_errors++;
-        refused_key *k = refused_find(o, g->key, g->keylen);
-        if (k == NULL) {
-            k = xcalloc(1, sizeof(*k));
-            k->key = xmalloc(g->keylen + 1);
-            memcpy(k->key, g->key, g->keylen);
-            k->keylen = g->keylen;
-            k->next = o->refused;
-            o->refused = k;
-        }
-        k->backoff_ms = k->backoff_ms == 0 ? REPLAY_BACKOFF_MIN_MS : k->backoff_ms * 2;
-        if (k->backoff_ms > REPLAY_BACKOFF_MAX_MS) {
-            k->backoff_ms = REPLAY_BACKOFF_MAX_MS;
-        }
-        k->next_ms = now + k->backoff_ms;
-        log_error("fallback replay: Redis refused %zu row(s) of key '%.*s' (rows up to %lld): %s; "
-                  "retried in %llu ms",
-                  g->rows, (int)(g->keylen < 100 ? g->keylen : 100), g->key, (long long)g->last_id,
-                  why, (unsigned long long)k->backoff_ms);
-    } else {
-        g->status = 1;
-    }
-}
-
-static void round_end_done(link *l, request *r, const char *reply, size_t len)
-{
-    struct outage *o = l->f->outage;
-    if (o == NULL || o->rstate != REPLAY_APPLYING ||
-        (uint64_t)r->arg != (o->round & 0xffffffffffULL)) {
-        return;
-    }
-    long long acked = 0;
-    int need = l->up->replicas_ack;
-    if (need > 0) {
-        redisReply *rr = link_parse_reply(reply, len);
-        if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
-            acked = rr->integer;
-        }
-        freeReplyObject(rr);
-    }
-    round_finish(o, need == 0 || acked >= need);
-}
-
-/* Rows read: group them by key (id order kept within a key) and send one
- * script per key, then a WAIT (or a PING) that closes the round. */
-static void read_done(void *arg, int status, const char *errstr, const fallback_result *res)
-{
-    struct outage *o = arg;
-    ferry *f = o->f;
-    upstream *up = f->up;
-    uint64_t now = uv_now(f->loop);
-    link *l = upstream_shared(up, NULL, 0, 2);
-
-    if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
-        round_fail(o, status < 0 ? errstr : "no master");
-        return;
-    }
-    if (res->nitems == 0) {
-        round_reset(o);
-        if (fallback_rows(o->fb) == 0) {
-            log_info("fallback replay: done, %llu row(s) replayed so far",
-                     (unsigned long long)o->replayed);
-            o->announced = 0;
-        }
-        o->cursor = 0; /* start over: refused keys' rows, once their back-off ends */
-        o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS;
-        return;
-    }
-    o->cursor = res->items[res->nitems - 1].id;
-    o->ngroups = 0;
-    for (size_t i = 0; i < res->nitems; i++) {
-        const fallback_item *it = &res->items[i];
-        refused_key *k = refused_find(o, it->key, it->keylen);
-        if (k != NULL && now < k->next_ms) {
-            continue;
-        }
-        size_t g;
-        for (g = 0; g < o->ngroups; g++) {
-            if (o->groups[g].keylen == it->keylen &&
-                memcmp(o->groups[g].key, it->key, it->keylen) == 0) {
-                break;
-            }
-        }
-        if (g == o->ngroups) {
-            if (o->ngroups == o->gcap) {
-                o->gcap = o->gcap ? o->gcap * 2 : 16;
-                o->groups = xrealloc(o->groups, o->gcap * sizeof(*o->groups));
-            }
-            replay_group *ng = &o->groups[o->ngroups++];
-            memset(ng, 0, sizeof(*ng));
-            ng->key = xmalloc(it->keylen + 1);
-            memcpy(ng->key, it->key, it->keylen);
-            ng->keylen = it->keylen;
-        }
-        o->groups[g].last_id = it->id;
-        o->groups[g].rows++;
-    }
-    if (o->ngroups == 0) {
-        round_reset(o);
-        replay_next(o);
-        return;
-    }
-    /* One script per key: its rows in id order. */
-    for (size_t g = 0; g < o->ngroups; g++) {
-        replay_group *grp = &o->groups[g];
-        buf b;
-        char num[32];
-        buf_init(&b);
-        buf_append_count(&b, '*', 6 + 4 * grp->rows);
-        buf_append_bulk(&b, "EVAL", 4);
-        buf_append_bulk(&b, replay_script, sizeof(replay_script) - 1);
-        buf_append_bulk(&b, "2", 1);
-        buf_append_bulk(&b, o->marker, strlen(o->marker));
-        buf_append_bulk(&b, grp->key, grp->keylen);
-        snprintf(num, sizeof(num), "%lld", (long long)grp->last_id);
-        buf_append_bulk(&b, num, strlen(num));
-        for (size_t i = 0; i < res->nitems; i++) {
-            const fallback_item *it = &res->items[i];
-            if (it->keylen != grp->keylen || memcmp(it->key, grp->key, grp->keylen) != 0) {
-                continue;
-            }
-            snprintf(num, sizeof(num), "%lld", (long long)it->id);
-            buf_append_bulk(&b, num, strlen(num));
-            snprintf(num, sizeof(num), "%d", it->kind);
-            buf_append_bulk(&b, num, strlen(num));
-            buf_append_bulk(&b, it->member, it->memberlen);
-            snprintf(num, sizeof(num), "%.17g", it->score);
-            buf_append_bulk(&b, num, strlen(num));
-        }
-        link_internal_raw(l, buf_head(&b), buf_used(&b), script_done);
-        list_entry(l->pending.prev, request, lq)->arg =
-            (long long)(((o->round & 0xffffffffffULL) << 20) | g);
-        buf_free(&b);
-    }
-    if (up->replicas_ack > 0) {
-        char n[16], t[24];
-        snprintf(n, sizeof(n), "%d", up->replicas_ack);
-        snprintf(t, sizeof(t), "%llu", (unsigned long long)f->cfg->replicas_ack_timeout_ms);
-        const char *argv[] = {"WAIT", n, t};
-        link_internal(l, argv, 3, round_end_done, (long long)(o->round & 0xffffffffffULL));
-    } else {
-        static const char *const argv[] = {"PING"};
-        link_internal(l, argv, 1, round_end_done, (long long)(o->round & 0xffffffffffULL));
-    }
-    o->rstate = REPLAY_APPLYING;
-}
-
-static void replay_next(struct outage *o)
-{
-    ferry *f = o->f;
-    upstream *up = f->up;
-    uint64_t now = uv_now(f->loop);
-    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || atomic_load(&o->sh->pending_ops) > 0 ||
-        fallback_rows(o->fb) == 0 || now < o->next_round_ms ||
-        upstream_shared(up, NULL, 0, 2) == NULL) {
-        return;
-    }
-    o->round++;
-    o->round_started = now;
-    o->round_epoch = up->epoch;
-    o->rstate = REPLAY_READING;
-    if (!o->announced) {
-        o->announced = 1;
-        log_info("fallback replay: %llu row(s) pending, replaying to %s",
-                 (unsigned long long)fallback_rows(o->fb), upstream_name(up));
-    }
-    fallback_read(o->fb, o->cursor, REPLAY_BATCH, read_done, o);
-}
-
-void outage_tick(ferry *f, uint64_t now)
-{
-    struct outage *o = f->outage;
-    if (o == NULL || o->remote) {
-        return; /* the main loop replays */
-    }
-    if (o->rstate == REPLAY_APPLYING &&
-        (f->up->epoch != o->round_epoch || now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
-        /* The link carrying the round broke: its scripts are idempotent
-         * (the marker), so the rows are simply read and sent again. */
-        round_fail(o, "the link to the master changed during the round");
-        o->cursor = 0;
-    }
-    replay_next(o);
 }
 
 void outage_stats(ferry *f, ferry_stats *st)

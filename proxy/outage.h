@@ -40,7 +40,7 @@ void outage_remote_done(ferry *f, void *op);
  * closed): popped rows go back to the store, on the main loop. */
 void outage_remote_drop(ferry *f, void *op);
 
-/* Periodic: start or continue the replay when a master is UP. */
+/* Periodic: start or continue the replay when a master is UP (replay.c). */
 void outage_tick(ferry *f, uint64_t now);
 /* Figures for the stats port. */
 void outage_stats(ferry *f, ferry_stats *st);

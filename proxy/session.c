@@ -767,8 +767,9 @@ void session_check_reading(session *s)
     const config *cfg = s->f->cfg;
     size_t limit = cfg->max_pending_bytes;
     size_t load = session_mem(s);
-    /* While sessions are handed to a new process (takeover.c), only one in
-     * a transaction reads: it goes over once the transaction has ended. */
+    /* While sessions are handed to a new process (takeover_source.c), only
+     * one in a transaction reads: it goes over once the transaction has
+     * ended. */
     if (s->state != SESSION_OPEN || s->f->stopping || (s->f->handing_over && s->tx == TX_NONE)) {
         return;
     }

@@ -3,7 +3,8 @@
  * (takeover.socket), receives its listening sockets and then each client
  * connection with the session state it needs, over SCM_RIGHTS; the old
  * process exits 0 once every session is handed over (or, after
- * shutdown_timeout_ms, closed after its replies as SIGTERM does). */
+ * shutdown_timeout_ms, closed after its replies as SIGTERM does). The new
+ * process's side is takeover.c, the old one's takeover_source.c. */
 #ifndef FERRY_TAKEOVER_H
 #define FERRY_TAKEOVER_H
 
@@ -40,9 +41,10 @@ void takeover_close(ferry *f);
 /* Free what outlives the handles (after the loop ran them closed). */
 void takeover_free(ferry *f);
 
-/* With workers (takeover.c's header comment). A worker, told by the main
- * loop of an old process: hand this loop's sessions over through relay /
- * stop handing them over (the takeover was aborted: they stay). */
+/* With workers (takeover.c's header comment; takeover_source.c). A
+ * worker, told by the main loop of an old process: hand this loop's
+ * sessions over through relay / stop handing them over (the takeover was
+ * aborted: they stay). */
 struct tk_relay;
 void takeover_worker_hand(ferry *f, struct tk_relay *relay);
 void takeover_worker_abort(ferry *f);

@@ -1,5 +1,6 @@
 /* takeover_wire.h - the takeover's frames and the session state they carry
- * (takeover_wire.c), shared by both ends of the conversation (takeover.c). */
+ * (takeover_wire.c), shared by both ends of the conversation (takeover.c,
+ * takeover_source.c). */
 #ifndef FERRY_TAKEOVER_WIRE_H
 #define FERRY_TAKEOVER_WIRE_H
 

@@ -1,0 +1,335 @@
+/* router_classify.c - a request's classification, once, when it is parsed
+ * (router_classify): its command, whether it may write (scripts and
+ * functions count as writes unless read-only), its route, the refusals
+ * ferry answers itself (denied commands, CONFIG SET of a setting ferry
+ * enforces, a bad SELECT...) and, for AUTH and HELLO, the checked result in
+ * r->arg (router_int.h). router.c dispatches the request in order later. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "acl.h"
+#include "log.h"
+#include "router.h"
+#include "router_int.h"
+
+static int arg_eq(const resp_arg *a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
+}
+
+/* Parse a whole argument as a signed integer. Returns 0 or -1. */
+static int arg_ll(const resp_arg *a, long long *out)
+{
+    char tmp[32];
+    char *end;
+    if (a->len == 0 || a->len >= sizeof(tmp)) {
+        return -1;
+    }
+    memcpy(tmp, a->ptr, a->len);
+    tmp[a->len] = '\0';
+    long long v = strtoll(tmp, &end, 10);
+    if (*end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void set_error(request *r, const char *fmt, const char *what)
+{
+    char line[512];
+    int n = snprintf(line, sizeof(line), fmt, what);
+    if (n < 0) {
+        n = 0;
+    }
+    if ((size_t)n >= sizeof(line)) {
+        n = sizeof(line) - 1;
+    }
+    buf_clear(&r->reply);
+    buf_append(&r->reply, line, (size_t)n);
+    r->route = RT_ERROR;
+}
+
+void router_refuse(request *r, const char *line)
+{
+    set_error(r, "%s", line);
+}
+
+static int password_ok(ferry *f, const resp_arg *user, const resp_arg *pass)
+{
+    const char *pw = f->cfg->client_password;
+    if (pw == NULL) {
+        return AUTH_NOPASS;
+    }
+    if (user != NULL && !arg_eq(user, "default")) {
+        return AUTH_FAIL;
+    }
+    size_t n = strlen(pw);
+    /* Compare without an early exit, so timing does not leak the prefix. */
+    unsigned diff = (unsigned)(pass->len != n);
+    for (size_t i = 0; i < pass->len; i++) {
+        diff |= (unsigned)(unsigned char)(pass->ptr[i] ^ pw[i % (n ? n : 1)]);
+    }
+    return diff == 0 ? AUTH_OK : AUTH_FAIL;
+}
+
+static int is_enforced_param(const resp_arg *a)
+{
+    return arg_eq(a, "appendonly") || arg_eq(a, "appendfsync") ||
+           arg_eq(a, "no-appendfsync-on-rewrite");
+}
+
+static int is_denied(ferry *f, const command *cmd)
+{
+    for (int i = 0; i < f->ndeny; i++) {
+        if (f->deny[i] == cmd) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Upper-case display name of a command: "CONFIG REWRITE". */
+static void display_name(const command *cmd, char *out, size_t len)
+{
+    size_t i = 0;
+    for (const char *p = cmd->name; *p != '\0' && i + 1 < len; p++) {
+        out[i++] = *p == '|' ? ' ' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    }
+    out[i] = '\0';
+}
+
+/* CONFIG SET (under any name ferry's config_command gives CONFIG) of a
+ * setting ferry enforces is refused. Returns 1 if r was refused. */
+static int refuse_config_set(ferry *f, request *r, const resp_request *req, const char *shown)
+{
+    const resp_arg *argv = req->argv;
+    for (size_t i = 2; i < req->argc; i += 2) {
+        if (is_enforced_param(&argv[i])) {
+            char what[128];
+            snprintf(what, sizeof(what), "%s SET %.*s", shown,
+                     (int)(argv[i].len < 40 ? argv[i].len : 40), argv[i].ptr);
+            set_error(r,
+                      "-ERR ferry: %s is not allowed through the proxy (ferry enforces "
+                      "durability)\r\n",
+                      what);
+            f->stats.commands_denied++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Scripts and functions may write unless they are the _RO variants or an
+ * EVAL whose script declares no-writes in its shebang line. */
+static int script_may_write(const command *cmd, const resp_request *req)
+{
+    if (strcmp(cmd->name, "eval") == 0) {
+        const resp_arg *body = &req->argv[1];
+        if (req->argc >= 2 && body->len > 2 && memcmp(body->ptr, "#!", 2) == 0) {
+            const char *nl = memchr(body->ptr, '\n', body->len);
+            size_t n = nl != NULL ? (size_t)(nl - body->ptr) : body->len;
+            for (size_t i = 0; i + 9 <= n; i++) {
+                if (memcmp(body->ptr + i, "no-writes", 9) == 0) {
+                    return 0;
+                }
+            }
+        }
+        return 1;
+    }
+    return strcmp(cmd->name, "evalsha") == 0 || strcmp(cmd->name, "fcall") == 0;
+}
+
+static void classify_hello(ferry *f, request *r, const resp_request *req)
+{
+    const resp_arg *argv = req->argv;
+    r->route = RT_HELLO;
+    r->arg = HELLO_OK;
+    if (req->argc < 2) {
+        return;
+    }
+    long long ver;
+    if (arg_ll(&argv[1], &ver) != 0) {
+        r->arg = HELLO_BADPROTO;
+        return;
+    }
+    if (ver != 2 && ver != 3) {
+        r->arg = HELLO_NOPROTO;
+        return;
+    }
+    r->arg = HELLO_OK | (ver << HELLO_PROTO_SHIFT);
+    const resp_arg *user = NULL, *pass = NULL, *name = NULL;
+    for (size_t i = 2; i < req->argc; i++) {
+        if (arg_eq(&argv[i], "auth") && i + 2 < req->argc) {
+            user = &argv[i + 1];
+            pass = &argv[i + 2];
+            i += 2;
+        } else if (arg_eq(&argv[i], "setname") && i + 1 < req->argc) {
+            name = &argv[i + 1];
+            i += 1;
+        } else {
+            r->arg = HELLO_SYNTAX;
+            return;
+        }
+    }
+    buf_clear(&r->data);
+    if (user != NULL && f->cfg->client_auth == CLIENT_AUTH_REDIS) {
+        /* Redis checks it: the AUTH heads r->data (acl.c). */
+        size_t n = acl_encode(r, user, pass);
+        r->arg =
+            HELLO_AUTH_REDIS | (ver << HELLO_PROTO_SHIFT) | ((long long)n << ACL_ARG_LEN_SHIFT);
+    } else if (user != NULL) {
+        int ok = password_ok(f, user, pass);
+        r->arg = (ok == AUTH_OK ? HELLO_AUTH_OK : HELLO_AUTH_FAIL) | (ver << HELLO_PROTO_SHIFT);
+    }
+    if (name != NULL) {
+        /* Kept as the CLIENT SETNAME it stands for (applied on success). */
+        buf_append_count(&r->data, '*', 3);
+        buf_append_bulk(&r->data, "CLIENT", 6);
+        buf_append_bulk(&r->data, "SETNAME", 7);
+        buf_append_bulk(&r->data, name->ptr, name->len);
+    }
+}
+
+int router_classify(session *s, request *r, const resp_request *req)
+{
+    ferry *f = s->f;
+    const resp_arg *argv = req->argv;
+    size_t argc = req->argc;
+
+    if (f->acap < argc) {
+        f->acap = argc < 16 ? 16 : argc;
+        f->av = xrealloc(f->av, f->acap * sizeof(*f->av));
+        f->al = xrealloc(f->al, f->acap * sizeof(*f->al));
+    }
+    size_t nlook = argc < 2 ? argc : 2;
+    for (size_t i = 0; i < nlook; i++) {
+        f->av[i] = argv[i].ptr;
+        f->al[i] = argv[i].len;
+    }
+    const command *cmd = command_lookup_argv(nlook, f->av, f->al);
+    r->cmd = cmd;
+    r->route = RT_SHARED;
+    stats_count_command(&f->stats, cmd);
+    const char *cc = f->cfg->config_command;
+    if (cc != NULL && argc >= 2 && arg_eq(&argv[0], cc) && arg_eq(&argv[1], "set") &&
+        refuse_config_set(f, r, req, cc)) {
+        return 1; /* the renamed CONFIG is guarded as CONFIG is */
+    }
+    if (cmd == NULL) {
+        return 0; /* Redis answers unknown commands itself */
+    }
+    if ((cmd->flags & CMD_F_WRITE) || script_may_write(cmd, req)) {
+        r->flags |= REQ_F_WRITE;
+    }
+    if (f->ndeny > 0 && is_denied(f, cmd)) {
+        char name[64];
+        display_name(cmd, name, sizeof(name));
+        set_error(r, "-ERR ferry: %s is not allowed through the proxy\r\n", name);
+        f->stats.commands_denied++;
+        return 1;
+    }
+    switch (cmd->cls) {
+    case CMD_BLOCKING:
+        for (size_t i = 0; i < argc; i++) {
+            f->av[i] = argv[i].ptr;
+            f->al[i] = argv[i].len;
+        }
+        if (command_is_blocking(cmd, argc, f->av, f->al)) {
+            r->route = RT_BLOCKING;
+            r->flags |= REQ_F_BLOCKING;
+        }
+        return 0;
+    case CMD_PUBSUB:
+        r->route = RT_TUNNEL;
+        if (s->subs == NULL) {
+            s->subs = sub_sets_new();
+        }
+        subs_track(&s->subs->channels, &s->subs->patterns, &s->subs->shards, cmd->name, req);
+        return 0;
+    case CMD_TRANSACTION:
+        if (strcmp(cmd->name, "multi") == 0) {
+            r->route = RT_MULTI;
+        } else if (strcmp(cmd->name, "exec") == 0) {
+            r->route = RT_EXEC;
+        } else if (strcmp(cmd->name, "discard") == 0) {
+            r->route = RT_DISCARD;
+        } else if (strcmp(cmd->name, "watch") == 0) {
+            r->route = RT_WATCH;
+        } else {
+            r->route = RT_UNWATCH;
+        }
+        return 0;
+    case CMD_CONNSTATE:
+        if (strcmp(cmd->name, "select") == 0) {
+            long long db;
+            if (argc != 2) {
+                return 0; /* Redis answers the arity error */
+            }
+            if (arg_ll(&argv[1], &db) != 0) {
+                set_error(r, "-ERR value is not an integer or out of range\r\n%s", "");
+            } else if (db < 0 || db > 0x7fffffff) {
+                set_error(r, "-ERR DB index is out of range\r\n%s", "");
+            } else {
+                r->route = RT_SELECT;
+                r->arg = db;
+                return 0;
+            }
+            return 1;
+        }
+        if (strcmp(cmd->name, "monitor") == 0 || strcmp(cmd->name, "client|reply") == 0) {
+            r->route = RT_TUNNEL;
+            return 0;
+        }
+        r->route = RT_STICKY;
+        if (strcmp(cmd->name, "client|tracking") == 0 && argc >= 3) {
+            for (size_t i = 3; i < argc; i++) {
+                if (arg_eq(&argv[i], "redirect")) {
+                    /* The id a client learns from CLIENT ID names one of
+                     * ferry's links, and changes at every failover. */
+                    set_error(r,
+                              "-ERR ferry: CLIENT TRACKING REDIRECT is not supported through "
+                              "the proxy (client ids are ferry's links); use RESP3 (HELLO 3), "
+                              "whose invalidations come on the same connection\r\n%s",
+                              "");
+                    f->stats.commands_denied++;
+                    return 1;
+                }
+            }
+            r->arg = arg_eq(&argv[2], "on") ? TRACK_ON : TRACK_OFF;
+        }
+        return 0;
+    case CMD_LOCAL:
+        if (strcmp(cmd->name, "auth") == 0) {
+            r->route = RT_AUTH;
+            if (f->cfg->client_auth == CLIENT_AUTH_REDIS && (argc == 2 || argc == 3)) {
+                size_t n = acl_encode(r, argc == 3 ? &argv[1] : NULL, &argv[argc - 1]);
+                r->arg = AUTH_REDIS | ((long long)n << ACL_ARG_LEN_SHIFT);
+            } else if (argc == 2) {
+                r->arg = password_ok(f, NULL, &argv[1]);
+            } else if (argc == 3) {
+                r->arg = password_ok(f, &argv[1], &argv[2]);
+            } else {
+                set_error(r, "-ERR syntax error\r\n%s", "");
+            }
+        } else if (strcmp(cmd->name, "hello") == 0) {
+            classify_hello(f, r, req);
+        } else if (strcmp(cmd->name, "quit") == 0) {
+            r->route = RT_QUIT;
+        } else {
+            r->route = RT_RESET;
+        }
+        return 1;
+    case CMD_DENIED:
+    case CMD_STATELESS:
+    default:
+        break;
+    }
+    if (strcmp(cmd->name, "config|set") == 0 && refuse_config_set(f, r, req, "CONFIG")) {
+        return 1;
+    }
+    return 0;
+}
