@@ -130,6 +130,40 @@ def log_lines(text, pid):
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+def swap_to_new(test, topo, ferry, new, old_rc):
+    """After a takeover: the old process must have exited (old_rc), the new
+    one must run; from here on the harness stops the new one."""
+    old_proc = ferry.proc
+    ferry.proc, ferry.pid = new, new.pid
+    test.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
+        TAKEOVER_WAIT, test.diag(topo, ferry)))
+    if old_proc.poll() is None:
+        old_proc.kill()
+    time.sleep(POST_LOAD)
+    test.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
+        new.poll(), test.diag(topo, ferry)))
+
+
+def check_kept_state(test, topo, sel, blk, sub, prefix, queue):
+    """The SELECT 3 client, the blocked BRPOP queue 0 and the subscriber to
+    PREFIX:ch after a takeover, on their own sockets."""
+    with test.subTest(check='the SELECT 3 client writes to db 3'):
+        resp_send(sel, ['SET', prefix + ':k', 'after'])
+        test.assertEqual(resp_read_reply(sel), 'OK')
+        m = current_master(topo)
+        test.assertEqual(m.client(socket_timeout=5, db=3).get(prefix + ':k'), 'after')
+        test.assertIsNone(m.client(socket_timeout=5).get(prefix + ':k'))
+    with test.subTest(check='the BRPOP %s 0 gets an item pushed after' % queue):
+        current_master(topo).client(socket_timeout=5).lpush(queue, 'after-takeover')
+        test.assertEqual(resp_read_reply(blk, timeout=10), [queue.encode(), b'after-takeover'])
+    with test.subTest(check='the subscriber gets a message published after'):
+        pub = current_master(topo).client(socket_timeout=5)
+        wait_until(lambda: pub.publish(prefix + ':ch', 'after-takeover') >= 1, timeout=10,
+                   msg='the subscriber to be subscribed again')
+        test.assertEqual(resp_read_reply(sub, timeout=5),
+                         [b'message', (prefix + ':ch').encode(), b'after-takeover'])
+
+
 class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
 
     def test_takeover_under_load(self):
@@ -225,33 +259,10 @@ class TakeoverUnderLoadTest(AccountingChecks, unittest.TestCase):
             old_rc = None
         took = now() - t_fault
         after_exec = now() - t_exec
-        # From here on the harness stops the new process.
-        old_proc = ferry.proc
-        ferry.proc, ferry.pid = new, new.pid
-        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
-            TAKEOVER_WAIT, self.diag(topo, ferry)))
-        if old_proc.poll() is None:
-            old_proc.kill()
-        time.sleep(POST_LOAD)
-        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
-            new.poll(), self.diag(topo, ferry)))
+        swap_to_new(self, topo, ferry, new, old_rc)
 
         # The three clients after the takeover, on the same sockets.
-        with self.subTest(check='the SELECT 3 client writes to db 3'):
-            resp_send(sel, ['SET', 'tk:k', 'after'])
-            self.assertEqual(resp_read_reply(sel), 'OK')
-            m = current_master(topo)
-            self.assertEqual(m.client(socket_timeout=5, db=3).get('tk:k'), 'after')
-            self.assertIsNone(m.client(socket_timeout=5).get('tk:k'))
-        with self.subTest(check='the BRPOP q2 0 gets an item pushed after'):
-            current_master(topo).client(socket_timeout=5).lpush('q2', 'after-takeover')
-            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q2', b'after-takeover'])
-        with self.subTest(check='the subscriber gets a message published after'):
-            pub = current_master(topo).client(socket_timeout=5)
-            wait_until(lambda: pub.publish('tk:ch', 'after-takeover') >= 1, timeout=10,
-                       msg='the subscriber to be subscribed again')
-            self.assertEqual(resp_read_reply(sub, timeout=5),
-                             [b'message', b'tk:ch', b'after-takeover'])
+        check_kept_state(self, topo, sel, blk, sub, 'tk', 'q2')
         with self.subTest(check='the subscriber keeps its pattern'):
             pub = current_master(topo).client(socket_timeout=5)
             wait_until(lambda: pub.publish('tk:pat', 'after-takeover') >= 1, timeout=10,
@@ -398,31 +409,9 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         took = now() - t_fault
         time.sleep(0.3)
         conns.stop()
-        old_proc = ferry.proc
-        ferry.proc, ferry.pid = new, new.pid
-        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
-            TAKEOVER_WAIT, self.diag(topo, ferry)))
-        if old_proc.poll() is None:
-            old_proc.kill()
-        time.sleep(POST_LOAD)
-        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
-            new.poll(), self.diag(topo, ferry)))
+        swap_to_new(self, topo, ferry, new, old_rc)
 
-        with self.subTest(check='the SELECT 3 client writes to db 3'):
-            resp_send(sel, ['SET', 'tkw:k', 'after'])
-            self.assertEqual(resp_read_reply(sel), 'OK')
-            m = current_master(topo)
-            self.assertEqual(m.client(socket_timeout=5, db=3).get('tkw:k'), 'after')
-            self.assertIsNone(m.client(socket_timeout=5).get('tkw:k'))
-        with self.subTest(check='the BRPOP q 0 gets an item pushed after'):
-            current_master(topo).client(socket_timeout=5).lpush('q', 'after-takeover')
-            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q', b'after-takeover'])
-        with self.subTest(check='the subscriber gets a message published after'):
-            pub = current_master(topo).client(socket_timeout=5)
-            wait_until(lambda: pub.publish('tkw:ch', 'after-takeover') >= 1, timeout=10,
-                       msg='the subscriber to be subscribed again')
-            self.assertEqual(resp_read_reply(sub, timeout=5),
-                             [b'message', b'tkw:ch', b'after-takeover'])
+        check_kept_state(self, topo, sel, blk, sub, 'tkw', 'q')
         with self.subTest(check='same sockets'):
             self.assertEqual([s.getsockname() for s in clients], names)
 
@@ -691,15 +680,7 @@ class TakeoverAclTest(AccountingChecks, unittest.TestCase):
             old_rc = ferry.proc.wait(TAKEOVER_WAIT)
         except subprocess.TimeoutExpired:
             old_rc = None
-        old_proc = ferry.proc
-        ferry.proc, ferry.pid = new, new.pid
-        self.assertIsNotNone(old_rc, 'the old ferry did not exit within %ds%s' % (
-            TAKEOVER_WAIT, self.diag(topo, ferry)))
-        if old_proc.poll() is None:
-            old_proc.kill()
-        time.sleep(POST_LOAD)
-        self.assertIsNone(new.poll(), 'the new ferry exited (%r)%s' % (
-            new.poll(), self.diag(topo, ferry)))
+        swap_to_new(self, topo, ferry, new, old_rc)
         res = load.finish(lambda: current_master(topo))
         res.t_fault = t_fault
         m = current_master(topo).client(socket_timeout=5)
