@@ -559,9 +559,15 @@ static int dispatch_one(session *s, request *r)
         dedicated = 1;
         break;
     case RT_SELECT:
-        if (SELECT_DB(r) == 0 && !dedicated) {
+        if (SELECT_DB(r) == 0 && !dedicated && f->cfg->client_auth != CLIENT_AUTH_REDIS) {
+            /* Shared links are in db 0. A Redis ACL user's SELECT 0 goes to
+             * that user's shared link all the same (a no-op there): Redis
+             * says whether the user may run SELECT at all. */
             session_answer_str(s, r, "+OK\r\n");
             return DISPATCH_DONE;
+        }
+        if (SELECT_DB(r) == 0 && !dedicated) {
+            break;
         }
         dedicated = 1;
         break;

@@ -7,6 +7,7 @@ ferry's) permissions; after a kill -9 failover the user's links are opened
 again, as the user, on the new master. The users are created with ACL
 SETUSER on every Redis node (ACL is not replicated)."""
 
+import socket
 import threading
 import unittest
 
@@ -96,6 +97,32 @@ class AclChecks(AclSetup):
         m = self.master().client()
         self.assertEqual(m.lrange('queue:%s:a' % p, 0, -1), ['y'])
         self.assertEqual(m.exists('%s:b' % p, 'queue:%s:c' % p), 0)
+
+    def test_select_is_checked_by_redis(self):
+        """ferry answers SELECT 0 itself for its own clients (shared links
+        are in db 0); a Redis user's SELECT, 0 included, is Redis' to allow,
+        with Redis' own error, and a refused SELECT changes nothing."""
+        p = key_prefix(self)
+        s = self.login('qu', 'qpass')
+        direct = socket.create_connection(('127.0.0.1', self.master().port), timeout=TIMEOUT)
+        self.addCleanup(direct.close)
+        self.assertEqual(self.call(direct, 'AUTH', 'qu', 'qpass'), 'OK')
+        for db in ('0', '3'):
+            self.assertEqual(self.call(direct, 'SELECT', db), nocmd('select'))  # Redis itself
+            self.assertEqual(self.pipeline(s, ('SELECT', db), ('LPUSH', 'queue:%s' % p, db)),
+                             [nocmd('select'), 1 if db == '0' else 2])
+        self.assertEqual(self.master().client().lrange('queue:%s' % p, 0, -1), ['3', '0'])
+        # a user allowed to SELECT gets its OK, and its db, from Redis
+        for node in self.nodes():
+            node.client().execute_command('ACL', 'SETUSER', 'su', 'reset', 'on', '>spass',
+                                          '~queue:*', '+@list', '+select',
+                                          *(['+wait'] if self.WAIT else []))
+        t = self.login('su', 'spass')
+        self.assertEqual(self.pipeline(t, ('SELECT', '3'), ('LPUSH', 'queue:%s:s' % p, 'in3'),
+                                       ('SELECT', '0'), ('LPUSH', 'queue:%s:s' % p, 'in0')),
+                         ['OK', 1, 'OK', 1])
+        self.assertEqual(self.master().client(db=3).lrange('queue:%s:s' % p, 0, -1), ['in3'])
+        self.assertEqual(self.master().client().lrange('queue:%s:s' % p, 0, -1), ['in0'])
 
     def test_wrong_password_gets_redis_error(self):
         p = key_prefix(self)
