@@ -156,16 +156,22 @@ static void close_everything(ferry *f)
     uv_close((uv_handle_t *)&f->flush, NULL);
     uv_close((uv_handle_t *)&f->tick, NULL);
     if (f->worker_index == 0) {
+        sigset_t set, old;
+        core_stop_signals(&set);
+        pthread_sigmask(SIG_BLOCK, &set, &old);
         uv_close((uv_handle_t *)&f->sig_term, NULL);
         uv_close((uv_handle_t *)&f->sig_int, NULL);
         uv_close((uv_handle_t *)&f->sig_hup, NULL);
         /* libuv puts back the default action once the last handle of a
          * signal is closed: a SIGTERM or a logrotate SIGHUP arriving while
          * the process winds down would then kill it with work unflushed
-         * and a non-zero status. It is stopping anyway: ignore them. */
+         * and a non-zero status. It is stopping anyway: ignore them. The
+         * other threads never take these signals, and this one blocks them
+         * meanwhile, so one sent in between waits and is then dropped. */
         signal(SIGTERM, SIG_IGN);
         signal(SIGINT, SIG_IGN);
         signal(SIGHUP, SIG_IGN);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
     }
     workers_loop_close(f);
 }
@@ -218,6 +224,49 @@ void core_stop(ferry *f, const char *why)
     server_stop(f);
     session_stop_all(f, 0);
     workers_stop(f, why);
+}
+
+void core_stop_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGHUP);
+}
+
+static void pool_noop(uv_work_t *w)
+{
+    (void)w;
+}
+
+static void pool_noop_done(uv_work_t *w, int status)
+{
+    (void)w;
+    (void)status;
+}
+
+void core_threads_without_signals(void)
+{
+    sigset_t set;
+    core_stop_signals(&set);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* libuv starts its whole threadpool at the first work request: start
+     * it now, on a loop of its own, so its threads inherit the mask. */
+    uv_loop_t tmp;
+    uv_work_t w;
+    if (uv_loop_init(&tmp) == 0) {
+        if (uv_queue_work(&tmp, &w, pool_noop, pool_noop_done) == 0) {
+            uv_run(&tmp, UV_RUN_DEFAULT);
+        }
+        uv_loop_close(&tmp);
+    }
+}
+
+void core_signals_here(void)
+{
+    sigset_t set;
+    core_stop_signals(&set);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
 }
 
 static void signal_cb(uv_signal_t *h, int signum)

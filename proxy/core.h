@@ -3,6 +3,8 @@
 #ifndef FERRY_CORE_H
 #define FERRY_CORE_H
 
+#include <signal.h>
+
 #include "ferry.h"
 
 struct takeover;
@@ -26,6 +28,15 @@ int core_run(ferry *f);
 void core_stop(ferry *f, const char *why);
 /* Close every handle of f now (the loop then ends). */
 void core_close(ferry *f);
+/* The signals the main loop handles (SIGTERM, SIGINT, SIGHUP) in *set. */
+void core_stop_signals(sigset_t *set);
+/* Main thread, before core_init: block those signals and start libuv's
+ * threadpool, so that every thread started from now on (the pool, the
+ * worker loops core_init starts) blocks them for its life; then
+ * core_signals_here() once core_init returned: the main thread alone takes
+ * them (see close_everything). */
+void core_threads_without_signals(void);
+void core_signals_here(void);
 /* Free what outlives f's handles, once its loop has ended. */
 void core_release(ferry *f);
 

@@ -139,7 +139,9 @@ int main(int argc, char **argv)
     uv_loop_t loop;
     uv_loop_init(&loop);
     ferry f;
+    core_threads_without_signals();
     rc = core_init(&f, &loop, &cfg, tk);
+    core_signals_here();
     int code;
     if (rc < 0) {
         log_error("ferry could not start: %s", ferry_strerror(rc));

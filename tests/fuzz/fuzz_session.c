@@ -29,6 +29,7 @@
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -1508,6 +1509,8 @@ static config *make_config(unsigned v)
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static struct sigaction fuzzer_sig[3]; /* SIGTERM, SIGINT, SIGHUP as libFuzzer set them */
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
@@ -1518,6 +1521,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     for (unsigned v = 0; v < NCONFIGS; v++) {
         configs[v] = make_config(v);
     }
+    /* ferry's close ignores the stop signals from then on (its process is
+     * ending); this one goes on, with libFuzzer's handlers put back. */
+    sigaction(SIGTERM, NULL, &fuzzer_sig[0]);
+    sigaction(SIGINT, NULL, &fuzzer_sig[1]);
+    sigaction(SIGHUP, NULL, &fuzzer_sig[2]);
     return 0;
 }
 
@@ -1765,6 +1773,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         advance(cfg->shutdown_timeout_ms); /* the shutdown timeout */
     }
     check(F.closed, "ferry did not stop");
+    sigaction(SIGTERM, &fuzzer_sig[0], NULL);
+    sigaction(SIGINT, &fuzzer_sig[1], NULL);
+    sigaction(SIGHUP, &fuzzer_sig[2], NULL);
     check(F.nclients == 0 && F.clients_mem == 0, "memory still counted for clients after stop");
     check(F.held_bytes == 0, "held bytes left after stop");
     core_run(&F);
