@@ -27,6 +27,7 @@
 #include "outage.h"
 #include "router.h"
 #include "upstream.h"
+#include "workers.h"
 
 #define HEAP_MIN 64 /* entries the heap keeps allocated once it has grown */
 
@@ -126,6 +127,7 @@ void backlog_free(ferry *f)
 static void backlog_set_held(session *s, size_t held)
 {
     s->f->held_bytes = s->f->held_bytes - s->held_bytes + held;
+    workers_held_changed(s->f, (int64_t)held - (int64_t)s->held_bytes);
     s->held_bytes = held;
 }
 
@@ -197,7 +199,7 @@ void backlog_requeue(session *s, request *r)
         /* s is holding already: the next hold looks only at newer
          * requests, so r joins now (it is older than every held one). */
         held_add(s, r, 0);
-        stats_held(&s->f->stats, s->f->held_bytes);
+        stats_held(&s->f->stats, workers_held(s->f));
     }
 }
 
@@ -226,8 +228,9 @@ void backlog_hold(session *s)
         }
         s->held_upto = list_entry(s->requests.prev, request, sq)->seq + 1;
     }
-    stats_held(&f->stats, f->held_bytes);
-    if (f->held_bytes <= f->cfg->hold_max_bytes) {
+    /* The bound and the peak are for ferry as a whole (every loop's). */
+    stats_held(&f->stats, workers_held(f));
+    if (workers_held(f) <= f->cfg->hold_max_bytes) {
         return;
     }
     if (f->outage != NULL && f->up->state == UP_SWITCHING) {
@@ -237,7 +240,7 @@ void backlog_hold(session *s)
         return;
     }
     /* Past the bound, the newest held requests are refused at once. */
-    while (f->held_bytes > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
+    while (workers_held(f) > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
         request *r = list_entry(s->held.prev, request, hq);
         f->stats.requests_tryagain++;
         session_answer_str(s, r,

@@ -774,8 +774,11 @@ void session_check_reading(session *s)
         return;
     }
     /* Over limits.max_memory, the clients holding more than the average
-     * are no longer read (their replies still go out). */
-    int big = session_over_memory(s->f) && load > s->f->clients_mem / s->f->nclients;
+     * are no longer read (their replies still go out). The average is over
+     * every loop's clients: with workers, a loop may hold one client only. */
+    uint64_t everyone = workers_clients(s->f);
+    int big = session_over_memory(s->f) && everyone > 0 &&
+              load > (s->f->clients_mem + s->f->others_mem) / everyone;
     if (big && !list_linked(&s->mem_node)) {
         list_add_tail(&s->f->mem_paused, &s->mem_node);
     }

@@ -111,6 +111,8 @@ typedef struct workers {
     atomic_ullong clients;                 /* sessions open in all loops */
     atomic_ullong mem[CONFIG_MAX_WORKERS]; /* bytes each loop held for clients
                                               at its last tick */
+    atomic_llong held;                     /* request bytes held for lack of a
+                                              master, every loop (live) */
 } workers;
 
 static worker *self_of(ferry *f)
@@ -644,12 +646,11 @@ static void view_of(ferry *f, worker_view *v)
     }
 }
 
-void workers_tick(ferry *f)
+/* Any loop: say what its clients hold, learn what the others' hold
+ * (limits.max_memory is for ferry as a whole). */
+static void mem_exchange(ferry *f)
 {
     workers *wk = f->workers;
-    if (wk == NULL) {
-        return;
-    }
     uint64_t others = 0;
     atomic_store_explicit(&wk->mem[f->worker_index], f->clients_mem, memory_order_relaxed);
     for (int i = 0; i < CONFIG_MAX_WORKERS; i++) {
@@ -658,6 +659,15 @@ void workers_tick(ferry *f)
         }
     }
     f->others_mem = (size_t)others;
+}
+
+void workers_tick(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk == NULL) {
+        return;
+    }
+    mem_exchange(f);
     worker *w = self_of(f);
     if (w != NULL) {
         publish(f, w, 0);
@@ -669,6 +679,9 @@ void workers_tick(ferry *f)
 static void publish(ferry *f, worker *w, uint64_t gen)
 {
     worker_view v;
+    if (gen > 0) {
+        mem_exchange(f);
+    }
     view_of(f, &v);
     uv_mutex_lock(&w->lock);
     *w->pub = f->stats;
@@ -707,6 +720,9 @@ int workers_refreshed(ferry *f, uint64_t gen)
             return 0;
         }
     }
+    if (gen > 0 && wk != NULL && f->worker_index == 0) {
+        mem_exchange(f); /* what the stats port shows, the main loop enforces */
+    }
     return 1;
 }
 
@@ -729,6 +745,24 @@ int workers_stats(ferry *f, ferry_stats *st, worker_view *views, int max)
         uv_mutex_unlock(&w->lock);
     }
     return n;
+}
+
+void workers_held_changed(ferry *f, int64_t delta)
+{
+    workers *wk = f->workers;
+    if (wk != NULL) {
+        atomic_fetch_add_explicit(&wk->held, delta, memory_order_relaxed);
+    }
+}
+
+uint64_t workers_held(const ferry *f)
+{
+    const workers *wk = f->workers;
+    if (wk == NULL) {
+        return f->held_bytes;
+    }
+    long long v = atomic_load_explicit(&wk->held, memory_order_relaxed);
+    return v > 0 ? (uint64_t)v : 0;
 }
 
 uint64_t workers_clients(const ferry *f)

@@ -76,6 +76,11 @@ void workers_wake(ferry *f);
  * need to know of this loop, and learn the memory the other loops hold
  * (f->others_mem). */
 void workers_tick(ferry *f);
+/* Any loop: f->held_bytes changed by delta (upstream.hold_max_bytes and
+ * the peak of held bytes are for ferry as a whole). */
+void workers_held_changed(ferry *f, int64_t delta);
+/* Request bytes held for lack of a master by every loop, now. */
+uint64_t workers_held(const ferry *f);
 /* Main loop: ask every worker to publish its figures now; returns the
  * request's number (0: nothing to wait for, one loop). */
 uint64_t workers_refresh(ferry *f);

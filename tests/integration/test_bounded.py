@@ -452,6 +452,10 @@ class MaxMemoryTest(unittest.TestCase):
                                      d['clients']['clients_paused'] >= 1 and d)(
                                          stats_json(f.stats_port)),
                             timeout=30, msg='ferry over limits.max_memory, the big client paused')
+            # With workers, each loop learns the others' memory at its tick
+            # (50 ms) and whenever the stats are read: after one more read,
+            # every loop has seen the figure read above.
+            stats_json(f.stats_port)
             resp_send(small, ['PING'])
             self.assertEqual(resp_read_reply(small),
                              RespError('OOM ferry: memory limit reached (limits.max_memory)'))
