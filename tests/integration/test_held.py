@@ -11,7 +11,7 @@ import time
 import unittest
 
 from harness import Ferry, RedisServer, SentinelTopology, wait_until
-from held import HeldClients, check_in_order, held_stats
+from held import KEY_FMT, VAL_FMT, HeldClients, _encode, check_in_order, held_stats
 
 N = 100000
 CLIENTS = 20  # 5 000 each: within client.max_pipeline's default (10 000)
@@ -48,6 +48,47 @@ class HeldChecks:
             self.assertEqual(c.llen('held:%04d' % i), hc.counts[i])
 
 
+    def test_hold_bound_is_for_ferry_as_a_whole(self):
+        """upstream.hold_max_bytes bounds what ferry holds, every loop
+        together (with FERRY_TEST_WORKERS the clients are spread over the
+        loops): past it the newest requests get -TRYAGAIN at once; what was
+        held is answered, in order, once the master is back."""
+        k, clients, n = 1000, 8, 4000
+        per = len(_encode('RPUSH', KEY_FMT % 0, VAL_FMT % 0))  # every request's size
+        f = self.ferry_with({'hold_max_bytes': k * per})
+        m = self.master()
+        m.client().delete(*[KEY_FMT % i for i in range(clients)])  # the class shares Redis
+        m.kill()
+        wait_until(lambda: held_stats(f.stats_port)['upstream_state'] != 'UP', timeout=10,
+                   msg='ferry to lose its master')
+        hc = HeldClients(f.port, clients, n)
+        self.addCleanup(hc.close)
+        hc.send(chunk=50)
+        wait_until(lambda: (lambda st: st['held_bytes'] // per + st['requests_tryagain'] == n)(
+            held_stats(f.stats_port)), timeout=30, msg='every request held or refused')
+        st = held_stats(f.stats_port)
+        self.assertEqual(st['held_bytes'], k * per, 'held by all loops together')
+        self.assertEqual(st['requests_tryagain'], n - k)
+        m.restart()
+        replies = hc.read_all(time.monotonic() + 60)
+        full = (b'-TRYAGAIN ferry: no master and the hold buffer is full '
+                b'(upstream.hold_max_bytes)')
+        c = m.client()
+        total = 0
+        for i, got in enumerate(replies):
+            # With more loops, one racing another past the bound may refuse
+            # an older request of its own and hold a later one: the pushes
+            # held are still applied in order, the others refused.
+            pushed = [g for g in got if g.startswith(b':')]
+            ok = len(pushed)
+            self.assertEqual(pushed, [b':%d' % (j + 1) for j in range(ok)], 'client %d' % i)
+            self.assertEqual([g for g in got if not g.startswith(b':')],
+                             [full] * (hc.counts[i] - ok), 'client %d' % i)
+            self.assertEqual(c.llen('held:%04d' % i), ok)
+            total += ok
+        self.assertEqual(total, k)
+
+
 class SentinelHeld(HeldChecks, unittest.TestCase):
     MODE = 'sentinel'
 
@@ -62,9 +103,14 @@ class SentinelHeld(HeldChecks, unittest.TestCase):
 
     def setUp(self):
         super().setUp()
-        conf = dict(FERRY_CONF, durability={'replicas_ack': 0})
-        self.ferry = Ferry(None, sentinel=self.topo, conf=conf)
-        self.addCleanup(self.ferry.stop)
+        self.ferry = self.ferry_with({})
+
+    def ferry_with(self, upstream):
+        conf = dict(FERRY_CONF, durability={'replicas_ack': 0},
+                    upstream=dict(FERRY_CONF['upstream'], **upstream))
+        f = Ferry(None, sentinel=self.topo, conf=conf)
+        self.addCleanup(f.stop)
+        return f
 
     def master(self):
         return self.topo.redis[0]
@@ -80,8 +126,13 @@ class FixedMasterHeld(HeldChecks, unittest.TestCase):
         super().setUp()
         self.redis = RedisServer()
         self.addCleanup(self.redis.kill)
-        self.ferry = Ferry(self.redis, conf=FERRY_CONF)
-        self.addCleanup(self.ferry.stop)
+        self.ferry = self.ferry_with({})
+
+    def ferry_with(self, upstream):
+        conf = dict(FERRY_CONF, upstream=dict(FERRY_CONF['upstream'], **upstream))
+        f = Ferry(self.redis, conf=conf)
+        self.addCleanup(f.stop)
+        return f
 
     def master(self):
         return self.redis
