@@ -287,8 +287,13 @@ class FallbackWorkersTest(unittest.TestCase):
                    sum(l['held_bytes'] for l in self.loops()) == 0, timeout=10,
                    msg='the leaving clients gone')
         self.assertEqual(producers[1].rpush('gone', 'kept'), 1)
-        wait_until(lambda: pending(f) == 3 * self.PER_PRODUCER + 8 * 50 + 1, timeout=10,
-                   msg='every popped row back in the store')
+        # Each RPOP either reached the store after ferry saw its client go
+        # (its rows are put back) or was answered first, into a socket
+        # nobody reads any more, as Redis itself would: checked per key
+        # after the replay, which waits for every put-back.
+        base = 3 * self.PER_PRODUCER + 1
+        wait_until(lambda: pending(f) - base in [400 - 25 * j for j in range(9)], timeout=10,
+                   msg='the popped rows put back or delivered')
 
         # The master is back: writes made once it is UP land after the
         # replayed rows, whichever loop takes them.
@@ -312,13 +317,20 @@ class FallbackWorkersTest(unittest.TestCase):
             self.assertEqual(mine, ['p%d-%d' % (i, k) for k in range(self.PER_PRODUCER)],
                              'producer %d in order' % i)
         self.assertEqual(self.redis.client().lrange('gone', 0, -1), ['kept'])
+        kept, rows = 0, 0
         for k in vkeys:
-            self.assertEqual(self.redis.client().lrange(k, 0, -1),
-                             ['%s-%d' % (k, n) for n in range(50)], k)
+            got = self.redis.client().lrange(k, 0, -1)
+            if len(got) == 50:
+                kept += 1
+            else:  # answered before ferry saw the close: the tail 25 popped
+                self.assertEqual(got, ['%s-%d' % (k, n) for n in range(25)], k)
+            self.assertEqual(got, ['%s-%d' % (k, n) for n in range(len(got))], k)
+            rows += len(got)
+        print('[workers replay] %d of 8 pops for clients that left put back' % kept, flush=True)
         # The writes after the return went to Redis, or to the store (on a
         # loop that had not seen the master back yet) and then replayed.
         st = stats_json(f.stats_port)['fallback']
-        self.assertIn(st['fallback_replayed'] - (3 * self.PER_PRODUCER + 8 * 50 + 1), range(4))
+        self.assertIn(st['fallback_replayed'] - (base + rows), range(4))
 
 
 class SentinelOutageTest(unittest.TestCase):
