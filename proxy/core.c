@@ -61,6 +61,14 @@ char *xstrdup(const char *s)
     return p;
 }
 
+char *xstrndup(const char *p, size_t n)
+{
+    char *c = xmalloc(n + 1);
+    memcpy(c, p, n);
+    c[n] = '\0';
+    return c;
+}
+
 void ferry_assert_fail(const char *what, const char *file, int line)
 {
     log_error("assertion failed: %s (%s:%d)", what, file, line);

@@ -43,6 +43,8 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+/* The n bytes at p as a NUL-terminated copy (bytes may include NULs). */
+char *xstrndup(const char *p, size_t n);
 
 struct session;
 struct link;

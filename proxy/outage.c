@@ -405,14 +405,6 @@ static uint64_t store_rows(struct outage *o)
     return n;
 }
 
-static char *dup_bytes(const char *p, size_t n)
-{
-    char *c = xmalloc(n + 1);
-    memcpy(c, p, n);
-    c[n] = '\0';
-    return c;
-}
-
 static void remote_free(remote_op *ro)
 {
     free(ro->key);
@@ -441,7 +433,7 @@ static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key
     ro->arg = arg;
     ro->awaited = cb != NULL;
     ro->kind = kind;
-    ro->key = dup_bytes(key, keylen);
+    ro->key = xstrndup(key, keylen);
     ro->keylen = keylen;
     return ro;
 }
@@ -479,7 +471,7 @@ static void store_push(struct outage *o, int kind, const char *key, size_t keyle
     ro->lens = xcalloc(n, sizeof(*ro->lens));
     ro->scores = xcalloc(n, sizeof(*ro->scores));
     for (size_t i = 0; i < n; i++) {
-        ro->members[i] = dup_bytes(m[i], l[i]);
+        ro->members[i] = xstrndup(m[i], l[i]);
         ro->lens[i] = l[i];
         ro->scores[i] = sc != NULL ? sc[i] : 0;
     }
@@ -509,7 +501,7 @@ static void store_move(struct outage *o, int end, const char *src, size_t srclen
     remote_op *ro = remote_new(o, RO_MOVE, src, srclen, cb, arg);
     ro->how = end;
     ro->to = to;
-    ro->dst = dup_bytes(dst, dstlen);
+    ro->dst = xstrndup(dst, dstlen);
     ro->dstlen = dstlen;
     remote_send(o, ro);
 }

@@ -352,14 +352,6 @@ static ident *ident_find(upstream *up, const char *user, size_t ulen)
     return NULL;
 }
 
-static char *xstrndup(const char *p, size_t n)
-{
-    char *s = xmalloc(n + 1);
-    memcpy(s, p, n);
-    s[n] = '\0';
-    return s;
-}
-
 void upstream_ident_set_pass(ident *id, const char *pass, size_t plen)
 {
     if (id->pass != NULL && strlen(id->pass) == plen && memcmp(id->pass, pass, plen) == 0) {
