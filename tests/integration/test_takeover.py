@@ -144,6 +144,23 @@ def swap_to_new(test, topo, ferry, new, old_rc):
         new.poll(), test.diag(topo, ferry)))
 
 
+def open_kept_state(test, ferry, mc, prefix, queue):
+    """Three clients on raw sockets, in a row (so on three loops with
+    workers): one in SELECT 3, one blocked in BRPOP queue 0 on the master
+    (mc), one subscribed to PREFIX:ch. Returns (sel, blk, sub)."""
+    sel = ferry.raw()
+    resp_send(sel, ['SELECT', '3'])
+    test.assertEqual(resp_read_reply(sel), 'OK')
+    blk = ferry.raw()
+    resp_send(blk, ['BRPOP', queue, '0'])
+    sub = ferry.raw()
+    resp_send(sub, ['SUBSCRIBE', prefix + ':ch'])
+    test.assertEqual(resp_read_reply(sub), [b'subscribe', (prefix + ':ch').encode(), 1])
+    wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
+               msg='BRPOP %s 0 blocked on the master' % queue)
+    return sel, blk, sub
+
+
 def check_kept_state(test, topo, sel, blk, sub, prefix, queue):
     """The SELECT 3 client, the blocked BRPOP queue 0 and the subscriber to
     PREFIX:ch after a takeover, on their own sockets."""
@@ -375,16 +392,7 @@ class TakeoverWorkersTest(AccountingChecks, unittest.TestCase):
         topo.master().client(socket_timeout=5, db=3).delete('tkw:k')
 
         # Three clients in a row: three loops of four (round-robin).
-        sel = ferry.raw()
-        resp_send(sel, ['SELECT', '3'])
-        self.assertEqual(resp_read_reply(sel), 'OK')
-        blk = ferry.raw()
-        resp_send(blk, ['BRPOP', 'q', '0'])
-        sub = ferry.raw()
-        resp_send(sub, ['SUBSCRIBE', 'tkw:ch'])
-        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tkw:ch', 1])
-        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
-                   msg='BRPOP q 0 blocked on the master')
+        sel, blk, sub = open_kept_state(self, ferry, mc, 'tkw', 'q')
         clients = (sel, blk, sub)
         names = [s.getsockname() for s in clients]
 
@@ -963,16 +971,7 @@ class TakeoverScriptTest(AccountingChecks, unittest.TestCase):
         old_pid = ferry.pid
         mc = topo.master().client(socket_timeout=5)
         mc.delete('q', 'q2', 'tk:k')
-        sel = ferry.raw()
-        resp_send(sel, ['SELECT', '3'])
-        self.assertEqual(resp_read_reply(sel), 'OK')
-        blk = ferry.raw()
-        resp_send(blk, ['BRPOP', 'q2', '0'])
-        sub = ferry.raw()
-        resp_send(sub, ['SUBSCRIBE', 'tk:ch'])
-        self.assertEqual(resp_read_reply(sub), [b'subscribe', b'tk:ch', 1])
-        wait_until(lambda: int(mc.info('clients')['blocked_clients']) >= 1, timeout=10,
-                   msg='BRPOP q2 0 blocked on the master')
+        sel, blk, sub = open_kept_state(self, ferry, mc, 'tk', 'q2')
         ports = [s.getsockname() for s in (sel, blk, sub)]
 
         load = Load(ferry, 'takeover-script').start()
@@ -996,17 +995,8 @@ class TakeoverScriptTest(AccountingChecks, unittest.TestCase):
         self.assertIsNone(ferry.proc.poll(), 'the new ferry is not running')
         time.sleep(POST_LOAD)
 
-        with self.subTest(check='the clients keep their sockets and their state'):
-            resp_send(sel, ['SET', 'tk:k', 'after'])
-            self.assertEqual(resp_read_reply(sel), 'OK')
-            self.assertEqual(current_master(topo).client(socket_timeout=5, db=3).get('tk:k'),
-                             'after')
-            current_master(topo).client(socket_timeout=5).lpush('q2', 'after-takeover')
-            self.assertEqual(resp_read_reply(blk, timeout=10), [b'q2', b'after-takeover'])
-            pub = current_master(topo).client(socket_timeout=5)
-            wait_until(lambda: pub.publish('tk:ch', 'after') >= 1, timeout=10,
-                       msg='the subscriber to be subscribed again')
-            self.assertEqual(resp_read_reply(sub, timeout=5), [b'message', b'tk:ch', b'after'])
+        check_kept_state(self, topo, sel, blk, sub, 'tk', 'q2')
+        with self.subTest(check='the clients keep their sockets'):
             self.assertEqual([s.getsockname() for s in (sel, blk, sub)], ports)
 
         res = load.finish(lambda: current_master(topo))
