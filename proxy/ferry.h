@@ -69,6 +69,9 @@ typedef enum req_state {
 #define REQ_F_ACK (1u << 5)      /* its reply waits for durability.replicas_ack (set when sent) */
 #define REQ_F_TXLOG (1u << 6)    /* part of an open transaction: kept to rebuild it */
 #define REQ_F_REFUSED (1u << 7)  /* refused by Redis without effect: held since then */
+#define REQ_F_UNBLOCK (1u << 8)  /* CLIENT UNBLOCK ... ERROR sent for this blocked call:
+                                    its -UNBLOCKED is its reply (clients.c) */
+#define REQ_F_SURE (1u << 9)     /* internal: done is called (reply NULL) if its link is lost */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 
@@ -174,6 +177,9 @@ void request_set_state(request *r, req_state st);
  * 0 when it blocks forever or is not a blocking call. */
 uint64_t request_block_deadline(const request *r, uint64_t now);
 void request_free(ferry *f, request *r);
+/* The reply a blocking call r gets when its timeout ends, in RESP2: a
+ * null array, or a null bulk for BLMOVE and BRPOPLPUSH. */
+const char *request_expired_reply(const request *r);
 /* Rewrite a blocking request that is sent again so it waits only for what
  * is left of its timeout. Returns 0, or 1 with *expired set to the reply
  * its timeout produces (the time is up). */

@@ -447,6 +447,17 @@ void link_internal(link *l, const char *const *argv, int argc, req_done_cb done,
     link_queue(l, r);
 }
 
+void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb done,
+                        long long arg)
+{
+    request *r = request_new(l->f);
+    r->flags |= REQ_F_INTERNAL | REQ_F_SURE;
+    r->done = done;
+    r->arg = arg;
+    buf_append_argv(&r->data, argc, argv);
+    link_queue(l, r);
+}
+
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done)
 {
     request *r = request_new(l->f);
@@ -629,6 +640,10 @@ static void link_deliver(link *l, const char *p, size_t n)
         request_free(l->f, r);
     } else if (r->s == NULL) {
         request_free(l->f, r); /* the client left; drop the reply */
+    } else if ((r->flags & REQ_F_UNBLOCK) && starts(p, n, "-UNBLOCKED")) {
+        /* The CLIENT UNBLOCK ... ERROR ferry sent for its client (clients.c)
+         * ended the call: Redis' reply is the client's, not a failover's. */
+        router_on_reply(r->s, r, p, n);
     } else if (link_reply_not_master(p, n)) {
         /* Nothing was applied: retry on the master that replaces this one. */
         char why[160];
@@ -726,6 +741,9 @@ void link_close(link *l, const char *reason)
         l->npending--;
         r->link = NULL;
         if ((r->flags & REQ_F_INTERNAL) || r->s == NULL) {
+            if ((r->flags & REQ_F_SURE) && r->done != NULL) {
+                r->done(l, r, NULL, 0);
+            }
             request_free(f, r);
         } else {
             router_on_lost(r->s, r, reason);

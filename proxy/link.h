@@ -102,6 +102,9 @@ void link_send_bytes(link *l, request *r, const char *p, size_t n);
 /* Queue one of ferry's own commands; done (may be NULL) gets its reply. The
  * request's arg is set to arg. */
 void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg);
+/* link_internal, and done is called with a NULL reply if l is lost first. */
+void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb done,
+                        long long arg);
 /* Queue already-encoded bytes as one of ferry's own commands (one reply). */
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
 /* Send every request encoded in b on l as one of ferry's own (done gets

@@ -125,6 +125,12 @@ static int block_timeout(const request *r, const resp_request *req, size_t *ti, 
     return 0;
 }
 
+const char *request_expired_reply(const request *r)
+{
+    const char *name = r->cmd != NULL ? r->cmd->name : "";
+    return strcmp(name, "blmove") == 0 || strcmp(name, "brpoplpush") == 0 ? "$-1\r\n" : "*-1\r\n";
+}
+
 uint64_t request_block_deadline(const request *r, uint64_t now)
 {
     resp_parser *p;

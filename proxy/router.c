@@ -28,6 +28,7 @@
 
 #include "acl.h"
 #include "backlog.h"
+#include "clients.h"
 #include "fence.h"
 #include "link.h"
 #include "log.h"
@@ -485,6 +486,15 @@ static int dispatch_one(session *s, request *r)
         }
         f->stats.commands_local++;
         do_reset(s, r);
+        return DISPATCH_DONE;
+    case RT_CLIENT:
+        if (tx_in_multi(s)) {
+            break; /* queued in the transaction on Redis, as before */
+        }
+        if (s->inflight > 0 && r->arg != CL_ID && r->arg != CL_INFO) {
+            return DISPATCH_WAIT; /* what it sent before is done first */
+        }
+        clients_dispatch(s, r);
         return DISPATCH_DONE;
     default:
         break;

@@ -27,7 +27,8 @@ enum route {
     RT_AUTH,       /* AUTH: arg = auth result */
     RT_HELLO,      /* HELLO: arg = hello result */
     RT_QUIT,       /* QUIT */
-    RT_RESET       /* RESET */
+    RT_RESET,      /* RESET */
+    RT_CLIENT      /* CLIENT ID/INFO/LIST/KILL/UNBLOCK: ferry's clients (clients.c), arg CL_* */
 };
 
 /* Decide how r is routed from its parsed arguments (gone after this).

@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "acl.h"
+#include "clients.h"
 #include "log.h"
 #include "router.h"
 #include "router_int.h"
@@ -212,6 +213,9 @@ int router_classify(session *s, request *r, const resp_request *req)
     }
     const command *cmd = command_lookup_argv(nlook, f->av, f->al);
     r->cmd = cmd;
+    if (cmd != NULL) {
+        s->last_cmd = cmd;
+    }
     r->route = RT_SHARED;
     stats_count_command(&f->stats, cmd);
     const char *cc = f->cfg->config_command;
@@ -330,6 +334,13 @@ int router_classify(session *s, request *r, const resp_request *req)
     }
     if (strcmp(cmd->name, "config|set") == 0 && refuse_config_set(f, r, req, "CONFIG")) {
         return 1;
+    }
+    int cl = clients_classify(cmd, argc);
+    if (cl != CL_NONE) {
+        /* Ferry's clients, not Redis' links (its arguments are read from
+         * r->data when dispatched). */
+        r->route = RT_CLIENT;
+        r->arg = cl;
     }
     return 0;
 }

@@ -102,6 +102,7 @@ static void session_register(session *s, int is_unix)
     s->authed = f->cfg->client_password == NULL && f->cfg->client_auth != CLIENT_AUTH_REDIS;
     s->proto = 2;
     s->last_active_ms = uv_now(f->loop);
+    s->opened_ms = s->last_active_ms;
     list_add_tail(&f->idle, &s->idle_node);
     list_add_tail(&f->sessions, &s->node);
     f->nclients++;

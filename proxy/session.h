@@ -93,6 +93,8 @@ typedef struct session {
     int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
     int reading;               /* uv_read_start active */
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
+    uint64_t opened_ms;        /* uv_now() when it connected (CLIENT LIST age=) */
+    const command *last_cmd;   /* the last command parsed from it (CLIENT LIST cmd=) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
     int proto;                 /* RESP version the client speaks: 2, or 3 after HELLO 3 */

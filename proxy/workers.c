@@ -52,7 +52,8 @@ typedef enum wmsg_kind {
     WM_PUBLISH,    /* publish the figures now (gen): the stats port is answering */
     WM_TK_HAND,    /* takeover, old process: hand every client over through relay */
     WM_TK_ABORT,   /* takeover, old process: aborted, keep the clients left */
-    WM_TK_ADOPT    /* takeover, new process: a client (fd) with its state (frame) */
+    WM_TK_ADOPT,   /* takeover, new process: a client (fd) with its state (frame) */
+    WM_CALL        /* run fn(arg) on this loop (workers_call) */
 } wmsg_kind;
 
 typedef struct wmsg {
@@ -65,6 +66,8 @@ typedef struct wmsg {
     char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
     void *store;       /* WM_STORE: owned by the message until applied */
     uint64_t gen;      /* WM_PUBLISH: the main loop's request number */
+    workers_fn fn;     /* WM_CALL: what to run, and its argument */
+    void *arg;
 
     /* A takeover's (takeover.c); WM_TK_ADOPT owns fd too. */
     struct tk_relay *relay; /* WM_TK_HAND: the main loop's */
@@ -74,7 +77,9 @@ typedef struct wmsg {
 /* A fallback store operation on its way to the main loop. */
 typedef struct mmsg {
     struct mmsg *next;
-    void *store; /* outage.c's */
+    void *store;   /* outage.c's, or NULL for a call */
+    workers_fn fn; /* a call (workers_call): what to run, and its argument */
+    void *arg;
 } mmsg;
 
 typedef struct worker {
@@ -136,6 +141,9 @@ static void msg_free(ferry *f, wmsg *m)
     }
     if (m->kind == WM_STORE && m->store != NULL) {
         outage_remote_drop(f, m->store);
+    }
+    if (m->kind == WM_CALL && m->fn != NULL) {
+        m->fn(NULL, m->arg); /* that loop reads no more: told with no context */
     }
     buf_free_secret(&m->frame); /* a client.auth redis user's password */
     free(m);
@@ -253,6 +261,12 @@ static void apply(worker *w, wmsg *m)
         takeover_adopt(f, m->fd, buf_head(&m->frame), buf_used(&m->frame));
         m->fd = -1; /* the session's, or closed */
         break;
+    case WM_CALL: {
+        workers_fn fn = m->fn;
+        m->fn = NULL;
+        fn(f->closed ? NULL : f, m->arg);
+        break;
+    }
     }
 }
 
@@ -288,6 +302,12 @@ static void trigger_cb(uv_async_t *a)
     uv_mutex_unlock(&wk->qlock);
     while (q != NULL) {
         mmsg *next = q->next;
+        if (q->fn != NULL) {
+            q->fn(f->closed ? NULL : f, q->arg);
+            free(q);
+            q = next;
+            continue;
+        }
         outage_remote_run(f, q->store);
         free(q);
         q = next;
@@ -506,7 +526,11 @@ void workers_join(ferry *f)
     uv_mutex_unlock(&wk->qlock);
     while (q != NULL) {
         mmsg *next = q->next;
-        outage_remote_drop(f, q->store);
+        if (q->fn != NULL) {
+            q->fn(NULL, q->arg); /* a call: told the main loop reads no more */
+        } else {
+            outage_remote_drop(f, q->store);
+        }
         free(q);
         q = next;
     }
@@ -620,6 +644,71 @@ void workers_wake(ferry *f)
         }
         uv_mutex_unlock(&w->lock);
     }
+}
+
+/* ------------------------------------------------------ calls between loops */
+
+int workers_loops(const ferry *f)
+{
+    return f->workers != NULL ? ((const workers *)f->workers)->n : 1;
+}
+
+int workers_loop_of(const ferry *f, uint64_t id)
+{
+    int n = workers_loops(f);
+    return n > 1 ? (int)(id % (uint64_t)n) : 0;
+}
+
+int workers_call(ferry *f, int index, workers_fn fn, void *arg)
+{
+    workers *wk = f->workers;
+    if (wk == NULL || index == f->worker_index) {
+        fn(f, arg);
+        return 0;
+    }
+    if (index < 0 || index >= wk->n) {
+        return -1;
+    }
+    if (index == 0) {
+        mmsg *q = xcalloc(1, sizeof(*q));
+        q->fn = fn;
+        q->arg = arg;
+        uv_mutex_lock(&wk->qlock);
+        if (!wk->qopen) {
+            uv_mutex_unlock(&wk->qlock);
+            free(q);
+            return -1;
+        }
+        if (wk->qtail == NULL) {
+            wk->qhead = q;
+        } else {
+            wk->qtail->next = q;
+        }
+        wk->qtail = q;
+        uv_async_send(&wk->async);
+        uv_mutex_unlock(&wk->qlock);
+        return 0;
+    }
+    worker *w = wk->w[index];
+    wmsg *m = msg_new(WM_CALL, NULL);
+    m->fn = fn;
+    m->arg = arg;
+    m->next = NULL;
+    uv_mutex_lock(&w->lock);
+    if (!w->open) {
+        uv_mutex_unlock(&w->lock);
+        free(m);
+        return -1;
+    }
+    if (w->tail == NULL) {
+        w->head = m;
+    } else {
+        w->tail->next = m;
+    }
+    w->tail = m;
+    uv_async_send(&w->async);
+    uv_mutex_unlock(&w->lock);
+    return 0;
 }
 
 /* ------------------------------------------------------- stats and limits */

@@ -72,6 +72,19 @@ void workers_to_loop(ferry *f, int index, void *op);
 /* Main loop: a store write; every worker re-dispatches what waits. */
 void workers_wake(ferry *f);
 
+/* Calls between loops (CLIENT LIST/KILL/UNBLOCK reach every client).
+ * fn runs on loop index's thread with that loop's context, or with NULL
+ * when that loop stopped reading before it ran (fn then only frees or
+ * answers what arg holds). Any loop may call any loop; a call to its own
+ * loop runs at once. Returns 0, or -1 when that loop reads no more (fn is
+ * not called; arg stays the caller's). */
+typedef void (*workers_fn)(ferry *f, void *arg);
+int workers_call(ferry *f, int index, workers_fn fn, void *arg);
+/* Loops running clients: 1 with workers: 1. */
+int workers_loops(const ferry *f);
+/* The loop whose ferry_next_id gave id (loop i gives ids i + k * loops). */
+int workers_loop_of(const ferry *f, uint64_t id);
+
 /* Every loop, on its tick: publish what the stats port and limits.max_memory
  * need to know of this loop, and learn the memory the other loops hold
  * (f->others_mem). */
