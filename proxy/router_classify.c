@@ -292,11 +292,12 @@ int router_classify(session *s, request *r, const resp_request *req)
         if (strcmp(cmd->name, "client|tracking") == 0 && argc >= 3) {
             for (size_t i = 3; i < argc; i++) {
                 if (arg_eq(&argv[i], "redirect")) {
-                    /* The id a client learns from CLIENT ID names one of
-                     * ferry's links, and changes at every failover. */
+                    /* The id a client learns from CLIENT ID is ferry's; the
+                     * Redis connection invalidations would go to changes
+                     * at every failover. */
                     set_error(r,
                               "-ERR ferry: CLIENT TRACKING REDIRECT is not supported through "
-                              "the proxy (client ids are ferry's links); use RESP3 (HELLO 3), "
+                              "the proxy (client ids are ferry's); use RESP3 (HELLO 3), "
                               "whose invalidations come on the same connection\r\n%s",
                               "");
                     f->stats.commands_denied++;
@@ -336,6 +337,12 @@ int router_classify(session *s, request *r, const resp_request *req)
         return 1;
     }
     int cl = clients_classify(cmd, argc);
+    if (cl != CL_NONE && cl != CL_ID && cl != CL_INFO &&
+        f->cfg->client_auth == CLIENT_AUTH_REDIS) {
+        /* A Redis ACL user: Redis says whether it may list, kill or
+         * unblock clients (about ferry's links, as before). */
+        cl = CL_NONE;
+    }
     if (cl != CL_NONE) {
         /* Ferry's clients, not Redis' links (its arguments are read from
          * r->data when dispatched). */

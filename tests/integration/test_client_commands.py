@@ -282,6 +282,47 @@ class HeldClientUnblock(unittest.TestCase):
         self._held('ERROR')
 
 
+@unittest.skipIf(DIRECT, 'plain Redis has no fallback store')
+class StoreClientUnblock(unittest.TestCase):
+    """A blocking pop waiting on the fallback store (no Redis at all) is
+    unblocked by ferry, and the pop takes nothing from the store."""
+
+    def setUp(self):
+        from test_fallback import fallback_conf, state
+        self.redis = RedisServer()
+        self.addCleanup(self.redis.kill)
+        path = self.redis.dir + '/ferry-fallback.db'
+        self.ferry = Ferry(self.redis, conf=fallback_conf(path))
+        self.addCleanup(self.ferry.kill)
+        self.redis.kill()
+        wait_until(lambda: state(self.ferry) == 'DOWN', timeout=10, msg='master view DOWN')
+
+    def _store(self, reason):
+        a, b = Conn(self.ferry), Conn(self.ferry)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        aid = a.call('CLIENT', 'ID')
+        self.assertEqual(b.call('LPUSH', 'other', 'o'), 1)  # served by the store
+        a.send('BRPOP', 'store.l', 0)
+        time.sleep(0.5)
+        args = ['CLIENT', 'UNBLOCK', aid] + ([reason] if reason else [])
+        self.assertEqual(b.call(*args), 1)
+        got = a.read()
+        if reason == 'ERROR':
+            self.assertEqual(got, RespError('UNBLOCKED client unblocked via CLIENT UNBLOCK'))
+        else:
+            self.assertIsNone(got)
+        # Nothing is left waiting to pop the next push for nobody.
+        self.assertEqual(b.call('LPUSH', 'store.l', 'x'), 1)
+        self.assertEqual(a.call('RPOP', 'store.l'), b'x')
+
+    def test_store_unblock_timeout(self):
+        self._store('TIMEOUT')
+
+    def test_store_unblock_error(self):
+        self._store('ERROR')
+
+
 load_tests = sentinel_first
 
 if __name__ == '__main__':
