@@ -606,7 +606,7 @@ static int dispatch_one(session *s, request *r)
     if (s->inflight > 0 && s->flight_link != target) {
         return DISPATCH_WAIT; /* never in flight on two links: ordering */
     }
-    r->flags &= ~(REQ_F_ACK | REQ_F_TXLOG);
+    r->flags &= ~(REQ_F_ACK | REQ_F_TXLOG | REQ_F_UNBLOCK); /* UNBLOCK: asked of its last link */
     tx_on_send(s, r, up->replicas_ack > 0);
     switch (r->route) {
     case RT_SELECT:
