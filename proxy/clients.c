@@ -35,7 +35,6 @@
 
 #include "link.h"
 #include "log.h"
-#include "router.h"
 #include "tx.h"
 #include "upstream.h"
 #include "workers.h"
@@ -59,19 +58,20 @@ typedef struct cl_filter {
 /* One CLIENT LIST / KILL / UNBLOCK in progress. Read-only while its parts
  * run (on any loop); changed on the asking loop only. */
 typedef struct cl_job {
-    ferry *origin;     /* the asking loop (other loops read its workers only) */
-    int origin_index;  /* its worker_index */
-    request *r;        /* the asking request (origin only) */
-    uint64_t sid;      /* the asking session's id */
-    int kind;          /* CL_LIST, CL_KILL, CL_UNBLOCK */
-    cl_filter flt;     /* LIST, KILL */
-    uint64_t target;   /* UNBLOCK: the client named */
-    int unblock_error; /* UNBLOCK ... ERROR */
-    int pending;       /* parts not back yet */
-    int dispatching;   /* the asking dispatch is still sending parts */
-    buf out;           /* LIST: the lines gathered */
-    long long count;   /* KILL, UNBLOCK: clients killed / unblocked */
-    int kill_self;     /* KILL: the asking client matched (SKIPME no) */
+    ferry *origin;              /* the asking loop (other loops read its workers only) */
+    int origin_index;           /* its worker_index */
+    request *r;                 /* the asking request (origin only) */
+    uint64_t sid;               /* the asking session's id */
+    int kind;                   /* CL_LIST, CL_KILL, CL_UNBLOCK */
+    cl_filter flt;              /* LIST, KILL */
+    uint64_t target;            /* UNBLOCK: the client named */
+    int unblock_error;          /* UNBLOCK ... ERROR */
+    int pending;                /* parts not back yet */
+    int dispatching;            /* the asking dispatch is still sending parts */
+    buf out;                    /* LIST: the lines gathered */
+    long long count;            /* KILL, UNBLOCK: clients killed / unblocked */
+    int kill_self;              /* KILL: the asking client matched (SKIPME no) */
+    void (*resume)(session *s); /* the router's: dispatch what s sent after r */
 } cl_job;
 
 /* A job's work on one loop. */
@@ -554,10 +554,11 @@ static void job_answer(ferry *f, cl_job *job)
         break;
     }
     int later = !job->dispatching;
+    void (*resume)(session *) = job->resume;
     job_free(job);
     session_flush_answered(s);
     if (later && s->inflight == 0) {
-        router_dispatch(s);
+        resume(s);
     }
     session_check_reading(s);
 }
@@ -748,7 +749,7 @@ int clients_classify(const command *cmd, size_t argc)
     return CL_NONE;
 }
 
-void clients_dispatch(session *s, request *r)
+void clients_dispatch(session *s, request *r, void (*resume)(session *s))
 {
     ferry *f = s->f;
     resp_parser *pp = resp_parser_new(NULL);
@@ -816,6 +817,7 @@ void clients_dispatch(session *s, request *r)
     }
     resp_parser_free(pp);
     if (job != NULL) {
+        job->resume = resume;
         job_start(s, r, job);
     }
 }

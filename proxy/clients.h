@@ -16,7 +16,8 @@ enum { CL_NONE = 0, CL_ID, CL_INFO, CL_LIST, CL_KILL, CL_UNBLOCK };
  * argc arguments: a CL_* value, or CL_NONE (Redis answers, as before). */
 int clients_classify(const command *cmd, size_t argc);
 /* Answer r (route RT_CLIENT) now, or start asking the other loops / Redis
- * (r is then in flight, off any link, until the answer is in). */
-void clients_dispatch(session *s, request *r);
+ * (r is then in flight, off any link, until the answer is in; resume(s) is
+ * called once it is, so what s sent after it goes on). */
+void clients_dispatch(session *s, request *r, void (*resume)(session *s));
 
 #endif

@@ -69,9 +69,10 @@ typedef enum req_state {
 #define REQ_F_ACK (1u << 5)      /* its reply waits for durability.replicas_ack (set when sent) */
 #define REQ_F_TXLOG (1u << 6)    /* part of an open transaction: kept to rebuild it */
 #define REQ_F_REFUSED (1u << 7)  /* refused by Redis without effect: held since then */
-#define REQ_F_UNBLOCK (1u << 8)  /* CLIENT UNBLOCK ... ERROR sent for this blocked call:
-                                    its -UNBLOCKED is its reply (clients.c) */
-#define REQ_F_SURE (1u << 9)     /* internal: done is called (reply NULL) if its link is lost */
+#define REQ_F_UNBLOCK                                                                              \
+    (1u << 8)                /* CLIENT UNBLOCK ... ERROR sent for this blocked call:               \
+                                its -UNBLOCKED is its reply (clients.c) */
+#define REQ_F_SURE (1u << 9) /* internal: done is called (reply NULL) if its link is lost */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 

@@ -447,8 +447,7 @@ void link_internal(link *l, const char *const *argv, int argc, req_done_cb done,
     link_queue(l, r);
 }
 
-void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb done,
-                        long long arg)
+void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb done, long long arg)
 {
     request *r = request_new(l->f);
     r->flags |= REQ_F_INTERNAL | REQ_F_SURE;

@@ -494,7 +494,7 @@ static int dispatch_one(session *s, request *r)
         if (s->inflight > 0 && r->arg != CL_ID && r->arg != CL_INFO) {
             return DISPATCH_WAIT; /* what it sent before is done first */
         }
-        clients_dispatch(s, r);
+        clients_dispatch(s, r, router_dispatch);
         return DISPATCH_DONE;
     default:
         break;

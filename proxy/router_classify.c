@@ -337,8 +337,7 @@ int router_classify(session *s, request *r, const resp_request *req)
         return 1;
     }
     int cl = clients_classify(cmd, argc);
-    if (cl != CL_NONE && cl != CL_ID && cl != CL_INFO &&
-        f->cfg->client_auth == CLIENT_AUTH_REDIS) {
+    if (cl != CL_NONE && cl != CL_ID && cl != CL_INFO && f->cfg->client_auth == CLIENT_AUTH_REDIS) {
         /* A Redis ACL user: Redis says whether it may list, kill or
          * unblock clients (about ferry's links, as before). */
         cl = CL_NONE;
