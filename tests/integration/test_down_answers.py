@@ -212,6 +212,30 @@ class DownAnswersTest(unittest.TestCase):
         self.assertEqual(raw(s, 'AUTH', 'sekret'), b'+OK\r\n')
         self.assertEqual(raw(s, 'PING'), b'+PONG\r\n')
 
+    def test_acl_users(self):
+        """client.auth redis: an unauthenticated client gets -NOAUTH while
+        DOWN; a client Redis authenticated before gets PING and ECHO from
+        ferry, but not INFO (only Redis can say what its user may see): that
+        waits for a master as any other command, -TRYAGAIN at the bound."""
+        direct = self.redis.client()
+        direct.execute_command('ACL', 'SETUSER', 'hu', 'on', '>hpass', '~*', '+@all')
+        f = self.start_ferry(client={'auth': 'redis'}, upstream={'hold_timeout_ms': 1500})
+        s = raw_conn(f)
+        self.addCleanup(s.close)
+        self.assertEqual(raw(s, 'AUTH', 'hu', 'hpass'), b'+OK\r\n')
+        self.outage(f)
+        anon = raw_conn(f)
+        self.addCleanup(anon.close)
+        self.assertEqual(raw(anon, 'PING'), b'-NOAUTH Authentication required.\r\n')
+        self.assertEqual(raw(anon, 'INFO'), b'-NOAUTH Authentication required.\r\n')
+        t0 = time.monotonic()
+        self.assertEqual(raw(s, 'PING'), b'+PONG\r\n')
+        self.assertEqual(raw(s, 'ECHO', 'u'), b'$1\r\nu\r\n')
+        self.assertLess(time.monotonic() - t0, FAST)
+        reply = raw(s, 'INFO')
+        self.assertTrue(reply.startswith(b'-TRYAGAIN'), reply)
+        self.assertGreaterEqual(time.monotonic() - t0, 1.0)
+
     def test_subscribed_ping(self):
         """A subscribed client's PING while DOWN: RESP2 gets Redis' pub/sub
         form (*2 pong <msg>), RESP3 a plain PONG; its subscriptions come
