@@ -14,8 +14,8 @@ import unittest
 
 import redis
 
-from harness import (Ferry, RedisServer, SentinelTopology, resp_encode, resp_read_raw,
-                     resp_read_reply, resp_send, wait_until)
+from harness import (Ferry, RedisServer, SentinelTopology, free_port, resp_encode,
+                     resp_read_raw, resp_read_reply, resp_send, wait_until)
 from test_fallback import fallback_conf, pending, state
 
 FAST = 0.5  # seconds: an answer from ferry itself, not a hold
@@ -199,6 +199,26 @@ class DownAnswersTest(unittest.TestCase):
         self.assertEqual(info['ferry_master_view'], 'down')
         self.assertEqual(info['ferry_fallback_store'], 'off')
         self.assertNotIn('ferry_fallback_rows_pending', info)
+
+    def test_start_without_redis(self):
+        """ferry started while no Redis is known (Sentinel mode, no sentinel
+        reachable), no store: a PING sent at once waits fallback.after_ms for
+        a first master, then ferry answers it. Fixed mode too."""
+        sentinel = {'master': 'mq', 'addresses': ['127.0.0.1:%d' % free_port()]}
+        self.redis.kill()
+        for redis_srv, sn in ((None, sentinel), (self.redis, None)):
+            f = Ferry(redis_srv, conf={'upstream': {'hold_timeout_ms': HOLD_MS,
+                                                    'connect_timeout_ms': 500},
+                                       'fallback': {'after_ms': 300}},
+                      sentinel=sn, wait='port')
+            self.addCleanup(f.kill)
+            s = raw_conn(f)
+            self.addCleanup(s.close)
+            t0 = time.monotonic()
+            self.assertEqual(raw(s, 'PING'), b'+PONG\r\n')
+            self.assertLess(time.monotonic() - t0, 0.3 + 4 * FAST)
+            self.assertEqual(info_fields(info_text(s, 'ferry'))['ferry_master_mode'],
+                             'sentinel' if sn else 'fixed')
 
     def test_password_still_asked(self):
         """client.password: an unauthenticated client gets -NOAUTH while
