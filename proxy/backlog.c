@@ -309,9 +309,10 @@ void backlog_tick(ferry *f, uint64_t now)
         /* Written out in order; the fallback store may take what follows. */
         router_dispatch(s);
     }
-    if (f->up->state == UP_UP || (f->outage != NULL && f->up->state == UP_DOWN)) {
-        /* A master is UP: retry what Redis refused; or the fallback store
-         * may take what waits (at start-up, once after_ms ran out). */
+    if (f->up->state == UP_UP || f->up->state == UP_DOWN) {
+        /* A master is UP: retry what Redis refused; or, DOWN, the fallback
+         * store may take what waits and ferry answers PING, ECHO and INFO
+         * (at start-up, once after_ms ran out). */
         list_foreach_safe(n, t, &f->waiting)
         {
             router_dispatch(list_entry(n, session, wait_node));

@@ -111,6 +111,11 @@ const command *command_lookup_argv(size_t argc, const char *const *argv, const s
     return cmd;
 }
 
+const char *command_redis_version(void)
+{
+    return COMMAND_REDIS_VERSION;
+}
+
 const command *command_table(size_t *count)
 {
     if (count != NULL) {

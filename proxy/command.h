@@ -59,6 +59,9 @@ const command *command_lookup(const char *name, size_t len);
 const command *command_lookup_argv(size_t argc, const char *const *argv, const size_t *lens);
 /* All top-level commands, for iteration (tests, COMMAND comparison). */
 const command *command_table(size_t *count);
+/* The Redis version whose COMMAND reply the table was generated from
+ * ("7.0.15"): the version ferry presents (HELLO, INFO). */
+const char *command_redis_version(void);
 /* True if this request blocks on the server: the CMD_BLOCKING class, plus
  * XREAD/XREADGROUP only when they carry BLOCK. */
 int command_is_blocking(const command *cmd, size_t argc, const char *const *argv,

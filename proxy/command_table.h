@@ -9,13 +9,14 @@
 
 #include "command.h"
 
-#define COMMAND_TABLE_COUNT 240       /* top-level commands */
-#define COMMAND_TABLE_SUB_COUNT 126   /* subcommands of all containers */
-#define COMMAND_NAME_MAX 20           /* longest top-level name */
-#define COMMAND_SUBNAME_MAX 21        /* longest name after '|' */
-#define COMMAND_HASH_SIZE 512         /* slots, a power of two */
-#define COMMAND_HASH_SEED 2166136290u /* FNV-1a initial value */
-#define COMMAND_HASH_MAX_PROBE 4      /* longest probe sequence */
+#define COMMAND_TABLE_COUNT 240        /* top-level commands */
+#define COMMAND_TABLE_SUB_COUNT 126    /* subcommands of all containers */
+#define COMMAND_NAME_MAX 20            /* longest top-level name */
+#define COMMAND_SUBNAME_MAX 21         /* longest name after '|' */
+#define COMMAND_HASH_SIZE 512          /* slots, a power of two */
+#define COMMAND_HASH_SEED 2166136290u  /* FNV-1a initial value */
+#define COMMAND_HASH_MAX_PROBE 4       /* longest probe sequence */
+#define COMMAND_REDIS_VERSION "7.0.15" /* the Redis whose COMMAND this is */
 
 /* clang-format off */
 

@@ -35,9 +35,9 @@
  * stats live on the loop thread. The SQLite connection is used by the
  * worker while a group is in flight and by the loop thread only at open
  * (which may sync: schema, WAL recovery) and close. The per-key row index
- * and the row count are also read from other threads (workers: N, every
- * event loop decides what the store serves): they change and are read under
- * ixlock; everything else is the loop thread's. fallback_close blocks the
+ * and the row count (and the oldest row's time) are also read from other
+ * threads (workers: N, every event loop decides what the store serves): they
+ * change and are read under ixlock; everything else is the loop thread's. fallback_close blocks the
  * loop thread: it waits (mutex/cond) for the group in flight, delivers its
  * callbacks, and closes SQLite (whose last checkpoint syncs the file) -
  * start-up and shutdown only. Its memory is freed once the loop has run the
@@ -444,7 +444,9 @@ static void group_finish(fallback *fb, fb_group *g)
         }
         if (g->status == 0) {
             st->commits++;
+            uv_mutex_lock(&fb->ixlock);
             st->oldest_ms = g->oldest_ms;
+            uv_mutex_unlock(&fb->ixlock);
             st->last_error[0] = '\0';
         } else {
             st->commit_errors++;
@@ -872,6 +874,15 @@ uint64_t fallback_rows(const fallback *fb)
     uint64_t n = fb->stats.rows;
     uv_mutex_unlock(lock);
     return n;
+}
+
+int64_t fallback_oldest(const fallback *fb)
+{
+    uv_mutex_t *lock = (uv_mutex_t *)&fb->ixlock;
+    uv_mutex_lock(lock);
+    int64_t t = fb->stats.oldest_ms;
+    uv_mutex_unlock(lock);
+    return t;
 }
 
 void fallback_get_stats(const fallback *fb, fallback_stats *st)

@@ -117,6 +117,9 @@ void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int6
 uint64_t fallback_key_rows(const fallback *fb, const char *key, size_t keylen);
 /* Rows pending in all. */
 uint64_t fallback_rows(const fallback *fb);
+/* Wall-clock ms of the oldest pending row as of the last commit, 0 if none
+ * (any thread, as fallback_rows). */
+int64_t fallback_oldest(const fallback *fb);
 void fallback_get_stats(const fallback *fb, fallback_stats *st);
 
 /* Print every pending row of the store at path to out, one per line

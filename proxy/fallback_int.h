@@ -118,7 +118,7 @@ struct fallback {
     sqlite3_stmt *stmt[ST_COUNT]; /* prepared statements */
     char werr[FB_ERRLEN];         /* worker: the first error of the group in flight */
     uv_mutex_t mu;                /* guards fb_group.done */
-    uv_mutex_t ixlock;            /* guards keys and stats.rows (read by other loops) */
+    uv_mutex_t ixlock;            /* guards keys, stats.rows and .oldest_ms */
     uv_cond_t cond;               /* signalled when a group is done */
     fb_op *qhead;                 /* queued, not submitted yet */
     fb_op *qtail;                 /* last queued */

@@ -1036,6 +1036,35 @@ int outage_blocks(ferry *f, const request *r)
     return blocked;
 }
 
+int outage_backlog(ferry *f, uint64_t *rows, uint64_t *oldest_age_ms)
+{
+    struct outage *o = f->outage;
+    int64_t oldest = 0;
+    if (o == NULL) {
+        return -1;
+    }
+    *rows = 0;
+    *oldest_age_ms = 0;
+    if (!o->remote) {
+        *rows = fallback_rows(o->fb);
+        oldest = fallback_oldest(o->fb);
+    } else {
+        uv_mutex_lock(&o->sh->lock);
+        if (o->sh->fb != NULL) {
+            *rows = fallback_rows(o->sh->fb);
+            oldest = fallback_oldest(o->sh->fb);
+        }
+        uv_mutex_unlock(&o->sh->lock);
+    }
+    if (*rows > 0 && oldest > 0) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        int64_t now_ms = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+        *oldest_age_ms = now_ms > oldest ? (uint64_t)(now_ms - oldest) : 0;
+    }
+    return 0;
+}
+
 void outage_stats(ferry *f, ferry_stats *st)
 {
     struct outage *o = f->outage;

@@ -42,6 +42,9 @@ void outage_remote_drop(ferry *f, void *op);
 
 /* Periodic: start or continue the replay when a master is UP (replay.c). */
 void outage_tick(ferry *f, uint64_t now);
+/* Any loop: rows pending in the fallback store and the oldest one's age
+ * (as of the last commit). Returns 0, or -1 when there is no store. */
+int outage_backlog(ferry *f, uint64_t *rows, uint64_t *oldest_age_ms);
 /* Figures for the stats port. */
 void outage_stats(ferry *f, ferry_stats *st);
 

@@ -34,11 +34,11 @@
 #include "log.h"
 #include "outage.h"
 #include "router_int.h"
+#include "standin.h"
 #include "tx.h"
 #include "upstream.h"
 
 #define ROUTER_MAX_RETRIES 3
-#define FERRY_REDIS_VERSION "7.0.0"
 
 enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
@@ -130,7 +130,7 @@ static void hello_reply(session *s, request *r)
     buf_append_bulk(&b, "server", 6);
     buf_append_bulk(&b, "redis", 5);
     buf_append_bulk(&b, "version", 7);
-    buf_append_bulk(&b, FERRY_REDIS_VERSION, strlen(FERRY_REDIS_VERSION));
+    buf_append_bulk(&b, command_redis_version(), strlen(command_redis_version()));
     buf_append_bulk(&b, "proto", 5);
     buf_append_str(&b, s->proto == 3 ? ":3\r\n" : ":2\r\n");
     buf_append_bulk(&b, "id", 2);
@@ -502,6 +502,11 @@ static int dispatch_one(session *s, request *r)
     if (tx_answer(s, r)) {
         return DISPATCH_DONE;
     }
+    if (s->tx == TX_NONE && s->tunnel == TUN_NONE && upstream_down(up) && standin_answer(s, r, 0)) {
+        /* No master: ferry answers PING, ECHO and INFO itself (standin.c). */
+        f->stats.commands_local++;
+        return DISPATCH_DONE;
+    }
 
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
         /* Lent by a master ferry has let go of (a blocked call draining). */
@@ -540,8 +545,7 @@ static int dispatch_one(session *s, request *r)
          * commands; once a master is back, writes to keys not yet replayed
          * wait for their replay. It serves no client of a Redis ACL user:
          * without Redis nothing can say what the user may do. */
-        if (up->state == UP_DOWN && s->ident == NULL &&
-            uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms) {
+        if (s->ident == NULL && upstream_down(up)) {
             /* (At start-up the view is DOWN at once: the store waits
              * fallback.after_ms for a first master too.) */
             if (s->inflight > 0 && s->flight_link != NULL) {
@@ -677,6 +681,30 @@ static void router_maybe_return(session *s)
     upstream_return(s->f->up, s, 1, "released with connection state");
 }
 
+/* A subscribed client whose subscriptions wait for a master while none is
+ * usable: ferry answers the PINGs (RESP3: ECHO and INFO too) at the head of
+ * what it sent, in order; the rest waits for the subscriptions. */
+static void answer_down_lead(session *s)
+{
+    list_node *n = s->cursor;
+    if (s->tx != TX_NONE || !upstream_down(s->f->up)) {
+        return;
+    }
+    while (n != &s->requests) {
+        request *r = list_entry(n, request, sq);
+        list_node *next = n->next; /* r may be written out and recycled */
+        if (r->state == REQ_HELD) {
+            if (!standin_answer(s, r, s->proto == 2)) {
+                break;
+            }
+            s->f->stats.commands_local++;
+        }
+        n = next;
+    }
+    s->cursor = n;
+    session_flush_answered(s);
+}
+
 void router_dispatch(session *s)
 {
     list_node *n = s->cursor;
@@ -686,6 +714,7 @@ void router_dispatch(session *s)
         return;
     }
     if (s->tunnel == TUN_PUBSUB_LOST && s->dlink == NULL && !router_resubscribe(s)) {
+        answer_down_lead(s);
         backlog_hold(s); /* what it sent meanwhile waits for the new tunnel */
         return;
     }

@@ -851,6 +851,12 @@ static void upstream_probe(upstream *up, uint64_t now)
     }
 }
 
+int upstream_down(const upstream *up)
+{
+    return up->state == UP_DOWN &&
+           uv_now(up->f->loop) - up->down_since_ms >= up->f->cfg->fallback_after_ms;
+}
+
 void upstream_give_up(upstream *up, const char *why)
 {
     if (up->state == UP_SWITCHING) {

@@ -140,6 +140,10 @@ void upstream_switch(upstream *up, const char *reason);
 void upstream_give_up(upstream *up, const char *why);
 /* Sentinel named this master (ip is numeric). Connects and verifies it. */
 void upstream_set_master(upstream *up, const char *ip, int port, const char *why);
+/* The view is DOWN and has been for fallback.after_ms (at start-up too, so
+ * a first master gets that long): ferry serves on its own meanwhile (the
+ * fallback store; PING, ECHO and INFO). */
+int upstream_down(const upstream *up);
 /* "ip:port" of the current master target, "" when none. */
 const char *upstream_name(const upstream *up);
 const char *upstream_state_name(upstream_state st);

@@ -118,6 +118,9 @@ typedef struct workers {
                                               at its last tick */
     atomic_llong held;                     /* request bytes held for lack of a
                                               master, every loop (live) */
+    uv_mutex_t publock;                    /* guards main_pub */
+    ferry_stats *main_pub;                 /* the main loop's counters at its last
+                                              tick (workers_totals) */
 } workers;
 
 static worker *self_of(ferry *f)
@@ -368,6 +371,8 @@ int workers_start(ferry *f)
     f->id_step = (uint64_t)n;
     f->next_id = base_id;
     uv_mutex_init(&wk->qlock);
+    uv_mutex_init(&wk->publock);
+    wk->main_pub = xcalloc(1, sizeof(*wk->main_pub));
     wk->qopen = 1;
     uv_async_init(f->loop, &wk->async, trigger_cb);
     wk->async.data = wk;
@@ -540,6 +545,8 @@ void workers_join(ferry *f)
         uv_run(f->loop, UV_RUN_DEFAULT);
     }
     uv_mutex_destroy(&wk->qlock);
+    uv_mutex_destroy(&wk->publock);
+    free(wk->main_pub);
     f->workers = NULL;
     free(wk);
 }
@@ -760,6 +767,10 @@ void workers_tick(ferry *f)
     worker *w = self_of(f);
     if (w != NULL) {
         publish(f, w, 0);
+    } else {
+        uv_mutex_lock(&wk->publock);
+        *wk->main_pub = f->stats;
+        uv_mutex_unlock(&wk->publock);
     }
 }
 
@@ -834,6 +845,29 @@ int workers_stats(ferry *f, ferry_stats *st, worker_view *views, int max)
         uv_mutex_unlock(&w->lock);
     }
     return n;
+}
+
+void workers_totals(ferry *f, ferry_stats *st)
+{
+    workers *wk = f->workers;
+    *st = f->stats;
+    if (wk == NULL) {
+        return;
+    }
+    if (f->worker_index != 0) {
+        uv_mutex_lock(&wk->publock);
+        stats_add(st, wk->main_pub);
+        uv_mutex_unlock(&wk->publock);
+    }
+    for (int i = 1; i < wk->n; i++) {
+        worker *w = wk->w[i];
+        if (i == f->worker_index || w == NULL) {
+            continue;
+        }
+        uv_mutex_lock(&w->lock);
+        stats_add(st, w->pub);
+        uv_mutex_unlock(&w->lock);
+    }
 }
 
 void workers_held_changed(ferry *f, int64_t delta)

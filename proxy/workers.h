@@ -89,6 +89,9 @@ int workers_loop_of(const ferry *f, uint64_t id);
  * need to know of this loop, and learn the memory the other loops hold
  * (f->others_mem). */
 void workers_tick(ferry *f);
+/* Any loop: f's counters (live) with every other loop's added, each as of
+ * its last tick (INFO answered by ferry). Gauges are f's own. */
+void workers_totals(ferry *f, ferry_stats *st);
 /* Any loop: f->held_bytes changed by delta (upstream.hold_max_bytes and
  * the peak of held bytes are for ferry as a whole). */
 void workers_held_changed(ferry *f, int64_t delta);
