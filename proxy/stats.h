@@ -115,6 +115,8 @@ typedef enum stat_type {
       "requests re-sent after a lost link")                                                        \
     X(errors, requests_retried_unknown, COUNTER, "ferry_requests_retried_unknown_total",           \
       "writes re-sent whose outcome on the lost master was unknown (at-least-once)")               \
+    X(errors, requests_refused, COUNTER, "ferry_requests_refused_total",                           \
+      "refusals by Redis without effect (READONLY, LOADING, ...) held to be sent again")           \
     X(errors, requests_timed_out_held, COUNTER, "ferry_requests_timed_out_held_total",             \
       "blocking calls whose own timeout ran out while held for a master (answered nil)")           \
     X(errors, replies_unconfirmed, COUNTER, "ferry_replies_unconfirmed_total",                     \
