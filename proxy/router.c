@@ -825,10 +825,10 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
         return;
     }
     note_flight_done(s);
-    if ((r->flags & REQ_F_REFUSED) &&
+    if ((r->flags & (REQ_F_REFUSED | REQ_F_BLOCKING)) == (REQ_F_REFUSED | REQ_F_BLOCKING) &&
         uv_hrtime() - r->sent_ns >= (uint64_t)REFUSAL_BACKOFF_MAX_MS * 1000000) {
-        /* Redis had taken it (a call that blocked there) before refusing
-         * it: a new refusal, with a hold of its own. */
+        /* A call that blocked on Redis a while before it was refused (its
+         * master turned replica): a new refusal, with a hold of its own. */
         r->flags &= ~REQ_F_REFUSED;
         r->refusals = 0;
     }
