@@ -221,6 +221,8 @@ class FixedNoReplicasTest(unittest.TestCase):
         r, f = self.start({'min-replicas-to-write': 1}, hold_ms=10000)
         cmds = [['SET', 'nr:a', '1'], ['LPUSH', 'nr:q', 'x'],
                 ['EVAL', "return redis.call('set', KEYS[1], '2')", 1, 'nr:b'],
+                ['EVAL', "#!lua\nreturn redis.call('get', KEYS[1])", 1, 'nr:a'],
+                ['EVAL', "#!lua flags=no-writes\nreturn redis.call('get', KEYS[1])", 1, 'nr:a'],
                 ['GET', 'nr:a'], ['PING']]
         direct = connect_direct(r)
         self.addCleanup(direct.close)
