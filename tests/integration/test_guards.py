@@ -78,7 +78,8 @@ class FrozenMasterTest(unittest.TestCase):
 
 class RefusedWriteTest(unittest.TestCase):
     def test_noreplicas_from_redis_is_retried(self):
-        r = RedisServer(conf={'min-replicas-to-write': '1', 'min-replicas-max-lag': '10'})
+        r = RedisServer(conf={'min-replicas-to-write': '1', 'min-replicas-max-lag': '10',
+                              'repl-diskless-sync-delay': '0'})
         self.addCleanup(r.kill)
         f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 8000}})
         self.addCleanup(f.stop)

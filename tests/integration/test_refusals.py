@@ -15,7 +15,9 @@ Fixed master:
 - -UNBLOCKED that is no failover is passed on: the stream key of a blocked
   XREADGROUP deleted, and CLIENT UNBLOCK <id> ERROR (sent to Redis itself);
   neither starts a master switch.
-Sentinel mode: the same pass-through cases on a Sentinel-managed master.
+Sentinel mode: the same pass-through cases on a Sentinel-managed master;
+and after a kill -9 failover, the promoted master refusing writes until
+Sentinel gives it its replica is held, never passed on.
 
 Run:  python3 -m unittest test_refusals -v
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
@@ -31,9 +33,16 @@ from test_stats import stats_json
 
 PROMPT_S = 1.5       # an answer that needs no waiting (Redis' own refusal)
 HOLD_MS = 2000       # upstream.hold_timeout_ms in these tests
-# Refused calls Redis may see for one request held HOLD_MS: ferry's back-off
-# allows about 10 (20 ms doubling to 500 ms); a hot loop makes hundreds.
-MAX_REFUSED_PER_REQUEST = 12
+
+
+def max_refusals(seconds):
+    """Refused calls Redis may see for one request held this long: ferry
+    backs off 20 ms doubling to 500 ms (6 calls in the first 0.6 s, then 2
+    a second), plus slack; a hot loop makes about a hundred a second."""
+    return int(8 + 2 * seconds)
+
+
+MAX_REFUSED_PER_REQUEST = max_refusals(HOLD_MS / 1000)
 
 
 def errorstat(server, name):
@@ -206,6 +215,68 @@ class SentinelUnblockedTest(UnblockedChecks, unittest.TestCase):
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
+class SentinelFailoverNoReplicasTest(unittest.TestCase):
+    def test_new_master_refusing_until_its_replica_is_back(self):
+        # Every node asks for one good replica. After a kill -9 the promoted
+        # master has none until Sentinel points the other replica at it: its
+        # -NOREPLICAS then is part of the failover, held (with a back-off)
+        # until the replica is back, never passed on.
+        topo = SentinelTopology(redis_conf={'min-replicas-to-write': 1,
+                                            'min-replicas-max-lag': 10})
+        self.addCleanup(topo.stop)
+        f = Ferry(sentinel=topo, conf={'upstream': {'hold_timeout_ms': 20000}})
+        self.addCleanup(f.stop)
+        acked, errors, stop = [], [], threading.Event()
+
+        def producer():
+            c = f.client(socket_timeout=30)
+            i = 0
+            while not stop.is_set():
+                item = 'p-%d' % i
+                i += 1
+                try:
+                    c.lpush('fo:q', item)
+                    acked.append(item)
+                except Exception as e:  # noqa: BLE001 - asserted below
+                    errors.append(repr(e))
+                    return
+
+        t = threading.Thread(target=producer, daemon=True)
+        t.start()
+        self.addCleanup(stop.set)
+        wait_until(lambda: len(acked) > 50, timeout=10, msg='writes to flow')
+        old = topo.master()
+        # One replica frozen: the other is promoted and stays without a
+        # replica until the frozen one is thawed and Sentinel points it there.
+        frozen = [r for r in topo.redis if r is not old][1]
+        frozen.sigstop()
+        self.addCleanup(frozen.sigcont)
+        old.kill()
+        new_port = topo.wait_failover(old.port, timeout=30)
+        new = topo.redis_by_port(new_port)
+        wait_until(lambda: errorstat(new, 'NOREPLICAS') > 0 or errors, timeout=10,
+                   msg='the new master to refuse a write')
+        t_refused = time.monotonic()
+        time.sleep(1.0)
+        frozen.sigcont()
+        n = len(acked)
+        wait_until(lambda: len(acked) > n or errors, timeout=30,
+                   msg='writes to resume on the new master')
+        held = time.monotonic() - t_refused
+        wait_until(lambda: len(acked) > n + 50 or errors, timeout=10,
+                   msg='writes to flow on the new master')
+        stop.set()
+        t.join(timeout=35)
+        refused = errorstat(new, 'NOREPLICAS')
+        print('\n[failover] new master refused %d calls with NOREPLICAS in %.1f s held; '
+              '%d writes acked' % (refused, held, len(acked)), flush=True)
+        self.assertEqual(errors, [], f.log()[-4000:])
+        present = set(new.client().lrange('fo:q', 0, -1))
+        self.assertEqual([a for a in acked if a not in present], [])
+        self.assertLessEqual(refused, max_refusals(held + 0.5))
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
 class FixedNoReplicasTest(unittest.TestCase):
     def start(self, redis_conf, hold_ms=HOLD_MS):
         r = RedisServer(conf=redis_conf)
@@ -251,8 +322,8 @@ class FixedNoReplicasTest(unittest.TestCase):
         # A master that has just come back (restarted: a switch) refuses
         # writes until its replica is back: the write is held, sent again
         # with a back-off, and goes through once the replica is there.
-        r, f = self.start({'min-replicas-to-write': 1, 'min-replicas-max-lag': 10},
-                          hold_ms=8000)
+        r, f = self.start({'min-replicas-to-write': 1, 'min-replicas-max-lag': 10,
+                           'repl-diskless-sync-delay': 0}, hold_ms=15000)
         replica = RedisServer(conf={'replicaof': '127.0.0.1 %d' % r.port})
         self.addCleanup(replica.kill)
         c = f.client(socket_timeout=15)
