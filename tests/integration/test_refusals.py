@@ -400,15 +400,20 @@ class FixedMasterTurnedReplicaTest(unittest.TestCase):
         self.assertEqual(r.client(socket_timeout=5).execute_command(
             'REPLICAOF', '127.0.0.1', other.port), 'OK')
         t0 = time.monotonic()
+        tryagain = 0
         for s in writers:
             for _ in range(5):
                 x = resp_read_reply(s, timeout=HOLD_MS / 1000 + 5)
                 self.assertTrue(x == 'OK' or is_error(x, 'TRYAGAIN ferry:'), x)
+                tryagain += x != 'OK'
         reply, took = popper.result()
         self.assertTrue(is_error(reply, 'TRYAGAIN ferry:'), reply)
         self.assertLess(time.monotonic() - t0, HOLD_MS / 1000 + 1.5)
         self.assertLessEqual(errorstat(r, 'READONLY'), 20, 'each write refused at most once')
         self.assertLessEqual(errorstat(r, 'UNBLOCKED'), 1)
+        self.assertEqual(stat(f, 'errors', 'requests_tryagain'), tryagain + 1)
+        self.assertEqual(stat(f, 'errors', 'requests_refused'),
+                         errorstat(r, 'READONLY') + errorstat(r, 'UNBLOCKED'))
 
 
 if __name__ == '__main__':
