@@ -249,6 +249,36 @@ void backlog_hold(session *s)
     }
 }
 
+/* r reached the hold bound: -TRYAGAIN, naming Redis' refusal when a master
+ * is UP and refused it, the missing master otherwise. */
+static void answer_tryagain(session *s, request *r, uint64_t now)
+{
+    ferry *f = s->f;
+    char line[160];
+    if ((r->flags & REQ_F_REFUSED) && f->up->state == UP_UP) {
+        snprintf(line, sizeof(line), "-TRYAGAIN ferry: refused by Redis (%s) for %llu ms\r\n",
+                 r->refusal != NULL ? r->refusal : "refused",
+                 (unsigned long long)(now - r->held_since));
+    } else {
+        snprintf(line, sizeof(line), "-TRYAGAIN ferry: no master for %llu ms\r\n",
+                 (unsigned long long)(now - f->up->down_since_ms));
+    }
+    f->stats.requests_tryagain++;
+    session_answer_str(s, r, line);
+}
+
+int backlog_refused(session *s, request *r, uint64_t now)
+{
+    if (!(r->flags & REQ_F_REFUSED)) {
+        return 0;
+    }
+    if (now - r->held_since >= s->f->cfg->hold_timeout_ms) {
+        answer_tryagain(s, r, now);
+        return 2;
+    }
+    return now < r->retry_at;
+}
+
 void backlog_wake_all(ferry *f)
 {
     list_node batch;
@@ -300,19 +330,16 @@ void backlog_tick(ferry *f, uint64_t now)
             heap_fix(f, r);
             continue;
         } else {
-            char line[128];
-            snprintf(line, sizeof(line), "-TRYAGAIN ferry: no master for %llu ms\r\n",
-                     (unsigned long long)(now - f->up->down_since_ms));
-            f->stats.requests_tryagain++;
-            session_answer_str(s, r, line);
+            answer_tryagain(s, r, now);
         }
         /* Written out in order; the fallback store may take what follows. */
         router_dispatch(s);
     }
     if (f->up->state == UP_UP || f->up->state == UP_DOWN) {
-        /* A master is UP: retry what Redis refused; or, DOWN, the fallback
-         * store may take what waits and ferry answers PING, ECHO and INFO
-         * (at start-up, once after_ms ran out). */
+        /* A master is UP: retry what Redis refused, once its back-off ran
+         * (backlog_refused); or, DOWN, the fallback store may take what waits
+         * and ferry answers PING, ECHO and INFO (at start-up, once after_ms
+         * ran out). */
         list_foreach_safe(n, t, &f->waiting)
         {
             router_dispatch(list_entry(n, session, wait_node));

@@ -20,6 +20,11 @@ void backlog_requeue(session *s, request *r);
 /* r leaves the backlog (it was sent or answered): called by its one state
  * setter, request_set_state. */
 void backlog_forget(request *r);
+/* Before r, which Redis refused (router_on_refused), goes out again: 0 it
+ * may; 1 not yet (its back-off runs: dispatch holds it); 2 it was answered
+ * -TRYAGAIN (upstream.hold_timeout_ms since its first refusal). 0 for a
+ * request never refused. */
+int backlog_refused(session *s, request *r, uint64_t now);
 /* Dispatch held requests of every waiting session (a master is back). */
 void backlog_wake_all(ferry *f);
 /* Periodic: hold timeouts (-TRYAGAIN) and held blocking calls whose own

@@ -91,6 +91,9 @@ typedef struct request {
     uint64_t born_ns;    /* uv_hrtime() when parsed (latency stats) */
     uint64_t sent_ns;    /* uv_hrtime() when last sent to a link, 0 = never */
     int retries;         /* times re-sent after a lost link */
+    int refusals;        /* times Redis refused it without effect (REQ_F_REFUSED) */
+    uint64_t retry_at;   /* refused: uv_now() before which it is not sent again */
+    const char *refusal; /* refused: the last refusal's name (READONLY...), static */
     uint64_t seq;        /* position in its session (orders requeues) */
     uint64_t held_since; /* uv_now() when it last became HELD */
     uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */

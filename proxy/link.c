@@ -202,9 +202,26 @@ static int starts(const char *p, size_t n, const char *lit)
 
 int link_reply_not_master(const char *p, size_t n)
 {
+    /* Redis 7.0's words when a master turned replica unblocks its blocked
+     * clients (disconnectAllBlockedClients); its other UNBLOCKED replies
+     * ("the stream key no longer exists", "client unblocked via CLIENT
+     * UNBLOCK") are answers to the client. */
+    static const char demoted[] = "-UNBLOCKED force unblock from blocking operation, instance "
+                                  "state changed";
     return n > 1 && p[0] == '-' &&
            (starts(p, n, "-READONLY") || starts(p, n, "-LOADING") || starts(p, n, "-MASTERDOWN") ||
-            starts(p, n, "-UNBLOCKED"));
+            starts(p, n, demoted));
+}
+
+link_refusal link_reply_refusal(const char *p, size_t n)
+{
+    if (n < 2 || p[0] != '-') {
+        return REFUSAL_NONE;
+    }
+    if (link_reply_not_master(p, n)) {
+        return REFUSAL_NOT_MASTER;
+    }
+    return starts(p, n, "-NOREPLICAS ") ? REFUSAL_NOREPLICAS : REFUSAL_NONE;
 }
 
 static const char *link_state_name(link_state st)
@@ -629,6 +646,7 @@ static void link_deliver(link *l, const char *p, size_t n)
         return; /* else a tunnel whose client left: drop */
     }
     request *r = list_entry(node, request, lq);
+    link_refusal refusal;
     list_del(node);
     l->npending--;
     r->link = NULL;
@@ -643,19 +661,19 @@ static void link_deliver(link *l, const char *p, size_t n)
         /* The CLIENT UNBLOCK ... ERROR ferry sent for its client (clients.c)
          * ended the call: Redis' reply is the client's, not a failover's. */
         router_on_reply(r->s, r, p, n);
-    } else if (link_reply_not_master(p, n)) {
+    } else if ((refusal = link_reply_refusal(p, n)) == REFUSAL_NOT_MASTER) {
         /* Nothing was applied: retry on the master that replaces this one. */
         char why[160];
         link_error_text(p, n, why, sizeof(why));
-        router_on_refused(r->s, r, why);
+        router_on_refused(r->s, r, l, refusal, p, n);
         upstream_on_not_master(l, why);
-    } else if (starts(p, n, "-NOREPLICAS") && !(r->flags & REQ_F_TXLOG) &&
+    } else if (refusal == REFUSAL_NOREPLICAS && !(r->flags & REQ_F_TXLOG) &&
                !(r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
-        /* min-replicas-to-write refused it: nothing applied; held and
-         * retried until the hold bound. Not inside a transaction: Redis
-         * has marked it failed (EXEC answers EXECABORT) on this link,
-         * which stays, so the client gets the refusal as Redis gave it. */
-        router_on_refused(r->s, r, "NOREPLICAS");
+        /* min-replicas-to-write refused it: nothing applied; the router
+         * holds it or passes it on. Not inside a transaction: Redis has
+         * marked it failed (EXEC answers EXECABORT) on this link, which
+         * stays, so the client gets the refusal as Redis gave it. */
+        router_on_refused(r->s, r, l, refusal, p, n);
     } else if (!fence_hold(l, r, p, n)) {
         router_on_reply(r->s, r, p, n);
     }

@@ -126,7 +126,17 @@ void link_close(link *l, const char *reason);
 redisReply *link_parse_reply(const char *p, size_t n); /* returns new, or NULL */
 void link_error_text(const char *p, size_t n, char *out, size_t len);
 /* Redis refused without applying anything because it is not (or no longer)
- * a usable master: READONLY, LOADING, MASTERDOWN, UNBLOCKED. */
+ * a usable master: READONLY, LOADING, MASTERDOWN, and the UNBLOCKED of a
+ * blocked call whose master turned replica (not Redis' other UNBLOCKED: a
+ * deleted stream key, CLIENT UNBLOCK ... ERROR, which are answers). */
 int link_reply_not_master(const char *p, size_t n);
+
+/* How Redis refused a request without applying it, if it did. */
+typedef enum link_refusal {
+    REFUSAL_NONE = 0,
+    REFUSAL_NOT_MASTER, /* link_reply_not_master */
+    REFUSAL_NOREPLICAS  /* min-replicas-to-write: fewer good replicas than it asks */
+} link_refusal;
+link_refusal link_reply_refusal(const char *p, size_t n);
 
 #endif

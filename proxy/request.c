@@ -42,6 +42,9 @@ request *request_new(ferry *f)
     r->held_since = r->born;
     r->deadline = 0;
     r->retries = 0;
+    r->refusals = 0;
+    r->retry_at = 0;
+    r->refusal = NULL;
     r->done = NULL;
     r->seq = 0;
     r->route = 0; /* the session decides */

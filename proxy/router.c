@@ -560,6 +560,14 @@ static int dispatch_one(session *s, request *r)
         }
     }
 
+    switch (backlog_refused(s, r, uv_now(f->loop))) {
+    case 1:
+        return DISPATCH_DOWN; /* refused by Redis: sent again once its back-off ran */
+    case 2:
+        return DISPATCH_DONE; /* refused until the hold bound: -TRYAGAIN */
+    default:
+        break;
+    }
     if (tx_must_wait(s, r)) {
         return DISPATCH_WAIT; /* a transaction pipelined behind another */
     }
@@ -814,14 +822,63 @@ void router_requeue(session *s, request *r)
     requeue(s, r);
 }
 
-void router_on_refused(session *s, request *r, const char *why)
+/* The wait before a refused request is sent again: doubling from
+ * REFUSAL_BACKOFF_MIN_MS to REFUSAL_BACKOFF_MAX_MS, so a master that keeps
+ * refusing sees a few calls per request over the hold, not a loop. */
+#define REFUSAL_BACKOFF_MIN_MS 20
+#define REFUSAL_BACKOFF_MAX_MS 500
+
+static uint64_t refusal_backoff(int refusals)
 {
+    uint64_t ms = REFUSAL_BACKOFF_MIN_MS;
+    for (int i = 1; i < refusals && ms < REFUSAL_BACKOFF_MAX_MS; i++) {
+        ms *= 2;
+    }
+    return ms < REFUSAL_BACKOFF_MAX_MS ? ms : REFUSAL_BACKOFF_MAX_MS;
+}
+
+/* The name of Redis' refusal (its error code), for ferry's -TRYAGAIN. */
+static const char *refusal_name(const char *p, size_t n)
+{
+    static const char *const names[] = {"READONLY", "LOADING", "MASTERDOWN", "UNBLOCKED",
+                                        "NOREPLICAS"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        size_t m = strlen(names[i]);
+        if (n > m + 1 && memcmp(p + 1, names[i], m) == 0) {
+            return names[i];
+        }
+    }
+    return "refused";
+}
+
+void router_on_refused(session *s, request *r, link *l, link_refusal why, const char *p, size_t n)
+{
+    ferry *f = s->f;
+    uint64_t now = uv_now(f->loop);
+
+    if (why == REFUSAL_NOREPLICAS && upstream_settled(f->up, l)) {
+        /* Not a failover: the master ferry uses is configured to refuse
+         * writes without enough good replicas (min-replicas-to-write).
+         * That is Redis' answer. */
+        router_on_reply(s, r, p, n);
+        return;
+    }
     note_flight_done(s);
+    if ((r->flags & (REQ_F_REFUSED | REQ_F_BLOCKING)) == (REQ_F_REFUSED | REQ_F_BLOCKING) &&
+        uv_hrtime() - r->sent_ns >= (uint64_t)REFUSAL_BACKOFF_MAX_MS * 1000000) {
+        /* A call that blocked on Redis a while before it was refused (its
+         * master turned replica): a new refusal, with a hold of its own. */
+        r->flags &= ~REQ_F_REFUSED;
+        r->refusals = 0;
+    }
     if (!(r->flags & REQ_F_REFUSED)) {
-        r->held_since = uv_now(s->f->loop);
+        r->held_since = now;
         r->flags |= REQ_F_REFUSED;
     }
-    s->f->stats.requests_retried++;
+    r->refusals++;
+    r->retry_at = now + refusal_backoff(r->refusals);
+    r->refusal = refusal_name(p, n);
+    f->stats.requests_refused++;
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM;
     }
@@ -831,8 +888,12 @@ void router_on_refused(session *s, request *r, const char *why)
         tx_on_link_lost(s);
     }
     requeue(s, r);
-    log_debug("client %llu: request refused by Redis (%s); held for the next master",
-              (unsigned long long)s->id, why);
+    if (log_enabled(LOG_DEBUG)) {
+        char text[160];
+        link_error_text(p, n, text, sizeof(text));
+        log_debug("client %llu: request refused by Redis (%s); held, refused %d time(s)",
+                  (unsigned long long)s->id, text, r->refusals);
+    }
 }
 
 /* ferry answers r, whose link was lost. Requests behind it may wait for

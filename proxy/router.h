@@ -6,6 +6,7 @@
 #ifndef FERRY_ROUTER_H
 #define FERRY_ROUTER_H
 
+#include "link.h"
 #include "session.h"
 
 struct link;
@@ -42,8 +43,12 @@ void router_dispatch(session *s);
 
 /* Events from links and fences. */
 void router_on_reply(session *s, request *r, const char *p, size_t n);
-/* Redis refused r without applying it (READONLY, LOADING, ...): retried. */
-void router_on_refused(session *s, request *r, const char *why);
+/* Redis refused r on link l without applying it (p, n: its reply): held and
+ * sent again with a back-off until upstream.hold_timeout_ms from the first
+ * refusal; a NOREPLICAS of a settled master (its own configuration) is
+ * answered as Redis gave it. */
+void router_on_refused(session *s, request *r, struct link *l, link_refusal why, const char *p,
+                       size_t n);
 /* r's reply was lost with its link: retried or answered by the retry policy. */
 void router_on_lost(session *s, request *r, const char *reason);
 /* s's dedicated link is gone (its requests were handed back first). */

@@ -115,6 +115,8 @@ typedef enum stat_type {
       "requests re-sent after a lost link")                                                        \
     X(errors, requests_retried_unknown, COUNTER, "ferry_requests_retried_unknown_total",           \
       "writes re-sent whose outcome on the lost master was unknown (at-least-once)")               \
+    X(errors, requests_refused, COUNTER, "ferry_requests_refused_total",                           \
+      "refusals by Redis without effect (READONLY, LOADING, ...) held to be sent again")           \
     X(errors, requests_timed_out_held, COUNTER, "ferry_requests_timed_out_held_total",             \
       "blocking calls whose own timeout ran out while held for a master (answered nil)")           \
     X(errors, replies_unconfirmed, COUNTER, "ferry_replies_unconfirmed_total",                     \
@@ -124,7 +126,8 @@ typedef enum stat_type {
     X(errors, transactions_watch_lost, COUNTER, "ferry_transactions_watch_lost_total",             \
       "EXEC answered with the null reply because the WATCH was lost with its link")                \
     X(errors, requests_tryagain, COUNTER, "ferry_requests_tryagain_total",                         \
-      "requests answered -TRYAGAIN (no master within hold_timeout_ms, or hold buffer full)")       \
+      "requests answered -TRYAGAIN (no master, or Redis refusing, for hold_timeout_ms; hold "      \
+      "buffer full)")                                                                              \
     X(errors, requests_failed, COUNTER, "ferry_requests_failed_total",                             \
       "requests answered with an error after their link was lost (retries used up, transaction)")  \
     X(errors, requests_oom, COUNTER, "ferry_requests_oom_total",                                   \

@@ -584,6 +584,13 @@ void upstream_on_not_master(link *l, const char *why)
     }
 }
 
+int upstream_settled(const upstream *up, const link *l)
+{
+    return l->epoch == up->epoch && up->state == UP_UP &&
+           (up->switches == 0 ||
+            uv_now(up->f->loop) - up->up_since_ms >= up->f->cfg->hold_timeout_ms);
+}
+
 void upstream_on_link_error(link *l, const char *why)
 {
     upstream *up = l->up;

@@ -4,7 +4,9 @@
   by the health probe: clients wait, get -TRYAGAIN at the hold bound, and
   service resumes on SIGCONT with nothing acknowledged lost;
 - Redis refusing a write for lack of replicas (min-replicas-to-write:
-  -NOREPLICAS, nothing applied) is held and retried, not passed on;
+  -NOREPLICAS, nothing applied) on a master that has just come back is held
+  and retried until a replica confirms (test_refusals has the rest: the
+  master's own configuration answered at once, the back-off, the bound);
 - RESET inside a pub/sub session forgets its subscriptions, so a later
   re-subscription (after the link is lost) does not bring them back.
 """
@@ -76,10 +78,17 @@ class FrozenMasterTest(unittest.TestCase):
 
 class RefusedWriteTest(unittest.TestCase):
     def test_noreplicas_from_redis_is_retried(self):
-        r = RedisServer(conf={'min-replicas-to-write': '1', 'min-replicas-max-lag': '10'})
+        r = RedisServer(conf={'min-replicas-to-write': '1', 'min-replicas-max-lag': '10',
+                              'repl-diskless-sync-delay': '0'})
         self.addCleanup(r.kill)
         f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 8000}})
         self.addCleanup(f.stop)
+        # A master that comes back (a switch) may refuse writes until its
+        # replicas are back: a failover, held. (The master ferry started
+        # with refusing is its own configuration: answered at once.)
+        r.restart()
+        wait_until(lambda: f.client(socket_timeout=5).ping(), timeout=10,
+                   msg='ferry UP again on the restarted master')
         result = {}
 
         def push():
