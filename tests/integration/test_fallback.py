@@ -1,10 +1,13 @@
 """The fallback store (N14): queue writes while no Redis is reachable are
 committed to ferry's own disk and acknowledged, pops are served from it, and
 everything is replayed into Redis, exactly once, once it is back; a kill -9
-of ferry with rows pending loses nothing; one store per ferry; with
-workers: N the main loop's store serves every loop."""
+of ferry with rows pending loses nothing, nor does one while consumers pop
+from the store (a popped row leaves the store only once its reply was
+written to the client's socket); one store per ferry; with workers: N the
+main loop's store serves every loop."""
 
 import os
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -36,6 +39,79 @@ def pending(f):
 
 def state(f):
     return stats_json(f.stats_port)['upstream']['upstream_state']
+
+
+def popped(f):
+    return stats_json(f.stats_port)['fallback']['fallback_popped']
+
+
+def wait_stable(fn, polls=6, interval=0.1, timeout=20, msg=''):
+    """Poll fn until it returns the same value polls times in a row (ferry's
+    periodic work, every 50 ms, has run meanwhile); returns that value."""
+    seen = []
+
+    def settled():
+        seen.append(fn())
+        return len(seen) >= polls and len(set(seen[-polls:])) == 1
+    wait_until(settled, timeout=timeout, interval=interval, msg=msg)
+    return seen[-1]
+
+
+def slow_consumer(f, rcvbuf=4096):
+    """A client socket with a tiny receive buffer that reads nothing until
+    told: the replies ferry writes for it pile up in ferry."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: no autotuning
+    s.settimeout(10)
+    s.connect(('127.0.0.1', f.port))
+    return s
+
+
+def read_to_eof(sock, timeout=20):
+    """Every byte the peer sent until it closed the connection."""
+    data = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(1 << 20)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def whole_bulks(data):
+    """The complete bulk replies at the start of data (a reply cut short by
+    the connection's end was not delivered)."""
+    out, pos = [], 0
+    while True:
+        nl = data.find(b'\r\n', pos)
+        if nl < 0 or data[pos:pos + 1] != b'$':
+            return out
+        n = int(data[pos + 1:nl])
+        if n < 0:
+            out.append(None)
+            pos = nl + 2
+            continue
+        if len(data) < nl + 2 + n + 2:
+            return out
+        out.append(data[nl + 2:nl + 2 + n].decode())
+        pos = nl + 2 + n + 2
+
+
+def kernel_bytes_bound(rcvbuf=4096):
+    """Most bytes a socket pair on this machine can hold between ferry's
+    writes and a client that reads nothing: ferry's send buffer at its
+    largest plus the client's receive buffer (the kernel doubles it)."""
+    try:
+        with open('/proc/sys/net/ipv4/tcp_wmem') as fh:
+            wmax = int(fh.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        wmax = 8 << 20
+    return wmax + 2 * rcvbuf + 65536
 
 
 class FallbackTest(unittest.TestCase):
@@ -172,6 +248,75 @@ class FallbackTest(unittest.TestCase):
         wait_until(lambda: pending(f) == 0, timeout=15, msg='replay')
         left = self.redis.client().lrange('q', 0, -1)
         self.assertEqual(len(left), len(acked) - 10 + 1)
+
+    def popped_then_blocked(self, f, n, size):
+        """Whole outage: n items of size bytes acknowledged from the store,
+        then a consumer that pipelines n LPOPs and reads nothing: every pop
+        is served, most replies cannot be written. Returns (acknowledged ids
+        in push order, the consumer's socket)."""
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        acked = []
+        for i in range(n):
+            self.assertEqual(c.rpush('jobs', 'j%02d:' % i + 'x' * size), i + 1)
+            acked.append('j%02d' % i)
+        consumer = slow_consumer(f)
+        self.addCleanup(consumer.close)
+        consumer.sendall(b''.join(resp_encode('LPOP', 'jobs') for _ in range(n)))
+        wait_until(lambda: popped(f) == n, timeout=30, msg='every pop served from the store')
+        # What the socket took is written; whatever ferry does about it (the
+        # store's row count) has settled.
+        wait_stable(lambda: pending(f), msg='the store to settle')
+        return acked, consumer
+
+    def drained(self, f):
+        """Redis back, the store replayed: the ids left in the queue."""
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        return [x.split(':')[0] for x in self.redis.client().lrange('jobs', 0, -1)]
+
+    def test_kill9_ferry_while_pop_replies_unwritten(self):
+        """ferry killed (SIGKILL) while replies to pops served from the store
+        wait in ferry for a consumer that does not read: after a restart and
+        the replay, every acknowledged push was delivered or is still queued,
+        in order, none twice."""
+        f = self.start_ferry()
+        n, size = 24, 1 << 20
+        acked, consumer = self.popped_then_blocked(f, n, size)
+        f.kill()
+        # What the kernel held for the consumer still arrives.
+        delivered = [x.split(':')[0] for x in whole_bulks(read_to_eof(consumer))]
+        self.assertLess(len(delivered), n, 'the test needs replies ferry had not written')
+        self.redis.start()
+        f2 = self.start_ferry()
+        left = self.drained(f2)
+        lost = sorted(set(acked) - set(delivered) - set(left))
+        twice = sorted(set(delivered) & set(left))
+        print('\n[kill -9 with pop replies unwritten] %d delivered, %d back in the queue, '
+              '%d lost, %d twice' % (len(delivered), len(left), len(lost), len(twice)),
+              flush=True)
+        self.assertEqual(lost, [], 'acknowledged, popped, never delivered, not in Redis')
+        self.assertEqual(twice, [], 'delivered and queued again')
+        self.assertEqual(delivered + left, acked, 'the queue order')
+
+    def test_pop_replies_unwritten_go_back_when_client_leaves(self):
+        """A consumer that leaves before ferry wrote the replies to its pops
+        (served from the store): those rows are back in the queue, in place;
+        only what the socket had taken (at most its buffers) is gone with
+        the client."""
+        f = self.start_ferry()
+        n, size = 24, 1 << 20
+        acked, consumer = self.popped_then_blocked(f, n, size)
+        consumer.close()  # unread bytes in its buffer: a reset
+        wait_until(lambda: stats_json(f.stats_port)['curr_connections'] <= 1,
+                   timeout=10, msg='ferry to see the consumer go')
+        self.redis.start()
+        left = self.drained(f)
+        gone = len(acked) - len(left)
+        print('\n[client left with pop replies unwritten] %d gone with the client, %d back'
+              % (gone, len(left)), flush=True)
+        self.assertEqual(left, acked[gone:], 'the rows not written are back, in order')
+        self.assertLessEqual(gone * size, kernel_bytes_bound(),
+                             'only what the socket buffers could hold left with the client')
 
     def test_kill9_ferry_mid_replay_applies_each_row_once(self):
         f = self.start_ferry()
