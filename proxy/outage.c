@@ -319,6 +319,13 @@ int outage_open(ferry *f)
     f->outage = o;
     log_info("fallback store %s open: %llu row(s) pending replay", cfg->fallback_path,
              (unsigned long long)fallback_rows(o->fb));
+    fallback_stats fs;
+    fallback_get_stats(o->fb, &fs);
+    if (fs.released > 0) {
+        log_warn("fallback store: %llu row(s) popped before ferry last stopped, their replies "
+                 "not known written, are back in the queue (a consumer may get them twice)",
+                 (unsigned long long)fs.released);
+    }
     if (cfg->client_auth == CLIENT_AUTH_REDIS) {
         log_warn("fallback store: client.auth redis: it serves no client while Redis is down "
                  "(without Redis no ACL says what a user may do); it still replays its rows");
@@ -386,6 +393,7 @@ void outage_close(ferry *f)
         free(k->key);
         free(k);
     }
+    replay_free_keys(o);
     free(o);
 }
 
@@ -1128,4 +1136,6 @@ void outage_stats(ferry *f, ferry_stats *st)
     st->fallback_commits = fs.commits;
     st->fallback_commit_errors = fs.commit_errors;
     st->fallback_replay_errors = o->replay_errors;
+    st->fallback_taken = fs.taken;
+    st->fallback_returned = fs.released;
 }

@@ -17,7 +17,8 @@ import unittest
 import redis
 
 from failover_load import Load
-from harness import Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode, wait_until
+from harness import (Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode,
+                     resp_read_reply, wait_until)
 from test_stats import stats_json
 
 OUTAGE_CONF = {
@@ -317,6 +318,60 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(left, acked[gone:], 'the rows not written are back, in order')
         self.assertLessEqual(gone * size, kernel_bytes_bound(),
                              'only what the socket buffers could hold left with the client')
+
+    def test_master_back_while_pop_replies_unwritten(self):
+        """Redis is back while replies to pops served from the store are
+        unwritten: the replay of those keys waits for them. A consumer that
+        reads soon gets its rows once (deleted, not replayed); one that
+        reads nothing for longer than the wait has its rows replayed, and
+        gets them twice, as counted (fallback_replayed_taken). Nothing is
+        lost; the other rows are replayed in order."""
+        f = self.start_ferry()
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        n, size, pops = 12, 1 << 20, 10
+        acked = {}
+        for key in ('fast', 'slow'):
+            acked[key] = []
+            for i in range(n):
+                c.rpush(key, '%s%02d:' % (key, i) + 'x' * size)
+                acked[key].append('%s%02d' % (key, i))
+        consumers = {}
+        for key in ('fast', 'slow'):
+            consumers[key] = slow_consumer(f)
+            self.addCleanup(consumers[key].close)
+            consumers[key].sendall(b''.join(resp_encode('LPOP', key) for _ in range(pops)))
+        wait_until(lambda: popped(f) == 2 * pops, timeout=30, msg='every pop served')
+        wait_stable(lambda: pending(f), msg='the store to settle')
+        taken = stats_json(f.stats_port)['fallback']['fallback_taken']
+        self.assertGreater(taken, 0, 'replies ferry could not write')
+        self.redis.start()
+        wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
+
+        def read_all(sock):
+            # A receive buffer of the usual size: the replies flow at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            got = []
+            while len(got) < pops:
+                got.append(resp_read_reply(sock, timeout=20).decode().split(':')[0])
+            return got
+        fast = read_all(consumers['fast'])
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        slow = read_all(consumers['slow'])
+        st = stats_json(f.stats_port)['fallback']
+        direct = self.redis.client()
+        left = {k: [x.split(':')[0] for x in direct.lrange(k, 0, -1)] for k in acked}
+        print('\n[master back with pop replies unwritten] %d taken at the return; fast: %d '
+              'delivered, %d left; slow: %d delivered, %d left, %d replayed while taken'
+              % (taken, len(fast), len(left['fast']), len(slow), len(left['slow']),
+                 st['fallback_replayed_taken']), flush=True)
+        self.assertEqual(fast, acked['fast'][:pops])
+        self.assertEqual(left['fast'], acked['fast'][pops:], 'replies written: not replayed')
+        self.assertEqual(slow, acked['slow'][:pops])
+        twice = [x for x in left['slow'] if x in slow]
+        self.assertEqual(left['slow'], twice + acked['slow'][pops:], 'in order, none lost')
+        self.assertGreater(len(twice), 0)
+        self.assertEqual(st['fallback_replayed_taken'], len(twice), 'each one twice, counted')
 
     def test_kill9_ferry_mid_replay_applies_each_row_once(self):
         f = self.start_ferry()
