@@ -84,23 +84,45 @@ def read_to_eof(sock, timeout=20):
     return bytes(data)
 
 
-def whole_bulks(data):
-    """The complete bulk replies at the start of data (a reply cut short by
-    the connection's end was not delivered)."""
+def whole_replies(data):
+    """The complete replies (bulks, arrays of them, nils) at the start of
+    data, decoded; a reply cut short by the connection's end was not
+    delivered."""
+    def one(pos):
+        nl = data.find(b'\r\n', pos)
+        if nl < 0:
+            return None, pos
+        t, n = data[pos:pos + 1], int(data[pos + 1:nl])
+        if n < 0:
+            return (None, nl + 2) if t in b'$*' else (None, pos)
+        if t == b'$':
+            end = nl + 2 + n
+            return (data[nl + 2:end].decode(), end + 2) if len(data) >= end + 2 else (None, pos)
+        if t == b'*':
+            items, at = [], nl + 2
+            for _ in range(n):
+                v, nxt = one(at)
+                if nxt == at:
+                    return None, pos
+                items.append(v)
+                at = nxt
+            return items, at
+        return None, pos
     out, pos = [], 0
     while True:
-        nl = data.find(b'\r\n', pos)
-        if nl < 0 or data[pos:pos + 1] != b'$':
+        v, nxt = one(pos)
+        if nxt == pos:
             return out
-        n = int(data[pos + 1:nl])
-        if n < 0:
-            out.append(None)
-            pos = nl + 2
-            continue
-        if len(data) < nl + 2 + n + 2:
-            return out
-        out.append(data[nl + 2:nl + 2 + n].decode())
-        pos = nl + 2 + n + 2
+        out.append(v)
+        pos = nxt
+
+
+def ids_of(reply, key):
+    """Item ids in one pop's reply: LPOP/ZPOPMIN (a bulk or a list), BLPOP
+    (key and element), BZPOPMIN (key, member, score), ZPOPMIN (member,
+    score); ids are the items' prefixes before ':'."""
+    vals = reply if isinstance(reply, list) else [reply]
+    return [v.split(':')[0] for v in vals if v is not None and ':' in v and v != key]
 
 
 def kernel_bytes_bound(rcvbuf=4096):
@@ -277,27 +299,52 @@ class FallbackTest(unittest.TestCase):
 
     def test_kill9_ferry_while_pop_replies_unwritten(self):
         """ferry killed (SIGKILL) while replies to pops served from the store
-        wait in ferry for a consumer that does not read: after a restart and
-        the replay, every acknowledged push was delivered or is still queued,
-        in order, none twice."""
+        wait in ferry for consumers that do not read (a list: LPOP, BLPOP,
+        LPOP with a count; a sorted set: ZPOPMIN, BZPOPMIN): after a restart
+        and the replay, every acknowledged push was delivered or is still
+        queued, in order, none twice."""
         f = self.start_ferry()
-        n, size = 24, 1 << 20
-        acked, consumer = self.popped_then_blocked(f, n, size)
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        n, size = 12, 1 << 20
+        acked = {'jobs': [], 'zq': []}
+        for i in range(n):
+            c.rpush('jobs', 'j%02d:' % i + 'x' * size)
+            acked['jobs'].append('j%02d' % i)
+            c.zadd('zq', {'z%02d:' % i + 'x' * size: i})
+            acked['zq'].append('z%02d' % i)
+        pops = {
+            'jobs': [('LPOP', 'jobs'), ('BLPOP', 'jobs', '5'), ('LPOP', 'jobs', '2')] * 3,
+            'zq': [('ZPOPMIN', 'zq'), ('BZPOPMIN', 'zq', '5')] * 6,
+        }
+        consumers = {}
+        for key, cmds in pops.items():
+            consumers[key] = slow_consumer(f)
+            self.addCleanup(consumers[key].close)
+            consumers[key].sendall(b''.join(resp_encode(*cmd) for cmd in cmds))
+        wait_until(lambda: popped(f) == 2 * n, timeout=30, msg='every item popped')
+        wait_stable(lambda: pending(f), msg='the store to settle')
         f.kill()
-        # What the kernel held for the consumer still arrives.
-        delivered = [x.split(':')[0] for x in whole_bulks(read_to_eof(consumer))]
-        self.assertLess(len(delivered), n, 'the test needs replies ferry had not written')
+        # What the kernel held for the consumers still arrives.
+        delivered = {}
+        for key, sock in consumers.items():
+            delivered[key] = [i for r in whole_replies(read_to_eof(sock)) for i in ids_of(r, key)]
         self.redis.start()
         f2 = self.start_ferry()
-        left = self.drained(f2)
-        lost = sorted(set(acked) - set(delivered) - set(left))
-        twice = sorted(set(delivered) & set(left))
-        print('\n[kill -9 with pop replies unwritten] %d delivered, %d back in the queue, '
-              '%d lost, %d twice' % (len(delivered), len(left), len(lost), len(twice)),
-              flush=True)
-        self.assertEqual(lost, [], 'acknowledged, popped, never delivered, not in Redis')
-        self.assertEqual(twice, [], 'delivered and queued again')
-        self.assertEqual(delivered + left, acked, 'the queue order')
+        wait_until(lambda: pending(f2) == 0, timeout=30, msg='the replay to finish')
+        direct = self.redis.client()
+        left = {'jobs': [x.split(':')[0] for x in direct.lrange('jobs', 0, -1)],
+                'zq': [x.split(':')[0] for x in direct.zrange('zq', 0, -1)]}
+        for key in acked:
+            lost = sorted(set(acked[key]) - set(delivered[key]) - set(left[key]))
+            twice = sorted(set(delivered[key]) & set(left[key]))
+            print('\n[kill -9 with pop replies unwritten] %s: %d delivered, %d back in the '
+                  'queue, %d lost, %d twice' % (key, len(delivered[key]), len(left[key]),
+                                               len(lost), len(twice)), flush=True)
+            self.assertLess(len(delivered[key]), n, 'the test needs replies ferry had not written')
+            self.assertEqual(lost, [], 'acknowledged, popped, never delivered, not in Redis')
+            self.assertEqual(twice, [], 'delivered and queued again')
+            self.assertEqual(delivered[key] + left[key], acked[key], 'the queue order')
 
     def test_pop_replies_unwritten_go_back_when_client_leaves(self):
         """A consumer that leaves before ferry wrote the replies to its pops
