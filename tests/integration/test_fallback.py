@@ -16,6 +16,7 @@ import unittest
 
 import redis
 
+import harness
 from failover_load import Load
 from harness import (Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode,
                      resp_read_reply, wait_until)
@@ -365,6 +366,37 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(left, acked[gone:], 'the rows not written are back, in order')
         self.assertLessEqual(gone * size, kernel_bytes_bound(),
                              'only what the socket buffers could hold left with the client')
+
+    def test_takeover_while_pop_replies_unwritten(self):
+        """A takeover (ferry --takeover) while a consumer's pop replies,
+        served from the store, are unwritten: the old process cannot hand
+        that client over (its output is not written), closes it at
+        shutdown_timeout_ms, and its rows are back in the queue the new
+        process opens: none lost, none twice, in order."""
+        sock_path = os.path.join(self.redis.dir, 'takeover.sock')
+        f = Ferry(self.redis, conf=dict(fallback_conf(self.path), takeover={'socket': sock_path},
+                                        shutdown_timeout_ms=1500))
+        self.addCleanup(f.kill)
+        n, size = 12, 1 << 20
+        acked, consumer = self.popped_then_blocked(f, n, size)
+        new = harness._spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
+                            os.path.join(self.redis.dir, 'new-ferry.out'))
+        self.addCleanup(lambda: (new.poll() is None and new.kill(), new.wait()))
+        wait_until(lambda: f.proc.poll() is not None, timeout=20, msg='the old ferry to exit')
+        self.assertIsNone(new.poll(), 'the new ferry runs')
+        delivered = [i for r in whole_replies(read_to_eof(consumer)) for i in ids_of(r, 'jobs')]
+        self.redis.start()
+        left = self.drained(f)  # the stats port passed to the new process
+        lost = sorted(set(acked) - set(delivered) - set(left))
+        twice = sorted(set(delivered) & set(left))
+        print('\n[takeover with pop replies unwritten] %d delivered, %d back in the queue, '
+              '%d lost, %d twice' % (len(delivered), len(left), len(lost), len(twice)),
+              flush=True)
+        self.assertLess(len(delivered), n, 'the test needs replies ferry had not written')
+        self.assertEqual(lost, [])
+        self.assertEqual(twice, [])
+        self.assertEqual(delivered + left, acked, 'the queue order')
+        self.assertIn('closed: ferry stopped', f.log())
 
     def test_master_back_while_pop_replies_unwritten(self):
         """Redis is back while replies to pops served from the store are
