@@ -1062,8 +1062,8 @@ int fallback_dump(const char *path, FILE *out, char *err, size_t errlen)
         if (r == 0) {
             /* Both schema versions: no taken column named (a taken row is
              * pending: it is back in the queue once the store is opened). */
-            rc = sqlite3_prepare_v2(db, "SELECT id, kind, key, member, score, ts FROM rows ORDER BY id",
-                                    -1, &s, NULL);
+            rc = sqlite3_prepare_v2(
+                db, "SELECT id, kind, key, member, score, ts FROM rows ORDER BY id", -1, &s, NULL);
         }
     }
     while (r == 0 && (rc == SQLITE_OK || rc == SQLITE_ROW) &&

@@ -73,7 +73,7 @@ typedef enum req_state {
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its
  * last byte was written to the client's socket, 0 if it never will be. */
-typedef void (*req_written_cb)(void *arg, int written);
+typedef void (*req_sent_cb)(void *arg, int written);
 
 typedef struct request {
     list_node sq;        /* in session->requests, in arrival order */
@@ -100,9 +100,9 @@ typedef struct request {
     long long arg;       /* route argument (db for SELECT, auth result) */
     size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */
-    req_written_cb written; /* called once with the fate of its reply (a pop served from
+    req_sent_cb written; /* called once with the fate of its reply (a pop served from
                                the fallback store); NULL: nobody asks */
-    void *written_arg;      /* for written */
+    void *written_arg;   /* for written */
 } request;
 
 typedef struct ferry {

@@ -594,8 +594,7 @@ static void store_settle(struct outage *o, int written, const int64_t *ids, size
 }
 
 /* The same for rows as a pop's result lists them. */
-static void store_settle_items(struct outage *o, int written, const fallback_item *items,
-                               size_t n)
+static void store_settle_items(struct outage *o, int written, const fallback_item *items, size_t n)
 {
     int64_t *ids = xcalloc(n ? n : 1, sizeof(*ids));
     for (size_t i = 0; i < n; i++) {
@@ -698,8 +697,8 @@ void outage_remote_run(ferry *f, void *p)
         fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, remote_done, ro);
         break;
     case RO_MOVE:
-        fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen,
-                      remote_done, ro);
+        fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen, remote_done,
+                      ro);
         break;
     case RO_CONFIRM:
     case RO_RELEASE:

@@ -75,7 +75,6 @@ struct outage {
     uint64_t pass;          /* passes over the store (the cursor back at 0) */
     replay_key *skipped;    /* keys whose rows wait for the next pass */
     replay_key *held;       /* keys with rows taken by pops (their replies unwritten) */
-    uint64_t taken_replayed; /* taken rows replayed after REPLAY_TAKEN_WAIT_MS */
     uint64_t next_round_ms; /* back-off after a failed round */
     refused_key *refused;   /* keys in back-off */
     uint64_t replayed;      /* rows replayed since start */

@@ -329,7 +329,6 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
             }
         }
         if (taken > 0) {
-            o->taken_replayed += taken;
             f->stats.fallback_replayed_taken += taken;
             log_warn("fallback replay: %zu row(s) of key '%.*s' replayed while the replies of the "
                      "pops that took them were not written for %d ms: their consumer may get them "

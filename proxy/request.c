@@ -61,7 +61,7 @@ void request_free(ferry *f, request *r)
     if (r->written != NULL) {
         /* Its reply was never handed to the session's output: it will not
          * be written. (The session takes the callback when it is.) */
-        req_written_cb cb = r->written;
+        req_sent_cb cb = r->written;
         r->written = NULL;
         cb(r->written_arg, 0);
     }

@@ -390,9 +390,9 @@ static void session_close_cb(uv_handle_t *h)
  * the bytes handed to the socket reach end, or, never written, when the
  * session closes first. */
 typedef struct write_watch {
-    list_node node;    /* in s->watches, in output order */
-    uint64_t end;      /* outq_end() just after the reply was queued */
-    req_written_cb cb; /* from the request */
+    list_node node; /* in s->watches, in output order */
+    uint64_t end;   /* outq_end() just after the reply was queued */
+    req_sent_cb cb; /* from the request */
     void *arg;
 } write_watch;
 

@@ -207,7 +207,7 @@ typedef enum stat_type {
       "rows popped from the fallback store whose replies are not written to their clients yet "    \
       "(deleted once written, back in the queue if never)")                                        \
     X(fallback, fallback_returned, COUNTER, "ferry_fallback_returned_total",                       \
-      "popped rows back in the fallback store because their replies were never written (the "     \
+      "popped rows back in the fallback store because their replies were never written (the "      \
       "client left first, or ferry was killed or stopped first)")                                  \
     X(fallback, fallback_replayed_taken, COUNTER, "ferry_fallback_replayed_taken_total",           \
       "rows replayed while a reply carrying them was still unwritten after 1 s: their consumer "   \
