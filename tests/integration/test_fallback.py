@@ -452,6 +452,42 @@ class FallbackTest(unittest.TestCase):
         self.assertGreater(len(twice), 0)
         self.assertEqual(st['fallback_replayed_taken'], len(twice), 'each one twice, counted')
 
+    def test_kill9_ferry_under_load_in_outage(self):
+        """The run of the issue: a whole outage under 4 producers and 4
+        consumers (LPUSH / BRPOP through ferry, served from the store), ferry
+        killed (SIGKILL) and started again several times during it (its
+        clients connect again); Redis back, the replay, the drain: every
+        acknowledged push was delivered or is still queued. An item is seen
+        twice only if ferry was killed after writing the reply that carried
+        it and before deleting its row: at most one per consumer and kill."""
+        kills, consumers = 4, 4
+        f = self.start_ferry()
+        load = Load(f, 'k9', consumers=consumers, client_timeout=30).start()
+        self.addCleanup(load.stop)
+        wait_until(lambda: min(load.acks_per_producer()) > 20, timeout=20, msg='traffic')
+        self.outage(f)
+        for _ in range(kills):
+            seen = len(load.delivered)
+            wait_until(lambda: len(load.delivered) >= seen + 100, timeout=30,
+                       msg='consumers served from the store')
+            f.kill()
+            f = Ferry(self.redis, conf=fallback_conf(self.path), wait='port')
+            self.addCleanup(f.kill)
+            load.ferry = f  # its clients connect to the new one
+        wait_until(lambda: len(load.delivered) >= seen + 200, timeout=30,
+                   msg='consumers served after the last start')
+        self.redis.start()
+        wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        res = load.finish(lambda: self.redis)
+        print('\n[kill -9 x%d under load in an outage] %s' % (kills, res.summary('k9')),
+              flush=True)
+        self.assertEqual(res.lost, [], 'acknowledged, never delivered, not queued:\n%s'
+                         % res.lost_text())
+        self.assertEqual(res.phantom, [])
+        self.assertTrue(all(n == 2 for n in res.duplicates.values()), res.dup_text())
+        self.assertLessEqual(len(res.duplicates), kills * consumers, res.dup_text())
+
     def test_kill9_ferry_mid_replay_applies_each_row_once(self):
         f = self.start_ferry()
         c = f.client(socket_timeout=10)
