@@ -538,16 +538,20 @@ static void store_move(struct outage *o, int end, const char *src, size_t srclen
     remote_send(o, ro);
 }
 
-/* Main loop: taken rows deleted, their replies written. A failure leaves
- * them taken: the next open puts them back (delivered twice, not lost). */
+/* Main loop: taken rows deleted, their replies written: writes waiting for
+ * their keys' rows (a master is back) may go on. A failure leaves them
+ * taken: the next open puts them back (delivered twice, not lost). */
 static void confirm_done(void *arg, int status, const char *errstr, const fallback_result *res)
 {
-    (void)arg;
-    (void)res;
+    ferry *f = arg;
     if (status < 0) {
         log_error("fallback store: rows whose replies were written could not be deleted: %s "
                   "(they are back in the queue after a restart)",
                   errstr);
+        return;
+    }
+    if (res->count > 0 && f->outage != NULL && f->up != NULL && f->up->state == UP_UP) {
+        outage_wake_loops(f);
     }
 }
 
