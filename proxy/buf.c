@@ -142,6 +142,7 @@ void outq_init(outq *q)
     buf_init(&q->busy);
     q->wreq = NULL;
     q->writing = 0;
+    q->written = 0;
 }
 
 void outq_free(outq *q)
@@ -168,6 +169,7 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
         }
         if (n > 0) {
             buf_consume(&q->fill, (size_t)n);
+            q->written += (uint64_t)n;
         }
         if (buf_used(&q->fill) == 0) {
             /* As outq_done: an idle connection keeps no storage. */
@@ -204,11 +206,23 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
     return OUTQ_STARTED;
 }
 
-void outq_done(outq *q)
+uint64_t outq_sent(const outq *q, const uv_stream_t *stream)
+{
+    if (!q->writing) {
+        return q->written;
+    }
+    size_t busy = buf_used(&q->busy), left = uv_stream_get_write_queue_size(stream);
+    return q->written + (left < busy ? busy - left : 0);
+}
+
+void outq_done(outq *q, int status)
 {
     free(q->wreq);
     q->wreq = NULL;
     q->writing = 0;
+    if (status == 0) {
+        q->written += buf_used(&q->busy);
+    }
     buf_clear(&q->busy);
     if (buf_used(&q->fill) == 0) {
         /* Nothing more to write: an idle connection keeps no storage. */

@@ -53,6 +53,7 @@ typedef struct outq {
     buf busy;         /* bytes being written */
     uv_write_t *wreq; /* the write in progress (heap, only while writing) */
     int writing;      /* 1 while wreq is in flight */
+    uint64_t written; /* bytes written to the socket so far (writes that ended) */
 } outq;
 
 void outq_init(outq *q);
@@ -61,6 +62,15 @@ static inline size_t outq_len(const outq *q)
 {
     return buf_used(&q->fill) + buf_used(&q->busy);
 }
+/* The stream's byte count once everything queued is written: a byte queued
+ * now is written when outq_sent reaches this. */
+static inline uint64_t outq_end(const outq *q)
+{
+    return q->written + outq_len(q);
+}
+/* Bytes of the stream handed to the kernel so far, the part of the write in
+ * flight libuv has written included. */
+uint64_t outq_sent(const outq *q, const uv_stream_t *stream);
 /* What outq_flush did (or a negative uv error, with cb not called). */
 enum {
     OUTQ_STARTED = 0, /* a write is in flight: cb will be called */
@@ -70,9 +80,10 @@ enum {
 /* Write what is queued if no write is in flight: first directly
  * (uv_try_write), what the socket did not take with uv_write. */
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
-/* Call from the write callback (once it no longer needs its uv_write_t,
- * which this frees): marks the write done, drops its bytes, and frees both
- * buffers' storage when nothing more is queued. */
-void outq_done(outq *q);
+/* Call from the write callback with its status (once it no longer needs
+ * its uv_write_t, which this frees): marks the write done, counts its bytes
+ * written if status is 0, drops them, and frees both buffers' storage when
+ * nothing more is queued. */
+void outq_done(outq *q, int status);
 
 #endif

@@ -341,6 +341,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     list_init(&f->mem_paused);
     list_init(&f->partial);
     list_init(&f->idle);
+    list_init(&f->watching);
     f->rbuf = xmalloc(FERRY_READ_BUF);
     f->parser = resp_parser_new(&f->limits);
     f->started_ms = uv_now(loop);

@@ -3,7 +3,7 @@
  * with Redis' semantics and read back in id order for the replay.
  *
  * Schema (`sqlite3 FILE .schema`; application_id 0x46525259 "FRRY",
- * user_version 1):
+ * user_version 2; a version 1 file gains the taken column when opened):
  *
  *   CREATE TABLE rows (
  *       id     INTEGER PRIMARY KEY AUTOINCREMENT, -- write order; never reused
@@ -12,15 +12,27 @@
  *       member BLOB NOT NULL,                     -- list element / zset member
  *       score  REAL,                              -- ZADD rows; NULL otherwise
  *       pos    INTEGER,                           -- list rows; NULL otherwise
- *       ts     INTEGER NOT NULL                   -- unix ms when written
- *   );
+ *       ts     INTEGER NOT NULL,                  -- unix ms when written
+ *       taken  INTEGER NOT NULL DEFAULT 0         -- 1: a pop took it, its reply is
+ *   );                                            -- not confirmed yet
  *   CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;
  *   CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;
- *   CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;
+ *   CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;
  *   CREATE INDEX rows_key ON rows(key, id);   -- the replay deletes key by key
  *
  *   sqlite3 -readonly FILE "SELECT id, kind, CAST(key AS TEXT),
- *       CAST(member AS TEXT), score, pos, ts FROM rows ORDER BY id"
+ *       CAST(member AS TEXT), score, pos, ts, taken FROM rows ORDER BY id"
+ *
+ * A pop takes rows (taken = 1) rather than deleting them; the row is
+ * deleted once the reply carrying it was written to the client
+ * (fallback_confirm), or untaken if it never will be (fallback_release),
+ * and every row still taken is untaken when the store is opened: a row
+ * keeps its id and its place while taken, so putting it back needs no
+ * write anywhere else. A taken row keeps its list position (pushes go past
+ * it); a sorted-set member added again while its row is taken gets a new
+ * row (the unique index is over untaken rows), and putting the old one
+ * back then just deletes it. Taking changes no row's size (SQLite stores 0
+ * and 1 in no bytes), so a pop needs no new page: it works in a full store.
  *
  * A list's head is its lowest pos: LPUSH puts an element at min(pos) - 1,
  * RPUSH at max(pos) + 1 (0 for an empty list), so replaying the rows in id
@@ -65,7 +77,7 @@
 #include "ferry.h"
 
 #define FB_APP_ID 0x46525259    /* "FRRY" */
-#define FB_SCHEMA_VERSION 1     /* user_version */
+#define FB_SCHEMA_VERSION 2     /* user_version (1: no taken column) */
 #define FB_BUSY_TIMEOUT_MS 100  /* only a foreign writer (sqlite3 CLI) can hold it */
 #define FB_WAL_LIMIT (16 << 20) /* WAL file truncated to this after checkpoints */
 #define FB_KEYS_MIN_SLOTS 64    /* key index: initial slots (power of two) */
@@ -74,7 +86,7 @@
  * Types
  * ------------------------------------------------------------------------ */
 
-#define ROW_COLS "id, kind, key, member, score, ts"
+#define ROW_COLS "id, kind, key, member, score, ts, taken"
 
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
@@ -84,23 +96,27 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_HEADPOS] = "SELECT pos FROM rows WHERE key = ?1 AND pos IS NOT NULL ORDER BY pos LIMIT 1",
     [ST_TAILPOS] = "SELECT pos FROM rows WHERE key = ?1 AND pos IS NOT NULL "
                    "ORDER BY pos DESC LIMIT 1",
-    [ST_ZFIND] = "SELECT id FROM rows WHERE key = ?1 AND kind = 3 AND member = ?2",
+    [ST_ZFIND] = "SELECT id FROM rows WHERE key = ?1 AND kind = 3 AND member = ?2 AND taken = 0",
     [ST_ZUPDATE] = "UPDATE rows SET score = ?2 WHERE id = ?1",
     [ST_POP_HEAD] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND pos IS NOT NULL "
-                    "ORDER BY pos LIMIT ?2",
+                    "AND taken = 0 ORDER BY pos LIMIT ?2",
     [ST_POP_TAIL] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND pos IS NOT NULL "
-                    "ORDER BY pos DESC LIMIT ?2",
-    [ST_POP_MIN] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND kind = 3 "
+                    "AND taken = 0 ORDER BY pos DESC LIMIT ?2",
+    [ST_POP_MIN] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND kind = 3 AND taken = 0 "
                    "ORDER BY score, member LIMIT ?2",
-    [ST_POP_MAX] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND kind = 3 "
+    [ST_POP_MAX] = "SELECT " ROW_COLS " FROM rows WHERE key = ?1 AND kind = 3 AND taken = 0 "
                    "ORDER BY score DESC, member DESC LIMIT ?2",
     [ST_DEL_ID] = "DELETE FROM rows WHERE id = ?1",
+    [ST_TAKE] = "UPDATE rows SET taken = 1 WHERE id = ?1",
+    [ST_UNTAKE] = "UPDATE rows SET taken = 0 WHERE id = ?1",
+    [ST_TAKEN_ROW] = "SELECT key, kind, member, length(key) + length(member) FROM rows "
+                     "WHERE id = ?1 AND taken != 0",
     [ST_READ] = "SELECT " ROW_COLS " FROM rows WHERE id > ?1 ORDER BY id LIMIT ?2",
-    [ST_DEL_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)) FROM rows "
-                     "WHERE id <= ?1 GROUP BY key",
+    [ST_DEL_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)), "
+                     "sum(taken != 0) FROM rows WHERE id <= ?1 GROUP BY key",
     [ST_DEL_UPTO] = "DELETE FROM rows WHERE id <= ?1",
-    [ST_DEL_KEY_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)) FROM rows "
-                         "WHERE id <= ?1 AND key = ?2 GROUP BY key",
+    [ST_DEL_KEY_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)), "
+                         "sum(taken != 0) FROM rows WHERE id <= ?1 AND key = ?2 GROUP BY key",
     [ST_DEL_KEY_UPTO] = "DELETE FROM rows WHERE id <= ?1 AND key = ?2",
     [ST_OLDEST] = "SELECT ts FROM rows ORDER BY id LIMIT 1",
 };
@@ -108,16 +124,31 @@ static const char *const stmt_sql[ST_COUNT] = {
 static const char schema_sql[] =
     "CREATE TABLE rows (id INTEGER PRIMARY KEY AUTOINCREMENT, key BLOB NOT NULL,"
     " kind INTEGER NOT NULL, member BLOB NOT NULL, score REAL, pos INTEGER,"
-    " ts INTEGER NOT NULL);"
+    " ts INTEGER NOT NULL, taken INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;"
     "CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;"
-    "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;"
+    "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;"
     "CREATE INDEX rows_key ON rows(key, id);";
+
+/* Version 1 to 2: the taken column; a member's uniqueness is over untaken rows. */
+static const char upgrade_v1_sql[] =
+    "ALTER TABLE rows ADD COLUMN taken INTEGER NOT NULL DEFAULT 0;"
+    "DROP INDEX rows_zmember;"
+    "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;";
+
+/* At open: every row still taken goes back (a sorted-set member that is
+ * there untaken, or taken again later, keeps only that newer row). */
+static const char untake_sql[] =
+    "DELETE FROM rows WHERE kind = 3 AND taken != 0 AND EXISTS (SELECT 1 FROM rows t"
+    " WHERE t.key = rows.key AND t.kind = 3 AND t.member = rows.member"
+    " AND (t.taken = 0 OR t.id > rows.id));"
+    "UPDATE rows SET taken = 0 WHERE taken != 0;";
 
 static void key_index_init(key_index *ix);
 static void key_index_free(key_index *ix);
-static uint64_t key_index_get(const key_index *ix, const char *key, size_t keylen);
-static void key_index_add(key_index *ix, const char *key, size_t keylen, int64_t delta);
+static const key_entry *key_index_get(const key_index *ix, const char *key, size_t keylen);
+static void key_index_add(key_index *ix, const char *key, size_t keylen, int64_t drows,
+                          int64_t dtaken);
 static void after_work_cb(uv_work_t *req, int status);
 static void fb_unref(fallback *fb);
 
@@ -251,44 +282,50 @@ static void key_index_grow(key_index *ix)
     ix->nslots = nslots;
 }
 
-static uint64_t key_index_get(const key_index *ix, const char *key, size_t keylen)
+/* key's entry, NULL if it has no rows. */
+static const key_entry *key_index_get(const key_index *ix, const char *key, size_t keylen)
 {
-    key_entry *e = *key_index_link(ix, key, keylen, key_hash(key, keylen));
-    return e != NULL ? e->rows : 0;
+    return *key_index_link(ix, key, keylen, key_hash(key, keylen));
 }
 
-/* Add delta rows to key; an entry that reaches 0 is removed. */
-static void key_index_add(key_index *ix, const char *key, size_t keylen, int64_t delta)
+/* drows rows (taken or not) and dtaken taken ones more for key; an entry
+ * whose rows reach 0 is removed. */
+static void key_index_add(key_index *ix, const char *key, size_t keylen, int64_t drows,
+                          int64_t dtaken)
 {
-    if (delta == 0) {
+    if (drows == 0 && dtaken == 0) {
         return;
     }
     uint64_t h = key_hash(key, keylen);
     key_entry **link = key_index_link(ix, key, keylen, h);
     key_entry *e = *link;
     if (e == NULL) {
-        if (delta < 0) {
+        if (drows <= 0) {
             return; /* only a foreign writer could cause this: nothing to track */
         }
         e = xmalloc(sizeof(*e) + keylen);
         e->next = NULL;
         e->hash = h;
-        e->rows = (uint64_t)delta;
+        e->rows = 0;
+        e->taken = 0;
         e->keylen = keylen;
         memcpy(e->key, key, keylen);
         *link = e;
         if (++ix->n > ix->nslots) {
             key_index_grow(ix);
         }
-        return;
     }
-    if (delta < 0 && (uint64_t)-delta >= e->rows) {
+    if (drows < 0 && (uint64_t)-drows >= e->rows) {
         *link = e->next;
         free(e);
         ix->n--;
         return;
     }
-    e->rows += (uint64_t)delta;
+    e->rows += (uint64_t)drows; /* a negative delta wraps to a subtraction */
+    e->taken = dtaken < 0 && (uint64_t)-dtaken >= e->taken ? 0 : e->taken + (uint64_t)dtaken;
+    if (e->taken > e->rows) {
+        e->taken = e->rows;
+    }
 }
 
 /* ---------------------------------------------------------------------------
@@ -318,12 +355,13 @@ void fb_op_drop_results(fb_op *op)
     free(op->deltas);
     op->deltas = NULL;
     op->ndeltas = 0;
-    op->count = op->drows = op->dbytes = 0;
+    op->count = op->drows = op->dbytes = op->dtaken = 0;
 }
 
 static void op_free(fb_op *op)
 {
     fb_op_drop_results(op);
+    free(op->ids);
     free(op->key);
     free(op->lens);
     free(op->scores);
@@ -341,20 +379,25 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
     if (status == 0) {
         fallback_stats *st = &fb->stats;
         uv_mutex_lock(&fb->ixlock);
-        key_index_add(&fb->keys, op->key, op->keylen, op->drows);
+        if (op->key != NULL) {
+            key_index_add(&fb->keys, op->key, op->keylen, op->drows, op->dtaken);
+        }
         st->rows += (uint64_t)op->drows; /* drows < 0 wraps to a subtraction */
+        st->taken += (uint64_t)op->dtaken;
         st->bytes += (uint64_t)op->dbytes;
         for (size_t i = 0; i < op->ndeltas; i++) {
             const key_delta *d = &op->deltas[i];
-            key_index_add(&fb->keys, d->key, d->keylen, -d->rows);
+            key_index_add(&fb->keys, d->key, d->keylen, -d->rows, -d->taken);
             st->rows -= (uint64_t)d->rows;
+            st->taken -= (uint64_t)d->taken;
             st->bytes -= (uint64_t)d->bytes;
         }
         res.count = op->count;
         res.items = op->items;
         res.nitems = op->nitems;
         if (op->type == OP_PUSH && op->how != FB_ZADD) {
-            res.count = (int64_t)key_index_get(&fb->keys, op->key, op->keylen);
+            const key_entry *e = key_index_get(&fb->keys, op->key, op->keylen);
+            res.count = e != NULL ? (int64_t)(e->rows - e->taken) : 0;
         }
         uv_mutex_unlock(&fb->ixlock);
         if (op->type == OP_PUSH) {
@@ -363,6 +406,10 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
             st->popped += op->nitems;
         } else if (op->type == OP_DELETE) {
             st->deleted += (uint64_t)op->count;
+        } else if (op->type == OP_CONFIRM) {
+            st->confirmed += (uint64_t)op->count;
+        } else if (op->type == OP_RELEASE) {
+            st->released += (uint64_t)op->count;
         }
     }
     if (op->cb != NULL) {
@@ -506,7 +553,8 @@ static int open_fail(sqlite3 *db, int rc, const char *path, char *err, size_t er
     return fb_sqlite_to_uv(rc);
 }
 
-/* Is this ferry's store? Creates the schema in an empty file when create. */
+/* Is this ferry's store? Creates the schema in an empty file, and brings an
+ * older version up to date, when create (a writable open). */
 static int check_store(sqlite3 *db, const char *path, int create, char *err, size_t errlen)
 {
     int64_t tables, app, version;
@@ -533,11 +581,51 @@ static int check_store(sqlite3 *db, const char *path, int create, char *err, siz
         snprintf(err, errlen, "fallback store %s: not a ferry fallback store", path);
         return UV_EINVAL;
     }
-    if (version != FB_SCHEMA_VERSION) {
+    if (version == 1 && create) {
+        char sql[sizeof(upgrade_v1_sql) + 128];
+        snprintf(sql, sizeof(sql), "BEGIN IMMEDIATE; %s PRAGMA user_version = %d; COMMIT;",
+                 upgrade_v1_sql, FB_SCHEMA_VERSION);
+        rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+            int r = open_fail(db, rc, path, err, errlen);
+            if (!sqlite3_get_autocommit(db)) {
+                sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+            }
+            return r;
+        }
+        version = FB_SCHEMA_VERSION;
+    }
+    if (version != FB_SCHEMA_VERSION && (create || version != 1)) {
         snprintf(err, errlen, "fallback store %s: unknown schema version %lld", path,
                  (long long)version);
         return UV_EINVAL;
     }
+    return 0;
+}
+
+/* Rows a pop took before the store was last closed (ferry killed, or
+ * stopped before it knew whether their replies went out) back in the queue,
+ * in place; counted in stats.released. */
+static int untake_all(fallback *fb, char *err, size_t errlen)
+{
+    char sql[sizeof(untake_sql) + 64];
+    snprintf(sql, sizeof(sql), "BEGIN IMMEDIATE; %s COMMIT;", untake_sql);
+    int64_t before = 0, after = 0;
+    int rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken != 0", &before);
+    if (rc == SQLITE_OK && before > 0) {
+        rc = sqlite3_exec(fb->db, sql, NULL, NULL, NULL);
+        if (rc == SQLITE_OK) {
+            rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken != 0", &after);
+        }
+    }
+    if (rc != SQLITE_OK) {
+        int r = open_fail(fb->db, rc, fb->path, err, errlen);
+        if (!sqlite3_get_autocommit(fb->db)) {
+            sqlite3_exec(fb->db, "ROLLBACK", NULL, NULL, NULL);
+        }
+        return r;
+    }
+    fb->stats.released = (uint64_t)(before - after);
     return 0;
 }
 
@@ -553,7 +641,7 @@ static int load_index(fallback *fb, char *err, size_t errlen)
         size_t klen;
         const char *k = fb_column_bytes(s, 0, &klen);
         int64_t rows = sqlite3_column_int64(s, 1);
-        key_index_add(&fb->keys, k, klen, rows);
+        key_index_add(&fb->keys, k, klen, rows, 0); /* none is taken after untake_all */
         fb->stats.rows += (uint64_t)rows;
         fb->stats.bytes += (uint64_t)sqlite3_column_int64(s, 2);
     }
@@ -604,6 +692,9 @@ static int open_db(fallback *fb, uint64_t max_bytes, char *err, size_t errlen)
         }
         snprintf(err, errlen, "fallback store %s: corrupt file (quick_check: %s)", fb->path, text);
         return UV_EIO;
+    }
+    if ((r = untake_all(fb, err, errlen)) != 0) {
+        return r;
     }
     if (max_bytes > 0 && (rc = query_int(fb->db, "PRAGMA page_size", &page)) == SQLITE_OK) {
         uint64_t pages = max_bytes / (uint64_t)page;
@@ -738,12 +829,27 @@ void fallback_close(fallback *fb)
         uv_mutex_unlock(&fb->mu);
         group_finish(fb, g); /* after_work_cb then only frees it */
     }
-    fb_op *op;
+    /* What became of replies already known (confirms, releases) is
+     * recorded in one last transaction, here; anything else is cancelled. */
+    fb_group last;
+    memset(&last, 0, sizeof(last));
+    last.fb = fb;
+    fb_op **tail = &last.ops, *op;
     while ((op = fb->qhead) != NULL) {
         fb->qhead = op->next;
-        op_complete(fb, op, UV_ECANCELED, "fallback store closed");
+        op->next = NULL;
+        if ((op->type == OP_CONFIRM || op->type == OP_RELEASE) && fb->db != NULL) {
+            *tail = op;
+            tail = &op->next;
+        } else {
+            op_complete(fb, op, UV_ECANCELED, "fallback store closed");
+        }
     }
     fb->qtail = NULL;
+    if (last.ops != NULL) {
+        fb_work_cb(&last.req); /* no group is in flight: the connection is this thread's */
+        group_finish(fb, &last);
+    }
     close_db(fb);
     fb->refs += 2;
     uv_close((uv_handle_t *)&fb->check, handle_close_cb);
@@ -847,6 +953,29 @@ void fallback_move(fallback *fb, int end, const char *src, size_t srclen, int to
     enqueue(fb, op);
 }
 
+/* A confirm or a release of n taken rows. */
+static void enqueue_ids(fallback *fb, op_type type, const int64_t *ids, size_t n, fallback_cb cb,
+                        void *arg)
+{
+    fb_op *op = op_new(type, cb, arg);
+    op->ids = xcalloc(n ? n : 1, sizeof(*op->ids));
+    if (n > 0) {
+        memcpy(op->ids, ids, n * sizeof(*ids));
+    }
+    op->n = n;
+    enqueue(fb, op);
+}
+
+void fallback_confirm(fallback *fb, const int64_t *ids, size_t n, fallback_cb cb, void *arg)
+{
+    enqueue_ids(fb, OP_CONFIRM, ids, n, cb, arg);
+}
+
+void fallback_release(fallback *fb, const int64_t *ids, size_t n, fallback_cb cb, void *arg)
+{
+    enqueue_ids(fb, OP_RELEASE, ids, n, cb, arg);
+}
+
 void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int64_t upto,
                               fallback_cb cb, void *arg)
 {
@@ -858,13 +987,30 @@ void fallback_delete_key_upto(fallback *fb, const char *key, size_t keylen, int6
     enqueue(fb, op);
 }
 
-uint64_t fallback_key_rows(const fallback *fb, const char *key, size_t keylen)
+/* Taken and untaken rows of key. */
+static void key_counts(const fallback *fb, const char *key, size_t keylen, uint64_t *rows,
+                       uint64_t *taken)
 {
     uv_mutex_t *lock = (uv_mutex_t *)&fb->ixlock; /* the index itself is not changed */
     uv_mutex_lock(lock);
-    uint64_t n = key_index_get(&fb->keys, key, keylen);
+    const key_entry *e = key_index_get(&fb->keys, key, keylen);
+    *rows = e != NULL ? e->rows : 0;
+    *taken = e != NULL ? e->taken : 0;
     uv_mutex_unlock(lock);
-    return n;
+}
+
+uint64_t fallback_key_rows(const fallback *fb, const char *key, size_t keylen)
+{
+    uint64_t rows, taken;
+    key_counts(fb, key, keylen, &rows, &taken);
+    return rows;
+}
+
+uint64_t fallback_key_ready(const fallback *fb, const char *key, size_t keylen)
+{
+    uint64_t rows, taken;
+    key_counts(fb, key, keylen, &rows, &taken);
+    return rows - taken;
 }
 
 uint64_t fallback_rows(const fallback *fb)
@@ -925,7 +1071,10 @@ int fallback_dump(const char *path, FILE *out, char *err, size_t errlen)
         sqlite3_busy_timeout(db, FB_BUSY_TIMEOUT_MS);
         r = check_store(db, path, 0, err, errlen);
         if (r == 0) {
-            rc = sqlite3_prepare_v2(db, "SELECT " ROW_COLS " FROM rows ORDER BY id", -1, &s, NULL);
+            /* Both schema versions: no taken column named (a taken row is
+             * pending: it is back in the queue once the store is opened). */
+            rc = sqlite3_prepare_v2(
+                db, "SELECT id, kind, key, member, score, ts FROM rows ORDER BY id", -1, &s, NULL);
         }
     }
     while (r == 0 && (rc == SQLITE_OK || rc == SQLITE_ROW) &&

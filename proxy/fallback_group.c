@@ -92,6 +92,7 @@ static int sql_collect(fallback *fb, sqlite3_stmt *s, fb_op *op)
         it->memberlen = mlen;
         it->score = sqlite3_column_double(s, 4);
         it->ts_ms = sqlite3_column_int64(s, 5);
+        it->taken = sqlite3_column_int(s, 6) != 0;
     }
     if (rc != SQLITE_DONE) {
         sql_fail(fb, rc);
@@ -175,19 +176,94 @@ static int sql_push(fallback *fb, fb_op *op)
     return SQLITE_OK;
 }
 
-static int sql_pop(fallback *fb, fb_op *op)
+/* Up to op->n untaken rows off one end of op->key: taken (a pop: they stay
+ * until confirmed or released), or deleted (a move: their element is in its
+ * destination in the same transaction). */
+static int sql_pop(fallback *fb, fb_op *op, int take)
 {
     sqlite3_stmt *s = fb->stmt[ST_POP_HEAD + op->how];
     bind_bytes(s, 1, op->key, op->keylen);
     sqlite3_bind_int64(s, 2, clamp_limit(op->n));
     int rc = sql_collect(fb, s, op);
     for (size_t i = 0; rc == SQLITE_OK && i < op->nitems; i++) {
-        sqlite3_bind_int64(fb->stmt[ST_DEL_ID], 1, op->items[i].id);
-        rc = sql_run(fb, fb->stmt[ST_DEL_ID]);
-        op->drows--;
-        op->dbytes -= (int64_t)(op->items[i].keylen + op->items[i].memberlen);
+        if (take) {
+            sqlite3_bind_int64(fb->stmt[ST_TAKE], 1, op->items[i].id);
+            rc = sql_run(fb, fb->stmt[ST_TAKE]);
+            op->items[i].taken = 1;
+            op->dtaken++;
+        } else {
+            sqlite3_bind_int64(fb->stmt[ST_DEL_ID], 1, op->items[i].id);
+            rc = sql_run(fb, fb->stmt[ST_DEL_ID]);
+            op->drows--;
+            op->dbytes -= (int64_t)(op->items[i].keylen + op->items[i].memberlen);
+        }
     }
     op->count = (int64_t)op->nitems;
+    return rc;
+}
+
+/* Confirm (delete) or release (untake) each taken row op->ids names; ids
+ * not taken are skipped. A released sorted-set member that has an untaken
+ * row again (added meanwhile) is deleted: the set holds it once. */
+static int sql_settle(fallback *fb, fb_op *op)
+{
+    int confirm = op->type == OP_CONFIRM;
+    int rc = SQLITE_OK;
+    for (size_t i = 0; rc == SQLITE_OK && i < op->n; i++) {
+        sqlite3_stmt *s = fb->stmt[ST_TAKEN_ROW];
+        sqlite3_bind_int64(s, 1, op->ids[i]);
+        rc = sqlite3_step(s);
+        if (rc != SQLITE_ROW) {
+            if (rc != SQLITE_DONE) {
+                sql_fail(fb, rc);
+            }
+            sqlite3_reset(s);
+            sqlite3_clear_bindings(s);
+            rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+            continue; /* not taken (any more): nothing to do */
+        }
+        key_delta d;
+        size_t klen, mlen;
+        const char *k = fb_column_bytes(s, 0, &klen);
+        int kind = sqlite3_column_int(s, 1);
+        const char *m = fb_column_bytes(s, 2, &mlen);
+        memset(&d, 0, sizeof(d));
+        d.key = xmalloc(klen + mlen + 1);
+        memcpy(d.key, k, klen);
+        memcpy(d.key + klen, m, mlen); /* the member, for a sorted set's check below */
+        d.keylen = klen;
+        d.taken = 1;
+        int64_t bytes = sqlite3_column_int64(s, 3);
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+        rc = SQLITE_OK;
+        int del = confirm;
+        if (!confirm && kind == FB_ZADD) {
+            int64_t live = 0;
+            sqlite3_stmt *z = fb->stmt[ST_ZFIND];
+            bind_bytes(z, 1, d.key, klen);
+            bind_bytes(z, 2, d.key + klen, mlen);
+            rc = sql_int(fb, z, &live);
+            del = rc == SQLITE_ROW;
+            rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+        }
+        if (rc == SQLITE_OK) {
+            sqlite3_stmt *w = fb->stmt[del ? ST_DEL_ID : ST_UNTAKE];
+            sqlite3_bind_int64(w, 1, op->ids[i]);
+            rc = sql_run(fb, w);
+        }
+        if (rc != SQLITE_OK) {
+            free(d.key);
+            break;
+        }
+        if (del) {
+            d.rows = 1;
+            d.bytes = bytes;
+        }
+        op->deltas = xrealloc(op->deltas, (op->ndeltas + 1) * sizeof(*op->deltas));
+        op->deltas[op->ndeltas++] = d;
+        op->count++;
+    }
     return rc;
 }
 
@@ -197,7 +273,7 @@ static int sql_move(fallback *fb, fb_op *op)
 {
     size_t dstlen = op->n;
     op->n = 1;
-    int rc = sql_pop(fb, op);
+    int rc = sql_pop(fb, op, 0);
     op->n = dstlen;
     if (rc != SQLITE_OK || op->nitems == 0) {
         return rc;
@@ -253,6 +329,7 @@ static int sql_delete(fallback *fb, fb_op *op)
         memcpy(d->key, k, d->keylen);
         d->rows = sqlite3_column_int64(s, 1);
         d->bytes = sqlite3_column_int64(s, 2);
+        d->taken = sqlite3_column_int64(s, 3);
     }
     if (rc != SQLITE_DONE) {
         sql_fail(fb, rc);
@@ -277,7 +354,10 @@ static int sql_op(fallback *fb, fb_op *op)
     case OP_PUSH:
         return sql_push(fb, op);
     case OP_POP:
-        return sql_pop(fb, op);
+        return sql_pop(fb, op, 1);
+    case OP_CONFIRM:
+    case OP_RELEASE:
+        return sql_settle(fb, op);
     case OP_READ:
         sqlite3_bind_int64(fb->stmt[ST_READ], 1, op->id);
         sqlite3_bind_int64(fb->stmt[ST_READ], 2, clamp_limit(op->n));

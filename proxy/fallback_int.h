@@ -17,7 +17,9 @@
 typedef struct key_entry {
     struct key_entry *next; /* next in the same slot */
     uint64_t hash;          /* key_hash() of the key */
-    uint64_t rows;          /* rows pending (> 0; entries at 0 are removed) */
+    uint64_t rows;          /* rows in the store, taken ones included (> 0; entries at 0
+                               are removed) */
+    uint64_t taken;         /* of those, taken by pops whose replies are not confirmed */
     size_t keylen;          /* bytes in key */
     char key[];             /* the key bytes */
 } key_entry;
@@ -34,14 +36,17 @@ typedef enum op_type {
     OP_POP,      /* fallback_pop */
     OP_READ,     /* fallback_read */
     OP_DELETE,   /* fallback_delete_upto */
-    OP_MOVE      /* fallback_move */
+    OP_MOVE,     /* fallback_move */
+    OP_CONFIRM,  /* fallback_confirm */
+    OP_RELEASE   /* fallback_release */
 } op_type;
 
-/* The effect of a delete on one key. */
+/* The effect of a delete (or a confirm, a release) on one key. */
 typedef struct key_delta {
     char *key;     /* key bytes (owned) */
     size_t keylen; /* bytes */
     int64_t rows;  /* rows deleted */
+    int64_t taken; /* of those, or of the rows put back, rows that were taken */
     int64_t bytes; /* key + member bytes deleted */
 } key_delta;
 
@@ -52,10 +57,12 @@ typedef struct fb_op {
     int how;              /* push: enum fallback_kind; pop: enum fallback_end */
     char *key;            /* push/pop: key bytes, then (push) the members back to back */
     size_t keylen;        /* bytes of key */
-    size_t n;             /* push: members; pop/read: most rows to return */
+    size_t n;             /* push: members; pop/read: most rows to return; confirm,
+                             release: ids */
     size_t *lens;         /* push: member lengths */
     double *scores;       /* push FB_ZADD: scores */
     int64_t id;           /* read: rows after this id; delete: rows up to it */
+    int64_t *ids;         /* confirm, release: the rows */
     int64_t ts_ms;        /* push: wall-clock ms when queued */
     fallback_cb cb;       /* may be NULL */
     void *arg;            /* for cb */
@@ -67,6 +74,7 @@ typedef struct fb_op {
     size_t itemcap;       /* allocated in items */
     int64_t drows;        /* push/pop: rows added (negative: removed) for key */
     int64_t dbytes;       /* push/pop: bytes added (negative: removed) */
+    int64_t dtaken;       /* pop: rows of key taken */
     key_delta *deltas;    /* delete: per key; move: the destination's row */
     int to;               /* move: FB_LPUSH or FB_RPUSH into dst */
     size_t ndeltas;       /* entries in deltas */
@@ -99,6 +107,9 @@ enum fb_stmt {
     ST_POP_MIN,
     ST_POP_MAX,
     ST_DEL_ID,
+    ST_TAKE,
+    ST_UNTAKE,
+    ST_TAKEN_ROW,
     ST_READ,
     ST_DEL_COUNT,
     ST_DEL_UPTO,

@@ -75,6 +75,9 @@ typedef enum req_state {
 #define REQ_F_SURE (1u << 9) /* internal: done is called (reply NULL) if its link is lost */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
+/* What became of a reply someone must know the fate of: written 1 once its
+ * last byte was written to the client's socket, 0 if it never will be. */
+typedef void (*req_sent_cb)(void *arg, int written);
 
 typedef struct request {
     list_node sq;        /* in session->requests, in arrival order */
@@ -104,6 +107,9 @@ typedef struct request {
     long long arg;       /* route argument (db for SELECT, auth result) */
     size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */
+    req_sent_cb written; /* called once with the fate of its reply (a pop served from
+                               the fallback store); NULL: nobody asks */
+    void *written_arg;   /* for written */
 } request;
 
 typedef struct ferry {
@@ -140,6 +146,7 @@ typedef struct ferry {
     list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
     list_node partial;    /* sessions with an incomplete request, oldest first */
     list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
+    list_node watching;   /* sessions with replies whose writing someone waits for */
     uint64_t next_id;     /* ids for sessions and links: the last one given */
     uint64_t id_step;     /* how far apart this loop's ids are: one per loop, so
                              ids are unique across loops (loop i gives i + k*n) */

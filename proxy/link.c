@@ -539,7 +539,7 @@ void link_flush(link *l)
 static void link_write_cb(uv_write_t *w, int status)
 {
     link *l = w->handle->data;
-    outq_done(&l->out);
+    outq_done(&l->out, status);
     if (l->state == LINK_CLOSING) {
         return;
     }

@@ -25,7 +25,15 @@
  * its result is back (as on one loop); popped rows nobody can take any
  * more - the client left, the worker closed, its mailbox is gone - are put
  * back in the store by the main loop, as one loop does for a vanished
- * client of a pop. */
+ * client of a pop.
+ *
+ * A pop's rows are only taken in the store (fallback_pop); the request
+ * carries them to its session (request.written), which says once the
+ * reply was written to the client's socket - the rows are deleted
+ * (fallback_confirm) - or that it never will be - the client left first:
+ * they are back where they were (fallback_release). From a worker, that
+ * word goes to the main loop like any store operation; a kill of ferry in
+ * between leaves them taken, and the next open puts them back. */
 #include "outage.h"
 
 #include <stdatomic.h>
@@ -47,7 +55,7 @@
  * fills the request, the main loop the result; each hand-off goes through a
  * mutex-guarded queue, so one thread at a time touches it (node, cb and arg
  * are the worker's alone). */
-typedef enum remote_kind { RO_PUSH = 0, RO_POP, RO_MOVE } remote_kind;
+typedef enum remote_kind { RO_PUSH = 0, RO_POP, RO_MOVE, RO_CONFIRM, RO_RELEASE } remote_kind;
 
 typedef struct remote_op {
     list_node node; /* worker: in its outage's remote_ops while it waits for the result */
@@ -55,7 +63,8 @@ typedef struct remote_op {
     int loop;       /* the worker's index */
     fallback_cb cb; /* worker: gets the result; NULL once nobody waits for it */
     void *arg;      /* for cb */
-    int awaited;    /* a result goes back (set once, before it is sent) */
+    int awaited;    /* a result goes back (set once, before it is sent); confirms
+                       and releases have none */
     remote_kind kind;
     int how;      /* push: enum fallback_kind; pop, move: enum fallback_end */
     int to;       /* move: FB_LPUSH or FB_RPUSH */
@@ -65,6 +74,8 @@ typedef struct remote_op {
     char *dst; /* move: the destination */
     size_t dstlen;
     size_t n;       /* push: members */
+    int64_t *ids;   /* confirm, release: the taken rows */
+    size_t nids;    /* confirm, release */
     char **members; /* push: copies */
     size_t *lens;   /* push */
     double *scores; /* push */
@@ -308,6 +319,13 @@ int outage_open(ferry *f)
     f->outage = o;
     log_info("fallback store %s open: %llu row(s) pending replay", cfg->fallback_path,
              (unsigned long long)fallback_rows(o->fb));
+    fallback_stats fs;
+    fallback_get_stats(o->fb, &fs);
+    if (fs.released > 0) {
+        log_warn("fallback store: %llu row(s) popped before ferry last stopped, their replies "
+                 "not known written, are back in the queue (a consumer may get them twice)",
+                 (unsigned long long)fs.released);
+    }
     if (cfg->client_auth == CLIENT_AUTH_REDIS) {
         log_warn("fallback store: client.auth redis: it serves no client while Redis is down "
                  "(without Redis no ACL says what a user may do); it still replays its rows");
@@ -375,6 +393,7 @@ void outage_close(ferry *f)
         free(k->key);
         free(k);
     }
+    replay_free_keys(o);
     free(o);
 }
 
@@ -383,15 +402,28 @@ void outage_close(ferry *f)
 /* Every loop may ask for the rows pending (the index is locked inside the
  * store); a worker's view holds the shared lock so the store stays open
  * while it asks. */
-static uint64_t store_key_rows(struct outage *o, const char *key, size_t len)
+static uint64_t store_key_count(struct outage *o, const char *key, size_t len,
+                                uint64_t (*count)(const fallback *, const char *, size_t))
 {
     if (!o->remote) {
-        return fallback_key_rows(o->fb, key, len);
+        return count(o->fb, key, len);
     }
     uv_mutex_lock(&o->sh->lock);
-    uint64_t n = o->sh->fb != NULL ? fallback_key_rows(o->sh->fb, key, len) : 0;
+    uint64_t n = o->sh->fb != NULL ? count(o->sh->fb, key, len) : 0;
     uv_mutex_unlock(&o->sh->lock);
     return n;
+}
+
+/* Rows of key not replayed yet, taken ones included: writes to it wait. */
+static uint64_t store_key_rows(struct outage *o, const char *key, size_t len)
+{
+    return store_key_count(o, key, len, fallback_key_rows);
+}
+
+/* Rows of key a pop may take now. */
+static uint64_t store_key_ready(struct outage *o, const char *key, size_t len)
+{
+    return store_key_count(o, key, len, fallback_key_ready);
 }
 
 static uint64_t store_rows(struct outage *o)
@@ -415,6 +447,7 @@ static void remote_free(remote_op *ro)
     free(ro->members);
     free(ro->lens);
     free(ro->scores);
+    free(ro->ids);
     for (size_t i = 0; i < ro->nitems; i++) {
         free((char *)ro->items[i].key); /* owns key and member */
     }
@@ -448,8 +481,7 @@ static void remote_send(struct outage *o, remote_op *ro)
         /* Not while this worker runs: outage_close answers it. */
         log_error("fallback store: an operation could not reach the main loop");
         if (!ro->awaited) {
-            atomic_fetch_sub(&o->sh->pending_ops, 1); /* a push back (store_push_back) */
-            remote_free(ro);
+            remote_free(ro); /* a confirm or release: the rows stay taken until a restart */
         }
     }
 }
@@ -506,47 +538,89 @@ static void store_move(struct outage *o, int end, const char *src, size_t srclen
     remote_send(o, ro);
 }
 
-/* A push back committed: it counted as an operation in flight, so no write
- * to its key overtook it (outage_blocks) and no replay round started. */
-static void push_back_done(void *arg, int status, const char *errstr, const fallback_result *res)
+/* Main loop: taken rows deleted, their replies written: writes waiting for
+ * their keys' rows (a master is back) may go on. A failure leaves them
+ * taken: the next open puts them back (delivered twice, not lost). */
+static void confirm_done(void *arg, int status, const char *errstr, const fallback_result *res)
 {
-    outage_shared *sh = arg;
-    (void)res;
-    atomic_fetch_sub(&sh->pending_ops, 1);
+    ferry *f = arg;
     if (status < 0) {
-        log_error("fallback store: rows popped for a client that left could not be put back: %s",
+        log_error("fallback store: rows whose replies were written could not be deleted: %s "
+                  "(they are back in the queue after a restart)",
                   errstr);
+        return;
+    }
+    if (res->count > 0 && f->outage != NULL && f->up != NULL && f->up->state == UP_UP) {
+        outage_wake_loops(f);
     }
 }
 
-/* Rows popped for nobody: put them back where they were (the first item
- * popped goes back last, so it is at its end again). */
-static void store_push_back(struct outage *o, int end, const char *key, size_t keylen,
-                            const fallback_item *items, size_t n)
+/* Main loop: taken rows back in the queue, their replies never written:
+ * blocked pops on every loop may take them. */
+static void release_done(void *arg, int status, const char *errstr, const fallback_result *res)
 {
-    int zset = end == FB_MIN || end == FB_MAX;
-    if (o == NULL || n == 0) {
+    ferry *f = arg;
+    if (status < 0) {
+        log_error("fallback store: rows whose replies were not written could not be put back "
+                  "now: %s (they are, once ferry restarts)",
+                  errstr);
         return;
     }
-    const char **m = xcalloc(n, sizeof(*m));
-    size_t *l = xcalloc(n, sizeof(*l));
-    double *sc = xcalloc(n, sizeof(*sc));
-    int kind = zset ? FB_ZADD : end == FB_HEAD ? FB_LPUSH : FB_RPUSH;
+    if (res->count > 0 && f->outage != NULL) {
+        log_debug("fallback store: %lld popped row(s) back in the queue: their replies were "
+                  "never written",
+                  (long long)res->count);
+        outage_wake_loops(f);
+    }
+}
+
+/* The rows a pop took, told what became of the reply carrying them: written
+ * (deleted) or never (back where they were); on the loop's own store, or
+ * from a worker through the main loop's. */
+static void store_settle(struct outage *o, int written, const int64_t *ids, size_t n)
+{
+    if (o == NULL || n == 0) {
+        return; /* the store closed: they stay taken, and go back when it opens */
+    }
+    if (!o->remote) {
+        if (written) {
+            fallback_confirm(o->fb, ids, n, confirm_done, o->f);
+        } else {
+            fallback_release(o->fb, ids, n, release_done, o->f);
+        }
+        return;
+    }
+    remote_op *ro = remote_new(o, written ? RO_CONFIRM : RO_RELEASE, "", 0, NULL, NULL);
+    ro->ids = xmalloc(n * sizeof(*ro->ids));
+    memcpy(ro->ids, ids, n * sizeof(*ro->ids));
+    ro->nids = n;
+    remote_send(o, ro);
+}
+
+/* The same for rows as a pop's result lists them. */
+static void store_settle_items(struct outage *o, int written, const fallback_item *items, size_t n)
+{
+    int64_t *ids = xcalloc(n ? n : 1, sizeof(*ids));
     for (size_t i = 0; i < n; i++) {
-        const fallback_item *it = &items[zset ? i : n - 1 - i];
-        m[i] = it->member;
-        l[i] = it->memberlen;
-        sc[i] = it->score;
+        ids[i] = items[i].id;
     }
-    atomic_fetch_add(&o->sh->pending_ops, 1); /* push_back_done, on the main loop */
-    if (o->remote) {
-        store_push(o, kind, key, keylen, m, l, sc, n, NULL, NULL);
-    } else {
-        fallback_push(o->fb, kind, key, keylen, m, l, sc, n, push_back_done, o->sh);
-    }
-    free(m);
-    free(l);
-    free(sc);
+    store_settle(o, written, ids, n);
+    free(ids);
+}
+
+/* Rows a pop took, carried by its reply to the session (request.written). */
+typedef struct taken_rows {
+    ferry *f;      /* the loop of the session that writes the reply */
+    size_t n;      /* rows */
+    int64_t ids[]; /* their ids */
+} taken_rows;
+
+/* request.written: the reply carrying t's rows was written, or never will be. */
+static void taken_written(void *arg, int written)
+{
+    taken_rows *t = arg;
+    store_settle(t->f->outage, written, t->ids, t->n);
+    free(t);
 }
 
 /* Blocked pops on every loop may be served now. */
@@ -562,13 +636,8 @@ void outage_wake_loops(ferry *f)
 static void remote_orphan(struct outage *o, remote_op *ro)
 {
     if (ro->answered && ro->status == 0 && ro->kind == RO_POP && ro->nitems > 0) {
-        if (o != NULL) {
-            store_push_back(o, ro->how, ro->key, ro->keylen, ro->items, ro->nitems);
-        } else {
-            log_error("fallback store: %zu popped row(s) of key '%.*s' lost: the store closed "
-                      "before the worker could deliver them",
-                      ro->nitems, (int)(ro->keylen < 100 ? ro->keylen : 100), ro->key);
-        }
+        /* Back where they were; with the store closed, when it opens. */
+        store_settle_items(o, 0, ro->items, ro->nitems);
     }
     remote_free(ro);
 }
@@ -614,27 +683,30 @@ void outage_remote_run(ferry *f, void *p)
     }
     if (o == NULL) {
         if (!ro->awaited) {
-            remote_free(ro); /* a push back: the store is closed (its count goes with it) */
+            remote_free(ro); /* a confirm or release: the rows go back when the store opens */
             return;
         }
         fallback_result none = {0, NULL, 0};
         remote_done(ro, UV_ECANCELED, "fallback store closed", &none);
         return;
     }
-    /* Nobody waits for a push back (the only operation without a result):
-     * the store copies what it needs. */
-    fallback_cb cb = ro->awaited ? remote_done : NULL;
+    /* Nobody waits for a confirm or a release (the operations without a
+     * result): the store copies what it needs. */
     switch (ro->kind) {
     case RO_PUSH:
         fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
-                      ro->lens, ro->scores, ro->n, ro->awaited ? remote_done : push_back_done,
-                      ro->awaited ? (void *)ro : (void *)o->sh);
+                      ro->lens, ro->scores, ro->n, remote_done, ro);
         break;
     case RO_POP:
-        fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, cb, ro);
+        fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, remote_done, ro);
         break;
     case RO_MOVE:
-        fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen, cb, ro);
+        fallback_move(o->fb, ro->how, ro->key, ro->keylen, ro->to, ro->dst, ro->dstlen, remote_done,
+                      ro);
+        break;
+    case RO_CONFIRM:
+    case RO_RELEASE:
+        store_settle(o, ro->kind == RO_CONFIRM, ro->ids, ro->nids);
         break;
     }
     if (!ro->awaited) {
@@ -744,9 +816,9 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         return;
     }
     if (r->s == NULL && res->nitems > 0 && !op->move) {
-        /* Items popped for a client that left: put them back where they
-         * were (a move left its element in the store: nothing to undo). */
-        store_push_back(f->outage, op->end, op->key, op->keylen, res->items, res->nitems);
+        /* Items popped for a client that left: back where they were (a
+         * move left its element in the store: nothing to undo). */
+        store_settle_items(f->outage, 0, res->items, res->nitems);
         request_free(f, r);
         op_free(op);
         return;
@@ -795,6 +867,18 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         }
     } else {
         buf_append_bulk(&b, res->items[0].member, res->items[0].memberlen);
+    }
+    if (res->nitems > 0 && !op->move) {
+        /* The rows are taken: deleted once this reply is written to the
+         * client's socket, back in the queue if it never is. */
+        taken_rows *t = xmalloc(sizeof(*t) + res->nitems * sizeof(t->ids[0]));
+        t->f = f;
+        t->n = res->nitems;
+        for (size_t i = 0; i < res->nitems; i++) {
+            t->ids[i] = res->items[i].id;
+        }
+        r->written = taken_written;
+        r->written_arg = t;
     }
     op_answer(op, buf_head(&b), buf_used(&b));
     buf_free(&b);
@@ -895,7 +979,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
             continue;
         }
         eligible = 1;
-        if (store_key_rows(o, k->ptr, k->len) == 0) {
+        if (store_key_ready(o, k->ptr, k->len) == 0) {
             continue;
         }
         store_op *op = op_new(s, r);
@@ -939,7 +1023,7 @@ static int dispatch_move(session *s, request *r, const resp_request *req, int bl
     if (!key_eligible(f, src->ptr, src->len) || !key_eligible(f, dst->ptr, dst->len)) {
         return 0;
     }
-    if (store_key_rows(o, src->ptr, src->len) == 0) {
+    if (store_key_ready(o, src->ptr, src->len) == 0) {
         return blocking ? 2 : 0;
     }
     store_op *op = op_new(s, r);
@@ -1084,4 +1168,6 @@ void outage_stats(ferry *f, ferry_stats *st)
     st->fallback_commits = fs.commits;
     st->fallback_commit_errors = fs.commit_errors;
     st->fallback_replay_errors = o->replay_errors;
+    st->fallback_taken = fs.taken;
+    st->fallback_returned = fs.released;
 }

@@ -20,6 +20,16 @@ typedef struct refused_key {
     struct refused_key *next;
 } refused_key;
 
+/* A key the replay holds back: for the rest of a pass (o->skipped), or
+ * while pops' replies carrying its rows are unwritten (o->held). */
+typedef struct replay_key {
+    char *key;
+    size_t keylen;
+    uint64_t since_ms; /* held: first seen with taken rows */
+    uint64_t pass;     /* the pass it was last seen in */
+    struct replay_key *next;
+} replay_key;
+
 /* One key's rows in a replay round. */
 typedef struct replay_group {
     char *key;
@@ -62,6 +72,9 @@ struct outage {
     size_t gcap;
     size_t deletes_left;    /* deletes in flight */
     int64_t cursor;         /* read rows after this id (rows of refused keys stay) */
+    uint64_t pass;          /* passes over the store (the cursor back at 0) */
+    replay_key *skipped;    /* keys whose rows wait for the next pass */
+    replay_key *held;       /* keys with rows taken by pops (their replies unwritten) */
     uint64_t next_round_ms; /* back-off after a failed round */
     refused_key *refused;   /* keys in back-off */
     uint64_t replayed;      /* rows replayed since start */
@@ -72,5 +85,7 @@ struct outage {
 
 /* outage.c: blocked pops on every loop may be served now. */
 void outage_wake_loops(ferry *f);
+/* replay.c: free the keys the replay holds back (at close). */
+void replay_free_keys(struct outage *o);
 
 #endif

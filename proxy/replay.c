@@ -11,7 +11,20 @@
  * Redis acknowledged them (and replicas_ack confirmed them). Until a key's
  * rows are replayed, new writes to that key wait (outage_blocks). A key
  * Redis refuses (WRONGTYPE) is logged and retried with back-off; other keys
- * go on. */
+ * go on.
+ *
+ * A key skipped in a pass (refused and in back-off, or held, below) stays
+ * skipped until the pass ends (the cursor back at 0): its later rows must
+ * not be replayed before its earlier ones, whose ids the marker would then
+ * pass over.
+ *
+ * Rows taken by a pop whose reply is not written yet (its client reads
+ * slowly, or the master came back in between) hold their key back: the
+ * reply is written (the rows are deleted) or never (they are back in the
+ * queue), usually within milliseconds, and the key is replayed after. A key
+ * held for REPLAY_TAKEN_WAIT_MS is replayed with its taken rows: never
+ * lost, and the consumer that may still get them is counted
+ * (fallback_replayed_taken) and logged. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +41,7 @@
 #define REPLAY_ROUND_TIMEOUT_MS 30000 /* a round whose link broke is abandoned */
 #define REPLAY_BACKOFF_MIN_MS 100
 #define REPLAY_BACKOFF_MAX_MS 10000
+#define REPLAY_TAKEN_WAIT_MS 1000 /* longest a key waits for its taken rows' replies */
 
 /* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
  * ARGV[1] the last row id of this group, then id, kind, member, score per
@@ -63,6 +77,82 @@ static refused_key *refused_find(struct outage *o, const char *key, size_t len)
         }
     }
     return NULL;
+}
+
+static replay_key *key_find(replay_key *list, const char *key, size_t len)
+{
+    for (replay_key *k = list; k != NULL; k = k->next) {
+        if (k->keylen == len && memcmp(k->key, key, len) == 0) {
+            return k;
+        }
+    }
+    return NULL;
+}
+
+static replay_key *key_add(replay_key **list, const char *key, size_t len, uint64_t now)
+{
+    replay_key *k = xcalloc(1, sizeof(*k));
+    k->key = xstrndup(key, len);
+    k->keylen = len;
+    k->since_ms = now;
+    k->next = *list;
+    *list = k;
+    return k;
+}
+
+/* Drop the keys not seen since pass (all of them: pass UINT64_MAX). */
+static void keys_drop_older(replay_key **list, uint64_t pass)
+{
+    while (*list != NULL) {
+        replay_key *k = *list;
+        if (k->pass < pass) {
+            *list = k->next;
+            free(k->key);
+            free(k);
+        } else {
+            list = &k->next;
+        }
+    }
+}
+
+void replay_free_keys(struct outage *o)
+{
+    keys_drop_older(&o->skipped, UINT64_MAX);
+    keys_drop_older(&o->held, UINT64_MAX);
+}
+
+/* A new pass over the store: from the first row, no key skipped; keys not
+ * seen holding taken rows in the pass that ends wait afresh next time. */
+static void pass_restart(struct outage *o)
+{
+    o->cursor = 0;
+    keys_drop_older(&o->skipped, UINT64_MAX);
+    keys_drop_older(&o->held, o->pass);
+    o->pass++;
+}
+
+/* Does the replay leave key's rows of this batch for a later pass? It has
+ * taken (the items of the batch say so: any_taken) and was skipped in this
+ * pass, refused and in back-off, or held for taken rows not long enough. */
+static int key_skipped(struct outage *o, const char *key, size_t len, int any_taken, uint64_t now)
+{
+    if (key_find(o->skipped, key, len) != NULL) {
+        return 1;
+    }
+    refused_key *rk = refused_find(o, key, len);
+    int skip = rk != NULL && now < rk->next_ms;
+    if (!skip && any_taken) {
+        replay_key *h = key_find(o->held, key, len);
+        if (h == NULL) {
+            h = key_add(&o->held, key, len, now);
+        }
+        h->pass = o->pass;
+        skip = now - h->since_ms < REPLAY_TAKEN_WAIT_MS;
+    }
+    if (skip) {
+        key_add(&o->skipped, key, len, now)->pass = o->pass;
+    }
+    return skip;
 }
 
 static void round_reset(struct outage *o)
@@ -207,16 +297,49 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
                      (unsigned long long)o->replayed);
             o->announced = 0;
         }
-        o->cursor = 0; /* start over: refused keys' rows, once their back-off ends */
+        pass_restart(o); /* start over: refused keys' rows, once their back-off ends */
         o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS;
         return;
     }
     o->cursor = res->items[res->nitems - 1].id;
     o->ngroups = 0;
+    /* Which keys' rows go this round: a key with taken rows, refused or
+     * already skipped in this pass waits for the next pass. */
+    char *skip = xcalloc(res->nitems, 1);
     for (size_t i = 0; i < res->nitems; i++) {
         const fallback_item *it = &res->items[i];
-        refused_key *k = refused_find(o, it->key, it->keylen);
-        if (k != NULL && now < k->next_ms) {
+        int seen = 0, any_taken = 0;
+        for (size_t j = 0; j < res->nitems; j++) {
+            const fallback_item *o2 = &res->items[j];
+            if (o2->keylen == it->keylen && memcmp(o2->key, it->key, it->keylen) == 0) {
+                seen |= j < i;
+                any_taken |= o2->taken;
+            }
+        }
+        if (seen) {
+            continue; /* decided with the key's first row */
+        }
+        int skipped = key_skipped(o, it->key, it->keylen, any_taken, now);
+        size_t taken = 0;
+        for (size_t j = i; j < res->nitems; j++) {
+            const fallback_item *o2 = &res->items[j];
+            if (o2->keylen == it->keylen && memcmp(o2->key, it->key, it->keylen) == 0) {
+                skip[j] = (char)skipped;
+                taken += !skipped && o2->taken;
+            }
+        }
+        if (taken > 0) {
+            f->stats.fallback_replayed_taken += taken;
+            log_warn("fallback replay: %zu row(s) of key '%.*s' replayed while the replies of the "
+                     "pops that took them were not written for %d ms: their consumer may get them "
+                     "twice",
+                     taken, (int)(it->keylen < 100 ? it->keylen : 100), it->key,
+                     REPLAY_TAKEN_WAIT_MS);
+        }
+    }
+    for (size_t i = 0; i < res->nitems; i++) {
+        const fallback_item *it = &res->items[i];
+        if (skip[i]) {
             continue;
         }
         size_t g;
@@ -241,6 +364,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         o->groups[g].rows++;
     }
     if (o->ngroups == 0) {
+        free(skip);
         round_reset(o);
         replay_next(o);
         return;
@@ -261,7 +385,8 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         buf_append_bulk(&b, num, strlen(num));
         for (size_t i = 0; i < res->nitems; i++) {
             const fallback_item *it = &res->items[i];
-            if (it->keylen != grp->keylen || memcmp(it->key, grp->key, grp->keylen) != 0) {
+            if (skip[i] || it->keylen != grp->keylen ||
+                memcmp(it->key, grp->key, grp->keylen) != 0) {
                 continue;
             }
             snprintf(num, sizeof(num), "%lld", (long long)it->id);
@@ -287,6 +412,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         static const char *const argv[] = {"PING"};
         link_internal(l, argv, 1, round_end_done, (long long)(o->round & 0xffffffffffULL));
     }
+    free(skip);
     o->rstate = REPLAY_APPLYING;
 }
 
@@ -323,7 +449,7 @@ void outage_tick(ferry *f, uint64_t now)
         /* The link carrying the round broke: its scripts are idempotent
          * (the marker), so the rows are simply read and sent again. */
         round_fail(o, "the link to the master changed during the round");
-        o->cursor = 0;
+        pass_restart(o);
     }
     replay_next(o);
 }

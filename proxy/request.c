@@ -46,6 +46,8 @@ request *request_new(ferry *f)
     r->retry_at = 0;
     r->refusal = NULL;
     r->done = NULL;
+    r->written = NULL;
+    r->written_arg = NULL;
     r->seq = 0;
     r->route = 0; /* the session decides */
     r->arg = 0;
@@ -59,6 +61,13 @@ void request_free(ferry *f, request *r)
         return;
     }
     ferry_assert(!list_linked(&r->hq) && r->hpos == 0); /* never freed while held */
+    if (r->written != NULL) {
+        /* Its reply was never handed to the session's output: it will not
+         * be written. (The session takes the callback when it is.) */
+        req_sent_cb cb = r->written;
+        r->written = NULL;
+        cb(r->written_arg, 0);
+    }
     buf_clear(&r->data);
     buf_clear(&r->reply);
     buf_shrink(&r->data, REQ_KEEP_BYTES);

@@ -29,6 +29,7 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b);
 static void session_write_cb(uv_write_t *w, int status);
 static void session_wrote(session *s, int status);
 static void session_close_cb(uv_handle_t *h);
+static void session_settle_watches(session *s, int closing);
 static void session_process_input(session *s, buf *in);
 static void session_mark_dirty(session *s);
 static void session_output_grew(session *s);
@@ -92,6 +93,8 @@ static void session_register(session *s, int is_unix)
     list_init(&s->wait_node);
     list_init(&s->held);
     list_init(&s->dirty_node);
+    list_init(&s->watches);
+    list_init(&s->watch_node);
     list_init(&s->soft_node);
     list_init(&s->mem_node);
     list_init(&s->partial_node);
@@ -326,6 +329,8 @@ void session_close(session *s, const char *reason)
     } else {
         log_info("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
     }
+    /* Replies the socket took are written; the others never will be. */
+    session_settle_watches(s, 1);
     if (s->reading) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
@@ -381,6 +386,57 @@ static void session_close_cb(uv_handle_t *h)
 }
 
 /* ----------------------------------------------------------------- output */
+
+/* A reply whose writing someone waits for (request.written): told once
+ * the bytes handed to the socket reach end, or, never written, when the
+ * session closes first. */
+typedef struct write_watch {
+    list_node node; /* in s->watches, in output order */
+    uint64_t end;   /* outq_end() just after the reply was queued */
+    req_sent_cb cb; /* from the request */
+    void *arg;
+} write_watch;
+
+/* r's reply was just queued in s's output: its writing is watched. */
+static void session_watch(session *s, request *r)
+{
+    if (r->written == NULL) {
+        return;
+    }
+    write_watch *w = xmalloc(sizeof(*w));
+    w->end = outq_end(&s->out);
+    w->cb = r->written;
+    w->arg = r->written_arg;
+    r->written = NULL;
+    list_add_tail(&s->watches, &w->node);
+    if (!list_linked(&s->watch_node)) {
+        list_add_tail(&s->f->watching, &s->watch_node);
+    }
+}
+
+/* Tell the watchers of replies the socket has taken whole; closing: tell
+ * the others theirs never will be. */
+static void session_settle_watches(session *s, int closing)
+{
+    list_node *n;
+    if (list_empty(&s->watches)) {
+        return;
+    }
+    uint64_t sent = outq_sent(&s->out, &s->io.s);
+    while ((n = list_first(&s->watches)) != NULL) {
+        write_watch *w = list_entry(n, write_watch, node);
+        int written = w->end <= sent;
+        if (!written && !closing) {
+            break;
+        }
+        list_del(n);
+        w->cb(w->arg, written);
+        free(w);
+    }
+    if (list_empty(&s->watches) && list_linked(&s->watch_node)) {
+        list_del(&s->watch_node);
+    }
+}
 
 static void session_mark_dirty(session *s)
 {
@@ -476,6 +532,8 @@ void session_flush_all(ferry *f)
         int rc = outq_flush(&s->out, &s->io.s, session_write_cb);
         if (rc < 0 || rc == OUTQ_WRITTEN) {
             session_wrote(s, rc < 0 ? rc : 0);
+        } else if (rc == OUTQ_STARTED) {
+            session_settle_watches(s, 0); /* libuv wrote what the socket took at once */
         } else if (rc == OUTQ_IDLE && s->state == SESSION_QUITTING && outq_len(&s->out) == 0) {
             session_close(s, "closed after reply");
         }
@@ -485,7 +543,7 @@ void session_flush_all(ferry *f)
 static void session_write_cb(uv_write_t *w, int status)
 {
     session *s = w->handle->data;
-    outq_done(&s->out);
+    outq_done(&s->out, status);
     if (s->state == SESSION_CLOSING) {
         return;
     }
@@ -495,6 +553,9 @@ static void session_write_cb(uv_write_t *w, int status)
 /* A write ended (status < 0: it failed), in its callback or at once. */
 static void session_wrote(session *s, int status)
 {
+    if (status >= 0) {
+        session_settle_watches(s, 0);
+    }
     session_output_shrank(s);
     session_check_tunnel(s);
     if (status < 0) {
@@ -519,6 +580,7 @@ void session_answer(session *s, request *r, const char *p, size_t n)
         buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
     if (list_first(&s->requests) == &r->sq && buf_used(&r->reply) == 0) {
         buf_append(&s->out.fill, p, n);
+        session_watch(s, r);
         if (r->flags & REQ_F_QUIT) {
             session_set_state(s, SESSION_QUITTING);
         }
@@ -553,6 +615,7 @@ void session_flush_answered(session *s)
             break;
         }
         buf_append(&s->out.fill, buf_head(&r->reply), buf_used(&r->reply));
+        session_watch(s, r);
         if (r->flags & REQ_F_QUIT) {
             session_set_state(s, SESSION_QUITTING);
         }
@@ -899,6 +962,12 @@ void session_tick(ferry *f, uint64_t now)
             list_del(n);
             session_check_reading(list_entry(n, session, mem_node));
         }
+    }
+    /* Replies someone waits for that the socket took part by part (libuv
+     * calls back only once a whole write is done). */
+    list_foreach_safe(n, t, &f->watching)
+    {
+        session_settle_watches(list_entry(n, session, watch_node), 0);
     }
     /* Oldest incomplete request first: stop at the first still in time. */
     while (cfg->request_timeout_ms > 0 && (n = list_first(&f->partial)) != NULL) {

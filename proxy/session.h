@@ -61,6 +61,9 @@ typedef struct session {
     uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at (backlog.c);
                                   0 = not holding */
     list_node dirty_node;      /* in f->dirty while it has output to write */
+    list_node watches;         /* replies whose writing someone waits for (r->written), in
+                                  output order */
+    list_node watch_node;      /* in f->watching while watches is not empty */
     resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
     buf in;                    /* bytes read, not yet parsed (no storage when empty) */
     outq out;                  /* replies to the client (no storage when empty) */

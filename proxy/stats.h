@@ -206,6 +206,15 @@ typedef enum stat_type {
       "client writes committed to the fallback store")                                             \
     X(fallback, fallback_popped, COUNTER, "ferry_fallback_popped_total",                           \
       "rows served to pops from the fallback store")                                               \
+    X(fallback, fallback_taken, GAUGE, "ferry_fallback_taken",                                     \
+      "rows popped from the fallback store whose replies are not written to their clients yet "    \
+      "(deleted once written, back in the queue if never)")                                        \
+    X(fallback, fallback_returned, COUNTER, "ferry_fallback_returned_total",                       \
+      "popped rows back in the fallback store because their replies were never written (the "      \
+      "client left first, or ferry was killed or stopped first)")                                  \
+    X(fallback, fallback_replayed_taken, COUNTER, "ferry_fallback_replayed_taken_total",           \
+      "rows replayed while a reply carrying them was still unwritten after 1 s: their consumer "   \
+      "may get them twice")                                                                        \
     X(fallback, fallback_replayed, COUNTER, "ferry_fallback_replayed_total",                       \
       "rows replayed into Redis and deleted from the store")                                       \
     X(fallback, fallback_replay_errors, COUNTER, "ferry_fallback_replay_errors_total",             \

@@ -60,7 +60,7 @@ int sconn_up(const sconn *c)
 static void write_cb(uv_write_t *w, int status)
 {
     sconn *c = w->handle->data;
-    outq_done(&c->out);
+    outq_done(&c->out, status);
     if (c->state == SC_CLOSING) {
         return;
     }

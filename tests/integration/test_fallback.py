@@ -1,10 +1,13 @@
 """The fallback store (N14): queue writes while no Redis is reachable are
 committed to ferry's own disk and acknowledged, pops are served from it, and
 everything is replayed into Redis, exactly once, once it is back; a kill -9
-of ferry with rows pending loses nothing; one store per ferry; with
-workers: N the main loop's store serves every loop."""
+of ferry with rows pending loses nothing, nor does one while consumers pop
+from the store (a popped row leaves the store only once its reply was
+written to the client's socket); one store per ferry; with workers: N the
+main loop's store serves every loop."""
 
 import os
+import socket
 import sqlite3
 import subprocess
 import threading
@@ -13,8 +16,10 @@ import unittest
 
 import redis
 
+import harness
 from failover_load import Load
-from harness import Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode, wait_until
+from harness import (Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode,
+                     resp_read_reply, wait_until)
 from test_stats import stats_json
 
 OUTAGE_CONF = {
@@ -36,6 +41,101 @@ def pending(f):
 
 def state(f):
     return stats_json(f.stats_port)['upstream']['upstream_state']
+
+
+def popped(f):
+    return stats_json(f.stats_port)['fallback']['fallback_popped']
+
+
+def wait_stable(fn, polls=6, interval=0.1, timeout=20, msg=''):
+    """Poll fn until it returns the same value polls times in a row (ferry's
+    periodic work, every 50 ms, has run meanwhile); returns that value."""
+    seen = []
+
+    def settled():
+        seen.append(fn())
+        return len(seen) >= polls and len(set(seen[-polls:])) == 1
+    wait_until(settled, timeout=timeout, interval=interval, msg=msg)
+    return seen[-1]
+
+
+def slow_consumer(f, rcvbuf=4096):
+    """A client socket with a tiny receive buffer that reads nothing until
+    told: the replies ferry writes for it pile up in ferry."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connect: no autotuning
+    s.settimeout(10)
+    s.connect(('127.0.0.1', f.port))
+    return s
+
+
+def read_to_eof(sock, timeout=20):
+    """Every byte the peer sent until it closed the connection."""
+    data = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(1 << 20)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def whole_replies(data):
+    """The complete replies (bulks, arrays of them, nils) at the start of
+    data, decoded; a reply cut short by the connection's end was not
+    delivered."""
+    def one(pos):
+        nl = data.find(b'\r\n', pos)
+        if nl < 0:
+            return None, pos
+        t, n = data[pos:pos + 1], int(data[pos + 1:nl])
+        if n < 0:
+            return (None, nl + 2) if t in b'$*' else (None, pos)
+        if t == b'$':
+            end = nl + 2 + n
+            return (data[nl + 2:end].decode(), end + 2) if len(data) >= end + 2 else (None, pos)
+        if t == b'*':
+            items, at = [], nl + 2
+            for _ in range(n):
+                v, nxt = one(at)
+                if nxt == at:
+                    return None, pos
+                items.append(v)
+                at = nxt
+            return items, at
+        return None, pos
+    out, pos = [], 0
+    while True:
+        v, nxt = one(pos)
+        if nxt == pos:
+            return out
+        out.append(v)
+        pos = nxt
+
+
+def ids_of(reply, key):
+    """Item ids in one pop's reply: LPOP/ZPOPMIN (a bulk or a list), BLPOP
+    (key and element), BZPOPMIN (key, member, score), ZPOPMIN (member,
+    score); ids are the items' prefixes before ':'."""
+    vals = reply if isinstance(reply, list) else [reply]
+    return [v.split(':')[0] for v in vals if v is not None and ':' in v and v != key]
+
+
+def kernel_bytes_bound(rcvbuf=4096):
+    """Most bytes a socket pair on this machine can hold between ferry's
+    writes and a client that reads nothing: ferry's send buffer at its
+    largest plus the client's receive buffer (the kernel doubles it)."""
+    try:
+        with open('/proc/sys/net/ipv4/tcp_wmem') as fh:
+            wmax = int(fh.read().split()[2])
+    except (OSError, ValueError, IndexError):
+        wmax = 8 << 20
+    return wmax + 2 * rcvbuf + 65536
 
 
 class FallbackTest(unittest.TestCase):
@@ -172,6 +272,221 @@ class FallbackTest(unittest.TestCase):
         wait_until(lambda: pending(f) == 0, timeout=15, msg='replay')
         left = self.redis.client().lrange('q', 0, -1)
         self.assertEqual(len(left), len(acked) - 10 + 1)
+
+    def popped_then_blocked(self, f, n, size):
+        """Whole outage: n items of size bytes acknowledged from the store,
+        then a consumer that pipelines n LPOPs and reads nothing: every pop
+        is served, most replies cannot be written. Returns (acknowledged ids
+        in push order, the consumer's socket)."""
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        acked = []
+        for i in range(n):
+            self.assertEqual(c.rpush('jobs', 'j%02d:' % i + 'x' * size), i + 1)
+            acked.append('j%02d' % i)
+        consumer = slow_consumer(f)
+        self.addCleanup(consumer.close)
+        consumer.sendall(b''.join(resp_encode('LPOP', 'jobs') for _ in range(n)))
+        wait_until(lambda: popped(f) == n, timeout=30, msg='every pop served from the store')
+        # What the socket took is written; whatever ferry does about it (the
+        # store's row count) has settled.
+        wait_stable(lambda: pending(f), msg='the store to settle')
+        return acked, consumer
+
+    def drained(self, f):
+        """Redis back, the store replayed: the ids left in the queue."""
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        return [x.split(':')[0] for x in self.redis.client().lrange('jobs', 0, -1)]
+
+    def test_kill9_ferry_while_pop_replies_unwritten(self):
+        """ferry killed (SIGKILL) while replies to pops served from the store
+        wait in ferry for consumers that do not read (a list: LPOP, BLPOP,
+        LPOP with a count; a sorted set: ZPOPMIN, BZPOPMIN): after a restart
+        and the replay, every acknowledged push was delivered or is still
+        queued, in order, none twice."""
+        f = self.start_ferry()
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        n, size = 12, 1 << 20
+        acked = {'jobs': [], 'zq': []}
+        for i in range(n):
+            c.rpush('jobs', 'j%02d:' % i + 'x' * size)
+            acked['jobs'].append('j%02d' % i)
+            c.zadd('zq', {'z%02d:' % i + 'x' * size: i})
+            acked['zq'].append('z%02d' % i)
+        pops = {
+            'jobs': [('LPOP', 'jobs'), ('BLPOP', 'jobs', '5'), ('LPOP', 'jobs', '2')] * 3,
+            'zq': [('ZPOPMIN', 'zq'), ('BZPOPMIN', 'zq', '5')] * 6,
+        }
+        consumers = {}
+        for key, cmds in pops.items():
+            consumers[key] = slow_consumer(f)
+            self.addCleanup(consumers[key].close)
+            consumers[key].sendall(b''.join(resp_encode(*cmd) for cmd in cmds))
+        wait_until(lambda: popped(f) == 2 * n, timeout=30, msg='every item popped')
+        wait_stable(lambda: pending(f), msg='the store to settle')
+        f.kill()
+        # What the kernel held for the consumers still arrives.
+        delivered = {}
+        for key, sock in consumers.items():
+            delivered[key] = [i for r in whole_replies(read_to_eof(sock)) for i in ids_of(r, key)]
+        self.redis.start()
+        f2 = self.start_ferry()
+        wait_until(lambda: pending(f2) == 0, timeout=30, msg='the replay to finish')
+        direct = self.redis.client()
+        left = {'jobs': [x.split(':')[0] for x in direct.lrange('jobs', 0, -1)],
+                'zq': [x.split(':')[0] for x in direct.zrange('zq', 0, -1)]}
+        for key in acked:
+            lost = sorted(set(acked[key]) - set(delivered[key]) - set(left[key]))
+            twice = sorted(set(delivered[key]) & set(left[key]))
+            print('\n[kill -9 with pop replies unwritten] %s: %d delivered, %d back in the '
+                  'queue, %d lost, %d twice' % (key, len(delivered[key]), len(left[key]),
+                                               len(lost), len(twice)), flush=True)
+            self.assertLess(len(delivered[key]), n, 'the test needs replies ferry had not written')
+            self.assertEqual(lost, [], 'acknowledged, popped, never delivered, not in Redis')
+            self.assertEqual(twice, [], 'delivered and queued again')
+            self.assertEqual(delivered[key] + left[key], acked[key], 'the queue order')
+
+    def test_pop_replies_unwritten_go_back_when_client_leaves(self):
+        """A consumer that leaves before ferry wrote the replies to its pops
+        (served from the store): those rows are back in the queue, in place;
+        only what the socket had taken (at most its buffers) is gone with
+        the client."""
+        f = self.start_ferry()
+        n, size = 24, 1 << 20
+        acked, consumer = self.popped_then_blocked(f, n, size)
+        consumer.close()  # unread bytes in its buffer: a reset
+        wait_until(lambda: stats_json(f.stats_port)['curr_connections'] <= 1,
+                   timeout=10, msg='ferry to see the consumer go')
+        self.redis.start()
+        left = self.drained(f)
+        gone = len(acked) - len(left)
+        print('\n[client left with pop replies unwritten] %d gone with the client, %d back'
+              % (gone, len(left)), flush=True)
+        self.assertEqual(left, acked[gone:], 'the rows not written are back, in order')
+        self.assertLessEqual(gone * size, kernel_bytes_bound(),
+                             'only what the socket buffers could hold left with the client')
+
+    def test_takeover_while_pop_replies_unwritten(self):
+        """A takeover (ferry --takeover) while a consumer's pop replies,
+        served from the store, are unwritten: the old process cannot hand
+        that client over (its output is not written), closes it at
+        shutdown_timeout_ms, and its rows are back in the queue the new
+        process opens: none lost, none twice, in order."""
+        sock_path = os.path.join(self.redis.dir, 'takeover.sock')
+        f = Ferry(self.redis, conf=dict(fallback_conf(self.path), takeover={'socket': sock_path},
+                                        shutdown_timeout_ms=1500))
+        self.addCleanup(f.kill)
+        n, size = 12, 1 << 20
+        acked, consumer = self.popped_then_blocked(f, n, size)
+        new = harness._spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
+                            os.path.join(self.redis.dir, 'new-ferry.out'))
+        self.addCleanup(lambda: (new.poll() is None and new.kill(), new.wait()))
+        wait_until(lambda: f.proc.poll() is not None, timeout=20, msg='the old ferry to exit')
+        self.assertIsNone(new.poll(), 'the new ferry runs')
+        delivered = [i for r in whole_replies(read_to_eof(consumer)) for i in ids_of(r, 'jobs')]
+        self.redis.start()
+        left = self.drained(f)  # the stats port passed to the new process
+        lost = sorted(set(acked) - set(delivered) - set(left))
+        twice = sorted(set(delivered) & set(left))
+        print('\n[takeover with pop replies unwritten] %d delivered, %d back in the queue, '
+              '%d lost, %d twice' % (len(delivered), len(left), len(lost), len(twice)),
+              flush=True)
+        self.assertLess(len(delivered), n, 'the test needs replies ferry had not written')
+        self.assertEqual(lost, [])
+        self.assertEqual(twice, [])
+        self.assertEqual(delivered + left, acked, 'the queue order')
+        self.assertIn('closed: ferry stopped', f.log())
+
+    def test_master_back_while_pop_replies_unwritten(self):
+        """Redis is back while replies to pops served from the store are
+        unwritten: the replay of those keys waits for them. A consumer that
+        reads soon gets its rows once (deleted, not replayed); one that
+        reads nothing for longer than the wait has its rows replayed, and
+        gets them twice, as counted (fallback_replayed_taken). Nothing is
+        lost; the other rows are replayed in order."""
+        f = self.start_ferry()
+        c = f.client(socket_timeout=30)
+        self.outage(f)
+        n, size, pops = 12, 1 << 20, 10
+        acked = {}
+        for key in ('fast', 'slow'):
+            acked[key] = []
+            for i in range(n):
+                c.rpush(key, '%s%02d:' % (key, i) + 'x' * size)
+                acked[key].append('%s%02d' % (key, i))
+        consumers = {}
+        for key in ('fast', 'slow'):
+            consumers[key] = slow_consumer(f)
+            self.addCleanup(consumers[key].close)
+            consumers[key].sendall(b''.join(resp_encode('LPOP', key) for _ in range(pops)))
+        wait_until(lambda: popped(f) == 2 * pops, timeout=30, msg='every pop served')
+        wait_stable(lambda: pending(f), msg='the store to settle')
+        taken = stats_json(f.stats_port)['fallback']['fallback_taken']
+        self.assertGreater(taken, 0, 'replies ferry could not write')
+        self.redis.start()
+        wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
+
+        def read_all(sock):
+            # A receive buffer of the usual size: the replies flow at once.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            got = []
+            while len(got) < pops:
+                got.append(resp_read_reply(sock, timeout=20).decode().split(':')[0])
+            return got
+        fast = read_all(consumers['fast'])
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        slow = read_all(consumers['slow'])
+        st = stats_json(f.stats_port)['fallback']
+        direct = self.redis.client()
+        left = {k: [x.split(':')[0] for x in direct.lrange(k, 0, -1)] for k in acked}
+        print('\n[master back with pop replies unwritten] %d taken at the return; fast: %d '
+              'delivered, %d left; slow: %d delivered, %d left, %d replayed while taken'
+              % (taken, len(fast), len(left['fast']), len(slow), len(left['slow']),
+                 st['fallback_replayed_taken']), flush=True)
+        self.assertEqual(fast, acked['fast'][:pops])
+        self.assertEqual(left['fast'], acked['fast'][pops:], 'replies written: not replayed')
+        self.assertEqual(slow, acked['slow'][:pops])
+        twice = [x for x in left['slow'] if x in slow]
+        self.assertEqual(left['slow'], twice + acked['slow'][pops:], 'in order, none lost')
+        self.assertGreater(len(twice), 0)
+        self.assertEqual(st['fallback_replayed_taken'], len(twice), 'each one twice, counted')
+
+    def test_kill9_ferry_under_load_in_outage(self):
+        """The run of the issue: a whole outage under 4 producers and 4
+        consumers (LPUSH / BRPOP through ferry, served from the store), ferry
+        killed (SIGKILL) and started again several times during it (its
+        clients connect again); Redis back, the replay, the drain: every
+        acknowledged push was delivered or is still queued. An item is seen
+        twice only if ferry was killed after writing the reply that carried
+        it and before deleting its row: at most one per consumer and kill."""
+        kills, consumers = 4, 4
+        f = self.start_ferry()
+        load = Load(f, 'k9', consumers=consumers, client_timeout=30).start()
+        self.addCleanup(load.stop)
+        wait_until(lambda: min(load.acks_per_producer()) > 20, timeout=20, msg='traffic')
+        self.outage(f)
+        for _ in range(kills):
+            seen = len(load.delivered)
+            wait_until(lambda: len(load.delivered) >= seen + 100, timeout=30,
+                       msg='consumers served from the store')
+            f.kill()
+            f = Ferry(self.redis, conf=fallback_conf(self.path), wait='port')
+            self.addCleanup(f.kill)
+            load.ferry = f  # its clients connect to the new one
+        wait_until(lambda: len(load.delivered) >= seen + 200, timeout=30,
+                   msg='consumers served after the last start')
+        self.redis.start()
+        wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        res = load.finish(lambda: self.redis)
+        print('\n[kill -9 x%d under load in an outage] %s' % (kills, res.summary('k9')),
+              flush=True)
+        self.assertEqual(res.lost, [], 'acknowledged, never delivered, not queued:\n%s'
+                         % res.lost_text())
+        self.assertEqual(res.phantom, [])
+        self.assertTrue(all(n == 2 for n in res.duplicates.values()), res.dup_text())
+        self.assertLessEqual(len(res.duplicates), kills * consumers, res.dup_text())
 
     def test_kill9_ferry_mid_replay_applies_each_row_once(self):
         f = self.start_ferry()

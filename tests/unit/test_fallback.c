@@ -4,7 +4,9 @@
  * ordering, replay bookkeeping (read / delete_upto), persistence and ids
  * across reopen, the per-key index, the file lock, a full store and its
  * recovery, a failed write, corrupt files, binary bytes, close with work in
- * flight, and the dump. */
+ * flight, and the dump; rows a pop took stay until confirmed, go back in
+ * place when released or when the store is opened again (a kill), also in
+ * a full store; a version 1 file is brought up to date. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,6 +43,7 @@ typedef struct got_item {
     char member[MAX_BYTES]; /* member bytes */
     size_t memberlen;       /* bytes */
     double score;           /* ZADD rows */
+    int taken;              /* read: taken by a pop */
 } got_item;
 
 /* What one operation's callback reported. */
@@ -92,6 +95,7 @@ static void record_cb(void *arg, int status, const char *errstr, const fallback_
         memcpy(g->member, it->member, it->memberlen < MAX_BYTES ? it->memberlen : MAX_BYTES);
         g->memberlen = it->memberlen; /* the bytes kept are at most MAX_BYTES */
         g->score = it->score;
+        g->taken = it->taken;
         assert_true(it->ts_ms > 1600000000000LL);
     }
     if (r->fx->fb != NULL) {
@@ -139,6 +143,28 @@ static void push(fixture *fx, int kind, const char *key, const char *const *m, c
 static void pop(fixture *fx, int end, const char *key, size_t count, rec *r)
 {
     fallback_pop(fx->fb, end, key, strlen(key), count, record_cb, r);
+}
+
+/* Confirm (or release) every row the n recorded operations from r on took
+ * (pushes took none), and run until it is done; out gets the result. */
+static void settle(fixture *fx, const rec *r, size_t n, int confirm, rec *out)
+{
+    int64_t ids[8 * MAX_ITEMS];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < r[i].nitems && j < MAX_ITEMS; j++) {
+            assert_true(k < sizeof(ids) / sizeof(ids[0]));
+            ids[k++] = r[i].items[j].id;
+        }
+    }
+    rec_init(fx, out, 1);
+    if (confirm) {
+        fallback_confirm(fx->fb, ids, k, record_cb, out);
+    } else {
+        fallback_release(fx->fb, ids, k, record_cb, out);
+    }
+    run_until(fx, &out->calls, 1);
+    assert_int_equal(out->status, 0);
 }
 
 /* The recorded items' members joined with spaces. */
@@ -289,8 +315,20 @@ static void test_list_semantics(void **state)
     assert_ok(&r[7], 0);
     assert_int_equal(r[7].nitems, 0);
     assert_ok(&r[8], 0);
+    /* Popped rows are taken, not gone, until their replies are confirmed. */
+    assert_int_equal(fallback_key_ready(fx->fb, "k", 1), 0);
+    assert_int_equal(fallback_key_rows(fx->fb, "k", 1), 7);
+    rec done;
+    settle(fx, r, 9, 1, &done);
+    assert_ok(&done, 7);
     assert_int_equal(fallback_key_rows(fx->fb, "k", 1), 0);
     assert_int_equal(fallback_rows(fx->fb), 0);
+    fallback_stats st;
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.popped, 7);
+    assert_int_equal(st.confirmed, 7);
+    assert_int_equal(st.taken, 0);
+    assert_int_equal(st.bytes, 0);
 }
 
 /* Redis: RPUSH src a b c; LMOVE src dst RIGHT LEFT -> c; LMOVE src dst
@@ -323,6 +361,14 @@ static void test_move(void **state)
     assert_ok(&r[6], 2);
     assert_string_equal(members(&r[6]), "c a");
     assert_int_equal(r[7].status, UV_EINVAL);
+    /* A move deletes its source row at once (its element is in the
+     * destination): only the pops' rows are taken. */
+    assert_int_equal(fallback_key_ready(fx->fb, "src", 3), 0);
+    assert_int_equal(fallback_key_ready(fx->fb, "dst", 3), 0);
+    assert_int_equal(fallback_rows(fx->fb), 3);
+    rec done;
+    settle(fx, &r[5], 2, 1, &done);
+    assert_ok(&done, 3);
     assert_int_equal(fallback_key_rows(fx->fb, "src", 3), 0);
     assert_int_equal(fallback_key_rows(fx->fb, "dst", 3), 0);
     assert_int_equal(fallback_rows(fx->fb), 0);
@@ -373,10 +419,199 @@ static void test_zset_semantics(void **state)
     assert_string_equal(members(&r[10]), "x w y");
     assert_true(isinf(r[10].items[0].score) && r[10].items[0].score < 0);
     assert_ok(&r[11], 0);
+    assert_int_equal(fallback_key_ready(fx->fb, "z", 1), 1); /* c */
+    assert_int_equal(fallback_key_ready(fx->fb, "t", 1), 0);
+    assert_int_equal(fallback_key_ready(fx->fb, "s", 1), 0);
+    rec done;
+    settle(fx, r, 12, 1, &done);
+    assert_ok(&done, 3 + 4 + 3);
     assert_int_equal(fallback_key_rows(fx->fb, "z", 1), 1); /* c */
     assert_int_equal(fallback_key_rows(fx->fb, "t", 1), 0);
     assert_int_equal(fallback_key_rows(fx->fb, "s", 1), 0);
     assert_int_equal(fallback_rows(fx->fb), 1);
+}
+
+/* ---------------------------------------------------------------------------
+ * Taken rows: confirmed, released, back after a restart
+ * ------------------------------------------------------------------------ */
+
+/* Redis: RPUSH q a b c d; LPOP q 2 -> a b; RPOP q -> d; LPUSH q x -> 2
+ * (x c). The pops' replies: a b never written (released), d written
+ * (confirmed). a and b are back where they were, behind x that was pushed
+ * past them: LPOP q 10 -> x a b c. A confirm or release of a row that is
+ * not taken does nothing. A sorted-set member added again while taken keeps
+ * its new score when the old row is released. */
+static void test_confirm_release(void **state)
+{
+    fixture *fx = *state;
+    rec r[12], c[4];
+    fallback_stats st;
+    rec_init(fx, r, 12);
+    push(fx, FB_RPUSH, "q", (const char *[]){"a", "b", "c", "d"}, NULL, 4, &r[0]);
+    pop(fx, FB_HEAD, "q", 2, &r[1]);
+    pop(fx, FB_TAIL, "q", 1, &r[2]);
+    push(fx, FB_LPUSH, "q", (const char *[]){"x"}, NULL, 1, &r[3]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m", "n"}, (double[]){1, 2}, 2, &r[4]);
+    pop(fx, FB_MIN, "z", 1, &r[5]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m"}, (double[]){7}, 1, &r[6]);
+    run_until(fx, &fx->done, 7);
+    assert_string_equal(members(&r[1]), "a b");
+    assert_string_equal(members(&r[2]), "d");
+    assert_ok(&r[3], 2);
+    assert_string_equal(members(&r[5]), "m");
+    assert_ok(&r[6], 1); /* m was popped: added, not updated */
+    assert_int_equal(fallback_key_rows(fx->fb, "q", 1), 5);
+    assert_int_equal(fallback_key_ready(fx->fb, "q", 1), 2);
+    assert_int_equal(fallback_key_rows(fx->fb, "z", 1), 3);
+    assert_int_equal(fallback_key_ready(fx->fb, "z", 1), 2);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.taken, 4);
+
+    settle(fx, &r[1], 1, 0, &c[0]);
+    assert_ok(&c[0], 2);
+    settle(fx, &r[2], 1, 1, &c[1]);
+    assert_ok(&c[1], 1);
+    settle(fx, &r[1], 2, 1, &c[2]); /* none of them is taken any more */
+    assert_ok(&c[2], 0);
+    settle(fx, &r[5], 1, 0, &c[3]); /* m has a row again: the old one goes */
+    assert_ok(&c[3], 1);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.taken, 0);
+    assert_int_equal(st.confirmed, 1);
+    assert_int_equal(st.released, 3);
+    assert_int_equal(st.rows, 4 + 2);
+    assert_int_equal(fallback_key_ready(fx->fb, "q", 1), 4);
+    assert_int_equal(fallback_key_ready(fx->fb, "z", 1), 2);
+
+    fx->done = 7;
+    pop(fx, FB_HEAD, "q", 10, &r[7]);
+    pop(fx, FB_MIN, "z", 10, &r[8]);
+    push(fx, FB_RPUSH, "q", (const char *[]){"e"}, NULL, 1, &r[9]);
+    run_until(fx, &fx->done, 10);
+    assert_string_equal(members(&r[7]), "x a b c");
+    assert_string_equal(members(&r[8]), "n m");
+    assert_true(r[8].items[1].score == 7);
+    assert_ok(&r[9], 1);
+}
+
+/* ferry killed with rows taken (their replies never known written): the
+ * next open puts them back in place, counted in stats.released; a
+ * sorted-set member added again meanwhile is there once, with its new
+ * score. The store closes without confirming here, as a kill would leave
+ * it (only a confirm or release already queued runs at close). */
+static void test_taken_back_on_reopen(void **state)
+{
+    fixture *fx = *state;
+    rec r[8];
+    fallback_stats st;
+    rec_init(fx, r, 8);
+    push(fx, FB_RPUSH, "l", (const char *[]){"1", "2", "3", "4"}, NULL, 4, &r[0]);
+    pop(fx, FB_HEAD, "l", 2, &r[1]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m"}, (double[]){1}, 1, &r[2]);
+    pop(fx, FB_MIN, "z", 1, &r[3]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m"}, (double[]){5}, 1, &r[4]);
+    run_until(fx, &fx->done, 5);
+    assert_string_equal(members(&r[1]), "1 2");
+    store_reopen(fx);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.released, 3);
+    assert_int_equal(st.taken, 0);
+    assert_int_equal(st.rows, 4 + 1);
+    assert_int_equal(fallback_key_ready(fx->fb, "l", 1), 4);
+    assert_int_equal(fallback_key_ready(fx->fb, "z", 1), 1);
+    pop(fx, FB_HEAD, "l", 10, &r[5]);
+    pop(fx, FB_MIN, "z", 10, &r[6]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[7]);
+    run_until(fx, &fx->done, 8);
+    assert_string_equal(members(&r[5]), "1 2 3 4");
+    assert_int_equal(r[5].items[0].id, r[1].items[0].id); /* the same rows */
+    assert_string_equal(members(&r[6]), "m");
+    assert_true(r[6].items[0].score == 5);
+    assert_int_equal(r[7].nitems, 5); /* read shows taken rows, marked */
+    for (size_t i = 0; i < r[7].nitems; i++) {
+        assert_int_equal(r[7].items[i].taken, 1);
+    }
+}
+
+/* Confirms and releases still queued when the store closes run in one last
+ * transaction: the confirmed row is gone, the released one back. */
+static void test_close_settles_queued(void **state)
+{
+    fixture *fx = *state;
+    rec r[4];
+    rec_init(fx, r, 4);
+    push(fx, FB_RPUSH, "l", (const char *[]){"1", "2"}, NULL, 2, &r[0]);
+    pop(fx, FB_HEAD, "l", 1, &r[1]);
+    pop(fx, FB_HEAD, "l", 1, &r[2]);
+    run_until(fx, &fx->done, 3);
+    fallback_confirm(fx->fb, &r[1].items[0].id, 1, NULL, NULL);
+    fallback_release(fx->fb, &r[2].items[0].id, 1, NULL, NULL);
+    store_reopen(fx);
+    fallback_stats st;
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.released, 0); /* nothing was left taken */
+    assert_int_equal(fallback_rows(fx->fb), 1);
+    pop(fx, FB_HEAD, "l", 10, &r[3]);
+    run_until(fx, &fx->done, 4);
+    assert_string_equal(members(&r[3]), "2");
+}
+
+/* A store written by a ferry of schema version 1 (no taken column) is
+ * brought up to date when opened: rows, ids and order kept; the dump reads
+ * either version. */
+static void test_upgrade_v1(void **state)
+{
+    fixture *fx = *state;
+    sqlite3 *db;
+    rec r[3];
+    char *text = NULL, err[256];
+    size_t textlen = 0;
+    store_close(fx);
+    unlink(fx->path);
+    assert_int_equal(sqlite3_open(fx->path, &db), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db,
+                     "PRAGMA journal_mode = WAL;"
+                     "CREATE TABLE rows (id INTEGER PRIMARY KEY AUTOINCREMENT, key BLOB NOT NULL,"
+                     " kind INTEGER NOT NULL, member BLOB NOT NULL, score REAL, pos INTEGER,"
+                     " ts INTEGER NOT NULL);"
+                     "CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;"
+                     "CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;"
+                     "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3;"
+                     "CREATE INDEX rows_key ON rows(key, id);"
+                     "PRAGMA application_id = 1179800153; PRAGMA user_version = 1;"
+                     "INSERT INTO rows(key, kind, member, score, pos, ts) VALUES"
+                     " (CAST('l' AS BLOB), 2, CAST('a' AS BLOB), NULL, 0, 1700000000000),"
+                     " (CAST('z' AS BLOB), 3, CAST('m' AS BLOB), 2.5, NULL, 1700000000000),"
+                     " (CAST('l' AS BLOB), 2, CAST('b' AS BLOB), NULL, 1, 1700000000000);",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+    FILE *out = open_memstream(&text, &textlen);
+    assert_int_equal(fallback_dump(fx->path, out, err, sizeof(err)), 0);
+    fclose(out);
+    assert_non_null(strstr(text, "RPUSH \"l\" \"b\""));
+    free(text);
+    assert_int_equal(store_open(fx, 0), 0);
+    assert_int_equal(fallback_rows(fx->fb), 3);
+    rec_init(fx, r, 3);
+    pop(fx, FB_HEAD, "l", 10, &r[0]);
+    pop(fx, FB_MIN, "z", 10, &r[1]);
+    push(fx, FB_ZADD, "z", (const char *[]){"m"}, (double[]){9}, 1, &r[2]);
+    run_until(fx, &fx->done, 3);
+    assert_string_equal(members(&r[0]), "a b");
+    assert_int_equal(r[0].items[1].id, 3);
+    assert_string_equal(members(&r[1]), "m");
+    assert_ok(&r[2], 1);
+    store_reopen(fx); /* taken rows back; the zset member once, with score 9 */
+    assert_int_equal(fallback_rows(fx->fb), 3);
+    assert_int_equal(sqlite3_open(fx->path, &db), SQLITE_OK);
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(s, 0), 2);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
 }
 
 /* ---------------------------------------------------------------------------
@@ -446,8 +681,10 @@ static void test_group_commit(void **state)
     assert_int_equal(st.commit_errors, 0);
     assert_int_equal(st.written, GC_OPS / 3 * 2 + GC_CHAINED);
     assert_int_equal(st.popped, GC_OPS / 3);
-    assert_int_equal(st.rows, GC_OPS / 3 + GC_CHAINED);
-    assert_int_equal(fallback_key_rows(fx->fb, "q", 1), GC_OPS / 3);
+    assert_int_equal(st.taken, GC_OPS / 3);
+    assert_int_equal(st.rows, GC_OPS / 3 * 2 + GC_CHAINED); /* the taken ones included */
+    assert_int_equal(fallback_key_rows(fx->fb, "q", 1), GC_OPS / 3 * 2);
+    assert_int_equal(fallback_key_ready(fx->fb, "q", 1), GC_OPS / 3);
     assert_true(st.commit_us_sum > 0 && st.commit_us_max > 0);
     assert_true(st.commit_us_max <= st.commit_us_sum);
 }
@@ -558,6 +795,9 @@ static void test_persistence(void **state)
     push(fx, FB_ZADD, "z", (const char *[]){"m", "n"}, (double[]){7, 3}, 2, &r[1]);
     pop(fx, FB_HEAD, "l", 1, &r[2]);
     run_until(fx, &fx->done, 3);
+    rec done;
+    settle(fx, &r[2], 1, 1, &done);
+    fx->done = 3;
     store_reopen(fx);
     assert_int_equal(fallback_rows(fx->fb), 4);
     assert_int_equal(fallback_key_rows(fx->fb, "l", 1), 2);
@@ -580,7 +820,7 @@ static void test_persistence(void **state)
     assert_string_equal(members(&r[6]), "n");
     fallback_delete_upto(fx->fb, 100, record_cb, &r[7]);
     run_until(fx, &fx->done, 8);
-    assert_ok(&r[7], 1);
+    assert_ok(&r[7], 5); /* taken rows too: the replay has them */
     assert_int_equal(fallback_rows(fx->fb), 0);
     store_reopen(fx);
     fallback_get_stats(fx->fb, &st);
@@ -618,6 +858,10 @@ static void test_key_index_reopen(void **state)
         total += want[i];
     }
     run_until(fx, &fx->done, 2 * KI_KEYS);
+    for (int i = 0; i < KI_KEYS; i += 4) {
+        rec done;
+        settle(fx, &r[KI_KEYS + i], 1, 1, &done);
+    }
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < KI_KEYS; i++) {
             snprintf(key, sizeof(key), "key:%d", i);
@@ -667,8 +911,9 @@ static void test_lock_conflict(void **state)
 #define FULL_POPPED 24
 
 /* A store bounded to 96 KiB: pushes of 1 KiB fill it, the failing group's
- * writes all get ENOSPC and none of them is stored; pops still work, and
- * after they freed space pushes are accepted again. */
+ * writes all get ENOSPC and none of them is stored; pops still work (taking
+ * a row needs no space), and once their replies are confirmed (the rows
+ * deleted) pushes are accepted again. */
 static void test_max_bytes(void **state)
 {
     fixture *fx = *state;
@@ -711,6 +956,10 @@ static void test_max_bytes(void **state)
     pop(fx, FB_HEAD, "big", FULL_POPPED, &one[0]);
     run_until(fx, &fx->done, 1);
     assert_ok(&one[0], FULL_POPPED);
+    rec done;
+    settle(fx, &one[0], 1, 1, &done);
+    assert_ok(&done, FULL_POPPED);
+    fx->done = 1;
     fallback_push(fx->fb, FB_RPUSH, "big", 3, m, &len, NULL, 1, record_cb, &one[1]);
     fallback_push(fx->fb, FB_RPUSH, "big", 3, m, &len, NULL, 1, record_cb, &one[2]);
     fallback_read(fx->fb, 0, 1000, record_cb, &one[3]);
@@ -1028,6 +1277,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_list_semantics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zset_semantics, setup, teardown),
         cmocka_unit_test_setup_teardown(test_move, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_confirm_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_taken_back_on_reopen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_settles_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upgrade_v1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_delete, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_key_upto, setup, teardown),

@@ -1,8 +1,9 @@
 /* test_outq.c - unit tests for the output queue of proxy/buf.c on a real
  * socket pair: a write the socket takes whole is done at once (no callback,
  * no storage kept), a write larger than the socket buffer goes on in
- * flight with its callback and arrives whole and in order, and a write to
- * a peer that left fails at once with the error. */
+ * flight with its callback and arrives whole and in order (the bytes the
+ * socket took so far counted as they go), and a write to a peer that left
+ * fails at once with the error. */
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,7 +36,7 @@ typedef struct pair {
 static void write_cb(uv_write_t *w, int status)
 {
     pair *p = w->handle->data;
-    outq_done(&p->q);
+    outq_done(&p->q, status);
     p->callbacks++;
     p->status = status;
 }
@@ -93,6 +94,8 @@ static void test_small_write_done_at_once(void **state)
     assert_null(p.q.fill.data); /* nothing queued: no storage kept */
     assert_null(p.q.busy.data);
     assert_int_equal(outq_len(&p.q), 0);
+    assert_int_equal(outq_sent(&p.q, (uv_stream_t *)&p.pipe), 7);
+    assert_int_equal(outq_end(&p.q), 7);
     uv_run(&p.loop, UV_RUN_NOWAIT);
     assert_int_equal(p.callbacks, 0); /* no write request, no callback */
     unsigned char got[16];
@@ -118,8 +121,13 @@ static void test_big_write_in_flight_arrives_in_order(void **state)
     buf_append(&p.q.fill, want, BIG);
     assert_int_equal(outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb), OUTQ_STARTED);
     assert_int_equal(p.q.writing, 1);
+    /* The socket took what its buffers hold: counted, though the write
+     * goes on. */
+    uint64_t sent = outq_sent(&p.q, (uv_stream_t *)&p.pipe);
+    assert_true(sent > 0 && sent < BIG);
     /* More bytes while the write is in flight wait for its callback. */
     buf_append(&p.q.fill, want + BIG, BIG);
+    assert_int_equal(outq_end(&p.q), 2 * BIG);
     assert_int_equal(outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb), OUTQ_IDLE);
     size_t have = 0;
     int turns = 0;
@@ -128,8 +136,13 @@ static void test_big_write_in_flight_arrives_in_order(void **state)
         uv_run(&p.loop, UV_RUN_NOWAIT);
         int rc = outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb);
         assert_true(rc == OUTQ_STARTED || rc == OUTQ_IDLE || rc == OUTQ_WRITTEN);
+        uint64_t now = outq_sent(&p.q, (uv_stream_t *)&p.pipe);
+        assert_true(now >= sent && now >= have && now <= outq_end(&p.q)); /* never backwards */
+        sent = now;
     }
     assert_int_equal(have, 2 * BIG);
+    assert_int_equal(outq_sent(&p.q, (uv_stream_t *)&p.pipe), 2 * BIG);
+    assert_int_equal(p.q.written, 2 * BIG);
     assert_memory_equal(got, want, 2 * BIG);
     assert_true(p.callbacks >= 1);
     assert_int_equal(p.status, 0);
