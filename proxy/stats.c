@@ -20,6 +20,7 @@
 #include "ferry.h"
 #include "log.h"
 #include "outage.h"
+#include "queues.h"
 #include "replicas.h"
 #include "sentinel.h"
 #include "server.h"
@@ -188,6 +189,10 @@ void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, ui
 void stats_add(ferry_stats *dst, const ferry_stats *src)
 {
     FERRY_STATS(STATS_ADD)
+    for (int i = 0; i < CONFIG_MAX_QUEUES; i++) {
+        dst->queue_pushes[i] += src->queue_pushes[i];
+        dst->queue_pops[i] += src->queue_pops[i];
+    }
     if (src->held_bytes_peak > dst->held_bytes_peak) {
         dst->held_bytes_peak = src->held_bytes_peak;
     }
@@ -375,6 +380,14 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
         }
         st->sentinel_quorum_ok = (uint64_t)sentinel_quorum_ok(f->sentinel);
     }
+    queue_sampler_view qv;
+    queues_sampler(f, &qv);
+    st->queue_keys_tracked = (uint64_t)queues_nkeys(f);
+    st->queue_keys = st->queue_keys_tracked;
+    st->queues = (uint64_t)f->cfg->nqueues;
+    st->queue_sampling = (uint64_t)qv.active;
+    st->queue_sample_rounds = qv.rounds;
+    st->queue_keys_probed = qv.keys_probed;
     snprintf(st->upstream_state, sizeof(st->upstream_state), "DOWN");
     if (up == NULL) {
         return;
@@ -429,6 +442,92 @@ static void json_replicas(ferry *f, buf *b)
                      v.enforced ? "true" : "false", (unsigned long long)since);
         json_string(b, v.last_error);
         buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
+}
+
+/* Unix time in ms of the uv_now() instant then_ms. */
+static uint64_t unix_ms_of(const ferry *f, uint64_t then_ms)
+{
+    uv_timeval64_t tv;
+    if (uv_gettimeofday(&tv) != 0) {
+        return 0;
+    }
+    uint64_t unix_now = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+    uint64_t ago = uv_now(f->loop) - then_ms;
+    return unix_now > ago ? unix_now - ago : 0;
+}
+
+/* The ring of recent switches of the master view, oldest first. */
+static void json_recent(ferry *f, buf *b)
+{
+    const upstream *up = f->up;
+    uint64_t n = up != NULL ? up->nrecent : 0;
+    uint64_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
+    uint64_t now = uv_now(f->loop);
+    buf_append_str(b, "[");
+    for (uint64_t i = first; i < n; i++) {
+        const switch_record *sw = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+        uint64_t end = sw->end_ms != 0 ? sw->end_ms : now;
+        stats_printf(b,
+                     "%s{\"start\":%llu,\"end\":%llu,\"duration_ms\":%llu,\"went_down\":%s,"
+                     "\"reason\":",
+                     i > first ? "," : "", (unsigned long long)unix_ms_of(f, sw->start_ms),
+                     (unsigned long long)(sw->end_ms != 0 ? unix_ms_of(f, sw->end_ms) : 0),
+                     (unsigned long long)(end - sw->start_ms), sw->went_down ? "true" : "false");
+        json_string(b, sw->reason);
+        buf_append_str(b, ",\"from\":");
+        json_string(b, sw->from);
+        buf_append_str(b, ",\"to\":");
+        json_string(b, sw->to);
+        buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
+}
+
+/* Sum of the sampled lengths of entry q's keys. */
+static uint64_t queue_length(const ferry *f, int q)
+{
+    uint64_t sum = 0;
+    queue_key_view v;
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        sum += v.queue == q ? v.length : 0;
+    }
+    return sum;
+}
+
+/* The entries of queues: with their counters and summed lengths. */
+static void json_queues(ferry *f, const ferry_stats *st, buf *b)
+{
+    const config *cfg = f->cfg;
+    buf_append_str(b, "[");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(b, q > 0 ? ",{\"keys\":[" : "{\"keys\":[");
+        for (int g = 0; g < cfg->queues[q].nkeys; g++) {
+            if (g > 0) {
+                buf_append_str(b, ",");
+            }
+            json_string(b, cfg->queues[q].keys[g]);
+        }
+        stats_printf(b, "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu}",
+                     (unsigned long long)st->queue_pushes[q], (unsigned long long)st->queue_pops[q],
+                     (unsigned long long)queue_length(f, q));
+    }
+    buf_append_str(b, "]");
+}
+
+/* Every key sampled, with its length. */
+static void json_queue_keys(ferry *f, buf *b)
+{
+    uint64_t now = uv_now(f->loop);
+    queue_key_view v;
+    buf_append_str(b, "[");
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        buf_append_str(b, i > 0 ? ",{\"key\":" : "{\"key\":");
+        json_string(b, v.key);
+        stats_printf(b, ",\"queue\":%d,\"type\":\"%s\",\"length\":%llu,\"age_ms\":%llu}", v.queue,
+                     v.type, (unsigned long long)v.length,
+                     (unsigned long long)(v.sampled_ms != 0 ? now - v.sampled_ms : 0));
     }
     buf_append_str(b, "]");
 }
@@ -495,9 +594,15 @@ void stats_render_json(ferry *f, buf *out)
         case STAT_HISTOGRAM:
             json_histogram(out, stat_hist(st, d));
             break;
-        case STAT_NODES: /* durability.replicas, worker_loops */
+        case STAT_NODES: /* durability.replicas, worker_loops, failover.recent, queues */
             if (strcmp(d->name, "worker_loops") == 0) {
                 json_loops(f, out);
+            } else if (strcmp(d->name, "recent") == 0) {
+                json_recent(f, out);
+            } else if (strcmp(d->name, "queues") == 0) {
+                json_queues(f, st, out);
+            } else if (strcmp(d->name, "queue_keys") == 0) {
+                json_queue_keys(f, out);
             } else {
                 json_replicas(f, out);
             }
@@ -560,6 +665,55 @@ static void prom_histogram(buf *b, const stat_desc *d, const stats_histogram *h)
     stats_printf(b, "%s_count %llu\n", d->prom, (unsigned long long)h->count);
 }
 
+/* A label value list "keys" of entry q: its globs joined by commas. */
+static void prom_queue_label(buf *b, const config *cfg, int q)
+{
+    for (int g = 0; g < cfg->queues[q].nkeys; g++) {
+        if (g > 0) {
+            buf_append_str(b, ",");
+        }
+        prom_escape(b, cfg->queues[q].keys[g], 1);
+    }
+}
+
+/* The queues' families: labelled, so outside the FERRY_STATS list. */
+static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
+{
+    const config *cfg = f->cfg;
+    queue_key_view v;
+    if (cfg->nqueues == 0) {
+        return;
+    }
+    prom_header(out, "ferry_queue_pushes_total",
+                "push commands (LPUSH, RPUSH, ZADD, XADD, the push side of LMOVE...) on the keys "
+                "of a queues: entry through ferry",
+                "counter");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(out, "ferry_queue_pushes_total{keys=\"");
+        prom_queue_label(out, cfg, q);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pushes[q]);
+    }
+    prom_header(out, "ferry_queue_pops_total",
+                "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the keys "
+                "of a queues: entry through ferry",
+                "counter");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(out, "ferry_queue_pops_total{keys=\"");
+        prom_queue_label(out, cfg, q);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pops[q]);
+    }
+    prom_header(out, "ferry_queue_length",
+                "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",
+                "gauge");
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        buf_append_str(out, "ferry_queue_length{queue=\"");
+        prom_escape(out, v.key, 1);
+        buf_append_str(out, "\",keys=\"");
+        prom_queue_label(out, cfg, v.queue);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)v.length);
+    }
+}
+
 void stats_render_prometheus(ferry *f, buf *out)
 {
     ferry_stats *st = xmalloc(sizeof(*st));
@@ -597,6 +751,7 @@ void stats_render_prometheus(ferry *f, buf *out)
         }
         i++;
     }
+    prom_queues(f, st, out);
     free(st);
 }
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "config.h"
+
 struct buf;
 struct command;
 struct ferry;
@@ -167,6 +169,10 @@ typedef enum stat_type {
       "why the master was last lost or switched (live)")                                           \
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
+    X(failover, recent, NODES, "",                                                                 \
+      "the last 16 switches of the master view, oldest first: start and end (unix time in ms; "    \
+      "end 0 while in progress), duration_ms, went_down (it reached DOWN), reason, from (the "     \
+      "master lost), to (the master UP after it) (live)")                                          \
                                                                                                    \
     X(durability, aof_enforced, BOOL, "ferry_durability_aof_enforced",                             \
       "appendonly/appendfsync asserted on the current master (live)")                              \
@@ -212,7 +218,24 @@ typedef enum stat_type {
     X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
       "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
-      "group commits that failed (disk full, I/O error): nothing of them acknowledged")
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")           \
+                                                                                                   \
+    X(queues, queues, NODES, "",                                                                   \
+      "per entry of queues: (in order): keys (its globs), pushes and pops (push and pop "          \
+      "commands on its keys through ferry, every loop; Prometheus ferry_queue_pushes_total and "   \
+      "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths) (live)")         \
+    X(queues, queue_keys, NODES, "",                                                               \
+      "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
+      "sampled); Prometheus ferry_queue_length by queue (the key) (live)")                         \
+    X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
+      "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
+    X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \
+      "1 while lengths are sampled on an UP master; 0: paused (live)")                            \
+    X(queues, queue_sample_rounds, COUNTER, "ferry_queue_sample_rounds_total",                     \
+      "sampling rounds sent to the master: one SCAN, or up to keys_per_round TYPE and length "     \
+      "calls (live)")                                                                              \
+    X(queues, queue_keys_probed, COUNTER, "ferry_queue_keys_probed_total",                         \
+      "keys whose length was asked of the master (live)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */
@@ -238,6 +261,8 @@ typedef struct stats_histogram {
 
 typedef struct ferry_stats {
     FERRY_STATS(STATS_FIELD) /* one field per stat, commented in FERRY_STATS */
+    uint64_t queue_pushes[CONFIG_MAX_QUEUES]; /* per entry of queues: (queues.c) */
+    uint64_t queue_pops[CONFIG_MAX_QUEUES];
 } ferry_stats;
 
 /* Count a parsed request by its command's class (cmd NULL: unknown). */
