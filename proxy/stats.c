@@ -2,7 +2,9 @@
  * the JSON document, the Prometheus text exposition, --describe-stats, and
  * the stats port: a listener on ferry's loop that answers a silent (plain)
  * connection with the JSON document, nutcracker style, and an HTTP GET with
- * /metrics, /stats or /healthz.
+ * /metrics, /stats or /healthz, or / (the live page: proxy/page.html, built
+ * in, which polls /stats; a text summary inside it serves a browser without
+ * JavaScript).
  *
  *   accept --> READING --(200 ms of silence, or not HTTP)--> JSON --+
  *                 \--(GET request line + headers)--> route ---------+
@@ -36,6 +38,11 @@
 #define STATS_LINGER_MS 1000          /* after the response, wait this long for EOF */
 #define STATS_GATHER_MS 100           /* at most this long for every loop's figures */
 #define STATS_GATHER_POLL_MS 1        /* how often a gathering request looks */
+
+/* The page (generated from proxy/page.html at build time). */
+extern const char ferry_page_html[];
+extern const size_t ferry_page_html_len;
+#define PAGE_SUMMARY_MARK "<!--FERRY_SUMMARY-->"
 
 typedef struct stat_desc {
     const char *section; /* JSON object it belongs to ("top": the document) */
@@ -936,12 +943,81 @@ static int healthz(ferry *f, buf *body)
     return 503;
 }
 
+/* Append s to b with &, < and > escaped (text inside the page's <pre>). */
+static void html_escape(buf *b, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '&') {
+            buf_append_str(b, "&amp;");
+        } else if (s[i] == '<') {
+            buf_append_str(b, "&lt;");
+        } else if (s[i] == '>') {
+            buf_append_str(b, "&gt;");
+        } else {
+            buf_append(b, &s[i], 1);
+        }
+    }
+}
+
+/* The figures in a few lines of text, for the page without JavaScript. */
+static void page_summary(ferry *f, buf *text)
+{
+    ferry_stats *st = xmalloc(sizeof(*st));
+    queue_key_view v;
+    healthz(f, text);
+    stats_snapshot(f, st);
+    stats_printf(text, "epoch %llu, %llu failover(s), last %llu ms: %s\n",
+                 (unsigned long long)st->epoch, (unsigned long long)st->failovers,
+                 (unsigned long long)st->failover_last_ms, st->failover_last_reason);
+    stats_printf(text, "clients %llu, commands %llu, held bytes %llu, loops %llu\n",
+                 (unsigned long long)st->curr_connections, (unsigned long long)st->commands_total,
+                 (unsigned long long)st->held_bytes, (unsigned long long)st->workers);
+    stats_printf(text, "AOF asserted on the master: %s; replicas enforced %llu of %llu\n",
+                 st->aof_enforced ? "yes" : "no", (unsigned long long)st->replicas_enforced,
+                 (unsigned long long)st->replicas_known);
+    if (st->sentinels_configured > 0) {
+        stats_printf(text, "sentinels reachable %llu of %llu known: quorum %s\n",
+                     (unsigned long long)st->sentinels_reachable,
+                     (unsigned long long)st->sentinels_known,
+                     st->sentinel_quorum_ok ? "OK" : "LOST");
+    }
+    stats_printf(text, "fallback store: %llu row(s) pending, oldest %llu ms, %llu replayed\n",
+                 (unsigned long long)st->fallback_pending,
+                 (unsigned long long)st->fallback_oldest_ms,
+                 (unsigned long long)st->fallback_replayed);
+    stats_printf(text, "memory held for clients %llu of %llu bytes (0 = no limit)\n",
+                 (unsigned long long)st->memory_clients, (unsigned long long)st->max_memory);
+    for (size_t i = 0; queues_key(f, i, &v) && i < 50; i++) {
+        stats_printf(text, "queue %s (%s): %llu\n", v.key, v.type, (unsigned long long)v.length);
+    }
+    free(st);
+}
+
+/* GET /: the built-in page with the text summary in its <noscript>. */
+static void render_page(ferry *f, buf *body)
+{
+    const char *mark = strstr(ferry_page_html, PAGE_SUMMARY_MARK);
+    if (mark == NULL) {
+        buf_append(body, ferry_page_html, ferry_page_html_len);
+        return;
+    }
+    buf text;
+    buf_init(&text);
+    page_summary(f, &text);
+    buf_append(body, ferry_page_html, (size_t)(mark - ferry_page_html));
+    html_escape(body, buf_head(&text), buf_used(&text));
+    const char *rest = mark + strlen(PAGE_SUMMARY_MARK);
+    buf_append(body, rest, ferry_page_html_len - (size_t)(rest - ferry_page_html));
+    buf_free(&text);
+}
+
 /* What a request asks for. */
 enum {
     ROUTE_PLAIN = 0, /* not HTTP: the JSON figures, as is */
     ROUTE_METRICS,   /* GET /metrics */
     ROUTE_STATS,     /* GET /stats */
     ROUTE_HEALTHZ,   /* GET /healthz */
+    ROUTE_PAGE,      /* GET /: the live page */
     ROUTE_NOT_GET,   /* 405 */
     ROUTE_UNKNOWN    /* 404 */
 };
@@ -965,6 +1041,9 @@ static int sconn_route(sconn *c, const char *method, char *target)
     }
     if (strcmp(target, "/healthz") == 0) {
         return ROUTE_HEALTHZ;
+    }
+    if (strcmp(target, "/") == 0 || strcmp(target, "/index.html") == 0) {
+        return ROUTE_PAGE;
     }
     return ROUTE_UNKNOWN;
 }
@@ -993,13 +1072,17 @@ static void sconn_answer(sconn *c, int route)
     case ROUTE_HEALTHZ:
         code = healthz(f, &body);
         break;
+    case ROUTE_PAGE:
+        ctype = "text/html; charset=utf-8";
+        render_page(f, &body);
+        break;
     case ROUTE_NOT_GET:
         code = 405;
         buf_append_str(&body, "only GET is supported\n");
         break;
     default:
         code = 404;
-        buf_append_str(&body, "not found; try /metrics, /stats or /healthz\n");
+        buf_append_str(&body, "not found; try /, /metrics, /stats or /healthz\n");
         break;
     }
     sconn_reply_http(c, code, ctype, &body);
@@ -1014,7 +1097,8 @@ static void sconn_gather(sconn *c, int route)
 {
     ferry *f = c->sv->f;
     uint64_t gen = 0;
-    if (route == ROUTE_PLAIN || route == ROUTE_METRICS || route == ROUTE_STATS) {
+    if (route == ROUTE_PLAIN || route == ROUTE_METRICS || route == ROUTE_STATS ||
+        route == ROUTE_PAGE) {
         gen = workers_refresh(f);
     }
     if (gen == 0) {
