@@ -10,6 +10,13 @@
  *                 \--(GET request line + headers)--> route ---------+
  *                                                                   v
  *              closed <--(peer EOF or linger timeout)-- LINGERING <-- WRITING
+ *
+ * A request that asks for it (Connection: keep-alive, as browsers send) is
+ * answered with the connection kept: WRITING goes back to READING, where
+ * the next request is awaited for STATS_KEEPALIVE_MS and silence never
+ * means a plain connection again. The page's polls then reuse one
+ * connection: a browser's spare connection, opened ahead and left silent,
+ * would get the plain JSON and fail the request it is later used for.
  */
 #include "stats.h"
 
@@ -18,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ferry.h"
 #include "log.h"
@@ -36,6 +44,7 @@
 #define STATS_REQUEST_TIMEOUT_MS 5000 /* an HTTP request must be complete by then */
 #define STATS_WRITE_TIMEOUT_MS 5000   /* the response must be written by then */
 #define STATS_LINGER_MS 1000          /* after the response, wait this long for EOF */
+#define STATS_KEEPALIVE_MS 5000       /* a kept connection waits this long for a request */
 #define STATS_GATHER_MS 100           /* at most this long for every loop's figures */
 #define STATS_GATHER_POLL_MS 1        /* how often a gathering request looks */
 
@@ -95,6 +104,8 @@ typedef struct sconn {
     uint64_t gen;       /* SCONN_GATHERING: the workers' publish request */
     uint64_t deadline;  /* SCONN_GATHERING: answer with what is there by then */
     int http_wait;      /* a partial HTTP request got the longer timeout */
+    int keep_alive;     /* the request being answered asked to keep the connection */
+    int kept;           /* it carried a request already: silence is not plain */
     int nhandles;       /* handles not yet closed (freed at 0) */
 } sconn;
 
@@ -856,6 +867,14 @@ static void sconn_write_cb(uv_write_t *w, int status)
         return;
     }
     buf_free(&c->out);
+    if (c->keep_alive) {
+        c->keep_alive = 0;
+        c->kept = 1;
+        c->http_wait = 0;
+        sconn_set_state(c, SCONN_READING);
+        uv_timer_start(&c->timer, sconn_timer_cb, STATS_KEEPALIVE_MS, 0);
+        return;
+    }
     sconn_set_state(c, SCONN_LINGERING);
     c->sreq.data = c;
     int rc = uv_shutdown(&c->sreq, &c->io.s, sconn_shutdown_cb);
@@ -893,9 +912,10 @@ static void sconn_reply_http(sconn *c, int code, const char *ctype, const buf *b
                                        : "Service Unavailable";
     buf_clear(&c->out);
     stats_printf(&c->out,
-                 "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                 "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-                 code, reason, ctype, buf_used(body));
+                 "HTTP/1.%d %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                 "Cache-Control: no-store\r\nConnection: %s\r\n\r\n",
+                 c->keep_alive, code, reason, ctype, buf_used(body),
+                 c->keep_alive ? "keep-alive" : "close");
     buf_append(&c->out, buf_head(body), buf_used(body));
     sconn_send(c);
 }
@@ -1114,6 +1134,32 @@ static void sconn_gather(sconn *c, int route)
 
 enum { PARSE_MORE = 0, PARSE_PLAIN, PARSE_HTTP };
 
+/* Do the headers in [p, end) hold "Connection: keep-alive"? */
+static int wants_keep_alive(const char *p, const char *end)
+{
+    static const char name[] = "connection:";
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL) {
+            eol = end;
+        }
+        size_t len = (size_t)(eol - p);
+        if (len > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
+            const char *v = p + sizeof(name) - 1;
+            while (v < eol && (*v == ' ' || *v == '\t')) {
+                v++;
+            }
+            size_t vlen = (size_t)(eol - v);
+            if (vlen > 0 && v[vlen - 1] == '\r') {
+                vlen--;
+            }
+            return vlen == 10 && strncasecmp(v, "keep-alive", 10) == 0;
+        }
+        p = eol + 1;
+    }
+    return 0;
+}
+
 /* Look at what was read: not an HTTP request line (plain), an incomplete
  * one (more), or a complete request (its line is then split in place). */
 static int sconn_parse(sconn *c, char **method, char **target)
@@ -1162,6 +1208,7 @@ static int sconn_parse(sconn *c, char **method, char **target)
             return PARSE_MORE;
         }
     }
+    c->keep_alive = has_version && wants_keep_alive(nl + 1, p + n);
     p[i] = '\0';
     if (has_version) {
         *sp = '\0';
@@ -1228,7 +1275,9 @@ static void sconn_timer_cb(uv_timer_t *t)
     sconn *c = t->data;
     switch (c->state) {
     case SCONN_READING:
-        if (c->in.len == 0) {
+        if (c->kept) {
+            sconn_close(c, c->in.len == 0 ? "keep-alive idle" : "request timeout");
+        } else if (c->in.len == 0) {
             sconn_gather(c, ROUTE_PLAIN);
         } else if (!c->http_wait) {
             c->http_wait = 1;
