@@ -336,6 +336,7 @@ static void stats_limits(ferry *f, ferry_stats *st)
     const config *cfg = f->cfg;
     st->memory_rss = stats_rss();
     st->max_memory = cfg->max_memory;
+    st->max_clients = (uint64_t)cfg->max_clients;
     st->max_pending_bytes = cfg->max_pending_bytes;
     st->max_pipeline = cfg->max_pipeline;
     st->request_timeout_ms = cfg->request_timeout_ms;

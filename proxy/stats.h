@@ -68,6 +68,8 @@ typedef enum stat_type {
     X(limits, max_memory, GAUGE, "ferry_limit_max_memory_bytes",                                   \
       "limits.max_memory: bytes held for all clients before new requests get -OOM, 0 = none "      \
       "(live)")                                                                                    \
+    X(limits, max_clients, GAUGE, "ferry_limit_max_clients",                                       \
+      "client.max_clients: client connections ferry accepts at once (live)")                       \
     X(limits, max_pending_bytes, GAUGE, "ferry_limit_max_pending_bytes",                           \
       "client.max_pending_bytes: memory per client before ferry stops reading it (live)")          \
     X(limits, max_pipeline, GAUGE, "ferry_limit_max_pipeline",                                     \
