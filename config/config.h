@@ -9,8 +9,8 @@
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_MAX_SENTINELS 16
 #define CONFIG_MAX_DENY 64
-#define CONFIG_MAX_WORKERS 64 /* workers: most event loops */
-#define CONFIG_AUTO_WORKERS 8 /* workers: auto picks at most this many */
+#define CONFIG_MAX_WORKERS 64   /* workers: most event loops */
+#define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
 #define CONFIG_MAX_QUEUES 16    /* queues: most entries */
 #define CONFIG_MAX_QUEUE_KEYS 8 /* queues[].keys: most globs per entry */
 
@@ -133,8 +133,8 @@ typedef struct config {
 
     config_queue queues[CONFIG_MAX_QUEUES]; /* queues: a list of entries with keys: globs */
     int nqueues;
-    uint64_t queue_depths_interval_ms; /* queue_depths.interval_ms (1000): how often the
-                                          queues' lengths are sampled on the master */
+    uint64_t queue_depths_interval_ms;  /* queue_depths.interval_ms (1000): how often the
+                                           queues' lengths are sampled on the master */
     size_t queue_depths_keys_per_round; /* queue_depths.keys_per_round (100): keys a
                                            sampling round asks SCAN for and measures */
     size_t queue_depths_max_keys;       /* queue_depths.max_keys (1000): keys whose

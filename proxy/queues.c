@@ -49,12 +49,12 @@ struct queues {
     size_t npending, pending_cap;
     char **batch; /* this round's keys (index = request arg's low bits) */
     size_t nbatch;
-    int cur_q, cur_g;                                          /* the glob being scanned */
-    char cursor[32];                                           /* its SCAN cursor */
+    int cur_q, cur_g;                                         /* the glob being scanned */
+    char cursor[32];                                          /* its SCAN cursor */
     uint64_t gpass[CONFIG_MAX_QUEUES][CONFIG_MAX_QUEUE_KEYS]; /* each glob's pass */
-    int in_flight;                                             /* replies the round awaits */
-    uint64_t round;                                            /* the round's number */
-    uint64_t round_epoch;                                      /* master epoch it runs on */
+    int in_flight;                                            /* replies the round awaits */
+    uint64_t round;                                           /* the round's number */
+    uint64_t round_epoch;                                     /* master epoch it runs on */
     uint64_t next_round_ms;
     int active;
     uint64_t passes, keys_probed;
@@ -359,7 +359,7 @@ static void start_round(struct queues *qs, link *l)
         return;
     }
     snprintf(count, sizeof(count), "%zu", cfg->queue_depths_keys_per_round);
-    const char *argv[6] = {"SCAN", qs->cursor, "MATCH", cfg->queues[qs->cur_q].keys[qs->cur_g],
+    const char *argv[6] = {"SCAN",  qs->cursor, "MATCH", cfg->queues[qs->cur_q].keys[qs->cur_g],
                            "COUNT", count};
     qs->in_flight++;
     link_internal_sure(l, argv, 6, scan_done,

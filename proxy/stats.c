@@ -721,9 +721,10 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
         prom_queue_label(out, cfg, q);
         stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pops[q]);
     }
-    prom_header(out, "ferry_queue_length",
-                "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",
-                "gauge");
+    prom_header(
+        out, "ferry_queue_length",
+        "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",
+        "gauge");
     for (size_t i = 0; queues_key(f, i, &v); i++) {
         buf_append_str(out, "ferry_queue_length{queue=\"");
         prom_escape(out, v.key, 1);

@@ -220,7 +220,7 @@ typedef enum stat_type {
     X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
       "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
-      "group commits that failed (disk full, I/O error): nothing of them acknowledged")           \
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")            \
                                                                                                    \
     X(queues, queues, NODES, "",                                                                   \
       "per entry of queues: (in order): keys (its globs), pushes and pops (push and pop "          \
@@ -232,7 +232,7 @@ typedef enum stat_type {
     X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
       "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
     X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \
-      "1 while lengths are sampled on an UP master; 0: paused (live)")                            \
+      "1 while lengths are sampled on an UP master; 0: paused (live)")                             \
     X(queues, queue_sample_rounds, COUNTER, "ferry_queue_sample_rounds_total",                     \
       "sampling rounds sent to the master: one SCAN, or up to keys_per_round TYPE and length "     \
       "calls (live)")                                                                              \
@@ -262,7 +262,7 @@ typedef struct stats_histogram {
 #define STATS_FIELD(section, name, type, prom, help) STATS_FIELD_##type(name)
 
 typedef struct ferry_stats {
-    FERRY_STATS(STATS_FIELD) /* one field per stat, commented in FERRY_STATS */
+    FERRY_STATS(STATS_FIELD)                  /* one field per stat, commented in FERRY_STATS */
     uint64_t queue_pushes[CONFIG_MAX_QUEUES]; /* per entry of queues: (queues.c) */
     uint64_t queue_pops[CONFIG_MAX_QUEUES];
 } ferry_stats;

@@ -45,12 +45,12 @@ typedef enum upstream_state {
 
 /* One switch of the master view, for the timeline of recent failovers. */
 typedef struct switch_record {
-    uint64_t start_ms;  /* uv_now() when the master was lost */
-    uint64_t end_ms;    /* uv_now() when a master was UP again; 0 while in progress */
-    int went_down;      /* it reached DOWN (fallback.after_ms without a master) */
-    char reason[160];   /* why it started */
-    char from[300];     /* the master that was lost */
-    char to[300];       /* the master UP after it, "" while in progress */
+    uint64_t start_ms; /* uv_now() when the master was lost */
+    uint64_t end_ms;   /* uv_now() when a master was UP again; 0 while in progress */
+    int went_down;     /* it reached DOWN (fallback.after_ms without a master) */
+    char reason[160];  /* why it started */
+    char from[300];    /* the master that was lost */
+    char to[300];      /* the master UP after it, "" while in progress */
 } switch_record;
 
 typedef struct upstream {
@@ -90,13 +90,13 @@ typedef struct upstream {
     uint64_t longest_switch_ms; /* longest completed switch */
     char last_reason[160];      /* why the last switch started */
     switch_record recent[UPSTREAM_RECENT_SWITCHES]; /* ring of the last switches */
-    uint64_t nrecent;                                 /* switches recorded (ring index mod) */
-    int replicas_ack;           /* replicas that must confirm a write (resolved) */
-    int fence_valid;            /* no promotion seen since the switch began: a
-                                   replica's WAIT ack on the old master still counts */
-    link *probe;                /* health probe link, NULL while none */
-    uint64_t next_probe_ms;     /* next probe PING */
-    uint64_t probe_ok_ms;       /* last probe answer (or UP time) */
+    uint64_t nrecent;                               /* switches recorded (ring index mod) */
+    int replicas_ack;       /* replicas that must confirm a write (resolved) */
+    int fence_valid;        /* no promotion seen since the switch began: a
+                               replica's WAIT ack on the old master still counts */
+    link *probe;            /* health probe link, NULL while none */
+    uint64_t next_probe_ms; /* next probe PING */
+    uint64_t probe_ok_ms;   /* last probe answer (or UP time) */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting (a
