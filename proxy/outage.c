@@ -956,6 +956,12 @@ int outage_blocks(ferry *f, const request *r)
     return blocked;
 }
 
+uint64_t outage_key_rows(ferry *f, const char *key, size_t keylen)
+{
+    struct outage *o = f->outage;
+    return o != NULL && !o->remote && o->fb != NULL ? fallback_key_rows(o->fb, key, keylen) : 0;
+}
+
 void outage_stats(ferry *f, ferry_stats *st)
 {
     struct outage *o = f->outage;

@@ -44,5 +44,7 @@ void outage_remote_drop(ferry *f, void *op);
 void outage_tick(ferry *f, uint64_t now);
 /* Figures for the stats port. */
 void outage_stats(ferry *f, ferry_stats *st);
+/* Main loop: rows of key pending in the store (0 without a store). */
+uint64_t outage_key_rows(ferry *f, const char *key, size_t keylen);
 
 #endif

@@ -544,9 +544,12 @@ static void json_queue_keys(ferry *f, buf *b)
     for (size_t i = 0; queues_key(f, i, &v); i++) {
         buf_append_str(b, i > 0 ? ",{\"key\":" : "{\"key\":");
         json_string(b, v.key);
-        stats_printf(b, ",\"queue\":%d,\"type\":\"%s\",\"length\":%llu,\"age_ms\":%llu}", v.queue,
-                     v.type, (unsigned long long)v.length,
-                     (unsigned long long)(v.sampled_ms != 0 ? now - v.sampled_ms : 0));
+        stats_printf(b,
+                     ",\"queue\":%d,\"type\":\"%s\",\"length\":%llu,\"age_ms\":%llu,"
+                     "\"store_rows\":%llu}",
+                     v.queue, v.type, (unsigned long long)v.length,
+                     (unsigned long long)(v.sampled_ms != 0 ? now - v.sampled_ms : 0),
+                     (unsigned long long)outage_key_rows(f, v.key, strlen(v.key)));
     }
     buf_append_str(b, "]");
 }

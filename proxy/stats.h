@@ -228,7 +228,8 @@ typedef enum stat_type {
       "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths) (live)")         \
     X(queues, queue_keys, NODES, "",                                                               \
       "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
-      "sampled); Prometheus ferry_queue_length by queue (the key) (live)")                         \
+      "sampled), store_rows (its rows in the fallback store); Prometheus ferry_queue_length by "   \
+      "queue (the key) (live)")                                                                    \
     X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
       "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
     X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \

@@ -214,18 +214,24 @@ class PageInBrowserTest(unittest.TestCase):
     def test_store_rows_pending(self):
         redis = RedisServer()
         self.addCleanup(redis.kill)
-        f = Ferry(redis, conf=fallback_conf(os.path.join(redis.dir, 'fallback.db')))
+        f = Ferry(redis, conf=fallback_conf(os.path.join(redis.dir, 'fallback.db')),
+                  extra_yaml='queues:\n  - keys: "jobs:*"\nqueue_depths: {interval_ms: 200}\n')
         self.addCleanup(f.kill)
         out = self.outdir()
         b = Browser(self, f.stats_port, out)
         b.wait(lambda e: e['ev'] == 'view' and e['state'] == 'UP', 10, 'UP')
         c = f.client(socket_timeout=10)
+        c.lpush('jobs:q', 'before')
+        wait_until(lambda: key_length(f.stats_port, 'jobs:q') == 1, timeout=5, msg='sampled')
         redis.kill()
         wait_until(lambda: ferry_view(f.stats_port)[0] == 'DOWN', timeout=10, msg='DOWN')
         for i in range(7):
             c.lpush('jobs:q', 'o%d' % i)
         b.wait(lambda e: e['ev'] == 'view' and e['state'] == 'DOWN' and e['pending'] == '7', 5,
                '7 rows pending on the page')
+        keys = json.loads(get(f.stats_port, '/stats')[2])['queues']['queue_keys']
+        self.assertEqual([(k['key'], k['length'], k['store_rows']) for k in keys],
+                         [('jobs:q', 1, 7)])  # last sampled length, and the store's rows
         b.shot('4-store-rows-pending')
         self.assertEqual(b.errors(), [])
 
