@@ -235,7 +235,7 @@ typedef enum stat_type {
     X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \
       "1 while lengths are sampled on an UP master; 0: paused (live)")                             \
     X(queues, queue_sample_rounds, COUNTER, "ferry_queue_sample_rounds_total",                     \
-      "sampling rounds sent to the master: one SCAN, or up to keys_per_round TYPE and length "     \
+      "sampling rounds sent to the master: one SCAN and up to keys_per_round TYPE and length "     \
       "calls (live)")                                                                              \
     X(queues, queue_keys_probed, COUNTER, "ferry_queue_keys_probed_total",                         \
       "keys whose length was asked of the master (live)")
