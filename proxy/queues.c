@@ -302,7 +302,10 @@ static void probe_pending(struct queues *qs, link *l)
         n = max;
     }
     free_batch(qs);
-    qs->batch = xrealloc(qs->batch, (n > 0 ? n : 1) * sizeof(*qs->batch));
+    if (n == 0) {
+        return;
+    }
+    qs->batch = xrealloc(qs->batch, n * sizeof(*qs->batch));
     for (size_t i = 0; i < n; i++) {
         qs->batch[i] = qs->pending[i];
     }
