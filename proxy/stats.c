@@ -422,6 +422,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->failover_last_ms = up->last_switch_ms;
     st->failover_longest_ms = up->longest_switch_ms;
     text_set(st->failover_last_reason, up->last_reason);
+    st->replicas_ack = up->replicas_ack > 0 ? (uint64_t)up->replicas_ack : 0;
     st->aof_enforced = (uint64_t)(up->aof_ok != 0);
     st->aof_enforced_since = up->aof_ok ? unix_of(now, up->aof_since_ms, tv.tv_sec) : 0;
     text_set(st->durability_last_error, up->aof_error);

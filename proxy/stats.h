@@ -183,6 +183,9 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
+      "replicas that must confirm a write (WAIT) before its reply is released: "                   \
+      "durability.replicas_ack as resolved (live)")                                                \
     X(durability, replicas_known, GAUGE, "ferry_durability_replicas_known",                        \
       "replicas Sentinel lists, whose durability ferry enforces too (live)")                       \
     X(durability, replicas_enforced, GAUGE, "ferry_durability_replicas_enforced",                  \

@@ -171,6 +171,15 @@ class PageInBrowserTest(unittest.TestCase):
         b = Browser(self, f.stats_port, out)
         b.wait(lambda e: e['ev'] == 'view' and e['state'] == 'UP' and e['master'] == old_addr,
                10, 'UP at the first master')
+        # the latency chart: local Redis answers well under 100 ms
+        for i in range(300):
+            c.set('k', i)
+            c.get('k')
+        lat = b.wait(lambda e: e['ev'] == 'view' and e['latency'] not in ('', '0 / 0'), 5,
+                     'latency figures')
+        p50, p99 = (float(x) for x in lat['latency'].split(' / '))
+        self.assertLess(p50, 100, lat)
+        self.assertLessEqual(p50, p99, lat)
         b.shot('1-up')
         seen = {}
 

@@ -5,7 +5,8 @@
 //   node page.js <stats port> <output folder>
 //
 // Opens http://127.0.0.1:<port>/ and prints one JSON object a line on
-// stdout: {"ev":"view", "t": unix ms, "state", "master", "epoch", "pending"}
+// stdout: {"ev":"view", "t": unix ms, "state", "master", "epoch", "pending",
+// "latency" (p50 / p99 ms)}
 // whenever what the page shows changes (looked at every 25 ms), {"ev":
 // "console"|"pageerror"|"requestfailed", "text"} for each error the page
 // meets, {"ev":"shot","file"} once a screenshot is written. Lines read on
@@ -55,6 +56,7 @@ async function main() {
                 epoch: document.getElementById('epoch').textContent,
                 pending: cell ? cell.textContent : '',
                 error: document.getElementById('err').textContent,
+                latency: document.getElementById('v_lat').textContent,
             };
         });
         const key = JSON.stringify(v);
