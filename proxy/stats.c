@@ -992,9 +992,13 @@ static void page_summary(ferry *f, buf *text)
     queue_key_view v;
     healthz(f, text);
     stats_snapshot(f, st);
-    stats_printf(text, "epoch %llu, %llu failover(s), last %llu ms: %s\n",
-                 (unsigned long long)st->epoch, (unsigned long long)st->failovers,
-                 (unsigned long long)st->failover_last_ms, st->failover_last_reason);
+    stats_printf(text, "epoch %llu, %llu failover(s)", (unsigned long long)st->epoch,
+                 (unsigned long long)st->failovers);
+    if (st->failovers > 0) {
+        stats_printf(text, ", the last one %llu ms: %s", (unsigned long long)st->failover_last_ms,
+                     st->failover_last_reason);
+    }
+    buf_append_str(text, "\n");
     stats_printf(text, "clients %llu, commands %llu, held bytes %llu, loops %llu\n",
                  (unsigned long long)st->curr_connections, (unsigned long long)st->commands_total,
                  (unsigned long long)st->held_bytes, (unsigned long long)st->workers);
