@@ -290,6 +290,23 @@ const conf_entry conf_table[] = {
      .min = 0,
      .max = CONF_SIZE_MAX},
 
+    {.key = "queue_depths", .type = CONF_SECTION},
+    {.key = "queue_depths.interval_ms",
+     .type = CONF_DURATION,
+     CONF_FIELD(queue_depths_interval_ms),
+     .min = 10,
+     .max = CONF_DURATION_MAX},
+    {.key = "queue_depths.keys_per_round",
+     .type = CONF_UINT,
+     CONF_FIELD(queue_depths_keys_per_round),
+     .min = 1,
+     .max = 100000},
+    {.key = "queue_depths.max_keys",
+     .type = CONF_UINT,
+     CONF_FIELD(queue_depths_max_keys),
+     .min = 1,
+     .max = 1000000},
+
     {.key = "shutdown_timeout_ms",
      .type = CONF_DURATION,
      CONF_FIELD(shutdown_timeout_ms),
@@ -704,6 +721,9 @@ void config_defaults(config *cfg)
     cfg->stats_enabled = 1;
     cfg->log_level = LOG_INFO;
     cfg->shutdown_timeout_ms = 5000;
+    cfg->queue_depths_interval_ms = 1000;
+    cfg->queue_depths_keys_per_round = 100;
+    cfg->queue_depths_max_keys = 1000;
     cfg->require_aof = 0;
     cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
@@ -754,4 +774,12 @@ void config_free(config *cfg)
     cfg->nfallback_commands = 0;
     free(cfg->config_command);
     cfg->config_command = NULL;
+    for (int q = 0; q < cfg->nqueues && q < CONFIG_MAX_QUEUES; q++) {
+        for (int i = 0; i < cfg->queues[q].nkeys && i < CONFIG_MAX_QUEUE_KEYS; i++) {
+            free(cfg->queues[q].keys[i]);
+            cfg->queues[q].keys[i] = NULL;
+        }
+        cfg->queues[q].nkeys = 0;
+    }
+    cfg->nqueues = 0;
 }

@@ -9,8 +9,10 @@
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_MAX_SENTINELS 16
 #define CONFIG_MAX_DENY 64
-#define CONFIG_MAX_WORKERS 64 /* workers: most event loops */
-#define CONFIG_AUTO_WORKERS 8 /* workers: auto picks at most this many */
+#define CONFIG_MAX_WORKERS 64   /* workers: most event loops */
+#define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
+#define CONFIG_MAX_QUEUES 16    /* queues: most entries */
+#define CONFIG_MAX_QUEUE_KEYS 8 /* queues[].keys: most globs per entry */
 
 /* client.auth: who checks a client's AUTH, and as whom its commands run. */
 enum {
@@ -33,6 +35,12 @@ typedef struct config_output_limit {
     size_t soft;         /* bytes */
     size_t soft_seconds; /* how long output may stay above soft */
 } config_output_limit;
+
+/* One entry of queues: the keys it names (Redis glob patterns). */
+typedef struct config_queue {
+    char *keys[CONFIG_MAX_QUEUE_KEYS]; /* keys: one glob or a list */
+    int nkeys;
+} config_queue;
 
 typedef struct config {
     char *file; /* path it was loaded from */
@@ -122,6 +130,15 @@ typedef struct config {
     int nfallback_commands;
     int fallback_serve_pops;   /* fallback.serve_pops (true) */
     size_t fallback_max_bytes; /* fallback.max_bytes (0 = no bound but the disk) */
+
+    config_queue queues[CONFIG_MAX_QUEUES]; /* queues: a list of entries with keys: globs */
+    int nqueues;
+    uint64_t queue_depths_interval_ms;  /* queue_depths.interval_ms (1000): how often the
+                                           queues' lengths are sampled on the master */
+    size_t queue_depths_keys_per_round; /* queue_depths.keys_per_round (100): keys a
+                                           sampling round asks SCAN for and measures */
+    size_t queue_depths_max_keys;       /* queue_depths.max_keys (1000): keys whose
+                                           length ferry keeps and shows */
 
     uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
     char *takeover_socket;        /* takeover.socket: unix socket a new ferry

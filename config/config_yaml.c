@@ -35,6 +35,7 @@ struct conf_ctx {
     char *err;                     /* message buffer, may be NULL */
     size_t errlen;                 /* its size */
     conf_seen seen[CONF_KEYS_MAX]; /* per conf_table entry */
+    conf_seen queues;              /* the queues: list (not in conf_table: a list of maps) */
 };
 
 /* Writes "name:line:col: message" (line and col 1-based) and returns -1. */
@@ -273,6 +274,112 @@ static int conf_set_list(conf_ctx *ctx, const conf_entry *e, yaml_node_t *v)
 
 static int conf_walk(conf_ctx *ctx, yaml_node_t *map, const char *prefix);
 
+/* The keys: of one queues entry: a glob or a list of globs. */
+static int conf_queue_keys(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    yaml_node_item_t single = 0;
+    yaml_node_item_t *items = &single;
+    yaml_node_item_t *end = items + 1;
+
+    if (v->type == YAML_MAPPING_NODE || conf_is_null(v)) {
+        return conf_error(ctx, v->start_mark, "queues[%d].keys: expected a glob or a list of globs",
+                          idx);
+    }
+    if (v->type == YAML_SEQUENCE_NODE) {
+        items = v->data.sequence.items.start;
+        end = v->data.sequence.items.top;
+    }
+    for (yaml_node_item_t *it = items; it < end; it++) {
+        yaml_node_t *item = it == &single ? v : yaml_document_get_node(ctx->doc, *it);
+        const char *text;
+        if (item == NULL) {
+            continue;
+        }
+        if (item->type != YAML_SCALAR_NODE || conf_is_null(item)) {
+            return conf_error(ctx, item->start_mark, "queues[%d].keys: expected a glob", idx);
+        }
+        text = conf_scalar(item);
+        if (text == NULL || text[0] == '\0') {
+            return conf_error(ctx, item->start_mark, "queues[%d].keys: %s", idx,
+                              text == NULL ? "NUL byte in value" : "an empty glob");
+        }
+        if (q->nkeys >= CONFIG_MAX_QUEUE_KEYS) {
+            return conf_error(ctx, item->start_mark, "queues[%d].keys: too many globs (at most %d)",
+                              idx, CONFIG_MAX_QUEUE_KEYS);
+        }
+        q->keys[q->nkeys] = strdup(text);
+        if (q->keys[q->nkeys] == NULL) {
+            return conf_oom(ctx, item);
+        }
+        q->nkeys++;
+    }
+    if (q->nkeys == 0) {
+        return conf_error(ctx, v->start_mark, "queues[%d].keys: expected at least one glob", idx);
+    }
+    return 0;
+}
+
+/* queues: a list of maps, each with keys: (the only key known today; the
+ * queue guards add theirs). */
+static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
+{
+    config *cfg = ctx->cfg;
+    char q[CONF_QUOTE_MAX + 1];
+
+    if (conf_is_null(v)) {
+        return 0;
+    }
+    if (v->type != YAML_SEQUENCE_NODE) {
+        char buf[CONF_QUOTE_MAX + 8];
+        return conf_error(ctx, v->start_mark, "queues: expected a list of entries, got %s",
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        yaml_node_t *e = yaml_document_get_node(ctx->doc, *it);
+        int idx = cfg->nqueues;
+        if (e == NULL) {
+            continue;
+        }
+        if (e->type != YAML_MAPPING_NODE) {
+            char buf[CONF_QUOTE_MAX + 8];
+            return conf_error(ctx, e->start_mark,
+                              "queues[%d]: expected a mapping like {keys: \"jobs:*\"}, got %s", idx,
+                              conf_describe(e, buf, sizeof(buf)));
+        }
+        if (idx >= CONFIG_MAX_QUEUES) {
+            return conf_error(ctx, e->start_mark, "queues: too many entries (at most %d)",
+                              CONFIG_MAX_QUEUES);
+        }
+        cfg->nqueues++;
+        int has_keys = 0;
+        for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top;
+             p++) {
+            yaml_node_t *k = yaml_document_get_node(ctx->doc, p->key);
+            yaml_node_t *val = yaml_document_get_node(ctx->doc, p->value);
+            if (k == NULL || val == NULL) {
+                continue;
+            }
+            const char *name = k->type == YAML_SCALAR_NODE ? conf_scalar(k) : NULL;
+            if (name == NULL || strcmp(name, "keys") != 0) {
+                return conf_error(ctx, k->start_mark, "queues[%d]: unknown key '%s'", idx,
+                                  name != NULL ? conf_quote(name, q, sizeof(q)) : "?");
+            }
+            if (has_keys) {
+                return conf_error(ctx, k->start_mark, "queues[%d]: duplicate key 'keys'", idx);
+            }
+            has_keys = 1;
+            if (conf_queue_keys(ctx, &cfg->queues[idx], idx, val) < 0) {
+                return -1;
+            }
+        }
+        if (!has_keys) {
+            return conf_error(ctx, e->start_mark, "queues[%d]: keys: is required", idx);
+        }
+    }
+    return 0;
+}
+
 /* Parses the value v of entry e into the config. */
 static int conf_set(conf_ctx *ctx, const conf_entry *e, yaml_node_t *v)
 {
@@ -420,6 +527,19 @@ static int conf_walk(conf_ctx *ctx, yaml_node_t *map, const char *prefix)
             n = snprintf(full, sizeof(full), "%s.%s", prefix, name);
         } else {
             n = snprintf(full, sizeof(full), "%s", name);
+        }
+        if (prefix == NULL && conf_scalar(k) != NULL && strcmp(name, "queues") == 0) {
+            if (ctx->queues.present) {
+                return conf_error(ctx, k->start_mark, "duplicate key 'queues' (first at line %lu)",
+                                  (unsigned long)ctx->queues.key.line + 1);
+            }
+            ctx->queues.present = 1;
+            ctx->queues.key = k->start_mark;
+            ctx->queues.value = v->start_mark;
+            if (conf_set_queues(ctx, v) < 0) {
+                return -1;
+            }
+            continue;
         }
         if (n > 0 && (size_t)n < sizeof(full) && strchr(name, '.') == NULL &&
             conf_scalar(k) != NULL) {

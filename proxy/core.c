@@ -12,6 +12,7 @@
 #include "backlog.h"
 #include "log.h"
 #include "outage.h"
+#include "queues.h"
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
@@ -201,6 +202,7 @@ static void tick_cb(uv_timer_t *h)
         upstream_tick(f->up, now);
     }
     outage_tick(f, now);
+    queues_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
@@ -437,6 +439,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
     }
+    queues_open(f);
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
 }
@@ -459,6 +462,7 @@ void core_release(ferry *f)
     }
     server_free(f);
     stats_free(f);
+    queues_free(f);
     core_free_buffers(f);
     takeover_free(f);
 }

@@ -167,6 +167,8 @@ typedef struct ferry {
                                        last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
+    struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
+                                       no queues: are configured */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */

@@ -44,6 +44,7 @@
 #include <sys/time.h>
 
 #include "fallback.h"
+#include "glob.h"
 #include "link.h"
 #include "log.h"
 #include "outage_int.h"
@@ -105,87 +106,6 @@ typedef struct store_op {
 } store_op;
 
 /* ----------------------------------------------------------------- helpers */
-
-/* Redis' glob (KEYS syntax): *, ?, [abc], [^a], [a-z], \x. */
-static int glob_match(const char *p, size_t plen, const char *s, size_t slen)
-{
-    while (plen > 0) {
-        switch (*p) {
-        case '*':
-            while (plen > 1 && p[1] == '*') {
-                p++;
-                plen--;
-            }
-            if (plen == 1) {
-                return 1;
-            }
-            for (size_t i = 0; i <= slen; i++) {
-                if (glob_match(p + 1, plen - 1, s + i, slen - i)) {
-                    return 1;
-                }
-            }
-            return 0;
-        case '?':
-            if (slen == 0) {
-                return 0;
-            }
-            s++;
-            slen--;
-            break;
-        case '[': {
-            int neg, match = 0;
-            if (slen == 0) {
-                return 0;
-            }
-            p++;
-            plen--;
-            neg = plen > 0 && *p == '^';
-            if (neg) {
-                p++;
-                plen--;
-            }
-            while (plen > 0 && *p != ']') {
-                if (*p == '\\' && plen >= 2) {
-                    p++;
-                    plen--;
-                    match |= *p == *s;
-                } else if (plen >= 3 && p[1] == '-' && p[2] != ']') {
-                    char lo = p[0] < p[2] ? p[0] : p[2], hi = p[0] < p[2] ? p[2] : p[0];
-                    match |= *s >= lo && *s <= hi;
-                    p += 2;
-                    plen -= 2;
-                } else {
-                    match |= *p == *s;
-                }
-                p++;
-                plen--;
-            }
-            if (plen == 0 || match == neg) {
-                return 0;
-            }
-            s++;
-            slen--;
-            break;
-        }
-        case '\\':
-            if (plen >= 2) {
-                p++;
-                plen--;
-            }
-            /* fall through */
-        default:
-            if (slen == 0 || *p != *s) {
-                return 0;
-            }
-            s++;
-            slen--;
-            break;
-        }
-        p++;
-        plen--;
-    }
-    return slen == 0;
-}
 
 /* fallback.commands names the commands the store serves (none: the default
  * set, LPUSH RPUSH ZADD and the pops). */
@@ -1147,6 +1067,12 @@ int outage_backlog(ferry *f, uint64_t *rows, uint64_t *oldest_age_ms)
         *oldest_age_ms = now_ms > oldest ? (uint64_t)(now_ms - oldest) : 0;
     }
     return 0;
+}
+
+uint64_t outage_key_rows(ferry *f, const char *key, size_t keylen)
+{
+    struct outage *o = f->outage;
+    return o != NULL && !o->remote && o->fb != NULL ? fallback_key_rows(o->fb, key, keylen) : 0;
 }
 
 void outage_stats(ferry *f, ferry_stats *st)

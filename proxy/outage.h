@@ -47,5 +47,7 @@ void outage_tick(ferry *f, uint64_t now);
 int outage_backlog(ferry *f, uint64_t *rows, uint64_t *oldest_age_ms);
 /* Figures for the stats port. */
 void outage_stats(ferry *f, ferry_stats *st);
+/* Main loop: rows of key pending in the store (0 without a store). */
+uint64_t outage_key_rows(ferry *f, const char *key, size_t keylen);
 
 #endif

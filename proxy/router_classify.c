@@ -12,6 +12,7 @@
 #include "acl.h"
 #include "clients.h"
 #include "log.h"
+#include "queues.h"
 #include "router.h"
 #include "router_int.h"
 
@@ -226,6 +227,7 @@ int router_classify(session *s, request *r, const resp_request *req)
     if (cmd == NULL) {
         return 0; /* Redis answers unknown commands itself */
     }
+    queues_count(f, cmd, argv, argc);
     if ((cmd->flags & CMD_F_WRITE) || script_may_write(cmd, req)) {
         r->flags |= REQ_F_WRITE;
     }

@@ -2,12 +2,21 @@
  * the JSON document, the Prometheus text exposition, --describe-stats, and
  * the stats port: a listener on ferry's loop that answers a silent (plain)
  * connection with the JSON document, nutcracker style, and an HTTP GET with
- * /metrics, /stats or /healthz.
+ * /metrics, /stats or /healthz, or / (the live page: proxy/page.html, built
+ * in, which polls /stats; a text summary inside it serves a browser without
+ * JavaScript).
  *
  *   accept --> READING --(200 ms of silence, or not HTTP)--> JSON --+
  *                 \--(GET request line + headers)--> route ---------+
  *                                                                   v
  *              closed <--(peer EOF or linger timeout)-- LINGERING <-- WRITING
+ *
+ * A request that asks for it (Connection: keep-alive, as browsers send) is
+ * answered with the connection kept: WRITING goes back to READING, where
+ * the next request is awaited for STATS_KEEPALIVE_MS and silence never
+ * means a plain connection again. The page's polls then reuse one
+ * connection: a browser's spare connection, opened ahead and left silent,
+ * would get the plain JSON and fail the request it is later used for.
  */
 #include "stats.h"
 
@@ -16,10 +25,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "ferry.h"
 #include "log.h"
 #include "outage.h"
+#include "queues.h"
 #include "replicas.h"
 #include "sentinel.h"
 #include "server.h"
@@ -33,8 +44,14 @@
 #define STATS_REQUEST_TIMEOUT_MS 5000 /* an HTTP request must be complete by then */
 #define STATS_WRITE_TIMEOUT_MS 5000   /* the response must be written by then */
 #define STATS_LINGER_MS 1000          /* after the response, wait this long for EOF */
+#define STATS_KEEPALIVE_MS 5000       /* a kept connection waits this long for a request */
 #define STATS_GATHER_MS 100           /* at most this long for every loop's figures */
 #define STATS_GATHER_POLL_MS 1        /* how often a gathering request looks */
+
+/* The page (generated from proxy/page.html at build time). */
+extern const char ferry_page_html[];
+extern const size_t ferry_page_html_len;
+#define PAGE_SUMMARY_MARK "<!--FERRY_SUMMARY-->"
 
 typedef struct stat_desc {
     const char *section; /* JSON object it belongs to ("top": the document) */
@@ -87,6 +104,8 @@ typedef struct sconn {
     uint64_t gen;       /* SCONN_GATHERING: the workers' publish request */
     uint64_t deadline;  /* SCONN_GATHERING: answer with what is there by then */
     int http_wait;      /* a partial HTTP request got the longer timeout */
+    int keep_alive;     /* the request being answered asked to keep the connection */
+    int kept;           /* it carried a request already: silence is not plain */
     int nhandles;       /* handles not yet closed (freed at 0) */
 } sconn;
 
@@ -188,6 +207,10 @@ void stats_observe_reply(ferry_stats *st, uint64_t born_ns, uint64_t sent_ns, ui
 void stats_add(ferry_stats *dst, const ferry_stats *src)
 {
     FERRY_STATS(STATS_ADD)
+    for (int i = 0; i < CONFIG_MAX_QUEUES; i++) {
+        dst->queue_pushes[i] += src->queue_pushes[i];
+        dst->queue_pops[i] += src->queue_pops[i];
+    }
     if (src->held_bytes_peak > dst->held_bytes_peak) {
         dst->held_bytes_peak = src->held_bytes_peak;
     }
@@ -313,6 +336,7 @@ static void stats_limits(ferry *f, ferry_stats *st)
     const config *cfg = f->cfg;
     st->memory_rss = stats_rss();
     st->max_memory = cfg->max_memory;
+    st->max_clients = (uint64_t)cfg->max_clients;
     st->max_pending_bytes = cfg->max_pending_bytes;
     st->max_pipeline = cfg->max_pipeline;
     st->request_timeout_ms = cfg->request_timeout_ms;
@@ -375,6 +399,14 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
         }
         st->sentinel_quorum_ok = (uint64_t)sentinel_quorum_ok(f->sentinel);
     }
+    queue_sampler_view qv;
+    queues_sampler(f, &qv);
+    st->queue_keys_tracked = (uint64_t)queues_nkeys(f);
+    st->queue_keys = st->queue_keys_tracked;
+    st->queues = (uint64_t)f->cfg->nqueues;
+    st->queue_sampling = (uint64_t)qv.active;
+    st->queue_sample_rounds = qv.rounds;
+    st->queue_keys_probed = qv.keys_probed;
     snprintf(st->upstream_state, sizeof(st->upstream_state), "DOWN");
     if (up == NULL) {
         return;
@@ -390,6 +422,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->failover_last_ms = up->last_switch_ms;
     st->failover_longest_ms = up->longest_switch_ms;
     text_set(st->failover_last_reason, up->last_reason);
+    st->replicas_ack = up->replicas_ack > 0 ? (uint64_t)up->replicas_ack : 0;
     st->aof_enforced = (uint64_t)(up->aof_ok != 0);
     st->aof_enforced_since = up->aof_ok ? unix_of(now, up->aof_since_ms, tv.tv_sec) : 0;
     text_set(st->durability_last_error, up->aof_error);
@@ -429,6 +462,95 @@ static void json_replicas(ferry *f, buf *b)
                      v.enforced ? "true" : "false", (unsigned long long)since);
         json_string(b, v.last_error);
         buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
+}
+
+/* Unix time in ms of the uv_now() instant then_ms. */
+static uint64_t unix_ms_of(const ferry *f, uint64_t then_ms)
+{
+    uv_timeval64_t tv;
+    if (uv_gettimeofday(&tv) != 0) {
+        return 0;
+    }
+    uint64_t unix_now = (uint64_t)tv.tv_sec * 1000 + (uint64_t)tv.tv_usec / 1000;
+    uint64_t ago = uv_now(f->loop) - then_ms;
+    return unix_now > ago ? unix_now - ago : 0;
+}
+
+/* The ring of recent switches of the master view, oldest first. */
+static void json_recent(ferry *f, buf *b)
+{
+    const upstream *up = f->up;
+    uint64_t n = up != NULL ? up->nrecent : 0;
+    uint64_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
+    uint64_t now = uv_now(f->loop);
+    buf_append_str(b, "[");
+    for (uint64_t i = first; i < n; i++) {
+        const switch_record *sw = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+        uint64_t end = sw->end_ms != 0 ? sw->end_ms : now;
+        stats_printf(b,
+                     "%s{\"start\":%llu,\"end\":%llu,\"duration_ms\":%llu,\"went_down\":%s,"
+                     "\"reason\":",
+                     i > first ? "," : "", (unsigned long long)unix_ms_of(f, sw->start_ms),
+                     (unsigned long long)(sw->end_ms != 0 ? unix_ms_of(f, sw->end_ms) : 0),
+                     (unsigned long long)(end - sw->start_ms), sw->went_down ? "true" : "false");
+        json_string(b, sw->reason);
+        buf_append_str(b, ",\"from\":");
+        json_string(b, sw->from);
+        buf_append_str(b, ",\"to\":");
+        json_string(b, sw->to);
+        buf_append_str(b, "}");
+    }
+    buf_append_str(b, "]");
+}
+
+/* Sum of the sampled lengths of entry q's keys. */
+static uint64_t queue_length(const ferry *f, int q)
+{
+    uint64_t sum = 0;
+    queue_key_view v;
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        sum += v.queue == q ? v.length : 0;
+    }
+    return sum;
+}
+
+/* The entries of queues: with their counters and summed lengths. */
+static void json_queues(ferry *f, const ferry_stats *st, buf *b)
+{
+    const config *cfg = f->cfg;
+    buf_append_str(b, "[");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(b, q > 0 ? ",{\"keys\":[" : "{\"keys\":[");
+        for (int g = 0; g < cfg->queues[q].nkeys; g++) {
+            if (g > 0) {
+                buf_append_str(b, ",");
+            }
+            json_string(b, cfg->queues[q].keys[g]);
+        }
+        stats_printf(b, "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu}",
+                     (unsigned long long)st->queue_pushes[q], (unsigned long long)st->queue_pops[q],
+                     (unsigned long long)queue_length(f, q));
+    }
+    buf_append_str(b, "]");
+}
+
+/* Every key sampled, with its length. */
+static void json_queue_keys(ferry *f, buf *b)
+{
+    uint64_t now = uv_now(f->loop);
+    queue_key_view v;
+    buf_append_str(b, "[");
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        buf_append_str(b, i > 0 ? ",{\"key\":" : "{\"key\":");
+        json_string(b, v.key);
+        stats_printf(b,
+                     ",\"queue\":%d,\"type\":\"%s\",\"length\":%llu,\"age_ms\":%llu,"
+                     "\"store_rows\":%llu}",
+                     v.queue, v.type, (unsigned long long)v.length,
+                     (unsigned long long)(v.sampled_ms != 0 ? now - v.sampled_ms : 0),
+                     (unsigned long long)outage_key_rows(f, v.key, strlen(v.key)));
     }
     buf_append_str(b, "]");
 }
@@ -495,9 +617,15 @@ void stats_render_json(ferry *f, buf *out)
         case STAT_HISTOGRAM:
             json_histogram(out, stat_hist(st, d));
             break;
-        case STAT_NODES: /* durability.replicas, worker_loops */
+        case STAT_NODES: /* durability.replicas, worker_loops, failover.recent, queues */
             if (strcmp(d->name, "worker_loops") == 0) {
                 json_loops(f, out);
+            } else if (strcmp(d->name, "recent") == 0) {
+                json_recent(f, out);
+            } else if (strcmp(d->name, "queues") == 0) {
+                json_queues(f, st, out);
+            } else if (strcmp(d->name, "queue_keys") == 0) {
+                json_queue_keys(f, out);
             } else {
                 json_replicas(f, out);
             }
@@ -560,6 +688,56 @@ static void prom_histogram(buf *b, const stat_desc *d, const stats_histogram *h)
     stats_printf(b, "%s_count %llu\n", d->prom, (unsigned long long)h->count);
 }
 
+/* A label value list "keys" of entry q: its globs joined by commas. */
+static void prom_queue_label(buf *b, const config *cfg, int q)
+{
+    for (int g = 0; g < cfg->queues[q].nkeys; g++) {
+        if (g > 0) {
+            buf_append_str(b, ",");
+        }
+        prom_escape(b, cfg->queues[q].keys[g], 1);
+    }
+}
+
+/* The queues' families: labelled, so outside the FERRY_STATS list. */
+static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
+{
+    const config *cfg = f->cfg;
+    queue_key_view v;
+    if (cfg->nqueues == 0) {
+        return;
+    }
+    prom_header(out, "ferry_queue_pushes_total",
+                "push commands (LPUSH, RPUSH, ZADD, XADD, the push side of LMOVE...) on the keys "
+                "of a queues: entry through ferry",
+                "counter");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(out, "ferry_queue_pushes_total{keys=\"");
+        prom_queue_label(out, cfg, q);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pushes[q]);
+    }
+    prom_header(out, "ferry_queue_pops_total",
+                "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the keys "
+                "of a queues: entry through ferry",
+                "counter");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        buf_append_str(out, "ferry_queue_pops_total{keys=\"");
+        prom_queue_label(out, cfg, q);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pops[q]);
+    }
+    prom_header(
+        out, "ferry_queue_length",
+        "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",
+        "gauge");
+    for (size_t i = 0; queues_key(f, i, &v); i++) {
+        buf_append_str(out, "ferry_queue_length{queue=\"");
+        prom_escape(out, v.key, 1);
+        buf_append_str(out, "\",keys=\"");
+        prom_queue_label(out, cfg, v.queue);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)v.length);
+    }
+}
+
 void stats_render_prometheus(ferry *f, buf *out)
 {
     ferry_stats *st = xmalloc(sizeof(*st));
@@ -597,6 +775,7 @@ void stats_render_prometheus(ferry *f, buf *out)
         }
         i++;
     }
+    prom_queues(f, st, out);
     free(st);
 }
 
@@ -694,6 +873,14 @@ static void sconn_write_cb(uv_write_t *w, int status)
         return;
     }
     buf_free(&c->out);
+    if (c->keep_alive) {
+        c->keep_alive = 0;
+        c->kept = 1;
+        c->http_wait = 0;
+        sconn_set_state(c, SCONN_READING);
+        uv_timer_start(&c->timer, sconn_timer_cb, STATS_KEEPALIVE_MS, 0);
+        return;
+    }
     sconn_set_state(c, SCONN_LINGERING);
     c->sreq.data = c;
     int rc = uv_shutdown(&c->sreq, &c->io.s, sconn_shutdown_cb);
@@ -731,9 +918,10 @@ static void sconn_reply_http(sconn *c, int code, const char *ctype, const buf *b
                                        : "Service Unavailable";
     buf_clear(&c->out);
     stats_printf(&c->out,
-                 "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                 "Cache-Control: no-store\r\nConnection: close\r\n\r\n",
-                 code, reason, ctype, buf_used(body));
+                 "HTTP/1.%d %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                 "Cache-Control: no-store\r\nConnection: %s\r\n\r\n",
+                 c->keep_alive, code, reason, ctype, buf_used(body),
+                 c->keep_alive ? "keep-alive" : "close");
     buf_append(&c->out, buf_head(body), buf_used(body));
     sconn_send(c);
 }
@@ -781,12 +969,85 @@ static int healthz(ferry *f, buf *body)
     return 503;
 }
 
+/* Append s to b with &, < and > escaped (text inside the page's <pre>). */
+static void html_escape(buf *b, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '&') {
+            buf_append_str(b, "&amp;");
+        } else if (s[i] == '<') {
+            buf_append_str(b, "&lt;");
+        } else if (s[i] == '>') {
+            buf_append_str(b, "&gt;");
+        } else {
+            buf_append(b, &s[i], 1);
+        }
+    }
+}
+
+/* The figures in a few lines of text, for the page without JavaScript. */
+static void page_summary(ferry *f, buf *text)
+{
+    ferry_stats *st = xmalloc(sizeof(*st));
+    queue_key_view v;
+    healthz(f, text);
+    stats_snapshot(f, st);
+    stats_printf(text, "epoch %llu, %llu failover(s)", (unsigned long long)st->epoch,
+                 (unsigned long long)st->failovers);
+    if (st->failovers > 0) {
+        stats_printf(text, ", the last one %llu ms: %s", (unsigned long long)st->failover_last_ms,
+                     st->failover_last_reason);
+    }
+    buf_append_str(text, "\n");
+    stats_printf(text, "clients %llu, commands %llu, held bytes %llu, loops %llu\n",
+                 (unsigned long long)st->curr_connections, (unsigned long long)st->commands_total,
+                 (unsigned long long)st->held_bytes, (unsigned long long)st->workers);
+    stats_printf(text, "AOF asserted on the master: %s; replicas enforced %llu of %llu\n",
+                 st->aof_enforced ? "yes" : "no", (unsigned long long)st->replicas_enforced,
+                 (unsigned long long)st->replicas_known);
+    if (st->sentinels_configured > 0) {
+        stats_printf(text, "sentinels reachable %llu of %llu known: quorum %s\n",
+                     (unsigned long long)st->sentinels_reachable,
+                     (unsigned long long)st->sentinels_known,
+                     st->sentinel_quorum_ok ? "OK" : "LOST");
+    }
+    stats_printf(text, "fallback store: %llu row(s) pending, oldest %llu ms, %llu replayed\n",
+                 (unsigned long long)st->fallback_pending,
+                 (unsigned long long)st->fallback_oldest_ms,
+                 (unsigned long long)st->fallback_replayed);
+    stats_printf(text, "memory held for clients %llu of %llu bytes (0 = no limit)\n",
+                 (unsigned long long)st->memory_clients, (unsigned long long)st->max_memory);
+    for (size_t i = 0; queues_key(f, i, &v) && i < 50; i++) {
+        stats_printf(text, "queue %s (%s): %llu\n", v.key, v.type, (unsigned long long)v.length);
+    }
+    free(st);
+}
+
+/* GET /: the built-in page with the text summary in its <noscript>. */
+static void render_page(ferry *f, buf *body)
+{
+    const char *mark = strstr(ferry_page_html, PAGE_SUMMARY_MARK);
+    if (mark == NULL) {
+        buf_append(body, ferry_page_html, ferry_page_html_len);
+        return;
+    }
+    buf text;
+    buf_init(&text);
+    page_summary(f, &text);
+    buf_append(body, ferry_page_html, (size_t)(mark - ferry_page_html));
+    html_escape(body, buf_head(&text), buf_used(&text));
+    const char *rest = mark + strlen(PAGE_SUMMARY_MARK);
+    buf_append(body, rest, ferry_page_html_len - (size_t)(rest - ferry_page_html));
+    buf_free(&text);
+}
+
 /* What a request asks for. */
 enum {
     ROUTE_PLAIN = 0, /* not HTTP: the JSON figures, as is */
     ROUTE_METRICS,   /* GET /metrics */
     ROUTE_STATS,     /* GET /stats */
     ROUTE_HEALTHZ,   /* GET /healthz */
+    ROUTE_PAGE,      /* GET /: the live page */
     ROUTE_NOT_GET,   /* 405 */
     ROUTE_UNKNOWN    /* 404 */
 };
@@ -810,6 +1071,9 @@ static int sconn_route(sconn *c, const char *method, char *target)
     }
     if (strcmp(target, "/healthz") == 0) {
         return ROUTE_HEALTHZ;
+    }
+    if (strcmp(target, "/") == 0 || strcmp(target, "/index.html") == 0) {
+        return ROUTE_PAGE;
     }
     return ROUTE_UNKNOWN;
 }
@@ -838,13 +1102,17 @@ static void sconn_answer(sconn *c, int route)
     case ROUTE_HEALTHZ:
         code = healthz(f, &body);
         break;
+    case ROUTE_PAGE:
+        ctype = "text/html; charset=utf-8";
+        render_page(f, &body);
+        break;
     case ROUTE_NOT_GET:
         code = 405;
         buf_append_str(&body, "only GET is supported\n");
         break;
     default:
         code = 404;
-        buf_append_str(&body, "not found; try /metrics, /stats or /healthz\n");
+        buf_append_str(&body, "not found; try /, /metrics, /stats or /healthz\n");
         break;
     }
     sconn_reply_http(c, code, ctype, &body);
@@ -859,7 +1127,8 @@ static void sconn_gather(sconn *c, int route)
 {
     ferry *f = c->sv->f;
     uint64_t gen = 0;
-    if (route == ROUTE_PLAIN || route == ROUTE_METRICS || route == ROUTE_STATS) {
+    if (route == ROUTE_PLAIN || route == ROUTE_METRICS || route == ROUTE_STATS ||
+        route == ROUTE_PAGE) {
         gen = workers_refresh(f);
     }
     if (gen == 0) {
@@ -874,6 +1143,32 @@ static void sconn_gather(sconn *c, int route)
 }
 
 enum { PARSE_MORE = 0, PARSE_PLAIN, PARSE_HTTP };
+
+/* Do the headers in [p, end) hold "Connection: keep-alive"? */
+static int wants_keep_alive(const char *p, const char *end)
+{
+    static const char name[] = "connection:";
+    while (p < end) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (eol == NULL) {
+            eol = end;
+        }
+        size_t len = (size_t)(eol - p);
+        if (len > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
+            const char *v = p + sizeof(name) - 1;
+            while (v < eol && (*v == ' ' || *v == '\t')) {
+                v++;
+            }
+            size_t vlen = (size_t)(eol - v);
+            if (vlen > 0 && v[vlen - 1] == '\r') {
+                vlen--;
+            }
+            return vlen == 10 && strncasecmp(v, "keep-alive", 10) == 0;
+        }
+        p = eol + 1;
+    }
+    return 0;
+}
 
 /* Look at what was read: not an HTTP request line (plain), an incomplete
  * one (more), or a complete request (its line is then split in place). */
@@ -923,6 +1218,7 @@ static int sconn_parse(sconn *c, char **method, char **target)
             return PARSE_MORE;
         }
     }
+    c->keep_alive = has_version && wants_keep_alive(nl + 1, p + n);
     p[i] = '\0';
     if (has_version) {
         *sp = '\0';
@@ -989,7 +1285,9 @@ static void sconn_timer_cb(uv_timer_t *t)
     sconn *c = t->data;
     switch (c->state) {
     case SCONN_READING:
-        if (c->in.len == 0) {
+        if (c->kept) {
+            sconn_close(c, c->in.len == 0 ? "keep-alive idle" : "request timeout");
+        } else if (c->in.len == 0) {
             sconn_gather(c, ROUTE_PLAIN);
         } else if (!c->http_wait) {
             c->http_wait = 1;

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "config.h"
+
 struct buf;
 struct command;
 struct ferry;
@@ -66,6 +68,8 @@ typedef enum stat_type {
     X(limits, max_memory, GAUGE, "ferry_limit_max_memory_bytes",                                   \
       "limits.max_memory: bytes held for all clients before new requests get -OOM, 0 = none "      \
       "(live)")                                                                                    \
+    X(limits, max_clients, GAUGE, "ferry_limit_max_clients",                                       \
+      "client.max_clients: client connections ferry accepts at once (live)")                       \
     X(limits, max_pending_bytes, GAUGE, "ferry_limit_max_pending_bytes",                           \
       "client.max_pending_bytes: memory per client before ferry stops reading it (live)")          \
     X(limits, max_pipeline, GAUGE, "ferry_limit_max_pipeline",                                     \
@@ -170,6 +174,10 @@ typedef enum stat_type {
       "why the master was last lost or switched (live)")                                           \
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
+    X(failover, recent, NODES, "",                                                                 \
+      "the last 16 switches of the master view, oldest first: start and end (unix time in ms; "    \
+      "end 0 while in progress), duration_ms, went_down (it reached DOWN), reason, from (the "     \
+      "master lost), to (the master UP after it) (live)")                                          \
                                                                                                    \
     X(durability, aof_enforced, BOOL, "ferry_durability_aof_enforced",                             \
       "appendonly/appendfsync asserted on the current master (live)")                              \
@@ -178,6 +186,9 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
+      "replicas that must confirm a write (WAIT) before its reply is released: "                   \
+      "durability.replicas_ack as resolved (live)")                                                \
     X(durability, replicas_known, GAUGE, "ferry_durability_replicas_known",                        \
       "replicas Sentinel lists, whose durability ferry enforces too (live)")                       \
     X(durability, replicas_enforced, GAUGE, "ferry_durability_replicas_enforced",                  \
@@ -224,7 +235,25 @@ typedef enum stat_type {
     X(fallback, fallback_commit_seconds, HISTOGRAM, "ferry_fallback_commit_seconds",               \
       "client writes to the fallback store: submit to durable commit (group commits)")             \
     X(fallback, fallback_commit_errors, COUNTER, "ferry_fallback_commit_errors_total",             \
-      "group commits that failed (disk full, I/O error): nothing of them acknowledged")
+      "group commits that failed (disk full, I/O error): nothing of them acknowledged")            \
+                                                                                                   \
+    X(queues, queues, NODES, "",                                                                   \
+      "per entry of queues: (in order): keys (its globs), pushes and pops (push and pop "          \
+      "commands on its keys through ferry, every loop; Prometheus ferry_queue_pushes_total and "   \
+      "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths) (live)")         \
+    X(queues, queue_keys, NODES, "",                                                               \
+      "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
+      "sampled), store_rows (its rows in the fallback store); Prometheus ferry_queue_length by "   \
+      "queue (the key) (live)")                                                                    \
+    X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
+      "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
+    X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \
+      "1 while lengths are sampled on an UP master; 0: paused (live)")                             \
+    X(queues, queue_sample_rounds, COUNTER, "ferry_queue_sample_rounds_total",                     \
+      "sampling rounds sent to the master: one SCAN and up to keys_per_round TYPE and length "     \
+      "calls (live)")                                                                              \
+    X(queues, queue_keys_probed, COUNTER, "ferry_queue_keys_probed_total",                         \
+      "keys whose length was asked of the master (live)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */
@@ -249,7 +278,9 @@ typedef struct stats_histogram {
 #define STATS_FIELD(section, name, type, prom, help) STATS_FIELD_##type(name)
 
 typedef struct ferry_stats {
-    FERRY_STATS(STATS_FIELD) /* one field per stat, commented in FERRY_STATS */
+    FERRY_STATS(STATS_FIELD)                  /* one field per stat, commented in FERRY_STATS */
+    uint64_t queue_pushes[CONFIG_MAX_QUEUES]; /* per entry of queues: (queues.c) */
+    uint64_t queue_pops[CONFIG_MAX_QUEUES];
 } ferry_stats;
 
 /* Count a parsed request by its command's class (cmd NULL: unknown). */

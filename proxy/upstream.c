@@ -247,6 +247,13 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
         log_info("%smaster view: %s -> UP(%s, epoch %llu) after %llu ms: %s", up->tag,
                  upstream_state_name(old), up->name, (unsigned long long)up->epoch,
                  (unsigned long long)took, reason);
+        if (up->nrecent > 0) {
+            switch_record *sw = &up->recent[(up->nrecent - 1) % UPSTREAM_RECENT_SWITCHES];
+            if (sw->end_ms == 0) {
+                sw->end_ms = now > sw->start_ms ? now : sw->start_ms + 1;
+                snprintf(sw->to, sizeof(sw->to), "%s", up->name);
+            }
+        }
         if (up->switches > 0) {
             up->last_switch_ms = took;
             if (took > up->longest_switch_ms) {
@@ -264,6 +271,15 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
             up->switch_started_ms = now;
             up->switches++;
             snprintf(up->last_reason, sizeof(up->last_reason), "%s", reason);
+            switch_record *sw = &up->recent[up->nrecent++ % UPSTREAM_RECENT_SWITCHES];
+            memset(sw, 0, sizeof(*sw));
+            sw->start_ms = now;
+            snprintf(sw->reason, sizeof(sw->reason), "%s", reason);
+            snprintf(sw->from, sizeof(sw->from), "%s", up->target_set ? up->name : "");
+        }
+        if (st == UP_DOWN && up->nrecent > 0) {
+            switch_record *sw = &up->recent[(up->nrecent - 1) % UPSTREAM_RECENT_SWITCHES];
+            sw->went_down |= sw->end_ms == 0;
         }
     }
     up->state = st;

@@ -41,6 +41,18 @@ typedef enum upstream_state {
     UP_UP         /* a verified master answers */
 } upstream_state;
 
+#define UPSTREAM_RECENT_SWITCHES 16 /* switches kept for the stats page */
+
+/* One switch of the master view, for the timeline of recent failovers. */
+typedef struct switch_record {
+    uint64_t start_ms; /* uv_now() when the master was lost */
+    uint64_t end_ms;   /* uv_now() when a master was UP again; 0 while in progress */
+    int went_down;     /* it reached DOWN (fallback.after_ms without a master) */
+    char reason[160];  /* why it started */
+    char from[300];    /* the master that was lost */
+    char to[300];      /* the master UP after it, "" while in progress */
+} switch_record;
+
 typedef struct upstream {
     ferry *f;                     /* context */
     struct sockaddr_storage addr; /* master address (TCP) */
@@ -77,12 +89,14 @@ typedef struct upstream {
     uint64_t last_switch_ms;    /* duration of the last completed switch */
     uint64_t longest_switch_ms; /* longest completed switch */
     char last_reason[160];      /* why the last switch started */
-    int replicas_ack;           /* replicas that must confirm a write (resolved) */
-    int fence_valid;            /* no promotion seen since the switch began: a
-                                   replica's WAIT ack on the old master still counts */
-    link *probe;                /* health probe link, NULL while none */
-    uint64_t next_probe_ms;     /* next probe PING */
-    uint64_t probe_ok_ms;       /* last probe answer (or UP time) */
+    switch_record recent[UPSTREAM_RECENT_SWITCHES]; /* ring of the last switches */
+    uint64_t nrecent;                               /* switches recorded (ring index mod) */
+    int replicas_ack;       /* replicas that must confirm a write (resolved) */
+    int fence_valid;        /* no promotion seen since the switch began: a
+                               replica's WAIT ack on the old master still counts */
+    link *probe;            /* health probe link, NULL while none */
+    uint64_t next_probe_ms; /* next probe PING */
+    uint64_t probe_ok_ms;   /* last probe answer (or UP time) */
 } upstream;
 
 /* Create the upstream for the configured master and start connecting (a

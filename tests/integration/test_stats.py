@@ -21,7 +21,7 @@ from harness import Ferry, RedisServer, resp_encode, resp_read_reply, wait_until
 
 PROMTOOL = shutil.which('promtool')
 SECTIONS = ('clients', 'memory', 'limits', 'commands', 'errors', 'latency', 'upstream',
-            'failover', 'durability', 'sentinels', 'fallback')
+            'failover', 'durability', 'sentinels', 'fallback', 'queues')
 
 
 def read_all(sock, timeout=5.0):
@@ -287,6 +287,34 @@ class StatsTest(unittest.TestCase):
         self.assertIn(b'/metrics', body)
         line, _ = raw_http(self.port, b'POST /stats HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n')
         self.assertEqual(line, 'HTTP/1.0 405 Method Not Allowed')
+
+    def test_keep_alive_when_asked(self):
+        # A browser asks to keep the connection: several requests on one
+        # connection, and once it carried one, silence never gets the plain
+        # JSON (a spare connection would otherwise fail the page's poll).
+        with socket.create_connection(('127.0.0.1', self.port), timeout=5) as s:
+            f = s.makefile('rb')
+            for path in (b'/stats', b'/', b'/metrics'):
+                s.sendall(b'GET ' + path + b' HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n')
+                self.assertEqual(f.readline(), b'HTTP/1.1 200 OK\r\n')
+                headers = {}
+                while True:
+                    line = f.readline().rstrip(b'\r\n')
+                    if not line:
+                        break
+                    k, _, v = line.decode().partition(':')
+                    headers[k.lower()] = v.strip()
+                self.assertEqual(headers['connection'], 'keep-alive')
+                body = f.read(int(headers['content-length']))
+                if path == b'/stats':
+                    json.loads(body)
+            s.settimeout(8)
+            t0 = time.monotonic()
+            self.assertEqual(s.recv(100), b'')  # closed when idle, nothing sent
+            self.assertGreater(time.monotonic() - t0, 1.0)
+        # without the header: answered and closed, as before
+        line, _ = raw_http(self.port, b'GET /stats HTTP/1.1\r\nHost: a\r\n\r\n')
+        self.assertEqual(line, 'HTTP/1.0 200 OK')
 
     def test_minimal_requests(self):
         # HTTP/0.9-style line, bare LF line ends, headers split across writes.

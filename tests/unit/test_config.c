@@ -425,6 +425,58 @@ static void test_workers(void **state)
     run_error_cases(cases, sizeof(cases) / sizeof(cases[0]));
 }
 
+static void test_queues(void **state)
+{
+    config cfg;
+    (void)state;
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\n");
+    assert_int_equal(cfg.nqueues, 0);
+    assert_int_equal(cfg.queue_depths_interval_ms, 1000);
+    assert_int_equal(cfg.queue_depths_keys_per_round, 100);
+    assert_int_equal(cfg.queue_depths_max_keys, 1000);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: \"jobs:*\"\n"
+                  "  - {keys: [\"a:*\", \"b:[0-9]\"]}\n"
+                  "queue_depths: {interval_ms: 250, keys_per_round: 7, max_keys: 20}\n");
+    assert_int_equal(cfg.nqueues, 2);
+    assert_int_equal(cfg.queues[0].nkeys, 1);
+    assert_string_equal(cfg.queues[0].keys[0], "jobs:*");
+    assert_int_equal(cfg.queues[1].nkeys, 2);
+    assert_string_equal(cfg.queues[1].keys[1], "b:[0-9]");
+    assert_int_equal(cfg.queue_depths_interval_ms, 250);
+    assert_int_equal(cfg.queue_depths_keys_per_round, 7);
+    assert_int_equal(cfg.queue_depths_max_keys, 20);
+    config_free(&cfg);
+
+    static const error_case cases[] = {
+        {"redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: \"j:*\"\n    lease_ms: 5\n",
+         "t.yml:4:5: ", "queues[0]: unknown key 'lease_ms'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: a\n  - {keys: b, x: 1}\n",
+         "t.yml:4:15: ", "queues[1]: unknown key 'x'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: {keys: a}\n",
+         "t.yml:2:9: ", "queues: expected a list of entries, got a mapping"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [a]\n",
+         "t.yml:2:10: ", "queues[0]: expected a mapping"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{}]\n",
+         "t.yml:2:10: ", "queues[0]: keys: is required"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: []}]\n",
+         "t.yml:2:17: ", "queues[0].keys: expected at least one glob"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: \"\"}]\n",
+         "t.yml:2:17: ", "queues[0].keys: an empty glob"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, keys: b}]\n",
+         "t.yml:2:20: ", "queues[0]: duplicate key 'keys'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: []\nqueues: []\n",
+         "t.yml:3:1: ", "duplicate key 'queues'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {interval_ms: 1}\n",
+         "t.yml:2:29: ", "queue_depths.interval_ms: 1 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {rounds: 1}\n",
+         "t.yml:2:16: ", "unknown key 'queue_depths.rounds'"},
+    };
+    run_error_cases(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
 static void test_stats_off(void **state)
 {
     config cfg;
@@ -1041,6 +1093,7 @@ int main(void)
         cmocka_unit_test(test_empty_strings_are_null),
         cmocka_unit_test(test_takeover_socket),
         cmocka_unit_test(test_workers),
+        cmocka_unit_test(test_queues),
         cmocka_unit_test(test_stats_off),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_parse_addr),
