@@ -78,6 +78,7 @@ typedef struct upstream {
     uint64_t longest_switch_ms; /* longest completed switch */
     char last_reason[160];      /* why the last switch started */
     int replicas_ack;           /* replicas that must confirm a write (resolved) */
+    uint64_t acks_asked_ms;     /* replicas last asked for an ACK (slow WAIT) */
     int fence_valid;            /* no promotion seen since the switch began: a
                                    replica's WAIT ack on the old master still counts */
     link *probe;                /* health probe link, NULL while none */
