@@ -955,7 +955,7 @@ void upstream_tick(upstream *up, uint64_t now)
             l->last_io_ms = now;
         }
     }
-    if (wait_slow && f->sentinel != NULL && now - up->acks_asked_ms >= WAIT_SLOW_MS) {
+    if (wait_slow && up->sentinel_mode && now - up->acks_asked_ms >= WAIT_SLOW_MS) {
         /* A replica Redis counts online may still not be sent the GETACK of
          * a WAIT: after a diskless full resync (the usual one for the
          * replica left behind by a failover) Redis streams nothing to it
@@ -965,6 +965,10 @@ void upstream_tick(upstream *up, uint64_t now)
         log_debug("replicas_ack: a WAIT on %s is unanswered after %d ms; asking the replicas "
                   "for an ACK",
                   up->name, WAIT_SLOW_MS);
-        sentinel_ask_replica_acks(f->sentinel);
+        if (f->sentinel != NULL) {
+            sentinel_ask_replica_acks(f->sentinel);
+        } else {
+            workers_ask_replica_acks(f); /* a worker: the main loop asks */
+        }
     }
 }

@@ -17,7 +17,8 @@ and checks: rate after >= 0.9 x rate before, no failed job, and every worker
 still finishing jobs. Each run prints both rates.
 
 Run:  python3 -m unittest test_rq_failover -v
-      RQ_WINDOW=20 RQ_JOBS=3000 python3 -m unittest test_rq_failover -v
+      RQ_WINDOW=20 RQ_JOBS=4000 python3 -m unittest test_rq_failover -v
+      RQ_ACK=0 ...   (durability.replicas_ack 0, to compare)
 
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
 """
