@@ -176,6 +176,9 @@ static void fence_send_wait(link *l, int fence)
     link_internal(l, argv, 3, wait_done, fence ? FENCE_ARG : 0);
     l->nwaits++;
     l->need_wait = 0;
+    if (!fence) {
+        l->wait_sent_ms = uv_now(l->f->loop);
+    }
 }
 
 void fence_wait(link *l)
@@ -240,6 +243,9 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         acked = rr->integer;
     }
     freeReplyObject(rr);
+    log_debug("link %llu: %s WAIT %lld answered %lld after %llu ms", (unsigned long long)l->id,
+              fence ? "fence" : "replicas_ack", need, acked,
+              (unsigned long long)((uv_hrtime() - w->born_ns) / 1000000));
     /* Refused (a user without +wait, client.auth redis): asking again
      * cannot help; the writes stay unconfirmed. */
     char refused[200] = "";

@@ -70,6 +70,7 @@ typedef struct link {
     int need_wait;              /* writes sent since the last WAIT (replicas_ack) */
     int nwaits;                 /* WAITs in flight on this link */
     uint64_t held_since_ms;     /* when the oldest held reply arrived */
+    uint64_t wait_sent_ms;      /* when the last replicas_ack WAIT was queued */
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */

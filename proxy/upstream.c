@@ -24,6 +24,10 @@
 #include "session.h"
 #include "workers.h"
 
+/* A replicas_ack WAIT unanswered this long has the replicas asked for an
+ * ACK directly (sentinel_ask_replica_acks); again at most this often. */
+#define WAIT_SLOW_MS 50
+
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
 /* A Redis user no session is authenticated as keeps its links (and its
@@ -925,6 +929,7 @@ void upstream_tick(upstream *up, uint64_t now)
     if (!f->stopping) {
         upstream_probe(up, now);
     }
+    int wait_slow = 0;
     list_foreach_safe(n, t, &up->links)
     {
         link *l = list_entry(n, link, node);
@@ -959,6 +964,9 @@ void upstream_tick(upstream *up, uint64_t now)
         if (fence_check(l, now)) {
             continue;
         }
+        if (l->state == LINK_READY && l->nwaits > 0 && now - l->wait_sent_ms >= WAIT_SLOW_MS) {
+            wait_slow = 1;
+        }
         /* Keep idle links alive through Redis' own 'timeout' and NATs. A link
          * inside MULTI or in a pass-through tunnel must not see a stray PING. */
         if (l->state == LINK_READY && l->kind != LINK_PROBE && cfg->ping_interval_ms > 0 &&
@@ -974,6 +982,22 @@ void upstream_tick(upstream *up, uint64_t now)
             l->ping_sent_ms = now;
             link_internal(l, l->who->user != NULL ? hello : ping, 1, ping_done, 0);
             l->last_io_ms = now;
+        }
+    }
+    if (wait_slow && up->sentinel_mode && now - up->acks_asked_ms >= WAIT_SLOW_MS) {
+        /* A replica Redis counts online may still not be sent the GETACK of
+         * a WAIT: after a diskless full resync (the usual one for the
+         * replica left behind by a failover) Redis streams nothing to it
+         * until its next ACK, which comes once a second. Asked directly,
+         * the replica sends that ACK now. */
+        up->acks_asked_ms = now;
+        log_debug("replicas_ack: a WAIT on %s is unanswered after %d ms; asking the replicas "
+                  "for an ACK",
+                  up->name, WAIT_SLOW_MS);
+        if (f->sentinel != NULL) {
+            sentinel_ask_replica_acks(f->sentinel);
+        } else {
+            workers_ask_replica_acks(f); /* a worker: the main loop asks */
         }
     }
 }

@@ -92,6 +92,7 @@ typedef struct upstream {
     switch_record recent[UPSTREAM_RECENT_SWITCHES]; /* ring of the last switches */
     uint64_t nrecent;                               /* switches recorded (ring index mod) */
     int replicas_ack;       /* replicas that must confirm a write (resolved) */
+    uint64_t acks_asked_ms; /* replicas last asked for an ACK (slow WAIT) */
     int fence_valid;        /* no promotion seen since the switch began: a
                                replica's WAIT ack on the old master still counts */
     link *probe;            /* health probe link, NULL while none */

@@ -110,6 +110,7 @@ typedef struct workers {
                                               a store operation */
     int async_open;                        /* async initialised, not closed */
     atomic_int sentinel_asked;             /* a worker lost its master */
+    atomic_int acks_asked;                 /* a worker's WAIT is slow */
     uv_mutex_t qlock;                      /* guards the fields below */
     mmsg *qhead, *qtail;                   /* store operations for the main loop */
     int qopen;                             /* the main loop will read the queue */
@@ -298,6 +299,9 @@ static void trigger_cb(uv_async_t *a)
     ferry *f = wk->main;
     if (atomic_exchange(&wk->sentinel_asked, 0) && f->sentinel != NULL && !f->closed) {
         sentinel_trigger(f->sentinel);
+    }
+    if (atomic_exchange(&wk->acks_asked, 0) && f->sentinel != NULL && !f->closed) {
+        sentinel_ask_replica_acks(f->sentinel);
     }
     uv_mutex_lock(&wk->qlock);
     mmsg *q = wk->qhead;
@@ -590,6 +594,15 @@ void workers_keep_master(ferry *f)
 {
     keep_master(f->up, 0);
     post_all(f, WM_KEEP, NULL, 0, NULL);
+}
+
+void workers_ask_replica_acks(ferry *f)
+{
+    workers *wk = f->workers;
+    if (wk != NULL && f->worker_index > 0) {
+        atomic_store(&wk->acks_asked, 1);
+        uv_async_send(&wk->async);
+    }
 }
 
 void workers_trigger_sentinel(ferry *f)

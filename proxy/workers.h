@@ -61,6 +61,8 @@ void workers_takeover_abort(ferry *f);
 void workers_adopt(ferry *f, int fd, char *p, size_t n);
 /* A worker lost its master: the main loop's Sentinel client asks again. */
 void workers_trigger_sentinel(ferry *f);
+/* A worker's WAIT is slow: the main loop asks the replicas for an ACK. */
+void workers_ask_replica_acks(ferry *f);
 
 /* The fallback store (outage.c) lives on the main loop. A worker posts a
  * store operation to it (0, or -1 once the main loop reads no more: only

@@ -38,7 +38,7 @@
                                  before a replica is dropped */
 #define REPLICA_ERROR_MAX 256 /* bytes of a last error, NUL included */
 
-enum { K_AUTH = 1, K_PRE, K_SET, K_REWRITE, K_POST }; /* what a reply answers */
+enum { K_AUTH = 1, K_PRE, K_SET, K_REWRITE, K_POST, K_ACK }; /* what a reply answers */
 
 typedef struct replica {
     replicas *rs;                       /* owner */
@@ -60,6 +60,7 @@ typedef struct replica {
     char set_error[REPLICA_ERROR_MAX];  /* its refusal, if any */
     int persisted;                      /* CONFIG REWRITE done on this connection */
     int rewrite_logged;                 /* its refusal logged on this connection */
+    int no_ack_ask;                     /* REPLCONF GETACK refused: not asked again */
     int enforced;                       /* see replica_view */
     uint64_t enforced_since_ms;         /* see replica_view */
     char last_error[REPLICA_ERROR_MAX]; /* see replica_view */
@@ -232,6 +233,16 @@ static void on_reply(sconn *c, void *data, int kind, redisReply *r)
     case K_POST:
         round_close(rp, r, now);
         break;
+    case K_ACK:
+        if (r->type == REDIS_REPLY_ERROR) {
+            /* CLIENT REPLY or REPLCONF refused (ACL): replies of the three
+             * commands may be due; start afresh, and ask no more. */
+            rp->no_ack_ask = 1;
+            log_warn("durability: replica %s refused to be asked for an ACK: %.200s", rp->addr,
+                     r->str ? r->str : "");
+            sconn_close(c, "asking for an ACK was refused");
+        }
+        break;
     default:
         break;
     }
@@ -378,6 +389,25 @@ void replicas_learn(replicas *rs, const redisReply *r, uint64_t now)
     rs->last_answer_ms = now;
     for (size_t i = 0; i < r->elements && i < 2 * REPLICAS_MAX; i++) {
         learn_one(rs, r->element[i], now);
+    }
+}
+
+void replicas_ask_acks(replicas *rs)
+{
+    static const char *const off[] = {"CLIENT", "REPLY", "OFF"};
+    static const char *const getack[] = {"REPLCONF", "GETACK", "*"};
+    static const char *const on[] = {"CLIENT", "REPLY", "ON"};
+    if (rs == NULL || rs->closing) {
+        return;
+    }
+    for (int i = 0; i < rs->n; i++) {
+        replica *rp = rs->nodes[i];
+        if (rp->c == NULL || !rp->c_up || rp->no_ack_ask) {
+            continue;
+        }
+        if (sconn_send_noreply(rp->c, 3, off) == 0 && sconn_send_noreply(rp->c, 3, getack) == 0) {
+            rsend(rp, K_ACK, 3, on);
+        }
     }
 }
 

@@ -34,6 +34,13 @@ void replicas_learn(replicas *rs, const redisReply *r, uint64_t now);
 /* Periodic: connects, enforcement rounds, timeouts, replicas no sentinel
  * lists any more are dropped. */
 void replicas_tick(replicas *rs, uint64_t now);
+/* Ask every connected replica to send its master an ACK now: REPLCONF
+ * GETACK, which a replica obeys from any client and answers nothing to,
+ * between CLIENT REPLY OFF and ON. A master that counts a replica online
+ * but streams nothing to it until its next ACK (after a diskless full
+ * resync) answers a WAIT at once instead of after the replica's periodic
+ * ACK, once a second. */
+void replicas_ask_acks(replicas *rs);
 /* Close every connection (ferry is stopping). */
 void replicas_close(replicas *rs);
 void replicas_free(replicas *rs); /* accepts NULL; after replicas_close */

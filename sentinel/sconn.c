@@ -96,6 +96,16 @@ int sconn_send(sconn *c, int kind, int argc, const char *const *argv)
     return 0;
 }
 
+int sconn_send_noreply(sconn *c, int argc, const char *const *argv)
+{
+    if (c->state == SC_CLOSING) {
+        return -1;
+    }
+    buf_append_argv(&c->out.fill, argc, argv);
+    sconn_flush(c);
+    return 0;
+}
+
 static void alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     sconn *c = h->data;

@@ -25,6 +25,9 @@ sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_
 /* Queue a command; kind comes back with its reply. Returns 0, or -1 when
  * too many replies are already due (the caller should drop the link). */
 int sconn_send(sconn *c, int kind, int argc, const char *const *argv);
+/* Queue a command Redis answers nothing to (CLIENT REPLY OFF, ...): no
+ * reply is expected for it. Returns 0, or -1 when closing. */
+int sconn_send_noreply(sconn *c, int argc, const char *const *argv);
 /* Close; the state callback reports it once. Safe inside a callback. */
 void sconn_close(sconn *c, const char *why);
 int sconn_up(const sconn *c);

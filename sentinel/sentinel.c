@@ -851,6 +851,13 @@ sentinel_client *sentinel_new(ferry *f)
     return sc;
 }
 
+void sentinel_ask_replica_acks(sentinel_client *sc)
+{
+    if (sc != NULL && !sc->closing) {
+        replicas_ask_acks(sc->replicas);
+    }
+}
+
 void sentinel_trigger(sentinel_client *sc)
 {
     if (sc->closing) {

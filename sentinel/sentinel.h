@@ -22,6 +22,9 @@ sentinel_client *sentinel_new(ferry *f);
 void sentinel_tick(sentinel_client *sc, uint64_t now);
 /* Start a poll round as soon as possible (a failover sign was seen). */
 void sentinel_trigger(sentinel_client *sc);
+/* A WAIT on the master is slow: ask every replica followed for durability
+ * to send its master an ACK now (replicas_ask_acks). */
+void sentinel_ask_replica_acks(sentinel_client *sc);
 /* Close every connection (their handles close on the loop). */
 void sentinel_close(sentinel_client *sc);
 void sentinel_free(sentinel_client *sc); /* accepts NULL */

@@ -1,0 +1,170 @@
+"""RQ through ferry across a kill -9 of the master (Sentinel mode, replicas_ack
+1 by default): the job rate after the failover must stay within 10 % of the
+rate before it.
+
+RQ 2.10 and redis-py 8.1 (RESP3, as users run them) come from the virtual
+environment scripts/setup makes in tests/integration/pylibs-venv. RQ's paths
+are the ones the plain failover workload does not take: every job is
+dequeued with BLMOVE on a dedicated link, its state is written by MULTI/EXEC
+and WATCH+MULTI transactions (one WAIT after each EXEC), each `rq worker`
+holds a pub/sub connection and forks a work horse per job that opens
+connections of its own.
+
+The test enqueues JOBS jobs, starts 3 `rq worker` processes, measures the
+jobs finished per second over WINDOW seconds, kills the master with SIGKILL,
+waits for the failover and for jobs to finish again, measures another WINDOW,
+and checks: rate after >= 0.9 x rate before, no failed job, and every worker
+still finishing jobs. Each run prints both rates.
+
+Run:  python3 -m unittest test_rq_failover -v
+      RQ_WINDOW=20 RQ_JOBS=4000 python3 -m unittest test_rq_failover -v
+      RQ_ACK=0 ...   (durability.replicas_ack 0, to compare)
+
+Ferry-only (skipped with FERRY_TEST_DIRECT=1).
+"""
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+import harness
+from failover_load import current_master
+from harness import Ferry, SentinelTopology, wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VENV = os.path.join(HERE, 'pylibs-venv')
+JOBS = int(os.environ.get('RQ_JOBS', '3000'))
+WINDOW = float(os.environ.get('RQ_WINDOW', '12'))   # seconds measured before and after
+WORKERS = 3
+MAX_DROP = 0.10
+EXTRA_CONF = {'durability': {'replicas_ack': int(os.environ['RQ_ACK'])}} if os.environ.get('RQ_ACK') else {}
+
+ENQUEUE = r'''
+import sys
+from redis import Redis
+from rq import Queue
+q = Queue('default', connection=Redis(host='127.0.0.1', port=int(sys.argv[1])))
+for i in range(int(sys.argv[2])):
+    q.enqueue('rq_jobs.noop', i, result_ttl=3600)
+print(len(q))
+'''
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class RQFailoverTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        for exe in ('python', 'rq'):
+            if not os.access(os.path.join(VENV, 'bin', exe), os.X_OK):
+                raise AssertionError('%s is missing: run scripts/setup (it makes the virtual '
+                                     'environment with RQ and redis-py from FERRY_PYLIBS)'
+                                     % os.path.join(VENV, 'bin', exe))
+
+    def env(self):
+        env = dict(os.environ)
+        env['PYTHONPATH'] = HERE
+        return env
+
+    def start_worker(self, port, i):
+        out = os.path.join(self.ferry.dir, 'rq-worker-%d.log' % i)
+        # harness._spawn: own process group (the work horses join it), dies
+        # with the test process.
+        p = harness._spawn([os.path.join(VENV, 'bin', 'rq'), 'worker', '--url',
+                            'redis://127.0.0.1:%d' % port, '--name', 'w%d' % i, 'default'],
+                           out, cwd=HERE, env=self.env())
+
+        def stop():
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        self.addCleanup(stop)
+        return p, out
+
+    def finished(self):
+        """(jobs finished, jobs failed, {worker: successful jobs}) on the master."""
+        def ask():
+            c = current_master(self.topo).client(socket_timeout=2)
+            done = c.zcard('rq:finished:default')
+            failed = c.zcard('rq:failed:default')
+            per = {}
+            for i in range(WORKERS):
+                per['w%d' % i] = int(c.hget('rq:worker:w%d' % i, 'successful_job_count') or 0)
+            return done, failed, per
+        last = None
+        for _ in range(50):
+            try:
+                return ask()
+            except Exception as e:  # noqa: BLE001 - the master may be moving
+                last = e
+                time.sleep(0.1)
+        raise AssertionError('cannot read RQ state from the master: %r' % (last,))
+
+    def rate(self, label):
+        d0, _, p0 = self.finished()
+        t0 = time.monotonic()
+        time.sleep(WINDOW)
+        d1, failed, p1 = self.finished()
+        dt = time.monotonic() - t0
+        r = (d1 - d0) / dt
+        per = {w: p1[w] - p0.get(w, 0) for w in p1}
+        print('[rq %s] %.1f jobs/s over %.1f s (%d jobs; per worker %s; failed so far %d)'
+              % (label, r, dt, d1 - d0, per, failed), flush=True)
+        return r, per, failed
+
+    def diag(self):
+        logs = []
+        for p, out in self.workers:
+            with open(out, errors='replace') as f:
+                logs.append('--- %s ---\n%s' % (out, f.read()[-1500:]))
+        return '\n--- ferry log ---\n%s\n%s\n%s' % (self.ferry.log()[-5000:], '\n'.join(logs),
+                                                   self.topo.logs(1500))
+
+    def test_kill9_keeps_the_job_rate(self):
+        self.workers = []
+        self.topo = SentinelTopology()
+        self.addCleanup(self.topo.stop)
+        self.ferry = Ferry(None, sentinel=self.topo,
+                           conf={'upstream': {'hold_timeout_ms': 10000}, **EXTRA_CONF})
+        self.addCleanup(self.ferry.stop)
+
+        p = subprocess.run([os.path.join(VENV, 'bin', 'python'), '-c', ENQUEUE,
+                            str(self.ferry.port), str(JOBS)], cwd=HERE, env=self.env(),
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, 'enqueue failed: %s%s' % (p.stderr[-3000:],
+                                                                   self.diag()))
+
+        self.workers = [self.start_worker(self.ferry.port, i) for i in range(WORKERS)]
+        # Warm-up: every worker has finished a few jobs.
+        wait_until(lambda: min(self.finished()[2].values()) >= 3, timeout=120, interval=0.5,
+                   msg='every RQ worker to finish 3 jobs')
+        before, _, _ = self.rate('before the kill')
+        left = JOBS - self.finished()[0]
+        self.assertGreater(left, before * (WINDOW + 15),
+                           'too few jobs left to measure after the failover: raise RQ_JOBS')
+
+        old = current_master(self.topo)
+        old.kill()
+        new_port = self.topo.wait_failover(old.port, timeout=30)
+        # Service again: jobs finish on the new master.
+        done_at_kill = self.finished()[0]
+        wait_until(lambda: self.finished()[0] > done_at_kill + WORKERS, timeout=60, interval=0.2,
+                   msg='jobs to finish again on the new master %d' % new_port)
+        time.sleep(2)
+        after, per, failed = self.rate('after the kill')
+
+        self.assertEqual(failed, 0, 'RQ jobs failed across the failover%s' % self.diag())
+        idle = [w for w, n in per.items() if n == 0]
+        self.assertEqual(idle, [], 'RQ workers that finished nothing after the failover: %s%s'
+                         % (idle, self.diag()))
+        self.assertGreaterEqual(after, before * (1 - MAX_DROP),
+                                'RQ ran %.1f jobs/s before the kill -9 and %.1f after (more '
+                                'than %d %% slower)%s' % (before, after, MAX_DROP * 100,
+                                                          self.diag()))
+
+
+if __name__ == '__main__':
+    unittest.main()
