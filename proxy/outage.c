@@ -59,13 +59,13 @@
 typedef enum remote_kind { RO_PUSH = 0, RO_POP, RO_MOVE, RO_CONFIRM, RO_RELEASE } remote_kind;
 
 typedef struct remote_op {
-    list_node node; /* worker: in its outage's remote_ops while it waits for the result */
-    ferry *main;    /* the main loop's context */
-    int loop;       /* the worker's index */
-    fallback_cb cb; /* worker: gets the result; NULL once nobody waits for it */
-    void *arg;      /* for cb */
-    int awaited;    /* a result goes back (set once, before it is sent); confirms
-                       and releases have none */
+    list_node node;  /* worker: in its outage's remote_ops while it waits for the result */
+    ferry *main_ctx; /* the main loop's context */
+    int loop;        /* the worker's index */
+    fallback_cb cb;  /* worker: gets the result; NULL once nobody waits for it */
+    void *arg;       /* for cb */
+    int awaited;     /* a result goes back (set once, before it is sent); confirms
+                        and releases have none */
     remote_kind kind;
     int how;      /* push: enum fallback_kind; pop, move: enum fallback_end */
     int to;       /* move: FB_LPUSH or FB_RPUSH */
@@ -253,9 +253,9 @@ int outage_open(ferry *f)
     return 0;
 }
 
-void outage_attach(ferry *wf, ferry *main)
+void outage_attach(ferry *wf, ferry *main_ctx)
 {
-    struct outage *mo = main->outage;
+    struct outage *mo = main_ctx->outage;
     if (mo == NULL || wf->outage != NULL) {
         return;
     }
@@ -264,7 +264,7 @@ void outage_attach(ferry *wf, ferry *main)
     o->sh = mo->sh;
     atomic_fetch_add(&o->sh->refs, 1);
     o->remote = 1;
-    o->main = main;
+    o->main_ctx = main_ctx;
     list_init(&o->remote_ops);
     snprintf(o->marker, sizeof(o->marker), "%s", mo->marker);
     wf->outage = o;
@@ -380,7 +380,7 @@ static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key
 {
     remote_op *ro = xcalloc(1, sizeof(*ro));
     list_init(&ro->node);
-    ro->main = o->main;
+    ro->main_ctx = o->main_ctx;
     ro->loop = o->f->worker_index;
     ro->cb = cb;
     ro->arg = arg;
@@ -566,7 +566,7 @@ static void remote_orphan(struct outage *o, remote_op *ro)
 static void remote_done(void *arg, int status, const char *errstr, const fallback_result *res)
 {
     remote_op *ro = arg;
-    ferry *f = ro->main;
+    ferry *f = ro->main_ctx;
     ro->answered = 1;
     ro->status = status;
     if (status < 0) {

@@ -31,7 +31,7 @@ int outage_waits(ferry *f, const request *r);
  * gets a view of it (wf->outage) that serves its clients the same way and
  * has the main loop run the store operations. Called by workers_start
  * before the worker's thread starts; nothing if main has no store. */
-void outage_attach(ferry *wf, ferry *main);
+void outage_attach(ferry *wf, ferry *main_ctx);
 /* Main loop: run a store operation a worker posted (workers_to_main). */
 void outage_remote_run(ferry *f, void *op);
 /* Worker loop: the result of its operation (its mailbox). */

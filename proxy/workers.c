@@ -100,7 +100,7 @@ typedef struct worker {
 } worker;
 
 typedef struct workers {
-    ferry *main;                           /* the main loop's context */
+    ferry *main_ctx;                       /* the main loop's context */
     int n;                                 /* loops, the main one included */
     worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
     uint64_t next;                         /* round-robin (main loop only) */
@@ -159,7 +159,7 @@ static void post(worker *w, wmsg *m)
     uv_mutex_lock(&w->lock);
     if (!w->open) {
         uv_mutex_unlock(&w->lock);
-        msg_free(w->all->main, m);
+        msg_free(w->all->main_ctx, m);
         return;
     }
     if (w->tail == NULL) {
@@ -295,7 +295,7 @@ static void mail_cb(uv_async_t *a)
 static void trigger_cb(uv_async_t *a)
 {
     workers *wk = a->data;
-    ferry *f = wk->main;
+    ferry *f = wk->main_ctx;
     if (atomic_exchange(&wk->sentinel_asked, 0) && f->sentinel != NULL && !f->closed) {
         sentinel_trigger(f->sentinel);
     }
@@ -362,7 +362,7 @@ int workers_start(ferry *f)
         return 0;
     }
     workers *wk = xcalloc(1, sizeof(*wk));
-    wk->main = f;
+    wk->main_ctx = f;
     wk->n = 1;
     f->workers = wk;
     f->worker_index = 0;
