@@ -262,6 +262,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->loop = loop;
     f->cfg = cfg;
     f->id_step = 1;
+    f->unhold = backlog_forget;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

@@ -169,6 +169,10 @@ typedef struct ferry {
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
+    /* Upward calls of the lower modules, set by core at start-up: they call
+     * nothing above them by name (see README, "How a request travels"). */
+    void (*unhold)(request *r);         /* request_set_state: r leaves the hold (backlog) */
+    const struct link_ops *link_ops;    /* what a link reports to its owners (link.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
@@ -184,7 +188,8 @@ static inline uint64_t ferry_next_id(ferry *f)
 request *request_new(ferry *f);
 /* The one setter of r->state; asserts the transition is legal:
  * HELD->SENT|ANSWERED, SENT->WAITING|ANSWERED|HELD, WAITING->ANSWERED|HELD.
- * A request that leaves HELD leaves the backlog (backlog.c) too. */
+ * A request that leaves HELD leaves the backlog (backlog.c) too, through
+ * f->unhold. */
 void request_set_state(request *r, req_state st);
 /* Deadline of a blocking call from its timeout argument (uv_now() based),
  * 0 when it blocks forever or is not a blocking call. */
