@@ -10,9 +10,12 @@
 #include <string.h>
 
 #include "backlog.h"
+#include "fence.h"
+#include "link.h"
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
+#include "router.h"
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
@@ -256,6 +259,26 @@ static void raise_fd_limit(const config *cfg)
 
 /* What every loop's context needs: lists, buffers, the deny list, the
  * per-turn flush and the tick (not started). */
+/* The upward calls of a link, wired to the modules above it. */
+static const link_ops core_link_ops = {
+    .auth_done = fence_auth_done,
+    .user_auth_done = fence_user_auth_done,
+    .verify = fence_verify,
+    .wait = fence_wait,
+    .hold = fence_hold,
+    .drop_held = fence_drop_held,
+    .on_not_master = upstream_on_not_master,
+    .on_error = upstream_on_link_error,
+    .on_closing = upstream_on_link_closing,
+    .detach = upstream_detach,
+    .on_closed = upstream_on_link_closed,
+    .on_reply = router_on_reply,
+    .on_refused = router_on_refused,
+    .on_lost = router_on_lost,
+    .on_stream = session_on_stream,
+    .on_push = session_on_push,
+};
+
 static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
 {
     memset(f, 0, sizeof(*f));
@@ -263,6 +286,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->cfg = cfg;
     f->id_step = 1;
     f->unhold = backlog_forget;
+    f->link_ops = &core_link_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

@@ -171,8 +171,8 @@ typedef struct ferry {
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call
      * nothing above them by name (see README, "How a request travels"). */
-    void (*unhold)(request *r);         /* request_set_state: r leaves the hold (backlog) */
-    const struct link_ops *link_ops;    /* what a link reports to its owners (link.h) */
+    void (*unhold)(request *r);      /* request_set_state: r leaves the hold (backlog) */
+    const struct link_ops *link_ops; /* what a link reports to its owners (link.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
