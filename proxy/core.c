@@ -279,6 +279,12 @@ static const link_ops core_link_ops = {
     .on_push = session_on_push,
 };
 
+/* A client a listener accepted: to a loop of workers', or served here. */
+static int core_accept(ferry *f, uv_stream_t *st, int is_unix)
+{
+    return f->workers != NULL ? workers_accept(f, st, is_unix) : session_accept(f, st, is_unix);
+}
+
 static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
 {
     memset(f, 0, sizeof(*f));
@@ -287,6 +293,8 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->id_step = 1;
     f->unhold = backlog_forget;
     f->link_ops = &core_link_ops;
+    f->accept = core_accept;
+    f->claim_listener = takeover_claim_listener;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

@@ -173,6 +173,10 @@ typedef struct ferry {
      * nothing above them by name (see README, "How a request travels"). */
     void (*unhold)(request *r);      /* request_set_state: r leaves the hold (backlog) */
     const struct link_ops *link_ops; /* what a link reports to its owners (link.h) */
+    /* server: a listener accepted st (session or workers); a listener bound
+     * by the ferry this one takes over, as a descriptor, or -1 (takeover). */
+    int (*accept)(struct ferry *f, uv_stream_t *st, int is_unix);
+    int (*claim_listener)(struct ferry *f, const config_addr *a);
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
