@@ -279,6 +279,13 @@ static const link_ops core_link_ops = {
     .on_push = session_on_push,
 };
 
+/* How workers sets up, closes and frees a worker loop's context. */
+static const workers_loop_ops core_loop_ops = {
+    .init = core_init_worker,
+    .close = core_close,
+    .release = core_release,
+};
+
 /* A client a listener accepted: to a loop of workers', or served here. */
 static int core_accept(ferry *f, uv_stream_t *st, int is_unix)
 {
@@ -295,6 +302,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->link_ops = &core_link_ops;
     f->accept = core_accept;
     f->claim_listener = takeover_claim_listener;
+    f->stop = core_stop;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -393,7 +401,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
         rc = f->up == NULL ? FERRY_ECONFIG : 0;
     }
     if (rc == 0) {
-        rc = workers_start(f); /* no worker is left running if it fails */
+        rc = workers_start(f, &core_loop_ops); /* no worker is left running if it fails */
     }
     if (rc < 0) {
         close_everything(f);

@@ -177,6 +177,7 @@ typedef struct ferry {
      * by the ferry this one takes over, as a descriptor, or -1 (takeover). */
     int (*accept)(struct ferry *f, uv_stream_t *st, int is_unix);
     int (*claim_listener)(struct ferry *f, const config_addr *a);
+    void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */

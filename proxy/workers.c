@@ -30,7 +30,6 @@
 #include <unistd.h>
 #undef link
 
-#include "core.h"
 #include "log.h"
 #include "outage.h"
 #include "sentinel.h"
@@ -101,6 +100,7 @@ typedef struct worker {
 
 typedef struct workers {
     ferry *main_ctx;                       /* the main loop's context */
+    const workers_loop_ops *ops;           /* core's set-up and close of a loop */
     int n;                                 /* loops, the main one included */
     worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
     uint64_t next;                         /* round-robin (main loop only) */
@@ -240,10 +240,10 @@ static void apply(worker *w, wmsg *m)
         keep_master(f->up, 1);
         break;
     case WM_STOP:
-        core_stop(f, m->why);
+        f->stop(f, m->why);
         break;
     case WM_CLOSE:
-        core_close(f);
+        w->all->ops->close(f);
         break;
     case WM_STORE: {
         void *op = m->store;
@@ -323,7 +323,7 @@ static void worker_run(void *arg)
 {
     worker *w = arg;
     uv_run(&w->loop, UV_RUN_DEFAULT);
-    core_release(&w->f);
+    w->all->ops->release(&w->f);
     uv_mutex_lock(&w->lock);
     wmsg *m = w->head;
     w->head = w->tail = NULL;
@@ -346,16 +346,16 @@ static void worker_run(void *arg)
 /* A worker whose thread never started: close its loop here. */
 static void worker_discard(worker *w)
 {
-    core_close(&w->f);
+    w->all->ops->close(&w->f);
     uv_run(&w->loop, UV_RUN_DEFAULT);
-    core_release(&w->f);
+    w->all->ops->release(&w->f);
     uv_loop_close(&w->loop);
     uv_mutex_destroy(&w->lock);
     free(w->pub);
     free(w);
 }
 
-int workers_start(ferry *f)
+int workers_start(ferry *f, const workers_loop_ops *ops)
 {
     int n = f->cfg->workers;
     if (n <= 1) {
@@ -363,6 +363,7 @@ int workers_start(ferry *f)
     }
     workers *wk = xcalloc(1, sizeof(*wk));
     wk->main_ctx = f;
+    wk->ops = ops;
     wk->n = 1;
     f->workers = wk;
     f->worker_index = 0;
@@ -387,7 +388,7 @@ int workers_start(ferry *f)
         uv_mutex_init(&w->lock);
         int rc = uv_loop_init(&w->loop);
         if (rc == 0) {
-            rc = core_init_worker(&w->f, &w->loop, f->cfg, wk, i, base_id);
+            rc = ops->init(&w->f, &w->loop, f->cfg, wk, i, base_id);
         }
         if (rc < 0) {
             log_error("worker %d: cannot start: %s", i, ferry_strerror(rc));

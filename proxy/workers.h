@@ -27,10 +27,21 @@ typedef struct worker_view {
     char master[64];         /* the master it follows ("" if none) */
 } worker_view;
 
+/* What the owner of the loops (core) does for each worker loop: set up its
+ * context (as core_init_worker), close every handle of it, free what
+ * outlives them once the loop ended. Stopping one gracefully is f->stop. */
+typedef struct workers_loop_ops {
+    int (*init)(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                uint64_t base_id);
+    void (*close)(ferry *f);
+    void (*release)(ferry *f);
+} workers_loop_ops;
+
 /* Main loop, at the end of core_init: start cfg->workers - 1 worker loops,
- * each with a context of its own. Returns 0, or a negative error (logged;
- * no worker is left running). Does nothing with workers: 1. */
-int workers_start(ferry *f);
+ * each with a context of its own set up by ops (kept, static). Returns 0, or
+ * a negative error (logged; no worker is left running). Does nothing with
+ * workers: 1. */
+int workers_start(ferry *f, const workers_loop_ops *ops);
 /* Main loop: a client connects on server (a unix socket if is_unix): accept
  * it and hand it to the next loop in turn (this one included). Returns 0 or
  * a negative uv error. */
