@@ -279,11 +279,24 @@ static const link_ops core_link_ops = {
     .on_push = session_on_push,
 };
 
-/* How workers sets up, closes and frees a worker loop's context. */
-static const workers_loop_ops core_loop_ops = {
+/* What workers asks of the modules above it. */
+static const workers_ops core_workers_ops = {
     .init = core_init_worker,
     .close = core_close,
     .release = core_release,
+    .accept = session_accept,
+    .accept_fd = session_accept_fd,
+    .set_master = upstream_set_master,
+    .switch_master = upstream_switch,
+    .master_name = upstream_name,
+    .trigger_sentinel = sentinel_trigger,
+    .store_attach = outage_attach,
+    .store_run = outage_remote_run,
+    .store_done = outage_remote_done,
+    .store_drop = outage_remote_drop,
+    .hand_clients = takeover_worker_hand,
+    .hand_abort = takeover_worker_abort,
+    .adopt = takeover_adopt,
 };
 
 /* A client a listener accepted: to a loop of workers', or served here. */
@@ -303,6 +316,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->accept = core_accept;
     f->claim_listener = takeover_claim_listener;
     f->stop = core_stop;
+    f->workers_ops = &core_workers_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;
@@ -401,7 +415,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
         rc = f->up == NULL ? FERRY_ECONFIG : 0;
     }
     if (rc == 0) {
-        rc = workers_start(f, &core_loop_ops); /* no worker is left running if it fails */
+        rc = workers_start(f); /* no worker is left running if it fails */
     }
     if (rc < 0) {
         close_everything(f);

@@ -178,6 +178,7 @@ typedef struct ferry {
     int (*accept)(struct ferry *f, uv_stream_t *st, int is_unix);
     int (*claim_listener)(struct ferry *f, const config_addr *a);
     void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
+    const struct workers_ops *workers_ops;          /* what workers asks of the rest (workers.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
