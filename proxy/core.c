@@ -299,6 +299,12 @@ static const workers_ops core_workers_ops = {
     .adopt = takeover_adopt,
 };
 
+/* What the outage reports to the router. */
+static const outage_ops core_outage_ops = {
+    .on_reply = router_on_reply,
+    .requeue = router_requeue,
+};
+
 /* A client a listener accepted: to a loop of workers', or served here. */
 static int core_accept(ferry *f, uv_stream_t *st, int is_unix)
 {
@@ -317,6 +323,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->claim_listener = takeover_claim_listener;
     f->stop = core_stop;
     f->workers_ops = &core_workers_ops;
+    f->outage_ops = &core_outage_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

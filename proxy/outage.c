@@ -48,7 +48,6 @@
 #include "link.h"
 #include "log.h"
 #include "outage_int.h"
-#include "router.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -691,7 +690,7 @@ static void op_answer(store_op *op, const char *p, size_t n)
     if (r->s == NULL) {
         request_free(op->f, r);
     } else {
-        router_on_reply(r->s, r, p, n);
+        op->f->outage_ops->on_reply(r->s, r, p, n);
     }
 }
 
@@ -744,7 +743,7 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         return;
     }
     if (res->nitems == 0 && op->blocking && r->s != NULL) {
-        router_requeue(r->s, r); /* another consumer was first: wait again */
+        r->s->f->outage_ops->requeue(r->s, r); /* another consumer was first: wait again */
         op_free(op);
         return;
     }
