@@ -18,6 +18,7 @@
 #include "router.h"
 #include "sentinel.h"
 #include "server.h"
+#include "shard.h"
 #include "session.h"
 #include "takeover.h"
 #include "upstream.h"
@@ -305,6 +306,18 @@ static const outage_ops core_outage_ops = {
     .requeue = router_requeue,
 };
 
+/* What the shard side (upstream, fence) reports upward. */
+static const shard_ops core_shard_ops = {
+    .on_reply = router_on_reply,
+    .on_lost = router_on_lost,
+    .multi_open = router_multi_open,
+    .link_bound = router_link_bound,
+    .holds_state = router_holds_state,
+    .on_link_closed = router_on_link_closed,
+    .close_session = session_close,
+    .trigger_sentinel = sentinel_trigger,
+};
+
 /* A client a listener accepted: to a loop of workers', or served here. */
 static int core_accept(ferry *f, uv_stream_t *st, int is_unix)
 {
@@ -324,6 +337,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->stop = core_stop;
     f->workers_ops = &core_workers_ops;
     f->outage_ops = &core_outage_ops;
+    f->shard_ops = &core_shard_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

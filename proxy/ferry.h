@@ -180,6 +180,7 @@ typedef struct ferry {
     void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
     const struct workers_ops *workers_ops;          /* what workers asks of the rest (workers.h) */
     const struct outage_ops *outage_ops; /* what the outage reports to the router (outage.h) */
+    const struct shard_ops *shard_ops;   /* what upstream and fence report upward (shard.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
