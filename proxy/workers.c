@@ -31,6 +31,7 @@
 #undef link
 
 #include "log.h"
+#include "sentinel.h"
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
