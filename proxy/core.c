@@ -10,11 +10,15 @@
 #include <string.h>
 
 #include "backlog.h"
+#include "fence.h"
+#include "link.h"
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
+#include "router.h"
 #include "sentinel.h"
 #include "server.h"
+#include "shard.h"
 #include "session.h"
 #include "takeover.h"
 #include "upstream.h"
@@ -23,74 +27,6 @@
 #define TICK_MS 50
 #define FLUSH_ROUNDS 8 /* flush rounds in one loop turn */
 #define FD_RESERVE 256 /* descriptors beyond client.max_clients: links, listeners, logs */
-
-void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (p == NULL) {
-        log_error("out of memory allocating %zu bytes", n);
-        abort();
-    }
-    return p;
-}
-
-void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (p == NULL) {
-        log_error("out of memory allocating %zu bytes", n * size);
-        abort();
-    }
-    return p;
-}
-
-void *xrealloc(void *p, size_t n)
-{
-    void *q = realloc(p, n ? n : 1);
-    if (q == NULL) {
-        log_error("out of memory allocating %zu bytes", n);
-        abort();
-    }
-    return q;
-}
-
-char *xstrdup(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *p = xmalloc(n);
-    memcpy(p, s, n);
-    return p;
-}
-
-char *xstrndup(const char *p, size_t n)
-{
-    char *c = xmalloc(n + 1);
-    memcpy(c, p, n);
-    c[n] = '\0';
-    return c;
-}
-
-void ferry_assert_fail(const char *what, const char *file, int line)
-{
-    log_error("assertion failed: %s (%s:%d)", what, file, line);
-    abort();
-}
-
-const char *ferry_strerror(int err)
-{
-    switch (err) {
-    case FERRY_EPROTO:
-        return "protocol error";
-    case FERRY_ECONFIG:
-        return "bad configuration";
-    case FERRY_ETIMEDOUT:
-        return "timed out";
-    case FERRY_EAUTH:
-        return "authentication refused";
-    default:
-        return err < 0 && err > -4096 ? uv_strerror(err) : "unknown error";
-    }
-}
 
 /* Once per loop turn, right before it waits for I/O. Writes done at once
  * have no callback to come: what they set going (a client read again once
@@ -324,12 +260,84 @@ static void raise_fd_limit(const config *cfg)
 
 /* What every loop's context needs: lists, buffers, the deny list, the
  * per-turn flush and the tick (not started). */
+/* The upward calls of a link, wired to the modules above it. */
+static const link_ops core_link_ops = {
+    .auth_done = fence_auth_done,
+    .user_auth_done = fence_user_auth_done,
+    .verify = fence_verify,
+    .wait = fence_wait,
+    .hold = fence_hold,
+    .drop_held = fence_drop_held,
+    .on_not_master = upstream_on_not_master,
+    .on_error = upstream_on_link_error,
+    .on_closing = upstream_on_link_closing,
+    .detach = upstream_detach,
+    .on_closed = upstream_on_link_closed,
+    .on_reply = router_on_reply,
+    .on_refused = router_on_refused,
+    .on_lost = router_on_lost,
+    .on_stream = session_on_stream,
+    .on_push = session_on_push,
+};
+
+/* What workers asks of the modules above it. */
+static const workers_ops core_workers_ops = {
+    .init = core_init_worker,
+    .close = core_close,
+    .release = core_release,
+    .accept = session_accept,
+    .accept_fd = session_accept_fd,
+    .set_master = upstream_set_master,
+    .switch_master = upstream_switch,
+    .master_name = upstream_name,
+    .trigger_sentinel = sentinel_trigger,
+    .store_attach = outage_attach,
+    .store_run = outage_remote_run,
+    .store_done = outage_remote_done,
+    .store_drop = outage_remote_drop,
+    .hand_clients = takeover_worker_hand,
+    .hand_abort = takeover_worker_abort,
+    .adopt = takeover_adopt,
+};
+
+/* What the outage reports to the router. */
+static const outage_ops core_outage_ops = {
+    .on_reply = router_on_reply,
+    .requeue = router_requeue,
+};
+
+/* What the shard side (upstream, fence) reports upward. */
+static const shard_ops core_shard_ops = {
+    .on_reply = router_on_reply,
+    .on_lost = router_on_lost,
+    .multi_open = router_multi_open,
+    .link_bound = router_link_bound,
+    .holds_state = router_holds_state,
+    .on_link_closed = router_on_link_closed,
+    .close_session = session_close,
+    .trigger_sentinel = sentinel_trigger,
+};
+
+/* A client a listener accepted: to a loop of workers', or served here. */
+static int core_accept(ferry *f, uv_stream_t *st, int is_unix)
+{
+    return f->workers != NULL ? workers_accept(f, st, is_unix) : session_accept(f, st, is_unix);
+}
+
 static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
 {
     memset(f, 0, sizeof(*f));
     f->loop = loop;
     f->cfg = cfg;
     f->id_step = 1;
+    f->unhold = backlog_forget;
+    f->link_ops = &core_link_ops;
+    f->accept = core_accept;
+    f->claim_listener = takeover_claim_listener;
+    f->stop = core_stop;
+    f->workers_ops = &core_workers_ops;
+    f->outage_ops = &core_outage_ops;
+    f->shard_ops = &core_shard_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

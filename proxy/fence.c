@@ -263,7 +263,7 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         }
     } else if (acked < need && !list_empty(&l->held)) {
         uint64_t waited = uv_now(l->f->loop) - l->held_since_ms;
-        int in_multi = l->owner != NULL && router_multi_open(l->owner);
+        int in_multi = l->owner != NULL && l->f->shard_ops->multi_open(l->owner);
         if (refused[0] == '\0' && waited < l->f->cfg->hold_timeout_ms && l->state == LINK_READY &&
             !in_multi) {
             /* Replicas reattach after a failover: keep the replies and ask
@@ -294,7 +294,8 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         } else if (acked < need && (r->flags & REQ_F_WRITE)) {
             buf_clear(&r->reply);
             if (fence) {
-                router_on_lost(r->s, r, "write not confirmed by a replica before the switch");
+                l->f->shard_ops->on_lost(r->s, r,
+                                         "write not confirmed by a replica before the switch");
             } else {
                 char line[400];
                 if (refused[0] != '\0') {
@@ -308,13 +309,13 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
                              "confirmed by %lld of %lld replica(s)\r\n",
                              acked < 0 ? 0 : acked, need);
                 }
-                router_on_reply(r->s, r, line, strlen(line));
+                l->f->shard_ops->on_reply(r->s, r, line, strlen(line));
             }
             continue;
         }
         buf tmp = r->reply;
         buf_init(&r->reply);
-        router_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+        l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
         buf_free(&tmp);
     }
     if (fence) {
@@ -337,11 +338,11 @@ void fence_drop_held(link *l, const char *reason)
             l->f->stats.replies_unconfirmed++;
             buf tmp = r->reply;
             buf_init(&r->reply);
-            router_on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+            l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
             buf_free(&tmp);
         } else {
             buf_clear(&r->reply);
-            router_on_lost(r->s, r, reason);
+            l->f->shard_ops->on_lost(r->s, r, reason);
         }
     }
 }

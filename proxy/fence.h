@@ -7,6 +7,7 @@
 #define FERRY_FENCE_H
 
 #include "link.h"
+#include "shard.h" /* what the shard side reports upward */
 
 /* Start verifying a new shared link: ROLE, then durability enforcement;
  * the link becomes READY (and the master view UP) when both pass. */

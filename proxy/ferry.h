@@ -169,6 +169,18 @@ typedef struct ferry {
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
+    /* Upward calls of the lower modules, set by core at start-up: they call
+     * nothing above them by name (see README, "How a request travels"). */
+    void (*unhold)(request *r);      /* request_set_state: r leaves the hold (backlog) */
+    const struct link_ops *link_ops; /* what a link reports to its owners (link.h) */
+    /* server: a listener accepted st (session or workers); a listener bound
+     * by the ferry this one takes over, as a descriptor, or -1 (takeover). */
+    int (*accept)(struct ferry *f, uv_stream_t *st, int is_unix);
+    int (*claim_listener)(struct ferry *f, const config_addr *a);
+    void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
+    const struct workers_ops *workers_ops;          /* what workers asks of the rest (workers.h) */
+    const struct outage_ops *outage_ops; /* what the outage reports to the router (outage.h) */
+    const struct shard_ops *shard_ops;   /* what upstream and fence report upward (shard.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
@@ -184,7 +196,8 @@ static inline uint64_t ferry_next_id(ferry *f)
 request *request_new(ferry *f);
 /* The one setter of r->state; asserts the transition is legal:
  * HELD->SENT|ANSWERED, SENT->WAITING|ANSWERED|HELD, WAITING->ANSWERED|HELD.
- * A request that leaves HELD leaves the backlog (backlog.c) too. */
+ * A request that leaves HELD leaves the backlog (backlog.c) too, through
+ * f->unhold. */
 void request_set_state(request *r, req_state st);
 /* Deadline of a blocking call from its timeout argument (uv_now() based),
  * 0 when it blocks forever or is not a blocking call. */

@@ -8,11 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fence.h"
 #include "log.h"
-#include "router.h"
-#include "session.h"
-#include "upstream.h"
+#include "upstream.h" /* the link's pool and identity (fields only; calls go through link_ops) */
 
 #define LINK_READ_CHUNK (64 * 1024)
 #define LINK_KEEPALIVE_S 30
@@ -319,9 +316,9 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
          * written, so no command of the user ever runs as anyone else. */
         const char *argv[] = {"HELLO", "3", "AUTH", l->who->user, l->who->pass};
         if (l->proto == 3) {
-            link_internal(l, argv, 5, fence_user_auth_done, 0);
+            link_internal(l, argv, 5, l->f->link_ops->user_auth_done, 0);
         } else {
-            link_internal(l, argv + 2, 3, fence_user_auth_done, 0);
+            link_internal(l, argv + 2, 3, l->f->link_ops->user_auth_done, 0);
         }
         l->gated = 1;
     } else if (l->proto == 3) {
@@ -329,18 +326,18 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
         const char *argv[] = {"HELLO", "3", "AUTH",
                               cfg->redis_username != NULL ? cfg->redis_username : "default",
                               cfg->redis_password};
-        link_internal(l, argv, cfg->redis_password != NULL ? 5 : 2, fence_auth_done, 0);
+        link_internal(l, argv, cfg->redis_password != NULL ? 5 : 2, l->f->link_ops->auth_done, 0);
     } else if (cfg->redis_password != NULL) {
         if (cfg->redis_username != NULL) {
             const char *argv[] = {"AUTH", cfg->redis_username, cfg->redis_password};
-            link_internal(l, argv, 3, fence_auth_done, 0);
+            link_internal(l, argv, 3, l->f->link_ops->auth_done, 0);
         } else {
             const char *argv[] = {"AUTH", cfg->redis_password};
-            link_internal(l, argv, 2, fence_auth_done, 0);
+            link_internal(l, argv, 2, l->f->link_ops->auth_done, 0);
         }
     }
     if (kind == LINK_SHARED && l->who->user == NULL) {
-        fence_verify(l); /* ROLE, then durability, before any client request */
+        l->f->link_ops->verify(l); /* ROLE, then durability, before any client request */
     } else if (kind == LINK_DEDICATED) {
         /* Its id lets a takeover cancel a blocked call (CLIENT UNBLOCK)
          * and know whether it popped something first. HELLO (no argument:
@@ -385,7 +382,7 @@ static void link_connect_cb(uv_connect_t *req, int status)
         /* A master that refuses connections is lost as one that breaks
          * them: otherwise a request waiting for a new dedicated link would
          * open another at every loop turn. */
-        upstream_on_link_error(l, why);
+        l->f->link_ops->on_error(l, why);
         link_close(l, why);
         return;
     }
@@ -528,7 +525,7 @@ void link_flush(link *l)
         /* One WAIT covers every write sent before it; while one is in
          * flight, later writes wait for the next (a WAIT blocks the link on
          * Redis: never two in a row). */
-        fence_wait(l);
+        l->f->link_ops->wait(l);
     }
     int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
     if (rc < 0 || rc == OUTQ_WRITTEN) {
@@ -616,9 +613,9 @@ static void link_on_push(link *l, const char *p, size_t n)
         l->swallow--; /* ferry's own re-subscription, not the client's */
     } else if (l->kind == LINK_DEDICATED && l->owner != NULL) {
         if (l->passthrough) {
-            session_on_stream(l->owner, p, n);
+            l->f->link_ops->on_stream(l->owner, p, n);
         } else {
-            session_on_push(l->owner, p, n);
+            l->f->link_ops->on_push(l->owner, p, n);
         }
     } else if (l->kind == LINK_DEDICATED) {
         log_debug("link %llu: push frame without a client dropped", (unsigned long long)l->id);
@@ -639,7 +636,7 @@ static void link_deliver(link *l, const char *p, size_t n)
         if (l->passthrough && l->swallow > 0 && is_subscribe_confirmation(p, n)) {
             l->swallow--; /* ferry's own re-subscription, not the client's */
         } else if (l->passthrough && l->owner != NULL) {
-            session_on_stream(l->owner, p, n);
+            l->f->link_ops->on_stream(l->owner, p, n);
         } else if (!l->passthrough) {
             link_close(l, "reply without a request (protocol desync)");
         }
@@ -660,22 +657,22 @@ static void link_deliver(link *l, const char *p, size_t n)
     } else if ((r->flags & REQ_F_UNBLOCK) && starts(p, n, "-UNBLOCKED")) {
         /* The CLIENT UNBLOCK ... ERROR ferry sent for its client (clients.c)
          * ended the call: Redis' reply is the client's, not a failover's. */
-        router_on_reply(r->s, r, p, n);
+        l->f->link_ops->on_reply(r->s, r, p, n);
     } else if ((refusal = link_reply_refusal(p, n)) == REFUSAL_NOT_MASTER) {
         /* Nothing was applied: retry on the master that replaces this one. */
         char why[160];
         link_error_text(p, n, why, sizeof(why));
-        router_on_refused(r->s, r, l, refusal, p, n);
-        upstream_on_not_master(l, why);
+        l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
+        l->f->link_ops->on_not_master(l, why);
     } else if (refusal == REFUSAL_NOREPLICAS && !(r->flags & REQ_F_TXLOG) &&
                !(r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
         /* min-replicas-to-write refused it: nothing applied; the router
          * holds it or passes it on. Not inside a transaction: Redis has
          * marked it failed (EXEC answers EXECABORT) on this link, which
          * stays, so the client gets the refusal as Redis gave it. */
-        router_on_refused(r->s, r, l, refusal, p, n);
-    } else if (!fence_hold(l, r, p, n)) {
-        router_on_reply(r->s, r, p, n);
+        l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
+    } else if (!l->f->link_ops->hold(l, r, p, n)) {
+        l->f->link_ops->on_reply(r->s, r, p, n);
     }
 }
 
@@ -690,7 +687,7 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         snprintf(why, sizeof(why), "%s",
                  nread == UV_EOF ? "closed by Redis" : uv_strerror((int)nread));
         l->f->stats.upstream_errors++;
-        upstream_on_link_error(l, why);
+        l->f->link_ops->on_error(l, why);
         link_close(l, why);
         return;
     }
@@ -747,9 +744,9 @@ void link_close(link *l, const char *reason)
     if (list_linked(&l->dirty_node)) {
         list_del(&l->dirty_node);
     }
-    upstream_on_link_closing(l->up, l);
+    l->f->link_ops->on_closing(l->up, l);
     /* Replies held for a WAIT were never confirmed. */
-    fence_drop_held(l, reason);
+    l->f->link_ops->drop_held(l, reason);
     /* Unanswered requests go back to their sessions, oldest first. */
     while (!list_empty(&l->pending)) {
         list_node *n = list_first(&l->pending);
@@ -763,14 +760,14 @@ void link_close(link *l, const char *reason)
             }
             request_free(f, r);
         } else {
-            router_on_lost(r->s, r, reason);
+            l->f->link_ops->on_lost(r->s, r, reason);
         }
     }
-    upstream_detach(l, reason);
+    l->f->link_ops->detach(l, reason);
     l->closing_cb_pending = 1;
     uv_close(&l->io.h, link_close_cb);
     f->wake_pending = 1;
-    upstream_on_link_closed(l->up, l, was_ready && was_verified, reason);
+    l->f->link_ops->on_closed(l->up, l, was_ready && was_verified, reason);
 }
 
 static void link_close_cb(uv_handle_t *h)

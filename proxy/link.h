@@ -140,4 +140,36 @@ typedef enum link_refusal {
 } link_refusal;
 link_refusal link_reply_refusal(const char *p, size_t n);
 
+/* What a link reports upward. link.c calls nothing above it by name: its
+ * owners' functions come through this table, which core sets once per
+ * context (f->link_ops). The shard side (fence, upstream) learns of the
+ * link's life, the router and the session of what Redis answered. */
+typedef struct link_ops {
+    /* fence: AUTH/HELLO replies, the check of a new shared link, a WAIT due,
+     * a reply held for its WAIT (1) or not (0), held replies dropped. */
+    req_done_cb auth_done;
+    req_done_cb user_auth_done;
+    void (*verify)(link *l);
+    void (*wait)(link *l);
+    int (*hold)(link *l, request *r, const char *p, size_t n);
+    void (*drop_held)(link *l, const char *reason);
+    /* upstream: the link is not on a master, failed, leaves its pool, has
+     * closed. */
+    void (*on_not_master)(link *l, const char *why);
+    void (*on_error)(link *l, const char *why);
+    void (*on_closing)(struct upstream *up, link *l);
+    void (*detach)(link *l, const char *reason);
+    void (*on_closed)(struct upstream *up, link *l, int was_ready, const char *reason);
+    /* router: a client request's reply, a refusal, a request lost with the
+     * link (to be sent again). */
+    void (*on_reply)(struct session *s, request *r, const char *p, size_t n);
+    void (*on_refused)(struct session *s, request *r, link *l, link_refusal why, const char *p,
+                       size_t n);
+    void (*on_lost)(struct session *s, request *r, const char *reason);
+    /* session: bytes of a dedicated link's stream (MONITOR, SUBSCRIBE) and
+     * RESP3 pushes, for its owner. */
+    void (*on_stream)(struct session *s, const char *p, size_t n);
+    void (*on_push)(struct session *s, const char *p, size_t n);
+} link_ops;
+
 #endif

@@ -48,7 +48,6 @@
 #include "link.h"
 #include "log.h"
 #include "outage_int.h"
-#include "router.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -59,13 +58,13 @@
 typedef enum remote_kind { RO_PUSH = 0, RO_POP, RO_MOVE, RO_CONFIRM, RO_RELEASE } remote_kind;
 
 typedef struct remote_op {
-    list_node node; /* worker: in its outage's remote_ops while it waits for the result */
-    ferry *main;    /* the main loop's context */
-    int loop;       /* the worker's index */
-    fallback_cb cb; /* worker: gets the result; NULL once nobody waits for it */
-    void *arg;      /* for cb */
-    int awaited;    /* a result goes back (set once, before it is sent); confirms
-                       and releases have none */
+    list_node node;  /* worker: in its outage's remote_ops while it waits for the result */
+    ferry *main_ctx; /* the main loop's context */
+    int loop;        /* the worker's index */
+    fallback_cb cb;  /* worker: gets the result; NULL once nobody waits for it */
+    void *arg;       /* for cb */
+    int awaited;     /* a result goes back (set once, before it is sent); confirms
+                        and releases have none */
     remote_kind kind;
     int how;      /* push: enum fallback_kind; pop, move: enum fallback_end */
     int to;       /* move: FB_LPUSH or FB_RPUSH */
@@ -253,9 +252,9 @@ int outage_open(ferry *f)
     return 0;
 }
 
-void outage_attach(ferry *wf, ferry *main)
+void outage_attach(ferry *wf, ferry *main_ctx)
 {
-    struct outage *mo = main->outage;
+    struct outage *mo = main_ctx->outage;
     if (mo == NULL || wf->outage != NULL) {
         return;
     }
@@ -264,7 +263,7 @@ void outage_attach(ferry *wf, ferry *main)
     o->sh = mo->sh;
     atomic_fetch_add(&o->sh->refs, 1);
     o->remote = 1;
-    o->main = main;
+    o->main_ctx = main_ctx;
     list_init(&o->remote_ops);
     snprintf(o->marker, sizeof(o->marker), "%s", mo->marker);
     wf->outage = o;
@@ -380,7 +379,7 @@ static remote_op *remote_new(struct outage *o, remote_kind kind, const char *key
 {
     remote_op *ro = xcalloc(1, sizeof(*ro));
     list_init(&ro->node);
-    ro->main = o->main;
+    ro->main_ctx = o->main_ctx;
     ro->loop = o->f->worker_index;
     ro->cb = cb;
     ro->arg = arg;
@@ -566,7 +565,7 @@ static void remote_orphan(struct outage *o, remote_op *ro)
 static void remote_done(void *arg, int status, const char *errstr, const fallback_result *res)
 {
     remote_op *ro = arg;
-    ferry *f = ro->main;
+    ferry *f = ro->main_ctx;
     ro->answered = 1;
     ro->status = status;
     if (status < 0) {
@@ -691,7 +690,7 @@ static void op_answer(store_op *op, const char *p, size_t n)
     if (r->s == NULL) {
         request_free(op->f, r);
     } else {
-        router_on_reply(r->s, r, p, n);
+        op->f->outage_ops->on_reply(r->s, r, p, n);
     }
 }
 
@@ -744,7 +743,7 @@ static void pop_done(void *arg, int status, const char *errstr, const fallback_r
         return;
     }
     if (res->nitems == 0 && op->blocking && r->s != NULL) {
-        router_requeue(r->s, r); /* another consumer was first: wait again */
+        r->s->f->outage_ops->requeue(r->s, r); /* another consumer was first: wait again */
         op_free(op);
         return;
     }

@@ -10,6 +10,14 @@
 
 struct outage;
 
+/* What the outage reports to the router, which it does not call by name:
+ * a request's reply from the store, a blocked pop that must wait again.
+ * core sets the table once per context (f->outage_ops). */
+typedef struct outage_ops {
+    void (*on_reply)(session *s, request *r, const char *p, size_t n);
+    void (*requeue)(session *s, request *r);
+} outage_ops;
+
 /* Open the store named by fallback.path (none: returns 0, f->outage NULL).
  * Returns 0 or a negative error, logged (another ferry holds the file...). */
 int outage_open(ferry *f);
@@ -31,7 +39,7 @@ int outage_waits(ferry *f, const request *r);
  * gets a view of it (wf->outage) that serves its clients the same way and
  * has the main loop run the store operations. Called by workers_start
  * before the worker's thread starts; nothing if main has no store. */
-void outage_attach(ferry *wf, ferry *main);
+void outage_attach(ferry *wf, ferry *main_ctx);
 /* Main loop: run a store operation a worker posted (workers_to_main). */
 void outage_remote_run(ferry *f, void *op);
 /* Worker loop: the result of its operation (its mailbox). */

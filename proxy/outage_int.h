@@ -60,7 +60,7 @@ struct outage {
     fallback *fb;           /* the store (NULL in a worker's view) */
     outage_shared *sh;      /* shared with the other loops */
     int remote;             /* a worker's view: the main loop runs its store operations */
-    ferry *main;            /* remote: the main loop's context */
+    ferry *main_ctx;        /* remote: the main loop's context */
     list_node remote_ops;   /* remote: operations waiting for their result */
     char marker[512];       /* the marker hash's name in Redis */
     replay_state rstate;    /* see replay_state */

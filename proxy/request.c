@@ -6,8 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "backlog.h"
 #include "ferry.h"
+#include "session.h"
 
 #define REQ_FREE_MAX 1024   /* recycled request objects kept */
 #define REQ_KEEP_BYTES 1024 /* a recycled request keeps buffers up to this size */
@@ -92,7 +92,7 @@ void request_set_state(request *r, req_state st)
     };
     ferry_assert(legal[r->state] & (1u << st));
     if (list_linked(&r->hq)) {
-        backlog_forget(r); /* sent or answered: no longer held for a master */
+        r->s->f->unhold(r); /* sent or answered: no longer held for a master */
     }
     r->state = st;
 }

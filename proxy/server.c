@@ -11,9 +11,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "session.h"
-#include "takeover.h"
-#include "workers.h"
 
 typedef struct listener {
     ferry *f;       /* context */
@@ -43,8 +40,7 @@ static void server_conn_cb(uv_stream_t *st, int status)
     if (ls->f->stopping) {
         return;
     }
-    int rc = ls->f->workers != NULL ? workers_accept(ls->f, st, ls->is_unix)
-                                    : session_accept(ls->f, st, ls->is_unix);
+    int rc = ls->f->accept(ls->f, st, ls->is_unix);
     if (rc < 0) {
         log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(rc));
     }
@@ -113,7 +109,8 @@ int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *da
                   uv_connection_cb cb)
 {
     int rc;
-    int fd = takeover_claim_listener(loop->data, a);
+    ferry *f = loop->data;
+    int fd = f->claim_listener(f, a);
     if (fd >= 0) {
         /* Inherited from the ferry this one takes over: already bound. */
         if (a->is_unix) {

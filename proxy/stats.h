@@ -283,6 +283,8 @@ typedef struct ferry_stats {
     uint64_t queue_pops[CONFIG_MAX_QUEUES];
 } ferry_stats;
 
+/* The counting functions below live in counters.c (no upward calls: any
+ * layer may count); the rest in stats.c. */
 /* Count a parsed request by its command's class (cmd NULL: unknown). */
 void stats_count_command(ferry_stats *st, const struct command *cmd);
 /* Record a reply from Redis to a client request: born_ns and sent_ns are the

@@ -16,7 +16,6 @@
 #include <unistd.h>
 #undef link
 
-#include "core.h"
 #include "link.h"
 #include "log.h"
 #include "router.h"
@@ -719,7 +718,7 @@ void tk_finish_source(takeover *tk, const char *why)
         uv_close((uv_handle_t *)tk->scan, tk_free_handle_cb);
         tk->scan = NULL;
     }
-    core_stop(f, why);
+    f->stop(f, why);
 }
 
 static void tk_scan(takeover *tk)

@@ -451,7 +451,7 @@ void upstream_ident_rejected(link *l, const char *why)
         {
             session *s = list_entry(n, session, node);
             if (s->ident == id) {
-                session_close(s, reason);
+                up->f->shard_ops->close_session(s, reason);
             }
         }
     }
@@ -576,7 +576,7 @@ void upstream_detach(link *l, const char *reason)
 {
     session *s = unlend(l);
     if (s != NULL) {
-        router_on_link_closed(s, l, reason);
+        l->f->shard_ops->on_link_closed(s, l, reason);
     }
 }
 
@@ -711,7 +711,7 @@ void upstream_switch(upstream *up, const char *reason)
     if (up->sentinel_mode) {
         up->target_set = 0;
         if (up->f->sentinel != NULL) {
-            sentinel_trigger(up->f->sentinel);
+            up->f->shard_ops->trigger_sentinel(up->f->sentinel);
         } else {
             workers_trigger_sentinel(up->f); /* a worker: the main loop asks */
         }
@@ -736,7 +736,8 @@ void upstream_switch(upstream *up, const char *reason)
         /* A link with state is closed, so its owner hears of it (re-subscribes,
          * restores its settings, flushes a tracking cache): its requests are
          * retried by the retry policy. */
-        int stateful = l->passthrough || (l->owner != NULL && router_link_bound(l->owner));
+        int stateful =
+            l->passthrough || (l->owner != NULL && l->f->shard_ops->link_bound(l->owner));
         if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
             fence_start(l);
         } else if (l->state == LINK_READY && !stateful && link_has_blocking(l)) {
@@ -972,7 +973,7 @@ void upstream_tick(upstream *up, uint64_t now)
         if (l->state == LINK_READY && l->kind != LINK_PROBE && cfg->ping_interval_ms > 0 &&
             l->npending == 0 && !l->passthrough && !l->ping_pending &&
             now - l->last_io_ms >= cfg->ping_interval_ms &&
-            (l->owner == NULL || !router_holds_state(l->owner))) {
+            (l->owner == NULL || !l->f->shard_ops->holds_state(l->owner))) {
             /* A user may not be allowed PING (and each refusal would land in
              * ACL LOG): HELLO with no argument runs for every user, and
              * changes nothing. */

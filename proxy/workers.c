@@ -30,13 +30,10 @@
 #include <unistd.h>
 #undef link
 
-#include "core.h"
 #include "log.h"
-#include "outage.h"
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
-#include "takeover.h"
 #include "upstream.h"
 
 /* What a mailbox carries. */
@@ -100,7 +97,7 @@ typedef struct worker {
 } worker;
 
 typedef struct workers {
-    ferry *main;                           /* the main loop's context */
+    ferry *main_ctx;                       /* the main loop's context */
     int n;                                 /* loops, the main one included */
     worker *w[CONFIG_MAX_WORKERS];         /* [1..n) */
     uint64_t next;                         /* round-robin (main loop only) */
@@ -144,7 +141,7 @@ static void msg_free(ferry *f, wmsg *m)
         close(m->fd);
     }
     if (m->kind == WM_STORE && m->store != NULL) {
-        outage_remote_drop(f, m->store);
+        f->workers_ops->store_drop(f, m->store);
     }
     if (m->kind == WM_CALL && m->fn != NULL) {
         m->fn(NULL, m->arg); /* that loop reads no more: told with no context */
@@ -160,7 +157,7 @@ static void post(worker *w, wmsg *m)
     uv_mutex_lock(&w->lock);
     if (!w->open) {
         uv_mutex_unlock(&w->lock);
-        msg_free(w->all->main, m);
+        msg_free(w->all->main_ctx, m);
         return;
     }
     if (w->tail == NULL) {
@@ -220,18 +217,18 @@ static void apply(worker *w, wmsg *m)
         if (f->stopping || f->closed) {
             break; /* msg_free closes it */
         }
-        if (session_accept_fd(f, m->fd, m->is_unix) == 0) {
+        if (f->workers_ops->accept_fd(f, m->fd, m->is_unix) == 0) {
             m->fd = -1; /* the session's */
         }
         break;
     case WM_MASTER:
         if (!f->closed) {
-            upstream_set_master(f->up, m->ip, m->port, m->why);
+            f->workers_ops->set_master(f->up, m->ip, m->port, m->why);
         }
         break;
     case WM_SWITCH:
         if (!f->closed) {
-            upstream_switch(f->up, m->why);
+            f->workers_ops->switch_master(f->up, m->why);
         }
         break;
     case WM_FENCE:
@@ -241,28 +238,28 @@ static void apply(worker *w, wmsg *m)
         keep_master(f->up, 1);
         break;
     case WM_STOP:
-        core_stop(f, m->why);
+        f->stop(f, m->why);
         break;
     case WM_CLOSE:
-        core_close(f);
+        w->all->main_ctx->workers_ops->close(f);
         break;
     case WM_STORE: {
         void *op = m->store;
         m->store = NULL;
-        outage_remote_done(f, op);
+        f->workers_ops->store_done(f, op);
         break;
     }
     case WM_PUBLISH:
         publish(f, w, m->gen);
         break;
     case WM_TK_HAND:
-        takeover_worker_hand(f, m->relay);
+        f->workers_ops->hand_clients(f, m->relay);
         break;
     case WM_TK_ABORT:
-        takeover_worker_abort(f);
+        f->workers_ops->hand_abort(f);
         break;
     case WM_TK_ADOPT:
-        takeover_adopt(f, m->fd, buf_head(&m->frame), buf_used(&m->frame));
+        f->workers_ops->adopt(f, m->fd, buf_head(&m->frame), buf_used(&m->frame));
         m->fd = -1; /* the session's, or closed */
         break;
     case WM_CALL: {
@@ -296,9 +293,9 @@ static void mail_cb(uv_async_t *a)
 static void trigger_cb(uv_async_t *a)
 {
     workers *wk = a->data;
-    ferry *f = wk->main;
+    ferry *f = wk->main_ctx;
     if (atomic_exchange(&wk->sentinel_asked, 0) && f->sentinel != NULL && !f->closed) {
-        sentinel_trigger(f->sentinel);
+        f->workers_ops->trigger_sentinel(f->sentinel);
     }
     if (atomic_exchange(&wk->acks_asked, 0) && f->sentinel != NULL && !f->closed) {
         sentinel_ask_replica_acks(f->sentinel);
@@ -315,7 +312,7 @@ static void trigger_cb(uv_async_t *a)
             q = next;
             continue;
         }
-        outage_remote_run(f, q->store);
+        f->workers_ops->store_run(f, q->store);
         free(q);
         q = next;
     }
@@ -327,7 +324,7 @@ static void worker_run(void *arg)
 {
     worker *w = arg;
     uv_run(&w->loop, UV_RUN_DEFAULT);
-    core_release(&w->f);
+    w->all->main_ctx->workers_ops->release(&w->f);
     uv_mutex_lock(&w->lock);
     wmsg *m = w->head;
     w->head = w->tail = NULL;
@@ -350,9 +347,9 @@ static void worker_run(void *arg)
 /* A worker whose thread never started: close its loop here. */
 static void worker_discard(worker *w)
 {
-    core_close(&w->f);
+    w->all->main_ctx->workers_ops->close(&w->f);
     uv_run(&w->loop, UV_RUN_DEFAULT);
-    core_release(&w->f);
+    w->all->main_ctx->workers_ops->release(&w->f);
     uv_loop_close(&w->loop);
     uv_mutex_destroy(&w->lock);
     free(w->pub);
@@ -361,12 +358,13 @@ static void worker_discard(worker *w)
 
 int workers_start(ferry *f)
 {
+    const workers_ops *ops = f->workers_ops;
     int n = f->cfg->workers;
     if (n <= 1) {
         return 0;
     }
     workers *wk = xcalloc(1, sizeof(*wk));
-    wk->main = f;
+    wk->main_ctx = f;
     wk->n = 1;
     f->workers = wk;
     f->worker_index = 0;
@@ -391,7 +389,7 @@ int workers_start(ferry *f)
         uv_mutex_init(&w->lock);
         int rc = uv_loop_init(&w->loop);
         if (rc == 0) {
-            rc = core_init_worker(&w->f, &w->loop, f->cfg, wk, i, base_id);
+            rc = ops->init(&w->f, &w->loop, f->cfg, wk, i, base_id);
         }
         if (rc < 0) {
             log_error("worker %d: cannot start: %s", i, ferry_strerror(rc));
@@ -402,7 +400,7 @@ int workers_start(ferry *f)
             workers_join(f);
             return rc;
         }
-        outage_attach(&w->f, f); /* the main loop's store serves its clients too */
+        f->workers_ops->store_attach(&w->f, f); /* the main loop's store serves its clients too */
         uv_async_init(&w->loop, &w->async, mail_cb);
         w->async.data = w;
         w->open = 1;
@@ -429,7 +427,7 @@ int workers_accept(ferry *f, uv_stream_t *server, int is_unix)
     workers *wk = f->workers;
     int i = (int)(wk->next++ % (uint64_t)wk->n);
     if (i == 0) {
-        return session_accept(f, server, is_unix);
+        return f->workers_ops->accept(f, server, is_unix);
     }
     /* Accepted here, handed over as a descriptor of its own: the handle
      * that accepted it closes its copy on this loop. */
@@ -480,7 +478,7 @@ void workers_adopt(ferry *f, int fd, char *p, size_t n)
     workers *wk = f->workers;
     int i = wk != NULL ? (int)(wk->next++ % (uint64_t)wk->n) : 0;
     if (i == 0) {
-        takeover_adopt(f, fd, p, n);
+        f->workers_ops->adopt(f, fd, p, n);
         return;
     }
     wmsg *m = msg_new(WM_TK_ADOPT, NULL);
@@ -538,7 +536,7 @@ void workers_join(ferry *f)
         if (q->fn != NULL) {
             q->fn(NULL, q->arg); /* a call: told the main loop reads no more */
         } else {
-            outage_remote_drop(f, q->store);
+            f->workers_ops->store_drop(f, q->store);
         }
         free(q);
         q = next;
@@ -574,13 +572,13 @@ void workers_loop_close(ferry *f)
 
 void workers_switch(ferry *f, const char *why)
 {
-    upstream_switch(f->up, why);
+    f->workers_ops->switch_master(f->up, why);
     post_all(f, WM_SWITCH, NULL, 0, why);
 }
 
 void workers_set_master(ferry *f, const char *ip, int port, const char *why)
 {
-    upstream_set_master(f->up, ip, port, why);
+    f->workers_ops->set_master(f->up, ip, port, why);
     post_all(f, WM_MASTER, ip, port, why);
 }
 
@@ -751,7 +749,7 @@ static void view_of(ferry *f, worker_view *v)
         v->pool = (uint64_t)f->up->npool;
         v->up = f->up->state == UP_UP;
         v->epoch = f->up->epoch;
-        snprintf(v->master, sizeof(v->master), "%s", upstream_name(f->up));
+        snprintf(v->master, sizeof(v->master), "%s", f->workers_ops->master_name(f->up));
     }
 }
 

@@ -12,6 +12,7 @@
 #include "ferry.h"
 
 struct workers;
+struct tk_relay;
 
 /* What one loop reports on its tick, for the stats port. */
 typedef struct worker_view {
@@ -27,9 +28,42 @@ typedef struct worker_view {
     char master[64];         /* the master it follows ("" if none) */
 } worker_view;
 
+/* What workers asks of the modules above it: workers relays between loops
+ * and calls nothing of theirs by name. core fills one table per context
+ * (f->workers_ops) at start-up. */
+typedef struct workers_ops {
+    /* core: set up a worker loop's context (as core_init_worker), close
+     * every handle of it, free what outlives them once its loop ended.
+     * Stopping one gracefully is f->stop. */
+    int (*init)(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk, int index,
+                uint64_t base_id);
+    void (*close)(ferry *f);
+    void (*release)(ferry *f);
+    /* session: serve a client accepted on this loop, or handed over as fd. */
+    int (*accept)(ferry *f, uv_stream_t *server, int is_unix);
+    int (*accept_fd)(ferry *f, uv_os_sock_t fd, int is_unix);
+    /* upstream: change this loop's master view; the master it follows. */
+    void (*set_master)(struct upstream *up, const char *ip, int port, const char *why);
+    void (*switch_master)(struct upstream *up, const char *reason);
+    const char *(*master_name)(const struct upstream *up);
+    /* sentinel: a round now (a worker asked). */
+    void (*trigger_sentinel)(struct sentinel_client *sc);
+    /* outage: a worker's view of the main loop's store; a store operation
+     * run on the main loop, its result back on the worker, one dropped. */
+    void (*store_attach)(ferry *wf, ferry *main_ctx);
+    void (*store_run)(ferry *f, void *op);
+    void (*store_done)(ferry *f, void *op);
+    void (*store_drop)(ferry *f, void *op);
+    /* takeover: hand this loop's clients over, abort that, adopt one. */
+    void (*hand_clients)(ferry *f, struct tk_relay *relay);
+    void (*hand_abort)(ferry *f);
+    int (*adopt)(ferry *f, int fd, char *frame, size_t len);
+} workers_ops;
+
 /* Main loop, at the end of core_init: start cfg->workers - 1 worker loops,
- * each with a context of its own. Returns 0, or a negative error (logged;
- * no worker is left running). Does nothing with workers: 1. */
+ * each with a context of its own (set up by f->workers_ops->init). Returns
+ * 0, or a negative error (logged; no worker is left running). Does nothing
+ * with workers: 1. */
 int workers_start(ferry *f);
 /* Main loop: a client connects on server (a unix socket if is_unix): accept
  * it and hand it to the next loop in turn (this one included). Returns 0 or
