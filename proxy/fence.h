@@ -27,6 +27,9 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
 
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);
+
+/* Stop the late-WAIT nudge of up for good (ferry is stopping). */
+void fence_nudge_close(struct upstream *up);
 /* A reply arrived for r: if it must wait for replicas (durability.replicas_ack,
  * or l is fencing), keep it (r becomes WAITING) and return 1; else return 0. */
 int fence_hold(link *l, request *r, const char *p, size_t n);

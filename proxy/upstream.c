@@ -202,6 +202,7 @@ upstream *upstream_new(ferry *f)
 void upstream_close(upstream *up)
 {
     list_node *n, *t;
+    fence_nudge_close(up);
     if (up->resolving) {
         uv_cancel((uv_req_t *)&up->gai); /* resolved_cb runs anyway and frees */
     }
@@ -637,6 +638,7 @@ void upstream_on_link_closing(upstream *up, link *l)
     }
     if (up->probe == l) {
         up->probe = NULL;
+        up->nudge_pending = 0;
     }
 }
 

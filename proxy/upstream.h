@@ -93,6 +93,9 @@ typedef struct upstream {
     uint64_t nrecent;                               /* switches recorded (ring index mod) */
     int replicas_ack;       /* replicas that must confirm a write (resolved) */
     uint64_t acks_asked_ms; /* replicas last asked for an ACK (slow WAIT) */
+    uv_timer_t nudge;       /* a late replicas_ack WAIT nudges the master (fence.c) */
+    int nudge_state;        /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
+    int nudge_pending;      /* a nudge in flight on the probe link */
     int fence_valid;        /* no promotion seen since the switch began: a
                                replica's WAIT ack on the old master still counts */
     link *probe;            /* health probe link, NULL while none */
