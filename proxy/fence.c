@@ -174,19 +174,28 @@ void fence_enforce(link *l)
  * Linux). Measured after a kill -9 failover: about 1 replicas_ack WAIT in 8
  * took 40-50 ms (none before it), and a queue worker doing ten of them per
  * job fell to 40 % of its rate for good. So a WAIT unanswered for
- * WAIT_NUDGE_MS has the master send its replicas something: a WAIT for more
- * replicas than exist, with a 1 ms timeout, on the probe link, makes Redis
- * send each replica REPLCONF GETACK, and that carries the acknowledgement the
- * replica's held ACK waits for. It changes no data and costs the master one
- * command and one GETACK per replica, at most once per WAIT_NUDGE_MS. */
+ * WAIT_NUDGE_MS has the master send its replicas a few bytes, which carry the
+ * acknowledgement the replica's held ACK waits for: SPUBLISH on a channel of
+ * ferry's own (replicated, matched by no pattern subscription, no data
+ * changed, answered at once), on the probe link, at most once per
+ * WAIT_NUDGE_MS. Where Redis refuses it (ACL), WAIT for more replicas than
+ * exist with a 1 ms timeout, which has Redis send its replicas GETACK; that
+ * form blocks the probe link until Redis next wakes, so it helps less. */
 #define WAIT_NUDGE_MS 2
 
 static void nudge_done(link *l, request *r, const char *reply, size_t len)
 {
     (void)r;
-    (void)reply;
-    (void)len;
-    l->up->nudge_pending = 0;
+    upstream *up = l->up;
+    up->nudge_pending = 0;
+    if (len > 0 && reply[0] == '-' && !up->nudge_by_wait) {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("replicas_ack: Redis refused SPUBLISH to ferry's nudge channel (%s); a late WAIT "
+                 "is nudged with WAIT instead (allow ferry's user +spublish and &__ferry:*)",
+                 why);
+        up->nudge_by_wait = 1;
+    }
 }
 
 static void nudge_cb(uv_timer_t *t);
@@ -230,10 +239,11 @@ static void nudge_cb(uv_timer_t *t)
     }
     link *p = up->probe;
     if (p != NULL && p->state == LINK_READY && !up->nudge_pending) {
-        static const char *const argv[] = {"WAIT", "1000000", "1"};
+        static const char *const spublish[] = {"SPUBLISH", "__ferry:nudge", "1"};
+        static const char *const wait[] = {"WAIT", "1000000", "1"};
         up->nudge_pending = 1;
         up->f->stats.wait_nudges++;
-        link_internal(p, argv, 3, nudge_done, 0);
+        link_internal(p, up->nudge_by_wait ? wait : spublish, 3, nudge_done, 0);
     }
     nudge_arm(up, WAIT_NUDGE_MS);
 }

@@ -96,6 +96,7 @@ typedef struct upstream {
     uv_timer_t nudge;       /* a late replicas_ack WAIT nudges the master (fence.c) */
     int nudge_state;        /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
     int nudge_pending;      /* a nudge in flight on the probe link */
+    int nudge_by_wait;      /* Redis refused SPUBLISH: nudge with WAIT */
     int fence_valid;        /* no promotion seen since the switch began: a
                                replica's WAIT ack on the old master still counts */
     link *probe;            /* health probe link, NULL while none */
