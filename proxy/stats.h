@@ -196,7 +196,7 @@ typedef enum stat_type {
     X(durability, replicas, NODES, "",                                                             \
       "per replica: addr, enforced, enforced_since (unix time, 0 if not), last_error (live)")      \
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
-      "replicas_ack WAITs late past 5 ms that had the master ask its replicas for an ACK")          \
+      "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")          \
                                                                                                    \
     X(sentinels, sentinels_configured, GAUGE, "ferry_sentinels_configured",                        \
       "entries in sentinel.addresses (live)")                                                      \
