@@ -186,6 +186,8 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
+      "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \
@@ -195,8 +197,6 @@ typedef enum stat_type {
       "of those, replicas with the settings asserted and INFO persistence trusted (live)")         \
     X(durability, replicas, NODES, "",                                                             \
       "per replica: addr, enforced, enforced_since (unix time, 0 if not), last_error (live)")      \
-    X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
-      "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")          \
                                                                                                    \
     X(sentinels, sentinels_configured, GAUGE, "ferry_sentinels_configured",                        \
       "entries in sentinel.addresses (live)")                                                      \
