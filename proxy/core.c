@@ -291,6 +291,7 @@ static const workers_ops core_workers_ops = {
     .switch_master = upstream_switch,
     .master_name = upstream_name,
     .trigger_sentinel = sentinel_trigger,
+    .ask_replica_acks = sentinel_ask_replica_acks,
     .store_attach = outage_attach,
     .store_run = outage_remote_run,
     .store_done = outage_remote_done,
@@ -316,6 +317,7 @@ static const shard_ops core_shard_ops = {
     .on_link_closed = router_on_link_closed,
     .close_session = session_close,
     .trigger_sentinel = sentinel_trigger,
+    .ask_replica_acks = sentinel_ask_replica_acks,
 };
 
 /* A client a listener accepted: to a loop of workers', or served here. */

@@ -31,7 +31,6 @@
 #undef link
 
 #include "log.h"
-#include "sentinel.h"
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
@@ -298,7 +297,7 @@ static void trigger_cb(uv_async_t *a)
         f->workers_ops->trigger_sentinel(f->sentinel);
     }
     if (atomic_exchange(&wk->acks_asked, 0) && f->sentinel != NULL && !f->closed) {
-        sentinel_ask_replica_acks(f->sentinel);
+        f->workers_ops->ask_replica_acks(f->sentinel);
     }
     uv_mutex_lock(&wk->qlock);
     mmsg *q = wk->qhead;
