@@ -243,9 +243,9 @@ void backlog_hold(session *s)
     while (workers_held(f) > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
         request *r = list_entry(s->held.prev, request, hq);
         f->stats.requests_tryagain++;
-        session_answer_str(s, r,
-                           "-TRYAGAIN ferry: no master and the hold buffer is "
-                           "full (upstream.hold_max_bytes)\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-TRYAGAIN ferry: no master and the hold buffer is "
+                                      "full (upstream.hold_max_bytes)\r\n");
     }
 }
 
@@ -264,7 +264,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
                  (unsigned long long)(now - f->up->down_since_ms));
     }
     f->stats.requests_tryagain++;
-    session_answer_str(s, r, line);
+    s->f->session_ops->answer_str(s, r, line);
 }
 
 int backlog_refused(session *s, request *r, uint64_t now)
@@ -315,7 +315,7 @@ void backlog_tick(ferry *f, uint64_t now)
                                       ? "$-1\r\n"
                                       : "*-1\r\n";
             f->stats.requests_timed_out_held++;
-            session_answer_str(s, r, session_null(s, expired));
+            s->f->session_ops->answer_str(s, r, session_null(s, expired));
         } else if (now - r->held_since < cfg->hold_timeout_ms) {
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);

@@ -307,6 +307,18 @@ static const outage_ops core_outage_ops = {
     .requeue = router_requeue,
 };
 
+/* What the router and its helpers ask of the session. */
+static const session_ops core_session_ops = {
+    .answer = session_answer,
+    .answer_str = session_answer_str,
+    .flush_answered = session_flush_answered,
+    .check_reading = session_check_reading,
+    .on_push = session_on_push,
+    .unlink = session_unlink,
+    .set_state = session_set_state,
+    .close = session_close,
+};
+
 /* What the shard side (upstream, fence) reports upward. */
 static const shard_ops core_shard_ops = {
     .on_reply = router_on_reply,
@@ -340,6 +352,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->workers_ops = &core_workers_ops;
     f->outage_ops = &core_outage_ops;
     f->shard_ops = &core_shard_ops;
+    f->session_ops = &core_session_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

@@ -179,8 +179,9 @@ typedef struct ferry {
     int (*claim_listener)(struct ferry *f, const config_addr *a);
     void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
     const struct workers_ops *workers_ops;          /* what workers asks of the rest (workers.h) */
-    const struct outage_ops *outage_ops; /* what the outage reports to the router (outage.h) */
-    const struct shard_ops *shard_ops;   /* what upstream and fence report upward (shard.h) */
+    const struct outage_ops *outage_ops;   /* what the outage reports to the router (outage.h) */
+    const struct shard_ops *shard_ops;     /* what upstream and fence report upward (shard.h) */
+    const struct session_ops *session_ops; /* what the router asks of the session (session.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */
