@@ -25,7 +25,6 @@
 
 #include "log.h"
 #include "outage.h"
-#include "router.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -295,7 +294,7 @@ void backlog_wake_all(ferry *f)
         list_node *n = list_first(&batch);
         session *s = list_entry(n, session, wait_node);
         list_del(n);
-        router_dispatch(s);
+        f->redispatch(s);
     }
 }
 
@@ -333,7 +332,7 @@ void backlog_tick(ferry *f, uint64_t now)
             answer_tryagain(s, r, now);
         }
         /* Written out in order; the fallback store may take what follows. */
-        router_dispatch(s);
+        f->redispatch(s);
     }
     if (f->up->state == UP_UP || f->up->state == UP_DOWN) {
         /* A master is UP: retry what Redis refused, once its back-off ran
@@ -342,7 +341,7 @@ void backlog_tick(ferry *f, uint64_t now)
          * ran out). */
         list_foreach_safe(n, t, &f->waiting)
         {
-            router_dispatch(list_entry(n, session, wait_node));
+            f->redispatch(list_entry(n, session, wait_node));
         }
     }
 }

@@ -345,6 +345,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->cfg = cfg;
     f->id_step = 1;
     f->unhold = backlog_forget;
+    f->redispatch = router_dispatch;
     f->link_ops = &core_link_ops;
     f->accept = core_accept;
     f->claim_listener = takeover_claim_listener;

@@ -171,7 +171,10 @@ typedef struct ferry {
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call
      * nothing above them by name (see README, "How a request travels"). */
-    void (*unhold)(request *r);      /* request_set_state: r leaves the hold (backlog) */
+    void (*unhold)(request *r); /* request_set_state: r leaves the hold (backlog) */
+    /* backlog: a session whose held requests may go on goes back to the
+     * router (router_dispatch). */
+    void (*redispatch)(struct session *s);
     const struct link_ops *link_ops; /* what a link reports to its owners (link.h) */
     /* server: a listener accepted st (session or workers); a listener bound
      * by the ferry this one takes over, as a descriptor, or -1 (takeover). */
