@@ -98,24 +98,6 @@ static char *arg_dup(const resp_arg *a)
     return xstrndup(a->ptr, a->len);
 }
 
-/* Redis' string2ll: a whole argument as a long long. Returns 0 or -1. */
-static int arg_ll(const resp_arg *a, long long *out)
-{
-    char tmp[32];
-    char *end;
-    if (a->len == 0 || a->len >= sizeof(tmp) || a->ptr[0] == ' ' || a->ptr[0] == '+') {
-        return -1;
-    }
-    memcpy(tmp, a->ptr, a->len);
-    tmp[a->len] = '\0';
-    long long v = strtoll(tmp, &end, 10);
-    if (*end != '\0') {
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int type_by_name(const resp_arg *a)
 {
     if (arg_is(a, "normal")) {
@@ -656,7 +638,7 @@ static int parse_kill(session *s, request *r, const resp_request *req, cl_filter
         }
         if (arg_is(opt, "id")) {
             long long v;
-            if (arg_ll(val, &v) != 0 || v < 1) {
+            if (resp_arg_ll(val, &v) != 0 || v < 1) {
                 s->f->session_ops->answer_str(s, r, "-ERR client-id should be greater than 0\r\n");
                 return -1;
             }
@@ -709,7 +691,7 @@ static int parse_list(session *s, request *r, const resp_request *req, cl_filter
         fl->ids = xcalloc(req->argc - 3, sizeof(*fl->ids));
         for (size_t i = 3; i < req->argc; i++) {
             long long v;
-            if (arg_ll(&req->argv[i], &v) != 0) {
+            if (resp_arg_ll(&req->argv[i], &v) != 0) {
                 s->f->session_ops->answer_str(s, r, "-ERR Invalid client ID\r\n");
                 return -1;
             }
@@ -800,7 +782,7 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
                 s, r, "-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n");
             break;
         }
-        if (arg_ll(&req.argv[2], &id) != 0) {
+        if (resp_arg_ll(&req.argv[2], &id) != 0) {
             s->f->session_ops->answer_str(s, r, "-ERR value is not an integer or out of range\r\n");
             break;
         }
