@@ -27,7 +27,7 @@ import time
 import unittest
 
 import harness
-from failover_load import (AccountingChecks, Load, current_master, merged, now,
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, merged, now,
                            sentinel_config_epoch)
 from harness import Ferry, RespError, SentinelTopology, resp_read_reply, resp_send, wait_until
 
@@ -37,19 +37,8 @@ KEY = 'q'                  # Load's list (its default key)
 PRE_FAULT = 3.0            # s of load before the fault
 POST_RECOVERY = 4.0        # s of load after recovery
 
-# Merged over every scenario's ferry config. replicas_ack 1: without a
-# replica acknowledging each write, a write acknowledged by a master that
-# dies (kill -9) or is demoted (SIGSTOP) can be lost by Redis' asynchronous
-# replication whatever ferry does.
-FERRY_CONF = {
-    'upstream': {'hold_timeout_ms': 10000},
-    'durability': {
-        'require_aof': True,
-        'replicas_ack': 1,
-        'replicas_ack_timeout_ms': 1000,
-        'enforce_interval_ms': 500,
-    },
-}
+# Merged over every scenario's ferry config (replicas_ack 1: see there).
+FERRY_CONF = FAILOVER_CONF
 
 SENTINEL_UNREACHABLE = re.compile(r'sentinel.*unreachable|unreachable.*sentinel', re.I)
 TRYAGAIN_PREFIX = 'TRYAGAIN ferry: no master for'
