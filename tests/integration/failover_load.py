@@ -34,6 +34,25 @@ FAILOVER_CONF = {
 }
 
 
+def each_run(tc, runs, fn):
+    """fn(k, cleanups) for k in range(runs), each a subTest of tc with fresh
+    processes: what fn appended to cleanups runs in reverse order however the
+    run ended. Returns what the runs that finished returned."""
+    results = []
+    for k in range(runs):
+        cleanups = []
+        with tc.subTest(run=k + 1):
+            try:
+                results.append(fn(k, cleanups))
+            finally:
+                for c in reversed(cleanups):
+                    try:
+                        c()
+                    except Exception:  # noqa: BLE001
+                        pass
+    return results
+
+
 def now():
     return time.monotonic()
 

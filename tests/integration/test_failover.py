@@ -27,8 +27,8 @@ import time
 import unittest
 
 import harness
-from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, merged, now,
-                           sentinel_config_epoch)
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, each_run, merged,
+                           now, sentinel_config_epoch)
 from harness import Ferry, RespError, SentinelTopology, resp_read_reply, resp_send, wait_until
 
 RUNS = max(1, int(os.environ.get('FAILOVER_RUNS', '1')))
@@ -65,20 +65,7 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
     def repeat(self, name, fn):
         """Run fn(run_index) RUNS times, each as a subTest with fresh
         processes; print each run's summary (and the median gap)."""
-        gaps = []
-        for k in range(RUNS):
-            cleanups = []
-            with self.subTest(run=k + 1):
-                try:
-                    res = fn(k, cleanups)
-                finally:
-                    for c in reversed(cleanups):
-                        try:
-                            c()
-                        except Exception:  # noqa: BLE001
-                            pass
-                if res is not None:
-                    gaps.append(res.gap_ms)
+        gaps = [res.gap_ms for res in each_run(self, RUNS, fn) if res is not None]
         if RUNS > 1 and gaps:
             print('[%s] longest_gap_ms per run: %s, median %.0f' % (
                 name, ', '.join('%.0f' % g for g in gaps), statistics.median(gaps)), flush=True)

@@ -34,7 +34,8 @@ import time
 import unittest
 
 import harness
-from failover_load import FAILOVER_CONF, AccountingChecks, Load, current_master, merged, now
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, each_run, merged,
+                           now)
 from harness import Ferry, SentinelTopology
 
 RUNS = max(1, int(os.environ.get('GAP_RUNS', '3')))
@@ -126,17 +127,7 @@ class PlannedFailoverGapTest(AccountingChecks, unittest.TestCase):
             '(allowed: %d ms)%s' % (over, new_port, OVER_MS, self.diag(topo, ferry, res)))
 
     def test_planned_failover_gap_follows_the_replica(self):
-        for k in range(RUNS):
-            cleanups = []
-            with self.subTest(run=k + 1):
-                try:
-                    self.run_once(k, cleanups)
-                finally:
-                    for c in reversed(cleanups):
-                        try:
-                            c()
-                        except Exception:  # noqa: BLE001
-                            pass
+        each_run(self, RUNS, self.run_once)
 
 
 if __name__ == '__main__':
