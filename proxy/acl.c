@@ -64,7 +64,7 @@ static void refuse(session *s, request *r, const char *p, size_t n)
 {
     s->f->stats.auth_failures++;
     wipe(r);
-    session_answer(s, r, p, n);
+    s->f->session_ops->answer(s, r, p, n);
 }
 
 /* Whether id's links may be opened with pass: not when Redis refused that
@@ -95,9 +95,10 @@ int acl_dispatch(session *s, request *r)
     }
     if (up->state == UP_DOWN && uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms) {
         wipe(r);
-        session_answer_str(s, r,
-                           "-ERR ferry: cannot check the credentials: no Redis master is "
-                           "reachable (client.auth redis)\r\n");
+        s->f->session_ops->answer_str(
+            s, r,
+            "-ERR ferry: cannot check the credentials: no Redis master is "
+            "reachable (client.auth redis)\r\n");
         return ACL_ANSWERED;
     }
     if (up->state != UP_UP) {
@@ -107,7 +108,7 @@ int acl_dispatch(session *s, request *r)
     resp_arg user, pass;
     if (auth_args(pp, r, &user, &pass) != 0) {
         resp_parser_free(pp);
-        session_answer_str(s, r, "-ERR syntax error\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
         return ACL_ANSWERED;
     }
     ident *id = upstream_ident(up, user.ptr, user.len, pass.ptr, pass.len);

@@ -25,7 +25,6 @@
 
 #include "log.h"
 #include "outage.h"
-#include "router.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -243,9 +242,9 @@ void backlog_hold(session *s)
     while (workers_held(f) > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
         request *r = list_entry(s->held.prev, request, hq);
         f->stats.requests_tryagain++;
-        session_answer_str(s, r,
-                           "-TRYAGAIN ferry: no master and the hold buffer is "
-                           "full (upstream.hold_max_bytes)\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-TRYAGAIN ferry: no master and the hold buffer is "
+                                      "full (upstream.hold_max_bytes)\r\n");
     }
 }
 
@@ -264,7 +263,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
                  (unsigned long long)(now - f->up->down_since_ms));
     }
     f->stats.requests_tryagain++;
-    session_answer_str(s, r, line);
+    s->f->session_ops->answer_str(s, r, line);
 }
 
 int backlog_refused(session *s, request *r, uint64_t now)
@@ -295,7 +294,7 @@ void backlog_wake_all(ferry *f)
         list_node *n = list_first(&batch);
         session *s = list_entry(n, session, wait_node);
         list_del(n);
-        router_dispatch(s);
+        f->redispatch(s);
     }
 }
 
@@ -315,7 +314,7 @@ void backlog_tick(ferry *f, uint64_t now)
                                       ? "$-1\r\n"
                                       : "*-1\r\n";
             f->stats.requests_timed_out_held++;
-            session_answer_str(s, r, session_null(s, expired));
+            s->f->session_ops->answer_str(s, r, session_null(s, expired));
         } else if (now - r->held_since < cfg->hold_timeout_ms) {
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);
@@ -333,7 +332,7 @@ void backlog_tick(ferry *f, uint64_t now)
             answer_tryagain(s, r, now);
         }
         /* Written out in order; the fallback store may take what follows. */
-        router_dispatch(s);
+        f->redispatch(s);
     }
     if (f->up->state == UP_UP || f->up->state == UP_DOWN) {
         /* A master is UP: retry what Redis refused, once its back-off ran
@@ -342,7 +341,7 @@ void backlog_tick(ferry *f, uint64_t now)
          * ran out). */
         list_foreach_safe(n, t, &f->waiting)
         {
-            router_dispatch(list_entry(n, session, wait_node));
+            f->redispatch(list_entry(n, session, wait_node));
         }
     }
 }

@@ -98,24 +98,6 @@ static char *arg_dup(const resp_arg *a)
     return xstrndup(a->ptr, a->len);
 }
 
-/* Redis' string2ll: a whole argument as a long long. Returns 0 or -1. */
-static int arg_ll(const resp_arg *a, long long *out)
-{
-    char tmp[32];
-    char *end;
-    if (a->len == 0 || a->len >= sizeof(tmp) || a->ptr[0] == ' ' || a->ptr[0] == '+') {
-        return -1;
-    }
-    memcpy(tmp, a->ptr, a->len);
-    tmp[a->len] = '\0';
-    long long v = strtoll(tmp, &end, 10);
-    if (*end != '\0') {
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int type_by_name(const resp_arg *a)
 {
     if (arg_is(a, "normal")) {
@@ -135,7 +117,7 @@ static void error_unknown_type(session *s, request *r, const resp_arg *a)
     char line[200];
     snprintf(line, sizeof(line), "-ERR Unknown client type '%.*s'\r\n",
              (int)(a->len < 100 ? a->len : 100), a->ptr);
-    session_answer_str(s, r, line);
+    s->f->session_ops->answer_str(s, r, line);
 }
 
 /* "ip:port" of a socket address, Redis' way ("[ip6]:port"). */
@@ -310,7 +292,7 @@ static void answer_text(session *s, request *r, const char *p, size_t n)
     } else {
         buf_append_bulk(&b, p, n);
     }
-    session_answer(s, r, buf_head(&b), buf_used(&b));
+    s->f->session_ops->answer(s, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
 }
 
@@ -383,7 +365,7 @@ static void run_kill(ferry *f, cl_part *p)
             }
             p->kill_self = 1; /* closed after its reply */
         } else {
-            session_close(c, "killed by CLIENT KILL");
+            c->f->session_ops->close(c, "killed by CLIENT KILL");
         }
         p->count++;
     }
@@ -453,14 +435,15 @@ static void run_unblock(ferry *f, cl_part *p)
         /* Held by ferry (no master, or waiting for the fallback store):
          * ended here, as Redis would end it. */
         if (job->unblock_error) {
-            session_answer_str(c, br, "-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n");
+            c->f->session_ops->answer_str(c, br,
+                                          "-UNBLOCKED client unblocked via CLIENT UNBLOCK\r\n");
         } else {
-            session_answer_str(c, br, session_null(c, request_expired_reply(br)));
+            c->f->session_ops->answer_str(c, br, session_null(c, request_expired_reply(br)));
         }
         log_debug("client %llu: held blocking call unblocked (CLIENT UNBLOCK)",
                   (unsigned long long)c->id);
         p->count = 1;
-        session_flush_answered(c);
+        c->f->session_ops->flush_answered(c);
         f->wake_pending = 1; /* what it sent after the call goes on */
         part_back(f, p);
         return;
@@ -543,24 +526,25 @@ static void job_answer(ferry *f, cl_job *job)
         break;
     case CL_KILL:
         if (job->flt.old_form) {
-            session_answer_str(s, r, job->count > 0 ? "+OK\r\n" : "-ERR No such client\r\n");
+            s->f->session_ops->answer_str(s, r,
+                                          job->count > 0 ? "+OK\r\n" : "-ERR No such client\r\n");
         } else {
             snprintf(line, sizeof(line), ":%lld\r\n", job->count);
-            session_answer_str(s, r, line);
+            s->f->session_ops->answer_str(s, r, line);
         }
         break;
     default:
-        session_answer_str(s, r, job->count > 0 ? ":1\r\n" : ":0\r\n");
+        s->f->session_ops->answer_str(s, r, job->count > 0 ? ":1\r\n" : ":0\r\n");
         break;
     }
     int later = !job->dispatching;
     void (*resume)(session *) = job->resume;
     job_free(job);
-    session_flush_answered(s);
+    s->f->session_ops->flush_answered(s);
     if (later && s->inflight == 0) {
         resume(s);
     }
-    session_check_reading(s);
+    s->f->session_ops->check_reading(s);
 }
 
 /* On the asking loop: part p is back (f NULL: the asking loop stopped). */
@@ -649,13 +633,13 @@ static int parse_kill(session *s, request *r, const resp_request *req, cl_filter
         const resp_arg *opt = &req->argv[i];
         const resp_arg *val = &req->argv[i + 1];
         if (i + 1 >= req->argc) {
-            session_answer_str(s, r, "-ERR syntax error\r\n");
+            s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
             return -1;
         }
         if (arg_is(opt, "id")) {
             long long v;
-            if (arg_ll(val, &v) != 0 || v < 1) {
-                session_answer_str(s, r, "-ERR client-id should be greater than 0\r\n");
+            if (resp_arg_ll(val, &v) != 0 || v < 1) {
+                s->f->session_ops->answer_str(s, r, "-ERR client-id should be greater than 0\r\n");
                 return -1;
             }
             fl->id = (uint64_t)v;
@@ -680,11 +664,11 @@ static int parse_kill(session *s, request *r, const resp_request *req, cl_filter
             } else if (arg_is(val, "no")) {
                 fl->skipme = 0;
             } else {
-                session_answer_str(s, r, "-ERR syntax error\r\n");
+                s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
                 return -1;
             }
         } else {
-            session_answer_str(s, r, "-ERR syntax error\r\n");
+            s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
             return -1;
         }
     }
@@ -707,8 +691,8 @@ static int parse_list(session *s, request *r, const resp_request *req, cl_filter
         fl->ids = xcalloc(req->argc - 3, sizeof(*fl->ids));
         for (size_t i = 3; i < req->argc; i++) {
             long long v;
-            if (arg_ll(&req->argv[i], &v) != 0) {
-                session_answer_str(s, r, "-ERR Invalid client ID\r\n");
+            if (resp_arg_ll(&req->argv[i], &v) != 0) {
+                s->f->session_ops->answer_str(s, r, "-ERR Invalid client ID\r\n");
                 return -1;
             }
             fl->ids[fl->nids++] = (uint64_t)v;
@@ -718,7 +702,7 @@ static int parse_list(session *s, request *r, const resp_request *req, cl_filter
         }
     }
     if (req->argc != 2) {
-        session_answer_str(s, r, "-ERR syntax error\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
         return -1;
     }
     return 0;
@@ -760,14 +744,15 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
     f->stats.commands_local++;
     if (resp_parse_request(pp, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
         req.argc < 2) {
-        session_answer_str(s, r, "-ERR syntax error\r\n"); /* cannot happen: it was parsed */
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR syntax error\r\n"); /* cannot happen: it was parsed */
         resp_parser_free(pp);
         return;
     }
     switch ((int)r->arg) {
     case CL_ID:
         snprintf(line, sizeof(line), ":%llu\r\n", (unsigned long long)s->id);
-        session_answer_str(s, r, line);
+        s->f->session_ops->answer_str(s, r, line);
         break;
     case CL_INFO: {
         buf b;
@@ -793,15 +778,16 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
         if (req.argc == 4 && arg_is(&req.argv[3], "error")) {
             error = 1;
         } else if (req.argc == 4 && !arg_is(&req.argv[3], "timeout")) {
-            session_answer_str(s, r, "-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n");
+            s->f->session_ops->answer_str(
+                s, r, "-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n");
             break;
         }
-        if (arg_ll(&req.argv[2], &id) != 0) {
-            session_answer_str(s, r, "-ERR value is not an integer or out of range\r\n");
+        if (resp_arg_ll(&req.argv[2], &id) != 0) {
+            s->f->session_ops->answer_str(s, r, "-ERR value is not an integer or out of range\r\n");
             break;
         }
         if (id <= 0) {
-            session_answer_str(s, r, ":0\r\n");
+            s->f->session_ops->answer_str(s, r, ":0\r\n");
             break;
         }
         job = xcalloc(1, sizeof(*job));
@@ -812,7 +798,7 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
         break;
     }
     default:
-        session_answer_str(s, r, "-ERR syntax error\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
         break;
     }
     resp_parser_free(pp);

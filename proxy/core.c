@@ -291,6 +291,7 @@ static const workers_ops core_workers_ops = {
     .switch_master = upstream_switch,
     .master_name = upstream_name,
     .trigger_sentinel = sentinel_trigger,
+    .ask_replica_acks = sentinel_ask_replica_acks,
     .store_attach = outage_attach,
     .store_run = outage_remote_run,
     .store_done = outage_remote_done,
@@ -306,6 +307,18 @@ static const outage_ops core_outage_ops = {
     .requeue = router_requeue,
 };
 
+/* What the router and its helpers ask of the session. */
+static const session_ops core_session_ops = {
+    .answer = session_answer,
+    .answer_str = session_answer_str,
+    .flush_answered = session_flush_answered,
+    .check_reading = session_check_reading,
+    .on_push = session_on_push,
+    .unlink = session_unlink,
+    .set_state = session_set_state,
+    .close = session_close,
+};
+
 /* What the shard side (upstream, fence) reports upward. */
 static const shard_ops core_shard_ops = {
     .on_reply = router_on_reply,
@@ -316,6 +329,7 @@ static const shard_ops core_shard_ops = {
     .on_link_closed = router_on_link_closed,
     .close_session = session_close,
     .trigger_sentinel = sentinel_trigger,
+    .ask_replica_acks = sentinel_ask_replica_acks,
 };
 
 /* A client a listener accepted: to a loop of workers', or served here. */
@@ -331,6 +345,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->cfg = cfg;
     f->id_step = 1;
     f->unhold = backlog_forget;
+    f->redispatch = router_dispatch;
     f->link_ops = &core_link_ops;
     f->accept = core_accept;
     f->claim_listener = takeover_claim_listener;
@@ -338,6 +353,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     f->workers_ops = &core_workers_ops;
     f->outage_ops = &core_outage_ops;
     f->shard_ops = &core_shard_ops;
+    f->session_ops = &core_session_ops;
     loop->data = f;
     f->limits.max_bulk_len = cfg->max_bulk_len;
     f->limits.max_args = cfg->max_args;

@@ -171,7 +171,10 @@ typedef struct ferry {
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call
      * nothing above them by name (see README, "How a request travels"). */
-    void (*unhold)(request *r);      /* request_set_state: r leaves the hold (backlog) */
+    void (*unhold)(request *r); /* request_set_state: r leaves the hold (backlog) */
+    /* backlog: a session whose held requests may go on goes back to the
+     * router (router_dispatch). */
+    void (*redispatch)(struct session *s);
     const struct link_ops *link_ops; /* what a link reports to its owners (link.h) */
     /* server: a listener accepted st (session or workers); a listener bound
      * by the ferry this one takes over, as a descriptor, or -1 (takeover). */
@@ -179,8 +182,9 @@ typedef struct ferry {
     int (*claim_listener)(struct ferry *f, const config_addr *a);
     void (*stop)(struct ferry *f, const char *why); /* begin a graceful stop (core_stop) */
     const struct workers_ops *workers_ops;          /* what workers asks of the rest (workers.h) */
-    const struct outage_ops *outage_ops; /* what the outage reports to the router (outage.h) */
-    const struct shard_ops *shard_ops;   /* what upstream and fence report upward (shard.h) */
+    const struct outage_ops *outage_ops;   /* what the outage reports to the router (outage.h) */
+    const struct shard_ops *shard_ops;     /* what upstream and fence report upward (shard.h) */
+    const struct session_ops *session_ops; /* what the router asks of the session (session.h) */
 } ferry;
 
 #define FERRY_READ_BUF (64 * 1024) /* bytes of f->rbuf */

@@ -464,6 +464,49 @@ static int parse_inline(resp_parser *p, const char *buf, size_t len)
     return RESP_OK;
 }
 
+int resp_arg_ll(const resp_arg *a, long long *out)
+{
+    const char *p = a->ptr;
+    size_t n = a->len;
+    int negative = 0;
+    unsigned long long v = 0;
+    if (n == 1 && p[0] == '0') {
+        *out = 0;
+        return 0;
+    }
+    if (n > 0 && p[0] == '-') {
+        negative = 1;
+        p++;
+        n--;
+    }
+    /* 19 digits hold any long long; a first digit 1-9 rules out "-0", "00". */
+    if (n == 0 || n > 19 || p[0] < '1' || p[0] > '9') {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return -1;
+        }
+        unsigned d = (unsigned)(p[i] - '0');
+        if (v > (ULLONG_MAX - d) / 10) {
+            return -1;
+        }
+        v = v * 10 + d;
+    }
+    if (negative) {
+        if (v > (unsigned long long)LLONG_MAX + 1) {
+            return -1;
+        }
+        *out = v == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)v;
+    } else {
+        if (v > (unsigned long long)LLONG_MAX) {
+            return -1;
+        }
+        *out = (long long)v;
+    }
+    return 0;
+}
+
 int resp_parse_request(resp_parser *p, const char *buf, size_t len, resp_request *req)
 {
     int rc;

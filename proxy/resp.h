@@ -65,6 +65,12 @@ void resp_parser_reset(resp_parser *p);
 int resp_parse_request(resp_parser *p, const char *buf, size_t len, resp_request *req);
 const char *resp_parser_error(const resp_parser *p); /* "" when none */
 
+/* A whole argument as a long long, read as Redis reads integers (its
+ * string2ll): an optional '-', then digits with no leading zero ("0" alone
+ * is zero), nothing else, within 64 bits; so "+1", " 1", "01", "-0" and
+ * 20 nines are refused. Returns 0 (*out set) or -1. */
+int resp_arg_ll(const resp_arg *a, long long *out);
+
 /* Reply scanner: frames one complete reply (RESP2, and RESP3 types for later)
  * without building objects; the bytes are forwarded as Redis sent them.
  * State is a position and a count of pending elements: no allocation. */

@@ -96,7 +96,7 @@ void router_restore(session *s, const session_import *im)
 void router_release_call(session *s, request *r)
 {
     ferry_assert(r->s == s && r->state == REQ_SENT && s->inflight == 1);
-    session_unlink(s, r);
+    s->f->session_ops->unlink(s, r);
     s->pending_bytes -=
         buf_used(&r->data) <= s->pending_bytes ? buf_used(&r->data) : s->pending_bytes;
     s->inflight = 0;
@@ -145,7 +145,7 @@ static void hello_reply(session *s, request *r)
     buf_append_str(&b, "*0\r\n");
     buf_append_bulk(&b, "proxy", 5);
     buf_append_bulk(&b, "ferry " FERRY_VERSION, strlen("ferry " FERRY_VERSION));
-    session_answer(s, r, buf_head(&b), buf_used(&b));
+    s->f->session_ops->answer(s, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
 }
 
@@ -172,19 +172,21 @@ static void answer_hello(session *s, request *r)
     size_t skip = 0; /* the AUTH Redis checked heads r->data (acl.c) */
     switch (AUTH_RESULT(r)) {
     case HELLO_NOPROTO:
-        session_answer_str(s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
+        s->f->session_ops->answer_str(
+            s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
         return;
     case HELLO_BADPROTO:
-        session_answer_str(s, r, "-ERR Protocol version is not an integer or out of range\r\n");
+        s->f->session_ops->answer_str(
+            s, r, "-ERR Protocol version is not an integer or out of range\r\n");
         return;
     case HELLO_SYNTAX:
-        session_answer_str(s, r, "-ERR Syntax error in HELLO option\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR Syntax error in HELLO option\r\n");
         return;
     case HELLO_AUTH_FAIL:
         s->f->stats.auth_failures++;
-        session_answer_str(s, r,
-                           "-WRONGPASS invalid username-password pair or user is "
-                           "disabled.\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-WRONGPASS invalid username-password pair or user is "
+                                      "disabled.\r\n");
         return;
     case HELLO_AUTH_OK:
         s->authed = 1;
@@ -194,11 +196,12 @@ static void answer_hello(session *s, request *r)
         break;
     default:
         if (!s->authed) {
-            session_answer_str(s, r,
-                               "-NOAUTH HELLO must be called with the client already "
-                               "authenticated, otherwise the HELLO <proto> AUTH <user> "
-                               "<pass> option can be used to authenticate the client and "
-                               "select the RESP protocol version at the same time\r\n");
+            s->f->session_ops->answer_str(
+                s, r,
+                "-NOAUTH HELLO must be called with the client already "
+                "authenticated, otherwise the HELLO <proto> AUTH <user> "
+                "<pass> option can be used to authenticate the client and "
+                "select the RESP protocol version at the same time\r\n");
             return;
         }
         break;
@@ -206,9 +209,10 @@ static void answer_hello(session *s, request *r)
     if (proto != 0 && proto != s->proto && s->tunnel != TUN_NONE) {
         /* A tunnel's bytes pass as Redis sends them: they cannot change
          * protocol half way. */
-        session_answer_str(s, r,
-                           "-ERR ferry: HELLO cannot change the protocol of a connection in "
-                           "pub/sub, MONITOR or CLIENT REPLY mode\r\n");
+        s->f->session_ops->answer_str(
+            s, r,
+            "-ERR ferry: HELLO cannot change the protocol of a connection in "
+            "pub/sub, MONITOR or CLIENT REPLY mode\r\n");
         return;
     }
     if (proto != 0) {
@@ -232,17 +236,17 @@ static void answer_auth(session *s, request *r)
 {
     if (r->arg == AUTH_OK || AUTH_RESULT(r) == AUTH_REDIS) {
         s->authed = 1;
-        session_answer_str(s, r, "+OK\r\n");
+        s->f->session_ops->answer_str(s, r, "+OK\r\n");
     } else if (r->arg == AUTH_NOPASS) {
-        session_answer_str(s, r,
-                           "-ERR AUTH <password> called without any password "
-                           "configured for the default user. Are you sure your "
-                           "configuration is correct?\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR AUTH <password> called without any password "
+                                      "configured for the default user. Are you sure your "
+                                      "configuration is correct?\r\n");
     } else {
         s->f->stats.auth_failures++;
-        session_answer_str(s, r,
-                           "-WRONGPASS invalid username-password pair or user is "
-                           "disabled.\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-WRONGPASS invalid username-password pair or user is "
+                                      "disabled.\r\n");
     }
 }
 
@@ -263,7 +267,7 @@ static void do_reset(session *s, request *r)
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
     s->tracking = 0;
     buf_free(&s->sticky_log);
-    session_answer_str(s, r, "+RESET\r\n");
+    s->f->session_ops->answer_str(s, r, "+RESET\r\n");
 }
 
 /* ----------------------------------------------------- connection settings */
@@ -395,10 +399,11 @@ static int dispatch_acl(session *s, request *r)
 {
     if (s->tx != TX_NONE || s->tunnel != TUN_NONE) {
         /* Its links are the user's: the state on them cannot follow. */
-        session_answer_str(s, r,
-                           "-ERR ferry: AUTH is not supported inside MULTI or WATCH, or on a "
-                           "subscribed, MONITOR or CLIENT REPLY connection, with client.auth "
-                           "redis\r\n");
+        s->f->session_ops->answer_str(
+            s, r,
+            "-ERR ferry: AUTH is not supported inside MULTI or WATCH, or on a "
+            "subscribed, MONITOR or CLIENT REPLY connection, with client.auth "
+            "redis\r\n");
         return DISPATCH_DONE;
     }
     switch (acl_dispatch(s, r)) {
@@ -421,7 +426,7 @@ static void acl_accepted(session *s, request *r)
         upstream_return(s->f->up, s, 0, "its client authenticated as another user");
         if (flush) {
             static const char inval[] = ">2\r\n$10\r\ninvalidate\r\n_\r\n";
-            session_on_push(s, inval, sizeof(inval) - 1);
+            s->f->session_ops->on_push(s, inval, sizeof(inval) - 1);
         }
     }
     if (r->route == RT_HELLO) {
@@ -442,7 +447,7 @@ static int dispatch_one(session *s, request *r)
     }
     if ((pw != NULL || f->cfg->client_auth == CLIENT_AUTH_REDIS) && !s->authed &&
         r->route != RT_AUTH && r->route != RT_HELLO && r->route != RT_QUIT) {
-        session_answer_str(s, r, "-NOAUTH Authentication required.\r\n");
+        s->f->session_ops->answer_str(s, r, "-NOAUTH Authentication required.\r\n");
         return DISPATCH_DONE;
     }
     if (f->cfg->require_aof && (r->flags & REQ_F_WRITE) && up->state == UP_UP && !up->aof_ok) {
@@ -451,7 +456,7 @@ static int dispatch_one(session *s, request *r)
                  "-ERR ferry: writes refused: durability (appendonly yes, "
                  "appendfsync always) is not enforced on the master: %s\r\n",
                  up->aof_error[0] ? up->aof_error : "not yet asserted");
-        session_answer_str(s, r, line);
+        s->f->session_ops->answer_str(s, r, line);
         return DISPATCH_DONE;
     }
     switch (r->route) {
@@ -478,7 +483,7 @@ static int dispatch_one(session *s, request *r)
     case RT_QUIT:
         f->stats.commands_local++;
         r->flags |= REQ_F_QUIT;
-        session_answer_str(s, r, "+OK\r\n");
+        s->f->session_ops->answer_str(s, r, "+OK\r\n");
         return DISPATCH_DONE;
     case RT_RESET:
         if (s->inflight > 0) {
@@ -522,9 +527,9 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DOWN; /* held until the subscriptions are rebuilt */
     }
     if (pubsub3 && r->route == RT_TUNNEL && r->cmd->cls != CMD_PUBSUB) {
-        session_answer_str(s, r,
-                           "-ERR ferry: MONITOR and CLIENT REPLY are not supported on a "
-                           "subscribed RESP3 connection\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR ferry: MONITOR and CLIENT REPLY are not supported on a "
+                                      "subscribed RESP3 connection\r\n");
         return DISPATCH_DONE;
     }
     if (s->tunnel != TUN_NONE && !pubsub3) {
@@ -532,11 +537,11 @@ static int dispatch_one(session *s, request *r)
             return DISPATCH_DOWN; /* held until the tunnel is rebuilt */
         }
         if (s->dlink == NULL) {
-            session_answer_str(s, r, "-ERR ferry: the connection to Redis was lost\r\n");
+            s->f->session_ops->answer_str(s, r, "-ERR ferry: the connection to Redis was lost\r\n");
             return DISPATCH_DONE;
         }
         link_send_raw(s->dlink, buf_head(&r->data), buf_used(&r->data));
-        session_answer(s, r, "", 0);
+        s->f->session_ops->answer(s, r, "", 0);
         return DISPATCH_DONE;
     }
 
@@ -585,7 +590,7 @@ static int dispatch_one(session *s, request *r)
             /* Shared links are in db 0. A Redis ACL user's SELECT 0 goes to
              * that user's shared link all the same (a no-op there): Redis
              * says whether the user may run SELECT at all. */
-            session_answer_str(s, r, "+OK\r\n");
+            s->f->session_ops->answer_str(s, r, "+OK\r\n");
             return DISPATCH_DONE;
         }
         if (SELECT_DB(r) == 0 && !dedicated) {
@@ -636,12 +641,12 @@ static int dispatch_one(session *s, request *r)
         if (push_sub) {
             /* RESP3: Redis confirms with push frames, not a reply. */
             link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
-            session_answer(s, r, "", 0);
+            s->f->session_ops->answer(s, r, "", 0);
             return DISPATCH_DONE;
         }
         target->passthrough = 1;
         link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
-        session_answer(s, r, "", 0);
+        s->f->session_ops->answer(s, r, "", 0);
         return DISPATCH_DONE;
     default:
         break;
@@ -659,7 +664,8 @@ static int dispatch_one(session *s, request *r)
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
         r->flags &= ~REQ_F_REARM;
         if (done != 0) {
-            session_answer_str(s, r, session_null(s, expired)); /* its time ran out meanwhile */
+            s->f->session_ops->answer_str(
+                s, r, session_null(s, expired)); /* its time ran out meanwhile */
             return DISPATCH_DONE;
         }
     }
@@ -710,7 +716,7 @@ static void answer_down_lead(session *s)
         n = next;
     }
     s->cursor = n;
-    session_flush_answered(s);
+    s->f->session_ops->flush_answered(s);
 }
 
 void router_dispatch(session *s)
@@ -745,7 +751,7 @@ void router_dispatch(session *s)
     } else {
         backlog_release(s);
     }
-    session_flush_answered(s);
+    s->f->session_ops->flush_answered(s);
     router_maybe_return(s);
 }
 
@@ -773,11 +779,11 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         if (acl_on_reply(s, r, via, p, n)) {
             acl_accepted(s, r);
         }
-        session_flush_answered(s);
+        s->f->session_ops->flush_answered(s);
         if (s->inflight == 0) {
             router_dispatch(s);
         }
-        session_check_reading(s);
+        s->f->session_ops->check_reading(s);
         return;
     }
     tx_on_reply(s, r, p, n);
@@ -791,12 +797,12 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
             via->db = s->db;
         }
     }
-    session_answer(s, r, p, n);
-    session_flush_answered(s);
+    s->f->session_ops->answer(s, r, p, n);
+    s->f->session_ops->flush_answered(s);
     if (s->inflight == 0) {
         router_dispatch(s);
     }
-    session_check_reading(s);
+    s->f->session_ops->check_reading(s);
 }
 
 /* Put r back to be sent again, before anything not yet dispatched. A
@@ -901,8 +907,8 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
  * dispatched again at the next wake-up, which the closing link asks for. */
 static void answer_lost(session *s, request *r, const char *text)
 {
-    session_answer_str(s, r, text);
-    session_flush_answered(s);
+    s->f->session_ops->answer_str(s, r, text);
+    s->f->session_ops->flush_answered(s);
     backlog_wait(s);
 }
 
@@ -967,7 +973,7 @@ static void tracking_flush(session *s, const char *why)
     if (s->proto != 3) {
         return; /* RESP2 tracking (REDIRECT) is refused */
     }
-    session_on_push(s, flush, sizeof(flush) - 1);
+    s->f->session_ops->on_push(s, flush, sizeof(flush) - 1);
     log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
              why);
 }
@@ -988,8 +994,8 @@ void router_on_link_closed(session *s, link *l, const char *reason)
     if (s->tunnel != TUN_NONE) {
         /* MONITOR and CLIENT REPLY tunnels are not rebuilt: end it, after
          * what was already received is written. */
-        session_set_state(s, SESSION_QUITTING);
-        session_flush_answered(s);
+        s->f->session_ops->set_state(s, SESSION_QUITTING);
+        s->f->session_ops->flush_answered(s);
         log_info("client %llu: pass-through link lost (%s)", (unsigned long long)s->id, reason);
         return;
     }

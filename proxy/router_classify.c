@@ -22,24 +22,6 @@ static int arg_eq(const resp_arg *a, const char *lit)
     return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
 }
 
-/* Parse a whole argument as a signed integer. Returns 0 or -1. */
-static int arg_ll(const resp_arg *a, long long *out)
-{
-    char tmp[32];
-    char *end;
-    if (a->len == 0 || a->len >= sizeof(tmp)) {
-        return -1;
-    }
-    memcpy(tmp, a->ptr, a->len);
-    tmp[a->len] = '\0';
-    long long v = strtoll(tmp, &end, 10);
-    if (*end != '\0') {
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static void set_error(request *r, const char *fmt, const char *what)
 {
     char line[512];
@@ -154,7 +136,7 @@ static void classify_hello(ferry *f, request *r, const resp_request *req)
         return;
     }
     long long ver;
-    if (arg_ll(&argv[1], &ver) != 0) {
+    if (resp_arg_ll(&argv[1], &ver) != 0) {
         r->arg = HELLO_BADPROTO;
         return;
     }
@@ -275,7 +257,7 @@ int router_classify(session *s, request *r, const resp_request *req)
             if (argc != 2) {
                 return 0; /* Redis answers the arity error */
             }
-            if (arg_ll(&argv[1], &db) != 0) {
+            if (resp_arg_ll(&argv[1], &db) != 0) {
                 set_error(r, "-ERR value is not an integer or out of range\r\n%s", "");
             } else if (db < 0 || db > 0x7fffffff) {
                 set_error(r, "-ERR DB index is out of range\r\n%s", "");

@@ -290,11 +290,6 @@ static void session_enqueue(session *s, request *r)
     session_charge(s, r, sizeof(*r) + r->data.cap + r->reply.cap);
 }
 
-size_t session_mem(const session *s)
-{
-    return sizeof(*s) + s->req_mem + s->buf_mem;
-}
-
 int session_over_memory(const ferry *f)
 {
     return f->cfg->max_memory > 0 && f->clients_mem + f->others_mem > f->cfg->max_memory;
@@ -918,11 +913,6 @@ void session_on_push(session *s, const char *p, size_t n)
         session_flush_answered(s);
     }
     session_output_grew(s);
-}
-
-const char *session_null(const session *s, const char *resp2)
-{
-    return s->proto == 3 ? "_\r\n" : resp2;
 }
 
 /* A tunnel's stream has no request to stop reading: its link stops reading

@@ -105,6 +105,21 @@ typedef struct session {
     buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
 } session;
 
+/* What the router and its helpers (router.c, tx.c, acl.c, clients.c,
+ * backlog.c, standin.c) ask of the session above them: they call no
+ * function of session.c by name. core fills this table once per context
+ * (f->session_ops) with the session_* functions of the same names. */
+typedef struct session_ops {
+    void (*answer)(session *s, request *r, const char *p, size_t n);
+    void (*answer_str)(session *s, request *r, const char *text);
+    void (*flush_answered)(session *s);
+    void (*check_reading)(session *s);
+    void (*on_push)(session *s, const char *p, size_t n);
+    void (*unlink)(session *s, request *r);
+    void (*set_state)(session *s, session_state st);
+    void (*close)(session *s, const char *reason);
+} session_ops;
+
 #define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
 #define OUT_LIMIT_SOFT 2 /* ... stayed above the soft limit for soft_seconds */
 
@@ -161,7 +176,10 @@ void session_on_stream(session *s, const char *p, size_t n);
 void session_on_push(session *s, const char *p, size_t n);
 /* The null reply in s's protocol: "_" in RESP3, resp2 (a "$-1" or "*-1"
  * line) in RESP2. */
-const char *session_null(const session *s, const char *resp2);
+static inline const char *session_null(const session *s, const char *resp2)
+{
+    return s->proto == 3 ? "_\r\n" : resp2;
+}
 /* Stop reading a client whose work piles up; resume when it drains. */
 void session_check_reading(session *s);
 /* Remove r from the queue, keeping the dispatch cursor valid. */
@@ -170,7 +188,10 @@ void session_unlink(session *s, request *r);
 /* Write queued output of every session marked dirty. */
 void session_flush_all(ferry *f);
 /* Bytes this client holds, as allocated (session, requests, buffers). */
-size_t session_mem(const session *s);
+static inline size_t session_mem(const session *s)
+{
+    return sizeof(*s) + s->req_mem + s->buf_mem;
+}
 /* Ferry holds more than limits.max_memory for its clients. */
 int session_over_memory(const ferry *f);
 /* Periodic: idle clients, soft output limits. */

@@ -23,8 +23,10 @@ typedef struct shard_ops {
     void (*on_link_closed)(struct session *s, struct link *l, const char *reason);
     /* session: close a client Redis will not serve any more. */
     void (*close_session)(struct session *s, const char *reason);
-    /* sentinel: ask for a round now (main loop). */
+    /* sentinel: ask for a round now; ask the replicas for an ACK now (a
+     * replicas_ack WAIT is slow). Main loop. */
     void (*trigger_sentinel)(struct sentinel_client *sc);
+    void (*ask_replica_acks)(struct sentinel_client *sc);
 } shard_ops;
 
 #endif

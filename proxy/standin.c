@@ -178,7 +178,8 @@ static void answer_ping(session *s, request *r, const resp_request *req, int sub
 {
     buf b;
     if (req->argc > 2) {
-        session_answer_str(s, r, "-ERR wrong number of arguments for 'ping' command\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR wrong number of arguments for 'ping' command\r\n");
         return;
     }
     buf_init(&b);
@@ -195,7 +196,7 @@ static void answer_ping(session *s, request *r, const resp_request *req, int sub
     } else {
         buf_append_str(&b, "+PONG\r\n");
     }
-    session_answer(s, r, buf_head(&b), buf_used(&b));
+    s->f->session_ops->answer(s, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
 }
 
@@ -203,12 +204,13 @@ static void answer_echo(session *s, request *r, const resp_request *req)
 {
     buf b;
     if (req->argc != 2) {
-        session_answer_str(s, r, "-ERR wrong number of arguments for 'echo' command\r\n");
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR wrong number of arguments for 'echo' command\r\n");
         return;
     }
     buf_init(&b);
     buf_append_bulk(&b, req->argv[1].ptr, req->argv[1].len);
-    session_answer(s, r, buf_head(&b), buf_used(&b));
+    s->f->session_ops->answer(s, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
 }
 
@@ -255,7 +257,7 @@ static void answer_info(session *s, request *r, const resp_request *req)
     } else {
         buf_append_bulk(&out, buf_head(&text), buf_used(&text));
     }
-    session_answer(s, r, buf_head(&out), buf_used(&out));
+    s->f->session_ops->answer(s, r, buf_head(&out), buf_used(&out));
     buf_free(&out);
     buf_free(&text);
 }
@@ -289,7 +291,7 @@ int standin_answer(session *s, request *r, int subscribed)
                  "-ERR Can't execute '%s': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / "
                  "QUIT / RESET are allowed in this context\r\n",
                  name);
-        session_answer_str(s, r, line);
+        s->f->session_ops->answer_str(s, r, line);
     } else if (echo) {
         answer_echo(s, r, &req);
     } else {

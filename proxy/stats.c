@@ -601,6 +601,18 @@ static void prom_queue_label(buf *b, const config *cfg, int q)
     }
 }
 
+/* A counter family with one series per entry of queues:, labelled by its keys. */
+static void prom_queue_counter(buf *out, const config *cfg, const char *family, const char *help,
+                               const uint64_t *counts)
+{
+    prom_header(out, family, help, "counter");
+    for (int q = 0; q < cfg->nqueues; q++) {
+        stats_printf(out, "%s{keys=\"", family);
+        prom_queue_label(out, cfg, q);
+        stats_printf(out, "\"} %llu\n", (unsigned long long)counts[q]);
+    }
+}
+
 /* The queues' families: labelled, so outside the FERRY_STATS list. */
 static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
 {
@@ -609,24 +621,15 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
     if (cfg->nqueues == 0) {
         return;
     }
-    prom_header(out, "ferry_queue_pushes_total",
-                "push commands (LPUSH, RPUSH, ZADD, XADD, the push side of LMOVE...) on the keys "
-                "of a queues: entry through ferry",
-                "counter");
-    for (int q = 0; q < cfg->nqueues; q++) {
-        buf_append_str(out, "ferry_queue_pushes_total{keys=\"");
-        prom_queue_label(out, cfg, q);
-        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pushes[q]);
-    }
-    prom_header(out, "ferry_queue_pops_total",
-                "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the keys "
-                "of a queues: entry through ferry",
-                "counter");
-    for (int q = 0; q < cfg->nqueues; q++) {
-        buf_append_str(out, "ferry_queue_pops_total{keys=\"");
-        prom_queue_label(out, cfg, q);
-        stats_printf(out, "\"} %llu\n", (unsigned long long)st->queue_pops[q]);
-    }
+    prom_queue_counter(out, cfg, "ferry_queue_pushes_total",
+                       "push commands (LPUSH, RPUSH, ZADD, XADD, the push side of LMOVE...) on the "
+                       "keys of a queues: entry through ferry",
+                       st->queue_pushes);
+    prom_queue_counter(
+        out, cfg, "ferry_queue_pops_total",
+        "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the "
+        "keys of a queues: entry through ferry",
+        st->queue_pops);
     prom_header(
         out, "ferry_queue_length",
         "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",

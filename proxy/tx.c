@@ -99,20 +99,20 @@ static void answer_watch_lost(session *s, request *r)
     case RT_EXEC:
         tx_set(s, TX_NONE);
         s->f->stats.transactions_watch_lost++;
-        session_answer_str(s, r, session_null(s, "*-1\r\n"));
+        s->f->session_ops->answer_str(s, r, session_null(s, "*-1\r\n"));
         break;
     case RT_DISCARD:
         tx_set(s, TX_NONE);
-        session_answer_str(s, r, "+OK\r\n");
+        s->f->session_ops->answer_str(s, r, "+OK\r\n");
         break;
     case RT_MULTI:
-        session_answer_str(s, r, "-ERR MULTI calls can not be nested\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR MULTI calls can not be nested\r\n");
         break;
     case RT_WATCH:
-        session_answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
+        s->f->session_ops->answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
         break;
     default:
-        session_answer_str(s, r, "+QUEUED\r\n");
+        s->f->session_ops->answer_str(s, r, "+QUEUED\r\n");
         break;
     }
 }
@@ -126,8 +126,8 @@ int tx_answer(session *s, request *r)
             link_internal(s->dlink, discard, 1, NULL, 0);
         }
         tx_set(s, TX_NONE);
-        session_answer_str(s, r,
-                           "-EXECABORT Transaction discarded because of previous errors.\r\n");
+        s->f->session_ops->answer_str(
+            s, r, "-EXECABORT Transaction discarded because of previous errors.\r\n");
         return 1;
     }
     if (s->tx == TX_MULTI_WATCH_LOST) {
@@ -137,16 +137,16 @@ int tx_answer(session *s, request *r)
     if (s->tx == TX_WATCH_LOST) {
         if (r->route == RT_MULTI) {
             tx_set(s, TX_MULTI_WATCH_LOST);
-            session_answer_str(s, r, "+OK\r\n");
+            s->f->session_ops->answer_str(s, r, "+OK\r\n");
             return 1;
         }
         if (r->route == RT_WATCH) {
-            session_answer_str(s, r, "+OK\r\n"); /* EXEC fails anyway */
+            s->f->session_ops->answer_str(s, r, "+OK\r\n"); /* EXEC fails anyway */
             return 1;
         }
         if (r->route == RT_UNWATCH) {
             tx_set(s, TX_NONE);
-            session_answer_str(s, r, "+OK\r\n");
+            s->f->session_ops->answer_str(s, r, "+OK\r\n");
             return 1;
         }
         if (r->route == RT_EXEC || r->route == RT_DISCARD) {

@@ -19,13 +19,12 @@
 #include "fence.h"
 #include "log.h"
 #include "router.h"
-#include "sentinel.h"
 #include "server.h"
 #include "session.h"
 #include "workers.h"
 
 /* A replicas_ack WAIT unanswered this long has the replicas asked for an
- * ACK directly (sentinel_ask_replica_acks); again at most this often. */
+ * ACK directly (shard_ops->ask_replica_acks); again at most this often. */
 #define WAIT_SLOW_MS 50
 
 #define BACKOFF_MIN_MS 50
@@ -44,18 +43,6 @@ static void upstream_set_state(upstream *up, upstream_state st, const char *reas
 static void upstream_retarget(upstream *up, const char *why);
 
 /* ---------------------------------------------------------------- helpers */
-
-const char *upstream_state_name(upstream_state st)
-{
-    switch (st) {
-    case UP_UP:
-        return "UP";
-    case UP_SWITCHING:
-        return "SWITCHING";
-    default:
-        return "DOWN";
-    }
-}
 
 const char *upstream_name(const upstream *up)
 {
@@ -998,7 +985,7 @@ void upstream_tick(upstream *up, uint64_t now)
                   "for an ACK",
                   up->name, WAIT_SLOW_MS);
         if (f->sentinel != NULL) {
-            sentinel_ask_replica_acks(f->sentinel);
+            f->shard_ops->ask_replica_acks(f->sentinel);
         } else {
             workers_ask_replica_acks(f); /* a worker: the main loop asks */
         }

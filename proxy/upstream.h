@@ -170,6 +170,18 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
 int upstream_down(const upstream *up);
 /* "ip:port" of the current master target, "" when none. */
 const char *upstream_name(const upstream *up);
-const char *upstream_state_name(upstream_state st);
+/* The view's state as logs and the stats port write it (pure, so the
+ * Sentinel client and stats name states without calling upstream.c). */
+static inline const char *upstream_state_name(upstream_state st)
+{
+    switch (st) {
+    case UP_UP:
+        return "UP";
+    case UP_SWITCHING:
+        return "SWITCHING";
+    default:
+        return "DOWN";
+    }
+}
 
 #endif

@@ -31,7 +31,6 @@
 #undef link
 
 #include "log.h"
-#include "sentinel.h"
 #include "server.h"
 #include "session.h"
 #include "upstream.h"
@@ -150,15 +149,15 @@ static void msg_free(ferry *f, wmsg *m)
     free(m);
 }
 
-/* Main loop: append m to w's mailbox (m is the mailbox's from now on). */
-static void post(worker *w, wmsg *m)
+/* Append m to w's mailbox and wake w. Returns 0 (m is the mailbox's from
+ * now on), or -1 when w reads no more (m stays the caller's). */
+static int post_try(worker *w, wmsg *m)
 {
     m->next = NULL;
     uv_mutex_lock(&w->lock);
     if (!w->open) {
         uv_mutex_unlock(&w->lock);
-        msg_free(w->all->main_ctx, m);
-        return;
+        return -1;
     }
     if (w->tail == NULL) {
         w->head = m;
@@ -168,6 +167,36 @@ static void post(worker *w, wmsg *m)
     w->tail = m;
     uv_async_send(&w->async);
     uv_mutex_unlock(&w->lock);
+    return 0;
+}
+
+/* Main loop: append m to w's mailbox (m is the mailbox's from now on). */
+static void post(worker *w, wmsg *m)
+{
+    if (post_try(w, m) != 0) {
+        msg_free(w->all->main_ctx, m);
+    }
+}
+
+/* Append q to the main loop's queue and wake it. Returns 0 (q is the
+ * queue's from now on), or -1 when the main loop reads no more (q stays the
+ * caller's). */
+static int to_main(workers *wk, mmsg *q)
+{
+    uv_mutex_lock(&wk->qlock);
+    if (!wk->qopen) {
+        uv_mutex_unlock(&wk->qlock);
+        return -1;
+    }
+    if (wk->qtail == NULL) {
+        wk->qhead = q;
+    } else {
+        wk->qtail->next = q;
+    }
+    wk->qtail = q;
+    uv_async_send(&wk->async);
+    uv_mutex_unlock(&wk->qlock);
+    return 0;
 }
 
 static wmsg *msg_new(wmsg_kind kind, const char *why)
@@ -298,7 +327,7 @@ static void trigger_cb(uv_async_t *a)
         f->workers_ops->trigger_sentinel(f->sentinel);
     }
     if (atomic_exchange(&wk->acks_asked, 0) && f->sentinel != NULL && !f->closed) {
-        sentinel_ask_replica_acks(f->sentinel);
+        f->workers_ops->ask_replica_acks(f->sentinel);
     }
     uv_mutex_lock(&wk->qlock);
     mmsg *q = wk->qhead;
@@ -622,20 +651,10 @@ int workers_to_main(ferry *f, void *op)
     }
     mmsg *q = xcalloc(1, sizeof(*q));
     q->store = op;
-    uv_mutex_lock(&wk->qlock);
-    if (!wk->qopen) {
-        uv_mutex_unlock(&wk->qlock);
+    if (to_main(wk, q) != 0) {
         free(q);
         return -1;
     }
-    if (wk->qtail == NULL) {
-        wk->qhead = q;
-    } else {
-        wk->qtail->next = q;
-    }
-    wk->qtail = q;
-    uv_async_send(&wk->async);
-    uv_mutex_unlock(&wk->qlock);
     return 0;
 }
 
@@ -691,41 +710,19 @@ int workers_call(ferry *f, int index, workers_fn fn, void *arg)
         mmsg *q = xcalloc(1, sizeof(*q));
         q->fn = fn;
         q->arg = arg;
-        uv_mutex_lock(&wk->qlock);
-        if (!wk->qopen) {
-            uv_mutex_unlock(&wk->qlock);
+        if (to_main(wk, q) != 0) {
             free(q);
             return -1;
         }
-        if (wk->qtail == NULL) {
-            wk->qhead = q;
-        } else {
-            wk->qtail->next = q;
-        }
-        wk->qtail = q;
-        uv_async_send(&wk->async);
-        uv_mutex_unlock(&wk->qlock);
         return 0;
     }
-    worker *w = wk->w[index];
     wmsg *m = msg_new(WM_CALL, NULL);
     m->fn = fn;
     m->arg = arg;
-    m->next = NULL;
-    uv_mutex_lock(&w->lock);
-    if (!w->open) {
-        uv_mutex_unlock(&w->lock);
-        free(m);
+    if (post_try(wk->w[index], m) != 0) {
+        free(m); /* arg stays the caller's */
         return -1;
     }
-    if (w->tail == NULL) {
-        w->head = m;
-    } else {
-        w->tail->next = m;
-    }
-    w->tail = m;
-    uv_async_send(&w->async);
-    uv_mutex_unlock(&w->lock);
     return 0;
 }
 

@@ -46,8 +46,10 @@ typedef struct workers_ops {
     void (*set_master)(struct upstream *up, const char *ip, int port, const char *why);
     void (*switch_master)(struct upstream *up, const char *reason);
     const char *(*master_name)(const struct upstream *up);
-    /* sentinel: a round now (a worker asked). */
+    /* sentinel: a round now; the replicas asked for an ACK now (a worker
+     * asked). */
     void (*trigger_sentinel)(struct sentinel_client *sc);
+    void (*ask_replica_acks)(struct sentinel_client *sc);
     /* outage: a worker's view of the main loop's store; a store operation
      * run on the main loop, its result back on the worker, one dropped. */
     void (*store_attach)(ferry *wf, ferry *main_ctx);

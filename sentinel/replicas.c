@@ -330,7 +330,7 @@ static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
             port = v;
         }
     }
-    int p = sentinel_parse_port(port);
+    int p = sconn_parse_port(port);
     struct sockaddr_storage sa;
     if (ip == NULL || p < 0 || strlen(ip) > 63 || server_numeric_addr(ip, p, &sa) != 0) {
         return;

@@ -217,3 +217,18 @@ const char *sconn_reply_text(const redisReply *r)
     }
     return r->str;
 }
+
+int sconn_parse_port(const char *s)
+{
+    long v = 0;
+    if (s == NULL || *s == '\0' || strlen(s) > 5) {
+        return -1;
+    }
+    for (const char *p = s; *p != '\0'; p++) {
+        if (*p < '0' || *p > '9') {
+            return -1;
+        }
+        v = v * 10 + (*p - '0');
+    }
+    return v >= 1 && v <= 65535 ? (int)v : -1;
+}

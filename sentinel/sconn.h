@@ -35,4 +35,8 @@ int sconn_up(const sconn *c);
  * longer than 255 bytes or holds a NUL. */
 const char *sconn_reply_text(const redisReply *r);
 
+/* A TCP port written as plain digits, 1..65535, else -1 (what the
+ * replies of sentinels and replicas carry). */
+int sconn_parse_port(const char *s);
+
 #endif

@@ -90,21 +90,6 @@ static void round_evaluate(sentinel_client *sc);
 
 /* ---------------------------------------------------------------- helpers */
 
-int sentinel_parse_port(const char *s)
-{
-    long v = 0;
-    if (s == NULL || *s == '\0' || strlen(s) > 5) {
-        return -1;
-    }
-    for (const char *p = s; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9') {
-            return -1;
-        }
-        v = v * 10 + (*p - '0');
-    }
-    return v >= 1 && v <= 65535 ? (int)v : -1;
-}
-
 /* A strict dotted-quad or IPv6 literal (uv_ip4_addr accepts less strict). */
 static int strict_ip(const char *ip)
 {
@@ -256,10 +241,10 @@ static void on_event(sentinel_node *nd, const redisReply *r)
         eip = w[2];
         eport = w[3];
     }
-    if (eip != NULL && sentinel_parse_port(eport) > 0 && strlen(eip) < sizeof(nd->ev_ip) &&
+    if (eip != NULL && sconn_parse_port(eport) > 0 && strlen(eip) < sizeof(nd->ev_ip) &&
         strict_ip(eip)) {
         snprintf(nd->ev_ip, sizeof(nd->ev_ip), "%s", eip);
-        nd->ev_port = sentinel_parse_port(eport);
+        nd->ev_port = sconn_parse_port(eport);
         nd->ev_ms = uv_now(sc->f->loop);
     }
     char current[300] = "";
@@ -325,7 +310,7 @@ static void on_master(sentinel_node *nd, const redisReply *r)
                 flags = v;
             }
         }
-        int p = sentinel_parse_port(port);
+        int p = sconn_parse_port(port);
         struct sockaddr_storage ss;
         if (bad || ip == NULL || p < 0 || strlen(ip) >= sizeof(nd->ip) || !strict_ip(ip) ||
             server_numeric_addr(ip, p, &ss) != 0) {
@@ -378,7 +363,7 @@ static void on_sentinels(sentinel_node *nd, const redisReply *r)
                 port = v;
             }
         }
-        int p = sentinel_parse_port(port);
+        int p = sconn_parse_port(port);
         if (ip != NULL && p > 0 && strlen(ip) < 64 && strict_ip(ip)) {
             node_add(nd->sc, ip, p, 1);
         }

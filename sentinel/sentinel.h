@@ -39,8 +39,4 @@ const struct replicas *sentinel_replicas(const sentinel_client *sc);
  * (0 too before the first round and for NULL). */
 int sentinel_quorum_ok(const sentinel_client *sc);
 
-/* A TCP port written as plain digits, 1..65535, else -1 (what Sentinel
- * replies carry; shared with replicas.c). */
-int sentinel_parse_port(const char *s);
-
 #endif

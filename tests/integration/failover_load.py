@@ -18,6 +18,40 @@ import time
 
 from harness import wait_until
 
+# The ferry config of the failover tests (merged over by a scenario's own;
+# never changed in place). replicas_ack 1: without a replica acknowledging
+# each write, a write acknowledged by a master that dies (kill -9) or is
+# demoted (SIGSTOP) can be lost by Redis' asynchronous replication whatever
+# ferry does.
+FAILOVER_CONF = {
+    'upstream': {'hold_timeout_ms': 10000},
+    'durability': {
+        'require_aof': True,
+        'replicas_ack': 1,
+        'replicas_ack_timeout_ms': 1000,
+        'enforce_interval_ms': 500,
+    },
+}
+
+
+def each_run(tc, runs, fn):
+    """fn(k, cleanups) for k in range(runs), each a subTest of tc with fresh
+    processes: what fn appended to cleanups runs in reverse order however the
+    run ended. Returns what the runs that finished returned."""
+    results = []
+    for k in range(runs):
+        cleanups = []
+        with tc.subTest(run=k + 1):
+            try:
+                results.append(fn(k, cleanups))
+            finally:
+                for c in reversed(cleanups):
+                    try:
+                        c()
+                    except Exception:  # noqa: BLE001
+                        pass
+    return results
+
 
 def now():
     return time.monotonic()

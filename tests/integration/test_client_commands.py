@@ -66,6 +66,18 @@ def lines_of(reply):
     return [parse_line(ln) for ln in text.split('\n') if ln]
 
 
+def unblock_checked(tc, a, b, aid, reason):
+    """b unblocks a (CLIENT UNBLOCK aid [reason]): 1 for b; for a, the error
+    reply of an ERROR unblock, else the null reply of a timeout."""
+    args = ['CLIENT', 'UNBLOCK', aid] + ([reason] if reason else [])
+    tc.assertEqual(b.call(*args), 1)
+    got = a.read()
+    if reason == 'ERROR':
+        tc.assertEqual(got, RespError('UNBLOCKED client unblocked via CLIENT UNBLOCK'))
+    else:
+        tc.assertIsNone(got)
+
+
 class Checks:
     def conn(self):
         c = Conn(self.ferry)
@@ -102,13 +114,7 @@ class Checks:
         else:
             a.send('BLMPOP', 0, 1, k, 'RIGHT')
         self.wait_blocked()
-        args = ['CLIENT', 'UNBLOCK', aid] + ([reason] if reason else [])
-        self.assertEqual(b.call(*args), 1)
-        got = a.read()
-        if reason == 'ERROR':
-            self.assertEqual(got, RespError('UNBLOCKED client unblocked via CLIENT UNBLOCK'))
-        else:
-            self.assertIsNone(got)
+        unblock_checked(self, a, b, aid, reason)
         # Nothing was left blocked to pop an item for nobody.
         b.call('LPUSH', k, 'x')
         time.sleep(0.2)
@@ -266,13 +272,7 @@ class HeldClientUnblock(unittest.TestCase):
         self.redis.stop()
         a.send('BLPOP', 'held.l', 0)
         time.sleep(0.3)
-        args = ['CLIENT', 'UNBLOCK', aid] + ([reason] if reason else [])
-        self.assertEqual(b.call(*args), 1)
-        got = a.read()
-        if reason == 'ERROR':
-            self.assertEqual(got, RespError('UNBLOCKED client unblocked via CLIENT UNBLOCK'))
-        else:
-            self.assertIsNone(got)
+        unblock_checked(self, a, b, aid, reason)
         self.assertEqual(b.call('CLIENT', 'UNBLOCK', aid), 0)
 
     def test_held_unblock_timeout(self):
@@ -305,13 +305,7 @@ class StoreClientUnblock(unittest.TestCase):
         self.assertEqual(b.call('LPUSH', 'other', 'o'), 1)  # served by the store
         a.send('BRPOP', 'store.l', 0)
         time.sleep(0.5)
-        args = ['CLIENT', 'UNBLOCK', aid] + ([reason] if reason else [])
-        self.assertEqual(b.call(*args), 1)
-        got = a.read()
-        if reason == 'ERROR':
-            self.assertEqual(got, RespError('UNBLOCKED client unblocked via CLIENT UNBLOCK'))
-        else:
-            self.assertIsNone(got)
+        unblock_checked(self, a, b, aid, reason)
         # Nothing is left waiting to pop the next push for nobody.
         self.assertEqual(b.call('LPUSH', 'store.l', 'x'), 1)
         self.assertEqual(a.call('RPOP', 'store.l'), b'x')

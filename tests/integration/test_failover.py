@@ -27,8 +27,8 @@ import time
 import unittest
 
 import harness
-from failover_load import (AccountingChecks, Load, current_master, merged, now,
-                           sentinel_config_epoch)
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, each_run, merged,
+                           now, sentinel_config_epoch)
 from harness import Ferry, RespError, SentinelTopology, resp_read_reply, resp_send, wait_until
 
 RUNS = max(1, int(os.environ.get('FAILOVER_RUNS', '1')))
@@ -37,19 +37,8 @@ KEY = 'q'                  # Load's list (its default key)
 PRE_FAULT = 3.0            # s of load before the fault
 POST_RECOVERY = 4.0        # s of load after recovery
 
-# Merged over every scenario's ferry config. replicas_ack 1: without a
-# replica acknowledging each write, a write acknowledged by a master that
-# dies (kill -9) or is demoted (SIGSTOP) can be lost by Redis' asynchronous
-# replication whatever ferry does.
-FERRY_CONF = {
-    'upstream': {'hold_timeout_ms': 10000},
-    'durability': {
-        'require_aof': True,
-        'replicas_ack': 1,
-        'replicas_ack_timeout_ms': 1000,
-        'enforce_interval_ms': 500,
-    },
-}
+# Merged over every scenario's ferry config (replicas_ack 1: see there).
+FERRY_CONF = FAILOVER_CONF
 
 SENTINEL_UNREACHABLE = re.compile(r'sentinel.*unreachable|unreachable.*sentinel', re.I)
 TRYAGAIN_PREFIX = 'TRYAGAIN ferry: no master for'
@@ -76,20 +65,7 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
     def repeat(self, name, fn):
         """Run fn(run_index) RUNS times, each as a subTest with fresh
         processes; print each run's summary (and the median gap)."""
-        gaps = []
-        for k in range(RUNS):
-            cleanups = []
-            with self.subTest(run=k + 1):
-                try:
-                    res = fn(k, cleanups)
-                finally:
-                    for c in reversed(cleanups):
-                        try:
-                            c()
-                        except Exception:  # noqa: BLE001
-                            pass
-                if res is not None:
-                    gaps.append(res.gap_ms)
+        gaps = [res.gap_ms for res in each_run(self, RUNS, fn) if res is not None]
         if RUNS > 1 and gaps:
             print('[%s] longest_gap_ms per run: %s, median %.0f' % (
                 name, ', '.join('%.0f' % g for g in gaps), statistics.median(gaps)), flush=True)

@@ -34,7 +34,8 @@ import time
 import unittest
 
 import harness
-from failover_load import AccountingChecks, Load, current_master, merged, now
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, each_run, merged,
+                           now)
 from harness import Ferry, SentinelTopology
 
 RUNS = max(1, int(os.environ.get('GAP_RUNS', '3')))
@@ -43,15 +44,7 @@ POST_RECOVERY = 3.0    # s of load after it
 OVER_MS = 100          # the gap may end this long after a replica can confirm
 POLL_S = 0.003
 
-FERRY_CONF = {
-    'upstream': {'hold_timeout_ms': 10000},
-    'durability': {
-        'require_aof': True,
-        'replicas_ack': 1,
-        'replicas_ack_timeout_ms': 1000,
-        'enforce_interval_ms': 500,
-    },
-}
+FERRY_CONF = FAILOVER_CONF  # replicas_ack 1, as test_failover
 
 
 class ReplicaOnline:
@@ -134,17 +127,7 @@ class PlannedFailoverGapTest(AccountingChecks, unittest.TestCase):
             '(allowed: %d ms)%s' % (over, new_port, OVER_MS, self.diag(topo, ferry, res)))
 
     def test_planned_failover_gap_follows_the_replica(self):
-        for k in range(RUNS):
-            cleanups = []
-            with self.subTest(run=k + 1):
-                try:
-                    self.run_once(k, cleanups)
-                finally:
-                    for c in reversed(cleanups):
-                        try:
-                            c()
-                        except Exception:  # noqa: BLE001
-                            pass
+        each_run(self, RUNS, self.run_once)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,6 @@ alerts stage of scripts/test); the installed package by tests/package/run.
 Run: python3 -m unittest test_operator_files -v
 """
 import re
-import socket
 import subprocess
 import unittest
 
@@ -23,6 +22,7 @@ import yaml
 
 import harness
 from harness import FERRY_BIN, REPO, Ferry, RedisServer
+from test_stats import raw_http
 
 RULES = REPO + '/contrib/prometheus/ferry-rules.yml'
 MAN = REPO + '/man/ferry.1.in'
@@ -39,16 +39,8 @@ TARGET_LABELS = {'instance', 'job'}
 
 
 def http_get(port, path, timeout=5.0):
-    with socket.create_connection(('127.0.0.1', port), timeout=timeout) as s:
-        s.sendall(b'GET %s HTTP/1.0\r\n\r\n' % path.encode())
-        data = b''
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    head, _, body = data.partition(b'\r\n\r\n')
-    return head.split(b'\r\n')[0].decode(), body.decode()
+    line, body = raw_http(port, b'GET %s HTTP/1.0\r\n\r\n' % path.encode(), timeout)
+    return line, body.decode()
 
 
 def exposed(text):

@@ -376,6 +376,22 @@ class TestSelect(Base):
         self.assertErr(self.call(a, 'SELECT', 99), 'ERR DB index is out of range')
         self.assertEqual(self.call(a, 'GET', 'sk'), 'in-db3')
 
+    def test_integer_arguments_read_as_redis_reads_them(self):
+        # Redis reads these with string2ll: no sign but '-', no leading zero,
+        # no space, no '-0', nothing past 64 bits.
+        a = self.raw()
+        for bad in ('+0', ' 0', '0 ', '00', '-0', '01', '+1', '1\x000',
+                    '9223372036854775808', '-9223372036854775809', '99999999999999999999'):
+            self.assertErr(self.call(a, 'SELECT', bad), 'ERR value is not an integer or out of range')
+            self.assertErr(self.call(a, 'HELLO', bad),
+                           'ERR Protocol version is not an integer or out of range')
+            self.assertErr(self.call(a, 'CLIENT', 'UNBLOCK', bad),
+                           'ERR value is not an integer or out of range')
+        self.assertEqual(self.call(a, 'SET', 'ik', 'v'), 'OK')
+        self.assertEqual(self.call(a, 'SELECT', '0'), 'OK')
+        self.assertEqual(self.call(a, 'GET', 'ik'), 'v')
+        self.assertEqual(self.call(a, 'CLIENT', 'UNBLOCK', '-9223372036854775808'), 0)
+
 
 # ---------------------------------------------------------------- pipelines, inline
 

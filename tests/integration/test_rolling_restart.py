@@ -34,7 +34,7 @@ import time
 import unittest
 
 import harness
-from failover_load import AccountingChecks, Load, current_master, now
+from failover_load import FAILOVER_CONF, AccountingChecks, Load, current_master, now
 from harness import REPO, Ferry, SentinelTopology, wait_until
 
 SCRIPT = os.path.join(REPO, 'scripts', 'rolling-restart')
@@ -46,15 +46,7 @@ QUEUE_COMMANDS = ('lpush', 'rpush', 'brpop', 'rpop', 'lpop', 'blpop')
 
 # As test_failover: replicas_ack 1 so that an acknowledged write survives the
 # failover whatever Redis' asynchronous replication does.
-FERRY_CONF = {
-    'upstream': {'hold_timeout_ms': 10000},
-    'durability': {
-        'require_aof': True,
-        'replicas_ack': 1,
-        'replicas_ack_timeout_ms': 1000,
-        'enforce_interval_ms': 500,
-    },
-}
+FERRY_CONF = FAILOVER_CONF
 
 HOOK_SCRIPT = '''import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

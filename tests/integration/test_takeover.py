@@ -87,7 +87,7 @@ import time
 import unittest
 
 import harness
-from failover_load import AccountingChecks, Load, current_master, now
+from failover_load import FAILOVER_CONF, AccountingChecks, Load, current_master, now
 from harness import (FERRY_BIN, REPO, Ferry, RespError, SentinelTopology, free_port,
                      render_yaml, resp_encode, resp_read_raw, resp_read_reply, resp_send,
                      wait_until)
@@ -101,15 +101,7 @@ SCRIPT_TIMEOUT = 90  # s, a scripts/rolling-restart --ferry run
 
 # As test_failover: replicas_ack 1 so that an acknowledged write is on a
 # replica too.
-FERRY_CONF = {
-    'upstream': {'hold_timeout_ms': 10000},
-    'durability': {
-        'require_aof': True,
-        'replicas_ack': 1,
-        'replicas_ack_timeout_ms': 1000,
-        'enforce_interval_ms': 500,
-    },
-}
+FERRY_CONF = FAILOVER_CONF
 
 
 def spawn_takeover(config_path, sock_path, out_path):

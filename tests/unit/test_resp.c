@@ -938,6 +938,55 @@ static void test_scan_big(void **state)
     free(arr.s);
 }
 
+/* resp_arg_ll reads integers as Redis' string2ll does. */
+static void test_arg_ll(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        size_t len;
+        int ok;
+        long long v;
+    } cases[] = {
+        {"0", 1, 1, 0},
+        {"7", 1, 1, 7},
+        {"-7", 2, 1, -7},
+        {"1234567890", 10, 1, 1234567890LL},
+        {"9223372036854775807", 19, 1, 9223372036854775807LL},
+        {"-9223372036854775808", 20, 1, -9223372036854775807LL - 1},
+        {"", 0, 0, 0},
+        {"-", 1, 0, 0},
+        {"-0", 2, 0, 0},
+        {"00", 2, 0, 0},
+        {"01", 2, 0, 0},
+        {"+1", 2, 0, 0},
+        {" 1", 2, 0, 0},
+        {"1 ", 2, 0, 0},
+        {"1\0"
+         "0",
+         3, 0, 0},
+        {"1x", 2, 0, 0},
+        {"--1", 3, 0, 0},
+        {"9223372036854775808", 19, 0, 0},
+        {"-9223372036854775809", 20, 0, 0},
+        {"18446744073709551616", 20, 0, 0},
+        {"99999999999999999999", 20, 0, 0},
+        {"100000000000000000000", 21, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        resp_arg a = {cases[i].text, cases[i].len};
+        long long v = 12345;
+        int rc = resp_arg_ll(&a, &v);
+        if (cases[i].ok) {
+            assert_int_equal(rc, 0);
+            assert_true(v == cases[i].v);
+        } else {
+            assert_int_equal(rc, -1);
+            assert_true(v == 12345);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -957,6 +1006,7 @@ int main(void)
         cmocka_unit_test(test_scan_line_limit),
         cmocka_unit_test(test_scan_state),
         cmocka_unit_test(test_scan_big),
+        cmocka_unit_test(test_arg_ll),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
