@@ -111,6 +111,10 @@ class DownAnswersTest(unittest.TestCase):
         self.assertEqual(info_sections(text),
                          ['Server', 'Clients', 'Stats', 'Replication', 'Cluster', 'Ferry'])
         self.assertTrue(text.endswith('\r\n'), text[-20:])
+        # With workers: N, other loops' counters reach INFO at their next tick.
+        wait_until(lambda: c.info()['total_commands_processed'] > 10 and
+                   c.info()['connected_clients'] >= 2, timeout=5,
+                   msg='every loop\'s counters in INFO')
         info = c.info()
         self.assertEqual(info['redis_version'], '7.0.15')
         self.assertEqual(info['redis_mode'], 'standalone')
