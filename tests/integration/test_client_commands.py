@@ -87,10 +87,20 @@ class Checks:
     def key(self, name):
         return '%s.%s' % (key_prefix(self), name)
 
-    def wait_blocked(self, n=1):
+    def redis_ids(self):
+        """Ids of the clients on the master now (Redis' own)."""
+        return {int(d['id']) for d in lines_of(self.master().client().execute_command(
+            'CLIENT', 'LIST'))}
+
+    def wait_blocked(self, before):
+        """Until a client of the master not among `before` is blocked there
+        (not one an earlier test left behind, still being closed)."""
         m = self.master()
-        wait_until(lambda: int(m.client().info('clients')['blocked_clients']) >= n, 10,
-                   msg='no client blocked on the master')
+
+        def blocked():
+            return any('b' in d['flags'] and int(d['id']) not in before
+                       for d in lines_of(m.client().execute_command('CLIENT', 'LIST')))
+        wait_until(blocked, 10, msg='no new client blocked on the master')
 
     def test_every_client_has_its_own_id(self):
         conns = [self.conn() for _ in range(8)]
@@ -109,11 +119,12 @@ class Checks:
         if proto == 3:
             a.call('HELLO', '3')
         aid = a.call('CLIENT', 'ID')
+        before = self.redis_ids()
         if pop == 'BLPOP':
             a.send('BLPOP', k, 0)
         else:
             a.send('BLMPOP', 0, 1, k, 'RIGHT')
-        self.wait_blocked()
+        self.wait_blocked(before)
         unblock_checked(self, a, b, aid, reason)
         # Nothing was left blocked to pop an item for nobody.
         b.call('LPUSH', k, 'x')
@@ -234,8 +245,9 @@ class Checks:
         k = self.key('l')
         a, b = self.conn(), self.conn()
         aid = a.call('CLIENT', 'ID')
+        before = self.redis_ids()
         a.send('BLPOP', k, 0)
-        self.wait_blocked()
+        self.wait_blocked(before)
         self.assertEqual(b.call('CLIENT', 'KILL', 'ID', aid), 1)
         self.assertTrue(a.closed())
         m = self.master()
