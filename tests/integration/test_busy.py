@@ -99,7 +99,8 @@ class Checks:
             except (socket.timeout, TimeoutError) as e:
                 self.fail('%s waited behind the busy script (%r)\n%s'
                           % (cmd[0], e, '' if DIRECT else self.diag()))
-            self.assertTrue(err_line(r).startswith('BUSY'), (cmd, r))
+            self.assertTrue(isinstance(r, RespError) and str(r).startswith('BUSY'),
+                            '%s: %r\n%s' % (cmd[0], r, '' if DIRECT else self.diag()))
 
         killer = connect(self.port)
         self.addCleanup(killer.close)
