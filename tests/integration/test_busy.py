@@ -6,10 +6,12 @@ Run: python3 -m unittest test_busy -v
      FERRY_TEST_DIRECT=1 python3 -m unittest test_busy -v   (plain Redis)
 """
 import socket
+import threading
 import unittest
 
 import harness
-from harness import RespError, resp_encode, resp_read_reply, wait_until
+from harness import Ferry, RedisServer, RespError, resp_encode, resp_read_reply, wait_until
+from test_stats import stats_json
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 DIRECT = harness.DIRECT
@@ -152,6 +154,50 @@ class Checks:
         self.assertEqual(ask(c, 'GET', k), 'QUEUED')
         r = ask(c, 'EXEC')
         self.assertEqual(r, ['OK', b'x'])
+
+
+@unittest.skipIf(DIRECT, 'about ferry\'s links')
+class ScriptLinks(unittest.TestCase):
+    """Scripts of many clients at once reuse their links (no link opened
+    per call); idle links above upstream.pool_idle are closed later."""
+
+    POOL = 4
+    CLIENTS = 20
+    CALLS = 200
+
+    def test_concurrent_scripts_reuse_links_and_pool_shrinks_to_pool_idle(self):
+        redis = RedisServer()
+        self.addCleanup(redis.stop)
+        ferry = Ferry(redis, conf={'upstream': {'pool_idle': self.POOL}})
+        self.addCleanup(ferry.stop)
+        before = stats_json(ferry.stats_port)['upstream']['links_opened']
+        errors = []
+
+        def client(i):
+            try:
+                c = connect(ferry.port)
+                c.settimeout(10)
+                for n in range(self.CALLS):
+                    r = ask(c, 'EVAL', "return redis.call('INCR', KEYS[1])", '1', 'k%d' % i,
+                            timeout=10)
+                    if r != n + 1:
+                        errors.append((i, n, r))
+                        break
+                c.close()
+            except Exception as e:  # reported below
+                errors.append((i, repr(e)))
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(self.CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertFalse(any(t.is_alive() for t in threads))
+        opened = stats_json(ferry.stats_port)['upstream']['links_opened'] - before
+        # at most one link per client calling at once, not one per call
+        self.assertLessEqual(opened, self.CLIENTS + 2, ferry.log()[-3000:])
+        wait_until(lambda: stats_json(ferry.stats_port)['upstream']['pool_idle'] <= self.POOL,
+                   timeout=10, msg='idle links above pool_idle never closed')
 
 
 class SentinelBusy(SentinelMode, Checks, unittest.TestCase):
