@@ -5,6 +5,7 @@ SCRIPT KILL / FUNCTION KILL sent through ferry end it.
 Run: python3 -m unittest test_busy -v
      FERRY_TEST_DIRECT=1 python3 -m unittest test_busy -v   (plain Redis)
 """
+import signal
 import socket
 import threading
 import unittest
@@ -198,6 +199,34 @@ class ScriptLinks(unittest.TestCase):
         self.assertLessEqual(opened, self.CLIENTS + 2, ferry.log()[-3000:])
         wait_until(lambda: stats_json(ferry.stats_port)['upstream']['pool_idle'] <= self.POOL,
                    timeout=10, msg='idle links above pool_idle never closed')
+
+    def test_graceful_stop_waits_for_a_running_script(self):
+        # A script on its dedicated link is no blocking call: a stopping
+        # ferry answers it before closing its client.
+        redis = RedisServer()
+        self.addCleanup(redis.stop)
+        ferry = Ferry(redis)
+        self.addCleanup(ferry.stop)
+        c = connect(ferry.port)
+        self.addCleanup(c.close)
+        spin = ("local t = redis.call('TIME') local start = t[1] * 1000 + t[2] / 1000 "
+                "local now = start while now - start < 700 do t = redis.call('TIME') "
+                "now = t[1] * 1000 + t[2] / 1000 end redis.call('SET', KEYS[1], 'done') "
+                "return 7")
+        probe = redis.client(socket_timeout=5)
+        probe.config_set('lua-time-limit', BUSY_MS)  # Redis says -BUSY once it runs
+        c.sendall(resp_encode('EVAL', spin, '1', 'stopkey'))
+
+        def busy():
+            try:
+                probe.ping()
+                return False
+            except Exception as e:
+                return 'BUSY' in str(e)
+        wait_until(busy, timeout=5, msg='the script never started')
+        ferry.signal(signal.SIGTERM)
+        self.assertEqual(resp_read_reply(c, timeout=10.0), 7)
+        self.assertEqual(probe.get('stopkey'), 'done')
 
 
 class SentinelBusy(SentinelMode, Checks, unittest.TestCase):
