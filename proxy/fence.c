@@ -25,6 +25,7 @@
 #include "upstream.h"
 
 #define FENCE_ARG 1 /* request arg of a fence WAIT (a replicas_ack WAIT has 0) */
+#define FENCE_BUSY_RETRY_MS 1000 /* durability asked again after a -BUSY */
 
 static void enforce_done(link *l, request *r, const char *reply, size_t len);
 static void wait_done(link *l, request *w, const char *reply, size_t len);
@@ -69,10 +70,28 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len)
     }
 }
 
+/* -BUSY: the node runs a script or function past lua-time-limit (on some
+ * client's dedicated link) and answers nothing else until it ends. */
+static int reply_is_busy(const char *reply, size_t len)
+{
+    return reply != NULL && len >= 5 && memcmp(reply, "-BUSY", 5) == 0 &&
+           (len == 5 || reply[5] == ' ' || reply[5] == '\r');
+}
+
 /* ROLE on the link itself: only a node that says it is a master is used. */
 static void role_done(link *l, request *r, const char *reply, size_t len)
 {
     upstream *up = l->up;
+    if (reply_is_busy(reply, len)) {
+        /* Busy is no answer to ROLE: a verified master stays in use (the
+         * re-check comes again); a new link tries again once it is over. */
+        if (l->state == LINK_VERIFYING) {
+            log_info("link %llu: %s is busy running a script", (unsigned long long)l->id,
+                     up->name);
+            link_close(l, "master busy running a script");
+        }
+        return;
+    }
     redisReply *rr = link_parse_reply(reply, len);
     char role[32] = "?";
     if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements > 0 &&
@@ -118,6 +137,16 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
         link_error_text(reply, len, why, sizeof(why));
         log_info("link %llu: %s is not ready: %s", (unsigned long long)l->id, up->name, why);
         link_close(l, "master not ready");
+        return;
+    }
+    if (reply_is_busy(reply, len)) {
+        /* Busy running a script: it said neither yes nor no. A new link
+         * tries again once it is over; the periodic round asks again soon. */
+        if (l->state == LINK_VERIFYING) {
+            link_close(l, "master busy running a script");
+        } else {
+            up->next_enforce_ms = uv_now(l->f->loop) + FENCE_BUSY_RETRY_MS;
+        }
         return;
     }
     if (reply != NULL && len > 0 && reply[0] == '-') {

@@ -57,6 +57,7 @@ typedef struct link {
     int slot;                   /* shared: index in up->shared, else -1 */
     list_node node;             /* in up->links */
     list_node pool_node;        /* in up->pool while idle */
+    uint64_t pooled_ms;         /* when it last went into the pool */
     list_node dirty_node;       /* in f->dirty_links while it has output */
     uint64_t opened_ms;         /* uv_now() at creation */
     uint64_t last_io_ms;        /* last read or write */

@@ -6,7 +6,9 @@
  * order: ferry answers AUTH/HELLO/QUIT/RESET and refusals itself; stateless
  * commands go to the shared link; a session holding connection state (a
  * blocking call, MULTI/WATCH, SELECT n, CLIENT SETNAME, a pub/sub tunnel)
- * uses its dedicated link. A session never has requests in flight on two
+ * uses its dedicated link. So does a script or function call, for its
+ * duration (and its replicas_ack WAIT): one running past lua-time-limit
+ * then holds only its own client, the others get Redis' -BUSY. A session never has requests in flight on two
  * links at once. With no master, requests stay held (backlog.c).
  *
  * A lost reply is retried by class (README "Retry policy"): reads and
@@ -579,6 +581,7 @@ static int dispatch_one(session *s, request *r)
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
+    case RT_SCRIPT:
     case RT_MULTI:
     case RT_WATCH:
     case RT_STICKY:

@@ -16,6 +16,7 @@ struct link;
 enum route {
     RT_SHARED = 0, /* stateless: shared link, or the dedicated one if pinned */
     RT_BLOCKING,   /* blocking call: a dedicated link for its duration */
+    RT_SCRIPT,     /* script or function call: a dedicated link for its duration */
     RT_MULTI,      /* MULTI */
     RT_EXEC,       /* EXEC */
     RT_DISCARD,    /* DISCARD */

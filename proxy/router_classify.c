@@ -127,6 +127,24 @@ static int script_may_write(const command *cmd, const resp_request *req)
     return strcmp(cmd->name, "evalsha") == 0 || strcmp(cmd->name, "fcall") == 0;
 }
 
+/* EVAL, EVALSHA, FCALL and their _RO variants: a call that may run past
+ * lua-time-limit, while Redis answers -BUSY to every other connection. On
+ * a link of its own it holds no other client behind it. */
+static int is_script_call(const command *cmd)
+{
+    static const char *const names[] = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall",
+                                        "fcall_ro"};
+    if (cmd->name[0] != 'e' && cmd->name[0] != 'f') {
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(cmd->name, names[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void classify_hello(ferry *f, request *r, const resp_request *req)
 {
     const resp_arg *argv = req->argv;
@@ -219,6 +237,10 @@ int router_classify(session *s, request *r, const resp_request *req)
         set_error(r, "-ERR ferry: %s is not allowed through the proxy\r\n", name);
         f->stats.commands_denied++;
         return 1;
+    }
+    if (is_script_call(cmd)) {
+        r->route = RT_SCRIPT;
+        return 0;
     }
     switch (cmd->cls) {
     case CMD_BLOCKING:

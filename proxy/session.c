@@ -997,6 +997,21 @@ void session_tick(ferry *f, uint64_t now)
     }
 }
 
+/* s waits for a script or function call on its dedicated link: its reply
+ * comes as it would on the shared link (a blocking call's may never). */
+static int script_in_flight(session *s)
+{
+    list_node *n;
+    list_foreach(n, &s->requests)
+    {
+        const request *r = list_entry(n, request, sq);
+        if (r->state == REQ_SENT && r->route == RT_SCRIPT) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void session_stop_all(ferry *f, int force)
 {
     list_node *n, *t;
@@ -1007,7 +1022,8 @@ void session_stop_all(ferry *f, int force)
             uv_read_stop(&s->io.s);
             s->reading = 0;
         }
-        int only_blocked = s->inflight > 0 && s->flight_link != NULL && s->flight_link == s->dlink;
+        int only_blocked = s->inflight > 0 && s->flight_link != NULL &&
+                           s->flight_link == s->dlink && !script_in_flight(s);
         if (force || s->nrequests == 0 || s->tunnel != TUN_NONE || only_blocked) {
             if (outq_len(&s->out) == 0 || force) {
                 session_close(s, force ? "ferry stopped (shutdown timeout)" : "ferry is stopping");

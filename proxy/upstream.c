@@ -37,6 +37,8 @@
  * the clients waiting on that answer get it (and a retry with the same
  * password within it gets the same answer without a new link). */
 #define IDENT_REJECTED_MS 1000
+/* An idle pooled link above upstream.pool_idle is closed after this long. */
+#define POOL_OVER_MS 2000
 
 static void upstream_connect_shared(upstream *up, ident *id);
 static void upstream_set_state(upstream *up, upstream_state st, const char *reason);
@@ -543,10 +545,16 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
         return;
     }
     unlend(l);
+    /* Pooled even past upstream.pool_idle: a link lent for each script call
+     * and given back after it would otherwise be closed and opened again
+     * at every call of many clients at once. The tick closes the links
+     * above pool_idle that stayed idle POOL_OVER_MS (lent LIFO, the ones
+     * not needed any more are those that stay idle). */
     if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
         list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
-        up->npool < up->f->cfg->pool_idle && !up->f->stopping && !l->who->rejected) {
+        up->f->cfg->pool_idle > 0 && !up->f->stopping && !l->who->rejected) {
         list_add_head(&l->who->pool[l->proto == 3], &l->pool_node);
+        l->pooled_ms = uv_now(up->f->loop);
         up->npool++;
         return;
     }
@@ -950,6 +958,11 @@ void upstream_tick(upstream *up, uint64_t now)
                 link_close(l, "master switch: blocked call re-issued on the next master");
                 continue;
             }
+        }
+        if (list_linked(&l->pool_node) && up->npool > cfg->pool_idle &&
+            now - l->pooled_ms >= POOL_OVER_MS) {
+            link_close(l, "idle above upstream.pool_idle");
+            continue;
         }
         if (fence_check(l, now)) {
             continue;

@@ -98,6 +98,16 @@ class AclChecks(AclSetup):
         self.assertEqual(m.lrange('queue:%s:a' % p, 0, -1), ['y'])
         self.assertEqual(m.exists('%s:b' % p, 'queue:%s:c' % p), 0)
 
+    def test_scripts_run_as_the_user(self):
+        # A script runs on a link lent for its call: the user's own.
+        p = key_prefix(self)
+        s = self.login('qu', 'qpass')
+        script = "return redis.call('LPUSH', KEYS[1], 'x')"
+        self.assertEqual(self.call(s, 'EVAL', script, 1, 'queue:%s' % p), nocmd('eval'))
+        self.assertEqual(self.call(s, 'FCALL_RO', 'nosuch', 0), nocmd('fcall_ro'))
+        self.assertEqual(self.call(s, 'LPUSH', 'queue:%s' % p, 'y'), 1)
+        self.assertEqual(self.master().client().lrange('queue:%s' % p, 0, -1), ['y'])
+
     def test_select_is_checked_by_redis(self):
         """ferry answers SELECT 0 itself for its own clients (shared links
         are in db 0); a Redis user's SELECT, 0 included, is Redis' to allow,
