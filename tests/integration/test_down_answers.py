@@ -180,6 +180,8 @@ class DownAnswersTest(unittest.TestCase):
         self.redis.start()
         wait_until(lambda: state(f) == 'UP', timeout=15, msg='UP again')
         wait_until(lambda: pending(f) == 0, timeout=15, msg='replay')
+        # With workers: N, c's loop learns the view at its next tick.
+        wait_until(lambda: 'run_id' in c.info(), timeout=5, msg="c's loop UP too")
         direct = self.redis.client()
         self.assertEqual(direct.info('commandstats').get('cmdstat_echo'), None)
         self.assertEqual(c.echo('back'), 'back')
