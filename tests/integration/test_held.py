@@ -7,6 +7,7 @@ mode (a master without replicas, 3 sentinels) and with a fixed master; the
 same master comes back on its port.
 """
 
+import os
 import time
 import unittest
 
@@ -67,8 +68,15 @@ class HeldChecks:
         wait_until(lambda: (lambda st: st['held_bytes'] // per + st['requests_tryagain'] == n)(
             held_stats(f.stats_port)), timeout=30, msg='every request held or refused')
         st = held_stats(f.stats_port)
-        self.assertEqual(st['held_bytes'], k * per, 'held by all loops together')
-        self.assertEqual(st['requests_tryagain'], n - k)
+        # Never past the bound, all loops together. With several loops, two
+        # racing at the bound may both be refused while the other's request
+        # is being counted: up to one request short per loop.
+        held = st['held_bytes'] // per
+        self.assertEqual(held * per, st['held_bytes'])
+        self.assertLessEqual(held, k, 'held by all loops together')
+        self.assertGreaterEqual(held, k - (int(os.environ.get('FERRY_TEST_WORKERS') or 1) - 1),
+                                'held by all loops together')
+        self.assertEqual(st['requests_tryagain'], n - held)
         m.restart()
         replies = hc.read_all(time.monotonic() + 60)
         full = (b'-TRYAGAIN ferry: no master and the hold buffer is full '
@@ -86,7 +94,7 @@ class HeldChecks:
                              [full] * (hc.counts[i] - ok), 'client %d' % i)
             self.assertEqual(c.llen('held:%04d' % i), ok)
             total += ok
-        self.assertEqual(total, k)
+        self.assertEqual(total, held)
 
 
 class SentinelHeld(HeldChecks, unittest.TestCase):
