@@ -24,7 +24,7 @@
 #include "session.h"
 #include "upstream.h"
 
-#define FENCE_ARG 1 /* request arg of a fence WAIT (a replicas_ack WAIT has 0) */
+#define FENCE_ARG 1              /* request arg of a fence WAIT (a replicas_ack WAIT has 0) */
 #define FENCE_BUSY_RETRY_MS 1000 /* durability asked again after a -BUSY */
 
 static void enforce_done(link *l, request *r, const char *reply, size_t len);
@@ -86,8 +86,7 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
         /* Busy is no answer to ROLE: a verified master stays in use (the
          * re-check comes again); a new link tries again once it is over. */
         if (l->state == LINK_VERIFYING) {
-            log_info("link %llu: %s is busy running a script", (unsigned long long)l->id,
-                     up->name);
+            log_info("link %llu: %s is busy running a script", (unsigned long long)l->id, up->name);
             link_close(l, "master busy running a script");
         }
         return;

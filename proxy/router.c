@@ -8,8 +8,8 @@
  * blocking call, MULTI/WATCH, SELECT n, CLIENT SETNAME, a pub/sub tunnel)
  * uses its dedicated link. So does a script or function call, for its
  * duration (and its replicas_ack WAIT): one running past lua-time-limit
- * then holds only its own client, the others get Redis' -BUSY. A session never has requests in flight on two
- * links at once. With no master, requests stay held (backlog.c).
+ * then holds only its own client, the others get Redis' -BUSY. A session never has requests in
+ * flight on two links at once. With no master, requests stay held (backlog.c).
  *
  * A lost reply is retried by class (README "Retry policy"): reads and
  * blocking calls are sent again (a blocking call with what is left of its

@@ -132,8 +132,8 @@ static int script_may_write(const command *cmd, const resp_request *req)
  * a link of its own it holds no other client behind it. */
 static int is_script_call(const command *cmd)
 {
-    static const char *const names[] = {"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall",
-                                        "fcall_ro"};
+    static const char *const names[] = {"eval",       "evalsha", "eval_ro",
+                                        "evalsha_ro", "fcall",   "fcall_ro"};
     if (cmd->name[0] != 'e' && cmd->name[0] != 'f') {
         return 0;
     }
