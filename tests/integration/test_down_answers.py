@@ -373,7 +373,9 @@ class DownAnswersSentinelTest(unittest.TestCase):
         for sn in topo.sentinels:
             sn.start()
         wait_until(lambda: state(f) == 'UP', timeout=30, msg='UP again')
-        self.assertIn('run_id', c.info())
+        # With workers: N, c's loop learns the view at its next tick.
+        wait_until(lambda: 'run_id' in c.info(), timeout=5, msg="c's loop UP too")
+        self.assertNotIn('ferry_master_view', c.info())
 
 
 if __name__ == '__main__':
