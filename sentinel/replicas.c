@@ -315,22 +315,8 @@ static void replica_drop(replicas *rs, int i)
 
 static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
 {
-    const char *ip = NULL, *port = NULL;
-    if (e->type != REDIS_REPLY_ARRAY) {
-        return;
-    }
-    for (size_t j = 0; j + 1 < e->elements; j += 2) {
-        const char *k = sconn_reply_text(e->element[j]), *v = sconn_reply_text(e->element[j + 1]);
-        if (k == NULL || v == NULL) {
-            continue;
-        }
-        if (strcmp(k, "ip") == 0) {
-            ip = v;
-        } else if (strcmp(k, "port") == 0) {
-            port = v;
-        }
-    }
-    int p = sconn_parse_port(port);
+    const char *ip = sconn_reply_field(e, "ip");
+    int p = sconn_parse_port(sconn_reply_field(e, "port"));
     struct sockaddr_storage sa;
     if (ip == NULL || p < 0 || strlen(ip) > 63 || server_numeric_addr(ip, p, &sa) != 0) {
         return;

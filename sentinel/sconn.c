@@ -218,6 +218,20 @@ const char *sconn_reply_text(const redisReply *r)
     return r->str;
 }
 
+const char *sconn_reply_field(const redisReply *fields, const char *name)
+{
+    if (fields == NULL || fields->type != REDIS_REPLY_ARRAY) {
+        return NULL;
+    }
+    for (size_t j = 0; j + 1 < fields->elements; j += 2) {
+        const char *k = sconn_reply_text(fields->element[j]);
+        if (k != NULL && strcmp(k, name) == 0) {
+            return sconn_reply_text(fields->element[j + 1]);
+        }
+    }
+    return NULL;
+}
+
 int sconn_parse_port(const char *s)
 {
     long v = 0;

@@ -34,6 +34,9 @@ int sconn_up(const sconn *c);
 /* A string reply used as text: its bytes, or NULL when r is no string, is
  * longer than 255 bytes or holds a NUL. */
 const char *sconn_reply_text(const redisReply *r);
+/* In a flat field list (name, value, name, value ...: SENTINEL REPLICAS and
+ * SENTINEL SENTINELS entries), the text of name's value, or NULL. */
+const char *sconn_reply_field(const redisReply *fields, const char *name);
 
 /* A TCP port written as plain digits, 1..65535, else -1 (what the
  * replies of sentinels and replicas carry). */

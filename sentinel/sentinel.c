@@ -347,23 +347,8 @@ static void on_sentinels(sentinel_node *nd, const redisReply *r)
         return;
     }
     for (size_t i = 0; i < r->elements && i < CONFIG_MAX_SENTINELS; i++) {
-        const redisReply *e = r->element[i];
-        const char *ip = NULL, *port = NULL, *k, *v;
-        if (e->type != REDIS_REPLY_ARRAY) {
-            continue;
-        }
-        for (size_t j = 0; j + 1 < e->elements; j += 2) {
-            if ((k = sconn_reply_text(e->element[j])) == NULL ||
-                (v = sconn_reply_text(e->element[j + 1])) == NULL) {
-                continue;
-            }
-            if (strcmp(k, "ip") == 0) {
-                ip = v;
-            } else if (strcmp(k, "port") == 0) {
-                port = v;
-            }
-        }
-        int p = sconn_parse_port(port);
+        const char *ip = sconn_reply_field(r->element[i], "ip");
+        int p = sconn_parse_port(sconn_reply_field(r->element[i], "port"));
         if (ip != NULL && p > 0 && strlen(ip) < 64 && strict_ip(ip)) {
             node_add(nd->sc, ip, p, 1);
         }
