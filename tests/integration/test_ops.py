@@ -169,7 +169,7 @@ class CommandLineTest(unittest.TestCase):
                      'sentinels.sentinels_configured', 'fallback.fallback_pending'):
             self.assertIn(want, paths)
 
-    def test_readme_stats_table_is_current(self):
+    def test_stats_doc_table_is_current(self):
         p = subprocess.run([os.path.join(REPO, 'scripts', 'gen-stats-doc'), '--check',
                             '--ferry', FERRY_BIN], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=30)
