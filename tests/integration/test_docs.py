@@ -139,7 +139,7 @@ EXPECT = {
     ('README.md', 'curl -s 127.0.0.1:22222/metrics | grep ferry_failovers_total', 1):
         'ferry_failovers_total',
     ('README.md', 'redis-cli -p 6380 lrange jobs 0 -1', 1): 'after-failover',
-    ('README.md', 'curl -s 127.0.0.1:22222/healthz', 2): 'DOWN',
+    ('README.md', 'curl -s 127.0.0.1:22222/healthz', 2): 'row(s) pending',
     ('README.md', 'ferry --fallback-dump -c run/ferry.yml', 1): 'during-outage',
     ('README.md', 'redis-cli -p 6380 lrange jobs 0 -1', 2): 'during-outage',
     ('docs/operations.md', 'exec 3<>/dev/tcp/127.0.0.1/22222 && cat <&3', 1): '"service"',
