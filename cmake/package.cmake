@@ -6,7 +6,10 @@
 #   <prefix>/lib/systemd/system/ferry.service
 #                                         scripts/ferry.service, with this prefix
 #   <prefix>/share/man/man1/ferry.1.gz    man/ferry.1.in
-#   <prefix>/share/doc/ferry/             README.md, ferry-rules.yml
+#   <prefix>/share/doc/ferry/             README.md, ferry-rules.yml, copyright
+#                                         (contrib/deb/copyright, Debian's
+#                                         machine-readable format)
+#   <prefix>/share/doc/ferry/docs/        docs/*.md
 # The Debian package installs with prefix /usr, depends on the packages of
 # the libraries ferry links (dpkg-shlibdeps) and runs contrib/deb/'s
 # maintainer scripts (the ferry user, the configuration's group).
@@ -22,7 +25,10 @@ add_custom_target(manpage ALL DEPENDS ${CMAKE_BINARY_DIR}/man/ferry.1.gz)
 install(TARGETS ferry RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${CMAKE_BINARY_DIR}/man/ferry.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/contrib/prometheus/ferry-rules.yml
+              ${CMAKE_SOURCE_DIR}/contrib/deb/copyright
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
+file(GLOB FERRY_DOCS ${CMAKE_SOURCE_DIR}/docs/*.md)
+install(FILES ${FERRY_DOCS} DESTINATION ${CMAKE_INSTALL_DOCDIR}/docs)
 install(CODE "set(FERRY_SOURCE_DIR \"${CMAKE_SOURCE_DIR}\")
 set(FERRY_BINARY_DIR \"${CMAKE_BINARY_DIR}\")
 set(FERRY_BINDIR \"${CMAKE_INSTALL_BINDIR}\")
@@ -30,8 +36,12 @@ set(FERRY_DOCDIR \"${CMAKE_INSTALL_DOCDIR}\")")
 install(SCRIPT ${CMAKE_SOURCE_DIR}/cmake/install_files.cmake)
 
 # --- cpack -G DEB ------------------------------------------------------------
-set(FERRY_DEB_MAINTAINER "ferry maintainers <maintainers@ferry.invalid>"
+set(FERRY_DEB_MAINTAINER "ferry developers <developers@ferry.example>"
     CACHE STRING "Maintainer field of the Debian package")
+# Build trees configured before kept a placeholder address in their cache.
+if(FERRY_DEB_MAINTAINER MATCHES "@ferry\\.invalid>$")
+  set_property(CACHE FERRY_DEB_MAINTAINER PROPERTY VALUE "ferry developers <developers@ferry.example>")
+endif()
 set(CPACK_PACKAGE_NAME ferry)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "${FERRY_DEB_MAINTAINER}")

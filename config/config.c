@@ -36,6 +36,17 @@ static int client_auth_parse(const char *s)
     return -1;
 }
 
+static const char *client_auth_name(int v)
+{
+    return v == CLIENT_AUTH_REDIS ? "redis" : "ferry";
+}
+
+static const char *log_level_name(int v)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    return v >= 0 && v < (int)(sizeof(names) / sizeof(names[0])) ? names[v] : "?";
+}
+
 /* workers: 1 to CONFIG_MAX_WORKERS, or "auto" (0: resolved by
  * conf_semantic). */
 static int workers_parse(const char *s)
@@ -56,292 +67,391 @@ static int workers_parse(const char *s)
 
 const conf_entry conf_table[] = {
     {.key = "listen",
+     .doc = "where applications connect: one address or a list",
      .type = CONF_ADDR_LIST,
      CONF_FIELD(listen),
      CONF_COUNT(nlisten),
      .max = CONFIG_MAX_LISTEN},
 
     {.key = "workers",
+     .doc = "event loops (threads) serving clients; auto: one per core but one, at most 8",
      .type = CONF_ENUM,
      CONF_FIELD(workers),
      .parse_enum = workers_parse,
      .what = "a number of event loops from 1 to 64, or auto"},
 
-    {.key = "redis", .type = CONF_SECTION},
-    {.key = "redis.address", .type = CONF_ADDR, CONF_FIELD(redis_addr), CONF_FLAG(has_redis)},
+    {.key = "redis",
+     .doc = "a fixed master (or, with sentinel, only the credentials)",
+     .type = CONF_SECTION},
+    {.key = "redis.address",
+     .doc = "the fixed master; exactly one of redis.address and sentinel is set",
+     .type = CONF_ADDR,
+     CONF_FIELD(redis_addr),
+     CONF_FLAG(has_redis)},
     {.key = "redis.username",
+     .doc = "ACL user ferry authenticates as towards Redis; empty: none",
      .type = CONF_STRING,
      CONF_FIELD(redis_username),
      .flags = CONF_EMPTY_NULL},
     {.key = "redis.password",
+     .doc = "password ferry authenticates with towards Redis; empty: none",
      .type = CONF_STRING,
      CONF_FIELD(redis_password),
      .flags = CONF_EMPTY_NULL},
 
-    {.key = "sentinel", .type = CONF_SECTION, CONF_FLAG(has_sentinel)},
+    {.key = "sentinel",
+     .doc = "follow the master Redis Sentinel announces",
+     .type = CONF_SECTION,
+     CONF_FLAG(has_sentinel)},
     {.key = "sentinel.master",
+     .doc = "the master name the sentinels monitor",
      .type = CONF_STRING,
      CONF_FIELD(sentinel_master),
      .check = conf_check_word},
     {.key = "sentinel.addresses",
+     .doc = "the sentinels (others are discovered)",
      .type = CONF_ADDR_LIST,
      CONF_FIELD(sentinels),
      CONF_COUNT(nsentinels),
      .max = CONFIG_MAX_SENTINELS},
     {.key = "sentinel.username",
+     .doc = "ACL user towards the sentinels; empty: none",
      .type = CONF_STRING,
      CONF_FIELD(sentinel_username),
      .flags = CONF_EMPTY_NULL},
     {.key = "sentinel.password",
+     .doc = "password towards the sentinels; empty: none",
      .type = CONF_STRING,
      CONF_FIELD(sentinel_password),
      .flags = CONF_EMPTY_NULL},
     {.key = "sentinel.resolve_interval_ms",
+     .doc = "how often the sentinels are asked for the master (and at once on any event)",
      .type = CONF_DURATION,
      CONF_FIELD(sentinel_resolve_interval_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "sentinel.timeout_ms",
+     .doc = "connect and reply timeout towards one sentinel",
      .type = CONF_DURATION,
      CONF_FIELD(sentinel_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
 
-    {.key = "client", .type = CONF_SECTION},
+    {.key = "client", .doc = "what ferry accepts from applications", .type = CONF_SECTION},
     {.key = "client.auth",
+     .doc = "who checks a client's AUTH: ferry (client.password) or redis (Redis' ACL users)",
      .type = CONF_ENUM,
      CONF_FIELD(client_auth),
      .parse_enum = client_auth_parse,
+     .enum_name = client_auth_name,
      .what = "ferry or redis"},
     {.key = "client.password",
+     .doc = "password clients must send with AUTH; empty: no AUTH needed",
      .type = CONF_STRING,
      CONF_FIELD(client_password),
      .flags = CONF_EMPTY_NULL},
     {.key = "client.max_clients",
+     .doc = "most client connections at once; more are refused",
      .type = CONF_INT,
      CONF_FIELD(max_clients),
      .min = 1,
      .max = INT_MAX},
     {.key = "client.max_query_bytes",
+     .doc = "largest single request (all arguments together)",
      .type = CONF_SIZE,
      CONF_FIELD(max_query_bytes),
      .min = 1,
      .max = CONF_SIZE_MAX},
     {.key = "client.max_pending_bytes",
+     .doc = "memory held for one client before ferry stops reading it (resumes at half)",
      .type = CONF_SIZE,
      CONF_FIELD(max_pending_bytes),
      .min = 1,
      .max = CONF_SIZE_MAX},
     {.key = "client.max_bulk_len",
+     .doc = "largest single bulk string argument",
      .type = CONF_SIZE,
      CONF_FIELD(max_bulk_len),
      .min = 1,
      .max = CONF_SIZE_MAX},
-    {.key = "client.max_args", .type = CONF_UINT, CONF_FIELD(max_args), .min = 1, .max = INT_MAX},
+    {.key = "client.max_args",
+     .doc = "most arguments in one request",
+     .type = CONF_UINT,
+     CONF_FIELD(max_args),
+     .min = 1,
+     .max = INT_MAX},
     {.key = "client.max_inline_len",
+     .doc = "longest inline (non-RESP) request line",
      .type = CONF_SIZE,
      CONF_FIELD(max_inline_len),
      .min = 1,
      .max = CONF_SIZE_MAX},
     {.key = "client.idle_timeout_ms",
+     .doc = "close clients idle this long (never blocked or subscribed ones); 0: never",
      .type = CONF_DURATION,
      CONF_FIELD(idle_timeout_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
     {.key = "client.max_pipeline",
+     .doc = "requests in flight per client before ferry stops reading it (resumes at half)",
      .type = CONF_UINT,
      CONF_FIELD(max_pipeline),
      .min = 1,
      .max = INT_MAX},
     {.key = "client.request_timeout_ms",
+     .doc = "a request must arrive whole within this long of its first byte; 0: no bound",
      .type = CONF_DURATION,
      CONF_FIELD(request_timeout_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
-    {.key = "client.output_limit", .type = CONF_SECTION},
+    {.key = "client.output_limit",
+     .doc = "Redis' client-output-buffer-limit for normal clients",
+     .type = CONF_SECTION},
     {.key = "client.output_limit.hard",
+     .doc = "queued reply bytes at which a client is closed; 0: none",
      .type = CONF_SIZE,
      CONF_FIELD(output_limit.hard),
      .min = 0,
      .max = CONF_SIZE_MAX},
     {.key = "client.output_limit.soft",
+     .doc = "queued reply bytes a client may stay above for soft_seconds; 0: none",
      .type = CONF_SIZE,
      CONF_FIELD(output_limit.soft),
      .min = 0,
      .max = CONF_SIZE_MAX},
     {.key = "client.output_limit.soft_seconds",
+     .doc = "how long output may stay above soft",
      .type = CONF_UINT,
      CONF_FIELD(output_limit.soft_seconds),
      .min = 0,
      .max = CONF_DURATION_MAX / 1000},
-    {.key = "client.pubsub_output_limit", .type = CONF_SECTION},
+    {.key = "client.pubsub_output_limit",
+     .doc = "the same for subscribed clients",
+     .type = CONF_SECTION},
     {.key = "client.pubsub_output_limit.hard",
+     .doc = "queued bytes at which a subscriber is closed; 0: none",
      .type = CONF_SIZE,
      CONF_FIELD(pubsub_output_limit.hard),
      .min = 0,
      .max = CONF_SIZE_MAX},
     {.key = "client.pubsub_output_limit.soft",
+     .doc = "queued bytes a subscriber may stay above for soft_seconds; 0: none",
      .type = CONF_SIZE,
      CONF_FIELD(pubsub_output_limit.soft),
      .min = 0,
      .max = CONF_SIZE_MAX},
     {.key = "client.pubsub_output_limit.soft_seconds",
+     .doc = "how long a subscriber's output may stay above soft",
      .type = CONF_UINT,
      CONF_FIELD(pubsub_output_limit.soft_seconds),
      .min = 0,
      .max = CONF_DURATION_MAX / 1000},
 
-    {.key = "limits", .type = CONF_SECTION},
+    {.key = "limits", .doc = "ferry as a whole", .type = CONF_SECTION},
     {.key = "limits.max_memory",
+     .doc = "bytes held for all clients together before new requests get -OOM; 0: no limit",
      .type = CONF_SIZE,
      CONF_FIELD(max_memory),
      .min = 0,
      .max = CONF_SIZE_MAX},
 
-    {.key = "upstream", .type = CONF_SECTION},
+    {.key = "upstream", .doc = "links from ferry to the master", .type = CONF_SECTION},
     {.key = "upstream.shared_links",
+     .doc = "pipelined links shared by all clients for ordinary commands",
      .type = CONF_INT,
      CONF_FIELD(shared_links),
      .min = 1,
      .max = 64},
-    {.key = "upstream.pool_idle", .type = CONF_INT, CONF_FIELD(pool_idle), .min = 0, .max = 65535},
+    {.key = "upstream.pool_idle",
+     .doc = "idle dedicated links kept open for reuse",
+     .type = CONF_INT,
+     CONF_FIELD(pool_idle),
+     .min = 0,
+     .max = 65535},
     {.key = "upstream.connect_timeout_ms",
+     .doc = "give up connecting to the master after this long",
      .type = CONF_DURATION,
      CONF_FIELD(connect_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.ping_interval_ms",
+     .doc = "PING idle links (and the health probe) this often; 0: off",
      .type = CONF_DURATION,
      CONF_FIELD(ping_interval_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.hold_timeout_ms",
+     .doc = "how long requests are held without a usable master before -TRYAGAIN",
      .type = CONF_DURATION,
      CONF_FIELD(hold_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.fence_timeout_ms",
+     .doc = "how long the WAIT fencing requests in flight on an old master may take",
      .type = CONF_DURATION,
      CONF_FIELD(fence_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.drain_ms",
+     .doc = "a blocked pop on the old master stays open this long at a switch",
      .type = CONF_DURATION,
      CONF_FIELD(drain_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.health_timeout_ms",
+     .doc = "a master whose probe PING goes unanswered this long is given up; 0: no probe",
      .type = CONF_DURATION,
      CONF_FIELD(health_timeout_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
     {.key = "upstream.hold_max_bytes",
+     .doc = "most request bytes held at once without a master",
      .type = CONF_SIZE,
      CONF_FIELD(hold_max_bytes),
      .min = 0,
      .max = CONF_SIZE_MAX},
 
     {.key = "deny",
+     .doc = "commands refused (\"config rewrite\" denies one subcommand); [] denies none",
      .type = CONF_STR_LIST,
      CONF_FIELD(deny),
      CONF_COUNT(ndeny),
      .max = CONFIG_MAX_DENY,
      .check = conf_check_command},
 
-    {.key = "stats", .type = CONF_SECTION},
+    {.key = "stats", .doc = "the stats port", .type = CONF_SECTION},
     {.key = "stats.listen",
+     .doc = "JSON, /metrics, /healthz and the live page; \"\" or off disables it",
      .type = CONF_ADDR,
      CONF_FIELD(stats_listen),
      CONF_FLAG(stats_enabled),
      .flags = CONF_OFF},
 
-    {.key = "log", .type = CONF_SECTION},
+    {.key = "log", .doc = "logging", .type = CONF_SECTION},
     {.key = "log.level",
+     .doc = "the least severe level written",
      .type = CONF_ENUM,
      CONF_FIELD(log_level),
      .parse_enum = log_level_parse,
+     .enum_name = log_level_name,
      .what = "debug, info, warn or error"},
-    {.key = "log.file", .type = CONF_STRING, CONF_FIELD(log_file), .flags = CONF_EMPTY_NULL},
+    {.key = "log.file",
+     .doc = "log file, reopened on SIGHUP; empty: stderr",
+     .type = CONF_STRING,
+     CONF_FIELD(log_file),
+     .flags = CONF_EMPTY_NULL},
 
-    {.key = "fallback", .type = CONF_SECTION},
+    {.key = "fallback",
+     .doc = "the fallback store: queue writes while no Redis master is usable",
+     .type = CONF_SECTION},
     {.key = "fallback.path",
+     .doc = "the store's SQLite file; empty: no store",
      .type = CONF_STRING,
      CONF_FIELD(fallback_path),
      .flags = CONF_EMPTY_NULL},
     {.key = "fallback.after_ms",
+     .doc = "without a usable master this long, the view goes DOWN and the store takes writes",
      .type = CONF_DURATION,
      CONF_FIELD(fallback_after_ms),
      .min = 0,
      .max = CONF_DURATION_MAX},
     {.key = "fallback.keys",
+     .doc = "globs of the keys the store takes; empty: every key",
      .type = CONF_STR_LIST,
      CONF_FIELD(fallback_keys),
      CONF_COUNT(nfallback_keys),
      .max = CONFIG_MAX_DENY},
     {.key = "fallback.commands",
+     .doc = "commands the store serves; empty: LPUSH, RPUSH, ZADD and the pops",
      .type = CONF_STR_LIST,
      CONF_FIELD(fallback_commands),
      CONF_COUNT(nfallback_commands),
      .max = CONFIG_MAX_DENY},
-    {.key = "fallback.serve_pops", .type = CONF_BOOL, CONF_FIELD(fallback_serve_pops)},
+    {.key = "fallback.serve_pops",
+     .doc = "serve pops from the store on keys with rows there",
+     .type = CONF_BOOL,
+     CONF_FIELD(fallback_serve_pops)},
     {.key = "fallback.max_bytes",
+     .doc = "bound on the store's size, past which writes get an error; 0: the disk only",
      .type = CONF_SIZE,
      CONF_FIELD(fallback_max_bytes),
      .min = 0,
      .max = CONF_SIZE_MAX},
 
-    {.key = "queue_depths", .type = CONF_SECTION},
+    {.key = "queue_depths",
+     .doc = "how the lengths of the queues: keys are sampled",
+     .type = CONF_SECTION},
     {.key = "queue_depths.interval_ms",
+     .doc = "one sampling round this often while a master is UP",
      .type = CONF_DURATION,
      CONF_FIELD(queue_depths_interval_ms),
      .min = 10,
      .max = CONF_DURATION_MAX},
     {.key = "queue_depths.keys_per_round",
+     .doc = "keys a round asks SCAN for and measures",
      .type = CONF_UINT,
      CONF_FIELD(queue_depths_keys_per_round),
      .min = 1,
      .max = 100000},
     {.key = "queue_depths.max_keys",
+     .doc = "keys whose length ferry keeps and shows",
      .type = CONF_UINT,
      CONF_FIELD(queue_depths_max_keys),
      .min = 1,
      .max = 1000000},
 
     {.key = "shutdown_timeout_ms",
+     .doc = "on SIGTERM, or in a takeover, how long clients may take before they are closed",
      .type = CONF_DURATION,
      CONF_FIELD(shutdown_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
 
-    {.key = "takeover", .type = CONF_SECTION},
+    {.key = "takeover",
+     .doc = "restarting ferry without its clients noticing",
+     .type = CONF_SECTION},
     {.key = "takeover.socket",
+     .doc = "unix socket a new ferry takes this one over through; empty: off",
      .type = CONF_STRING,
      CONF_FIELD(takeover_socket),
      .flags = CONF_EMPTY_NULL,
      .check = conf_check_sockpath},
 
-    {.key = "durability", .type = CONF_SECTION},
-    {.key = "durability.require_aof", .type = CONF_BOOL, CONF_FIELD(require_aof)},
+    {.key = "durability",
+     .doc = "checks on the master's persistence and replication",
+     .type = CONF_SECTION},
+    {.key = "durability.require_aof",
+     .doc = "refuse writes unless the master runs with appendonly yes",
+     .type = CONF_BOOL,
+     CONF_FIELD(require_aof)},
     {.key = "durability.replicas_ack",
+     .doc = "replicas that must confirm a write (WAIT) before it is acknowledged; unset: 1 with "
+            "Sentinel, 0 with a fixed master",
      .type = CONF_INT,
      CONF_FIELD(replicas_ack),
      .min = 0,
      .max = 16},
     {.key = "durability.replicas_ack_timeout_ms",
+     .doc = "how long one WAIT may block",
      .type = CONF_DURATION,
      CONF_FIELD(replicas_ack_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "durability.enforce_interval_ms",
+     .doc = "how often the durability settings are asserted again on every node",
      .type = CONF_DURATION,
      CONF_FIELD(enforce_interval_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
     {.key = "durability.config_command",
+     .doc = "the master's name for CONFIG, if renamed",
      .type = CONF_STRING,
      CONF_FIELD(config_command),
      .check = conf_check_word},
-    {.key = "durability.persist_config", .type = CONF_BOOL, CONF_FIELD(persist_config)},
+    {.key = "durability.persist_config",
+     .doc = "also write the settings to each node's config file (CONFIG REWRITE)",
+     .type = CONF_BOOL,
+     CONF_FIELD(persist_config)},
 };
 
 #define CONF_NKEYS (sizeof(conf_table) / sizeof(conf_table[0]))
@@ -782,4 +892,197 @@ void config_free(config *cfg)
         cfg->queues[q].nkeys = 0;
     }
     cfg->nqueues = 0;
+}
+
+/* --describe-config: a size as written in ferry.yml (64mb, 1gb, 0). */
+static void conf_fmt_size(char *buf, size_t len, unsigned long long v)
+{
+    static const struct {
+        unsigned long long unit;
+        const char *suffix;
+    } units[] = {{1ULL << 30, "gb"}, {1ULL << 20, "mb"}, {1ULL << 10, "kb"}};
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (v != 0 && v % units[i].unit == 0) {
+            snprintf(buf, len, "%llu%s", v / units[i].unit, units[i].suffix);
+            return;
+        }
+    }
+    snprintf(buf, len, "%llu", v);
+}
+
+static void conf_fmt_addr(char *buf, size_t len, const config_addr *a)
+{
+    if (a->is_unix) {
+        snprintf(buf, len, "unix:%s", a->path);
+    } else if (a->host[0] == '\0') {
+        snprintf(buf, len, "(none)");
+    } else if (strchr(a->host, ':') != NULL) {
+        snprintf(buf, len, "[%s]:%d", a->host, a->port);
+    } else {
+        snprintf(buf, len, "%s:%d", a->host, a->port);
+    }
+}
+
+/* The default value of e, as ferry.yml would write it. */
+static void conf_fmt_default(char *buf, size_t len, const conf_entry *e, const config *cfg)
+{
+    const char *field = (const char *)cfg + e->off;
+    size_t used = 0;
+    buf[0] = '\0';
+    switch (e->type) {
+    case CONF_SECTION:
+        break;
+    case CONF_STRING: {
+        const char *s = *(char *const *)(const void *)field;
+        snprintf(buf, len, "%s", s != NULL && s[0] != '\0' ? s : "\"\"");
+        break;
+    }
+    case CONF_INT: {
+        int v = *(const int *)(const void *)field;
+        if (v < e->min) {
+            snprintf(buf, len, "(unset)");
+        } else {
+            snprintf(buf, len, "%d", v);
+        }
+        break;
+    }
+    case CONF_UINT:
+        snprintf(buf, len, "%zu", *(const size_t *)(const void *)field);
+        break;
+    case CONF_SIZE:
+        conf_fmt_size(buf, len, *(const size_t *)(const void *)field);
+        break;
+    case CONF_DURATION:
+        snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)(const void *)field);
+        break;
+    case CONF_BOOL:
+        snprintf(buf, len, "%s", *(const int *)(const void *)field ? "true" : "false");
+        break;
+    case CONF_ENUM: {
+        int v = *(const int *)(const void *)field;
+        if (e->enum_name != NULL) {
+            snprintf(buf, len, "%s", e->enum_name(v));
+        } else {
+            snprintf(buf, len, "%d", v);
+        }
+        break;
+    }
+    case CONF_ADDR:
+        if ((e->flags & CONF_OFF) && e->has_flag &&
+            *(const int *)(const void *)((const char *)cfg + e->flag_off) == 0) {
+            snprintf(buf, len, "off");
+        } else {
+            conf_fmt_addr(buf, len, (const config_addr *)(const void *)field);
+        }
+        break;
+    case CONF_ADDR_LIST:
+    case CONF_STR_LIST: {
+        int n = *(const int *)(const void *)((const char *)cfg + e->count_off);
+        used += (size_t)snprintf(buf, len, n == 1 && e->type == CONF_ADDR_LIST ? "" : "[");
+        for (int i = 0; i < n && used < len; i++) {
+            char one[300];
+            if (e->type == CONF_ADDR_LIST) {
+                conf_fmt_addr(one, sizeof(one), (const config_addr *)(const void *)field + i);
+            } else {
+                snprintf(one, sizeof(one), "%s", ((char *const *)(const void *)field)[i]);
+            }
+            used += (size_t)snprintf(buf + used, len - used, "%s%s", i ? ", " : "", one);
+        }
+        if (used < len && !(n == 1 && e->type == CONF_ADDR_LIST)) {
+            snprintf(buf + used, len - used, "]");
+        }
+        break;
+    }
+    }
+}
+
+/* What e accepts. */
+static void conf_fmt_accepted(char *buf, size_t len, const conf_entry *e)
+{
+    char lo[32], hi[32];
+    switch (e->type) {
+    case CONF_SECTION:
+        buf[0] = '\0';
+        break;
+    case CONF_STRING:
+        snprintf(buf, len, "%s",
+                 e->check == conf_check_word       ? "a word"
+                 : e->check == conf_check_sockpath ? "a unix socket path"
+                                                   : "text");
+        break;
+    case CONF_INT:
+    case CONF_UINT:
+    case CONF_DURATION:
+        snprintf(buf, len, "%lld to %lld", e->min, e->max);
+        break;
+    case CONF_SIZE:
+        conf_fmt_size(lo, sizeof(lo), (unsigned long long)e->min);
+        conf_fmt_size(hi, sizeof(hi), (unsigned long long)e->max);
+        snprintf(buf, len, "%s to %s", lo, hi);
+        break;
+    case CONF_BOOL:
+        snprintf(buf, len, "true, false, yes, no");
+        break;
+    case CONF_ENUM:
+        snprintf(buf, len, "%s", e->what != NULL ? e->what : "");
+        break;
+    case CONF_ADDR:
+        snprintf(buf, len, "host:port, [ipv6]:port or unix:/path%s",
+                 (e->flags & CONF_OFF) ? "; \"\" or off" : "");
+        break;
+    case CONF_ADDR_LIST:
+        snprintf(buf, len, "an address or a list of up to %lld", e->max);
+        break;
+    case CONF_STR_LIST:
+        snprintf(buf, len, "a list of up to %lld", e->max);
+        break;
+    }
+}
+
+static const char *conf_type_name(conf_type t)
+{
+    switch (t) {
+    case CONF_SECTION:
+        return "section";
+    case CONF_STRING:
+        return "string";
+    case CONF_INT:
+    case CONF_UINT:
+        return "integer";
+    case CONF_SIZE:
+        return "size";
+    case CONF_DURATION:
+        return "duration";
+    case CONF_BOOL:
+        return "bool";
+    case CONF_ENUM:
+        return "enum";
+    case CONF_ADDR:
+        return "address";
+    case CONF_ADDR_LIST:
+        return "addresses";
+    case CONF_STR_LIST:
+        return "list";
+    }
+    return "?";
+}
+
+void config_describe(FILE *out)
+{
+    config cfg;
+    config_defaults(&cfg);
+    for (size_t i = 0; i < CONF_NKEYS; i++) {
+        const conf_entry *e = &conf_table[i];
+        char def[1024], acc[256];
+        conf_fmt_default(def, sizeof(def), e, &cfg);
+        conf_fmt_accepted(acc, sizeof(acc), e);
+        fprintf(out, "%s\t%s\t%s\t%s\t%s\n", e->key, conf_type_name(e->type), def, acc,
+                e->doc != NULL ? e->doc : "");
+    }
+    /* queues: a list of mappings, read by config_yaml.c outside the table. */
+    fprintf(out,
+            "queues\tlist\t[]\ta list of up to %d entries {keys: a glob or a list of up to %d}\t"
+            "queues whose pushes, pops and lengths the stats port shows\n",
+            CONFIG_MAX_QUEUES, CONFIG_MAX_QUEUE_KEYS);
+    config_free(&cfg);
 }

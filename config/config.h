@@ -4,6 +4,7 @@
 #define FERRY_CONFIG_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define CONFIG_MAX_LISTEN 8
@@ -162,6 +163,9 @@ typedef struct config {
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the
  * default deny list). */
 void config_defaults(config *cfg);
+/* Every key, one line each: key, type, default, what it accepts, meaning,
+ * separated by tabs (ferry --describe-config). */
+void config_describe(FILE *out);
 /* Load and validate path into cfg (defaults first). Returns 0, or -1 with
  * err holding "file:line:column: message" (errlen bytes at most). On error
  * cfg is left freed. */

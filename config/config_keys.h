@@ -46,6 +46,8 @@ typedef struct conf_entry {
     conf_check_fn check;              /* strings and string lists, or NULL */
     int (*parse_enum)(const char *s); /* CONF_ENUM: value or -1 */
     const char *what;                 /* CONF_ENUM: the accepted values, for errors */
+    const char *(*enum_name)(int v);  /* CONF_ENUM: a value's name, or NULL: a number */
+    const char *doc;                  /* one line for the reference (--describe-config) */
 } conf_entry;
 
 /* The keys (config.c). */

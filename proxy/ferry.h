@@ -170,7 +170,7 @@ typedef struct ferry {
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call
-     * nothing above them by name (see README, "How a request travels"). */
+     * nothing above them by name (see docs/architecture.md, "How a request travels"). */
     void (*unhold)(request *r); /* request_set_state: r leaves the hold (backlog) */
     /* backlog: a session whose held requests may go on goes back to the
      * router (router_dispatch). */

@@ -36,13 +36,16 @@ static void usage(FILE *out)
                  "  -D, --describe-stats\n"
                  "                     list every statistic (JSON path, type, Prometheus\n"
                  "                     name, meaning) and exit\n"
+                 "      --describe-config\n"
+                 "                     list every configuration key (key, type, default,\n"
+                 "                     accepted values, meaning) and exit\n"
                  "  -h, --help         this text\n"
                  "\n"
                  "Signals: SIGTERM/SIGINT stop gracefully (a second one stops at once),\n"
                  "SIGHUP reopens the log file.\n"
                  "\n"
                  "Exit codes:\n"
-                 "  0  clean shutdown, valid configuration (-t), or -V/-h/-D\n"
+                 "  0  clean shutdown, valid configuration (-t), or -V/-h/-D/--describe-config\n"
                  "  1  invalid configuration (message: file:line:column: ...)\n"
                  "  2  bad command line\n"
                  "  3  could not start (listen, open the log file, take over)\n");
@@ -50,11 +53,15 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},   {"test", no_argument, NULL, 't'},
-        {"version", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
-        {"describe-stats", no_argument, NULL, 'D'}, {"fallback-dump", no_argument, NULL, 'F'},
-        {"takeover", required_argument, NULL, 'T'}, {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
+                                         {"test", no_argument, NULL, 't'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"describe-stats", no_argument, NULL, 'D'},
+                                         {"fallback-dump", no_argument, NULL, 'F'},
+                                         {"takeover", required_argument, NULL, 'T'},
+                                         {"describe-config", no_argument, NULL, 'G'},
+                                         {NULL, 0, NULL, 0}};
     const char *path = NULL;
     const char *takeover_path = NULL;
     int test = 0, dump = 0, c;
@@ -75,6 +82,9 @@ int main(int argc, char **argv)
             return 0;
         case 'D':
             stats_describe(stdout);
+            return 0;
+        case 'G':
+            config_describe(stdout);
             return 0;
         case 'F':
             dump = 1;

@@ -11,7 +11,7 @@
  * then holds only its own client, the others get Redis' -BUSY. A session never has requests in
  * flight on two links at once. With no master, requests stay held (backlog.c).
  *
- * A lost reply is retried by class (README "Retry policy"): reads and
+ * A lost reply is retried by class (docs/failover.md, "Retry policy"): reads and
  * blocking calls are sent again (a blocking call with what is left of its
  * timeout); a refusal that applied nothing is sent again; a write whose
  * outcome is unknown is sent again (at-least-once), counted in

@@ -19,7 +19,7 @@ only there.
 
 The module prints the matrix (client x check -> ok / FAIL / n/a, per mode)
 when it ends; COMPAT_MATRIX=path also writes it as Markdown
-(scripts/gen-compat-doc puts that into README.md). With FERRY_TEST_DIRECT=1
+(scripts/gen-compat-doc puts that into docs/compatibility.md). With FERRY_TEST_DIRECT=1
 the same checks run against Redis directly, which validates the checks:
 there every one passes.
 """

@@ -169,11 +169,48 @@ class CommandLineTest(unittest.TestCase):
                      'sentinels.sentinels_configured', 'fallback.fallback_pending'):
             self.assertIn(want, paths)
 
-    def test_readme_stats_table_is_current(self):
+    def test_stats_doc_table_is_current(self):
         p = subprocess.run([os.path.join(REPO, 'scripts', 'gen-stats-doc'), '--check',
                             '--ferry', FERRY_BIN], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=30)
         self.assertEqual(p.returncode, 0, p.stdout.decode())
+
+    def test_config_doc_table_is_current(self):
+        # docs/configuration.md's reference is scripts/gen-config-doc's output
+        # for this binary's key table: a key added, changed or documented
+        # differently without regenerating it fails here.
+        p = subprocess.run([os.path.join(REPO, 'scripts', 'gen-config-doc'), '--check',
+                            '--ferry', FERRY_BIN], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stdout.decode())
+
+    def test_describe_config_lists_every_key(self):
+        p = subprocess.run([FERRY_BIN, '--describe-config'], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        rows = [line.split('\t') for line in p.stdout.decode().splitlines()]
+        keys = [r[0] for r in rows]
+        self.assertEqual(len(keys), len(set(keys)))
+        for r in rows:
+            with self.subTest(key=r[0]):
+                self.assertEqual(len(r), 5, r)
+                self.assertTrue(r[4].strip(), 'no meaning for %s' % r[0])
+        for want in ('listen', 'workers', 'redis.address', 'sentinel.addresses', 'client.auth',
+                     'client.max_pending_bytes', 'upstream.hold_timeout_ms', 'deny',
+                     'stats.listen', 'fallback.path', 'durability.replicas_ack',
+                     'takeover.socket', 'queues'):
+            self.assertIn(want, keys)
+        by_key = {r[0]: r for r in rows}
+        self.assertEqual(by_key['client.max_pending_bytes'][2], '64mb')
+        self.assertEqual(by_key['upstream.hold_timeout_ms'][2], '10000')
+        self.assertEqual(by_key['stats.listen'][2], '127.0.0.1:22222')
+        self.assertEqual(by_key['log.level'][2], 'info')
+        # Every key is shown in the annotated config/ferry.yml too.
+        with open(os.path.join(REPO, 'config', 'ferry.yml')) as f:
+            yml = f.read()
+        for key in keys:
+            with self.subTest(key=key):
+                self.assertRegex(yml, r'(?m)^[ #]*%s:' % re.escape(key.split('.')[-1]))
 
     def test_usage_errors_exit_2(self):
         for args in ([], ['--bogus'], ['-c'], ['-t'], ['-c', 'a.yml', 'extra'], ['-x']):
