@@ -673,9 +673,9 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
     }
     if (cfg->has_cluster) {
         if (cfg->ncluster_nodes == 0) {
-            return conf_key_error(
-                ctx, conf_present(ctx, "cluster.nodes") ? "cluster.nodes" : "cluster", 0,
-                "cluster.nodes must list at least one node of the cluster");
+            return conf_key_error(ctx,
+                                  conf_present(ctx, "cluster.nodes") ? "cluster.nodes" : "cluster",
+                                  0, "cluster.nodes must list at least one node of the cluster");
         }
         for (int i = 0; i < cfg->ncluster_nodes; i++) {
             if (cfg->cluster_nodes[i].is_unix) {

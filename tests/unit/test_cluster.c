@@ -662,8 +662,31 @@ static void test_random_replies(void **state)
     free(m);
 }
 
-int main(void)
+/* test_cluster --keyslot: for each line of stdin, a key in hex, print
+ * slot_of_key of it (the integration test compares with CLUSTER KEYSLOT). */
+static int keyslot_tool(void)
 {
+    char line[8192];
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        char key[4096];
+        size_t n = 0;
+        for (size_t i = 0; line[i] != '\0' && line[i] != '\n' && n < sizeof(key); i += 2) {
+            unsigned v;
+            if (sscanf(line + i, "%2x", &v) != 1) {
+                return 2;
+            }
+            key[n++] = (char)v;
+        }
+        printf("%d\n", slot_of_key(key, n));
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--keyslot") == 0) {
+        return keyslot_tool();
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16_and_keyslot_vectors),
         cmocka_unit_test(test_shards_parse),
