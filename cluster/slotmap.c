@@ -201,10 +201,10 @@ static int shards_node(const redisReply *r, slotmap_node *nd, int *is_master, ch
         nd->health = SLOTMAP_ONLINE;
     } else if (str_is(v, "loading")) {
         nd->health = SLOTMAP_LOADING;
-    } else if (str_is(v, "failed")) {
-        nd->health = SLOTMAP_FAILED;
     } else {
-        return fail(err, errlen, "CLUSTER SHARDS: node %.12s has an unknown health", nd->id);
+        /* "failed" in the documentation, "fail" from Redis 7.0.15; any
+         * other word is no promise the node serves: not used either. */
+        nd->health = SLOTMAP_FAILED;
     }
     return 0;
 }

@@ -1294,6 +1294,7 @@ class ClusterTopology:
     def __init__(self, masters=3, replicas=1, node_timeout_ms=2000, redis_conf=None):
         self.node_timeout_ms = node_timeout_ms
         self.nodes = []
+        self._killed_slots = {}   # port -> the slots it served when kill_master ran
         _register(self)
         try:
             conf = {'cluster-enabled': 'yes', 'cluster-node-timeout': node_timeout_ms,
@@ -1432,6 +1433,8 @@ class ClusterTopology:
     def kill_master(self, port):
         """kill -9 of the master on port; returns the ports of its replicas."""
         reps = self.replicas_of(port)
+        view = self.nodes_view(self.running()[0].port)
+        self._killed_slots[port] = set().union(*[v['slots'] for v in view if v['port'] == port])
         self.node_by_port(port).kill()
         return reps
 
@@ -1439,8 +1442,8 @@ class ClusterTopology:
         """After kill_master(old_port): until one of its replicas is a master
         serving its slots on every running node and the cluster is
         consistent; returns the new master's port."""
-        old_slots = None
-        for n in self.running():
+        old_slots = self._killed_slots.get(old_port)
+        for n in ([] if old_slots else self.running()):
             for v in self.nodes_view(n.port):
                 if v['port'] == old_port and v['slots']:
                     old_slots = v['slots']

@@ -227,6 +227,32 @@ static void test_shards_failed_master_and_unknown_endpoint(void **state)
     free(m);
 }
 
+/* A master whose health is "fail" (what Redis 7.0.15 sends), "failed" (what
+ * its documentation says) or an unknown word is not used. */
+static void test_shards_health_words(void **state)
+{
+    (void)state;
+    static const char *words[] = {"fail", "failed", "meh"};
+    slotmap *m = malloc(sizeof(*m));
+    for (size_t i = 0; i < 3; i++) {
+        rb b = {.n = 0};
+        char err[200] = "";
+        rb_put(&b, "*1\r\n*4\r\n");
+        rb_bulk(&b, "slots");
+        rb_put(&b, "*2\r\n:0\r\n:10\r\n");
+        rb_bulk(&b, "nodes");
+        rb_put(&b, "*2\r\n");
+        shards_node(&b, 0, 7000, "master", words[i]);
+        shards_node(&b, 3, 7003, "replica", "online");
+        redisReply *r = parse(b.s, b.n);
+        assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), 0);
+        assert_int_equal(m->nshards, 0);
+        assert_int_equal(slotmap_covered(m), 0);
+        freeReplyObject(r);
+    }
+    free(m);
+}
+
 /* Nonsense: each gives -1, a message and an empty map, never a crash. */
 static void test_shards_nonsense(void **state)
 {
@@ -275,8 +301,8 @@ static void test_shards_bad_nodes(void **state)
 {
     (void)state;
     static const char *const variants[][2] = {
-        {"port", ":70000\r\n"},      {"port", "$2\r\nxx\r\n"}, {"role", "$4\r\nboss\r\n"},
-        {"health", "$3\r\nmeh\r\n"}, {"id", "$3\r\nabc\r\n"},  {"ip", ":1\r\n"},
+        {"port", ":70000\r\n"},  {"port", "$2\r\nxx\r\n"}, {"role", "$4\r\nboss\r\n"},
+        {"id", "$3\r\nabc\r\n"}, {"ip", ":1\r\n"},
     };
     slotmap *m = malloc(sizeof(*m));
     for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
@@ -691,6 +717,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_crc16_and_keyslot_vectors),
         cmocka_unit_test(test_shards_parse),
         cmocka_unit_test(test_shards_failed_master_and_unknown_endpoint),
+        cmocka_unit_test(test_shards_health_words),
         cmocka_unit_test(test_shards_nonsense),
         cmocka_unit_test(test_shards_bad_nodes),
         cmocka_unit_test(test_shards_conflicts),
