@@ -267,6 +267,13 @@ int slotmap_from_shards(slotmap *m, const redisReply *r, char *err, size_t errle
         if (nmasters == 0 || master.port == 0 || slots->elements == 0) {
             continue; /* no live master, or nothing served: says nothing */
         }
+        for (int k = 0; k < m->nshards; k++) {
+            if (same_node(&m->shards[k].master, &master)) {
+                slotmap_init(m);
+                return fail(err, errlen, "CLUSTER SHARDS: master %.12s heads two shards",
+                            master.id);
+            }
+        }
         if (m->nshards >= SLOTMAP_MAX_SHARDS) {
             slotmap_init(m);
             return fail(err, errlen, "CLUSTER SHARDS: more than %d shards", SLOTMAP_MAX_SHARDS);

@@ -331,6 +331,32 @@ static void test_shards_bad_nodes(void **state)
     free(m);
 }
 
+/* One master heading two shards (with different replicas): nonsense, or
+ * merging the same answer twice would flip its replicas each time. */
+static void test_shards_master_twice(void **state)
+{
+    (void)state;
+    slotmap *m = malloc(sizeof(*m));
+    rb b = {.n = 0};
+    char err[200] = "";
+    rb_put(&b, "*2\r\n");
+    for (int i = 0; i < 2; i++) {
+        rb_put(&b, "*4\r\n");
+        rb_bulk(&b, "slots");
+        rb_put(&b, "*2\r\n:%d\r\n:%d\r\n", i * 100, i * 100 + 9);
+        rb_bulk(&b, "nodes");
+        rb_put(&b, "*2\r\n");
+        shards_node(&b, 0, 7000, "master", "online");
+        shards_node(&b, 3 + i, 7003 + i, "replica", "online");
+    }
+    redisReply *r = parse(b.s, b.n);
+    assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "heads two shards"));
+    assert_int_equal(slotmap_covered(m), 0);
+    freeReplyObject(r);
+    free(m);
+}
+
 /* Two shards claiming one slot, two live masters in one shard. */
 static void test_shards_conflicts(void **state)
 {
@@ -721,6 +747,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shards_nonsense),
         cmocka_unit_test(test_shards_bad_nodes),
         cmocka_unit_test(test_shards_conflicts),
+        cmocka_unit_test(test_shards_master_twice),
         cmocka_unit_test(test_slots_parse_and_nonsense),
         cmocka_unit_test(test_nodes_parse),
         cmocka_unit_test(test_set_epochs),
