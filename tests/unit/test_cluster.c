@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <uv.h>
+
+#include "cluster.h"
+#include "config.h"
 #include "slot.h"
 #include "slotmap.h"
 
@@ -83,20 +87,25 @@ static void shards_node(rb *b, int id, int port, const char *role, const char *h
 /* The reply of a 3 + 3 cluster as redis-cli makes it: 0-5460 on node 0
  * (replica 3), 5461-10922 on node 1 (replica 4), 10923-16383 on node 2
  * (replica 5); ports 7000 + id. */
-static redisReply *three_shards(void)
+static void three_shards_bytes(rb *b)
 {
     static const int lo[] = {0, 5461, 10923}, hi[] = {5460, 10922, 16383};
-    rb b = {.n = 0};
-    rb_put(&b, "*3\r\n");
+    rb_put(b, "*3\r\n");
     for (int i = 0; i < 3; i++) {
-        rb_put(&b, "*4\r\n");
-        rb_bulk(&b, "slots");
-        rb_put(&b, "*2\r\n:%d\r\n:%d\r\n", lo[i], hi[i]);
-        rb_bulk(&b, "nodes");
-        rb_put(&b, "*2\r\n");
-        shards_node(&b, i, 7000 + i, "master", "online");
-        shards_node(&b, i + 3, 7003 + i, "replica", "online");
+        rb_put(b, "*4\r\n");
+        rb_bulk(b, "slots");
+        rb_put(b, "*2\r\n:%d\r\n:%d\r\n", lo[i], hi[i]);
+        rb_bulk(b, "nodes");
+        rb_put(b, "*2\r\n");
+        shards_node(b, i, 7000 + i, "master", "online");
+        shards_node(b, i + 3, 7003 + i, "replica", "online");
     }
+}
+
+static redisReply *three_shards(void)
+{
+    rb b = {.n = 0};
+    three_shards_bytes(&b);
     return parse(b.s, b.n);
 }
 
@@ -714,6 +723,153 @@ static void test_random_replies(void **state)
     free(m);
 }
 
+/* ==== the source on a loop ==== */
+
+/* A fake node in the test's loop: whatever it is sent, it answers one
+ * CLUSTER NODES (node 0's view, epochs 1 2 3) and one CLUSTER SHARDS (the
+ * 3 + 3 cluster) and keeps the connection until the peer closes it. */
+typedef struct fake {
+    uv_tcp_t srv;
+    uv_tcp_t conn[8];
+    int nconn;
+    uv_write_t wr[8];
+    rb answer;
+    int maps;         /* on_map calls */
+    int covered;      /* slots covered at the last one */
+    uv_timer_t timer; /* the test's deadline and poll */
+    cluster_source *cs;
+    int done;
+} fake;
+
+static void fake_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b)
+{
+    static char scratch[4096];
+    (void)h;
+    (void)hint;
+    b->base = scratch;
+    b->len = sizeof(scratch);
+}
+
+static void fake_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
+{
+    fake *fk = st->loop->data;
+    (void)b;
+    if (n < 0) {
+        uv_read_stop(st);
+        return;
+    }
+    if (n > 0 && st->data == NULL) {
+        int i = (int)((uv_tcp_t *)st - fk->conn);
+        uv_buf_t ub = uv_buf_init(fk->answer.s, (unsigned)fk->answer.n);
+        st->data = st; /* answered */
+        uv_write(&fk->wr[i], st, &ub, 1, NULL);
+    }
+}
+
+static void fake_accept(uv_stream_t *srv, int status)
+{
+    fake *fk = srv->loop->data;
+    if (status < 0 || fk->nconn >= 8) {
+        return;
+    }
+    uv_tcp_t *c = &fk->conn[fk->nconn];
+    uv_tcp_init(srv->loop, c);
+    c->data = NULL;
+    if (uv_accept(srv, (uv_stream_t *)c) == 0) {
+        fk->nconn++;
+        uv_read_start((uv_stream_t *)c, fake_alloc, fake_read);
+    } else {
+        uv_close((uv_handle_t *)c, NULL);
+    }
+}
+
+static void fake_on_map(void *data, const slotmap *m, int moved)
+{
+    fake *fk = data;
+    fk->maps++;
+    fk->covered = slotmap_covered(m);
+    (void)moved;
+}
+
+static void fake_poll(uv_timer_t *t)
+{
+    fake *fk = t->data;
+    cluster_tick(fk->cs, uv_now(t->loop));
+    if (fk->maps > 0 && cluster_get_counts(fk->cs)->answers >= 3) {
+        fk->done = 1;
+    }
+    if (fk->done) {
+        uv_timer_stop(t);
+        uv_stop(t->loop);
+    }
+}
+
+/* cluster_new learns the map from a seed (a fake node in the loop), reports
+ * it once through on_map, goes on with rounds (the map's masters do not
+ * exist: refused connections, counted), and closes without a leaked handle. */
+static void test_source_learns_and_closes_clean(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    fake *fk = calloc(1, sizeof(*fk));
+    config *cfg = calloc(1, sizeof(*cfg));
+    char text[4096];
+    struct sockaddr_in sa;
+    int namelen = sizeof(sa);
+    static const cluster_ops ops = {.on_map = fake_on_map};
+
+    assert_int_equal(uv_loop_init(&loop), 0);
+    loop.data = fk;
+    nodes_text(text, sizeof(text), 0, 1, 2, 3, -1);
+    rb_put(&fk->answer, "$%zu\r\n%s\r\n", strlen(text), text);
+    three_shards_bytes(&fk->answer);
+    uv_tcp_init(&loop, &fk->srv);
+    uv_ip4_addr("127.0.0.1", 0, &sa);
+    assert_int_equal(uv_tcp_bind(&fk->srv, (const struct sockaddr *)&sa, 0), 0);
+    assert_int_equal(uv_listen((uv_stream_t *)&fk->srv, 8, fake_accept), 0);
+    uv_tcp_getsockname(&fk->srv, (struct sockaddr *)&sa, &namelen);
+
+    config_defaults(cfg);
+    cfg->has_cluster = 1;
+    config_parse_addr("127.0.0.1:1", &cfg->cluster_nodes[0]);
+    cfg->cluster_nodes[1] = cfg->cluster_nodes[0];
+    cfg->cluster_nodes[1].port = ntohs(sa.sin_port);
+    config_parse_addr("localhost:1", &cfg->cluster_nodes[2]);
+    cfg->ncluster_nodes = 3;
+    cfg->cluster_refresh_interval_ms = 20;
+    cfg->cluster_timeout_ms = 500;
+
+    fk->cs = cluster_new(&loop, cfg, &ops, fk);
+    uv_timer_init(&loop, &fk->timer);
+    fk->timer.data = fk;
+    uv_timer_start(&fk->timer, fake_poll, 5, 5);
+    uint64_t t0 = uv_now(&loop);
+    while (!fk->done && uv_now(&loop) - t0 < 5000) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    assert_true(fk->done);
+    assert_int_equal(fk->maps, 1); /* the same answer again changes nothing */
+    assert_int_equal(fk->covered, CLUSTER_SLOTS);
+    const cluster_counts *k = cluster_get_counts(fk->cs);
+    assert_true(k->answers >= 3);
+    assert_true(k->unreachable > 0); /* 127.0.0.1:1 and the map's masters */
+    assert_int_equal(k->rejected, 0);
+    assert_int_equal(cluster_map(fk->cs)->nshards, 3);
+
+    cluster_close(fk->cs);
+    uv_close((uv_handle_t *)&fk->timer, NULL);
+    uv_close((uv_handle_t *)&fk->srv, NULL);
+    for (int i = 0; i < fk->nconn; i++) {
+        uv_close((uv_handle_t *)&fk->conn[i], NULL);
+    }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    cluster_free(fk->cs);
+    config_free(cfg);
+    free(cfg);
+    free(fk);
+}
+
 /* test_cluster --keyslot: for each line of stdin, a key in hex, print
  * slot_of_key of it (the integration test compares with CLUSTER KEYSLOT). */
 static int keyslot_tool(void)
@@ -753,6 +909,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_set_epochs),
         cmocka_unit_test(test_merge_epoch_rule),
         cmocka_unit_test(test_random_replies),
+        cmocka_unit_test(test_source_learns_and_closes_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
