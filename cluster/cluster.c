@@ -124,7 +124,6 @@ static const slotmap_nodeinfo *myself(const probe *p)
 static void on_nodes(cluster_source *cs, probe *p, const redisReply *r)
 {
     char err[200];
-    const char *text = sconn_reply_text(r);
     if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS) {
         refuse(cs, p,
                r->type == REDIS_REPLY_ERROR ? "CLUSTER NODES answered an error"
@@ -132,7 +131,6 @@ static void on_nodes(cluster_source *cs, probe *p, const redisReply *r)
         sconn_close(p->c, "refused");
         return;
     }
-    (void)text;
     if (p->nodes == NULL) {
         p->nodes = malloc(sizeof(*p->nodes) * SLOTMAP_MAX_NODES);
         if (p->nodes == NULL) {

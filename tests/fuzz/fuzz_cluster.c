@@ -1,14 +1,16 @@
 /* fuzz_cluster.c - libFuzzer target for cluster/slotmap.c: the input's first
  * byte picks a parser (CLUSTER SHARDS, CLUSTER SLOTS, CLUSTER NODES), the
- * rest is the reply (RESP, read by hiredis' reader as ferry reads it) or the
- * NODES text. Whatever it is: no crash, an error or a map whose owners are
- * valid shard indexes with slot counts that add up, and merging a map twice
- * changes nothing the second time. */
+ * rest is the reply (RESP, framed by ferry's scanner then read by hiredis'
+ * reader, as sconn.c does: hiredis alone would allocate whatever array
+ * length a header claims) or the NODES text. Whatever it is: no crash, an error or a map whose
+ * owners are valid shard indexes with slot counts that add up, and merging a map twice changes
+ * nothing the second time. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "resp.h"
 #include "slotmap.h"
 
 static void check(int ok)
@@ -55,10 +57,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         return 0;
     }
+    resp_scanner sc;
+    size_t framed = 0;
+    resp_scanner_init(&sc);
+    if (resp_scan_reply(&sc, (const char *)data, size, &framed) != RESP_OK) {
+        return 0;
+    }
     redisReader *rd = redisReaderCreate();
     void *reply = NULL;
     check(rd != NULL);
-    if (redisReaderFeed(rd, (const char *)data, size) == REDIS_OK &&
+    if (redisReaderFeed(rd, (const char *)data, framed) == REDIS_OK &&
         redisReaderGetReply(rd, &reply) == REDIS_OK && reply != NULL) {
         int rc = sel == 0 ? slotmap_from_shards(&m, reply, err, sizeof(err))
                           : slotmap_from_slots(&m, reply, err, sizeof(err));
