@@ -800,19 +800,34 @@ static void test_real_replies_agree(void **state)
 
 /* ==== the source on a loop ==== */
 
-/* A fake node in the test's loop: whatever it is sent, it answers one
- * CLUSTER NODES (node 0's view, epochs 1 2 3) and one CLUSTER SHARDS (the
- * 3 + 3 cluster) and keeps the connection until the peer closes it. */
-typedef struct fake {
+/* Fake nodes in the test's loop: whatever a connection sends, a node
+ * answers with its fixed bytes (a CLUSTER NODES reply, then a CLUSTER SHARDS
+ * one) and keeps the connection until the peer closes it; with mute_first it
+ * closes its first connection unanswered. */
+#define FAKE_CONNS 32
+
+typedef struct fnode {
     uv_tcp_t srv;
-    uv_tcp_t conn[8];
+    uv_tcp_t conn[FAKE_CONNS];
+    uv_write_t wr[FAKE_CONNS];
+    int answered[FAKE_CONNS];
     int nconn;
-    uv_write_t wr[8];
+    int mute_first;
+    int port;
     rb answer;
+} fnode;
+
+typedef struct fake {
+    fnode node[2];
+    int nnodes;
     int maps;         /* on_map calls */
     int covered;      /* slots covered at the last one */
-    uv_timer_t timer; /* the test's deadline and poll */
+    int first_port;   /* the master of slot 0 at the last one */
+    uv_timer_t timer; /* the test's poll */
     cluster_source *cs;
+    uint64_t want_answers;
+    uint64_t want_rejected;
+    int want_port; /* and the master of slot 0 on this port (0: any) */
     int done;
 } fake;
 
@@ -827,35 +842,53 @@ static void fake_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b)
 
 static void fake_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
 {
-    fake *fk = st->loop->data;
+    fnode *fn = st->data;
+    int i = (int)((uv_tcp_t *)st - fn->conn);
     (void)b;
     if (n < 0) {
         uv_read_stop(st);
         return;
     }
-    if (n > 0 && st->data == NULL) {
-        int i = (int)((uv_tcp_t *)st - fk->conn);
-        uv_buf_t ub = uv_buf_init(fk->answer.s, (unsigned)fk->answer.n);
-        st->data = st; /* answered */
-        uv_write(&fk->wr[i], st, &ub, 1, NULL);
+    if (n > 0 && !fn->answered[i]) {
+        fn->answered[i] = 1;
+        if (i == 0 && fn->mute_first) {
+            uv_read_stop(st);
+            uv_tcp_close_reset((uv_tcp_t *)st, NULL);
+            return;
+        }
+        uv_buf_t ub = uv_buf_init(fn->answer.s, (unsigned)fn->answer.n);
+        uv_write(&fn->wr[i], st, &ub, 1, NULL);
     }
 }
 
 static void fake_accept(uv_stream_t *srv, int status)
 {
-    fake *fk = srv->loop->data;
-    if (status < 0 || fk->nconn >= 8) {
+    fnode *fn = srv->data;
+    if (status < 0 || fn->nconn >= FAKE_CONNS) {
         return;
     }
-    uv_tcp_t *c = &fk->conn[fk->nconn];
+    uv_tcp_t *c = &fn->conn[fn->nconn];
     uv_tcp_init(srv->loop, c);
-    c->data = NULL;
+    c->data = fn;
     if (uv_accept(srv, (uv_stream_t *)c) == 0) {
-        fk->nconn++;
+        fn->nconn++;
         uv_read_start((uv_stream_t *)c, fake_alloc, fake_read);
     } else {
         uv_close((uv_handle_t *)c, NULL);
     }
+}
+
+static void fake_listen(uv_loop_t *loop, fnode *fn)
+{
+    struct sockaddr_in sa;
+    int namelen = sizeof(sa);
+    uv_tcp_init(loop, &fn->srv);
+    fn->srv.data = fn;
+    uv_ip4_addr("127.0.0.1", 0, &sa);
+    assert_int_equal(uv_tcp_bind(&fn->srv, (const struct sockaddr *)&sa, 0), 0);
+    assert_int_equal(uv_listen((uv_stream_t *)&fn->srv, 8, fake_accept), 0);
+    uv_tcp_getsockname(&fn->srv, (struct sockaddr *)&sa, &namelen);
+    fn->port = ntohs(sa.sin_port);
 }
 
 static void fake_on_map(void *data, const slotmap *m, int moved)
@@ -863,65 +896,95 @@ static void fake_on_map(void *data, const slotmap *m, int moved)
     fake *fk = data;
     fk->maps++;
     fk->covered = slotmap_covered(m);
+    fk->first_port = slotmap_shard_of(m, 0) != NULL ? slotmap_shard_of(m, 0)->master.port : 0;
     (void)moved;
 }
 
 static void fake_poll(uv_timer_t *t)
 {
     fake *fk = t->data;
+    const cluster_counts *k = cluster_get_counts(fk->cs);
     cluster_tick(fk->cs, uv_now(t->loop));
-    if (fk->maps > 0 && cluster_get_counts(fk->cs)->answers >= 3) {
+    if (fk->maps > 0 && k->answers >= fk->want_answers && k->rejected >= fk->want_rejected &&
+        (fk->want_port == 0 || fk->first_port == fk->want_port)) {
         fk->done = 1;
-    }
-    if (fk->done) {
         uv_timer_stop(t);
-        uv_stop(t->loop);
     }
+}
+
+/* Run the source on loop over cfg until fk->done or 5 s. */
+static void fake_run(uv_loop_t *loop, fake *fk, config *cfg)
+{
+    static const cluster_ops ops = {.on_map = fake_on_map};
+    fk->cs = cluster_new(loop, cfg, &ops, fk);
+    uv_timer_init(loop, &fk->timer);
+    fk->timer.data = fk;
+    uv_timer_start(&fk->timer, fake_poll, 5, 5);
+    uint64_t t0 = uv_now(loop);
+    while (!fk->done && uv_now(loop) - t0 < 5000) {
+        uv_run(loop, UV_RUN_ONCE);
+    }
+}
+
+/* Close everything; the loop must end with no handle left. */
+static void fake_close(uv_loop_t *loop, fake *fk)
+{
+    cluster_close(fk->cs);
+    uv_close((uv_handle_t *)&fk->timer, NULL);
+    for (int j = 0; j < fk->nnodes; j++) {
+        fnode *fn = &fk->node[j];
+        uv_close((uv_handle_t *)&fn->srv, NULL);
+        for (int i = 0; i < fn->nconn; i++) {
+            if (!uv_is_closing((uv_handle_t *)&fn->conn[i])) {
+                uv_close((uv_handle_t *)&fn->conn[i], NULL);
+            }
+        }
+    }
+    uv_run(loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(loop), 0);
+    cluster_free(fk->cs);
+}
+
+static void seed(config *cfg, int port)
+{
+    config_parse_addr("127.0.0.1:1", &cfg->cluster_nodes[cfg->ncluster_nodes]);
+    cfg->cluster_nodes[cfg->ncluster_nodes++].port = port;
+}
+
+static config *fake_config(void)
+{
+    config *cfg = calloc(1, sizeof(*cfg));
+    config_defaults(cfg);
+    cfg->has_cluster = 1;
+    cfg->cluster_refresh_interval_ms = 20;
+    cfg->cluster_timeout_ms = 500;
+    return cfg;
 }
 
 /* cluster_new learns the map from a seed (a fake node in the loop), reports
  * it once through on_map, goes on with rounds (the map's masters do not
- * exist: refused connections, counted), and closes without a leaked handle. */
+ * exist: refused connections, counted; a seed that is a host name is
+ * resolved), and closes without a leaked handle. */
 static void test_source_learns_and_closes_clean(void **state)
 {
     (void)state;
     uv_loop_t loop;
     fake *fk = calloc(1, sizeof(*fk));
-    config *cfg = calloc(1, sizeof(*cfg));
+    config *cfg = fake_config();
     char text[4096];
-    struct sockaddr_in sa;
-    int namelen = sizeof(sa);
-    static const cluster_ops ops = {.on_map = fake_on_map};
 
     assert_int_equal(uv_loop_init(&loop), 0);
-    loop.data = fk;
     nodes_text(text, sizeof(text), 0, 1, 2, 3, -1);
-    rb_put(&fk->answer, "$%zu\r\n%s\r\n", strlen(text), text);
-    three_shards_bytes(&fk->answer);
-    uv_tcp_init(&loop, &fk->srv);
-    uv_ip4_addr("127.0.0.1", 0, &sa);
-    assert_int_equal(uv_tcp_bind(&fk->srv, (const struct sockaddr *)&sa, 0), 0);
-    assert_int_equal(uv_listen((uv_stream_t *)&fk->srv, 8, fake_accept), 0);
-    uv_tcp_getsockname(&fk->srv, (struct sockaddr *)&sa, &namelen);
+    rb_put(&fk->node[0].answer, "$%zu\r\n%s\r\n", strlen(text), text);
+    three_shards_bytes(&fk->node[0].answer);
+    fake_listen(&loop, &fk->node[0]);
+    fk->nnodes = 1;
+    seed(cfg, 1);
+    seed(cfg, fk->node[0].port);
+    config_parse_addr("localhost:1", &cfg->cluster_nodes[cfg->ncluster_nodes++]);
+    fk->want_answers = 3;
 
-    config_defaults(cfg);
-    cfg->has_cluster = 1;
-    config_parse_addr("127.0.0.1:1", &cfg->cluster_nodes[0]);
-    cfg->cluster_nodes[1] = cfg->cluster_nodes[0];
-    cfg->cluster_nodes[1].port = ntohs(sa.sin_port);
-    config_parse_addr("localhost:1", &cfg->cluster_nodes[2]);
-    cfg->ncluster_nodes = 3;
-    cfg->cluster_refresh_interval_ms = 20;
-    cfg->cluster_timeout_ms = 500;
-
-    fk->cs = cluster_new(&loop, cfg, &ops, fk);
-    uv_timer_init(&loop, &fk->timer);
-    fk->timer.data = fk;
-    uv_timer_start(&fk->timer, fake_poll, 5, 5);
-    uint64_t t0 = uv_now(&loop);
-    while (!fk->done && uv_now(&loop) - t0 < 5000) {
-        uv_run(&loop, UV_RUN_ONCE);
-    }
+    fake_run(&loop, fk, cfg);
     assert_true(fk->done);
     assert_int_equal(fk->maps, 1); /* the same answer again changes nothing */
     assert_int_equal(fk->covered, CLUSTER_SLOTS);
@@ -930,19 +993,74 @@ static void test_source_learns_and_closes_clean(void **state)
     assert_true(k->unreachable > 0); /* 127.0.0.1:1 and the map's masters */
     assert_int_equal(k->rejected, 0);
     assert_int_equal(cluster_map(fk->cs)->nshards, 3);
-
-    cluster_close(fk->cs);
-    uv_close((uv_handle_t *)&fk->timer, NULL);
-    uv_close((uv_handle_t *)&fk->srv, NULL);
-    for (int i = 0; i < fk->nconn; i++) {
-        uv_close((uv_handle_t *)&fk->conn[i], NULL);
-    }
-    uv_run(&loop, UV_RUN_DEFAULT);
-    assert_int_equal(uv_loop_close(&loop), 0);
-    cluster_free(fk->cs);
+    fake_close(&loop, fk);
     config_free(cfg);
     free(cfg);
     free(fk);
+}
+
+/* Node B claims every slot at config epoch 50 (far above the others'). A,
+ * heard first (B closes its first connection unanswered), flags B fail or
+ * not: flagged, B is never heard and the map stays A's; not flagged, B's
+ * claim wins by its epoch (which shows it is the flag that stops it). */
+static void test_source_ignores_a_node_flagged_failed(void **state)
+{
+    (void)state;
+    for (int flagged = 1; flagged >= 0; flagged--) {
+        uv_loop_t loop;
+        fake *fk = calloc(1, sizeof(*fk));
+        config *cfg = fake_config();
+        char text[4096], line[256];
+
+        assert_int_equal(uv_loop_init(&loop), 0);
+        fake_listen(&loop, &fk->node[0]);
+        fake_listen(&loop, &fk->node[1]);
+        fk->nnodes = 2;
+        int bport = fk->node[1].port;
+        /* A: the 3 + 3 cluster, and B as a master with no slot */
+        nodes_text(text, sizeof(text), 0, 1, 2, 3, -1);
+        snprintf(line, sizeof(line), "%s 127.0.0.1:%d@%d master%s - 0 0 50 connected\n", ids[6],
+                 bport, bport + 10000, flagged ? ",fail" : "");
+        strcat(text, line);
+        rb_put(&fk->node[0].answer, "$%zu\r\n%s\r\n", strlen(text), text);
+        three_shards_bytes(&fk->node[0].answer);
+        /* B: itself master of every slot at epoch 50 */
+        snprintf(line, sizeof(line),
+                 "%s 127.0.0.1:%d@%d myself,master - 0 0 50 connected 0-16383\n", ids[6], bport,
+                 bport + 10000);
+        rb_put(&fk->node[1].answer, "$%zu\r\n%s\r\n", strlen(line), line);
+        rb_put(&fk->node[1].answer, "*1\r\n*4\r\n");
+        rb_bulk(&fk->node[1].answer, "slots");
+        rb_put(&fk->node[1].answer, "*2\r\n:0\r\n:16383\r\n");
+        rb_bulk(&fk->node[1].answer, "nodes");
+        rb_put(&fk->node[1].answer, "*1\r\n");
+        shards_node(&fk->node[1].answer, 6, bport, "master", "online");
+        fk->node[1].mute_first = 1;
+        seed(cfg, fk->node[0].port);
+        seed(cfg, bport);
+        fk->want_answers = flagged ? 3 : 1;
+        fk->want_rejected = flagged ? 2 : 0;
+        fk->want_port = flagged ? 0 : bport; /* unflagged: until B's map is taken */
+        fake_run(&loop, fk, cfg);
+        const cluster_counts *k = cluster_get_counts(fk->cs);
+        if (flagged) {
+            assert_true(fk->done);
+            assert_int_equal(fk->maps, 1);
+            assert_int_equal(fk->first_port, 7000);
+            assert_true(k->rejected >= 2);
+            assert_non_null(strstr(k->last_error, "flags this node failed"));
+            assert_int_equal(slotmap_shard_of(cluster_map(fk->cs), 0)->master.port, 7000);
+        } else {
+            assert_true(fk->done);
+            assert_int_equal(fk->first_port, bport);
+            assert_int_equal(cluster_map(fk->cs)->nshards, 1);
+            assert_int_equal(k->rejected, 0);
+        }
+        fake_close(&loop, fk);
+        config_free(cfg);
+        free(cfg);
+        free(fk);
+    }
 }
 
 /* test_cluster --keyslot: for each line of stdin, a key in hex, print
@@ -986,6 +1104,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_random_replies),
         cmocka_unit_test(test_real_replies_agree),
         cmocka_unit_test(test_source_learns_and_closes_clean),
+        cmocka_unit_test(test_source_ignores_a_node_flagged_failed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
