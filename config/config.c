@@ -137,6 +137,29 @@ const conf_entry conf_table[] = {
      .min = 1,
      .max = CONF_DURATION_MAX},
 
+    {.key = "cluster",
+     .doc = "Redis Cluster mode (in progress): the seed nodes ferry learns the slot map from",
+     .type = CONF_SECTION,
+     CONF_FLAG(has_cluster)},
+    {.key = "cluster.nodes",
+     .doc = "seed nodes (host:port), any of the cluster's nodes",
+     .type = CONF_ADDR_LIST,
+     CONF_FIELD(cluster_nodes),
+     CONF_COUNT(ncluster_nodes),
+     .max = CONFIG_MAX_CLUSTER_SEEDS},
+    {.key = "cluster.refresh_interval_ms",
+     .doc = "how often ferry asks the nodes for the slot map (also at once on a failed node)",
+     .type = CONF_DURATION,
+     CONF_FIELD(cluster_refresh_interval_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+    {.key = "cluster.timeout_ms",
+     .doc = "connect and reply timeout for the map's requests",
+     .type = CONF_DURATION,
+     CONF_FIELD(cluster_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
+
     {.key = "client", .doc = "what ferry accepts from applications", .type = CONF_SECTION},
     {.key = "client.auth",
      .doc = "who checks a client's AUTH: ferry (client.password) or redis (Redis' ACL users)",
@@ -744,12 +767,15 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
 {
     char buf[300];
 
-    if (cfg->has_redis && cfg->has_sentinel) {
-        return conf_key_error(ctx, "sentinel", 0,
-                              "redis.address and sentinel are mutually exclusive");
+    int nsources = cfg->has_redis + cfg->has_sentinel + cfg->has_cluster;
+    if (nsources > 1) {
+        return conf_key_error(ctx, cfg->has_cluster ? "cluster" : "sentinel", 0,
+                              "redis.address, sentinel and cluster are mutually exclusive: "
+                              "set exactly one");
     }
-    if (!cfg->has_redis && !cfg->has_sentinel) {
-        return conf_key_error(ctx, "redis", 0, "either redis.address or sentinel must be set");
+    if (nsources == 0) {
+        return conf_key_error(ctx, "redis", 0,
+                              "one of redis.address, sentinel or cluster must be set");
     }
     if (cfg->has_sentinel) {
         if (cfg->sentinel_master == NULL) {
@@ -759,6 +785,20 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
             return conf_key_error(
                 ctx, conf_present(ctx, "sentinel.addresses") ? "sentinel.addresses" : "sentinel", 0,
                 "sentinel.addresses must list at least one sentinel");
+        }
+    }
+    if (cfg->has_cluster) {
+        if (cfg->ncluster_nodes == 0) {
+            return conf_key_error(ctx,
+                                  conf_present(ctx, "cluster.nodes") ? "cluster.nodes" : "cluster",
+                                  0, "cluster.nodes must list at least one node of the cluster");
+        }
+        for (int i = 0; i < cfg->ncluster_nodes; i++) {
+            if (cfg->cluster_nodes[i].is_unix) {
+                return conf_key_error(ctx, "cluster.nodes", 1,
+                                      "cluster.nodes: a cluster node is a host:port, "
+                                      "not a unix socket");
+            }
         }
     }
     if (cfg->nlisten == 0) {
@@ -796,6 +836,8 @@ void config_defaults(config *cfg)
     cfg->nlisten = 1;
     cfg->sentinel_resolve_interval_ms = 1000;
     cfg->sentinel_timeout_ms = 1000;
+    cfg->cluster_refresh_interval_ms = 1000;
+    cfg->cluster_timeout_ms = 1000;
     cfg->max_clients = 10000;
     cfg->max_query_bytes = (size_t)1 << 30;
     cfg->max_pending_bytes = (size_t)64 << 20;

@@ -9,6 +9,7 @@
 
 #define CONFIG_MAX_LISTEN 8
 #define CONFIG_MAX_SENTINELS 16
+#define CONFIG_MAX_CLUSTER_SEEDS 64 /* cluster.nodes */
 #define CONFIG_MAX_DENY 64
 #define CONFIG_MAX_WORKERS 64   /* workers: most event loops */
 #define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
@@ -68,6 +69,16 @@ typedef struct config {
                                               reply timeout towards one sentinel */
     /* Redis credentials in sentinel mode also come from redis.username/password
      * given without redis.address. */
+
+    /* cluster: a Redis Cluster, its slot map learned from the seed nodes
+     * (exactly one of redis / sentinel / cluster is set) */
+    int has_cluster;
+    config_addr cluster_nodes[CONFIG_MAX_CLUSTER_SEEDS]; /* cluster.nodes: seed addresses */
+    int ncluster_nodes;
+    uint64_t cluster_refresh_interval_ms; /* cluster.refresh_interval_ms (1000): how often
+                                             the slot map is asked again */
+    uint64_t cluster_timeout_ms;          /* cluster.timeout_ms (1000): connect and reply
+                                             timeout towards one node */
 
     /* client: what ferry accepts from applications */
     int client_auth;                         /* client.auth: CLIENT_AUTH_FERRY (default) or

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clustermap.h"
 #include "config.h"
 #include "core.h"
 #include "fallback.h"
@@ -110,6 +111,10 @@ int main(int argc, char **argv)
     }
     if (test) {
         printf("ferry: configuration %s is valid\n", path);
+        if (cfg.has_cluster) {
+            printf("ferry: cluster mode: not yet routed: ferry learns the slot map and shows "
+                   "it on the stats port, clients are not served\n");
+        }
         config_free(&cfg);
         return 0;
     }
@@ -131,6 +136,25 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
+
+    if (cfg.has_cluster) {
+        if (takeover_path != NULL) {
+            log_error("cluster mode: not yet routed: there is nothing to take over");
+            log_close();
+            config_free(&cfg);
+            return EXIT_RUNTIME;
+        }
+        uv_loop_t cloop;
+        uv_loop_init(&cloop);
+        int ccode = clustermap_run(&cloop, &cfg);
+        if (uv_loop_close(&cloop) != 0) {
+            log_warn("event loop closed with handles still open");
+        }
+        log_info("ferry stopped (exit code %d)", ccode);
+        config_free(&cfg);
+        log_close();
+        return ccode;
+    }
 
     struct takeover *tk = NULL;
     if (takeover_path != NULL) {

@@ -29,6 +29,13 @@ Public API (other test files depend on it; keep it stable):
                                       .redis .sentinels .master_name .master_port()
                                       .sentinel_addresses() .wait_failover(old_port)
                                       .restart_redis(i) .redis_by_port(p) .stop()
+    ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000, redis_conf=None)
+                                      a Redis Cluster (redis-cli --cluster create),
+                                      consistent on return: .nodes .seeds()
+                                      .master_of(slot) .masters() .replicas_of(port)
+                                      .kill_master(port) .wait_promoted(old_port)
+                                      .reshard(from_port, to_port, n) .wait_consistent()
+                                      .keyslot(key) .shards(port) .nodes_view(port)
     resp_send(sock, data)             send bytes (or a list of args, RESP-encoded)
     resp_read_reply(sock, timeout)    read exactly one reply, decoded (see below)
     resp_read_raw(sock, timeout)      read exactly one reply, as its raw bytes
@@ -1220,6 +1227,281 @@ class SentinelTopology:
         self.stop()
 
 # --------------------------------------------------------------------------
+# Redis Cluster
+
+REDIS_CLI = shutil.which('redis-cli') or '/usr/bin/redis-cli'
+CLUSTER_SLOTS = 16384
+
+
+def _free_cluster_port():
+    """A free port p whose cluster bus port p + 10000 is free too."""
+    for _ in range(200):
+        p = free_port()
+        if p + 10000 > 65535:
+            continue
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(('127.0.0.1', p + 10000))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        with _lock:
+            if p + 10000 in _ports_given:
+                continue
+            _ports_given.add(p + 10000)
+        return p
+    raise RuntimeError('no free port pair for a cluster node')
+
+
+def cluster_nodes_parse(text):
+    """CLUSTER NODES text -> list of dicts: id, host, port, flags (set),
+    master (id or None), epoch (configEpoch), link, slots (set of ints)."""
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 8:
+            continue
+        addr = f[1].split('@')[0].split(',')[0]
+        host, _, port = addr.rpartition(':')
+        slots = set()
+        for s in f[8:]:
+            if s.startswith('['):
+                continue  # a slot being migrated / imported
+            a, _, b = s.partition('-')
+            slots.update(range(int(a), int(b or a) + 1))
+        out.append({'id': f[0], 'host': host, 'port': int(port) if port.isdigit() else 0,
+                    'flags': set(f[2].split(',')), 'master': None if f[3] == '-' else f[3],
+                    'epoch': int(f[6]), 'link': f[7], 'slots': slots})
+    return out
+
+
+class ClusterTopology:
+    """A Redis Cluster of `masters` masters with `replicas` replicas each
+    (default 3 + 3), every node `--cluster-enabled yes --cluster-node-timeout
+    node_timeout_ms` on 127.0.0.1 with a free port (and free bus port), made
+    with `redis-cli --cluster create ... --cluster-replicas N --cluster-yes`.
+    The constructor returns once every node says cluster_state:ok and agrees
+    on who serves each of the 16384 slots. Processes are stopped by pid.
+
+    .nodes (RedisServer list) .node_by_port(p) .seeds() .master_of(slot)
+    .masters() .replicas_of(port) .kill_master(port) -> its replica ports
+    .wait_promoted(old_port) -> new master port .reshard(from_port, to_port, n)
+    .wait_consistent() .keyslot(key) .shards(port) .nodes_view(port)"""
+
+    READY_TIMEOUT = 30.0
+
+    def __init__(self, masters=3, replicas=1, node_timeout_ms=2000, redis_conf=None):
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes = []
+        self._killed_slots = {}   # port -> the slots it served when kill_master ran
+        _register(self)
+        try:
+            conf = {'cluster-enabled': 'yes', 'cluster-node-timeout': node_timeout_ms,
+                    'appendonly': 'yes', 'appendfsync': 'always',
+                    'repl-diskless-sync-delay': 0,
+                    # a replica of a killed master is promoted without waiting
+                    # for its data age (tests kill masters on purpose)
+                    'cluster-replica-validity-factor': 0}
+            conf.update(redis_conf or {})
+            for _ in range(masters * (1 + replicas)):
+                c = dict(conf)
+                c['port'] = _free_cluster_port()
+                c['cluster-config-file'] = 'nodes-%d.conf' % c['port']
+                self.nodes.append(RedisServer(c))
+            argv = [REDIS_CLI, '--cluster', 'create'] + self.seeds() + [
+                '--cluster-replicas', str(replicas), '--cluster-yes']
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=60)
+            if p.returncode != 0:
+                raise AssertionError('redis-cli --cluster create failed (%d):\n%s' % (
+                    p.returncode, p.stdout.decode(errors='replace')[-3000:]))
+            self.wait_consistent(timeout=self.READY_TIMEOUT)
+        except BaseException:
+            self.stop()
+            raise
+
+    # ---- views
+
+    def seeds(self):
+        """Every node's 127.0.0.1:port (running or not)."""
+        return ['127.0.0.1:%d' % n.port for n in self.nodes]
+
+    def running(self):
+        return [n for n in self.nodes if n.running()]
+
+    def node_by_port(self, port):
+        for n in self.nodes:
+            if n.port == port:
+                return n
+        return None
+
+    def command(self, port, *args, timeout=2.0):
+        c = self.node_by_port(port).client(socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return c.execute_command(*args)
+        finally:
+            c.close()
+
+    def nodes_view(self, port):
+        """CLUSTER NODES of the node on port, parsed (cluster_nodes_parse)."""
+        return cluster_nodes_parse(self.command(port, 'CLUSTER', 'NODES'))
+
+    def shards(self, port):
+        """CLUSTER SHARDS of the node on port, as raw RESP (lists of pairs)."""
+        s = socket.create_connection(('127.0.0.1', port), timeout=2.0)
+        try:
+            resp_send(s, ['CLUSTER', 'SHARDS'])
+            return resp_read_reply(s, timeout=2.0)
+        finally:
+            s.close()
+
+    def keyslot(self, key, port=None):
+        """CLUSTER KEYSLOT key, asked of a running node."""
+        port = port or self.running()[0].port
+        return int(self.command(port, 'CLUSTER', 'KEYSLOT', key))
+
+    def _slot_owners(self, port):
+        """{slot: master port} as the node on port sees it."""
+        owners = {}
+        for n in self.nodes_view(port):
+            if 'master' in n['flags'] and 'fail' not in n['flags']:
+                for s in n['slots']:
+                    owners[s] = n['port']
+        return owners
+
+    def master_of(self, slot):
+        """The port of the master serving slot, as every running node agrees
+        (wait_consistent first when the cluster just changed)."""
+        return self._slot_owners(self.running()[0].port).get(slot)
+
+    def masters(self):
+        """Ports of the running masters that serve slots, sorted."""
+        view = self.nodes_view(self.running()[0].port)
+        return sorted(n['port'] for n in view
+                      if 'master' in n['flags'] and 'fail' not in n['flags'] and n['slots'])
+
+    def replicas_of(self, port):
+        """Ports of the nodes replicating the master on port."""
+        view = self.nodes_view(self.running()[0].port)
+        ids = [n['id'] for n in view if n['port'] == port]
+        return sorted(n['port'] for n in view if ids and n['master'] == ids[0])
+
+    def wait_consistent(self, timeout=30.0):
+        """Until every running node says cluster_state:ok, knows every other
+        running node with its link connected, has no slot in migration and
+        they all agree on the owner of each of the 16384 slots; returns the
+        {slot: master port} map."""
+        state = {}
+
+        def ok():
+            owners = None
+            for n in self.running():
+                info = self.command(n.port, 'CLUSTER', 'INFO')
+                if 'cluster_state:ok' not in info:
+                    state['last'] = (n.port, 'not ok')
+                    return None
+                text = self.command(n.port, 'CLUSTER', 'NODES')
+                if '->-' in text or '-<-' in text:
+                    state['last'] = (n.port, 'migrating')
+                    return None
+                alive = {m.port for m in self.running()}
+                view = cluster_nodes_parse(text)
+                for v in view:
+                    if v['port'] in alive and ('fail' in v['flags'] or 'fail?' in v['flags']
+                                               or v['link'] != 'connected'):
+                        state['last'] = (n.port, 'sees %d as %s/%s' % (
+                            v['port'], ','.join(sorted(v['flags'])), v['link']))
+                        return None
+                o = self._slot_owners(n.port)
+                if len(o) != CLUSTER_SLOTS:
+                    state['last'] = (n.port, '%d slots covered' % len(o))
+                    return None
+                if owners is not None and o != owners:
+                    state['last'] = (n.port, 'disagrees')
+                    return None
+                owners = o
+            return owners
+        try:
+            return wait_until(ok, timeout=timeout, interval=0.1, msg='a consistent cluster')
+        except AssertionError as e:
+            raise AssertionError('%s; last: %r\n%s' % (e, state.get('last'),
+                                                        self.logs())) from None
+
+    # ---- faults and changes
+
+    def kill_master(self, port):
+        """kill -9 of the master on port; returns the ports of its replicas."""
+        reps = self.replicas_of(port)
+        view = self.nodes_view(self.running()[0].port)
+        self._killed_slots[port] = set().union(*[v['slots'] for v in view if v['port'] == port])
+        self.node_by_port(port).kill()
+        return reps
+
+    def wait_promoted(self, old_port, timeout=30.0):
+        """After kill_master(old_port): until one of its replicas is a master
+        serving its slots on every running node and the cluster is
+        consistent; returns the new master's port."""
+        old_slots = self._killed_slots.get(old_port)
+        for n in ([] if old_slots else self.running()):
+            for v in self.nodes_view(n.port):
+                if v['port'] == old_port and v['slots']:
+                    old_slots = v['slots']
+            if old_slots:
+                break
+        assert old_slots, 'no running node knows slots of %d' % old_port
+        deadline = time.monotonic() + timeout
+
+        def moved():
+            for n in self.running():
+                o = self._slot_owners(n.port)
+                if any(o.get(s) in (None, old_port) for s in old_slots):
+                    return False
+            return True
+        wait_until(moved, timeout=timeout, interval=0.1,
+                   msg='a replica of %d promoted on every node' % old_port)
+        owners = self.wait_consistent(timeout=max(1.0, deadline - time.monotonic()))
+        new = {owners[s] for s in old_slots}
+        assert len(new) == 1 and old_port not in new, new
+        return new.pop()
+
+    def reshard(self, from_port, to_port, nslots, timeout=60.0):
+        """Move nslots slots from the master on from_port to the one on
+        to_port (`redis-cli --cluster reshard`); returns once consistent."""
+        ids = {v['port']: v['id'] for v in self.nodes_view(from_port)}
+        argv = [REDIS_CLI, '--cluster', 'reshard', '127.0.0.1:%d' % from_port,
+                '--cluster-from', ids[from_port], '--cluster-to', ids[to_port],
+                '--cluster-slots', str(nslots), '--cluster-yes']
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+        if p.returncode != 0:
+            raise AssertionError('redis-cli --cluster reshard failed (%d):\n%s' % (
+                p.returncode, p.stdout.decode(errors='replace')[-3000:]))
+        return self.wait_consistent(timeout=timeout)
+
+    def logs(self, tail=2000):
+        return '\n'.join('--- node %d (%s) ---\n%s' % (n.port, n.log_path, n.log()[-tail:])
+                         for n in self.nodes)
+
+    def stop(self):
+        """SIGKILL every node (by pid)."""
+        for n in self.nodes:
+            n.kill()
+        _unregister(self)
+
+    def _force_kill(self):
+        self.stop()
+
+    def __repr__(self):
+        return '<ClusterTopology nodes=%s>' % [n.port for n in self.nodes]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+# --------------------------------------------------------------------------
 # ferry
 
 
@@ -1419,7 +1701,7 @@ class _AddrInUse(Exception):
 
 __all__ = ['free_port', 'wait_until', 'RedisServer', 'SentinelServer', 'SentinelTopology', 'Ferry', 'resp_send', 'resp_read_reply',
            'resp_read_raw', 'resp_encode', 'RespError', 'render_yaml', 'REPO', 'FERRY_BIN', 'DIRECT',
-           'NetLab', 'netns_unavailable']
+           'NetLab', 'netns_unavailable', 'ClusterTopology', 'cluster_nodes_parse']
 
 if __name__ == '__main__':  # pragma: no cover - manual smoke test
     r = RedisServer()

@@ -302,6 +302,37 @@ static void test_sentinel_mode(void **state)
     config_free(&cfg);
 }
 
+/* cluster: seed nodes, a refresh interval, a timeout; credentials from
+ * redis.username / redis.password. */
+static void test_cluster_mode(void **state)
+{
+    config cfg;
+
+    (void)state;
+    load_ok(&cfg, "redis: {username: app, password: pw}\n"
+                  "cluster:\n"
+                  "  nodes: [10.0.0.1:7000, \"node-b.example:7001\"]\n"
+                  "  refresh_interval_ms: 250\n"
+                  "  timeout_ms: 300\n");
+    assert_int_equal(cfg.has_redis, 0);
+    assert_int_equal(cfg.has_sentinel, 0);
+    assert_int_equal(cfg.has_cluster, 1);
+    assert_int_equal(cfg.ncluster_nodes, 2);
+    assert_addr(&cfg.cluster_nodes[0], "10.0.0.1:7000");
+    assert_addr(&cfg.cluster_nodes[1], "node-b.example:7001");
+    assert_int_equal(cfg.cluster_refresh_interval_ms, 250);
+    assert_int_equal(cfg.cluster_timeout_ms, 300);
+    assert_string_equal(cfg.redis_password, "pw");
+    config_free(&cfg);
+
+    /* one seed as a scalar; the defaults */
+    load_ok(&cfg, "cluster: {nodes: 10.0.0.9:7000}\n");
+    assert_int_equal(cfg.ncluster_nodes, 1);
+    assert_int_equal(cfg.cluster_refresh_interval_ms, 1000);
+    assert_int_equal(cfg.cluster_timeout_ms, 1000);
+    config_free(&cfg);
+}
+
 /* client.auth: ferry by default, redis when asked (then with no client.password). */
 static void test_client_auth(void **state)
 {
@@ -831,12 +862,28 @@ static void test_errors_values(void **state)
 static void test_errors_semantic(void **state)
 {
     static const error_case cases[] = {
-        {"listen: 127.0.0.1:6380\n", "t.yml:1:1: ", "either redis.address or sentinel must be set"},
+        {"listen: 127.0.0.1:6380\n",
+         "t.yml:1:1: ", "one of redis.address, sentinel or cluster must be set"},
         {"listen: 127.0.0.1:6380\nredis:\n  password: x\n",
-         "t.yml:2:1: ", "either redis.address or sentinel must be set"},
+         "t.yml:2:1: ", "one of redis.address, sentinel or cluster must be set"},
         {"redis: {address: 127.0.0.1:6379}\n"
          "sentinel: {master: m, addresses: [1.2.3.4:26379]}\n",
-         "t.yml:2:1: ", "redis.address and sentinel are mutually exclusive"},
+         "t.yml:2:1: ", "redis.address, sentinel and cluster are mutually exclusive"},
+        {"redis: {address: 127.0.0.1:6379}\n"
+         "cluster: {nodes: [1.2.3.4:7000]}\n",
+         "t.yml:2:1: ", "redis.address, sentinel and cluster are mutually exclusive"},
+        {"sentinel: {master: m, addresses: [1.2.3.4:26379]}\n"
+         "cluster: {nodes: [1.2.3.4:7000]}\n",
+         "t.yml:2:1: ", "set exactly one"},
+        {"cluster:\n", "t.yml:1:1: ", "cluster.nodes must list at least one node"},
+        {"cluster:\n  refresh_interval_ms: 100\n",
+         "t.yml:1:1: ", "cluster.nodes must list at least one node"},
+        {"cluster:\n  nodes: []\n", "t.yml:2:3: ", "cluster.nodes must list at least one node"},
+        {"cluster:\n  nodes: [unix:/tmp/r.sock]\n",
+         "t.yml:2:10: ", "a cluster node is a host:port"},
+        {"cluster:\n  nodes: [1.2.3.4:7000]\n  refresh_interval_ms: 0\n",
+         "t.yml:3:", "refresh_interval_ms"},
+
         {"listen: 127.0.0.1:6380\nsentinel:\n  addresses: [1.2.3.4:26379]\n",
          "t.yml:2:1: ", "sentinel.master must be set"},
         {"listen: 127.0.0.1:6380\nsentinel:\n  master: m\n",
@@ -1090,6 +1137,7 @@ int main(void)
         cmocka_unit_test(test_minimal),
         cmocka_unit_test(test_full_round_trip),
         cmocka_unit_test(test_sentinel_mode),
+        cmocka_unit_test(test_cluster_mode),
         cmocka_unit_test(test_empty_strings_are_null),
         cmocka_unit_test(test_takeover_socket),
         cmocka_unit_test(test_workers),
