@@ -408,6 +408,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
                      uint64_t base_id)
 {
     core_setup(f, loop, cfg);
+    f->tls = workers_main_ctx(wk)->tls; /* the contexts are every loop's */
     f->workers = wk;
     f->worker_index = index;
     f->id_step = (uint64_t)cfg->workers;
@@ -423,9 +424,10 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     return 0;
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *tls, struct takeover *tk)
 {
     core_setup(f, loop, cfg);
+    f->tls = tls;
     f->takeover = tk;
     raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);

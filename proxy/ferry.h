@@ -115,6 +115,8 @@ typedef struct request {
 typedef struct ferry {
     uv_loop_t *loop;                      /* this context's event loop */
     config *cfg;                          /* loaded configuration (owned by main) */
+    struct tls_roles *tls;                /* TLS contexts, shared by every loop (owned by
+                                             main; a role's field is NULL where it is off) */
     resp_limits limits;                   /* request parser limits from cfg */
     const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
     int ndeny;

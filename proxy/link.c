@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "tls.h"
 #include "upstream.h" /* the link's pool and identity (fields only; calls go through link_ops) */
 
 #define LINK_READ_CHUNK (64 * 1024)
@@ -290,6 +291,20 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
         uv_tcp_nodelay(&l->io.tcp, 1);
         rc = uv_tcp_connect(&l->creq, &l->io.tcp, (const struct sockaddr *)&up->addr,
                             link_connect_cb);
+        if (rc == 0 && f->tls != NULL && f->tls->redis != NULL) {
+            /* redis.tls: the session starts once connected; what is
+             * queued before then waits for its handshake. */
+            char host[256] = "";
+            if (up->host_name != NULL) {
+                snprintf(host, sizeof(host), "%s", up->host_name->host);
+            } else if (up->addr.ss_family == AF_INET6) {
+                uv_ip6_name((const struct sockaddr_in6 *)&up->addr, host, sizeof(host));
+            } else {
+                uv_ip4_name((const struct sockaddr_in *)&up->addr, host, sizeof(host));
+            }
+            l->out.tls = tls_new_client(f->tls->redis, host);
+            rc = l->out.tls == NULL ? UV_ENOMEM : 0;
+        }
     }
     l->creq.data = l;
     list_add_tail(&up->links, &l->node);
@@ -397,8 +412,8 @@ static void link_connect_cb(uv_connect_t *req, int status)
         link_close(l, uv_strerror(rc));
         return;
     }
-    if (buf_used(&l->out.fill) > 0) {
-        link_mark_dirty(l);
+    if (buf_used(&l->out.fill) > 0 || l->out.tls != NULL) {
+        link_mark_dirty(l); /* TLS: the flush sends the ClientHello */
     }
 }
 
@@ -694,7 +709,27 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (nread == 0) {
         return;
     }
-    l->in.len += (size_t)nread;
+    if (l->out.tls != NULL) {
+        int was_ready = tls_ready(l->out.tls);
+        if (outq_tls_input(&l->out, &l->in, (size_t)nread) < 0) {
+            char why[300];
+            snprintf(why, sizeof(why), "TLS to %s: %s", l->up->name, tls_error(l->out.tls));
+            l->f->stats.upstream_errors++;
+            l->f->link_ops->on_error(l, why);
+            link_close(l, why);
+            return;
+        }
+        if (!was_ready && tls_ready(l->out.tls)) {
+            char how[120];
+            log_debug("link %llu: TLS to %s: %s", (unsigned long long)l->id, l->up->name,
+                      tls_describe(l->out.tls, how, sizeof(how)));
+        }
+        if (outq_tls_wants_flush(&l->out)) {
+            link_mark_dirty(l);
+        }
+    } else {
+        l->in.len += (size_t)nread;
+    }
     l->last_io_ms = uv_now(l->f->loop);
     for (;;) {
         size_t n = 0;
@@ -764,6 +799,9 @@ void link_close(link *l, const char *reason)
         }
     }
     l->f->link_ops->detach(l, reason);
+    if (was_connected) {
+        outq_tls_bye(&l->out, &l->io.s); /* TLS: close_notify */
+    }
     l->closing_cb_pending = 1;
     uv_close(&l->io.h, link_close_cb);
     f->wake_pending = 1;

@@ -385,6 +385,11 @@ static void worker_discard(worker *w)
     free(w);
 }
 
+ferry *workers_main_ctx(struct workers *wk)
+{
+    return wk->main_ctx;
+}
+
 int workers_start(ferry *f)
 {
     const workers_ops *ops = f->workers_ops;
