@@ -712,7 +712,7 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (l->out.tls != NULL) {
         int was_ready = tls_ready(l->out.tls);
         if (outq_tls_input(&l->out, &l->in, (size_t)nread) < 0) {
-            char why[300];
+            char why[600];
             snprintf(why, sizeof(why), "TLS to %s: %s", l->up->name, tls_error(l->out.tls));
             l->f->stats.upstream_errors++;
             l->f->link_ops->on_error(l, why);
@@ -721,7 +721,7 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         }
         if (!was_ready && tls_ready(l->out.tls)) {
             char how[120];
-            log_debug("link %llu: TLS to %s: %s", (unsigned long long)l->id, l->up->name,
+            log_debug("link %llu: TLS handshake with %s: %s", (unsigned long long)l->id, l->up->name,
                       tls_describe(l->out.tls, how, sizeof(how)));
         }
         if (outq_tls_wants_flush(&l->out)) {
