@@ -228,19 +228,16 @@ static int outq_flush_tls(outq *q, uv_stream_t *stream, uv_write_cb cb)
     return OUTQ_STARTED;
 }
 
-int outq_tls_input(outq *q, buf *in, size_t nread)
+int outq_tls_input(outq *q, const char *p, size_t n, buf *in)
 {
-    tls_put(q->tls, in->data + in->len, nread);
+    tls_put(q->tls, p, n);
     for (;;) {
-        buf_reserve(in, OUTQ_TLS_STEP);
-        ssize_t n = tls_read(q->tls, in->data + in->len, in->cap - in->len);
-        if (n < 0) {
-            return (int)n;
+        buf_reserve(in, 16 * 1024); /* a TLS record at most */
+        ssize_t got = tls_read(q->tls, in->data + in->len, in->cap - in->len);
+        if (got <= 0) {
+            return (int)got;
         }
-        if (n == 0) {
-            return 0;
-        }
-        in->len += (size_t)n;
+        in->len += (size_t)got;
     }
 }
 

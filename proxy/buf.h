@@ -91,12 +91,13 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
 void outq_done(outq *q, int status);
 
 /* TLS on a stream whose output is q (q->tls set). The read callback got
- * nread ciphertext bytes at in's end (where its alloc callback pointed):
- * they are decrypted into in in their place. Returns 0, or TLS_ERR /
- * TLS_EOF (tls_error says why). Afterwards the session may have output of
+ * n ciphertext bytes at p (they may lie at in's end, where its alloc
+ * callback pointed: they are taken before in grows): the plaintext they
+ * complete is appended to in. Returns 0, or TLS_ERR / TLS_EOF (tls_error
+ * says why). Afterwards the session may have output of
  * its own (handshake, tickets) or may now take queued plaintext:
  * outq_tls_wants_flush says so. */
-int outq_tls_input(outq *q, buf *in, size_t nread);
+int outq_tls_input(outq *q, const char *p, size_t n, buf *in);
 int outq_tls_wants_flush(const outq *q);
 /* Before closing the stream: a close_notify, written if the socket takes it now. */
 void outq_tls_bye(outq *q, uv_stream_t *stream);

@@ -366,6 +366,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     list_init(&f->over_soft);
     list_init(&f->mem_paused);
     list_init(&f->partial);
+    list_init(&f->handshaking);
     list_init(&f->idle);
     list_init(&f->watching);
     f->rbuf = xmalloc(FERRY_READ_BUF);

@@ -61,6 +61,12 @@ typedef enum req_state {
     REQ_ANSWERED  /* reply known, waiting for earlier requests to be flushed */
 } req_state;
 
+/* How a listener's client arrived (server -> core -> workers -> session). */
+enum {
+    FERRY_ACCEPT_UNIX = 1, /* a unix socket (else TCP) */
+    FERRY_ACCEPT_TLS = 2   /* on a listen_tls address: the session speaks TLS */
+};
+
 #define REQ_F_INTERNAL (1u << 0) /* ferry's own (AUTH, PING, SELECT): no session */
 #define REQ_F_QUIT (1u << 1)     /* close the client after this reply */
 #define REQ_F_BLOCKING (1u << 2) /* may block on the server */
@@ -147,6 +153,7 @@ typedef struct ferry {
     list_node over_soft;  /* sessions whose output is above their soft limit */
     list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
     list_node partial;    /* sessions with an incomplete request, oldest first */
+    list_node handshaking; /* TLS sessions whose handshake runs, oldest first */
     list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
     list_node watching;   /* sessions with replies whose writing someone waits for */
     uint64_t next_id;     /* ids for sessions and links: the last one given */

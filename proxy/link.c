@@ -711,7 +711,7 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     }
     if (l->out.tls != NULL) {
         int was_ready = tls_ready(l->out.tls);
-        if (outq_tls_input(&l->out, &l->in, (size_t)nread) < 0) {
+        if (outq_tls_input(&l->out, b->base, (size_t)nread, &l->in) < 0) {
             char why[600];
             snprintf(why, sizeof(why), "TLS to %s: %s", l->up->name, tls_error(l->out.tls));
             l->f->stats.upstream_errors++;

@@ -35,6 +35,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -250,6 +251,40 @@ static void stats_limits(ferry *f, ferry_stats *st)
     st->pubsub_output_limit_soft_seconds = cfg->pubsub_output_limit.soft_seconds;
 }
 
+/* TLS figures: each role's counts are the process' (every loop counts in
+ * its shared context). */
+static void stats_tls(ferry *f, ferry_stats *st)
+{
+    tls_figures fig;
+    if (f->tls == NULL) {
+        return;
+    }
+    if (f->tls->clients != NULL) {
+        tls_conf_figures(f->tls->clients, &fig);
+        st->tls_handshakes = fig.handshakes;
+        st->tls_sessions_resumed = fig.resumed;
+        st->tls_failed_timeout = fig.failures[TLS_FAIL_TIMEOUT];
+        st->tls_failed_not_tls = fig.failures[TLS_FAIL_NOT_TLS];
+        st->tls_failed_certificate = fig.failures[TLS_FAIL_CERT];
+        st->tls_failed_protocol = fig.failures[TLS_FAIL_PROTOCOL];
+        st->tls_failed_closed = fig.failures[TLS_FAIL_CLOSED];
+        st->tls_reloads += fig.reloads;
+        st->tls_reload_failures += fig.reload_failures;
+    }
+    tls_conf *peers[2] = {f->tls->redis, f->tls->sentinel};
+    for (int i = 0; i < 2; i++) {
+        if (peers[i] != NULL) {
+            tls_conf_figures(peers[i], &fig);
+            st->tls_upstream_handshakes += fig.handshakes;
+            for (int k = 0; k < TLS_NFAIL; k++) {
+                st->tls_upstream_failures += fig.failures[k];
+            }
+            st->tls_reloads += fig.reloads;
+            st->tls_reload_failures += fig.reload_failures;
+        }
+    }
+}
+
 /* f->stats plus the live values, computed now from the context. */
 static void stats_snapshot(ferry *f, ferry_stats *st)
 {
@@ -286,6 +321,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->timestamp = (uint64_t)tv.tv_sec;
     st->total_connections = st->clients_total;
     stats_limits(f, st);
+    stats_tls(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
     if (f->sentinel != NULL) {

@@ -82,10 +82,10 @@ static int tk_send_listeners(takeover *tk)
 {
     ferry *f = tk->f;
     int fds[TAKEOVER_MAX_INHERIT];
-    const config_addr *addrs[CONFIG_MAX_LISTEN];
+    const config_addr *addrs[2 * CONFIG_MAX_LISTEN];
     char name[320];
     buf b;
-    int n = server_sockets(f, fds, addrs, CONFIG_MAX_LISTEN);
+    int n = server_sockets(f, fds, addrs, 2 * CONFIG_MAX_LISTEN);
     int total = n;
 
     buf_init(&b);

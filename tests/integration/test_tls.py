@@ -253,6 +253,211 @@ class UpstreamTlsRefusals(unittest.TestCase):
         self.check_refused(sec, 'TLS to 127.0.0.1')
 
 
+def tls_port_of(f):
+    return int(f.conf['listen_tls'].rsplit(':', 1)[1])
+
+
+def ferry_with_listener(redis_server, tls_over=None, extra=None):
+    """A ferry with a plain and a TLS listener in front of redis_server."""
+    conf = {'listen_tls': '127.0.0.1:%d' % free_port(),
+            'tls': listener_section(**(tls_over or {}))}
+    conf.update(extra or {})
+    return Ferry(redis_server, conf=conf)
+
+
+def tls_client(f, **kw):
+    kw.setdefault('socket_timeout', 5)
+    kw.setdefault('ssl_ca_certs', PKI.path('ca.crt'))
+    return redis.Redis(host='127.0.0.1', port=tls_port_of(f), ssl=True, decode_responses=True,
+                       **kw)
+
+
+def tls_stats(f):
+    return stats_json(f.stats_port)['tls']
+
+
+class ListenerTls(unittest.TestCase):
+    """Clients on ferry's TLS listener, beside the plain one."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = RedisServer()
+        cls.ferry = ferry_with_listener(cls.redis, {'handshake_timeout_ms': 700})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.redis.stop()
+
+    def test_redis_py_ssl(self):
+        c = tls_client(self.ferry)
+        self.assertTrue(c.ping())
+        big = 'y' * (2 * 1024 * 1024 + 17)
+        c.set('tlsl:big', big)
+        self.assertEqual(c.get('tlsl:big'), big)
+        p = c.pipeline(transaction=False)
+        for i in range(3000):
+            p.rpush('tlsl:q', i)
+        self.assertEqual(p.execute()[-1], 3000)
+        self.assertEqual(c.blpop('tlsl:q', 1), ('tlsl:q', '0'))
+        self.assertEqual(self.redis.client().llen('tlsl:q'), 2999)
+        # the plain listener still serves
+        self.assertEqual(self.ferry.client().get('tlsl:big'), big)
+        # a client certificate is accepted too (auth_clients optional)
+        c2 = tls_client(self.ferry, ssl_certfile=PKI.path('client.crt'),
+                        ssl_keyfile=PKI.path('client.key'))
+        self.assertEqual(c2.llen('tlsl:q'), 2999)
+
+    def test_pubsub_over_tls(self):
+        sub = tls_client(self.ferry).pubsub()
+        sub.subscribe('tlsl:ch')
+        wait_until(lambda: sub.get_message(timeout=0.2) is not None, 5, msg='subscribed')
+        wait_until(lambda: self.ferry.client().publish('tlsl:ch', 'm1') == 1, 5)
+        msg = None
+        deadline = time.time() + 5
+        while msg is None and time.time() < deadline:
+            msg = sub.get_message(timeout=0.5)
+        self.assertEqual(msg and msg['data'], 'm1')
+        sub.close()
+
+    def test_redis_cli_tls(self):
+        out = subprocess.run(['redis-cli', '--tls', '--cacert', PKI.path('ca.crt'),
+                              '-p', str(tls_port_of(self.ferry))],
+                             input='SET tlsl:cli 5\nINCR tlsl:cli\nGET tlsl:cli\n',
+                             capture_output=True, text=True, timeout=CLI_TIMEOUT)
+        self.assertEqual(out.stdout.split(), ['OK', '6', '6'], out.stderr)
+
+    def test_node_clients(self):
+        node = shutil.which('node')
+        self.assertIsNotNone(node, 'node is not installed: run scripts/setup')
+        p = subprocess.run([node, os.path.join(HERE, 'node', 'tls.js'),
+                            str(tls_port_of(self.ferry)), PKI.path('ca.crt'), 'tlsnode'],
+                           capture_output=True, text=True, timeout=60, cwd=HERE)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        self.assertEqual(out['ioredis_get'], 'v1')
+        self.assertEqual(out['ioredis_pipeline_last'], 500)
+        self.assertEqual(out['ioredis_brpop'], ['tlsnode:ioq', '499'])
+        self.assertEqual(out['node_redis_get'], 'v2')
+        self.assertEqual(out['node_redis_exec'], [1, 2])
+        self.assertEqual(self.redis.client().llen('tlsnode:ioq'), 499)
+
+    def test_session_resumed(self):
+        before = tls_stats(self.ferry)
+        ctx = tls_context(cert=None)
+        raw = socket.create_connection(('127.0.0.1', tls_port_of(self.ferry)), timeout=5)
+        s = ctx.wrap_socket(raw, server_hostname='localhost')
+        s.sendall(b'PING\r\n')
+        self.assertEqual(s.recv(64), b'+PONG\r\n')  # the ticket came before the reply
+        sess = s.session
+        s.close()
+        raw = socket.create_connection(('127.0.0.1', tls_port_of(self.ferry)), timeout=5)
+        s = ctx.wrap_socket(raw, server_hostname='localhost', session=sess)
+        s.sendall(b'PING\r\n')
+        self.assertEqual(s.recv(64), b'+PONG\r\n')
+        self.assertTrue(s.session_reused)
+        s.close()
+        after = tls_stats(self.ferry)
+        self.assertEqual(after['tls_handshakes'] - before['tls_handshakes'], 2)
+        self.assertEqual(after['tls_sessions_resumed'] - before['tls_sessions_resumed'], 1)
+
+    def check_others_fine(self):
+        c = tls_client(self.ferry)
+        self.assertTrue(c.set('tlsl:still', 'ok'))
+        self.assertEqual(self.ferry.client().get('tlsl:still'), 'ok')
+
+    def wait_stat(self, name, before, what):
+        try:
+            wait_until(lambda: tls_stats(self.ferry)[name] == before[name] + 1, 5,
+                       msg='%s counted' % name)
+        except AssertionError as e:
+            raise AssertionError('%s\n%s' % (e, self.ferry.log()[-3000:])) from None
+        wait_until(lambda: what in self.ferry.log(), 5, msg='log line %r' % what)
+
+    def test_plain_resp_on_tls_port(self):
+        before = tls_stats(self.ferry)
+        s = socket.create_connection(('127.0.0.1', tls_port_of(self.ferry)), timeout=5)
+        resp_send(s, ['SET', 'tlsl:plain', 'x'])
+        s.settimeout(5)
+        data = b''
+        try:
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:
+            pass
+        s.close()
+        self.assertNotIn(b'+OK', data)  # closed, nothing served in clear
+        self.wait_stat('tls_failed_not_tls', before, 'TLS handshake failed: TLS')
+        self.assertIsNone(self.redis.client().get('tlsl:plain'))
+        self.check_others_fine()
+
+    def test_stalled_handshake(self):
+        before = tls_stats(self.ferry)
+        s = socket.create_connection(('127.0.0.1', tls_port_of(self.ferry)), timeout=5)
+        s.sendall(b'\x16\x03\x01\x02\x00\x01')  # a ClientHello's first bytes, then nothing
+        t0 = time.time()
+        s.settimeout(5)
+        self.assertEqual(s.recv(100), b'')  # ferry closed it
+        self.assertLess(time.time() - t0, 3)
+        s.close()
+        self.wait_stat('tls_failed_timeout', before, 'not finished within tls.handshake_timeout_ms')
+        self.check_others_fine()
+
+    def test_client_trusting_another_ca(self):
+        before = tls_stats(self.ferry)
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            tls_client(self.ferry, ssl_ca_certs=PKI.path('otherca.crt')).ping()
+        self.wait_stat('tls_failed_certificate', before, 'TLS handshake failed')
+        self.check_others_fine()
+
+    def test_tls_to_plain_port(self):
+        # a TLS client on the plain port: refused as a protocol error, the
+        # rest undisturbed
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            redis.Redis(host='127.0.0.1', port=self.ferry.port, ssl=True,
+                        ssl_ca_certs=PKI.path('ca.crt'), socket_timeout=5).ping()
+        self.check_others_fine()
+
+
+class ListenerClientCerts(unittest.TestCase):
+    """auth_clients yes: a client certificate from the CA is required."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = RedisServer()
+        cls.ferry = ferry_with_listener(cls.redis, {'auth_clients': 'yes'})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.redis.stop()
+
+    def test_required_and_refused(self):
+        before = tls_stats(self.ferry)
+        ok = tls_client(self.ferry, ssl_certfile=PKI.path('client.crt'),
+                        ssl_keyfile=PKI.path('client.key'))
+        self.assertTrue(ok.set('tlsc:k', '1'))
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            tls_client(self.ferry).ping()  # no certificate
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            tls_client(self.ferry, ssl_certfile=PKI.path('otherclient.crt'),
+                       ssl_keyfile=PKI.path('otherclient.key')).ping()  # another CA's
+        try:
+            # (redis-py tries a refused connection more than once)
+            wait_until(lambda: tls_stats(self.ferry)['tls_failed_certificate']
+                       >= before['tls_failed_certificate'] + 2, 5, msg='two refusals counted')
+        except AssertionError as e:
+            raise AssertionError('%s: %r\n%s' % (e, tls_stats(self.ferry),
+                                                  self.ferry.log()[-3000:])) from None
+        self.assertEqual(tls_stats(self.ferry)['tls_handshakes'], before['tls_handshakes'] + 1)
+        log = self.ferry.log()
+        self.assertIn('TLS handshake failed: certificate', log)
+        self.assertEqual(ok.get('tlsc:k'), '1')
+
+
 class ConfigChecks(unittest.TestCase):
     def write(self, text):
         d = PKI.dir
