@@ -17,7 +17,11 @@ import unittest
 
 import redis
 
-from harness import Ferry, RedisServer, free_port, resp_read_reply, resp_send, wait_until
+import harness
+from failover_load import FAILOVER_CONF, AccountingChecks, Load, current_master, merged, now
+from failover_load import sentinel_config_epoch
+from harness import (Ferry, RedisServer, SentinelServer, SentinelTopology, free_port, resp_send,
+                     wait_until)
 from tls_certs import Pki
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,6 +76,31 @@ class TlsRedis(RedisServer):
 
     def client(self, **kw):
         kw.setdefault('socket_timeout', 10)
+        return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, ssl=True,
+                           ssl_ca_certs=PKI.path('ca.crt'), ssl_certfile=PKI.path('client.crt'),
+                           ssl_keyfile=PKI.path('client.key'), **kw)
+
+
+class TlsSentinel(SentinelServer):
+    """redis-sentinel on TLS only, reaching the Redis nodes (and the other
+    sentinels) over TLS with the same certificate."""
+
+    def _conf(self):
+        text = super()._conf()
+        lines = [l for l in text.splitlines() if not l.startswith('port ')]
+        lines = ['port 0', 'tls-port %d' % self.port,
+                 'tls-cert-file %s' % PKI.path('server.crt'),
+                 'tls-key-file %s' % PKI.path('server.key'),
+                 'tls-ca-cert-file %s' % PKI.path('ca.crt'),
+                 'tls-replication yes'] + lines
+        return '\n'.join(lines) + '\n'
+
+    def _up(self):
+        return tls_ping(self.port, timeout=1.0)
+
+    def client(self, **kw):
+        kw.setdefault('socket_timeout', 2)
+        kw.setdefault('socket_connect_timeout', 2)
         return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, ssl=True,
                            ssl_ca_certs=PKI.path('ca.crt'), ssl_certfile=PKI.path('client.crt'),
                            ssl_keyfile=PKI.path('client.key'), **kw)
@@ -456,6 +485,68 @@ class ListenerClientCerts(unittest.TestCase):
         log = self.ferry.log()
         self.assertIn('TLS handshake failed: certificate', log)
         self.assertEqual(ok.get('tlsc:k'), '1')
+
+
+class TlsLoad(Load):
+    """failover_load's workload, its clients on ferry's TLS listener."""
+
+    def client(self):
+        return tls_client(self.ferry, socket_timeout=self.client_timeout,
+                          socket_connect_timeout=5, **self.client_kw)
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: needs ferry in sentinel mode')
+class SentinelTls(AccountingChecks, unittest.TestCase):
+    """Everything on TLS: Redis nodes (TLS-only, tls-replication), sentinels
+    (TLS-only), ferry's links to both and its clients. A kill -9 of the
+    master under load: no client error, nothing acknowledged lost."""
+
+    def test_kill9_master_everything_on_tls(self):
+        for attempt in (1, 2):
+            cleanups = []
+            try:
+                topo = SentinelTopology(redis_cls=TlsRedis, sentinel_cls=TlsSentinel,
+                                        replica_conf={'appendfsync': 'everysec'})
+                cleanups.append(topo.stop)
+                ferry = Ferry(None, sentinel=topo, conf=merged(FAILOVER_CONF, {
+                    'redis': {'tls': redis_tls_section()},
+                    'sentinel': {'tls': redis_tls_section()},
+                    'listen_tls': '127.0.0.1:%d' % free_port(),
+                    'tls': listener_section(),
+                }))
+                cleanups.append(ferry.stop)
+                load = TlsLoad(ferry, 'tls-kill9-%d' % attempt).start()
+                cleanups.append(lambda: (load.stop_producers.set(), load.stop_consumers.set()))
+                time.sleep(3.0)
+                old = topo.master()
+                t_fault = now()
+                old.kill()
+                new_port = topo.wait_failover(old.port, timeout=30)
+                t_rec = now()
+                t_service = load.wait_service(t_rec)
+                time.sleep(4.0)
+                res = load.finish(lambda: current_master(topo))
+                epoch = sentinel_config_epoch(topo)
+                if epoch > 1 and attempt == 1:
+                    print('\n[tls kill9] Sentinel failed over twice (config epoch %d): running '
+                          'again on fresh processes' % epoch, flush=True)
+                    continue
+                self.assertLessEqual(epoch, 1, 'Sentinel failed over more than once in two runs')
+                res.t_fault, res.t_recovered, res.t_service = t_fault, t_rec, t_service
+                print(res.summary('tls kill9'), flush=True)
+                self.check_accounting(res, topo, ferry)
+                self.check_consumers_after(res, t_rec, topo, ferry)
+                st = tls_stats(ferry)
+                self.assertGreater(st['tls_handshakes'], 0)
+                self.assertGreater(st['tls_upstream_handshakes'], 0)
+                self.assertIn('UP(127.0.0.1:%d' % new_port, ferry.log())
+                return
+            finally:
+                for c in reversed(cleanups):
+                    try:
+                        c()
+                    except Exception:  # noqa: BLE001
+                        pass
 
 
 class ConfigChecks(unittest.TestCase):
