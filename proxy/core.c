@@ -21,6 +21,7 @@
 #include "shard.h"
 #include "session.h"
 #include "takeover.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -225,6 +226,16 @@ static void signal_cb(uv_signal_t *h, int signum)
         } else {
             log_info("SIGHUP: log file reopened");
         }
+        if (f->tls != NULL && (f->tls->clients != NULL || f->tls->redis != NULL ||
+                               f->tls->sentinel != NULL)) {
+            /* New connections take the new files; open ones keep theirs. */
+            char err[600];
+            if (tls_roles_reload(f->tls, f->cfg, err, sizeof(err)) < 0) {
+                log_error("SIGHUP: TLS files not reloaded, the old ones stay: %s", err);
+            } else {
+                log_info("SIGHUP: TLS certificates and keys reloaded");
+            }
+        }
         return;
     }
     if (f->stopping) {
@@ -425,10 +436,10 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     return 0;
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *tls, struct takeover *tk)
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, struct takeover *tk)
 {
     core_setup(f, loop, cfg);
-    f->tls = tls;
+    f->tls = roles;
     f->takeover = tk;
     raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);

@@ -585,6 +585,19 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         }
         return 0;
     }
+    if (s->out.tls != NULL) {
+        /* TLS: the session's keys live in this process' OpenSSL state
+         * (ferry does not use the kernel's TLS offload), so the client
+         * cannot be handed over. It is closed once nothing of it is in
+         * flight and its replies are written, as MONITOR is; a blocked call
+         * is left to end by itself (data or its timeout): cancelling it
+         * could take an item the client would never get. */
+        if (tk_quiet(s) && s->nrequests == 0 && s->inflight == 0) {
+            tk->closed++;
+            session_close(s, "ferry restarted (takeover): a TLS client cannot be handed over");
+        }
+        return 0;
+    }
     tk_cancel *c = tk_cancel_find(tk, s->id);
     if (c != NULL) {
         if (!c->done || !tk_quiet(s) || s->nrequests != 0 || s->inflight != 0) {

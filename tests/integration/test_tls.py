@@ -8,9 +8,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -20,8 +22,8 @@ import redis
 import harness
 from failover_load import FAILOVER_CONF, AccountingChecks, Load, current_master, merged, now
 from failover_load import sentinel_config_epoch
-from harness import (Ferry, RedisServer, SentinelServer, SentinelTopology, free_port, resp_send,
-                     wait_until)
+from harness import (Ferry, RedisServer, SentinelServer, SentinelTopology, free_port,
+                     resp_read_reply, resp_send, wait_until)
 from tls_certs import Pki
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -547,6 +549,100 @@ class SentinelTls(AccountingChecks, unittest.TestCase):
                         c()
                     except Exception:  # noqa: BLE001
                         pass
+
+
+def peer_cn(f):
+    """The CN of the certificate ferry's TLS listener shows a new client."""
+    raw = socket.create_connection(('127.0.0.1', tls_port_of(f)), timeout=5)
+    s = tls_context(cert=None).wrap_socket(raw, server_hostname='localhost')
+    try:
+        return dict(x[0] for x in s.getpeercert()['subject'])['commonName']
+    finally:
+        s.close()
+
+
+class ReloadAndTakeover(unittest.TestCase):
+    """SIGHUP reloads the certificate files (new connections take them,
+    open ones keep theirs, a bad file is refused); a takeover closes TLS
+    clients after their replies and hands the plain ones over."""
+
+    def test_sighup_reload_under_load(self):
+        r = RedisServer()
+        d = tempfile.mkdtemp(prefix='ferry-tls-reload-', dir=PKI.dir)
+        cert, key = os.path.join(d, 'cert.pem'), os.path.join(d, 'key.pem')
+        shutil.copy(PKI.path('server.crt'), cert)
+        shutil.copy(PKI.path('server.key'), key)
+        f = ferry_with_listener(r, {'cert_file': cert, 'key_file': key})
+        try:
+            self.assertEqual(peer_cn(f), 'server')
+            errors, stop, done = [], threading.Event(), [0]
+
+            def worker():
+                c = tls_client(f)  # one connection for the whole run
+                while not stop.is_set():
+                    try:
+                        c.incr('tlsr:n')
+                        done[0] += 1
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(repr(e))
+                        return
+            th = threading.Thread(target=worker)
+            th.start()
+            wait_until(lambda: done[0] > 50, 10, msg='load running')
+            shutil.copy(PKI.path('server2.crt'), cert)
+            shutil.copy(PKI.path('server2.key'), key)
+            f.signal(signal.SIGHUP)
+            wait_until(lambda: 'SIGHUP: TLS certificates and keys reloaded' in f.log(), 5,
+                       msg='the reload logged')
+            self.assertEqual(peer_cn(f), 'server2')
+            with open(key, 'w') as fh:
+                fh.write('not a key\n')
+            f.signal(signal.SIGHUP)
+            wait_until(lambda: 'SIGHUP: TLS files not reloaded, the old ones stay' in f.log(), 5,
+                       msg='the refusal logged')
+            self.assertEqual(peer_cn(f), 'server2')
+            n = done[0]
+            wait_until(lambda: done[0] > n + 50, 10, msg='load still running')
+            stop.set()
+            th.join(10)
+            self.assertEqual(errors, [])
+            self.assertEqual(int(r.client().get('tlsr:n')), done[0])
+            st = tls_stats(f)
+            self.assertEqual((st['tls_reloads'], st['tls_reload_failures']), (1, 1))
+        finally:
+            f.stop()
+            r.stop()
+
+    def test_takeover_closes_tls_clients(self):
+        r = RedisServer()
+        sock = os.path.join(tempfile.mkdtemp(prefix='ferry-tls-tk-', dir=PKI.dir), 'tk.sock')
+        f = ferry_with_listener(r, extra={'takeover': {'socket': sock}})
+        new = None
+        try:
+            plain = f.raw()
+            resp_send(plain, ['SET', 'tlst:k', 'before'])
+            self.assertEqual(resp_read_reply(plain), 'OK')
+            raw = socket.create_connection(('127.0.0.1', tls_port_of(f)), timeout=10)
+            t = tls_context(cert=None).wrap_socket(raw, server_hostname='localhost')
+            t.sendall(b'PING\r\n')
+            self.assertEqual(t.recv(64), b'+PONG\r\n')
+            new = harness._spawn([harness.FERRY_BIN, '-c', f.config_path, '--takeover', sock],
+                                 os.path.join(f.dir, 'new.out'))
+            old_rc = f.proc.wait(20)
+            self.assertEqual(old_rc, 0)
+            self.assertEqual(t.recv(64), b'')  # closed by the old process
+            t.close()
+            self.assertIn('a TLS client cannot be handed over', f.log())
+            resp_send(plain, ['GET', 'tlst:k'])  # the plain one was handed over
+            self.assertEqual(resp_read_reply(plain), b'before')
+            plain.close()
+            c = tls_client(f)  # the TLS listener is the new process' now
+            self.assertEqual(c.get('tlst:k'), 'before')
+        finally:
+            if new is not None:
+                harness._terminate(new)
+            f.stop()
+            r.stop()
 
 
 class ConfigChecks(unittest.TestCase):
