@@ -779,7 +779,7 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
     }
     if (cfg->nlisten == 0 && cfg->nlisten_tls == 0) {
         return conf_key_error(ctx, "listen", 0,
-                              "listen (or listen_tls) must have at least one address");
+                              "with no listen_tls, listen must have at least one address");
     }
     if (cfg->nlisten_tls > 0 && (cfg->tls_cert_file == NULL || cfg->tls_key_file == NULL)) {
         return conf_key_error(ctx, conf_present(ctx, "tls") ? "tls" : "listen_tls", 0,
