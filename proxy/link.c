@@ -584,7 +584,7 @@ static void link_wrote(link *l, int status)
         return;
     }
     l->last_io_ms = uv_now(l->f->loop);
-    if (buf_used(&l->out.fill) > 0) {
+    if (buf_used(&l->out.fill) > 0 || outq_tls_wants_flush(&l->out)) {
         link_mark_dirty(l);
     }
 }

@@ -579,8 +579,8 @@ static void session_wrote(session *s, int status)
                              : uv_strerror(status));
         return;
     }
-    if (buf_used(&s->out.fill) > 0) {
-        session_mark_dirty(s);
+    if (buf_used(&s->out.fill) > 0 || outq_tls_wants_flush(&s->out)) {
+        session_mark_dirty(s); /* TLS: or records of its own (tickets) came meanwhile */
     } else if (s->state == SESSION_QUITTING) {
         session_close(s, "closed after reply");
         return;
