@@ -63,12 +63,14 @@ class TlsRedis(RedisServer):
     """redis-server on TLS only: `port 0`, `tls-port` the port the harness
     picked, client certificates required (Redis' default)."""
 
+    cert = 'server'  # its certificate and key in the PKI
+
     def _conf(self):
         text = super()._conf()
         lines = [l for l in text.splitlines() if not l.startswith('port ')]
         lines += ['port 0', 'tls-port %d' % self.port,
-                  'tls-cert-file %s' % PKI.path('server.crt'),
-                  'tls-key-file %s' % PKI.path('server.key'),
+                  'tls-cert-file %s' % PKI.path(self.cert + '.crt'),
+                  'tls-key-file %s' % PKI.path(self.cert + '.key'),
                   'tls-ca-cert-file %s' % PKI.path('ca.crt'),
                   'tls-replication yes']
         return '\n'.join(lines) + '\n'
@@ -106,6 +108,23 @@ class TlsSentinel(SentinelServer):
         return redis.Redis(host='127.0.0.1', port=self.port, decode_responses=True, ssl=True,
                            ssl_ca_certs=PKI.path('ca.crt'), ssl_certfile=PKI.path('client.crt'),
                            ssl_keyfile=PKI.path('client.key'), **kw)
+
+
+class ExpiredTlsRedis(TlsRedis):
+    """A TLS Redis whose certificate has expired."""
+
+    cert = 'expiredserver'
+
+    def _up(self):
+        raw = socket.create_connection(('127.0.0.1', self.port), timeout=1.0)
+        ctx = tls_context(check_hostname=False)
+        ctx.verify_mode = ssl.CERT_NONE
+        s = ctx.wrap_socket(raw)
+        try:
+            s.sendall(b'PING\r\n')
+            return s.recv(64) == b'+PONG\r\n'
+        finally:
+            s.close()
 
 
 def redis_tls_section(**over):
@@ -244,8 +263,8 @@ class UpstreamTlsRefusals(unittest.TestCase):
     """A Redis whose certificate ferry must not trust: the link is refused
     with a log line naming the reason, and nothing is sent in clear."""
 
-    def check_refused(self, tls_section, expect):
-        r = TlsRedis()
+    def check_refused(self, tls_section, expect, server_cls=TlsRedis):
+        r = server_cls()
         f = Ferry(r, conf={'redis': {'tls': tls_section}}, wait='port')
         try:
             try:
@@ -262,6 +281,10 @@ class UpstreamTlsRefusals(unittest.TestCase):
     def test_wrong_ca(self):
         self.check_refused(redis_tls_section(ca_cert_file=PKI.path('otherca.crt')),
                            ': certificate: self-signed certificate in certificate chain')
+
+    def test_expired_certificate(self):
+        self.check_refused(redis_tls_section(), ': certificate: certificate has expired',
+                           server_cls=ExpiredTlsRedis)
 
     def test_name_mismatch_with_verify_full(self):
         self.check_refused(redis_tls_section(server_name='redis.example.org'),
@@ -476,15 +499,19 @@ class ListenerClientCerts(unittest.TestCase):
         with self.assertRaises(redis.exceptions.ConnectionError):
             tls_client(self.ferry, ssl_certfile=PKI.path('otherclient.crt'),
                        ssl_keyfile=PKI.path('otherclient.key')).ping()  # another CA's
+        with self.assertRaises(redis.exceptions.ConnectionError):
+            tls_client(self.ferry, ssl_certfile=PKI.path('expiredclient.crt'),
+                       ssl_keyfile=PKI.path('expiredclient.key')).ping()  # expired
         try:
             # (redis-py tries a refused connection more than once)
             wait_until(lambda: tls_stats(self.ferry)['tls_failed_certificate']
-                       >= before['tls_failed_certificate'] + 2, 5, msg='two refusals counted')
+                       >= before['tls_failed_certificate'] + 3, 5, msg='three refusals counted')
         except AssertionError as e:
             raise AssertionError('%s: %r\n%s' % (e, tls_stats(self.ferry),
                                                   self.ferry.log()[-3000:])) from None
         self.assertEqual(tls_stats(self.ferry)['tls_handshakes'], before['tls_handshakes'] + 1)
         log = self.ferry.log()
+        self.assertIn('TLS handshake failed: certificate: certificate has expired', log)
         self.assertIn('TLS handshake failed: certificate', log)
         self.assertEqual(ok.get('tlsc:k'), '1')
 

@@ -1,7 +1,8 @@
 """A throw-away PKI for the TLS tests, made with the openssl command line
 into a temp dir (no network): a CA, a server certificate for 127.0.0.1 and
-localhost, a client certificate, and a second CA with its own server and
-client certificates (the "wrong CA")."""
+localhost (two: server, server2), a client certificate, expired ones of
+both kinds, and a second CA with its own server and client certificates
+(the "wrong CA")."""
 
 import os
 import shutil
@@ -24,8 +25,10 @@ class Pki:
         for ca in ('ca', 'otherca'):
             self._ca(ca)
         for name, ca in (('server', 'ca'), ('client', 'ca'), ('server2', 'ca'),
-                         ('otherserver', 'otherca'), ('otherclient', 'otherca')):
-            self._leaf(name, ca, server=name.endswith('server') or name == 'server2')
+                         ('otherserver', 'otherca'), ('otherclient', 'otherca'),
+                         ('expiredserver', 'ca'), ('expiredclient', 'ca')):
+            self._leaf(name, ca, server=name.endswith('server') or name == 'server2',
+                       days='-1' if name.startswith('expired') else '2')
 
     def path(self, name):
         return os.path.join(self.dir, name)
@@ -36,7 +39,7 @@ class Pki:
              '-addext', 'basicConstraints=critical,CA:TRUE',
              '-addext', 'keyUsage=critical,keyCertSign,cRLSign', cwd=self.dir)
 
-    def _leaf(self, name, ca, server):
+    def _leaf(self, name, ca, server, days):
         _run('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', name + '.key',
              '-out', name + '.csr', '-subj', '/CN=' + name, cwd=self.dir)
         ext = os.path.join(self.dir, name + '.ext')
@@ -48,7 +51,7 @@ class Pki:
             else:
                 f.write('extendedKeyUsage=clientAuth\n')
         _run('x509', '-req', '-in', name + '.csr', '-CA', ca + '.crt', '-CAkey', ca + '.key',
-             '-CAcreateserial', '-days', '2', '-out', name + '.crt', '-extfile', ext,
+             '-CAcreateserial', '-days', days, '-out', name + '.crt', '-extfile', ext,
              cwd=self.dir)
 
     def cleanup(self):
