@@ -64,7 +64,8 @@ typedef enum req_state {
 /* How a listener's client arrived (server -> core -> workers -> session). */
 enum {
     FERRY_ACCEPT_UNIX = 1, /* a unix socket (else TCP) */
-    FERRY_ACCEPT_TLS = 2   /* on a listen_tls address: the session speaks TLS */
+    FERRY_ACCEPT_TLS = 2,  /* on a listen_tls address: the session speaks TLS */
+    FERRY_ACCEPT_INDEX_SHIFT = 8 /* with TLS: how >> this = its listen_tls entry */
 };
 
 #define REQ_F_INTERNAL (1u << 0) /* ferry's own (AUTH, PING, SELECT): no session */

@@ -17,6 +17,7 @@ typedef struct listener {
     server_io io;   /* listening socket */
     int is_unix;    /* pipe or tcp */
     int is_tls;     /* a listen_tls address: its clients speak TLS */
+    int tls_index;  /* is_tls: its entry in listen_tls */
     const config_addr *addr; /* its configured address */
     char name[300]; /* address for logs */
     int open;       /* handle initialised and not closed */
@@ -42,8 +43,11 @@ static void server_conn_cb(uv_stream_t *st, int status)
     if (ls->f->stopping) {
         return;
     }
-    int rc = ls->f->accept(ls->f, st,
-                           (ls->is_unix ? FERRY_ACCEPT_UNIX : 0) | (ls->is_tls ? FERRY_ACCEPT_TLS : 0));
+    int how = ls->is_unix ? FERRY_ACCEPT_UNIX : 0;
+    if (ls->is_tls) {
+        how |= FERRY_ACCEPT_TLS | (ls->tls_index << FERRY_ACCEPT_INDEX_SHIFT);
+    }
+    int rc = ls->f->accept(ls->f, st, how);
     if (rc < 0) {
         log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(rc));
     }
@@ -186,6 +190,7 @@ int server_start(ferry *f)
         int is_tls = i >= f->cfg->nlisten;
         const config_addr *a =
             is_tls ? &f->cfg->listen_tls[i - f->cfg->nlisten] : &f->cfg->listen[i];
+        sv->l[i].tls_index = is_tls ? i - f->cfg->nlisten : 0;
         int rc = listen_one(f, &sv->l[i], a, is_tls);
         sv->n = i + 1;
         if (rc < 0) {

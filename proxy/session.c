@@ -164,8 +164,9 @@ static int session_begin(session *s, int how)
               how & FERRY_ACCEPT_TLS ? " (TLS)" : "");
     if (how & FERRY_ACCEPT_TLS) {
         /* Its handshake must end within tls.handshake_timeout_ms. */
-        s->out.tls = f->tls != NULL && f->tls->clients != NULL ? tls_new_server(f->tls->clients)
-                                                               : NULL;
+        s->out.tls = f->tls != NULL && f->tls->clients != NULL
+                         ? tls_new_server(f->tls->clients, how >> FERRY_ACCEPT_INDEX_SHIFT)
+                         : NULL;
         if (s->out.tls == NULL) {
             session_close(s, "cannot start a TLS session");
             return 0;

@@ -260,6 +260,7 @@ static void stats_tls(ferry *f, ferry_stats *st)
         return;
     }
     if (f->tls->clients != NULL) {
+        st->tls_listeners = (uint64_t)f->cfg->nlisten_tls;
         tls_conf_figures(f->tls->clients, &fig);
         st->tls_handshakes = fig.handshakes;
         st->tls_sessions_resumed = fig.resumed;
@@ -494,6 +495,27 @@ static void json_queue_keys(ferry *f, buf *b)
 }
 
 /* Every event loop, the main one first, as of its last tick. */
+/* Each listen_tls address' own TLS figures. */
+static void json_tls_listeners(ferry *f, buf *b)
+{
+    buf_append_str(b, "[");
+    for (int i = 0; f->tls != NULL && f->tls->clients != NULL && i < f->cfg->nlisten_tls; i++) {
+        tls_figures fig;
+        char addr[320];
+        tls_conf_listener_figures(f->tls->clients, i, &fig);
+        buf_append_str(b, i > 0 ? ",{\"address\":" : "{\"address\":");
+        json_string(b, config_addr_str(&f->cfg->listen_tls[i], addr, sizeof(addr)));
+        stats_printf(b, ",\"handshakes\":%llu,\"sessions_resumed\":%llu,\"failed\":{",
+                     (unsigned long long)fig.handshakes, (unsigned long long)fig.resumed);
+        for (int k = 0; k < TLS_NFAIL; k++) {
+            stats_printf(b, "%s\"%s\":%llu", k > 0 ? "," : "", tls_fail_name((tls_fail)k),
+                         (unsigned long long)fig.failures[k]);
+        }
+        buf_append_str(b, "}}");
+    }
+    buf_append_str(b, "]");
+}
+
 static void json_loops(ferry *f, buf *b)
 {
     worker_view views[CONFIG_MAX_WORKERS];
@@ -564,6 +586,8 @@ void stats_render_json(ferry *f, buf *out)
                 json_queues(f, st, out);
             } else if (strcmp(d->name, "queue_keys") == 0) {
                 json_queue_keys(f, out);
+            } else if (strcmp(d->name, "tls_listeners") == 0) {
+                json_tls_listeners(f, out);
             } else {
                 json_replicas(f, out);
             }

@@ -155,6 +155,8 @@ typedef enum stat_type {
       "TLS handshakes failed: protocol version, cipher or another TLS error (live)")         \
     X(tls, tls_failed_closed, COUNTER, "ferry_tls_failed_closed_total",                \
       "TLS handshakes failed: the client closed the connection mid-handshake (live)")        \
+    X(tls, tls_listeners, NODES, "",                                                                \
+      "per listen_tls address: address, handshakes, sessions_resumed and failed (by reason)")      \
     X(tls, tls_reloads, COUNTER, "ferry_tls_reloads_total",                            \
       "certificate reloads (SIGHUP) that took, every TLS role (live)")                       \
     X(tls, tls_reload_failures, COUNTER, "ferry_tls_reload_failures_total",            \

@@ -24,10 +24,12 @@ struct tls_conf {
     char *server_name;     /* ROLE_PEER: SNI and the name verified, NULL = the host */
     int verify;            /* ROLE_PEER: TLS_VERIFY_* */
     tls_figures fig;       /* counted with atomic adds (every loop counts here) */
+    tls_figures per[CONFIG_MAX_LISTEN]; /* ROLE_SERVER: each listen_tls entry's share */
 };
 
 struct tls {
     tls_conf *conf; /* its role (figures) */
+    tls_figures *per; /* its listener's figures too, or NULL */
     SSL *ssl;       /* the session */
     BIO *rbio;      /* ciphertext from the peer, read by OpenSSL */
     BIO *wbio;      /* ciphertext for the peer, written by OpenSSL */
@@ -241,11 +243,25 @@ void tls_conf_free(tls_conf *c)
     free(c);
 }
 
-void tls_conf_figures(tls_conf *c, tls_figures *out)
+static void figures_copy(tls_figures *from, tls_figures *out)
 {
-    uint64_t *src = (uint64_t *)&c->fig, *dst = (uint64_t *)out;
+    uint64_t *src = (uint64_t *)from, *dst = (uint64_t *)out;
     for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++) {
         dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    }
+}
+
+void tls_conf_figures(tls_conf *c, tls_figures *out)
+{
+    figures_copy(&c->fig, out);
+}
+
+void tls_conf_listener_figures(tls_conf *c, int listener, tls_figures *out)
+{
+    if (listener >= 0 && listener < CONFIG_MAX_LISTEN) {
+        figures_copy(&c->per[listener], out);
+    } else {
+        memset(out, 0, sizeof(*out));
     }
 }
 
@@ -339,11 +355,14 @@ static tls *session_new(tls_conf *c)
     return t;
 }
 
-tls *tls_new_server(tls_conf *c)
+tls *tls_new_server(tls_conf *c, int listener)
 {
     tls *t = session_new(c);
     if (t != NULL) {
         SSL_set_accept_state(t->ssl);
+        if (listener >= 0 && listener < CONFIG_MAX_LISTEN) {
+            t->per = &c->per[listener];
+        }
     }
     return t;
 }
@@ -389,8 +408,14 @@ static void check_done(tls *t)
     if (!t->done && SSL_is_init_finished(t->ssl)) {
         t->done = 1;
         count(&t->conf->fig.handshakes);
+        if (t->per != NULL) {
+            count(&t->per->handshakes);
+        }
         if (SSL_session_reused(t->ssl)) {
             count(&t->conf->fig.resumed);
+            if (t->per != NULL) {
+                count(&t->per->resumed);
+            }
         }
     }
 }
@@ -436,10 +461,7 @@ static int outcome(tls *t, int rc)
         return TLS_EOF;
     }
     unsigned long first = ERR_peek_error();
-    if (!t->done && !t->failed) {
-        t->failed = 1;
-        count(&t->conf->fig.failures[classify(t, first)]);
-    }
+    tls_count_failure(t, classify(t, first));
     long vr = SSL_get_verify_result(t->ssl);
     if (vr != X509_V_OK) {
         snprintf(t->err, sizeof(t->err), "certificate: %s", X509_verify_cert_error_string(vr));
@@ -530,9 +552,12 @@ const char *tls_error(const tls *t)
 
 void tls_count_failure(tls *t, tls_fail why)
 {
-    if (!t->done && !t->failed) {
+    if (!t->done && !t->failed && (unsigned)why < TLS_NFAIL) {
         t->failed = 1;
         tls_conf_count(t->conf, why);
+        if (t->per != NULL) {
+            count(&t->per->failures[why]);
+        }
     }
 }
 

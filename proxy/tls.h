@@ -52,8 +52,10 @@ tls_conf *tls_conf_client(const config_tls_peer *p, char *err, size_t errlen);
 int tls_conf_reload(tls_conf *c, const config *cfg, const config_tls_peer *p, char *err,
                     size_t errlen);
 void tls_conf_free(tls_conf *c);
-/* The role's figures, summed now. */
+/* The role's figures, summed now; and a client listener's own (its index
+ * among listen_tls, as given to tls_new_server). */
 void tls_conf_figures(tls_conf *c, tls_figures *out);
+void tls_conf_listener_figures(tls_conf *c, int listener, tls_figures *out);
 /* Count a failure that the owner saw (TLS_FAIL_TIMEOUT, TLS_FAIL_CLOSED). */
 void tls_conf_count(tls_conf *c, tls_fail why);
 
@@ -71,10 +73,11 @@ int tls_roles_load(tls_roles *r, const config *cfg, char *err, size_t errlen);
 int tls_roles_reload(tls_roles *r, const config *cfg, char *err, size_t errlen);
 void tls_roles_free(tls_roles *r);
 
-/* A session: a server side one (accepting a client), or a client side one
- * to host (the address' host: SNI and name checks use server_name if set,
- * else host). NULL if OpenSSL cannot make one. */
-tls *tls_new_server(tls_conf *c);
+/* A session: a server side one (accepting a client on listen_tls entry
+ * listener, whose figures it counts in too), or a client side one to host
+ * (the address' host: SNI and name checks use server_name if set, else
+ * host). NULL if OpenSSL cannot make one. */
+tls *tls_new_server(tls_conf *c, int listener);
 tls *tls_new_client(tls_conf *c, const char *host);
 void tls_free(tls *t);
 

@@ -138,7 +138,7 @@ static void raw_case(const uint8_t *data, size_t size)
     buf in;
     outq_init(&q);
     buf_init(&in);
-    q.tls = tls_new_server(server_conf);
+    q.tls = tls_new_server(server_conf, 0);
     check(q.tls != NULL);
     uint32_t seed = size > 0 ? data[0] * 2654435761u : 7;
     int rc = feed(&q, data, size, seed, &in);
@@ -161,7 +161,7 @@ static void session_case(const uint8_t *data, size_t size)
     buf in;
     outq_init(&q);
     buf_init(&in);
-    q.tls = tls_new_server(server_conf);
+    q.tls = tls_new_server(server_conf, 0);
     tls *c = tls_new_client(client_conf, "localhost");
     check(q.tls != NULL && c != NULL);
     /* the handshake, in memory */

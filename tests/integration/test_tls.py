@@ -476,6 +476,45 @@ class ListenerTls(unittest.TestCase):
         self.check_others_fine()
 
 
+class TwoTlsListeners(unittest.TestCase):
+    """Two listen_tls addresses: each counts its own handshakes and failures."""
+
+    def test_figures_per_listener(self):
+        r = RedisServer()
+        a, b = free_port(), free_port()
+        f = Ferry(r, conf={'listen_tls': ['127.0.0.1:%d' % a, '127.0.0.1:%d' % b],
+                           'tls': listener_section()})
+        try:
+            for _ in range(2):
+                c = redis.Redis(host='127.0.0.1', port=b, ssl=True, socket_timeout=5,
+                                ssl_ca_certs=PKI.path('ca.crt'))
+                self.assertTrue(c.ping())
+                c.close()
+            s = socket.create_connection(('127.0.0.1', a), timeout=5)
+            resp_send(s, ['PING'])
+            s.settimeout(5)
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+            s.close()
+
+            def per():
+                return {l['address']: l for l in tls_stats(f)['tls_listeners']}
+            wait_until(lambda: per()['127.0.0.1:%d' % a]['failed']['not_tls'] == 1, 5,
+                       msg='the plain client counted on its listener')
+            la, lb = per()['127.0.0.1:%d' % a], per()['127.0.0.1:%d' % b]
+            self.assertEqual((la['handshakes'], lb['handshakes']), (0, 2))
+            self.assertEqual(lb['failed'], {'timeout': 0, 'not_tls': 0, 'certificate': 0,
+                                            'protocol': 0, 'closed': 0})
+            st = tls_stats(f)
+            self.assertEqual((st['tls_handshakes'], st['tls_failed_not_tls']), (2, 1))
+        finally:
+            f.stop()
+            r.stop()
+
+
 class ListenerClientCerts(unittest.TestCase):
     """auth_clients yes: a client certificate from the CA is required."""
 
