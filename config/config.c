@@ -115,8 +115,14 @@ const conf_entry conf_table[] = {
      CONF_COUNT(nlisten_tls),
      .max = CONFIG_MAX_LISTEN},
     {.key = "tls", .type = CONF_SECTION},
-    {.key = "tls.cert_file", .type = CONF_STRING, CONF_FIELD(tls_cert_file), .flags = CONF_EMPTY_NULL},
-    {.key = "tls.key_file", .type = CONF_STRING, CONF_FIELD(tls_key_file), .flags = CONF_EMPTY_NULL},
+    {.key = "tls.cert_file",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.key_file",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_key_file),
+     .flags = CONF_EMPTY_NULL},
     {.key = "tls.ca_cert_file",
      .type = CONF_STRING,
      CONF_FIELD(tls_ca_cert_file),
@@ -795,7 +801,8 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
     for (int i = 0; i < cfg->nlisten_tls; i++) {
         for (int j = 0; j < cfg->nlisten; j++) {
             if (conf_addr_equal(&cfg->listen_tls[i], &cfg->listen[j])) {
-                return conf_key_error(ctx, "listen_tls", 1, "listen_tls: %s is also a listen address",
+                return conf_key_error(ctx, "listen_tls", 1,
+                                      "listen_tls: %s is also a listen address",
                                       config_addr_str(&cfg->listen_tls[i], buf, sizeof(buf)));
             }
         }

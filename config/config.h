@@ -65,20 +65,20 @@ typedef struct config {
     /* TLS listeners beside the plain ones (Redis' tls-port and tls-* names) */
     config_addr listen_tls[CONFIG_MAX_LISTEN]; /* listen_tls: one address or a list */
     int nlisten_tls;
-    char *tls_cert_file;             /* tls.cert_file (tls-cert-file) */
-    char *tls_key_file;              /* tls.key_file (tls-key-file) */
-    char *tls_ca_cert_file;          /* tls.ca_cert_file (tls-ca-cert-file): client certs' CA */
-    int tls_auth_clients;            /* tls.auth_clients: TLS_AUTH_* (yes, as Redis) */
-    char *tls_protocols;             /* tls.protocols ("TLSv1.2 TLSv1.3") */
-    char *tls_ciphers;               /* tls.ciphers (TLS 1.2), NULL = OpenSSL's */
-    char *tls_ciphersuites;          /* tls.ciphersuites (TLS 1.3), NULL = OpenSSL's */
+    char *tls_cert_file;               /* tls.cert_file (tls-cert-file) */
+    char *tls_key_file;                /* tls.key_file (tls-key-file) */
+    char *tls_ca_cert_file;            /* tls.ca_cert_file (tls-ca-cert-file): client certs' CA */
+    int tls_auth_clients;              /* tls.auth_clients: TLS_AUTH_* (yes, as Redis) */
+    char *tls_protocols;               /* tls.protocols ("TLSv1.2 TLSv1.3") */
+    char *tls_ciphers;                 /* tls.ciphers (TLS 1.2), NULL = OpenSSL's */
+    char *tls_ciphersuites;            /* tls.ciphersuites (TLS 1.3), NULL = OpenSSL's */
     uint64_t tls_handshake_timeout_ms; /* tls.handshake_timeout_ms (5000) */
 
     /* redis: a fixed master (exactly one of redis / sentinel is set) */
     int has_redis;
-    config_addr redis_addr; /* redis.address */
-    char *redis_username;   /* redis.username, NULL = none */
-    char *redis_password;   /* redis.password, NULL = none */
+    config_addr redis_addr;    /* redis.address */
+    char *redis_username;      /* redis.username, NULL = none */
+    char *redis_password;      /* redis.password, NULL = none */
     config_tls_peer redis_tls; /* redis.tls: TLS to the Redis nodes */
 
     /* sentinel: follow a Sentinel-managed master */

@@ -51,13 +51,13 @@ void buf_shrink(buf *b, size_t keep);
 struct tls;
 
 typedef struct outq {
-    buf fill;         /* bytes queued, not yet handed to libuv */
-    buf busy;         /* bytes being written (with TLS: their ciphertext) */
-    struct tls *tls;  /* the connection's TLS session (owned: freed with the queue), or NULL */
+    buf fill;          /* bytes queued, not yet handed to libuv */
+    buf busy;          /* bytes being written (with TLS: their ciphertext) */
+    struct tls *tls;   /* the connection's TLS session (owned: freed with the queue), or NULL */
     size_t busy_plain; /* TLS: plaintext bytes whose ciphertext is in busy */
-    uv_write_t *wreq; /* the write in progress (heap, only while writing) */
-    int writing;      /* 1 while wreq is in flight */
-    uint64_t written; /* bytes written to the socket so far (writes that ended) */
+    uv_write_t *wreq;  /* the write in progress (heap, only while writing) */
+    int writing;       /* 1 while wreq is in flight */
+    uint64_t written;  /* bytes written to the socket so far (writes that ended) */
 } outq;
 
 void outq_init(outq *q);

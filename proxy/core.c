@@ -226,8 +226,8 @@ static void signal_cb(uv_signal_t *h, int signum)
         } else {
             log_info("SIGHUP: log file reopened");
         }
-        if (f->tls != NULL && (f->tls->clients != NULL || f->tls->redis != NULL ||
-                               f->tls->sentinel != NULL)) {
+        if (f->tls != NULL &&
+            (f->tls->clients != NULL || f->tls->redis != NULL || f->tls->sentinel != NULL)) {
             /* New connections take the new files; open ones keep theirs. */
             char err[600];
             if (tls_roles_reload(f->tls, f->cfg, err, sizeof(err)) < 0) {

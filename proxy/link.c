@@ -739,8 +739,8 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         }
         if (!was_ready && tls_ready(l->out.tls)) {
             char how[120];
-            log_debug("link %llu: TLS handshake with %s: %s", (unsigned long long)l->id, l->up->name,
-                      tls_describe(l->out.tls, how, sizeof(how)));
+            log_debug("link %llu: TLS handshake with %s: %s", (unsigned long long)l->id,
+                      l->up->name, tls_describe(l->out.tls, how, sizeof(how)));
         }
         if (outq_tls_wants_flush(&l->out)) {
             link_mark_dirty(l);

@@ -13,14 +13,14 @@
 #include "log.h"
 
 typedef struct listener {
-    ferry *f;       /* context */
-    server_io io;   /* listening socket */
-    int is_unix;    /* pipe or tcp */
-    int is_tls;     /* a listen_tls address: its clients speak TLS */
-    int tls_index;  /* is_tls: its entry in listen_tls */
+    ferry *f;                /* context */
+    server_io io;            /* listening socket */
+    int is_unix;             /* pipe or tcp */
+    int is_tls;              /* a listen_tls address: its clients speak TLS */
+    int tls_index;           /* is_tls: its entry in listen_tls */
     const config_addr *addr; /* its configured address */
-    char name[300]; /* address for logs */
-    int open;       /* handle initialised and not closed */
+    char name[300];          /* address for logs */
+    int open;                /* handle initialised and not closed */
 } listener;
 
 typedef struct servers {

@@ -18,24 +18,24 @@
 enum { ROLE_SERVER = 0, ROLE_PEER };
 
 struct tls_conf {
-    int role;              /* ROLE_* */
-    pthread_mutex_t mu;    /* guards ctx (loops make sessions while a reload swaps it) */
-    SSL_CTX *ctx;          /* the current context; sessions hold their own reference */
-    char *server_name;     /* ROLE_PEER: SNI and the name verified, NULL = the host */
-    int verify;            /* ROLE_PEER: TLS_VERIFY_* */
-    tls_figures fig;       /* counted with atomic adds (every loop counts here) */
+    int role;           /* ROLE_* */
+    pthread_mutex_t mu; /* guards ctx (loops make sessions while a reload swaps it) */
+    SSL_CTX *ctx;       /* the current context; sessions hold their own reference */
+    char *server_name;  /* ROLE_PEER: SNI and the name verified, NULL = the host */
+    int verify;         /* ROLE_PEER: TLS_VERIFY_* */
+    tls_figures fig;    /* counted with atomic adds (every loop counts here) */
     tls_figures per[CONFIG_MAX_LISTEN]; /* ROLE_SERVER: each listen_tls entry's share */
 };
 
 struct tls {
-    tls_conf *conf; /* its role (figures) */
+    tls_conf *conf;   /* its role (figures) */
     tls_figures *per; /* its listener's figures too, or NULL */
-    SSL *ssl;       /* the session */
-    BIO *rbio;      /* ciphertext from the peer, read by OpenSSL */
-    BIO *wbio;      /* ciphertext for the peer, written by OpenSSL */
-    int done;       /* the handshake finished (and was counted) */
-    int failed;     /* a failure was counted */
-    char err[200];  /* the last error, for logs */
+    SSL *ssl;         /* the session */
+    BIO *rbio;        /* ciphertext from the peer, read by OpenSSL */
+    BIO *wbio;        /* ciphertext for the peer, written by OpenSSL */
+    int done;         /* the handshake finished (and was counted) */
+    int failed;       /* a failure was counted */
+    char err[200];    /* the last error, for logs */
 };
 
 static const char *const fail_names[TLS_NFAIL] = {"timeout", "not_tls", "certificate", "protocol",
@@ -151,7 +151,8 @@ static SSL_CTX *server_ctx(const config *cfg, char *err, size_t errlen)
         ssl_errors(err, errlen, "tls.ciphers: no cipher usable");
         goto fail;
     }
-    if (cfg->tls_ciphersuites != NULL && SSL_CTX_set_ciphersuites(ctx, cfg->tls_ciphersuites) != 1) {
+    if (cfg->tls_ciphersuites != NULL &&
+        SSL_CTX_set_ciphersuites(ctx, cfg->tls_ciphersuites) != 1) {
         ssl_errors(err, errlen, "tls.ciphersuites: no cipher suite usable");
         goto fail;
     }
@@ -304,8 +305,8 @@ int tls_roles_reload(tls_roles *r, const config *cfg, char *err, size_t errlen)
         snprintf(err, errlen, "tls: %s", why);
         rc = -1;
     }
-    if (r->redis != NULL &&
-        tls_conf_reload(r->redis, cfg, &cfg->redis_tls, why, sizeof(why)) < 0 && rc == 0) {
+    if (r->redis != NULL && tls_conf_reload(r->redis, cfg, &cfg->redis_tls, why, sizeof(why)) < 0 &&
+        rc == 0) {
         snprintf(err, errlen, "redis.tls: %s", why);
         rc = -1;
     }

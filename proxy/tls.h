@@ -31,11 +31,11 @@ typedef enum tls_fail {
 
 /* A role's figures (all loops together). */
 typedef struct tls_figures {
-    uint64_t handshakes;           /* finished */
-    uint64_t resumed;              /* of those, sessions resumed */
-    uint64_t failures[TLS_NFAIL];  /* by tls_fail */
-    uint64_t reloads;              /* certificate reloads that took */
-    uint64_t reload_failures;      /* reloads refused (the old files stay) */
+    uint64_t handshakes;          /* finished */
+    uint64_t resumed;             /* of those, sessions resumed */
+    uint64_t failures[TLS_NFAIL]; /* by tls_fail */
+    uint64_t reloads;             /* certificate reloads that took */
+    uint64_t reload_failures;     /* reloads refused (the old files stay) */
 } tls_figures;
 
 /* The names of the failure reasons, for stats ("timeout", "not_tls", ...). */

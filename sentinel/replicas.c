@@ -292,9 +292,9 @@ static void on_state(sconn *c, void *data, int up, const char *why)
 static void replica_connect(replica *rp, uint64_t now)
 {
     rp->connect_started_ms = now;
-    rp->c =
-        sconn_open(rp->rs->f->loop, (const struct sockaddr *)&rp->sa,
-                   rp->rs->f->tls != NULL ? rp->rs->f->tls->redis : NULL, 0, on_reply, on_state, rp);
+    rp->c = sconn_open(rp->rs->f->loop, (const struct sockaddr *)&rp->sa,
+                       rp->rs->f->tls != NULL ? rp->rs->f->tls->redis : NULL, 0, on_reply, on_state,
+                       rp);
     if (rp->c == NULL) {
         rp->next_connect_ms = now + rp->backoff_ms;
         set_failed(rp, "connection: cannot start connecting");

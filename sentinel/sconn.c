@@ -227,7 +227,8 @@ sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, struct tls_conf 
         }
         c->out.tls = tls_new_client(tc, host);
     }
-    if ((tc != NULL && c->out.tls == NULL) || uv_tcp_connect(&c->creq, &c->tcp, addr, connect_cb) < 0) {
+    if ((tc != NULL && c->out.tls == NULL) ||
+        uv_tcp_connect(&c->creq, &c->tcp, addr, connect_cb) < 0) {
         c->state = SC_CLOSING;
         uv_close((uv_handle_t *)&c->tcp, close_cb);
         return NULL;

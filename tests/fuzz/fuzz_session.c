@@ -143,7 +143,7 @@ static struct {
 
 enum { REDIS_UP = 0, REDIS_DOWN, REDIS_FROZEN };
 
-static ferry F; /* the context under test */
+static ferry F;          /* the context under test */
 static tls_roles no_tls; /* no TLS role: plain TCP everywhere */
 
 static ep *ep_find(const void *h)
