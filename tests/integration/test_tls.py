@@ -290,6 +290,41 @@ class UpstreamTlsRefusals(unittest.TestCase):
         self.check_refused(redis_tls_section(server_name='redis.example.org'),
                            'certificate: hostname mismatch')
 
+    def test_node_that_stalls_mid_handshake(self):
+        # accepts connections and never answers: each link is closed at
+        # upstream.connect_timeout_ms, logged and counted
+        srv = socket.socket()
+        srv.bind(('127.0.0.1', 0))
+        srv.listen(64)
+        port = srv.getsockname()[1]
+        held, stop = [], threading.Event()
+
+        def accept():
+            srv.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    held.append(srv.accept()[0])
+                except socket.timeout:
+                    pass
+        th = threading.Thread(target=accept)
+        th.start()
+        f = Ferry(None, conf={'redis': {'address': '127.0.0.1:%d' % port,
+                                        'tls': redis_tls_section()},
+                              'upstream': {'connect_timeout_ms': 500}}, wait='port')
+        try:
+            wait_until(lambda: 'TLS handshake timeout (upstream.connect_timeout_ms)' in f.log(),
+                       10, msg='the stalled handshake closed')
+            wait_until(lambda: tls_stats(f)['tls_upstream_failures'] >= 1, 5,
+                       msg='counted')
+            self.assertEqual(tls_stats(f)['tls_upstream_handshakes'], 0)
+        finally:
+            f.stop()
+            stop.set()
+            th.join(5)
+            for c in held:
+                c.close()
+            srv.close()
+
     def test_verify_ca_accepts_other_name(self):
         r = TlsRedis()
         f = Ferry(r, conf={'redis': {'tls': redis_tls_section(server_name='redis.example.org',
