@@ -279,7 +279,7 @@ static void state_cb(sconn *c, void *data, int up, const char *why)
 static void probe_connect(probe *p, const struct sockaddr *sa)
 {
     cluster_source *cs = p->cs;
-    p->c = sconn_open(cs->loop, sa, 0, reply_cb, state_cb, p);
+    p->c = sconn_open(cs->loop, sa, NULL, 0, reply_cb, state_cb, p);
     if (p->c == NULL) {
         cs->counts.unreachable++;
         probe_done(p);

@@ -47,6 +47,65 @@ static const char *log_level_name(int v)
     return v >= 0 && v < (int)(sizeof(names) / sizeof(names[0])) ? names[v] : "?";
 }
 
+/* tls.auth_clients: no, optional or yes (Redis' tls-auth-clients). */
+static int tls_auth_parse(const char *s)
+{
+    if (strcmp(s, "no") == 0) {
+        return TLS_AUTH_NO;
+    }
+    if (strcmp(s, "optional") == 0) {
+        return TLS_AUTH_OPTIONAL;
+    }
+    if (strcmp(s, "yes") == 0) {
+        return TLS_AUTH_YES;
+    }
+    return -1;
+}
+
+static const char *tls_auth_name(int v)
+{
+    return v == TLS_AUTH_NO ? "no" : v == TLS_AUTH_OPTIONAL ? "optional" : "yes";
+}
+
+/* redis.tls.verify, sentinel.tls.verify: full, ca or none. */
+static int tls_verify_parse(const char *s)
+{
+    if (strcmp(s, "full") == 0) {
+        return TLS_VERIFY_FULL;
+    }
+    if (strcmp(s, "ca") == 0) {
+        return TLS_VERIFY_CA;
+    }
+    if (strcmp(s, "none") == 0) {
+        return TLS_VERIFY_NONE;
+    }
+    return -1;
+}
+
+static const char *tls_verify_name(int v)
+{
+    return v == TLS_VERIFY_CA ? "ca" : v == TLS_VERIFY_NONE ? "none" : "full";
+}
+
+/* tls.protocols: TLSv1.2 and/or TLSv1.3, separated by spaces. */
+static const char *conf_check_protocols(char *value)
+{
+    char copy[128];
+    int n = 0;
+    if (strlen(value) >= sizeof(copy)) {
+        return "expected TLSv1.2 and/or TLSv1.3";
+    }
+    strcpy(copy, value);
+    for (char *save = NULL, *w = strtok_r(copy, " \t", &save); w != NULL;
+         w = strtok_r(NULL, " \t", &save)) {
+        if (strcmp(w, "TLSv1.2") != 0 && strcmp(w, "TLSv1.3") != 0) {
+            return "expected TLSv1.2 and/or TLSv1.3 (older protocols are not offered)";
+        }
+        n++;
+    }
+    return n == 0 ? "expected TLSv1.2 and/or TLSv1.3" : NULL;
+}
+
 /* workers: 1 to CONFIG_MAX_WORKERS, or "auto" (0: resolved by
  * conf_semantic). */
 static int workers_parse(const char *s)
@@ -72,6 +131,59 @@ const conf_entry conf_table[] = {
      CONF_FIELD(listen),
      CONF_COUNT(nlisten),
      .max = CONFIG_MAX_LISTEN},
+    {.key = "listen_tls",
+     .doc =
+         "addresses of TLS listeners (host:port), beside the plain ones; they use the tls: block",
+     .type = CONF_ADDR_LIST,
+     CONF_FIELD(listen_tls),
+     CONF_COUNT(nlisten_tls),
+     .max = CONFIG_MAX_LISTEN},
+    {.key = "tls",
+     .doc = "the certificate and rules of the listen_tls listeners (Redis' tls-* directives)",
+     .type = CONF_SECTION},
+    {.key = "tls.cert_file",
+     .doc = "the listeners' certificate (PEM; Redis' tls-cert-file)",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.key_file",
+     .doc = "its private key (PEM; tls-key-file)",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_key_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.ca_cert_file",
+     .doc = "CA that client certificates must chain to (tls-ca-cert-file)",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_ca_cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.auth_clients",
+     .doc = "client certificates: no, optional or yes (required) (tls-auth-clients)",
+     .type = CONF_ENUM,
+     CONF_FIELD(tls_auth_clients),
+     .parse_enum = tls_auth_parse,
+     .enum_name = tls_auth_name,
+     .what = "no, optional or yes"},
+    {.key = "tls.protocols",
+     .doc = "TLS versions offered: TLSv1.2 and/or TLSv1.3 (tls-protocols)",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_protocols),
+     .check = conf_check_protocols},
+    {.key = "tls.ciphers",
+     .doc = "TLS 1.2 cipher list, OpenSSL syntax (tls-ciphers); empty: OpenSSL's default",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_ciphers),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.ciphersuites",
+     .doc = "TLS 1.3 cipher suites (tls-ciphersuites); empty: OpenSSL's default",
+     .type = CONF_STRING,
+     CONF_FIELD(tls_ciphersuites),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "tls.handshake_timeout_ms",
+     .doc = "a client that has not finished its handshake by then is closed",
+     .type = CONF_DURATION,
+     CONF_FIELD(tls_handshake_timeout_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
 
     {.key = "workers",
      .doc = "event loops (threads) serving clients; auto: one per core but one, at most 8",
@@ -98,6 +210,38 @@ const conf_entry conf_table[] = {
      .type = CONF_STRING,
      CONF_FIELD(redis_password),
      .flags = CONF_EMPTY_NULL},
+    {.key = "redis.tls",
+     .doc = "connect to the Redis nodes over TLS",
+     .type = CONF_SECTION,
+     CONF_FLAG(redis_tls.enabled)},
+    {.key = "redis.tls.ca_cert_file",
+     .doc = "CA the nodes' certificates must chain to",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_tls.ca_cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "redis.tls.cert_file",
+     .doc = "client certificate ferry presents to the nodes (with key_file)",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_tls.cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "redis.tls.key_file",
+     .doc = "its private key",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_tls.key_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "redis.tls.server_name",
+     .doc = "name sent as SNI and checked with verify: full (default: the node's host)",
+     .type = CONF_STRING,
+     CONF_FIELD(redis_tls.server_name),
+     .flags = CONF_EMPTY_NULL,
+     .check = conf_check_word},
+    {.key = "redis.tls.verify",
+     .doc = "full (chain and host name), ca (chain only) or none",
+     .type = CONF_ENUM,
+     CONF_FIELD(redis_tls.verify),
+     .parse_enum = tls_verify_parse,
+     .enum_name = tls_verify_name,
+     .what = "full, ca or none"},
 
     {.key = "sentinel",
      .doc = "follow the master Redis Sentinel announces",
@@ -136,6 +280,38 @@ const conf_entry conf_table[] = {
      CONF_FIELD(sentinel_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+    {.key = "sentinel.tls",
+     .doc = "connect to the sentinels over TLS",
+     .type = CONF_SECTION,
+     CONF_FLAG(sentinel_tls.enabled)},
+    {.key = "sentinel.tls.ca_cert_file",
+     .doc = "CA the sentinels' certificates must chain to",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_tls.ca_cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "sentinel.tls.cert_file",
+     .doc = "client certificate ferry presents to the sentinels (with key_file)",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_tls.cert_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "sentinel.tls.key_file",
+     .doc = "its private key",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_tls.key_file),
+     .flags = CONF_EMPTY_NULL},
+    {.key = "sentinel.tls.server_name",
+     .doc = "name sent as SNI and checked with verify: full (default: the sentinel's host)",
+     .type = CONF_STRING,
+     CONF_FIELD(sentinel_tls.server_name),
+     .flags = CONF_EMPTY_NULL,
+     .check = conf_check_word},
+    {.key = "sentinel.tls.verify",
+     .doc = "full (chain and host name), ca (chain only) or none",
+     .type = CONF_ENUM,
+     CONF_FIELD(sentinel_tls.verify),
+     .parse_enum = tls_verify_parse,
+     .enum_name = tls_verify_name,
+     .what = "full, ca or none"},
 
     {.key = "cluster",
      .doc = "Redis Cluster mode (in progress): the seed nodes ferry learns the slot map from",
@@ -801,8 +977,37 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
             }
         }
     }
-    if (cfg->nlisten == 0) {
-        return conf_key_error(ctx, "listen", 0, "listen must have at least one address");
+    if (cfg->nlisten == 0 && cfg->nlisten_tls == 0) {
+        return conf_key_error(ctx, "listen", 0,
+                              "with no listen_tls, listen must have at least one address");
+    }
+    if (cfg->nlisten_tls > 0 && (cfg->tls_cert_file == NULL || cfg->tls_key_file == NULL)) {
+        return conf_key_error(ctx, conf_present(ctx, "tls") ? "tls" : "listen_tls", 0,
+                              "listen_tls needs tls.cert_file and tls.key_file");
+    }
+    if (cfg->nlisten_tls > 0 && cfg->tls_auth_clients != TLS_AUTH_NO &&
+        cfg->tls_ca_cert_file == NULL) {
+        return conf_key_error(ctx, "tls.auth_clients", 1,
+                              "tls.auth_clients %s needs tls.ca_cert_file (the clients' CA); "
+                              "set auth_clients: no to accept clients without certificates",
+                              cfg->tls_auth_clients == TLS_AUTH_YES ? "yes" : "optional");
+    }
+    for (int i = 0; i < cfg->nlisten_tls; i++) {
+        for (int j = 0; j < cfg->nlisten; j++) {
+            if (conf_addr_equal(&cfg->listen_tls[i], &cfg->listen[j])) {
+                return conf_key_error(ctx, "listen_tls", 1,
+                                      "listen_tls: %s is also a listen address",
+                                      config_addr_str(&cfg->listen_tls[i], buf, sizeof(buf)));
+            }
+        }
+    }
+    const config_tls_peer *peers[2] = {&cfg->redis_tls, &cfg->sentinel_tls};
+    static const char *const pkeys[2] = {"redis.tls", "sentinel.tls"};
+    for (int i = 0; i < 2; i++) {
+        if ((peers[i]->cert_file == NULL) != (peers[i]->key_file == NULL)) {
+            return conf_key_error(ctx, pkeys[i], 0, "%s: cert_file and key_file go together",
+                                  pkeys[i]);
+        }
     }
     if (cfg->workers == 0) {
         /* auto: one loop per core but one, at most CONFIG_AUTO_WORKERS. */
@@ -838,6 +1043,9 @@ void config_defaults(config *cfg)
     cfg->sentinel_timeout_ms = 1000;
     cfg->cluster_refresh_interval_ms = 1000;
     cfg->cluster_timeout_ms = 1000;
+    cfg->tls_auth_clients = TLS_AUTH_YES;
+    cfg->tls_protocols = strdup("TLSv1.2 TLSv1.3");
+    cfg->tls_handshake_timeout_ms = 5000;
     cfg->max_clients = 10000;
     cfg->max_query_bytes = (size_t)1 << 30;
     cfg->max_pending_bytes = (size_t)64 << 20;
@@ -903,6 +1111,24 @@ void config_free(config *cfg)
     cfg->sentinel_password = NULL;
     free(cfg->client_password);
     cfg->client_password = NULL;
+    char **tls_strings[] = {&cfg->tls_cert_file,
+                            &cfg->tls_key_file,
+                            &cfg->tls_ca_cert_file,
+                            &cfg->tls_protocols,
+                            &cfg->tls_ciphers,
+                            &cfg->tls_ciphersuites,
+                            &cfg->redis_tls.ca_cert_file,
+                            &cfg->redis_tls.cert_file,
+                            &cfg->redis_tls.key_file,
+                            &cfg->redis_tls.server_name,
+                            &cfg->sentinel_tls.ca_cert_file,
+                            &cfg->sentinel_tls.cert_file,
+                            &cfg->sentinel_tls.key_file,
+                            &cfg->sentinel_tls.server_name};
+    for (size_t i = 0; i < sizeof(tls_strings) / sizeof(tls_strings[0]); i++) {
+        free(*tls_strings[i]);
+        *tls_strings[i] = NULL;
+    }
     for (int i = 0; i < cfg->ndeny && i < CONFIG_MAX_DENY; i++) {
         free(cfg->deny[i]);
         cfg->deny[i] = NULL;

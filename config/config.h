@@ -44,17 +44,44 @@ typedef struct config_queue {
     int nkeys;
 } config_queue;
 
+/* TLS toward Redis nodes or sentinels (redis.tls, sentinel.tls). */
+enum { TLS_VERIFY_FULL = 0, TLS_VERIFY_CA = 1, TLS_VERIFY_NONE = 2 };
+typedef struct config_tls_peer {
+    int enabled;        /* the section is given */
+    char *ca_cert_file; /* CA bundle the peer's certificate must chain to (NULL: system's) */
+    char *cert_file;    /* ferry's client certificate, NULL = none */
+    char *key_file;     /* its key */
+    char *server_name;  /* SNI and the name verified (NULL: the address' host) */
+    int verify;         /* TLS_VERIFY_*: full (chain and name), ca (chain), none */
+} config_tls_peer;
+
+/* tls.auth_clients, as Redis' tls-auth-clients. */
+enum { TLS_AUTH_NO = 0, TLS_AUTH_OPTIONAL = 1, TLS_AUTH_YES = 2 };
+
 typedef struct config {
     char *file; /* path it was loaded from */
 
     config_addr listen[CONFIG_MAX_LISTEN]; /* listen: one address or a list */
     int nlisten;
 
+    /* TLS listeners beside the plain ones (Redis' tls-port and tls-* names) */
+    config_addr listen_tls[CONFIG_MAX_LISTEN]; /* listen_tls: one address or a list */
+    int nlisten_tls;
+    char *tls_cert_file;               /* tls.cert_file (tls-cert-file) */
+    char *tls_key_file;                /* tls.key_file (tls-key-file) */
+    char *tls_ca_cert_file;            /* tls.ca_cert_file (tls-ca-cert-file): client certs' CA */
+    int tls_auth_clients;              /* tls.auth_clients: TLS_AUTH_* (yes, as Redis) */
+    char *tls_protocols;               /* tls.protocols ("TLSv1.2 TLSv1.3") */
+    char *tls_ciphers;                 /* tls.ciphers (TLS 1.2), NULL = OpenSSL's */
+    char *tls_ciphersuites;            /* tls.ciphersuites (TLS 1.3), NULL = OpenSSL's */
+    uint64_t tls_handshake_timeout_ms; /* tls.handshake_timeout_ms (5000) */
+
     /* redis: a fixed master (exactly one of redis / sentinel is set) */
     int has_redis;
-    config_addr redis_addr; /* redis.address */
-    char *redis_username;   /* redis.username, NULL = none */
-    char *redis_password;   /* redis.password, NULL = none */
+    config_addr redis_addr;    /* redis.address */
+    char *redis_username;      /* redis.username, NULL = none */
+    char *redis_password;      /* redis.password, NULL = none */
+    config_tls_peer redis_tls; /* redis.tls: TLS to the Redis nodes */
 
     /* sentinel: follow a Sentinel-managed master */
     int has_sentinel;
@@ -63,6 +90,7 @@ typedef struct config {
     int nsentinels;
     char *sentinel_username;               /* sentinel.username (to sentinels) */
     char *sentinel_password;               /* sentinel.password (to sentinels) */
+    config_tls_peer sentinel_tls;          /* sentinel.tls: TLS to the sentinels */
     uint64_t sentinel_resolve_interval_ms; /* sentinel.resolve_interval_ms (1000):
                                               how often the master is re-asked */
     uint64_t sentinel_timeout_ms;          /* sentinel.timeout_ms (1000): connect and

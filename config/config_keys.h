@@ -9,7 +9,7 @@
 
 #include "config.h"
 
-#define CONF_KEYS_MAX 96 /* room in a load's per-key positions (conf_table fits) */
+#define CONF_KEYS_MAX 128 /* room in a load's per-key positions (conf_table fits) */
 
 /* How a key's value is parsed. */
 typedef enum conf_type {

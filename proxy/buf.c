@@ -6,10 +6,12 @@
 #include <string.h>
 
 #include "ferry.h"
+#include "tls.h"
 
 #define BUF_MIN 512
 #define OUTQ_PIECE ((size_t)1 << 30) /* most bytes in one uv_buf_t */
 #define OUTQ_MAX_PIECES 16
+#define OUTQ_TLS_STEP ((size_t)64 << 10) /* plaintext encrypted or decrypted per call */
 
 void buf_init(buf *b)
 {
@@ -140,6 +142,8 @@ void outq_init(outq *q)
 {
     buf_init(&q->fill);
     buf_init(&q->busy);
+    q->tls = NULL;
+    q->busy_plain = 0;
     q->wreq = NULL;
     q->writing = 0;
     q->written = 0;
@@ -151,11 +155,121 @@ void outq_free(outq *q)
     buf_free(&q->busy);
     free(q->wreq); /* libuv has called the write callback before any close callback */
     q->wreq = NULL;
+    tls_free(q->tls);
+    q->tls = NULL;
+}
+
+/* outq_flush with TLS: queued plaintext is encrypted (none while the
+ * handshake waits for the peer), and the ciphertext, with whatever the
+ * session wants to send of its own, is written as plain bytes are. */
+static int outq_flush_tls(outq *q, uv_stream_t *stream, uv_write_cb cb)
+{
+    /* Encrypted in steps, each a few records; the ciphertext of one flush
+     * stays well within what one uv_write takes. */
+    size_t budget = (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE / 2;
+    while (buf_used(&q->fill) > 0 && q->busy_plain < budget) {
+        size_t n = buf_used(&q->fill) < OUTQ_TLS_STEP ? buf_used(&q->fill) : OUTQ_TLS_STEP;
+        ssize_t w = tls_write(q->tls, buf_head(&q->fill), n);
+        if (w < 0) {
+            return UV_EPROTO;
+        }
+        if (w == 0) {
+            break; /* the handshake needs the peer first */
+        }
+        buf_consume(&q->fill, (size_t)w);
+        q->busy_plain += (size_t)w;
+    }
+    size_t pend = tls_pending(q->tls);
+    if (pend > 0) {
+        buf_reserve(&q->busy, pend);
+        q->busy.len += tls_take(q->tls, q->busy.data + q->busy.len, pend);
+    }
+    if (buf_used(&q->busy) == 0) {
+        return OUTQ_IDLE;
+    }
+    if (buf_used(&q->busy) <= OUTQ_PIECE) {
+        uv_buf_t one = uv_buf_init(buf_head(&q->busy), (unsigned int)buf_used(&q->busy));
+        int n = uv_try_write(stream, &one, 1);
+        if (n < 0 && n != UV_EAGAIN) {
+            return n;
+        }
+        if (n > 0) {
+            buf_consume(&q->busy, (size_t)n);
+        }
+        if (buf_used(&q->busy) == 0) {
+            q->written += q->busy_plain;
+            q->busy_plain = 0;
+            buf_free(&q->busy);
+            if (buf_used(&q->fill) == 0) {
+                buf_free(&q->fill);
+            }
+            return OUTQ_WRITTEN;
+        }
+    }
+    uv_buf_t ub[OUTQ_MAX_PIECES];
+    unsigned int nb = 0;
+    size_t left = buf_used(&q->busy);
+    char *p = buf_head(&q->busy);
+    ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
+    while (left > 0) {
+        size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
+        ub[nb++] = uv_buf_init(p, (unsigned int)n);
+        p += n;
+        left -= n;
+    }
+    q->wreq = xmalloc(sizeof(*q->wreq));
+    int rc = uv_write(q->wreq, stream, ub, nb, cb);
+    if (rc < 0) {
+        free(q->wreq);
+        q->wreq = NULL;
+        return rc;
+    }
+    q->writing = 1;
+    return OUTQ_STARTED;
+}
+
+int outq_tls_input(outq *q, const char *p, size_t n, buf *in)
+{
+    tls_put(q->tls, p, n);
+    for (;;) {
+        buf_reserve(in, 16 * 1024); /* a TLS record at most */
+        ssize_t got = tls_read(q->tls, in->data + in->len, in->cap - in->len);
+        if (got <= 0) {
+            return (int)got;
+        }
+        in->len += (size_t)got;
+    }
+}
+
+int outq_tls_wants_flush(const outq *q)
+{
+    return q->tls != NULL && !q->writing &&
+           (tls_pending(q->tls) > 0 || (buf_used(&q->fill) > 0 && tls_ready(q->tls)));
+}
+
+void outq_tls_bye(outq *q, uv_stream_t *stream)
+{
+    if (q->tls == NULL || q->writing) {
+        return; /* bytes still in flight would come after it */
+    }
+    tls_bye(q->tls);
+    char b[256];
+    size_t n = tls_take(q->tls, b, sizeof(b));
+    if (n > 0) {
+        uv_buf_t one = uv_buf_init(b, (unsigned int)n);
+        (void)uv_try_write(stream, &one, 1); /* best effort: the socket closes next */
+    }
 }
 
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 {
-    if (q->writing || buf_used(&q->fill) == 0) {
+    if (q->writing) {
+        return OUTQ_IDLE;
+    }
+    if (q->tls != NULL) {
+        return outq_flush_tls(q, stream, cb);
+    }
+    if (buf_used(&q->fill) == 0) {
         return OUTQ_IDLE;
     }
     /* Most writes fit in the socket buffer: written now, they need no write
@@ -208,8 +322,8 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 
 uint64_t outq_sent(const outq *q, const uv_stream_t *stream)
 {
-    if (!q->writing) {
-        return q->written;
+    if (!q->writing || q->tls != NULL) {
+        return q->written; /* TLS: plaintext counts once its ciphertext is written */
     }
     size_t busy = buf_used(&q->busy), left = uv_stream_get_write_queue_size(stream);
     return q->written + (left < busy ? busy - left : 0);
@@ -221,8 +335,9 @@ void outq_done(outq *q, int status)
     q->wreq = NULL;
     q->writing = 0;
     if (status == 0) {
-        q->written += buf_used(&q->busy);
+        q->written += q->tls != NULL ? q->busy_plain : buf_used(&q->busy);
     }
+    q->busy_plain = 0;
     buf_clear(&q->busy);
     if (buf_used(&q->fill) == 0) {
         /* Nothing more to write: an idle connection keeps no storage. */

@@ -48,19 +48,23 @@ void buf_clear(buf *b);
 /* Drop the storage if it grew past keep bytes (so idle objects stay small). */
 void buf_shrink(buf *b, size_t keep);
 
+struct tls;
+
 typedef struct outq {
-    buf fill;         /* bytes queued, not yet handed to libuv */
-    buf busy;         /* bytes being written */
-    uv_write_t *wreq; /* the write in progress (heap, only while writing) */
-    int writing;      /* 1 while wreq is in flight */
-    uint64_t written; /* bytes written to the socket so far (writes that ended) */
+    buf fill;          /* bytes queued, not yet handed to libuv */
+    buf busy;          /* bytes being written (with TLS: their ciphertext) */
+    struct tls *tls;   /* the connection's TLS session (owned: freed with the queue), or NULL */
+    size_t busy_plain; /* TLS: plaintext bytes whose ciphertext is in busy */
+    uv_write_t *wreq;  /* the write in progress (heap, only while writing) */
+    int writing;       /* 1 while wreq is in flight */
+    uint64_t written;  /* bytes written to the socket so far (writes that ended) */
 } outq;
 
 void outq_init(outq *q);
 void outq_free(outq *q);
 static inline size_t outq_len(const outq *q)
 {
-    return buf_used(&q->fill) + buf_used(&q->busy);
+    return buf_used(&q->fill) + (q->tls != NULL ? q->busy_plain : buf_used(&q->busy));
 }
 /* The stream's byte count once everything queued is written: a byte queued
  * now is written when outq_sent reaches this. */
@@ -85,5 +89,17 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb);
  * written if status is 0, drops them, and frees both buffers' storage when
  * nothing more is queued. */
 void outq_done(outq *q, int status);
+
+/* TLS on a stream whose output is q (q->tls set). The read callback got
+ * n ciphertext bytes at p (they may lie at in's end, where its alloc
+ * callback pointed: they are taken before in grows): the plaintext they
+ * complete is appended to in. Returns 0, or TLS_ERR / TLS_EOF (tls_error
+ * says why). Afterwards the session may have output of
+ * its own (handshake, tickets) or may now take queued plaintext:
+ * outq_tls_wants_flush says so. */
+int outq_tls_input(outq *q, const char *p, size_t n, buf *in);
+int outq_tls_wants_flush(const outq *q);
+/* Before closing the stream: a close_notify, written if the socket takes it now. */
+void outq_tls_bye(outq *q, uv_stream_t *stream);
 
 #endif

@@ -21,6 +21,7 @@
 #include "shard.h"
 #include "session.h"
 #include "takeover.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -225,6 +226,16 @@ static void signal_cb(uv_signal_t *h, int signum)
         } else {
             log_info("SIGHUP: log file reopened");
         }
+        if (f->tls != NULL &&
+            (f->tls->clients != NULL || f->tls->redis != NULL || f->tls->sentinel != NULL)) {
+            /* New connections take the new files; open ones keep theirs. */
+            char err[600];
+            if (tls_roles_reload(f->tls, f->cfg, err, sizeof(err)) < 0) {
+                log_error("SIGHUP: TLS files not reloaded, the old ones stay: %s", err);
+            } else {
+                log_info("SIGHUP: TLS certificates and keys reloaded");
+            }
+        }
         return;
     }
     if (f->stopping) {
@@ -366,6 +377,7 @@ static void core_setup(ferry *f, uv_loop_t *loop, config *cfg)
     list_init(&f->over_soft);
     list_init(&f->mem_paused);
     list_init(&f->partial);
+    list_init(&f->handshaking);
     list_init(&f->idle);
     list_init(&f->watching);
     f->rbuf = xmalloc(FERRY_READ_BUF);
@@ -408,6 +420,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
                      uint64_t base_id)
 {
     core_setup(f, loop, cfg);
+    f->tls = workers_main_ctx(wk)->tls; /* the contexts are every loop's */
     f->workers = wk;
     f->worker_index = index;
     f->id_step = (uint64_t)cfg->workers;
@@ -423,9 +436,10 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     return 0;
 }
 
-int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, struct takeover *tk)
 {
     core_setup(f, loop, cfg);
+    f->tls = roles;
     f->takeover = tk;
     raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);

@@ -8,13 +8,15 @@
 #include "ferry.h"
 
 struct takeover;
+struct tls_roles;
 struct workers;
 
-/* Set up f on loop with cfg (borrowed for f's life), listen and start
+/* Set up f on loop with cfg and roles (TLS contexts; both borrowed for
+ * f's life and shared with its worker loops), listen and start
  * connecting. tk (owned by f from now on, even on error) is the takeover of
  * a running ferry that takeover_connect began, or NULL. Returns 0 or a
  * negative error (logged). */
-int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk);
+int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, struct takeover *tk);
 /* Set up f as worker index (1..) of wk on its own loop: no listener,
  * stats port, signals, Sentinel client or fallback store; its own upstream
  * (with Sentinel, it connects once the main loop names a master). Its ids

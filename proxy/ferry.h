@@ -61,6 +61,13 @@ typedef enum req_state {
     REQ_ANSWERED  /* reply known, waiting for earlier requests to be flushed */
 } req_state;
 
+/* How a listener's client arrived (server -> core -> workers -> session). */
+enum {
+    FERRY_ACCEPT_UNIX = 1,       /* a unix socket (else TCP) */
+    FERRY_ACCEPT_TLS = 2,        /* on a listen_tls address: the session speaks TLS */
+    FERRY_ACCEPT_INDEX_SHIFT = 8 /* with TLS: how >> this = its listen_tls entry */
+};
+
 #define REQ_F_INTERNAL (1u << 0) /* ferry's own (AUTH, PING, SELECT): no session */
 #define REQ_F_QUIT (1u << 1)     /* close the client after this reply */
 #define REQ_F_BLOCKING (1u << 2) /* may block on the server */
@@ -115,6 +122,8 @@ typedef struct request {
 typedef struct ferry {
     uv_loop_t *loop;                      /* this context's event loop */
     config *cfg;                          /* loaded configuration (owned by main) */
+    struct tls_roles *tls;                /* TLS contexts, shared by every loop (owned by
+                                             main; a role's field is NULL where it is off) */
     resp_limits limits;                   /* request parser limits from cfg */
     const command *deny[CONFIG_MAX_DENY]; /* resolved deny list */
     int ndeny;
@@ -132,27 +141,28 @@ typedef struct ferry {
     list_node dirty_links;            /* links with output to flush this turn */
     list_node free_reqs;              /* recycled request objects */
     size_t nfree_reqs;
-    char *rbuf;           /* loop-wide read buffer: a session with nothing partial
-                             kept reads here and copies only an incomplete request */
-    resp_parser *parser;  /* parser of sessions with no partial request of their own */
-    const char **av;      /* scratch for command lookups: argument pointers */
-    size_t *al;           /* scratch: argument lengths */
-    size_t acap;          /* entries allocated in av/al */
-    uint64_t nclients;    /* sessions open */
-    size_t held_bytes;    /* request bytes held for lack of a master */
-    size_t clients_mem;   /* bytes held for clients, as allocated: sessions, their
-                             requests, replies and buffers (limits.max_memory) */
-    list_node over_soft;  /* sessions whose output is above their soft limit */
-    list_node mem_paused; /* sessions not read because ferry is over limits.max_memory */
-    list_node partial;    /* sessions with an incomplete request, oldest first */
-    list_node idle;       /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
-    list_node watching;   /* sessions with replies whose writing someone waits for */
-    uint64_t next_id;     /* ids for sessions and links: the last one given */
-    uint64_t id_step;     /* how far apart this loop's ids are: one per loop, so
-                             ids are unique across loops (loop i gives i + k*n) */
-    uint64_t started_ms;  /* uv_now() at start */
-    uv_prepare_t flush;   /* writes everything queued in one turn */
-    uv_timer_t tick;      /* timeouts, health pings, reconnects */
+    char *rbuf;            /* loop-wide read buffer: a session with nothing partial
+                              kept reads here and copies only an incomplete request */
+    resp_parser *parser;   /* parser of sessions with no partial request of their own */
+    const char **av;       /* scratch for command lookups: argument pointers */
+    size_t *al;            /* scratch: argument lengths */
+    size_t acap;           /* entries allocated in av/al */
+    uint64_t nclients;     /* sessions open */
+    size_t held_bytes;     /* request bytes held for lack of a master */
+    size_t clients_mem;    /* bytes held for clients, as allocated: sessions, their
+                              requests, replies and buffers (limits.max_memory) */
+    list_node over_soft;   /* sessions whose output is above their soft limit */
+    list_node mem_paused;  /* sessions not read because ferry is over limits.max_memory */
+    list_node partial;     /* sessions with an incomplete request, oldest first */
+    list_node handshaking; /* TLS sessions whose handshake runs, oldest first */
+    list_node idle;        /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
+    list_node watching;    /* sessions with replies whose writing someone waits for */
+    uint64_t next_id;      /* ids for sessions and links: the last one given */
+    uint64_t id_step;      /* how far apart this loop's ids are: one per loop, so
+                              ids are unique across loops (loop i gives i + k*n) */
+    uint64_t started_ms;   /* uv_now() at start */
+    uv_prepare_t flush;    /* writes everything queued in one turn */
+    uv_timer_t tick;       /* timeouts, health pings, reconnects */
     uv_signal_t sig_term, sig_int, sig_hup;
     int stopping;           /* graceful shutdown in progress */
     uint64_t stop_deadline; /* uv_now() after which shutdown is forced */

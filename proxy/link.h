@@ -78,6 +78,8 @@ typedef struct link {
     long long redis_id;         /* dedicated: its client id on Redis, from HELLO (for CLIENT
                                    UNBLOCK); 0 unknown */
     int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
+    size_t tls_unanswered;      /* shared link on TLS: requests of the last batch written
+                                   still unanswered; the next batch waits for them */
     struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "stats.h"
 #include "takeover.h"
+#include "tls.h"
 
 #define EXIT_USAGE 2   /* bad command line */
 #define EXIT_CONFIG 1  /* configuration invalid */
@@ -109,7 +110,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", err);
         return EXIT_CONFIG;
     }
+    tls_roles roles;
+    if (tls_roles_load(&roles, &cfg, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        config_free(&cfg);
+        return EXIT_CONFIG;
+    }
     if (test) {
+        tls_roles_free(&roles);
         printf("ferry: configuration %s is valid\n", path);
         if (cfg.has_cluster) {
             printf("ferry: cluster mode: not yet routed: ferry learns the slot map and shows "
@@ -126,12 +134,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "ferry: %s\n",
                     cfg.fallback_path == NULL ? "no fallback.path in the configuration" : err);
         }
+        tls_roles_free(&roles);
         config_free(&cfg);
         return drc == 0 ? 0 : EXIT_RUNTIME;
     }
     int rc = log_init(cfg.log_level, cfg.log_file);
     if (rc < 0) {
         fprintf(stderr, "ferry: cannot open log file %s: %s\n", cfg.log_file, strerror(-rc));
+        tls_roles_free(&roles);
         config_free(&cfg);
         return EXIT_RUNTIME;
     }
@@ -165,6 +175,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "ferry: takeover failed: %s\n", err);
             }
             log_close();
+            tls_roles_free(&roles);
             config_free(&cfg);
             return EXIT_RUNTIME;
         }
@@ -174,7 +185,7 @@ int main(int argc, char **argv)
     uv_loop_init(&loop);
     ferry f;
     core_threads_without_signals();
-    rc = core_init(&f, &loop, &cfg, tk);
+    rc = core_init(&f, &loop, &cfg, &roles, tk);
     core_signals_here();
     int code;
     if (rc < 0) {
@@ -188,6 +199,7 @@ int main(int argc, char **argv)
     if (uv_loop_close(&loop) != 0) {
         log_warn("event loop closed with handles still open");
     }
+    tls_roles_free(&roles);
     config_free(&cfg);
     log_close();
     return code;

@@ -13,15 +13,18 @@
 #include "log.h"
 
 typedef struct listener {
-    ferry *f;       /* context */
-    server_io io;   /* listening socket */
-    int is_unix;    /* pipe or tcp */
-    char name[300]; /* address for logs */
-    int open;       /* handle initialised and not closed */
+    ferry *f;                /* context */
+    server_io io;            /* listening socket */
+    int is_unix;             /* pipe or tcp */
+    int is_tls;              /* a listen_tls address: its clients speak TLS */
+    int tls_index;           /* is_tls: its entry in listen_tls */
+    const config_addr *addr; /* its configured address */
+    char name[300];          /* address for logs */
+    int open;                /* handle initialised and not closed */
 } listener;
 
 typedef struct servers {
-    listener l[CONFIG_MAX_LISTEN]; /* one per configured address */
+    listener l[2 * CONFIG_MAX_LISTEN]; /* one per configured address: listen, then listen_tls */
     int n;
 } servers;
 
@@ -40,7 +43,11 @@ static void server_conn_cb(uv_stream_t *st, int status)
     if (ls->f->stopping) {
         return;
     }
-    int rc = ls->f->accept(ls->f, st, ls->is_unix);
+    int how = ls->is_unix ? FERRY_ACCEPT_UNIX : 0;
+    if (ls->is_tls) {
+        how |= FERRY_ACCEPT_TLS | (ls->tls_index << FERRY_ACCEPT_INDEX_SHIFT);
+    }
+    int rc = ls->f->accept(ls->f, st, how);
     if (rc < 0) {
         log_warn("listener %s: accept failed: %s", ls->name, uv_strerror(rc));
     }
@@ -157,10 +164,12 @@ int server_listen(uv_loop_t *loop, server_io *io, const config_addr *a, void *da
     return rc;
 }
 
-static int listen_one(ferry *f, listener *ls, const config_addr *a)
+static int listen_one(ferry *f, listener *ls, const config_addr *a, int is_tls)
 {
     ls->f = f;
     ls->is_unix = a->is_unix;
+    ls->is_tls = is_tls;
+    ls->addr = a;
     config_addr_str(a, ls->name, sizeof(ls->name));
     ls->open = 1;
     int rc = server_listen(f->loop, &ls->io, a, ls, 511, server_conn_cb);
@@ -168,7 +177,7 @@ static int listen_one(ferry *f, listener *ls, const config_addr *a)
         log_error("cannot listen on %s: %s", ls->name, uv_strerror(rc));
         return rc;
     }
-    log_info("listening on %s", ls->name);
+    log_info("listening on %s%s", ls->name, is_tls ? " (TLS)" : "");
     return 0;
 }
 
@@ -176,8 +185,13 @@ int server_start(ferry *f)
 {
     servers *sv = xcalloc(1, sizeof(*sv));
     f->servers = sv;
-    for (int i = 0; i < f->cfg->nlisten; i++) {
-        int rc = listen_one(f, &sv->l[i], &f->cfg->listen[i]);
+    int total = f->cfg->nlisten + f->cfg->nlisten_tls;
+    for (int i = 0; i < total; i++) {
+        int is_tls = i >= f->cfg->nlisten;
+        const config_addr *a =
+            is_tls ? &f->cfg->listen_tls[i - f->cfg->nlisten] : &f->cfg->listen[i];
+        sv->l[i].tls_index = is_tls ? i - f->cfg->nlisten : 0;
+        int rc = listen_one(f, &sv->l[i], a, is_tls);
         sv->n = i + 1;
         if (rc < 0) {
             server_stop(f);
@@ -198,7 +212,7 @@ void server_stop(ferry *f)
             sv->l[i].open = 0;
             uv_close(&sv->l[i].io.h, server_close_cb);
             if (sv->l[i].is_unix && !f->keep_paths) {
-                unlink(f->cfg->listen[i].path);
+                unlink(sv->l[i].addr->path);
             }
         }
     }
@@ -213,7 +227,7 @@ int server_sockets(ferry *f, int *fds, const config_addr **addrs, int max)
         uv_os_fd_t fd;
         if (sv->l[i].open && uv_fileno(&sv->l[i].io.h, &fd) == 0) {
             fds[n] = fd;
-            addrs[n++] = &f->cfg->listen[i];
+            addrs[n++] = sv->l[i].addr;
         }
     }
     return n;

@@ -18,6 +18,7 @@
 #include "link.h"
 #include "log.h"
 #include "router.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -39,6 +40,7 @@ static void session_charge(session *s, request *r, size_t n);
 static void session_count_buffers(session *s);
 static void session_check_tunnel(session *s);
 static void session_note_partial(session *s, int incomplete, int new_request);
+static void session_tls_input(session *s, const char *p, size_t n);
 
 /* ------------------------------------------------------------ accept/close */
 
@@ -48,6 +50,7 @@ static session *session_new(ferry *f, int is_unix)
 {
     session *s = xcalloc(1, sizeof(*s));
     s->f = f;
+    list_init(&s->tls_node);
     if (is_unix) {
         uv_pipe_init(f->loop, &s->io.pipe, 0);
     } else {
@@ -151,12 +154,25 @@ static int session_start_reading(session *s)
 }
 
 /* A new client's socket is s's: count it, refuse it past
- * client.max_clients (all loops together), or start reading it. */
-static int session_begin(session *s, int is_unix)
+ * client.max_clients (all loops together), or start reading it. how:
+ * FERRY_ACCEPT_* flags. */
+static int session_begin(session *s, int how)
 {
     ferry *f = s->f;
-    session_register(s, is_unix);
-    log_debug("client %llu %s connected", (unsigned long long)s->id, s->peer);
+    session_register(s, how & FERRY_ACCEPT_UNIX);
+    log_debug("client %llu %s connected%s", (unsigned long long)s->id, s->peer,
+              how & FERRY_ACCEPT_TLS ? " (TLS)" : "");
+    if (how & FERRY_ACCEPT_TLS) {
+        /* Its handshake must end within tls.handshake_timeout_ms. */
+        s->out.tls = f->tls != NULL && f->tls->clients != NULL
+                         ? tls_new_server(f->tls->clients, how >> FERRY_ACCEPT_INDEX_SHIFT)
+                         : NULL;
+        if (s->out.tls == NULL) {
+            session_close(s, "cannot start a TLS session");
+            return 0;
+        }
+        list_add_tail(&f->handshaking, &s->tls_node);
+    }
 
     if (workers_clients(f) > (uint64_t)f->cfg->max_clients) {
         f->stats.clients_rejected++;
@@ -169,26 +185,27 @@ static int session_begin(session *s, int is_unix)
     return 0;
 }
 
-int session_accept(ferry *f, uv_stream_t *server, int is_unix)
+int session_accept(ferry *f, uv_stream_t *server, int how)
 {
-    session *s = session_new(f, is_unix);
+    session *s = session_new(f, how & FERRY_ACCEPT_UNIX);
     int rc = uv_accept(server, &s->io.s);
     if (rc < 0) {
         uv_close(&s->io.h, session_close_cb); /* initialised: freed once closed */
         return rc;
     }
-    return session_begin(s, is_unix);
+    return session_begin(s, how);
 }
 
-int session_accept_fd(ferry *f, uv_os_sock_t fd, int is_unix)
+int session_accept_fd(ferry *f, uv_os_sock_t fd, int how)
 {
+    int is_unix = how & FERRY_ACCEPT_UNIX;
     session *s = session_new(f, is_unix);
     int rc = is_unix ? uv_pipe_open(&s->io.pipe, fd) : uv_tcp_open(&s->io.tcp, fd);
     if (rc < 0) {
         uv_close(&s->io.h, session_close_cb); /* fd is not the handle's: the caller's */
         return rc;
     }
-    return session_begin(s, is_unix);
+    return session_begin(s, how);
 }
 
 int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
@@ -361,11 +378,15 @@ void session_close(session *s, const char *reason)
     if (list_linked(&s->partial_node)) {
         list_del(&s->partial_node);
     }
+    if (list_linked(&s->tls_node)) {
+        list_del(&s->tls_node);
+    }
     list_del(&s->idle_node);
     f->nclients--;
     workers_client_closed(f);
     f->clients_mem -= sizeof(*s) + s->buf_mem; /* its requests were uncharged above */
     s->buf_mem = 0;
+    outq_tls_bye(&s->out, &s->io.s); /* TLS: close_notify */
     uv_close(&s->io.h, session_close_cb);
 }
 
@@ -559,8 +580,8 @@ static void session_wrote(session *s, int status)
                              : uv_strerror(status));
         return;
     }
-    if (buf_used(&s->out.fill) > 0) {
-        session_mark_dirty(s);
+    if (buf_used(&s->out.fill) > 0 || outq_tls_wants_flush(&s->out)) {
+        session_mark_dirty(s); /* TLS: or records of its own (tickets) came meanwhile */
     } else if (s->state == SESSION_QUITTING) {
         session_close(s, "closed after reply");
         return;
@@ -629,7 +650,9 @@ static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     session *s = h->data;
     (void)hint;
-    if (buf_used(&s->in) == 0) {
+    if (buf_used(&s->in) == 0 || s->out.tls != NULL) {
+        /* TLS: the ciphertext goes to the loop's buffer, the plaintext
+         * into s->in. */
         /* Nothing kept: read into the loop's buffer (libuv pairs each
          * alloc_cb with its read_cb, so one buffer serves every session). */
         b->base = s->f->rbuf;
@@ -648,6 +671,11 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         return;
     }
     if (nread < 0) {
+        if (s->out.tls != NULL && !tls_ready(s->out.tls)) {
+            tls_count_failure(s->out.tls, TLS_FAIL_CLOSED);
+            log_info("client %llu %s: TLS handshake failed: the client closed the connection",
+                     (unsigned long long)s->id, s->peer);
+        }
         session_close(s, nread == UV_EOF          ? "client closed the connection"
                          : nread == UV_ECONNRESET ? "connection reset by client"
                                                   : uv_strerror((int)nread));
@@ -657,11 +685,46 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         return;
     }
     session_touch(s);
+    if (s->out.tls != NULL) {
+        session_tls_input(s, b->base, (size_t)nread);
+        return;
+    }
     if (b->base == s->f->rbuf) {
         buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
         session_process_input(s, &view);
     } else {
         s->in.len += (size_t)nread;
+        session_process_input(s, &s->in);
+    }
+}
+
+/* TLS: ciphertext read from the client; what it decrypts to is parsed
+ * from s->in. A TLS error before the handshake ended is counted and
+ * logged (plain RESP on a TLS port, a refused certificate, ...). */
+static void session_tls_input(session *s, const char *p, size_t n)
+{
+    int was_ready = tls_ready(s->out.tls);
+    int rc = outq_tls_input(&s->out, p, n, &s->in);
+    if (!was_ready && tls_ready(s->out.tls)) {
+        char how[120];
+        list_del(&s->tls_node);
+        log_debug("client %llu %s: TLS handshake done: %s", (unsigned long long)s->id, s->peer,
+                  tls_describe(s->out.tls, how, sizeof(how)));
+    }
+    if (rc < 0) {
+        char why[300];
+        snprintf(why, sizeof(why), "%s%s", was_ready ? "TLS: " : "TLS handshake failed: ",
+                 rc == TLS_EOF ? "close_notify" : tls_error(s->out.tls));
+        if (!was_ready) {
+            log_info("client %llu %s: %s", (unsigned long long)s->id, s->peer, why);
+        }
+        session_close(s, rc == TLS_EOF ? "client closed the connection" : why);
+        return;
+    }
+    if (outq_tls_wants_flush(&s->out)) {
+        session_mark_dirty(s);
+    }
+    if (buf_used(&s->in) > 0) {
         session_process_input(s, &s->in);
     }
 }
@@ -968,6 +1031,19 @@ void session_tick(ferry *f, uint64_t now)
         f->stats.clients_request_timeout++;
         session_close(s, "request timeout: a request did not arrive whole within "
                          "client.request_timeout_ms");
+    }
+    /* TLS handshakes, oldest first: one that runs past
+     * tls.handshake_timeout_ms is closed, as a request that never ends. */
+    while ((n = list_first(&f->handshaking)) != NULL) {
+        session *s = list_entry(n, session, tls_node);
+        if (now - s->opened_ms < cfg->tls_handshake_timeout_ms) {
+            break;
+        }
+        tls_count_failure(s->out.tls, TLS_FAIL_TIMEOUT);
+        log_info("client %llu %s: TLS handshake failed: not finished within "
+                 "tls.handshake_timeout_ms",
+                 (unsigned long long)s->id, s->peer);
+        session_close(s, "TLS handshake timeout (tls.handshake_timeout_ms)");
     }
     /* Only the clients above a soft output limit are looked at. */
     list_foreach_safe(n, t, &f->over_soft)

@@ -78,6 +78,7 @@ typedef struct session {
     list_node soft_node;       /* in f->over_soft while soft_since_ms is set */
     int limit_hit;             /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
     list_node mem_node;        /* in f->mem_paused while not read for limits.max_memory */
+    list_node tls_node;        /* in f->handshaking while its TLS handshake runs */
     uint64_t partial_since_ms; /* an incomplete request began arriving then (0 = none) */
     list_node partial_node;    /* in f->partial while partial_since_ms is set */
     struct link *dlink;        /* dedicated link lent to this session (upstream_lend) */
@@ -123,12 +124,13 @@ typedef struct session_ops {
 #define OUT_LIMIT_HARD 1 /* s->limit_hit: queued output reached the hard limit */
 #define OUT_LIMIT_SOFT 2 /* ... stayed above the soft limit for soft_seconds */
 
-/* Accept a client from a listening stream. Returns 0 or a negative uv error. */
-int session_accept(ferry *f, uv_stream_t *server, int is_unix);
+/* Accept a client from a listening stream (how: FERRY_ACCEPT_* flags; with
+ * FERRY_ACCEPT_TLS the session speaks TLS). Returns 0 or a negative uv error. */
+int session_accept(ferry *f, uv_stream_t *server, int how);
 /* Serve fd, a client socket just accepted by another loop (workers.c).
  * Returns 0 (fd is the session's) or a negative uv error (fd stays the
  * caller's). */
-int session_accept_fd(ferry *f, uv_os_sock_t fd, int is_unix);
+int session_accept_fd(ferry *f, uv_os_sock_t fd, int how);
 
 /* A client connection handed over by another ferry process (takeover.c),
  * with the state its session had there. */

@@ -35,6 +35,7 @@
 #include "sentinel.h"
 #include "server.h"
 #include "session.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -250,6 +251,41 @@ static void stats_limits(ferry *f, ferry_stats *st)
     st->pubsub_output_limit_soft_seconds = cfg->pubsub_output_limit.soft_seconds;
 }
 
+/* TLS figures: each role's counts are the process' (every loop counts in
+ * its shared context). */
+static void stats_tls(ferry *f, ferry_stats *st)
+{
+    tls_figures fig;
+    if (f->tls == NULL) {
+        return;
+    }
+    if (f->tls->clients != NULL) {
+        st->tls_listeners = (uint64_t)f->cfg->nlisten_tls;
+        tls_conf_figures(f->tls->clients, &fig);
+        st->tls_handshakes = fig.handshakes;
+        st->tls_sessions_resumed = fig.resumed;
+        st->tls_failed_timeout = fig.failures[TLS_FAIL_TIMEOUT];
+        st->tls_failed_not_tls = fig.failures[TLS_FAIL_NOT_TLS];
+        st->tls_failed_certificate = fig.failures[TLS_FAIL_CERT];
+        st->tls_failed_protocol = fig.failures[TLS_FAIL_PROTOCOL];
+        st->tls_failed_closed = fig.failures[TLS_FAIL_CLOSED];
+        st->tls_reloads += fig.reloads;
+        st->tls_reload_failures += fig.reload_failures;
+    }
+    tls_conf *peers[2] = {f->tls->redis, f->tls->sentinel};
+    for (int i = 0; i < 2; i++) {
+        if (peers[i] != NULL) {
+            tls_conf_figures(peers[i], &fig);
+            st->tls_upstream_handshakes += fig.handshakes;
+            for (int k = 0; k < TLS_NFAIL; k++) {
+                st->tls_upstream_failures += fig.failures[k];
+            }
+            st->tls_reloads += fig.reloads;
+            st->tls_reload_failures += fig.reload_failures;
+        }
+    }
+}
+
 /* f->stats plus the live values, computed now from the context. */
 static void stats_snapshot(ferry *f, ferry_stats *st)
 {
@@ -286,6 +322,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->timestamp = (uint64_t)tv.tv_sec;
     st->total_connections = st->clients_total;
     stats_limits(f, st);
+    stats_tls(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
     if (f->sentinel != NULL) {
@@ -458,6 +495,27 @@ static void json_queue_keys(ferry *f, buf *b)
 }
 
 /* Every event loop, the main one first, as of its last tick. */
+/* Each listen_tls address' own TLS figures. */
+static void json_tls_listeners(ferry *f, buf *b)
+{
+    buf_append_str(b, "[");
+    for (int i = 0; f->tls != NULL && f->tls->clients != NULL && i < f->cfg->nlisten_tls; i++) {
+        tls_figures fig;
+        char addr[320];
+        tls_conf_listener_figures(f->tls->clients, i, &fig);
+        buf_append_str(b, i > 0 ? ",{\"address\":" : "{\"address\":");
+        json_string(b, config_addr_str(&f->cfg->listen_tls[i], addr, sizeof(addr)));
+        stats_printf(b, ",\"handshakes\":%llu,\"sessions_resumed\":%llu,\"failed\":{",
+                     (unsigned long long)fig.handshakes, (unsigned long long)fig.resumed);
+        for (int k = 0; k < TLS_NFAIL; k++) {
+            stats_printf(b, "%s\"%s\":%llu", k > 0 ? "," : "", tls_fail_name((tls_fail)k),
+                         (unsigned long long)fig.failures[k]);
+        }
+        buf_append_str(b, "}}");
+    }
+    buf_append_str(b, "]");
+}
+
 static void json_loops(ferry *f, buf *b)
 {
     worker_view views[CONFIG_MAX_WORKERS];
@@ -528,6 +586,8 @@ void stats_render_json(ferry *f, buf *out)
                 json_queues(f, st, out);
             } else if (strcmp(d->name, "queue_keys") == 0) {
                 json_queue_keys(f, out);
+            } else if (strcmp(d->name, "tls_listeners") == 0) {
+                json_tls_listeners(f, out);
             } else {
                 json_replicas(f, out);
             }

@@ -141,6 +141,31 @@ typedef enum stat_type {
     X(errors, redis_errors, COUNTER, "ferry_redis_errors_total",                                   \
       "error replies from Redis passed on to clients")                                             \
                                                                                                    \
+    X(tls, tls_handshakes, COUNTER, "ferry_tls_handshakes_total",                                  \
+      "TLS handshakes finished on the listen_tls listeners (live)")                                \
+    X(tls, tls_sessions_resumed, COUNTER, "ferry_tls_sessions_resumed_total",                      \
+      "of those, TLS sessions resumed (a ticket or session id) (live)")                            \
+    X(tls, tls_failed_timeout, COUNTER, "ferry_tls_handshake_timeouts_total",                      \
+      "TLS clients closed: handshake not done within tls.handshake_timeout_ms (live)")             \
+    X(tls, tls_failed_not_tls, COUNTER, "ferry_tls_failed_not_tls_total",                          \
+      "TLS handshakes failed: the client did not speak TLS (plain RESP, HTTP) (live)")             \
+    X(tls, tls_failed_certificate, COUNTER, "ferry_tls_failed_certificate_total",                  \
+      "TLS handshakes failed: a client certificate missing or refused (live)")                     \
+    X(tls, tls_failed_protocol, COUNTER, "ferry_tls_failed_protocol_total",                        \
+      "TLS handshakes failed: protocol version, cipher or another TLS error (live)")               \
+    X(tls, tls_failed_closed, COUNTER, "ferry_tls_failed_closed_total",                            \
+      "TLS handshakes failed: the client closed the connection mid-handshake (live)")              \
+    X(tls, tls_listeners, NODES, "",                                                               \
+      "per listen_tls address: address, handshakes, sessions_resumed and failed (by reason)")      \
+    X(tls, tls_reloads, COUNTER, "ferry_tls_reloads_total",                                        \
+      "certificate reloads (SIGHUP) that took, every TLS role (live)")                             \
+    X(tls, tls_reload_failures, COUNTER, "ferry_tls_reload_failures_total",                        \
+      "certificate reloads refused: the old files stay (live)")                                    \
+    X(tls, tls_upstream_handshakes, COUNTER, "ferry_tls_upstream_handshakes_total",                \
+      "TLS handshakes finished with Redis nodes and sentinels (live)")                             \
+    X(tls, tls_upstream_failures, COUNTER, "ferry_tls_upstream_failures_total",                    \
+      "TLS handshakes failed with Redis nodes and sentinels (live)")                               \
+                                                                                                   \
     X(latency, request_duration_seconds, HISTOGRAM, "ferry_request_duration_seconds",              \
       "client-seen latency of requests Redis answered, parse to reply (blocking calls included)")  \
     X(latency, upstream_duration_seconds, HISTOGRAM, "ferry_upstream_duration_seconds",            \

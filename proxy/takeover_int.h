@@ -13,7 +13,7 @@
 
 #define TAKEOVER_SEND_TIMEOUT_MS 5000 /* one frame's send, old process */
 #define TAKEOVER_SCAN_MS 5            /* handover scan period while handing over */
-#define TAKEOVER_MAX_INHERIT (CONFIG_MAX_LISTEN + 2)
+#define TAKEOVER_MAX_INHERIT (2 * CONFIG_MAX_LISTEN + 2) /* listen, listen_tls, stats, ... */
 
 enum { TK_L_CLIENT = 0, TK_L_STATS, TK_L_TAKEOVER };
 

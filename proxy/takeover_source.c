@@ -82,10 +82,10 @@ static int tk_send_listeners(takeover *tk)
 {
     ferry *f = tk->f;
     int fds[TAKEOVER_MAX_INHERIT];
-    const config_addr *addrs[CONFIG_MAX_LISTEN];
+    const config_addr *addrs[2 * CONFIG_MAX_LISTEN];
     char name[320];
     buf b;
-    int n = server_sockets(f, fds, addrs, CONFIG_MAX_LISTEN);
+    int n = server_sockets(f, fds, addrs, 2 * CONFIG_MAX_LISTEN);
     int total = n;
 
     buf_init(&b);
@@ -582,6 +582,19 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
                      "stream cannot be handed over: closed once its output is written",
                      (unsigned long long)s->id, s->peer);
             session_set_state(s, SESSION_QUITTING); /* closed once written */
+        }
+        return 0;
+    }
+    if (s->out.tls != NULL) {
+        /* TLS: the session's keys live in this process' OpenSSL state
+         * (ferry does not use the kernel's TLS offload), so the client
+         * cannot be handed over. It is closed once nothing of it is in
+         * flight and its replies are written, as MONITOR is; a blocked call
+         * is left to end by itself (data or its timeout): cancelling it
+         * could take an item the client would never get. */
+        if (tk_quiet(s) && s->nrequests == 0 && s->inflight == 0) {
+            tk->closed++;
+            session_close(s, "ferry restarted (takeover): a TLS client cannot be handed over");
         }
         return 0;
     }

@@ -21,6 +21,7 @@
 #include "router.h"
 #include "server.h"
 #include "session.h"
+#include "tls.h"
 #include "workers.h"
 
 /* A replicas_ack WAIT unanswered this long has the replicas asked for an
@@ -934,11 +935,19 @@ void upstream_tick(upstream *up, uint64_t now)
         if (l->state == LINK_CLOSING) {
             continue;
         }
-        if ((l->state == LINK_CONNECTING || l->state == LINK_VERIFYING) &&
+        /* redis.tls: a link of any kind whose handshake has not ended is
+         * bounded as a connect is (a node that stalls mid-handshake). */
+        int tls_stalled =
+            l->out.tls != NULL && !tls_ready(l->out.tls) && l->state != LINK_CONNECTING;
+        if ((l->state == LINK_CONNECTING || l->state == LINK_VERIFYING || tls_stalled) &&
             now - l->opened_ms >= cfg->connect_timeout_ms) {
             l->f->stats.upstream_errors++;
+            if (tls_stalled) {
+                tls_count_failure(l->out.tls, TLS_FAIL_TIMEOUT);
+            }
             link_close(l, l->state == LINK_CONNECTING ? "connect timeout"
-                                                      : "verify timeout (ROLE/CONFIG unanswered)");
+                          : tls_stalled ? "TLS handshake timeout (upstream.connect_timeout_ms)"
+                                        : "verify timeout (ROLE/CONFIG unanswered)");
             continue;
         }
         if (l->state == LINK_DRAINING && link_deadline_passed(l, now)) {

@@ -56,7 +56,7 @@ typedef struct wmsg {
     struct wmsg *next; /* in the mailbox, oldest first */
     wmsg_kind kind;    /* see wmsg_kind */
     int fd;            /* WM_ACCEPT: the client socket, owned by the message */
-    int is_unix;       /* WM_ACCEPT: a unix socket */
+    int is_unix;       /* WM_ACCEPT: FERRY_ACCEPT_* flags (a unix socket, TLS) */
     int port;          /* WM_MASTER */
     char ip[64];       /* WM_MASTER: numeric */
     char why[600];     /* WM_MASTER, WM_SWITCH, WM_STOP */
@@ -385,6 +385,11 @@ static void worker_discard(worker *w)
     free(w);
 }
 
+ferry *workers_main_ctx(struct workers *wk)
+{
+    return wk->main_ctx;
+}
+
 int workers_start(ferry *f)
 {
     const workers_ops *ops = f->workers_ops;
@@ -461,7 +466,7 @@ int workers_accept(ferry *f, uv_stream_t *server, int is_unix)
     /* Accepted here, handed over as a descriptor of its own: the handle
      * that accepted it closes its copy on this loop. */
     server_io *tmp = xmalloc(sizeof(*tmp));
-    if (is_unix) {
+    if (is_unix & FERRY_ACCEPT_UNIX) {
         uv_pipe_init(f->loop, &tmp->pipe, 0);
     } else {
         uv_tcp_init(f->loop, &tmp->tcp);

@@ -67,6 +67,8 @@ typedef struct workers_ops {
  * 0, or a negative error (logged; no worker is left running). Does nothing
  * with workers: 1. */
 int workers_start(ferry *f);
+/* The main loop's context (for a worker's set-up). */
+ferry *workers_main_ctx(struct workers *wk);
 /* Main loop: a client connects on server (a unix socket if is_unix): accept
  * it and hand it to the next loop in turn (this one included). Returns 0 or
  * a negative uv error. */

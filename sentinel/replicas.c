@@ -26,6 +26,7 @@
 #include "sconn.h"
 #include "sentinel.h"
 #include "server.h"
+#include "tls.h"
 
 #define REPLICAS_MAX 32             /* replicas followed at once */
 #define REPLICA_RECHECK_MS 100      /* INFO again while a rewrite runs */
@@ -291,8 +292,9 @@ static void on_state(sconn *c, void *data, int up, const char *why)
 static void replica_connect(replica *rp, uint64_t now)
 {
     rp->connect_started_ms = now;
-    rp->c =
-        sconn_open(rp->rs->f->loop, (const struct sockaddr *)&rp->sa, 0, on_reply, on_state, rp);
+    rp->c = sconn_open(rp->rs->f->loop, (const struct sockaddr *)&rp->sa,
+                       rp->rs->f->tls != NULL ? rp->rs->f->tls->redis : NULL, 0, on_reply, on_state,
+                       rp);
     if (rp->c == NULL) {
         rp->next_connect_ms = now + rp->backoff_ms;
         set_failed(rp, "connection: cannot start connecting");

@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "ferry.h"
 #include "resp.h"
+#include "tls.h"
 
 #define SCONN_MAX_DUE 16              /* replies awaited at once */
 #define SCONN_MAX_REPLY (1024 * 1024) /* a sentinel's reply is small */
@@ -47,7 +48,11 @@ void sconn_close(sconn *c, const char *why)
     if (c->state == SC_CLOSING) {
         return;
     }
+    int was_up = c->state == SC_UP;
     c->state = SC_CLOSING;
+    if (was_up) {
+        outq_tls_bye(&c->out, (uv_stream_t *)&c->tcp); /* TLS: close_notify */
+    }
     uv_close((uv_handle_t *)&c->tcp, close_cb);
     c->scb(c, c->data, 0, why);
 }
@@ -124,7 +129,19 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         sconn_close(c, nread == UV_EOF ? "closed by the peer" : uv_strerror((int)nread));
         return;
     }
-    c->in.len += (size_t)nread;
+    if (c->out.tls != NULL) {
+        if (outq_tls_input(&c->out, b->base, (size_t)nread, &c->in) < 0) {
+            char why[300];
+            snprintf(why, sizeof(why), "TLS: %s", tls_error(c->out.tls));
+            sconn_close(c, why);
+            return;
+        }
+        if (outq_tls_wants_flush(&c->out)) {
+            sconn_flush(c);
+        }
+    } else {
+        c->in.len += (size_t)nread;
+    }
     while (c->state == SC_UP && buf_used(&c->in) > 0) {
         size_t n = 0;
         int rc = resp_scan_reply(&c->sc, buf_head(&c->in), buf_used(&c->in), &n);
@@ -186,8 +203,8 @@ static void connect_cb(uv_connect_t *req, int status)
     sconn_flush(c);
 }
 
-sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_reply_cb rcb,
-                  sconn_state_cb scb, void *data)
+sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, struct tls_conf *tc, int push,
+                  sconn_reply_cb rcb, sconn_state_cb scb, void *data)
 {
     sconn *c = xcalloc(1, sizeof(*c));
     c->push = push;
@@ -201,7 +218,17 @@ sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_
     c->tcp.data = c;
     uv_tcp_nodelay(&c->tcp, 1);
     c->creq.data = c;
-    if (uv_tcp_connect(&c->creq, &c->tcp, addr, connect_cb) < 0) {
+    if (tc != NULL) {
+        char host[64] = "";
+        if (addr->sa_family == AF_INET6) {
+            uv_ip6_name((const struct sockaddr_in6 *)addr, host, sizeof(host));
+        } else {
+            uv_ip4_name((const struct sockaddr_in *)addr, host, sizeof(host));
+        }
+        c->out.tls = tls_new_client(tc, host);
+    }
+    if ((tc != NULL && c->out.tls == NULL) ||
+        uv_tcp_connect(&c->creq, &c->tcp, addr, connect_cb) < 0) {
         c->state = SC_CLOSING;
         uv_close((uv_handle_t *)&c->tcp, close_cb);
         return NULL;

@@ -18,10 +18,13 @@ typedef void (*sconn_reply_cb)(sconn *c, void *data, int kind, redisReply *r);
  * it is freed by the loop after the 'gone' call. */
 typedef void (*sconn_state_cb)(sconn *c, void *data, int up, const char *why);
 
-/* Start connecting to addr. push = 1: replies are not matched to commands
- * (pub/sub). Returns a new connection or NULL (no callback is made then). */
-sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, int push, sconn_reply_cb rcb,
-                  sconn_state_cb scb, void *data);
+struct tls_conf;
+
+/* Start connecting to addr, over TLS with tc's settings if tc is not
+ * NULL. push = 1: replies are not matched to commands (pub/sub). Returns a
+ * new connection or NULL (no callback is made then). */
+sconn *sconn_open(uv_loop_t *loop, const struct sockaddr *addr, struct tls_conf *tc, int push,
+                  sconn_reply_cb rcb, sconn_state_cb scb, void *data);
 /* Queue a command; kind comes back with its reply. Returns 0, or -1 when
  * too many replies are already due (the caller should drop the link). */
 int sconn_send(sconn *c, int kind, int argc, const char *const *argv);

@@ -26,6 +26,7 @@
 #include "replicas.h" /* durability on the replicas (N13) */
 #include "sconn.h"
 #include "server.h"
+#include "tls.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -438,7 +439,9 @@ static void sub_state(sconn *c, void *data, int up, const char *why)
 static void node_connect(sentinel_node *nd, int sub, uint64_t now)
 {
     uv_loop_t *loop = nd->sc->f->loop;
-    sconn *c = sconn_open(loop, (const struct sockaddr *)&nd->addr, sub,
+    ferry *f = nd->sc->f;
+    sconn *c = sconn_open(loop, (const struct sockaddr *)&nd->addr,
+                          f->tls != NULL ? f->tls->sentinel : NULL, sub,
                           sub ? sub_reply : cmd_reply, sub ? sub_state : cmd_state, nd);
     if (c == NULL) {
         nd->next_connect_ms = now + SENTINEL_RECONNECT_MS;

@@ -40,6 +40,7 @@
 #include "link.h"
 #include "log.h"
 #include "session.h"
+#include "tls.h"
 #include "upstream.h"
 
 #define MAX_CLIENTS 3
@@ -142,7 +143,8 @@ static struct {
 
 enum { REDIS_UP = 0, REDIS_DOWN, REDIS_FROZEN };
 
-static ferry F; /* the context under test */
+static ferry F;          /* the context under test */
+static tls_roles no_tls; /* no TLS role: plain TCP everywhere */
 
 static ep *ep_find(const void *h)
 {
@@ -1729,7 +1731,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     log_init(trace ? LOG_DEBUG : cfg->log_level, NULL);
 
-    check(core_init(&F, &loop, cfg, NULL) == 0, "core_init failed");
+    check(core_init(&F, &loop, cfg, &no_tls, NULL) == 0, "core_init failed");
     connect_client(&C[0]);
     settle();
     while (in_left > 0) {

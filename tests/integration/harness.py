@@ -921,8 +921,7 @@ class SentinelServer:
             self.pid = self.proc.pid
             _register(self)
             try:
-                _wait_up(self.proc, lambda: _ping(self.port, timeout=1.0, host=self.host),
-                         'redis-sentinel PING on port %d' % self.port)
+                _wait_up(self.proc, self._up, 'redis-sentinel PING on port %d' % self.port)
                 self._started_once = True
                 return self
             except AssertionError as e:
@@ -934,6 +933,9 @@ class SentinelServer:
                     continue
                 raise AssertionError('%s\n--- sentinel log (%s) ---\n%s\n--- output ---\n%s' % (
                     e, self.log_path, newlog[-4000:], _read(self.out_path)[-2000:])) from None
+
+    def _up(self):
+        return _ping(self.port, timeout=1.0, host=self.host)
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
@@ -1008,7 +1010,11 @@ class SentinelTopology:
 
     def __init__(self, down_after_ms=1000, failover_timeout_ms=5000, master_name='mq',
                  redis_conf=None, replica_conf=None, nreplicas=2, nsentinels=3, quorum=2,
-                 redis_at=None, sentinels_at=None):
+                 redis_at=None, sentinels_at=None, redis_cls=None, sentinel_cls=None):
+        # redis_cls / sentinel_cls: subclasses of RedisServer / SentinelServer
+        # to start instead (e.g. on TLS)
+        redis_cls = redis_cls or RedisServer
+        sentinel_cls = sentinel_cls or SentinelServer
         self.master_name = master_name
         here = ('127.0.0.1', None)
         redis_at = list(redis_at or [])
@@ -1027,16 +1033,16 @@ class SentinelTopology:
             base = {'appendonly': 'yes', 'appendfsync': 'always',
                     'repl-diskless-sync-delay': 0}
             base.update(redis_conf or {})
-            master = RedisServer(base, host=redis_at[0][0], netns=redis_at[0][1])
+            master = redis_cls(base, host=redis_at[0][0], netns=redis_at[0][1])
             self.redis.append(master)
             rconf = dict(base)
             rconf.update(replica_conf or {})
             rconf['replicaof'] = '%s %d' % (master.host, master.port)
             for host, netns in redis_at[1:nreplicas + 1]:
-                self.redis.append(RedisServer(rconf, host=host, netns=netns))
+                self.redis.append(redis_cls(rconf, host=host, netns=netns))
             self.wait_replicas_synced(master, nreplicas)
             for host, netns in sentinels_at[:nsentinels]:
-                self.sentinels.append(SentinelServer(
+                self.sentinels.append(sentinel_cls(
                     master_name, master.port, quorum=quorum, down_after_ms=down_after_ms,
                     failover_timeout_ms=failover_timeout_ms, host=host, netns=netns,
                     master_host=master.host))

@@ -21,7 +21,7 @@ from harness import Ferry, RedisServer, resp_encode, resp_read_reply, wait_until
 
 PROMTOOL = shutil.which('promtool')
 SECTIONS = ('clients', 'memory', 'limits', 'commands', 'errors', 'latency', 'upstream',
-            'failover', 'durability', 'sentinels', 'fallback', 'queues')
+            'failover', 'durability', 'sentinels', 'fallback', 'queues', 'tls')
 
 
 def read_all(sock, timeout=5.0):

@@ -893,6 +893,16 @@ static void test_errors_semantic(void **state)
         {"sentinel:\n", "t.yml:1:1: ", "sentinel.master must be set"},
         {"redis: {address: 127.0.0.1:6379}\nlisten: []\n",
          "t.yml:2:1: ", "listen must have at least one address"},
+        {"redis: {address: 127.0.0.1:6379}\nlisten_tls: 127.0.0.1:7001\n",
+         "t.yml:2:1: ", "listen_tls needs tls.cert_file and tls.key_file"},
+        {"redis: {address: 127.0.0.1:6379}\nlisten_tls: 127.0.0.1:7001\n"
+         "tls: {cert_file: c, key_file: k}\n",
+         "t.yml:1:1: ", "tls.auth_clients yes needs tls.ca_cert_file"},
+        {"redis: {address: 127.0.0.1:6379}\nlisten: 127.0.0.1:7001\nlisten_tls: 127.0.0.1:7001\n"
+         "tls: {cert_file: c, key_file: k, auth_clients: no}\n",
+         "t.yml:3:13: ", "listen_tls: 127.0.0.1:7001 is also a listen address"},
+        {"redis: {address: 127.0.0.1:6379, tls: {cert_file: c}}\n",
+         "t.yml:1:34: ", "redis.tls: cert_file and key_file go together"},
         {"redis: {address: 127.0.0.1:6379}\nlisten: [127.0.0.1:7000]\n"
          "stats:\n  listen: 127.0.0.1:7000\n",
          "t.yml:4:11: ", "stats.listen: 127.0.0.1:7000 is also a listen address"},
