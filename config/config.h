@@ -13,6 +13,7 @@
 #define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
 #define CONFIG_MAX_QUEUES 16    /* queues: most entries */
 #define CONFIG_MAX_QUEUE_KEYS 8 /* queues[].keys: most globs per entry */
+#define CONFIG_MAX_QUEUE_LENGTH 4294967295ull /* queues[].max_length: Redis' list bound */
 
 /* client.auth: who checks a client's AUTH, and as whom its commands run. */
 enum {
@@ -36,10 +37,19 @@ typedef struct config_output_limit {
     size_t soft_seconds; /* how long output may stay above soft */
 } config_output_limit;
 
-/* One entry of queues: the keys it names (Redis glob patterns). */
+/* queues[].on_full: what a push that would pass max_length gets. */
+typedef enum config_on_full {
+    ON_FULL_REFUSE = 0, /* -QFULL at once, nothing applied */
+    ON_FULL_BLOCK       /* held and tried again until there is room (hold_timeout_ms) */
+} config_on_full;
+
+/* One entry of queues: the keys it names (Redis glob patterns) and the
+ * guards that apply to them. */
 typedef struct config_queue {
     char *keys[CONFIG_MAX_QUEUE_KEYS]; /* keys: one glob or a list */
     int nkeys;
+    uint64_t max_length;    /* max_length: most items a list may hold (0: no bound) */
+    config_on_full on_full; /* on_full: refuse (default) or block */
 } config_queue;
 
 typedef struct config {

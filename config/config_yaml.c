@@ -319,8 +319,47 @@ static int conf_queue_keys(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t 
     return 0;
 }
 
-/* queues: a list of maps, each with keys: (the only key known today; the
- * queue guards add theirs). */
+/* max_length: of one queues entry: a whole number of items, 1 or more. */
+static int conf_queue_max_length(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    unsigned long long u;
+    int rc = text != NULL ? conf_parse_unsigned(text, 0, &u) : -1;
+    if (rc == -2 || (rc == 0 && (u == 0 || u > CONFIG_MAX_QUEUE_LENGTH))) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].max_length: %s is out of range (1 to %llu items)", idx,
+                          text,
+                          (unsigned long long)CONFIG_MAX_QUEUE_LENGTH);
+    }
+    if (rc != 0) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].max_length: expected a number of items, got %s", idx,
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    q->max_length = u;
+    return 0;
+}
+
+/* on_full: of one queues entry: refuse or block. */
+static int conf_queue_on_full(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    if (text != NULL && strcmp(text, "refuse") == 0) {
+        q->on_full = ON_FULL_REFUSE;
+    } else if (text != NULL && strcmp(text, "block") == 0) {
+        q->on_full = ON_FULL_BLOCK;
+    } else {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].on_full: expected refuse or block, got %s", idx,
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    return 0;
+}
+
+/* queues: a list of maps, each with keys: (required) and the guards that
+ * apply to those keys: max_length, on_full. */
 static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
 {
     config *cfg = ctx->cfg;
@@ -352,7 +391,9 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                               CONFIG_MAX_QUEUES);
         }
         cfg->nqueues++;
-        int has_keys = 0;
+        static const char *const known[] = {"keys", "max_length", "on_full"};
+        int seen[sizeof(known) / sizeof(known[0])] = {0};
+        yaml_mark_t on_full_at = e->start_mark;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top;
              p++) {
             yaml_node_t *k = yaml_document_get_node(ctx->doc, p->key);
@@ -361,20 +402,38 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                 continue;
             }
             const char *name = k->type == YAML_SCALAR_NODE ? conf_scalar(k) : NULL;
-            if (name == NULL || strcmp(name, "keys") != 0) {
+            size_t which = 0;
+            while (name != NULL && which < sizeof(known) / sizeof(known[0]) &&
+                   strcmp(name, known[which]) != 0) {
+                which++;
+            }
+            if (name == NULL || which == sizeof(known) / sizeof(known[0])) {
                 return conf_error(ctx, k->start_mark, "queues[%d]: unknown key '%s'", idx,
                                   name != NULL ? conf_quote(name, q, sizeof(q)) : "?");
             }
-            if (has_keys) {
-                return conf_error(ctx, k->start_mark, "queues[%d]: duplicate key 'keys'", idx);
+            if (seen[which]) {
+                return conf_error(ctx, k->start_mark, "queues[%d]: duplicate key '%s'", idx,
+                                  known[which]);
             }
-            has_keys = 1;
-            if (conf_queue_keys(ctx, &cfg->queues[idx], idx, val) < 0) {
+            seen[which] = 1;
+            int rc;
+            if (which == 0) {
+                rc = conf_queue_keys(ctx, &cfg->queues[idx], idx, val);
+            } else if (which == 1) {
+                rc = conf_queue_max_length(ctx, &cfg->queues[idx], idx, val);
+            } else {
+                on_full_at = k->start_mark;
+                rc = conf_queue_on_full(ctx, &cfg->queues[idx], idx, val);
+            }
+            if (rc < 0) {
                 return -1;
             }
         }
-        if (!has_keys) {
+        if (!seen[0]) {
             return conf_error(ctx, e->start_mark, "queues[%d]: keys: is required", idx);
+        }
+        if (seen[2] && !seen[1]) {
+            return conf_error(ctx, on_full_at, "queues[%d]: on_full needs max_length", idx);
         }
     }
     return 0;

@@ -448,6 +448,21 @@ static void test_queues(void **state)
     assert_int_equal(cfg.queue_depths_interval_ms, 250);
     assert_int_equal(cfg.queue_depths_keys_per_round, 7);
     assert_int_equal(cfg.queue_depths_max_keys, 20);
+    assert_int_equal(cfg.queues[0].max_length, 0);
+    assert_int_equal(cfg.queues[0].on_full, ON_FULL_REFUSE);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n"
+                  "  - {keys: \"jobs:*\", max_length: 10000}\n"
+                  "  - {keys: \"b:*\", max_length: 4294967295, on_full: block}\n"
+                  "  - {keys: \"c:*\", on_full: refuse, max_length: 1}\n");
+    assert_int_equal(cfg.nqueues, 3);
+    assert_int_equal(cfg.queues[0].max_length, 10000);
+    assert_int_equal(cfg.queues[0].on_full, ON_FULL_REFUSE);
+    assert_int_equal(cfg.queues[1].max_length, 4294967295ull);
+    assert_int_equal(cfg.queues[1].on_full, ON_FULL_BLOCK);
+    assert_int_equal(cfg.queues[2].max_length, 1);
+    assert_int_equal(cfg.queues[2].on_full, ON_FULL_REFUSE);
     config_free(&cfg);
 
     static const error_case cases[] = {
@@ -469,6 +484,22 @@ static void test_queues(void **state)
          "t.yml:2:20: ", "queues[0]: duplicate key 'keys'"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: []\nqueues: []\n",
          "t.yml:3:1: ", "duplicate key 'queues'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 0}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: 0 is out of range (1 to 4294967295 items)"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 4294967296}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: 4294967296 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: -3}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got '-3'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 10k}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got '10k'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: [1]}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got a list"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 5, on_full: wait}]\n",
+         "t.yml:2:44: ", "queues[0].on_full: expected refuse or block, got 'wait'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, on_full: block}]\n",
+         "t.yml:2:20: ", "queues[0]: on_full needs max_length"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 1, max_length: 2}]\n",
+         "t.yml:2:35: ", "queues[0]: duplicate key 'max_length'"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {interval_ms: 1}\n",
          "t.yml:2:29: ", "queue_depths.interval_ms: 1 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {rounds: 1}\n",
