@@ -508,6 +508,14 @@ void link_send(link *l, request *r)
     }
 }
 
+void link_send_as(link *l, request *r, const char *p, size_t n)
+{
+    link_queue_bytes(l, r, p, n);
+    if (r->flags & REQ_F_ACK) {
+        l->need_wait = 1;
+    }
+}
+
 void link_send_raw(link *l, const char *p, size_t n)
 {
     buf_append(link_out(l), p, n);

@@ -431,9 +431,14 @@ static void json_queues(ferry *f, const ferry_stats *st, buf *b)
             }
             json_string(b, cfg->queues[q].keys[g]);
         }
-        stats_printf(b, "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu}",
+        stats_printf(b,
+                     "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu,\"max_length\":%llu,"
+                     "\"refused_full\":%llu,\"held_full\":%llu}",
                      (unsigned long long)st->queue_pushes[q], (unsigned long long)st->queue_pops[q],
-                     (unsigned long long)queue_length(f, q));
+                     (unsigned long long)queue_length(f, q),
+                     (unsigned long long)cfg->queues[q].max_length,
+                     (unsigned long long)st->queue_refused_full[q],
+                     (unsigned long long)st->queue_held_full[q]);
     }
     buf_append_str(b, "]");
 }
@@ -630,6 +635,14 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
         "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the "
         "keys of a queues: entry through ferry",
         st->queue_pops);
+    prom_queue_counter(out, cfg, "ferry_queue_refused_full_total",
+                       "pushes answered -QFULL: they would have taken a list of a queues: entry "
+                       "past its max_length (on_full: refuse); nothing was applied",
+                       st->queue_refused_full);
+    prom_queue_counter(out, cfg, "ferry_queue_held_full_total",
+                       "times a push found a list of a queues: entry with on_full: block at its "
+                       "max_length and was held to be tried again",
+                       st->queue_held_full);
     prom_header(
         out, "ferry_queue_length",
         "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",

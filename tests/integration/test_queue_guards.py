@@ -1,0 +1,278 @@
+"""Queue guards: bounded queues (queues: max_length, on_full), in Sentinel mode
+and with a fixed master (FERRY_TEST_WORKERS=4 runs them on four loops):
+
+- on_full: refuse: 8 producers against a bound of 10 000 with no consumer:
+  the list never holds more than the bound, every refused push got
+  -QFULL ferry: queue <key> holds <n> items (max_length <m>) and is not in
+  the list, every acknowledged one is; a push of several values that would
+  pass the bound applies none of them; keys no entry bounds are unchanged;
+  Redis' own errors (WRONGTYPE) come through;
+- the guard's script is found again after SCRIPT FLUSH (NOSCRIPT: sent as
+  EVAL);
+- on_full: block: pushes wait for room and complete in order as a consumer
+  frees it, pipelined ones too; with no room before upstream.hold_timeout_ms
+  the push gets -TRYAGAIN naming QFULL and is not applied;
+- refusals and holds are counted per queue on the stats port;
+- while no master is up, pushes go to the fallback store as written (the
+  bound is not checked there); replayed, the list may pass its bound and
+  later pushes are refused until consumers bring it under.
+
+Run: python3 -m unittest test_queue_guards -v
+"""
+import json
+import os
+import threading
+import time
+import unittest
+import urllib.request
+
+import redis
+
+from harness import Ferry, RedisServer, wait_until
+from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
+
+BOUND = 10000
+
+
+def queues_yaml(entries):
+    lines = ['queues:']
+    for e in entries:
+        lines.append('  - keys: %s' % json.dumps(e['keys']))
+        for k in ('max_length', 'on_full'):
+            if k in e:
+                lines.append('    %s: %s' % (k, e[k]))
+    return '\n'.join(lines) + '\n'
+
+
+def stats(port):
+    with urllib.request.urlopen('http://127.0.0.1:%d/stats' % port, timeout=5) as r:
+        return json.loads(r.read().decode())
+
+
+class Checks:
+    def start(self, entries, conf=None):
+        """A ferry of this mode with these queues: entries (replacing the
+        one setUp started)."""
+        self.ferry.stop()
+        if isinstance(self, SentinelMode):
+            self.ferry = Ferry(None, sentinel=self.topo, conf=conf, extra_yaml=queues_yaml(entries))
+        else:
+            self.ferry = Ferry(self.redis, conf=conf, extra_yaml=queues_yaml(entries))
+        self.addCleanup(self.ferry.stop)
+        return self.ferry
+
+    def qfull(self, key, n, m):
+        return 'QFULL ferry: queue %s holds %d items (max_length %d)' % (key, n, m)
+
+    def test_refuse_eight_producers(self):
+        p = key_prefix(self)
+        key = p + ':jobs'
+        f = self.start([{'keys': p + ':*', 'max_length': BOUND}])
+        acked, refused, other = [], [], []
+        lock = threading.Lock()
+        over = []
+
+        def producer(n):
+            c = f.client(socket_timeout=30)
+            i = 0
+            refusals = 0
+            while refusals < 25 and i < BOUND:  # bounded: at most BOUND pushes each
+                item = 'p%d-%d' % (n, i)
+                i += 1
+                try:
+                    length = c.rpush(key, item)
+                    with lock:
+                        acked.append(item)
+                        if length > BOUND:
+                            over.append(length)
+                except redis.ResponseError as e:
+                    with lock:
+                        if str(e).startswith('QFULL ferry: queue %s holds ' % key):
+                            refused.append((item, str(e)))
+                        else:
+                            other.append(str(e))
+                    refusals += 1
+
+        threads = [threading.Thread(target=producer, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        self.assertFalse(any(t.is_alive() for t in threads), 'producers hung')
+        self.assertEqual(other, [], self.diag())
+        self.assertEqual(over, [])
+        m = self.master().client()
+        items = m.lrange(key, 0, -1)
+        self.assertEqual(len(items), BOUND)
+        self.assertEqual(len(acked), BOUND)
+        self.assertEqual(sorted(x for x in items), sorted(acked))
+        self.assertEqual(len(refused), 8 * 25)
+        inside = set(x for x in items)
+        for item, text in refused:
+            self.assertNotIn(item, inside)
+            self.assertEqual(text, self.qfull(key, BOUND, BOUND))
+        st = stats(f.stats_port)
+        q = st['queues']['queues'][0]
+        self.assertEqual(q['refused_full'], 8 * 25, q)
+
+    def test_refuse_applies_nothing(self):
+        p = key_prefix(self)
+        key, free = p + ':q', p + 'x:free'
+        f = self.start([{'keys': p + ':*', 'max_length': 5}])
+        c = f.client()
+        self.assertEqual(c.lpush(key, 'a', 'b', 'c', 'd'), 4)
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.lpush(key, 'e', 'f')
+        self.assertEqual(str(cm.exception), self.qfull(key, 4, 5))
+        self.assertEqual(c.lrange(key, 0, -1), ['d', 'c', 'b', 'a'])
+        self.assertEqual(c.rpushx(key, 'e'), 5)
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.rpushx(key, 'f')
+        self.assertEqual(str(cm.exception), self.qfull(key, 5, 5))
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.rpush(key, 'x', 'y', 'z', 'w', 'v', 'u')
+        self.assertEqual(c.lrange(key, 0, -1), ['d', 'c', 'b', 'a', 'e'])
+        # LPUSHX on a missing key applies nothing and is not refused.
+        self.assertEqual(c.lpushx(p + ':none', *['v%d' % i for i in range(9)]), 0)
+        # A key no entry bounds is unchanged.
+        self.assertEqual(c.rpush(free, *['v%d' % i for i in range(20)]), 20)
+        # Redis' own errors come through.
+        c.set(p + ':str', 'x')
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.lpush(p + ':str', 'v')
+        self.assertTrue(str(cm.exception).startswith('WRONGTYPE'), str(cm.exception))
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.execute_command('LPUSH', key)
+        self.assertIn('wrong number of arguments', str(cm.exception))
+        # Many values in one push (past Lua's unpack limit), under the bound.
+        big = p + ':big'
+        self.start([{'keys': p + ':*', 'max_length': 20000}])
+        c = self.ferry.client()
+        self.assertEqual(c.rpush(big, *range(12000)), 12000)
+        self.assertEqual(c.lrange(big, 0, 2), ['0', '1', '2'])
+        self.assertEqual(c.lrange(big, -1, -1), ['11999'])
+
+    def test_script_flushed(self):
+        p = key_prefix(self)
+        key = p + ':q'
+        f = self.start([{'keys': p + ':*', 'max_length': 3}])
+        c = f.client()
+        self.assertEqual(c.rpush(key, 'a'), 1)
+        self.master().client().script_flush()
+        self.assertEqual(c.rpush(key, 'b'), 2)
+        self.assertEqual(c.rpush(key, 'c'), 3)
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.rpush(key, 'd')
+        self.assertEqual(str(cm.exception), self.qfull(key, 3, 3))
+        self.assertEqual(self.master().client().lrange(key, 0, -1), ['a', 'b', 'c'])
+
+    def test_block_in_order(self):
+        p = key_prefix(self)
+        key = p + ':q'
+        f = self.start([{'keys': p + ':*', 'max_length': 3, 'on_full': 'block'}],
+                       conf={'upstream': {'hold_timeout_ms': 20000}})
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush(key, 'i0', 'i1', 'i2'), 3)
+        done = []
+
+        def producer():
+            pc = f.client(socket_timeout=30)
+            for i in range(6):
+                pc.rpush(key, 's%d' % i)
+                done.append('s%d' % i)
+            pipe = f.client(socket_timeout=30).pipeline(transaction=False)
+            for i in range(6):
+                pipe.rpush(key, 'b%d' % i)
+            pipe.execute()
+            done.append('pipeline')
+
+        t = threading.Thread(target=producer)
+        t.start()
+        # Nothing passes the bound while nobody consumes.
+        time.sleep(0.3)  # let the held push retry a few times; then check
+        self.assertEqual(self.master().client().llen(key), 3)
+        self.assertEqual(done, [])
+        popped = []
+        deadline = time.monotonic() + 30
+        while len(popped) < 15 and time.monotonic() < deadline:
+            v = c.lpop(key)
+            if v is None:
+                time.sleep(0.02)
+                continue
+            popped.append(v)
+            self.assertLessEqual(self.master().client().llen(key), 3)
+        t.join(30)
+        self.assertFalse(t.is_alive())
+        want = ['i0', 'i1', 'i2'] + ['s%d' % i for i in range(6)] + ['b%d' % i for i in range(6)]
+        self.assertEqual(popped, want, self.diag())
+        q = stats(f.stats_port)['queues']['queues'][0]
+        self.assertGreater(q['held_full'], 0, q)
+        self.assertEqual(q['refused_full'], 0, q)
+
+    def test_block_bound(self):
+        p = key_prefix(self)
+        key = p + ':q'
+        f = self.start([{'keys': p + ':*', 'max_length': 2, 'on_full': 'block'}],
+                       conf={'upstream': {'hold_timeout_ms': 600}})
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush(key, 'a', 'b'), 2)
+        t0 = time.monotonic()
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.rpush(key, 'c')
+        took = time.monotonic() - t0
+        self.assertTrue(str(cm.exception).startswith('TRYAGAIN ferry: refused by Redis (QFULL)'),
+                        str(cm.exception))
+        self.assertGreaterEqual(took, 0.5)
+        self.assertLess(took, 5)
+        self.assertEqual(self.master().client().lrange(key, 0, -1), ['a', 'b'])
+        self.assertEqual(c.lpop(key), 'a')
+        self.assertEqual(c.rpush(key, 'c'), 2)
+
+
+class QueueGuardsOutageTest(unittest.TestCase):
+    """While no master is up (DOWN), pushes to a bounded queue go to the
+    fallback store as written: the bound is Redis' and is not checked there
+    (fallback.max_bytes bounds the store). Replayed, the list may pass its
+    bound; later pushes are refused until consumers bring it under."""
+
+    def test_outage_pushes_stored_then_refused(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        path = os.path.join(r.dir, 'ferry-fallback.db')
+        conf = {'upstream': {'hold_timeout_ms': 20000, 'connect_timeout_ms': 500},
+                'fallback': {'after_ms': 300, 'path': path}}
+        f = Ferry(r, conf=conf, extra_yaml=queues_yaml([{'keys': 'g:*', 'max_length': 3}]))
+        self.addCleanup(f.kill)
+        c = f.client(socket_timeout=10)
+        self.assertEqual(c.rpush('g:q', 'a', 'b', 'c'), 3)
+        with self.assertRaises(redis.ResponseError):
+            c.rpush('g:q', 'd')
+        r.kill()
+        wait_until(lambda: stats(f.stats_port)['upstream']['upstream_state'] == 'DOWN',
+                   timeout=10, msg='master view DOWN')
+        self.assertEqual(c.rpush('g:q', 'o1'), 1)  # the length of the store's part
+        self.assertEqual(c.rpush('g:q', 'o2'), 2)
+        r.start()
+        wait_until(lambda: stats(f.stats_port)['fallback']['fallback_pending'] == 0,
+                   timeout=15, msg='replay to finish')
+        self.assertEqual(r.client().lrange('g:q', 0, -1), ['a', 'b', 'c', 'o1', 'o2'])
+        with self.assertRaises(redis.ResponseError) as cm:
+            c.rpush('g:q', 'late')
+        self.assertEqual(str(cm.exception),
+                         'QFULL ferry: queue g:q holds 5 items (max_length 3)')
+        self.assertEqual(c.lpop('g:q', 3), ['a', 'b', 'c'])
+        self.assertEqual(c.rpush('g:q', 'late'), 3)
+
+
+class SentinelQueueGuards(SentinelMode, Checks, unittest.TestCase):
+    pass
+
+
+class FixedMasterQueueGuards(FixedMasterMode, Checks, unittest.TestCase):
+    pass
+
+
+load_tests = sentinel_first
+
+if __name__ == '__main__':
+    unittest.main()
