@@ -13,6 +13,8 @@ and with a fixed master (FERRY_TEST_WORKERS=4 runs them on four loops):
   frees it, pipelined ones too; with no room before upstream.hold_timeout_ms
   the push gets -TRYAGAIN naming QFULL and is not applied;
 - refusals and holds are counted per queue on the stats port;
+- a kill -9 of the master (Sentinel mode) under 4 producers: the bound
+  holds on the new master, nothing acknowledged is lost;
 - while no master is up, pushes go to the fallback store as written (the
   bound is not checked there); replayed, the list may pass its bound and
   later pushes are refused until consumers bring it under.
@@ -28,7 +30,7 @@ import urllib.request
 
 import redis
 
-from harness import Ferry, RedisServer, wait_until
+from harness import Ferry, RedisServer, SentinelTopology, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 BOUND = 10000
@@ -262,6 +264,66 @@ class QueueGuardsOutageTest(unittest.TestCase):
                          'QFULL ferry: queue g:q holds 5 items (max_length 3)')
         self.assertEqual(c.lpop('g:q', 3), ['a', 'b', 'c'])
         self.assertEqual(c.rpush('g:q', 'late'), 3)
+
+
+class QueueGuardsFailoverTest(unittest.TestCase):
+    """kill -9 of the master (Sentinel mode) while 4 producers push against
+    a bound: the list on the new master never passes the bound, every
+    acknowledged push is there, and a refused push is absent unless its
+    first attempt's reply was lost with the old master (a write re-sent with
+    its outcome unknown: at most requests_retried_unknown of them)."""
+
+    def test_kill9_master_while_bounded(self):
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        bound = 3000
+        f = Ferry(None, sentinel=topo, conf={'upstream': {'hold_timeout_ms': 30000}},
+                  extra_yaml=queues_yaml([{'keys': 'fo:*', 'max_length': bound}]))
+        self.addCleanup(f.stop)
+        key = 'fo:q'
+        acked, refused, other = [], [], []
+        lock = threading.Lock()
+
+        def producer(n):
+            c = f.client(socket_timeout=60)
+            refusals = 0
+            for i in range(bound):  # bounded; ends after 20 refusals
+                item = 'p%d-%d' % (n, i)
+                try:
+                    c.rpush(key, item)
+                    with lock:
+                        acked.append(item)
+                except redis.ResponseError as e:
+                    with lock:
+                        (refused if str(e).startswith('QFULL ferry: ') else other).append(
+                            (item, str(e)))
+                    refusals += 1
+                    if refusals >= 20:
+                        return
+                except redis.RedisError as e:
+                    with lock:
+                        other.append((item, repr(e)))
+                    return
+
+        threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(acked) >= bound // 3, timeout=60, msg='a third of the bound')
+        old = topo.master()
+        old.kill()
+        topo.wait_failover(old.port, timeout=30)
+        for t in threads:
+            t.join(120)
+        self.assertFalse(any(t.is_alive() for t in threads), 'producers hung')
+        self.assertEqual(other, [], f.log()[-4000:])
+        items = topo.master().client().lrange(key, 0, -1)
+        self.assertLessEqual(len(items), bound)
+        inside = set(items)
+        self.assertEqual([a for a in acked if a not in inside], [])
+        self.assertEqual(len(refused), 4 * 20)
+        present = [it for it, _ in refused if it in inside]
+        retried = stats(f.stats_port)['errors']['requests_retried_unknown']
+        self.assertLessEqual(len(present), retried, (present, retried))
 
 
 class SentinelQueueGuards(SentinelMode, Checks, unittest.TestCase):
