@@ -780,6 +780,10 @@ void config_free(config *cfg)
             cfg->queues[q].keys[i] = NULL;
         }
         cfg->queues[q].nkeys = 0;
+        free(cfg->queues[q].processing);
+        cfg->queues[q].processing = NULL;
+        free(cfg->queues[q].dead_letter);
+        cfg->queues[q].dead_letter = NULL;
     }
     cfg->nqueues = 0;
 }

@@ -50,6 +50,12 @@ typedef struct config_queue {
     int nkeys;
     uint64_t max_length;    /* max_length: most items a list may hold (0: no bound) */
     config_on_full on_full; /* on_full: refuse (default) or block */
+    char *processing;       /* processing: "{key}:processing": the list a move from a queue
+                               key into it leases (NULL: no leases) */
+    char *dead_letter;      /* dead_letter: where an item goes past max_attempts
+                               ("{key}:dead") */
+    uint64_t lease_ms;      /* lease_ms (60000): how long a leased item may stay unacked */
+    uint64_t max_attempts;  /* max_attempts (5): deliveries before the dead letter */
 } config_queue;
 
 typedef struct config {

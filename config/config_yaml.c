@@ -358,8 +358,51 @@ static int conf_queue_on_full(conf_ctx *ctx, config_queue *q, int idx, yaml_node
     return 0;
 }
 
+/* processing: or dead_letter: of one queues entry: a key name holding
+ * {key} once (the queue key it stands beside). */
+static int conf_queue_template(conf_ctx *ctx, char **out, const char *what, int idx,
+                               yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    const char *at = text != NULL ? strstr(text, "{key}") : NULL;
+    if (at == NULL || strstr(at + 5, "{key}") != NULL || strlen(text) == 5) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].%s: expected a key name with {key} once, like "
+                          "\"{key}:%s\", got %s",
+                          idx, what, strcmp(what, "processing") == 0 ? "processing" : "dead",
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    *out = strdup(text);
+    if (*out == NULL) {
+        return conf_oom(ctx, v);
+    }
+    return 0;
+}
+
+/* lease_ms: or max_attempts: of one queues entry: a whole number in range. */
+static int conf_queue_number(conf_ctx *ctx, uint64_t *out, const char *what, int idx,
+                             yaml_node_t *v, unsigned long long lo, unsigned long long hi)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    unsigned long long u;
+    int rc = text != NULL ? conf_parse_unsigned(text, 0, &u) : -1;
+    if (rc == -2 || (rc == 0 && (u < lo || u > hi))) {
+        return conf_error(ctx, v->start_mark, "queues[%d].%s: %s is out of range (%llu to %llu)",
+                          idx, what, text, lo, hi);
+    }
+    if (rc != 0) {
+        return conf_error(ctx, v->start_mark, "queues[%d].%s: expected a whole number, got %s",
+                          idx, what, conf_describe(v, buf, sizeof(buf)));
+    }
+    *out = u;
+    return 0;
+}
+
 /* queues: a list of maps, each with keys: (required) and the guards that
- * apply to those keys: max_length, on_full. */
+ * apply to those keys: max_length, on_full; processing, lease_ms,
+ * max_attempts, dead_letter (leases). */
 static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
 {
     config *cfg = ctx->cfg;
@@ -391,7 +434,11 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                               CONFIG_MAX_QUEUES);
         }
         cfg->nqueues++;
-        static const char *const known[] = {"keys", "max_length", "on_full"};
+        static const char *const known[] = {"keys",         "max_length", "on_full", "processing",
+                                            "dead_letter",  "lease_ms",   "max_attempts"};
+        cfg->queues[idx].lease_ms = 60000;
+        cfg->queues[idx].max_attempts = 5;
+        yaml_mark_t lease_at = e->start_mark;
         int seen[sizeof(known) / sizeof(known[0])] = {0};
         yaml_mark_t on_full_at = e->start_mark;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top;
@@ -421,9 +468,23 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                 rc = conf_queue_keys(ctx, &cfg->queues[idx], idx, val);
             } else if (which == 1) {
                 rc = conf_queue_max_length(ctx, &cfg->queues[idx], idx, val);
-            } else {
+            } else if (which == 2) {
                 on_full_at = k->start_mark;
                 rc = conf_queue_on_full(ctx, &cfg->queues[idx], idx, val);
+            } else if (which == 3) {
+                rc = conf_queue_template(ctx, &cfg->queues[idx].processing, "processing", idx, val);
+            } else if (which == 4) {
+                lease_at = k->start_mark;
+                rc = conf_queue_template(ctx, &cfg->queues[idx].dead_letter, "dead_letter", idx,
+                                         val);
+            } else if (which == 5) {
+                lease_at = k->start_mark;
+                rc = conf_queue_number(ctx, &cfg->queues[idx].lease_ms, "lease_ms", idx, val, 100,
+                                       86400000ull * 7);
+            } else {
+                lease_at = k->start_mark;
+                rc = conf_queue_number(ctx, &cfg->queues[idx].max_attempts, "max_attempts", idx,
+                                       val, 1, 1000000);
             }
             if (rc < 0) {
                 return -1;
@@ -434,6 +495,17 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
         }
         if (seen[2] && !seen[1]) {
             return conf_error(ctx, on_full_at, "queues[%d]: on_full needs max_length", idx);
+        }
+        if ((seen[4] || seen[5] || seen[6]) && !seen[3]) {
+            return conf_error(ctx, lease_at,
+                              "queues[%d]: lease_ms, max_attempts and dead_letter need processing",
+                              idx);
+        }
+        if (seen[3] && !seen[4]) {
+            cfg->queues[idx].dead_letter = strdup("{key}:dead");
+            if (cfg->queues[idx].dead_letter == NULL) {
+                return conf_oom(ctx, e);
+            }
         }
     }
     return 0;
