@@ -11,6 +11,7 @@
 
 #include "backlog.h"
 #include "fence.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -139,6 +140,7 @@ static void tick_cb(uv_timer_t *h)
     }
     outage_tick(f, now);
     queues_tick(f, now);
+    lease_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
@@ -464,6 +466,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct takeover *tk)
         f->sentinel = sentinel_new(f);
     }
     queues_open(f);
+    lease_open(f);
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
 }
@@ -487,6 +490,7 @@ void core_release(ferry *f)
     server_free(f);
     stats_free(f);
     queues_free(f);
+    lease_free(f);
     core_free_buffers(f);
     takeover_free(f);
 }

@@ -169,6 +169,8 @@ typedef struct ferry {
                                        last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
+    struct leases *leases;          /* lease expiry (lease.c), main loop, NULL if no queues:
+                                       entry has processing */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call

@@ -480,6 +480,16 @@ void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done)
     link_queue(l, r);
 }
 
+void link_internal_bytes(link *l, const char *p, size_t n, req_done_cb done, long long arg)
+{
+    request *r = request_new(l->f);
+    r->flags |= REQ_F_INTERNAL | REQ_F_SURE;
+    r->done = done;
+    r->arg = arg;
+    buf_append(&r->data, p, n);
+    link_queue(l, r);
+}
+
 size_t link_internal_each(link *l, const buf *b, req_done_cb done)
 {
     const char *p = buf_head(b);

@@ -113,6 +113,9 @@ void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb 
                         long long arg);
 /* Queue already-encoded bytes as one of ferry's own commands (one reply). */
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
+/* link_internal_raw, with arg, and done called with a NULL reply if l is
+ * lost first (as link_internal_sure). */
+void link_internal_bytes(link *l, const char *p, size_t n, req_done_cb done, long long arg);
 /* Send every request encoded in b on l as one of ferry's own (done gets
  * each reply). Returns how many. */
 size_t link_internal_each(link *l, const buf *b, req_done_cb done);

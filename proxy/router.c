@@ -33,6 +33,7 @@
 #include "clients.h"
 #include "fence.h"
 #include "guards.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -683,7 +684,7 @@ static int dispatch_one(session *s, request *r)
          * it, Redis would queue the WAIT in the client's transaction. */
         fence_wait(target);
     }
-    if (!guards_send(s, r, target)) {
+    if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
         link_send(target, r);
     }
     s->inflight++;
@@ -822,6 +823,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         s->f->session_ops->check_reading(s);
         return;
     }
+    lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
         sticky_accepted(s, r);

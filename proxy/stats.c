@@ -433,12 +433,16 @@ static void json_queues(ferry *f, const ferry_stats *st, buf *b)
         }
         stats_printf(b,
                      "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu,\"max_length\":%llu,"
-                     "\"refused_full\":%llu,\"held_full\":%llu}",
+                     "\"refused_full\":%llu,\"held_full\":%llu,\"lease_expired\":%llu,"
+                     "\"dead_lettered\":%llu,\"lease_orphans\":%llu}",
                      (unsigned long long)st->queue_pushes[q], (unsigned long long)st->queue_pops[q],
                      (unsigned long long)queue_length(f, q),
                      (unsigned long long)cfg->queues[q].max_length,
                      (unsigned long long)st->queue_refused_full[q],
-                     (unsigned long long)st->queue_held_full[q]);
+                     (unsigned long long)st->queue_held_full[q],
+                     (unsigned long long)st->queue_lease_expired[q],
+                     (unsigned long long)st->queue_dead_lettered[q],
+                     (unsigned long long)st->queue_lease_orphans[q]);
     }
     buf_append_str(b, "]");
 }
@@ -643,6 +647,13 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
                        "times a push found a list of a queues: entry with on_full: block at its "
                        "max_length and was held to be tried again",
                        st->queue_held_full);
+    prom_queue_counter(out, cfg, "ferry_queue_lease_expired_total",
+                       "leases of a queues: entry expired by this ferry (the item back in its "
+                       "queue, or dead-lettered past max_attempts)",
+                       st->queue_lease_expired);
+    prom_queue_counter(out, cfg, "ferry_queue_dead_lettered_total",
+                       "items of a queues: entry moved to its dead_letter by this ferry",
+                       st->queue_dead_lettered);
     prom_header(
         out, "ferry_queue_length",
         "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",

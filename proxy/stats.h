@@ -288,6 +288,9 @@ typedef struct ferry_stats {
     uint64_t queue_pops[CONFIG_MAX_QUEUES];
     uint64_t queue_refused_full[CONFIG_MAX_QUEUES]; /* -QFULL answered (guards.c) */
     uint64_t queue_held_full[CONFIG_MAX_QUEUES];    /* a push found it full and was held */
+    uint64_t queue_lease_expired[CONFIG_MAX_QUEUES]; /* leases expired (lease.c) */
+    uint64_t queue_dead_lettered[CONFIG_MAX_QUEUES]; /* of them, items dead-lettered */
+    uint64_t queue_lease_orphans[CONFIG_MAX_QUEUES]; /* items found without a lease */
 } ferry_stats;
 
 /* The counting functions below live in counters.c (no upward calls: any

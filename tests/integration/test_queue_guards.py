@@ -23,6 +23,9 @@ Run: python3 -m unittest test_queue_guards -v
 """
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -36,11 +39,23 @@ from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 BOUND = 10000
 
 
+WORKER = '''
+import sys, time, redis
+port, q, proc, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+c = redis.Redis(port=port, decode_responses=True, socket_timeout=10)
+for _ in range(n):
+    assert c.brpoplpush(q, proc, 5) is not None
+print('ready %d' % n, flush=True)
+time.sleep(120)
+'''
+
+
 def queues_yaml(entries):
     lines = ['queues:']
     for e in entries:
         lines.append('  - keys: %s' % json.dumps(e['keys']))
-        for k in ('max_length', 'on_full'):
+        for k in ('max_length', 'on_full', 'processing', 'lease_ms', 'max_attempts',
+                  'dead_letter'):
             if k in e:
                 lines.append('    %s: %s' % (k, e[k]))
     return '\n'.join(lines) + '\n'
@@ -52,6 +67,101 @@ def stats(port):
 
 
 class Checks:
+    # ---- leases
+
+    def lease_entry(self, p, **kw):
+        e = {'keys': p + ':*', 'processing': '"{key}:processing"', 'lease_ms': 1000,
+             'max_attempts': 5}
+        e.update(kw)
+        return e
+
+    def attempts(self, proc, item):
+        return self.master().client().hget('ferry:attempts:{%s}' % proc, item)
+
+    def test_lease_worker_killed(self):
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p)])
+        c = f.client()
+        items = ['t%02d' % i for i in range(50)]
+        c.lpush(q, *items)
+        worker = subprocess.Popen(
+            [sys.executable, '-c', WORKER, str(f.port), q, proc, '50'],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: worker.poll() is None and worker.kill())
+        self.addCleanup(worker.stdout.close)
+        self.addCleanup(worker.stderr.close)
+        line = worker.stdout.readline().strip()
+        self.assertEqual(line, 'ready 50', worker.stderr.read() if not line else line)
+        t_ready = time.monotonic()
+        m = self.master().client()
+        self.assertEqual(m.llen(proc), 50)
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 50)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        wait_until(lambda: m.llen(q) == 50 and m.llen(proc) == 0, timeout=15,
+                   msg='the 50 leased items back in the queue')
+        self.assertGreaterEqual(time.monotonic() - t_ready, 0.9)
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
+        for it in items:
+            self.assertEqual(self.attempts(proc, it), '2:R')
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
+        st = stats(f.stats_port)['queues']['queues'][0]
+        self.assertEqual(st['lease_expired'], 50, st)
+        self.assertEqual(st['dead_lettered'], 0, st)
+
+    def test_lease_dead_letter_once(self):
+        p = key_prefix(self)
+        q, proc, dead = p + ':q', p + ':q:processing', p + ':q:dead'
+        f = self.start([self.lease_entry(p, lease_ms=300, max_attempts=3)])
+        c = f.client(socket_timeout=10)
+        c.lpush(q, 'bad')
+        deliveries = 0
+        m = self.master().client()
+        for _ in range(10):  # bounded: more than max_attempts deliveries is a failure
+            v = c.brpoplpush(q, proc, 2)
+            if v is None:
+                break
+            self.assertEqual(v, 'bad')
+            deliveries += 1
+            self.assertEqual(self.attempts(proc, 'bad'), '%d:R' % deliveries)
+        self.assertEqual(deliveries, 3)
+        wait_until(lambda: m.llen(dead) == 1, timeout=5, msg='dead-lettered')
+        time.sleep(0.7)  # two more lease periods: nothing else may move
+        self.assertEqual(m.lrange(dead, 0, -1), ['bad'])
+        self.assertEqual(m.llen(q), 0)
+        self.assertEqual(m.llen(proc), 0)
+        self.assertIsNone(self.attempts(proc, 'bad'))
+        st = stats(f.stats_port)['queues']['queues'][0]
+        self.assertEqual(st['dead_lettered'], 1, st)
+        self.assertEqual(st['lease_expired'], 3, st)
+
+    def test_lease_ack(self):
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=300)])
+        c = f.client(socket_timeout=10)
+        c.rpush(q, 'a', 'b', 'c', 'd')
+        got = [c.rpoplpush(q, proc), c.lmove(q, proc, 'LEFT', 'LEFT'),
+               c.blmove(q, proc, 2, 'RIGHT', 'LEFT'), c.brpoplpush(q, proc, 2)]
+        self.assertEqual(sorted(got), ['a', 'b', 'c', 'd'])
+        m = self.master().client()
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 4)
+        self.assertEqual(self.attempts(proc, 'a'), '1:L')
+        for it in got:
+            self.assertEqual(c.lrem(proc, 1, it), 1)
+        self.assertEqual(c.lrem(proc, 1, 'a'), 0)
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
+        self.assertEqual(m.hlen('ferry:attempts:{%s}' % proc), 0)
+        time.sleep(0.8)  # past the lease: nothing comes back
+        self.assertEqual(m.llen(q), 0)
+        with self.assertRaises(redis.ResponseError):
+            c.lrem(proc, 'x', 'a')
+        # A move into another list is no lease.
+        c.rpush(q, 'e')
+        self.assertEqual(c.rpoplpush(q, p + ':other'), 'e')
+        self.assertEqual(m.zcard('ferry:leases:{%s:other}' % p), 0)
+
     def start(self, entries, conf=None):
         """A ferry of this mode with these queues: entries (replacing the
         one setUp started)."""
@@ -264,6 +374,44 @@ class QueueGuardsOutageTest(unittest.TestCase):
                          'QFULL ferry: queue g:q holds 5 items (max_length 3)')
         self.assertEqual(c.lpop('g:q', 3), ['a', 'b', 'c'])
         self.assertEqual(c.rpush('g:q', 'late'), 3)
+
+
+class TwoFerriesLeaseTest(unittest.TestCase):
+    """Two ferry instances on one Redis, both expiring leases: each of 50
+    leases a killed worker held is expired by exactly one of them (the
+    item back once, the counters of both sum to 50)."""
+
+    def test_each_lease_expired_once(self):
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        entry = queues_yaml([{'keys': 'two:*', 'processing': '"{key}:processing"',
+                              'lease_ms': 500}])
+        fa = Ferry(r, extra_yaml=entry)
+        self.addCleanup(fa.stop)
+        fb = Ferry(r, extra_yaml=entry)
+        self.addCleanup(fb.stop)
+        q, proc = 'two:q', 'two:q:processing'
+        items = ['t%02d' % i for i in range(50)]
+        m = r.client()
+        m.lpush(q, *items)
+        workers = []
+        for f, n in ((fa, 25), (fb, 25)):
+            w = subprocess.Popen([sys.executable, '-c', WORKER, str(f.port), q, proc, str(n)],
+                                 stdout=subprocess.PIPE, text=True)
+            self.addCleanup(lambda w=w: w.poll() is None and w.kill())
+            self.assertEqual(w.stdout.readline().strip(), 'ready %d' % n)
+            workers.append(w)
+        for w in workers:
+            os.kill(w.pid, signal.SIGKILL)
+            w.wait(10)
+            w.stdout.close()
+        wait_until(lambda: m.llen(q) == 50 and m.llen(proc) == 0, timeout=15,
+                   msg='the 50 leased items back in the queue')
+        time.sleep(1.2)  # two more lease periods on both ferries: nothing moves twice
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
+        expired = [stats(f.stats_port)['queues']['queues'][0]['lease_expired'] for f in (fa, fb)]
+        self.assertEqual(sum(expired), 50, expired)
+        self.assertIn(0, expired)  # the lock: one ferry expires, the other waits
 
 
 class QueueGuardsFailoverTest(unittest.TestCase):
