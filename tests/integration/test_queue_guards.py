@@ -474,6 +474,69 @@ class QueueGuardsFailoverTest(unittest.TestCase):
         self.assertLessEqual(len(present), retried, (present, retried))
 
 
+class LeaseFailoverTest(unittest.TestCase):
+    """kill -9 of the master (Sentinel mode) while 4 workers take items
+    with BRPOPLPUSH, ack most with LREM and let every fifth fail (its lease
+    expires, max_attempts 3): every item ends acked once or dead-lettered
+    once, none lost, none twice."""
+
+    def test_kill9_master_while_leases_expire(self):
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        f = Ferry(None, sentinel=topo, conf={'upstream': {'hold_timeout_ms': 30000}},
+                  extra_yaml=queues_yaml([{'keys': 'lf:*', 'processing': '"{key}:processing"',
+                                           'lease_ms': 500, 'max_attempts': 3}]))
+        self.addCleanup(f.stop)
+        q, proc, dead = 'lf:q', 'lf:q:processing', 'lf:q:dead'
+        items = ['i%03d' % i for i in range(300)]
+        f.client().lpush(q, *items)
+        acked, errors = [], []
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def worker():
+            c = f.client(socket_timeout=60)
+            while not stop.is_set():
+                try:
+                    it = c.brpoplpush(q, proc, 1)
+                    if it is None or int(it[1:]) % 5 == 0:
+                        continue  # fails: its lease expires
+                    if c.lrem(proc, 1, it) == 1:
+                        with lock:
+                            acked.append(it)
+                except redis.RedisError as e:
+                    with lock:
+                        errors.append(repr(e))
+                    return
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        self.addCleanup(stop.set)
+        wait_until(lambda: len(acked) >= 60, timeout=60, msg='60 acks')
+        old = topo.master()
+        old.kill()
+        topo.wait_failover(old.port, timeout=30)
+
+        def settled():
+            m = topo.master().client()
+            return len(set(acked)) + m.llen(dead) >= 300
+        wait_until(settled, timeout=90, interval=0.2, msg='every item acked or dead-lettered')
+        stop.set()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [], f.log()[-4000:])
+        m = topo.master().client()
+        deads = m.lrange(dead, 0, -1)
+        self.assertEqual(len(acked), len(set(acked)), 'an item acked twice')
+        self.assertEqual(len(deads), len(set(deads)), 'an item dead-lettered twice')
+        self.assertEqual(set(acked) & set(deads), set())
+        self.assertEqual(sorted(set(acked) | set(deads)), items)
+        self.assertEqual(sorted(deads), [it for it in items if int(it[1:]) % 5 == 0])
+        self.assertEqual(m.llen(q), 0)
+        self.assertEqual(m.llen(proc), 0)
+
+
 class SentinelQueueGuards(SentinelMode, Checks, unittest.TestCase):
     pass
 
