@@ -244,8 +244,10 @@ typedef enum stat_type {
       "commands on its keys through ferry, every loop; Prometheus ferry_queue_pushes_total and "   \
       "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths), max_length "    \
       "(its bound, 0: none), refused_full (pushes answered -QFULL) and held_full (times a push "   \
-      "found it full and was held, on_full: block); Prometheus ferry_queue_refused_full_total "    \
-      "and ferry_queue_held_full_total by keys (live)")                                            \
+      "found it full and was held, on_full: block), lease_expired, dead_lettered and "             \
+      "lease_orphans (leases this ferry expired, of them dead-lettered, items found without a "   \
+      "lease); Prometheus ferry_queue_refused_full_total, ferry_queue_held_full_total, "           \
+      "ferry_queue_lease_expired_total and ferry_queue_dead_lettered_total by keys (live)")        \
     X(queues, queue_keys, NODES, "",                                                               \
       "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
       "sampled), store_rows (its rows in the fallback store); Prometheus ferry_queue_length by "   \
