@@ -23,6 +23,7 @@ Run: python3 -m unittest test_queue_guards -v
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from harness import Ferry, RedisServer, SentinelTopology, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 BOUND = 10000
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 WORKER = '''
@@ -161,6 +163,29 @@ class Checks:
         c.rpush(q, 'e')
         self.assertEqual(c.rpoplpush(q, p + ':other'), 'e')
         self.assertEqual(m.zcard('ferry:leases:{%s:other}' % p), 0)
+
+    def test_reliable_queue_ioredis(self):
+        """The pattern with ioredis (node/clients.js reliable), unchanged."""
+        node = shutil.which('node')
+        self.assertIsNotNone(node, 'node is not installed: run scripts/setup')
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, max_length=5, lease_ms=500)])
+        run = subprocess.run([node, os.path.join(HERE, 'node', 'clients.js'), str(f.port),
+                              'reliable', p], capture_output=True, text=True, timeout=60,
+                             cwd=HERE)
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        self.assertEqual(run.returncode, 0, (out, run.stderr[-2000:]))
+        self.assertEqual(out['pushed'], 5)
+        self.assertEqual(out['full'], self.qfull(q, 5, 5))
+        self.assertEqual(out['taken'], ['a', 'b', 'c'])
+        self.assertEqual(out['acked'], [1, 1])
+        m = self.master().client()
+        wait_until(lambda: m.llen(proc) == 0 and m.llen(q) == 3, timeout=10,
+                   msg='the unacked item back in the queue')
+        self.assertEqual(m.lrange(q, 0, -1), ['e', 'd', 'c'])
+        self.assertEqual(self.attempts(proc, 'c'), '2:R')
+        self.assertIsNone(self.attempts(proc, 'a'))
 
     def start(self, entries, conf=None):
         """A ferry of this mode with these queues: entries (replacing the
