@@ -6,10 +6,10 @@
  * (lease it if it is still in the processing list, with the deadline from
  * Redis' TIME) on the shared link the move came on, or for a blocking move
  * (on a dedicated link) on a shared one: an ack that overtakes it leaves
- * the item out of the list, and the script leases nothing. Blocking moves are not rewritten: the pop itself stays
- * Redis' own, and its timeout its own. A lease lost between the two (ferry
- * killed, the link lost) is found by the expiry: an item in a processing
- * list without a lease is given one then.
+ * the item out of the list, and the script leases nothing. Blocking moves are not rewritten: the
+ * pop itself stays Redis' own, and its timeout its own. A lease lost between the two (ferry killed,
+ * the link lost) is found by the expiry: an item in a processing list without a lease is given one
+ * then.
  *
  * Ack. LREM <processing> <count> <item> is sent as the ack script: the same
  * LREM, and when no copy of the item is left in the list, the lease and the
@@ -38,7 +38,7 @@
 #include "tx.h"
 #include "upstream.h"
 
-#define BATCH 100           /* leases expired per processing list and round */
+#define BATCH 100 /* leases expired per processing list and round */
 #define REGISTRY "ferry:leases:registry"
 #define LOCK "ferry:leases:lock"
 #define MAX_ARGS 8
@@ -56,14 +56,13 @@ static const char lease_lua[] =
     "return 1\n";
 
 /* KEYS: processing, leases, attempts; ARGV: count, item (the client's LREM) */
-static const char ack_lua[] =
-    "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
-    "if type(n) == 'table' then return n end\n"
-    "if n > 0 and not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
-    "  redis.call('ZREM', KEYS[2], ARGV[2])\n"
-    "  redis.call('HDEL', KEYS[3], ARGV[2])\n"
-    "end\n"
-    "return n\n";
+static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
+                              "if type(n) == 'table' then return n end\n"
+                              "if n > 0 and not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
+                              "  redis.call('ZREM', KEYS[2], ARGV[2])\n"
+                              "  redis.call('HDEL', KEYS[3], ARGV[2])\n"
+                              "end\n"
+                              "return n\n";
 
 /* KEYS: processing, leases, attempts, queue, dead letter, lock;
  * ARGV: owner, lock ttl ms, batch, max_attempts, lease_ms.
@@ -110,12 +109,12 @@ static const char expire_lua[] =
 
 struct leases {
     ferry *f;
-    char owner[64];     /* this ferry's name on the lock */
-    uint64_t interval;  /* ms between rounds */
-    uint64_t next_ms;   /* next round */
-    uint64_t round;     /* rounds started */
-    int in_flight;      /* replies the round awaits */
-    int logged_other;   /* another ferry holds the lock (logged once) */
+    char owner[64];    /* this ferry's name on the lock */
+    uint64_t interval; /* ms between rounds */
+    uint64_t next_ms;  /* next round */
+    uint64_t round;    /* rounds started */
+    int in_flight;     /* replies the round awaits */
+    int logged_other;  /* another ferry holds the lock (logged once) */
 };
 
 /* ------------------------------------------------------------ key names */
@@ -258,8 +257,8 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
         return;
     }
     const char *side = "R";
-    if ((strcmp(r->cmd->name, "lmove") == 0 || strcmp(r->cmd->name, "blmove") == 0) &&
-        argc >= 4 && al[3] == 4 && strncasecmp(av[3], "left", 4) == 0) {
+    if ((strcmp(r->cmd->name, "lmove") == 0 || strcmp(r->cmd->name, "blmove") == 0) && argc >= 4 &&
+        al[3] == 4 && strncasecmp(av[3], "left", 4) == 0) {
         side = "L";
     }
     char ms[24];
