@@ -502,7 +502,9 @@ class LeaseFailoverTest(unittest.TestCase):
     """kill -9 of the master (Sentinel mode) while 4 workers take items
     with BRPOPLPUSH, ack most with LREM and let every fifth fail (its lease
     expires, max_attempts 3): every item ends acked once or dead-lettered
-    once, none lost, none twice."""
+    once, none lost, none twice (an ack re-sent after its reply was lost
+    with the master answers 0: counted apart, bounded by the re-sent
+    writes)."""
 
     def test_kill9_master_while_leases_expire(self):
         topo = SentinelTopology()
@@ -514,7 +516,7 @@ class LeaseFailoverTest(unittest.TestCase):
         q, proc, dead = 'lf:q', 'lf:q:processing', 'lf:q:dead'
         items = ['i%03d' % i for i in range(300)]
         f.client().lpush(q, *items)
-        acked, errors = [], []
+        acked, ack_zero, errors = [], [], []
         lock = threading.Lock()
         stop = threading.Event()
 
@@ -525,9 +527,9 @@ class LeaseFailoverTest(unittest.TestCase):
                     it = c.brpoplpush(q, proc, 1)
                     if it is None or int(it[1:]) % 5 == 0:
                         continue  # fails: its lease expires
-                    if c.lrem(proc, 1, it) == 1:
-                        with lock:
-                            acked.append(it)
+                    n = c.lrem(proc, 1, it)
+                    with lock:
+                        (acked if n == 1 else ack_zero).append(it)
                 except redis.RedisError as e:
                     with lock:
                         errors.append(repr(e))
@@ -544,8 +546,20 @@ class LeaseFailoverTest(unittest.TestCase):
 
         def settled():
             m = topo.master().client()
-            return len(set(acked)) + m.llen(dead) >= 300
-        wait_until(settled, timeout=90, interval=0.2, msg='every item acked or dead-lettered')
+            return (m.llen(q) == 0 and m.llen(proc) == 0 and
+                    len(set(acked) | set(ack_zero) | set(m.lrange(dead, 0, -1))) >= 300)
+        try:
+            wait_until(settled, timeout=90, interval=0.2, msg='every item acked or dead-lettered')
+        except AssertionError:
+            m = topo.master().client()
+            lost = set(items) - set(acked) - set(ack_zero) - set(m.lrange(dead, 0, -1))
+            raise AssertionError('not settled: acked %d, queue %r, processing %r, dead %d, '
+                                 'leases %r, attempts %r, missing %r, errors %r\n%s' % (
+                                     len(set(acked)), m.lrange(q, 0, -1), m.lrange(proc, 0, -1),
+                                     m.llen(dead), m.zrange('ferry:leases:{%s}' % proc, 0, -1,
+                                                            withscores=True),
+                                     {k: m.hget('ferry:attempts:{%s}' % proc, k) for k in lost},
+                                     sorted(lost), errors, f.log()[-3000:]))
         stop.set()
         for t in threads:
             t.join(60)
@@ -555,7 +569,14 @@ class LeaseFailoverTest(unittest.TestCase):
         self.assertEqual(len(acked), len(set(acked)), 'an item acked twice')
         self.assertEqual(len(deads), len(set(deads)), 'an item dead-lettered twice')
         self.assertEqual(set(acked) & set(deads), set())
-        self.assertEqual(sorted(set(acked) | set(deads)), items)
+        # An ack whose reply was lost with the master is sent again (its
+        # outcome unknown: at-least-once) and then answers 0: the item was
+        # acked once, by the first. Those are the only items neither counted
+        # as acked nor dead-lettered, and no more than the writes re-sent.
+        unknown = set(items) - set(acked) - set(deads)
+        self.assertLessEqual(unknown, set(ack_zero))
+        retried = stats(f.stats_port)['errors']['requests_retried_unknown']
+        self.assertLessEqual(len(unknown), retried, (unknown, retried))
         self.assertEqual(sorted(deads), [it for it in items if int(it[1:]) % 5 == 0])
         self.assertEqual(m.llen(q), 0)
         self.assertEqual(m.llen(proc), 0)
