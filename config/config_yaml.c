@@ -400,6 +400,43 @@ static int conf_queue_number(conf_ctx *ctx, uint64_t *out, const char *what, int
     return 0;
 }
 
+/* consumer_backoff: of one queues entry: {after_failures: N, pause_ms: M}. */
+static int conf_queue_backoff(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    if (v->type != YAML_MAPPING_NODE) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].consumer_backoff: expected a mapping like "
+                          "{after_failures: 100, pause_ms: 30000}, got %s",
+                          idx, conf_describe(v, buf, sizeof(buf)));
+    }
+    q->backoff_after = 100;
+    q->backoff_pause_ms = 30000;
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(ctx->doc, p->key);
+        yaml_node_t *val = yaml_document_get_node(ctx->doc, p->value);
+        const char *name = k != NULL && k->type == YAML_SCALAR_NODE ? conf_scalar(k) : NULL;
+        int rc;
+        if (k == NULL || val == NULL) {
+            continue;
+        }
+        if (name != NULL && strcmp(name, "after_failures") == 0) {
+            rc = conf_queue_number(ctx, &q->backoff_after, "consumer_backoff.after_failures", idx,
+                                   val, 1, 1000000);
+        } else if (name != NULL && strcmp(name, "pause_ms") == 0) {
+            rc = conf_queue_number(ctx, &q->backoff_pause_ms, "consumer_backoff.pause_ms", idx,
+                                   val, 1, 86400000ull);
+        } else {
+            return conf_error(ctx, k->start_mark, "queues[%d].consumer_backoff: unknown key '%s'",
+                              idx, name != NULL ? conf_quote(name, buf, sizeof(buf)) : "?");
+        }
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* queues: a list of maps, each with keys: (required) and the guards that
  * apply to those keys: max_length, on_full; processing, lease_ms,
  * max_attempts, dead_letter (leases). */
@@ -434,8 +471,9 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                               CONFIG_MAX_QUEUES);
         }
         cfg->nqueues++;
-        static const char *const known[] = {"keys",         "max_length", "on_full", "processing",
-                                            "dead_letter",  "lease_ms",   "max_attempts"};
+        static const char *const known[] = {"keys",        "max_length",   "on_full",
+                                            "processing",  "dead_letter",  "lease_ms",
+                                            "max_attempts", "consumer_backoff"};
         cfg->queues[idx].lease_ms = 60000;
         cfg->queues[idx].max_attempts = 5;
         yaml_mark_t lease_at = e->start_mark;
@@ -481,10 +519,13 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                 lease_at = k->start_mark;
                 rc = conf_queue_number(ctx, &cfg->queues[idx].lease_ms, "lease_ms", idx, val, 100,
                                        86400000ull * 7);
-            } else {
+            } else if (which == 6) {
                 lease_at = k->start_mark;
                 rc = conf_queue_number(ctx, &cfg->queues[idx].max_attempts, "max_attempts", idx,
                                        val, 1, 1000000);
+            } else {
+                lease_at = k->start_mark;
+                rc = conf_queue_backoff(ctx, &cfg->queues[idx], idx, val);
             }
             if (rc < 0) {
                 return -1;
@@ -496,9 +537,10 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
         if (seen[2] && !seen[1]) {
             return conf_error(ctx, on_full_at, "queues[%d]: on_full needs max_length", idx);
         }
-        if ((seen[4] || seen[5] || seen[6]) && !seen[3]) {
+        if ((seen[4] || seen[5] || seen[6] || seen[7]) && !seen[3]) {
             return conf_error(ctx, lease_at,
-                              "queues[%d]: lease_ms, max_attempts and dead_letter need processing",
+                              "queues[%d]: lease_ms, max_attempts, dead_letter and "
+                              "consumer_backoff need processing",
                               idx);
         }
         if (seen[3] && !seen[4]) {

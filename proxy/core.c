@@ -421,6 +421,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
         core_release(f);
         return FERRY_ECONFIG;
     }
+    lease_open(f); /* the paused consumers (consumer_backoff), not the expiry */
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
 }

@@ -32,6 +32,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "clients.h"
 #include "link.h"
 #include "log.h"
 #include "queues.h"
@@ -41,9 +42,14 @@
 #define BATCH 100 /* leases expired per processing list and round */
 #define REGISTRY "ferry:leases:registry"
 #define LOCK "ferry:leases:lock"
+#define FAILURES "ferry:consumers:failures"
+#define PAUSED "ferry:consumers:paused"
+#define MAX_PAUSED 64 /* paused consumers a loop keeps */
+#define PAUSE_POLL_MS 200
 #define MAX_ARGS 8
 
-/* KEYS: processing, leases, attempts, registry; ARGV: item, lease_ms, side */
+/* KEYS: processing, leases, attempts, registry, consumers; ARGV: item,
+ * lease_ms, side, consumer */
 static const char lease_lua[] =
     "if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end\n"
     "local t = redis.call('TIME')\n"
@@ -53,20 +59,28 @@ static const char lease_lua[] =
     "  redis.call('HSET', KEYS[3], ARGV[1], '1:' .. ARGV[3])\n"
     "end\n"
     "redis.call('SADD', KEYS[4], KEYS[1])\n"
+    "redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])\n"
     "return 1\n";
 
-/* KEYS: processing, leases, attempts; ARGV: count, item (the client's LREM) */
+/* KEYS: processing, leases, attempts, consumers, failures; ARGV: count,
+ * item (the client's LREM), the consumer acking (its failures reset) */
 static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
                               "if type(n) == 'table' then return n end\n"
-                              "if n > 0 and not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
-                              "  redis.call('ZREM', KEYS[2], ARGV[2])\n"
-                              "  redis.call('HDEL', KEYS[3], ARGV[2])\n"
+                              "if n > 0 then\n"
+                              "  redis.call('HDEL', KEYS[5], ARGV[3])\n"
+                              "  if not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
+                              "    redis.call('ZREM', KEYS[2], ARGV[2])\n"
+                              "    redis.call('HDEL', KEYS[3], ARGV[2])\n"
+                              "    redis.call('HDEL', KEYS[4], ARGV[2])\n"
+                              "  end\n"
                               "end\n"
                               "return n\n";
 
-/* KEYS: processing, leases, attempts, queue, dead letter, lock;
- * ARGV: owner, lock ttl ms, batch, max_attempts, lease_ms.
- * Returns {back, dead, orphans, open}, or {-1} when another ferry expires. */
+/* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
+ * failures, paused; ARGV: owner, lock ttl ms, batch, max_attempts,
+ * lease_ms, after_failures (0: no back-off), pause_ms.
+ * Returns {back, dead, orphans, open, consumers paused...}, or {-1} when
+ * another ferry expires. */
 static const char expire_lua[] =
     "local owner = redis.call('GET', KEYS[6])\n"
     "if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
@@ -75,10 +89,18 @@ static const char expire_lua[] =
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "local batch = tonumber(ARGV[3])\n"
     "local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
-    "local back, dead, orphans = 0, 0, 0\n"
+    "local back, dead, orphans, paused = 0, 0, 0, {}\n"
     "for _, item in ipairs(due) do\n"
     "  redis.call('ZREM', KEYS[2], item)\n"
+    "  local c = redis.call('HGET', KEYS[7], item)\n"
+    "  redis.call('HDEL', KEYS[7], item)\n"
     "  if redis.call('LREM', KEYS[1], -1, item) > 0 then\n"
+    "    if c and tonumber(ARGV[6]) > 0 and\n"
+    "        redis.call('HINCRBY', KEYS[8], c, 1) >= tonumber(ARGV[6]) then\n"
+    "      redis.call('HDEL', KEYS[8], c)\n"
+    "      redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), c)\n"
+    "      paused[#paused + 1] = c\n"
+    "    end\n"
     "    local v = redis.call('HGET', KEYS[3], item) or '1:R'\n"
     "    local a, side = string.match(v, '^(%d+):(%a)$')\n"
     "    a = (tonumber(a) or 1) + 1\n"
@@ -105,10 +127,32 @@ static const char expire_lua[] =
     "    orphans = orphans + 1\n"
     "  end\n"
     "end\n"
-    "return {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n";
+    "redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)\n"
+    "local out = {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n"
+    "for _, c in ipairs(paused) do out[#out + 1] = c end\n"
+    "return out\n";
+
+/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused now. */
+static const char paused_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')\n"
+    "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end\n"
+    "return r\n";
+
+typedef struct paused_consumer {
+    char name[128]; /* CLIENT SETNAME, else its address */
+    uint64_t until; /* uv_now() when its pause ends */
+} paused_consumer;
 
 struct leases {
     ferry *f;
+    int expires; /* this loop runs the expiry (the main loop) */
+    int backoff; /* an entry has consumer_backoff: poll the paused ones */
+    paused_consumer paused[MAX_PAUSED];
+    int npaused;
+    uint64_t next_poll_ms;
+    int poll_in_flight;
     char owner[64];    /* this ferry's name on the lock */
     uint64_t interval; /* ms between rounds */
     uint64_t next_ms;  /* next round */
@@ -198,6 +242,23 @@ static int entry_of_processing(const config *cfg, const char *p, size_t plen, co
     return -1;
 }
 
+/* The consumer map of processing list p: item -> who holds it. */
+static void consumers_key(const char *p, size_t plen, buf *out)
+{
+    buf_append(out, "ferry:consumer:{", 16);
+    buf_append(out, p, plen);
+    buf_append(out, "}", 1);
+}
+
+/* Who s is for the back-off: its CLIENT SETNAME, else its address. */
+static void consumer_of(const session *s, char *out, size_t len)
+{
+    clients_session_name(s, out, len);
+    if (out[0] == '\0') {
+        snprintf(out, len, "%s", s->peer);
+    }
+}
+
 /* The companions of processing list p: leases zset and attempts hash. */
 static void companions(const char *p, size_t plen, buf *leases, buf *attempts)
 {
@@ -263,24 +324,31 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     }
     char ms[24];
     snprintf(ms, sizeof(ms), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
-    buf leases, attempts, b;
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    buf leases, attempts, cons, b;
     buf_init(&leases);
     buf_init(&attempts);
+    buf_init(&cons);
     buf_init(&b);
     companions(av[2], al[2], &leases, &attempts);
-    buf_append_count(&b, '*', 10);
+    consumers_key(av[2], al[2], &cons);
+    buf_append_count(&b, '*', 12);
     buf_append_bulk(&b, "EVAL", 4);
     buf_append_bulk(&b, lease_lua, sizeof(lease_lua) - 1);
-    buf_append_bulk(&b, "4", 1);
+    buf_append_bulk(&b, "5", 1);
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
     buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
     buf_append_bulk(&b, item, ilen);
     buf_append_bulk(&b, ms, strlen(ms));
     buf_append_bulk(&b, side, 1);
+    buf_append_bulk(&b, who, strlen(who));
     link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
     buf_free(&b);
+    buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
 }
@@ -301,22 +369,30 @@ int lease_send(session *s, request *r, link *l)
     if (args_of(r, av, al) != 4 || entry_of_processing(cfg, av[1], al[1], &q, &qlen) < 0) {
         return 0;
     }
-    buf leases, attempts, b;
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    buf leases, attempts, cons, b;
     buf_init(&leases);
     buf_init(&attempts);
+    buf_init(&cons);
     buf_init(&b);
     companions(av[1], al[1], &leases, &attempts);
-    buf_append_count(&b, '*', 8);
+    consumers_key(av[1], al[1], &cons);
+    buf_append_count(&b, '*', 11);
     buf_append_bulk(&b, "EVAL", 4);
     buf_append_bulk(&b, ack_lua, sizeof(ack_lua) - 1);
-    buf_append_bulk(&b, "3", 1);
+    buf_append_bulk(&b, "5", 1);
     buf_append_bulk(&b, av[1], al[1]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, av[3], al[3]);
+    buf_append_bulk(&b, who, strlen(who));
     link_send_as(l, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
+    buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
     return 1;
@@ -346,7 +422,17 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
     if (rr == NULL) {
         return;
     }
-    if (rr->type == REDIS_REPLY_ARRAY && rr->elements == 4) {
+    if (rr->type == REDIS_REPLY_ARRAY && rr->elements >= 4) {
+        for (size_t i = 4; i < rr->elements; i++) {
+            if (rr->element[i]->type == REDIS_REPLY_STRING) {
+                log_warn("leases: consumer '%.*s' paused for %llu ms after %llu expired leases "
+                         "in a row (queues[%d].consumer_backoff)",
+                         (int)(rr->element[i]->len > 120 ? 120 : rr->element[i]->len),
+                         rr->element[i]->str,
+                         (unsigned long long)l->f->cfg->queues[e].backoff_pause_ms,
+                         (unsigned long long)l->f->cfg->queues[e].backoff_after, e);
+            }
+        }
         long long v[4];
         for (int i = 0; i < 4; i++) {
             v[i] = rr->element[i]->type == REDIS_REPLY_INTEGER ? rr->element[i]->integer : 0;
@@ -407,26 +493,37 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
         }
         snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cfg->queues[e].max_attempts);
         snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
-        buf leases, attempts, b;
+        char after[24], pause[24];
+        snprintf(after, sizeof(after), "%llu", (unsigned long long)cfg->queues[e].backoff_after);
+        snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cfg->queues[e].backoff_pause_ms);
+        buf leases, attempts, cons, b;
         buf_init(&leases);
         buf_init(&attempts);
+        buf_init(&cons);
         buf_init(&b);
         companions(p->str, p->len, &leases, &attempts);
-        buf_append_count(&b, '*', 14);
+        consumers_key(p->str, p->len, &cons);
+        buf_append_count(&b, '*', 19);
         buf_append_bulk(&b, "EVAL", 4);
         buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
-        buf_append_bulk(&b, "6", 1);
+        buf_append_bulk(&b, "9", 1);
         buf_append_bulk(&b, p->str, p->len);
         buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
         buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
         buf_append_bulk(&b, q, qlen);
         buf_append_bulk(&b, dead, strlen(dead));
         buf_append_bulk(&b, LOCK, strlen(LOCK));
+        buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+        buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+        buf_append_bulk(&b, PAUSED, strlen(PAUSED));
         buf_append_bulk(&b, ls->owner, strlen(ls->owner));
         buf_append_bulk(&b, ttl, strlen(ttl));
         buf_append_bulk(&b, batch, strlen(batch));
         buf_append_bulk(&b, maxa, strlen(maxa));
         buf_append_bulk(&b, lease, strlen(lease));
+        buf_append_bulk(&b, after, strlen(after));
+        buf_append_bulk(&b, pause, strlen(pause));
+        buf_free(&cons);
         ls->in_flight++;
         link_internal_bytes(l, buf_head(&b), buf_used(&b), expire_done, e);
         buf_free(&b);
@@ -436,16 +533,97 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
 }
 
+static void paused_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    (void)r;
+    if (ls == NULL) {
+        return;
+    }
+    ls->poll_in_flight = 0;
+    if (reply == NULL) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr == NULL) {
+        return;
+    }
+    if (rr->type == REDIS_REPLY_ARRAY) {
+        uint64_t now = uv_now(l->f->loop);
+        ls->npaused = 0;
+        for (size_t i = 0; i + 1 < rr->elements && ls->npaused < MAX_PAUSED; i += 2) {
+            const redisReply *n = rr->element[i], *left = rr->element[i + 1];
+            if (n->type != REDIS_REPLY_STRING || left->type != REDIS_REPLY_STRING) {
+                continue;
+            }
+            paused_consumer *pc = &ls->paused[ls->npaused++];
+            snprintf(pc->name, sizeof(pc->name), "%.*s", (int)n->len, n->str);
+            pc->until = now + strtoull(left->str, NULL, 10);
+        }
+    }
+    freeReplyObject(rr);
+}
+
+int lease_paused(session *s, const request *r, uint64_t now, uint64_t *until)
+{
+    struct leases *ls = s->f->leases;
+    const config *cfg = s->f->cfg;
+    const char *av[MAX_ARGS];
+    size_t al[MAX_ARGS];
+    if (ls == NULL || !ls->backoff || ls->npaused == 0 || r->cmd == NULL) {
+        return 0;
+    }
+    const char *n = r->cmd->name;
+    if (!is_move(r->cmd) && strcmp(n, "lpop") != 0 && strcmp(n, "rpop") != 0 &&
+        strcmp(n, "blpop") != 0 && strcmp(n, "brpop") != 0) {
+        return 0;
+    }
+    if (args_of(r, av, al) < 2) {
+        return 0;
+    }
+    int e = queues_match(cfg, av[1], al[1]);
+    if (e < 0 || cfg->queues[e].backoff_after == 0) {
+        return 0;
+    }
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    for (int i = 0; i < ls->npaused; i++) {
+        if (ls->paused[i].until > now && strcmp(ls->paused[i].name, who) == 0) {
+            *until = ls->paused[i].until;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+size_t lease_npaused(const ferry *f, uint64_t now)
+{
+    const struct leases *ls = f->leases;
+    size_t n = 0;
+    for (int i = 0; ls != NULL && i < ls->npaused; i++) {
+        n += ls->paused[i].until > now;
+    }
+    return n;
+}
+
 void lease_tick(ferry *f, uint64_t now)
 {
     struct leases *ls = f->leases;
     upstream *up = f->up;
-    if (ls == NULL || f->stopping || up == NULL || up->state != UP_UP || ls->in_flight > 0 ||
-        now < ls->next_ms) {
+    if (ls == NULL || f->stopping || up == NULL || up->state != UP_UP) {
         return;
     }
     link *l = upstream_shared(up, NULL, 0, 2);
     if (l == NULL || l->state != LINK_READY) {
+        return;
+    }
+    if (ls->backoff && !ls->poll_in_flight && now >= ls->next_poll_ms) {
+        const char *argv[4] = {"EVAL", paused_lua, "1", PAUSED};
+        ls->next_poll_ms = now + PAUSE_POLL_MS;
+        ls->poll_in_flight = 1;
+        link_internal_sure(l, argv, 4, paused_done, 0);
+    }
+    if (!ls->expires || ls->in_flight > 0 || now < ls->next_ms) {
         return;
     }
     ls->next_ms = now + ls->interval;
@@ -459,13 +637,11 @@ void lease_open(ferry *f)
 {
     const config *cfg = f->cfg;
     uint64_t interval = 1000;
-    int any = 0;
-    if (f->worker_index != 0) {
-        return;
-    }
+    int any = 0, backoff = 0;
     for (int i = 0; i < cfg->nqueues; i++) {
         if (cfg->queues[i].processing != NULL) {
             any = 1;
+            backoff |= cfg->queues[i].backoff_after > 0;
             if (cfg->queues[i].lease_ms / 4 < interval) {
                 interval = cfg->queues[i].lease_ms / 4;
             }
@@ -476,6 +652,8 @@ void lease_open(ferry *f)
     }
     struct leases *ls = xcalloc(1, sizeof(*ls));
     ls->f = f;
+    ls->expires = f->worker_index == 0;
+    ls->backoff = backoff;
     ls->interval = interval < 50 ? 50 : interval;
     char host[64];
     size_t hl = sizeof(host);

@@ -31,9 +31,18 @@ void lease_on_reply(session *s, request *r, struct link *l, const char *p, size_
  * the ack script. Returns 1 when it was (link_send must not be called). */
 int lease_send(session *s, request *r, struct link *l);
 
-/* Main loop: start the expiry if an entry of cfg->queues has processing. */
+/* A pop of s (a move, LPOP, RPOP, BLPOP, BRPOP) from a queue with
+ * consumer_backoff while s's consumer is paused: 1 and *until (uv_now()
+ * when the pause ends). */
+int lease_paused(session *s, const request *r, uint64_t now, uint64_t *until);
+
+/* Consumers this loop holds the pops of now. */
+size_t lease_npaused(const ferry *f, uint64_t now);
+/* Every loop: keep the paused consumers if an entry has consumer_backoff;
+ * the main loop: run the expiry if an entry has processing. */
 void lease_open(ferry *f);
-/* Main loop, every tick: an expiry round when it is due. */
+/* Every tick: poll the paused consumers, and (main loop) an expiry round
+ * when due. */
 void lease_tick(ferry *f, uint64_t now);
 void lease_free(ferry *f);
 

@@ -583,6 +583,21 @@ static int dispatch_one(session *s, request *r)
     if (guards_must_wait(s, r)) {
         return DISPATCH_WAIT; /* a push that may be held for room goes alone */
     }
+    uint64_t until;
+    if (!(r->flags & REQ_F_REFUSED) && lease_paused(s, r, uv_now(f->loop), &until)) {
+        /* Its consumer is paused (consumer_backoff): held like a refusal
+         * until the pause ends, within the hold bound; a blocking pop ends
+         * on its own timeout if that comes first. */
+        r->flags |= REQ_F_REFUSED;
+        r->held_since = uv_now(f->loop);
+        r->refusals = 1;
+        r->retry_at = until;
+        r->refusal = "PAUSED";
+        if (r->flags & REQ_F_BLOCKING) {
+            r->flags |= REQ_F_REARM;
+        }
+        return DISPATCH_DOWN;
+    }
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:

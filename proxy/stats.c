@@ -28,6 +28,7 @@
 #include <strings.h>
 
 #include "ferry.h"
+#include "lease.h"
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
@@ -303,6 +304,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     }
     queue_sampler_view qv;
     queues_sampler(f, &qv);
+    st->consumers_paused = (uint64_t)lease_npaused(f, uv_now(f->loop));
     st->queue_keys_tracked = (uint64_t)queues_nkeys(f);
     st->queue_keys = st->queue_keys_tracked;
     st->queues = (uint64_t)f->cfg->nqueues;

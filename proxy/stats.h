@@ -252,6 +252,9 @@ typedef enum stat_type {
       "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
       "sampled), store_rows (its rows in the fallback store); Prometheus ferry_queue_length by "   \
       "queue (the key) (live)")                                                                    \
+    X(queues, consumers_paused, GAUGE, "ferry_consumers_paused",                                   \
+      "consumers whose pops ferry holds now (consumer_backoff), as the main loop last polled "     \
+      "them from Redis (live)")                                                                    \
     X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
       "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
     X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \

@@ -57,7 +57,7 @@ def queues_yaml(entries):
     for e in entries:
         lines.append('  - keys: %s' % json.dumps(e['keys']))
         for k in ('max_length', 'on_full', 'processing', 'lease_ms', 'max_attempts',
-                  'dead_letter'):
+                  'dead_letter', 'consumer_backoff'):
             if k in e:
                 lines.append('    %s: %s' % (k, e[k]))
     return '\n'.join(lines) + '\n'
@@ -163,6 +163,57 @@ class Checks:
         c.rpush(q, 'e')
         self.assertEqual(c.rpoplpush(q, p + ':other'), 'e')
         self.assertEqual(m.zcard('ferry:leases:{%s:other}' % p), 0)
+
+    def test_consumer_backoff(self):
+        """A consumer whose leases expire after_failures times in a row has
+        its next pop held pause_ms (others are not); one ack resets it."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=200, max_attempts=100,
+                                         consumer_backoff='{after_failures: 3, pause_ms: 2000}')],
+                       conf={'upstream': {'hold_timeout_ms': 10000}})
+        m = self.master().client()
+        w1, w2 = f.client(socket_timeout=10), f.client(socket_timeout=10)
+        w1.client_setname('w1')
+        w2.client_setname('w2')
+        m.rpush(q, *['j%d' % i for i in range(10)])
+
+        def fail_once(c):
+            self.assertIsNotNone(c.brpoplpush(q, proc, 2))
+            wait_until(lambda: m.llen(proc) == 0, timeout=5, msg='the lease expired')
+
+        # Two failures, one ack: the count starts again.
+        fail_once(w1)
+        fail_once(w1)
+        self.assertEqual(m.hget('ferry:consumers:failures', 'w1'), '2')
+        it = w1.brpoplpush(q, proc, 2)
+        self.assertEqual(w1.lrem(proc, 1, it), 1)
+        self.assertIsNone(m.hget('ferry:consumers:failures', 'w1'))
+        fail_once(w1)
+        fail_once(w1)
+        self.assertIsNone(m.zscore('ferry:consumers:paused', 'w1'))
+        t0 = time.monotonic()
+        it = w1.brpoplpush(q, proc, 2)
+        self.assertLess(time.monotonic() - t0, 0.5)  # not paused
+        # The third failure in a row pauses w1.
+        wait_until(lambda: m.llen(proc) == 0, timeout=5, msg='the lease expired')
+        wait_until(lambda: m.zscore('ferry:consumers:paused', 'w1') is not None, timeout=5,
+                   msg='w1 paused')
+        wait_until(lambda: stats(f.stats_port)['queues']['consumers_paused'] == 1, timeout=5,
+                   msg='ferry knows w1 is paused')
+        sec, usec = m.time()
+        left = m.zscore('ferry:consumers:paused', 'w1') - (sec * 1000 + usec // 1000)
+        t0 = time.monotonic()
+        self.assertIsNotNone(w2.brpoplpush(q, proc, 2))
+        self.assertLess(time.monotonic() - t0, 0.5)  # w2 is not paused
+        t0 = time.monotonic()
+        it = w1.brpoplpush(q, proc, 5)
+        took = (time.monotonic() - t0) * 1000
+        self.assertIsNotNone(it)
+        # Held until the pause ends (each loop learns of it within 200 ms + a tick).
+        self.assertGreaterEqual(took, left - 500, (took, left))
+        self.assertLess(took, left + 1500, (took, left))
+        self.assertIn("consumer 'w1' paused for 2000 ms after 3 expired leases", f.log())
 
     def test_reliable_queue_ioredis(self):
         """The pattern with ioredis (node/clients.js reliable), unchanged."""

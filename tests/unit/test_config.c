@@ -477,6 +477,17 @@ static void test_queues(void **state)
     assert_string_equal(cfg.queues[1].dead_letter, "{key}:dlq");
     assert_int_equal(cfg.queues[1].lease_ms, 250);
     assert_int_equal(cfg.queues[1].max_attempts, 2);
+    assert_int_equal(cfg.queues[1].backoff_after, 0);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n"
+                  "  - {keys: a, processing: \"{key}:p\", consumer_backoff: {pause_ms: 500}}\n"
+                  "  - {keys: b, processing: \"{key}:p\","
+                  " consumer_backoff: {after_failures: 3, pause_ms: 1500}}\n");
+    assert_int_equal(cfg.queues[0].backoff_after, 100);
+    assert_int_equal(cfg.queues[0].backoff_pause_ms, 500);
+    assert_int_equal(cfg.queues[1].backoff_after, 3);
+    assert_int_equal(cfg.queues[1].backoff_pause_ms, 1500);
     config_free(&cfg);
 
     static const error_case cases[] = {
@@ -521,13 +532,22 @@ static void test_queues(void **state)
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}\"}]\n",
          "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, lease_ms: 1000}]\n",
-         "t.yml:2:20: ", "queues[0]: lease_ms, max_attempts and dead_letter need processing"},
+         "t.yml:2:20: ", "queues[0]: lease_ms, max_attempts, dead_letter and consumer_backoff need processing"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
          "lease_ms: 5}]\n",
          "t.yml:2:53: ", "queues[0].lease_ms: 5 is out of range (100 to 604800000)"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
          "max_attempts: 0}]\n",
          "t.yml:2:57: ", "queues[0].max_attempts: 0 is out of range (1 to 1000000)"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: 5}]\n",
+         "t.yml:2:61: ", "queues[0].consumer_backoff: expected a mapping like"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: {after: 5}}]\n",
+         "t.yml:2:62: ", "queues[0].consumer_backoff: unknown key 'after'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: {after_failures: 0}}]\n",
+         "t.yml:2:78: ", "queues[0].consumer_backoff.after_failures: 0 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {interval_ms: 1}\n",
          "t.yml:2:29: ", "queue_depths.interval_ms: 1 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {rounds: 1}\n",
