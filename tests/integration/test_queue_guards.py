@@ -34,7 +34,7 @@ import urllib.request
 
 import redis
 
-from harness import Ferry, RedisServer, SentinelTopology, wait_until
+from harness import FERRY_BIN, Ferry, RedisServer, SentinelTopology, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 BOUND = 10000
@@ -214,6 +214,26 @@ class Checks:
         self.assertGreaterEqual(took, left - 500, (took, left))
         self.assertLess(took, left + 1500, (took, left))
         self.assertIn("consumer 'w1' paused for 2000 ms after 3 expired leases", f.log())
+
+    def test_queues_report(self):
+        """ferry --queues -c FILE prints what Redis holds for the entries."""
+        p = key_prefix(self)
+        q = p + ':q'
+        f = self.start([self.lease_entry(p, max_length=100, lease_ms=60000)])
+        c = f.client(socket_timeout=10)
+        c.rpush(q, 'a', 'b', 'c')
+        self.assertEqual(c.brpoplpush(q, q + ':processing', 2), 'c')
+        run = subprocess.run([FERRY_BIN, '--queues', '-c', f.config_path], capture_output=True,
+                             text=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = run.stdout.splitlines()
+        self.assertTrue(lines[0].startswith('queues[0] keys=%s:* max_length=100 on_full=refuse '
+                                            'processing={key}:processing lease_ms=60000 '
+                                            'max_attempts=5 dead_letter={key}:dead' % p),
+                        run.stdout)
+        self.assertIn('  %s length=2 processing=1 leases_open=1 dead=0' % q, lines)
+        self.assertIn('  %s length=1' % (q + ':processing'), ' '.join(lines))
+        self.assertEqual(lines[-1], 'consumers paused:')
 
     def test_reliable_queue_ioredis(self):
         """The pattern with ioredis (node/clients.js reliable), unchanged."""
