@@ -169,7 +169,8 @@ typedef struct ferry {
                                        last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
-    struct leases *leases;          /* lease expiry (lease.c), main loop, NULL if no queues:
+    struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
+                                       the expiry on the main loop; NULL if no queues:
                                        entry has processing */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
