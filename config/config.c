@@ -1158,6 +1158,10 @@ void config_free(config *cfg)
             cfg->queues[q].keys[i] = NULL;
         }
         cfg->queues[q].nkeys = 0;
+        free(cfg->queues[q].processing);
+        cfg->queues[q].processing = NULL;
+        free(cfg->queues[q].dead_letter);
+        cfg->queues[q].dead_letter = NULL;
     }
     cfg->nqueues = 0;
 }
@@ -1350,7 +1354,29 @@ void config_describe(FILE *out)
     /* queues: a list of mappings, read by config_yaml.c outside the table. */
     fprintf(out,
             "queues\tlist\t[]\ta list of up to %d entries {keys: a glob or a list of up to %d}\t"
-            "queues whose pushes, pops and lengths the stats port shows\n",
+            "queues whose pushes, pops and lengths the stats port shows, and their guards\n",
             CONFIG_MAX_QUEUES, CONFIG_MAX_QUEUE_KEYS);
+    static const char *const guard_keys[][5] = {
+        {"queues[].max_length", "integer", "none", "1 to 4294967295",
+         "most items a covered list may hold; a push past it is refused or held"},
+        {"queues[].on_full", "enum", "refuse", "refuse or block",
+         "refuse: -QFULL; block: the push is held until there is room (hold_timeout_ms)"},
+        {"queues[].processing", "string", "none", "a key template with {key}",
+         "the processing list moves into are leased in (RPOPLPUSH, LMOVE and blocking forms)"},
+        {"queues[].lease_ms", "integer", "60000", "100 to 604800000",
+         "how long a leased item may stay unacked before it goes back to its queue"},
+        {"queues[].max_attempts", "integer", "5", "1 to 1000000",
+         "deliveries of an item before it goes to dead_letter"},
+        {"queues[].dead_letter", "string", "{key}:dead", "a key template with {key}",
+         "where an item goes after max_attempts"},
+        {"queues[].consumer_backoff.after_failures", "integer", "100", "1 to 1000000",
+         "expired leases in a row after which a consumer's pops are held"},
+        {"queues[].consumer_backoff.pause_ms", "integer", "30000", "1 to 86400000",
+         "how long a failing consumer's pops are held"},
+    };
+    for (size_t i = 0; i < sizeof(guard_keys) / sizeof(guard_keys[0]); i++) {
+        fprintf(out, "%s\t%s\t%s\t%s\t%s\n", guard_keys[i][0], guard_keys[i][1], guard_keys[i][2],
+                guard_keys[i][3], guard_keys[i][4]);
+    }
     config_free(&cfg);
 }

@@ -15,6 +15,7 @@
 #define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
 #define CONFIG_MAX_QUEUES 16    /* queues: most entries */
 #define CONFIG_MAX_QUEUE_KEYS 8 /* queues[].keys: most globs per entry */
+#define CONFIG_MAX_QUEUE_LENGTH 4294967295ull /* queues[].max_length: Redis' list bound */
 
 /* client.auth: who checks a client's AUTH, and as whom its commands run. */
 enum {
@@ -38,10 +39,28 @@ typedef struct config_output_limit {
     size_t soft_seconds; /* how long output may stay above soft */
 } config_output_limit;
 
-/* One entry of queues: the keys it names (Redis glob patterns). */
+/* queues[].on_full: what a push that would pass max_length gets. */
+typedef enum config_on_full {
+    ON_FULL_REFUSE = 0, /* -QFULL at once, nothing applied */
+    ON_FULL_BLOCK       /* held and tried again until there is room (hold_timeout_ms) */
+} config_on_full;
+
+/* One entry of queues: the keys it names (Redis glob patterns) and the
+ * guards that apply to them. */
 typedef struct config_queue {
     char *keys[CONFIG_MAX_QUEUE_KEYS]; /* keys: one glob or a list */
     int nkeys;
+    uint64_t max_length;    /* max_length: most items a list may hold (0: no bound) */
+    config_on_full on_full; /* on_full: refuse (default) or block */
+    char *processing;       /* processing: "{key}:processing": the list a move from a queue
+                               key into it leases (NULL: no leases) */
+    char *dead_letter;      /* dead_letter: where an item goes past max_attempts
+                               ("{key}:dead") */
+    uint64_t lease_ms;      /* lease_ms (60000): how long a leased item may stay unacked */
+    uint64_t max_attempts;  /* max_attempts (5): deliveries before the dead letter */
+    uint64_t backoff_after;    /* consumer_backoff.after_failures: expired leases in a row
+                                  that pause a consumer (0: no back-off) */
+    uint64_t backoff_pause_ms; /* consumer_backoff.pause_ms: how long its pops are held */
 } config_queue;
 
 /* TLS toward Redis nodes or sentinels (redis.tls, sentinel.tls). */

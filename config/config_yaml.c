@@ -319,8 +319,127 @@ static int conf_queue_keys(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t 
     return 0;
 }
 
-/* queues: a list of maps, each with keys: (the only key known today; the
- * queue guards add theirs). */
+/* max_length: of one queues entry: a whole number of items, 1 or more. */
+static int conf_queue_max_length(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    unsigned long long u;
+    int rc = text != NULL ? conf_parse_unsigned(text, 0, &u) : -1;
+    if (rc == -2 || (rc == 0 && (u == 0 || u > CONFIG_MAX_QUEUE_LENGTH))) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].max_length: %s is out of range (1 to %llu items)", idx,
+                          text,
+                          (unsigned long long)CONFIG_MAX_QUEUE_LENGTH);
+    }
+    if (rc != 0) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].max_length: expected a number of items, got %s", idx,
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    q->max_length = u;
+    return 0;
+}
+
+/* on_full: of one queues entry: refuse or block. */
+static int conf_queue_on_full(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    if (text != NULL && strcmp(text, "refuse") == 0) {
+        q->on_full = ON_FULL_REFUSE;
+    } else if (text != NULL && strcmp(text, "block") == 0) {
+        q->on_full = ON_FULL_BLOCK;
+    } else {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].on_full: expected refuse or block, got %s", idx,
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    return 0;
+}
+
+/* processing: or dead_letter: of one queues entry: a key name holding
+ * {key} once (the queue key it stands beside). */
+static int conf_queue_template(conf_ctx *ctx, char **out, const char *what, int idx,
+                               yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    const char *at = text != NULL ? strstr(text, "{key}") : NULL;
+    if (at == NULL || strstr(at + 5, "{key}") != NULL || strlen(text) == 5) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].%s: expected a key name with {key} once, like "
+                          "\"{key}:%s\", got %s",
+                          idx, what, strcmp(what, "processing") == 0 ? "processing" : "dead",
+                          conf_describe(v, buf, sizeof(buf)));
+    }
+    *out = strdup(text);
+    if (*out == NULL) {
+        return conf_oom(ctx, v);
+    }
+    return 0;
+}
+
+/* lease_ms: or max_attempts: of one queues entry: a whole number in range. */
+static int conf_queue_number(conf_ctx *ctx, uint64_t *out, const char *what, int idx,
+                             yaml_node_t *v, unsigned long long lo, unsigned long long hi)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    unsigned long long u;
+    int rc = text != NULL ? conf_parse_unsigned(text, 0, &u) : -1;
+    if (rc == -2 || (rc == 0 && (u < lo || u > hi))) {
+        return conf_error(ctx, v->start_mark, "queues[%d].%s: %s is out of range (%llu to %llu)",
+                          idx, what, text, lo, hi);
+    }
+    if (rc != 0) {
+        return conf_error(ctx, v->start_mark, "queues[%d].%s: expected a whole number, got %s",
+                          idx, what, conf_describe(v, buf, sizeof(buf)));
+    }
+    *out = u;
+    return 0;
+}
+
+/* consumer_backoff: of one queues entry: {after_failures: N, pause_ms: M}. */
+static int conf_queue_backoff(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    if (v->type != YAML_MAPPING_NODE) {
+        return conf_error(ctx, v->start_mark,
+                          "queues[%d].consumer_backoff: expected a mapping like "
+                          "{after_failures: 100, pause_ms: 30000}, got %s",
+                          idx, conf_describe(v, buf, sizeof(buf)));
+    }
+    q->backoff_after = 100;
+    q->backoff_pause_ms = 30000;
+    for (yaml_node_pair_t *p = v->data.mapping.pairs.start; p < v->data.mapping.pairs.top; p++) {
+        yaml_node_t *k = yaml_document_get_node(ctx->doc, p->key);
+        yaml_node_t *val = yaml_document_get_node(ctx->doc, p->value);
+        const char *name = k != NULL && k->type == YAML_SCALAR_NODE ? conf_scalar(k) : NULL;
+        int rc;
+        if (k == NULL || val == NULL) {
+            continue;
+        }
+        if (name != NULL && strcmp(name, "after_failures") == 0) {
+            rc = conf_queue_number(ctx, &q->backoff_after, "consumer_backoff.after_failures", idx,
+                                   val, 1, 1000000);
+        } else if (name != NULL && strcmp(name, "pause_ms") == 0) {
+            rc = conf_queue_number(ctx, &q->backoff_pause_ms, "consumer_backoff.pause_ms", idx,
+                                   val, 1, 86400000ull);
+        } else {
+            return conf_error(ctx, k->start_mark, "queues[%d].consumer_backoff: unknown key '%s'",
+                              idx, name != NULL ? conf_quote(name, buf, sizeof(buf)) : "?");
+        }
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* queues: a list of maps, each with keys: (required) and the guards that
+ * apply to those keys: max_length, on_full; processing, lease_ms,
+ * max_attempts, dead_letter (leases). */
 static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
 {
     config *cfg = ctx->cfg;
@@ -352,7 +471,14 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                               CONFIG_MAX_QUEUES);
         }
         cfg->nqueues++;
-        int has_keys = 0;
+        static const char *const known[] = {"keys",        "max_length",   "on_full",
+                                            "processing",  "dead_letter",  "lease_ms",
+                                            "max_attempts", "consumer_backoff"};
+        cfg->queues[idx].lease_ms = 60000;
+        cfg->queues[idx].max_attempts = 5;
+        yaml_mark_t lease_at = e->start_mark;
+        int seen[sizeof(known) / sizeof(known[0])] = {0};
+        yaml_mark_t on_full_at = e->start_mark;
         for (yaml_node_pair_t *p = e->data.mapping.pairs.start; p < e->data.mapping.pairs.top;
              p++) {
             yaml_node_t *k = yaml_document_get_node(ctx->doc, p->key);
@@ -361,20 +487,67 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                 continue;
             }
             const char *name = k->type == YAML_SCALAR_NODE ? conf_scalar(k) : NULL;
-            if (name == NULL || strcmp(name, "keys") != 0) {
+            size_t which = 0;
+            while (name != NULL && which < sizeof(known) / sizeof(known[0]) &&
+                   strcmp(name, known[which]) != 0) {
+                which++;
+            }
+            if (name == NULL || which == sizeof(known) / sizeof(known[0])) {
                 return conf_error(ctx, k->start_mark, "queues[%d]: unknown key '%s'", idx,
                                   name != NULL ? conf_quote(name, q, sizeof(q)) : "?");
             }
-            if (has_keys) {
-                return conf_error(ctx, k->start_mark, "queues[%d]: duplicate key 'keys'", idx);
+            if (seen[which]) {
+                return conf_error(ctx, k->start_mark, "queues[%d]: duplicate key '%s'", idx,
+                                  known[which]);
             }
-            has_keys = 1;
-            if (conf_queue_keys(ctx, &cfg->queues[idx], idx, val) < 0) {
+            seen[which] = 1;
+            int rc;
+            if (which == 0) {
+                rc = conf_queue_keys(ctx, &cfg->queues[idx], idx, val);
+            } else if (which == 1) {
+                rc = conf_queue_max_length(ctx, &cfg->queues[idx], idx, val);
+            } else if (which == 2) {
+                on_full_at = k->start_mark;
+                rc = conf_queue_on_full(ctx, &cfg->queues[idx], idx, val);
+            } else if (which == 3) {
+                rc = conf_queue_template(ctx, &cfg->queues[idx].processing, "processing", idx, val);
+            } else if (which == 4) {
+                lease_at = k->start_mark;
+                rc = conf_queue_template(ctx, &cfg->queues[idx].dead_letter, "dead_letter", idx,
+                                         val);
+            } else if (which == 5) {
+                lease_at = k->start_mark;
+                rc = conf_queue_number(ctx, &cfg->queues[idx].lease_ms, "lease_ms", idx, val, 100,
+                                       86400000ull * 7);
+            } else if (which == 6) {
+                lease_at = k->start_mark;
+                rc = conf_queue_number(ctx, &cfg->queues[idx].max_attempts, "max_attempts", idx,
+                                       val, 1, 1000000);
+            } else {
+                lease_at = k->start_mark;
+                rc = conf_queue_backoff(ctx, &cfg->queues[idx], idx, val);
+            }
+            if (rc < 0) {
                 return -1;
             }
         }
-        if (!has_keys) {
+        if (!seen[0]) {
             return conf_error(ctx, e->start_mark, "queues[%d]: keys: is required", idx);
+        }
+        if (seen[2] && !seen[1]) {
+            return conf_error(ctx, on_full_at, "queues[%d]: on_full needs max_length", idx);
+        }
+        if ((seen[4] || seen[5] || seen[6] || seen[7]) && !seen[3]) {
+            return conf_error(ctx, lease_at,
+                              "queues[%d]: lease_ms, max_attempts, dead_letter and "
+                              "consumer_backoff need processing",
+                              idx);
+        }
+        if (seen[3] && !seen[4]) {
+            cfg->queues[idx].dead_letter = strdup("{key}:dead");
+            if (cfg->queues[idx].dead_letter == NULL) {
+                return conf_oom(ctx, e);
+            }
         }
     }
     return 0;

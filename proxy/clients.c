@@ -185,6 +185,11 @@ static void session_name(const session *c, char *out, size_t len)
     resp_parser_free(p);
 }
 
+void clients_session_name(const session *c, char *out, size_t len)
+{
+    session_name(c, out, len);
+}
+
 static const char *session_user(const session *c)
 {
     return c->ident != NULL && c->ident->user != NULL ? c->ident->user : "default";

@@ -15,6 +15,8 @@ enum { CL_NONE = 0, CL_ID, CL_INFO, CL_LIST, CL_KILL, CL_UNBLOCK };
 /* Which of these ferry answers for cmd (a "client|..." entry) called with
  * argc arguments: a CL_* value, or CL_NONE (Redis answers, as before). */
 int clients_classify(const command *cmd, size_t argc);
+/* The name CLIENT SETNAME (or HELLO ... SETNAME) gave c, "" if none. */
+void clients_session_name(const session *c, char *out, size_t len);
 /* Answer r (route RT_CLIENT) now, or start asking the other loops / Redis
  * (r is then in flight, off any link, until the answer is in; resume(s) is
  * called once it is, so what s sent after it goes on). */

@@ -11,6 +11,7 @@
 
 #include "backlog.h"
 #include "fence.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -140,6 +141,7 @@ static void tick_cb(uv_timer_t *h)
     }
     outage_tick(f, now);
     queues_tick(f, now);
+    lease_tick(f, now);
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
@@ -432,6 +434,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
         core_release(f);
         return FERRY_ECONFIG;
     }
+    lease_open(f); /* the paused consumers (consumer_backoff), not the expiry */
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
 }
@@ -478,6 +481,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
         f->sentinel = sentinel_new(f);
     }
     queues_open(f);
+    lease_open(f);
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
     return 0;
 }
@@ -501,6 +505,7 @@ void core_release(ferry *f)
     server_free(f);
     stats_free(f);
     queues_free(f);
+    lease_free(f);
     core_free_buffers(f);
     takeover_free(f);
 }

@@ -90,6 +90,11 @@ void stats_add(ferry_stats *dst, const ferry_stats *src)
     for (int i = 0; i < CONFIG_MAX_QUEUES; i++) {
         dst->queue_pushes[i] += src->queue_pushes[i];
         dst->queue_pops[i] += src->queue_pops[i];
+        dst->queue_refused_full[i] += src->queue_refused_full[i];
+        dst->queue_held_full[i] += src->queue_held_full[i];
+        dst->queue_lease_expired[i] += src->queue_lease_expired[i];
+        dst->queue_dead_lettered[i] += src->queue_dead_lettered[i];
+        dst->queue_lease_orphans[i] += src->queue_lease_orphans[i];
     }
     if (src->held_bytes_peak > dst->held_bytes_peak) {
         dst->held_bytes_peak = src->held_bytes_peak;

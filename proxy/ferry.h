@@ -80,6 +80,8 @@ enum {
     (1u << 8)                /* CLIENT UNBLOCK ... ERROR sent for this blocked call:               \
                                 its -UNBLOCKED is its reply (clients.c) */
 #define REQ_F_SURE (1u << 9) /* internal: done is called (reply NULL) if its link is lost */
+#define REQ_F_GUARD (1u << 10) /* sent as the queue guard's script (guards.c); arg: its queue */
+#define REQ_F_GUARD_EVAL (1u << 11) /* Redis lacked the script: sent as EVAL from now on */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its
@@ -177,6 +179,9 @@ typedef struct ferry {
                                        last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
+    struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
+                                       the expiry on the main loop; NULL if no queues:
+                                       entry has processing */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call

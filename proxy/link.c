@@ -496,6 +496,16 @@ void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done)
     link_queue(l, r);
 }
 
+void link_internal_bytes(link *l, const char *p, size_t n, req_done_cb done, long long arg)
+{
+    request *r = request_new(l->f);
+    r->flags |= REQ_F_INTERNAL | REQ_F_SURE;
+    r->done = done;
+    r->arg = arg;
+    buf_append(&r->data, p, n);
+    link_queue(l, r);
+}
+
 size_t link_internal_each(link *l, const buf *b, req_done_cb done)
 {
     const char *p = buf_head(b);
@@ -519,6 +529,14 @@ size_t link_internal_each(link *l, const buf *b, req_done_cb done)
 void link_send(link *l, request *r)
 {
     link_queue(l, r);
+    if (r->flags & REQ_F_ACK) {
+        l->need_wait = 1;
+    }
+}
+
+void link_send_as(link *l, request *r, const char *p, size_t n)
+{
+    link_queue_bytes(l, r, p, n);
     if (r->flags & REQ_F_ACK) {
         l->need_wait = 1;
     }

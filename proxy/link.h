@@ -83,6 +83,7 @@ typedef struct link {
     struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
+    int guard_script;           /* the queue guards' SCRIPT LOAD was queued on it (guards.c) */
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or
@@ -103,6 +104,9 @@ void link_send(link *l, request *r);
 /* Queue r on l with these bytes in place of r->data (a check ferry runs
  * for r: the AUTH of a HELLO, a WAIT probe). */
 void link_send_bytes(link *l, request *r, const char *p, size_t n);
+/* link_send with these bytes in place of r->data (a client's push sent as
+ * the queue guard's script): a write waits for its replicas_ack WAIT. */
+void link_send_as(link *l, request *r, const char *p, size_t n);
 /* Queue one of ferry's own commands; done (may be NULL) gets its reply. The
  * request's arg is set to arg. */
 void link_internal(link *l, const char *const *argv, int argc, req_done_cb done, long long arg);
@@ -111,6 +115,9 @@ void link_internal_sure(link *l, const char *const *argv, int argc, req_done_cb 
                         long long arg);
 /* Queue already-encoded bytes as one of ferry's own commands (one reply). */
 void link_internal_raw(link *l, const char *p, size_t n, req_done_cb done);
+/* link_internal_raw, with arg, and done called with a NULL reply if l is
+ * lost first (as link_internal_sure). */
+void link_internal_bytes(link *l, const char *p, size_t n, req_done_cb done, long long arg);
 /* Send every request encoded in b on l as one of ferry's own (done gets
  * each reply). Returns how many. */
 size_t link_internal_each(link *l, const buf *b, req_done_cb done);

@@ -10,6 +10,7 @@
 #include "core.h"
 #include "fallback.h"
 #include "log.h"
+#include "queues_report.h"
 #include "stats.h"
 #include "takeover.h"
 #include "tls.h"
@@ -32,6 +33,9 @@ static void usage(FILE *out)
                  "                     take over from the ferry running with takeover.socket\n"
                  "                     PATH: its listening sockets, then each client\n"
                  "                     connection with its state; it exits 0 when done\n"
+                 "      --queues       print what Redis holds for the queues: entries of the\n"
+                 "                     configuration (lengths, processing lists, open\n"
+                 "                     leases, dead letters, paused consumers) and exit\n"
                  "      --fallback-dump\n"
                  "                     print the rows pending in the fallback store named by\n"
                  "                     the configuration (fallback.path) and exit\n"
@@ -63,10 +67,11 @@ int main(int argc, char **argv)
                                          {"fallback-dump", no_argument, NULL, 'F'},
                                          {"takeover", required_argument, NULL, 'T'},
                                          {"describe-config", no_argument, NULL, 'G'},
+                                         {"queues", no_argument, NULL, 'Q'},
                                          {NULL, 0, NULL, 0}};
     const char *path = NULL;
     const char *takeover_path = NULL;
-    int test = 0, dump = 0, c;
+    int test = 0, dump = 0, report = 0, c;
 
     while ((c = getopt_long(argc, argv, "c:tVhD", opts, NULL)) != -1) {
         switch (c) {
@@ -90,6 +95,9 @@ int main(int argc, char **argv)
             return 0;
         case 'F':
             dump = 1;
+            break;
+        case 'Q':
+            report = 1;
             break;
         case 'T':
             takeover_path = optarg;
@@ -125,6 +133,14 @@ int main(int argc, char **argv)
         }
         config_free(&cfg);
         return 0;
+    }
+    if (report) {
+        int qrc = queues_report(&cfg, stdout, err, sizeof(err));
+        if (qrc != 0) {
+            fprintf(stderr, "ferry: %s\n", err);
+        }
+        config_free(&cfg);
+        return qrc == 0 ? 0 : EXIT_RUNTIME;
     }
     if (dump) {
         int drc = cfg.fallback_path == NULL

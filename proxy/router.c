@@ -32,6 +32,8 @@
 #include "backlog.h"
 #include "clients.h"
 #include "fence.h"
+#include "guards.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "outage.h"
@@ -578,6 +580,24 @@ static int dispatch_one(session *s, request *r)
     if (tx_must_wait(s, r)) {
         return DISPATCH_WAIT; /* a transaction pipelined behind another */
     }
+    if (guards_must_wait(s, r)) {
+        return DISPATCH_WAIT; /* a push that may be held for room goes alone */
+    }
+    uint64_t until;
+    if (!(r->flags & REQ_F_REFUSED) && lease_paused(s, r, uv_now(f->loop), &until)) {
+        /* Its consumer is paused (consumer_backoff): held like a refusal
+         * until the pause ends, within the hold bound; a blocking pop ends
+         * on its own timeout if that comes first. */
+        r->flags |= REQ_F_REFUSED;
+        r->held_since = uv_now(f->loop);
+        r->refusals = 1;
+        r->retry_at = until;
+        r->refusal = "PAUSED";
+        if (r->flags & REQ_F_BLOCKING) {
+            r->flags |= REQ_F_REARM;
+        }
+        return DISPATCH_DOWN;
+    }
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
@@ -679,7 +699,9 @@ static int dispatch_one(session *s, request *r)
          * it, Redis would queue the WAIT in the client's transaction. */
         fence_wait(target);
     }
-    link_send(target, r);
+    if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
+        link_send(target, r);
+    }
     s->inflight++;
     s->flight_link = target;
     return DISPATCH_DONE;
@@ -771,9 +793,36 @@ static void note_flight_done(session *s)
     }
 }
 
+static void requeue(session *s, request *r);
+
+/* A guarded push (guards.c) Redis answered with NOSCRIPT, or found full on
+ * a queue with on_full: block: nothing was applied; it goes back to be
+ * sent again, at once (as EVAL) or after a short wait for room, within
+ * upstream.hold_timeout_ms from the first time it found the queue full. */
+static void guard_again(session *s, request *r, guard_verdict v)
+{
+    uint64_t now = uv_now(s->f->loop);
+    note_flight_done(s);
+    if (v == GUARD_HOLD) {
+        if (!(r->flags & REQ_F_REFUSED)) {
+            r->held_since = now;
+            r->flags |= REQ_F_REFUSED;
+        }
+        r->refusals++;
+        r->retry_at = now + ((uint64_t)10 << (r->refusals < 5 ? r->refusals - 1 : 4));
+        r->refusal = "QFULL";
+    }
+    requeue(s, r);
+}
+
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
+    guard_verdict gv = guards_on_reply(s, r, p, n);
+    if (gv != GUARD_PASS) {
+        guard_again(s, r, gv);
+        return;
+    }
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);
     if ((r->route == RT_AUTH && AUTH_RESULT(r) == AUTH_REDIS) ||
@@ -789,6 +838,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         s->f->session_ops->check_reading(s);
         return;
     }
+    lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
         sticky_accepted(s, r);

@@ -103,6 +103,8 @@ typedef struct session {
     uint64_t next_seq;         /* sequence for the next request */
     int proto;                 /* RESP version the client speaks: 2, or 3 after HELLO 3 */
     int tracking;              /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
+    int guard_alone;           /* a push to an on_full: block queue is in flight: nothing else
+                                  is sent until it is answered (guards.c) */
     buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
 } session;
 

@@ -28,6 +28,7 @@
 #include <strings.h>
 
 #include "ferry.h"
+#include "lease.h"
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
@@ -340,6 +341,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     }
     queue_sampler_view qv;
     queues_sampler(f, &qv);
+    st->consumers_paused = (uint64_t)lease_npaused(f, uv_now(f->loop));
     st->queue_keys_tracked = (uint64_t)queues_nkeys(f);
     st->queue_keys = st->queue_keys_tracked;
     st->queues = (uint64_t)f->cfg->nqueues;
@@ -468,9 +470,18 @@ static void json_queues(ferry *f, const ferry_stats *st, buf *b)
             }
             json_string(b, cfg->queues[q].keys[g]);
         }
-        stats_printf(b, "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu}",
+        stats_printf(b,
+                     "],\"pushes\":%llu,\"pops\":%llu,\"length\":%llu,\"max_length\":%llu,"
+                     "\"refused_full\":%llu,\"held_full\":%llu,\"lease_expired\":%llu,"
+                     "\"dead_lettered\":%llu,\"lease_orphans\":%llu}",
                      (unsigned long long)st->queue_pushes[q], (unsigned long long)st->queue_pops[q],
-                     (unsigned long long)queue_length(f, q));
+                     (unsigned long long)queue_length(f, q),
+                     (unsigned long long)cfg->queues[q].max_length,
+                     (unsigned long long)st->queue_refused_full[q],
+                     (unsigned long long)st->queue_held_full[q],
+                     (unsigned long long)st->queue_lease_expired[q],
+                     (unsigned long long)st->queue_dead_lettered[q],
+                     (unsigned long long)st->queue_lease_orphans[q]);
     }
     buf_append_str(b, "]");
 }
@@ -690,6 +701,21 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
         "pop commands (LPOP, BLPOP, ZPOPMIN, LMPOP, the pop side of LMOVE...) on the "
         "keys of a queues: entry through ferry",
         st->queue_pops);
+    prom_queue_counter(out, cfg, "ferry_queue_refused_full_total",
+                       "pushes answered -QFULL: they would have taken a list of a queues: entry "
+                       "past its max_length (on_full: refuse); nothing was applied",
+                       st->queue_refused_full);
+    prom_queue_counter(out, cfg, "ferry_queue_held_full_total",
+                       "times a push found a list of a queues: entry with on_full: block at its "
+                       "max_length and was held to be tried again",
+                       st->queue_held_full);
+    prom_queue_counter(out, cfg, "ferry_queue_lease_expired_total",
+                       "leases of a queues: entry expired by this ferry (the item back in its "
+                       "queue, or dead-lettered past max_attempts)",
+                       st->queue_lease_expired);
+    prom_queue_counter(out, cfg, "ferry_queue_dead_lettered_total",
+                       "items of a queues: entry moved to its dead_letter by this ferry",
+                       st->queue_dead_lettered);
     prom_header(
         out, "ferry_queue_length",
         "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",

@@ -267,11 +267,19 @@ typedef enum stat_type {
     X(queues, queues, NODES, "",                                                                   \
       "per entry of queues: (in order): keys (its globs), pushes and pops (push and pop "          \
       "commands on its keys through ferry, every loop; Prometheus ferry_queue_pushes_total and "   \
-      "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths) (live)")         \
+      "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths), max_length "    \
+      "(its bound, 0: none), refused_full (pushes answered -QFULL) and held_full (times a push "   \
+      "found it full and was held, on_full: block), lease_expired, dead_lettered and "             \
+      "lease_orphans (leases this ferry expired, of them dead-lettered, items found without a "   \
+      "lease); Prometheus ferry_queue_refused_full_total, ferry_queue_held_full_total, "           \
+      "ferry_queue_lease_expired_total and ferry_queue_dead_lettered_total by keys (live)")        \
     X(queues, queue_keys, NODES, "",                                                               \
       "per key sampled: key, queue (index in queues:), type, length, age_ms (since it was "        \
       "sampled), store_rows (its rows in the fallback store); Prometheus ferry_queue_length by "   \
       "queue (the key) (live)")                                                                    \
+    X(queues, consumers_paused, GAUGE, "ferry_consumers_paused",                                   \
+      "consumers whose pops ferry holds now (consumer_backoff), as the main loop last polled "     \
+      "them from Redis (live)")                                                                    \
     X(queues, queue_keys_tracked, GAUGE, "ferry_queue_keys_tracked",                               \
       "keys whose length ferry keeps, at most queue_depths.max_keys (live)")                       \
     X(queues, queue_sampling, BOOL, "ferry_queue_sampling",                                        \
@@ -308,6 +316,11 @@ typedef struct ferry_stats {
     FERRY_STATS(STATS_FIELD)                  /* one field per stat, commented in FERRY_STATS */
     uint64_t queue_pushes[CONFIG_MAX_QUEUES]; /* per entry of queues: (queues.c) */
     uint64_t queue_pops[CONFIG_MAX_QUEUES];
+    uint64_t queue_refused_full[CONFIG_MAX_QUEUES]; /* -QFULL answered (guards.c) */
+    uint64_t queue_held_full[CONFIG_MAX_QUEUES];    /* a push found it full and was held */
+    uint64_t queue_lease_expired[CONFIG_MAX_QUEUES]; /* leases expired (lease.c) */
+    uint64_t queue_dead_lettered[CONFIG_MAX_QUEUES]; /* of them, items dead-lettered */
+    uint64_t queue_lease_orphans[CONFIG_MAX_QUEUES]; /* items found without a lease */
 } ferry_stats;
 
 /* The counting functions below live in counters.c (no upward calls: any

@@ -176,9 +176,14 @@ class QueuesConfigTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
 
     def test_unknown_key_in_an_entry_is_refused_with_its_place(self):
+        rc, out, path = self.check('queues:\n  - keys: "jobs:*"\n    lease_time: 30000\n')
+        self.assertNotEqual(rc, 0)
+        self.assertIn("%s:4:5: queues[0]: unknown key 'lease_time'" % path, out)
+        # lease_ms is a key of the queue guards: it needs processing.
         rc, out, path = self.check('queues:\n  - keys: "jobs:*"\n    lease_ms: 30000\n')
         self.assertNotEqual(rc, 0)
-        self.assertIn("%s:4:5: queues[0]: unknown key 'lease_ms'" % path, out)
+        self.assertIn("%s:4:5: queues[0]: lease_ms, max_attempts, dead_letter and "
+                      "consumer_backoff need processing" % path, out)
 
     def test_bad_shapes_are_refused(self):
         for text, where in (('queues: "jobs:*"\n', ':2:9: queues: expected a list'),

@@ -479,11 +479,51 @@ static void test_queues(void **state)
     assert_int_equal(cfg.queue_depths_interval_ms, 250);
     assert_int_equal(cfg.queue_depths_keys_per_round, 7);
     assert_int_equal(cfg.queue_depths_max_keys, 20);
+    assert_int_equal(cfg.queues[0].max_length, 0);
+    assert_int_equal(cfg.queues[0].on_full, ON_FULL_REFUSE);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n"
+                  "  - {keys: \"jobs:*\", max_length: 10000}\n"
+                  "  - {keys: \"b:*\", max_length: 4294967295, on_full: block}\n"
+                  "  - {keys: \"c:*\", on_full: refuse, max_length: 1}\n");
+    assert_int_equal(cfg.nqueues, 3);
+    assert_int_equal(cfg.queues[0].max_length, 10000);
+    assert_int_equal(cfg.queues[0].on_full, ON_FULL_REFUSE);
+    assert_int_equal(cfg.queues[1].max_length, 4294967295ull);
+    assert_int_equal(cfg.queues[1].on_full, ON_FULL_BLOCK);
+    assert_int_equal(cfg.queues[2].max_length, 1);
+    assert_int_equal(cfg.queues[2].on_full, ON_FULL_REFUSE);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n"
+                  "  - {keys: \"jobs:*\", processing: \"{key}:processing\"}\n"
+                  "  - {keys: \"b:*\", processing: \"p:{key}\", lease_ms: 250, max_attempts: 2,"
+                  " dead_letter: \"{key}:dlq\"}\n");
+    assert_string_equal(cfg.queues[0].processing, "{key}:processing");
+    assert_string_equal(cfg.queues[0].dead_letter, "{key}:dead");
+    assert_int_equal(cfg.queues[0].lease_ms, 60000);
+    assert_int_equal(cfg.queues[0].max_attempts, 5);
+    assert_string_equal(cfg.queues[1].processing, "p:{key}");
+    assert_string_equal(cfg.queues[1].dead_letter, "{key}:dlq");
+    assert_int_equal(cfg.queues[1].lease_ms, 250);
+    assert_int_equal(cfg.queues[1].max_attempts, 2);
+    assert_int_equal(cfg.queues[1].backoff_after, 0);
+    config_free(&cfg);
+
+    load_ok(&cfg, "redis: {address: 127.0.0.1:6379}\nqueues:\n"
+                  "  - {keys: a, processing: \"{key}:p\", consumer_backoff: {pause_ms: 500}}\n"
+                  "  - {keys: b, processing: \"{key}:p\","
+                  " consumer_backoff: {after_failures: 3, pause_ms: 1500}}\n");
+    assert_int_equal(cfg.queues[0].backoff_after, 100);
+    assert_int_equal(cfg.queues[0].backoff_pause_ms, 500);
+    assert_int_equal(cfg.queues[1].backoff_after, 3);
+    assert_int_equal(cfg.queues[1].backoff_pause_ms, 1500);
     config_free(&cfg);
 
     static const error_case cases[] = {
-        {"redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: \"j:*\"\n    lease_ms: 5\n",
-         "t.yml:4:5: ", "queues[0]: unknown key 'lease_ms'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: \"j:*\"\n    leases: 5\n",
+         "t.yml:4:5: ", "queues[0]: unknown key 'leases'"},
         {"redis: {address: 127.0.0.1:6379}\nqueues:\n  - keys: a\n  - {keys: b, x: 1}\n",
          "t.yml:4:15: ", "queues[1]: unknown key 'x'"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: {keys: a}\n",
@@ -500,6 +540,45 @@ static void test_queues(void **state)
          "t.yml:2:20: ", "queues[0]: duplicate key 'keys'"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: []\nqueues: []\n",
          "t.yml:3:1: ", "duplicate key 'queues'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 0}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: 0 is out of range (1 to 4294967295 items)"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 4294967296}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: 4294967296 is out of range"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: -3}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got '-3'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 10k}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got '10k'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: [1]}]\n",
+         "t.yml:2:32: ", "queues[0].max_length: expected a number of items, got a list"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 5, on_full: wait}]\n",
+         "t.yml:2:44: ", "queues[0].on_full: expected refuse or block, got 'wait'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, on_full: block}]\n",
+         "t.yml:2:20: ", "queues[0]: on_full needs max_length"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, max_length: 1, max_length: 2}]\n",
+         "t.yml:2:35: ", "queues[0]: duplicate key 'max_length'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: proc}]\n",
+         "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}{key}\"}]\n",
+         "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}\"}]\n",
+         "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, lease_ms: 1000}]\n",
+         "t.yml:2:20: ", "queues[0]: lease_ms, max_attempts, dead_letter and consumer_backoff need processing"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "lease_ms: 5}]\n",
+         "t.yml:2:53: ", "queues[0].lease_ms: 5 is out of range (100 to 604800000)"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "max_attempts: 0}]\n",
+         "t.yml:2:57: ", "queues[0].max_attempts: 0 is out of range (1 to 1000000)"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: 5}]\n",
+         "t.yml:2:61: ", "queues[0].consumer_backoff: expected a mapping like"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: {after: 5}}]\n",
+         "t.yml:2:62: ", "queues[0].consumer_backoff: unknown key 'after'"},
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
+         "consumer_backoff: {after_failures: 0}}]\n",
+         "t.yml:2:78: ", "queues[0].consumer_backoff.after_failures: 0 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {interval_ms: 1}\n",
          "t.yml:2:29: ", "queue_depths.interval_ms: 1 is out of range"},
         {"redis: {address: 127.0.0.1:6379}\nqueue_depths: {rounds: 1}\n",

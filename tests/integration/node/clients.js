@@ -194,6 +194,26 @@ const scenarios = {
         out.priority = [await a.brpop(hi, lo, 1), await a.brpop(hi, lo, 1),
             await a.brpop(hi, lo, 1)];
     },
+
+    // The reliable-queue pattern through ferry's queue guards (the Python
+    // side configures PREFIX:* with max_length 5 and a processing list):
+    // pushes past the bound, three items taken with BRPOPLPUSH, two acked
+    // with LREM, the third left unacked when the client leaves.
+    async reliable() {
+        const r = connect();
+        const q = prefix + ':q';
+        const proc = q + ':processing';
+        out.pushed = await r.lpush(q, 'a', 'b', 'c', 'd', 'e');
+        try {
+            await r.lpush(q, 'f');
+            out.full = null;
+        } catch (e) {
+            out.full = e.message;
+        }
+        out.taken = [await r.brpoplpush(q, proc, 1), await r.brpoplpush(q, proc, 1),
+            await r.brpoplpush(q, proc, 1)];
+        out.acked = [await r.lrem(proc, 1, out.taken[0]), await r.lrem(proc, 1, out.taken[1])];
+    },
 };
 
 async function main() {

@@ -1,0 +1,208 @@
+/* guards.c - queue guards: bounded queues (queues: max_length, on_full).
+ *
+ * A push (LPUSH, RPUSH, LPUSHX, RPUSHX) outside a transaction whose key
+ * belongs to a queues: entry with max_length is not sent as the client
+ * wrote it but as the guard script (guard_push.lua, embedded with its
+ * SHA-1 at build time):
+ *
+ *   EVALSHA <sha1> 1 <key> <max_length> <push> <values...>
+ *
+ * The script reads LLEN and applies the push, or nothing, in one atomic
+ * step: either Redis' own reply to the push (the new length) or
+ * -QFULL ferry: queue <key> holds <n> items (max_length <m>).
+ * Each link is sent SCRIPT LOAD before its first guarded push, so EVALSHA
+ * finds the script on that connection's server; a NOSCRIPT all the same
+ * (SCRIPT FLUSH) sends the push again as EVAL, which loads it.
+ *
+ * on_full: refuse passes -QFULL to the client. on_full: block holds the
+ * push (as a refusal that applied nothing: the backlog's back-off and
+ * upstream.hold_timeout_ms bound) and tries again until there is room;
+ * meanwhile nothing else of that client is sent, so its order holds.
+ *
+ * The request keeps its original bytes (r->data): a retry after a lost
+ * link builds the script call again, and the fallback store, while no
+ * master is up, stores the push as the client wrote it. */
+#include "guards.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "link.h"
+#include "log.h"
+#include "queues.h"
+#include "tx.h"
+
+extern const char ferry_guard_push_lua[];
+extern const size_t ferry_guard_push_lua_len;
+extern const char ferry_guard_push_lua_sha1[];
+
+/* The parts of a push's multibulk bytes: its key and the values after it. */
+typedef struct push_view {
+    const char *key;  /* the key's bytes */
+    size_t klen;      /* its length */
+    const char *tail; /* the encoded values (each a $bulk), to the end */
+    size_t tlen;      /* their length */
+    size_t nvalues;   /* how many */
+} push_view;
+
+/* Read "<c><digits>\r\n" at *pp; returns the number or -1. */
+static long long read_header(const char **pp, const char *end, char c)
+{
+    const char *p = *pp;
+    long long v = 0;
+    if (p >= end || *p != c) {
+        return -1;
+    }
+    for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
+        v = v * 10 + (*p - '0');
+        if (v > (1ll << 40)) {
+            return -1;
+        }
+    }
+    if (end - p < 2 || p[0] != '\r' || p[1] != '\n') {
+        return -1;
+    }
+    *pp = p + 2;
+    return v;
+}
+
+/* One $bulk at *pp: its bytes in *s, *n. */
+static int read_bulk(const char **pp, const char *end, const char **s, size_t *n)
+{
+    long long len = read_header(pp, end, '$');
+    if (len < 0 || end - *pp < len + 2) {
+        return -1;
+    }
+    *s = *pp;
+    *n = (size_t)len;
+    *pp += len + 2;
+    return 0;
+}
+
+static int is_push(const command *cmd)
+{
+    return cmd != NULL && (strcmp(cmd->name, "lpush") == 0 || strcmp(cmd->name, "rpush") == 0 ||
+                           strcmp(cmd->name, "lpushx") == 0 || strcmp(cmd->name, "rpushx") == 0);
+}
+
+/* The bounded queue entry r pushes to (its parts in *v), or -1. */
+static int guarded_queue(const ferry *f, const request *r, push_view *v)
+{
+    const config *cfg = f->cfg;
+    if (cfg->nqueues == 0 || !is_push(r->cmd) || r->route != RT_SHARED) {
+        return -1;
+    }
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    const char *name;
+    size_t nlen;
+    long long argc = read_header(&p, end, '*');
+    if (argc < 3 || read_bulk(&p, end, &name, &nlen) != 0 ||
+        read_bulk(&p, end, &v->key, &v->klen) != 0) {
+        return -1; /* Redis answers the arity error of a push with no value */
+    }
+    int q = queues_match(cfg, v->key, v->klen);
+    if (q < 0 || cfg->queues[q].max_length == 0) {
+        return -1;
+    }
+    v->tail = p;
+    v->tlen = (size_t)(end - p);
+    v->nvalues = (size_t)argc - 2;
+    return q;
+}
+
+int guards_must_wait(session *s, const request *r)
+{
+    push_view v;
+    if (s->inflight == 0) {
+        s->guard_alone = 0;
+        return 0;
+    }
+    if (s->guard_alone) {
+        return 1;
+    }
+    int q = guarded_queue(s->f, r, &v);
+    return q >= 0 && s->f->cfg->queues[q].on_full == ON_FULL_BLOCK && !tx_in_multi(s);
+}
+
+int guards_send(session *s, request *r, link *l)
+{
+    ferry *f = s->f;
+    push_view v;
+    char num[24];
+    if (tx_in_multi(s)) {
+        return 0; /* inside MULTI: sent as written (docs/queue-guards.md) */
+    }
+    int q = guarded_queue(f, r, &v);
+    if (q < 0) {
+        r->flags &= ~(REQ_F_GUARD | REQ_F_GUARD_EVAL);
+        return 0;
+    }
+    const config_queue *cq = &f->cfg->queues[q];
+    int eval = (r->flags & REQ_F_GUARD_EVAL) != 0;
+    if (!eval && !l->guard_script) {
+        const char *argv[3] = {"SCRIPT", "LOAD", ferry_guard_push_lua};
+        link_internal(l, argv, 3, NULL, 0);
+        l->guard_script = 1;
+    }
+    buf b;
+    buf_init(&b);
+    buf_append_count(&b, '*', v.nvalues + 6);
+    if (eval) {
+        buf_append_bulk(&b, "EVAL", 4);
+        buf_append_bulk(&b, ferry_guard_push_lua, ferry_guard_push_lua_len);
+    } else {
+        buf_append_bulk(&b, "EVALSHA", 7);
+        buf_append_bulk(&b, ferry_guard_push_lua_sha1, strlen(ferry_guard_push_lua_sha1));
+    }
+    buf_append_bulk(&b, "1", 1);
+    buf_append_bulk(&b, v.key, v.klen);
+    int n = snprintf(num, sizeof(num), "%llu", (unsigned long long)cq->max_length);
+    buf_append_bulk(&b, num, (size_t)n);
+    buf_append_bulk(&b, r->cmd->name, strlen(r->cmd->name));
+    buf_append(&b, v.tail, v.tlen);
+    r->flags |= REQ_F_GUARD;
+    r->arg = q;
+    if (cq->on_full == ON_FULL_BLOCK) {
+        s->guard_alone = 1;
+    }
+    link_send_as(l, r, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    return 1;
+}
+
+static int starts(const char *p, size_t n, const char *lit)
+{
+    size_t m = strlen(lit);
+    return n >= m && memcmp(p, lit, m) == 0;
+}
+
+guard_verdict guards_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    ferry *f = s->f;
+    if (!(r->flags & REQ_F_GUARD)) {
+        return GUARD_PASS;
+    }
+    int q = (int)r->arg;
+    if (q < 0 || q >= f->cfg->nqueues) {
+        return GUARD_PASS;
+    }
+    if (starts(p, n, "-NOSCRIPT")) {
+        if (r->flags & REQ_F_GUARD_EVAL) {
+            return GUARD_PASS; /* not after an EVAL: Redis' answer */
+        }
+        r->flags |= REQ_F_GUARD_EVAL;
+        log_info("queue guards: Redis lacked the guard script; client %llu's push sent as EVAL",
+                 (unsigned long long)s->id);
+        return GUARD_RESEND;
+    }
+    if (!starts(p, n, "-QFULL ferry: ")) {
+        return GUARD_PASS;
+    }
+    if (f->cfg->queues[q].on_full == ON_FULL_BLOCK) {
+        f->stats.queue_held_full[q]++;
+        return GUARD_HOLD;
+    }
+    f->stats.queue_refused_full[q]++;
+    return GUARD_PASS;
+}

@@ -1,0 +1,672 @@
+/* lease.c - leases and dead letters (queues: processing, lease_ms,
+ * max_attempts, dead_letter); the keys it keeps in Redis are in lease.h.
+ *
+ * Recording. A move into a processing list answers the client the item it
+ * moved. Before that reply is passed on, ferry queues the lease script
+ * (lease it if it is still in the processing list, with the deadline from
+ * Redis' TIME) on the shared link the move came on, or for a blocking move
+ * (on a dedicated link) on a shared one: an ack that overtakes it leaves
+ * the item out of the list, and the script leases nothing. Blocking moves are not rewritten: the
+ * pop itself stays Redis' own, and its timeout its own. A lease lost between the two (ferry killed,
+ * the link lost) is found by the expiry: an item in a processing list without a lease is given one
+ * then.
+ *
+ * Ack. LREM <processing> <count> <item> is sent as the ack script: the same
+ * LREM, and when no copy of the item is left in the list, the lease and the
+ * attempt count go with it, in one step.
+ *
+ * Expiry. The main loop, every lease_ms / 4 (50 ms to 1 s), reads the
+ * registry of processing lists and runs the expiry script on each: it takes
+ * (or renews) ferry:leases:lock for this ferry, or does nothing if another
+ * ferry holds it; then, for at most BATCH leases past their deadline, takes
+ * the item out of the processing list and puts it back at the end of its
+ * queue it was taken from with its attempt count raised, or past
+ * max_attempts into dead_letter; the lease goes in the same step, so each
+ * lease is expired once, whichever ferry runs it and across a failover
+ * (the script's effects are replicated as one). */
+#include "lease.h"
+
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "clients.h"
+#include "link.h"
+#include "log.h"
+#include "queues.h"
+#include "tx.h"
+#include "upstream.h"
+
+#define BATCH 100 /* leases expired per processing list and round */
+#define REGISTRY "ferry:leases:registry"
+#define LOCK "ferry:leases:lock"
+#define FAILURES "ferry:consumers:failures"
+#define PAUSED "ferry:consumers:paused"
+#define MAX_PAUSED 64 /* paused consumers a loop keeps */
+#define PAUSE_POLL_MS 200
+#define MAX_ARGS 8
+
+/* KEYS: processing, leases, attempts, registry, consumers; ARGV: item,
+ * lease_ms, side, consumer */
+static const char lease_lua[] =
+    "if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])\n"
+    "if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then\n"
+    "  redis.call('HSET', KEYS[3], ARGV[1], '1:' .. ARGV[3])\n"
+    "end\n"
+    "redis.call('SADD', KEYS[4], KEYS[1])\n"
+    "redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])\n"
+    "return 1\n";
+
+/* KEYS: processing, leases, attempts, consumers, failures; ARGV: count,
+ * item (the client's LREM), the consumer acking (its failures reset) */
+static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
+                              "if type(n) == 'table' then return n end\n"
+                              "if n > 0 then\n"
+                              "  redis.call('HDEL', KEYS[5], ARGV[3])\n"
+                              "  if not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
+                              "    redis.call('ZREM', KEYS[2], ARGV[2])\n"
+                              "    redis.call('HDEL', KEYS[3], ARGV[2])\n"
+                              "    redis.call('HDEL', KEYS[4], ARGV[2])\n"
+                              "  end\n"
+                              "end\n"
+                              "return n\n";
+
+/* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
+ * failures, paused; ARGV: owner, lock ttl ms, batch, max_attempts,
+ * lease_ms, after_failures (0: no back-off), pause_ms.
+ * Returns {back, dead, orphans, open, consumers paused...}, or {-1} when
+ * another ferry expires. */
+static const char expire_lua[] =
+    "local owner = redis.call('GET', KEYS[6])\n"
+    "if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
+    "redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])\n"
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local batch = tonumber(ARGV[3])\n"
+    "local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
+    "local back, dead, orphans, paused = 0, 0, 0, {}\n"
+    "for _, item in ipairs(due) do\n"
+    "  redis.call('ZREM', KEYS[2], item)\n"
+    "  local c = redis.call('HGET', KEYS[7], item)\n"
+    "  redis.call('HDEL', KEYS[7], item)\n"
+    "  if redis.call('LREM', KEYS[1], -1, item) > 0 then\n"
+    "    if c and tonumber(ARGV[6]) > 0 and\n"
+    "        redis.call('HINCRBY', KEYS[8], c, 1) >= tonumber(ARGV[6]) then\n"
+    "      redis.call('HDEL', KEYS[8], c)\n"
+    "      redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), c)\n"
+    "      paused[#paused + 1] = c\n"
+    "    end\n"
+    "    local v = redis.call('HGET', KEYS[3], item) or '1:R'\n"
+    "    local a, side = string.match(v, '^(%d+):(%a)$')\n"
+    "    a = (tonumber(a) or 1) + 1\n"
+    "    if a > tonumber(ARGV[4]) then\n"
+    "      redis.call('LPUSH', KEYS[5], item)\n"
+    "      redis.call('HDEL', KEYS[3], item)\n"
+    "      dead = dead + 1\n"
+    "    else\n"
+    "      redis.call('HSET', KEYS[3], item, a .. ':' .. (side or 'R'))\n"
+    "      if side == 'L' then redis.call('LPUSH', KEYS[4], item)\n"
+    "      else redis.call('RPUSH', KEYS[4], item) end\n"
+    "      back = back + 1\n"
+    "    end\n"
+    "  else\n"
+    "    redis.call('HDEL', KEYS[3], item)\n"
+    "  end\n"
+    "end\n"
+    "for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do\n"
+    "  if not redis.call('ZSCORE', KEYS[2], item) then\n"
+    "    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)\n"
+    "    if redis.call('HEXISTS', KEYS[3], item) == 0 then\n"
+    "      redis.call('HSET', KEYS[3], item, '1:R')\n"
+    "    end\n"
+    "    orphans = orphans + 1\n"
+    "  end\n"
+    "end\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)\n"
+    "local out = {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n"
+    "for _, c in ipairs(paused) do out[#out + 1] = c end\n"
+    "return out\n";
+
+/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused now. */
+static const char paused_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')\n"
+    "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end\n"
+    "return r\n";
+
+typedef struct paused_consumer {
+    char name[128]; /* CLIENT SETNAME, else its address */
+    uint64_t until; /* uv_now() when its pause ends */
+} paused_consumer;
+
+struct leases {
+    ferry *f;
+    int expires; /* this loop runs the expiry (the main loop) */
+    int backoff; /* an entry has consumer_backoff: poll the paused ones */
+    paused_consumer paused[MAX_PAUSED];
+    int npaused;
+    uint64_t next_poll_ms;
+    int poll_in_flight;
+    char owner[64];    /* this ferry's name on the lock */
+    uint64_t interval; /* ms between rounds */
+    uint64_t next_ms;  /* next round */
+    uint64_t round;    /* rounds started */
+    int in_flight;     /* replies the round awaits */
+    int logged_other;  /* another ferry holds the lock (logged once) */
+};
+
+/* ------------------------------------------------------------ key names */
+
+/* The arguments of r's multibulk bytes: at most MAX_ARGS; returns argc. */
+static size_t args_of(const request *r, const char **av, size_t *al)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    long long argc = 0;
+    size_t n = 0;
+    if (p >= end || *p != '*') {
+        return 0;
+    }
+    for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
+        argc = argc * 10 + (*p - '0');
+        if (argc > 1000000) {
+            return 0;
+        }
+    }
+    p += 2;
+    for (long long i = 0; i < argc && i < MAX_ARGS; i++) {
+        long long len = 0;
+        if (p >= end || *p != '$') {
+            return 0;
+        }
+        for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
+            len = len * 10 + (*p - '0');
+            if (len > (1ll << 40)) {
+                return 0;
+            }
+        }
+        p += 2;
+        if (end - p < len + 2) {
+            return 0;
+        }
+        av[n] = p;
+        al[n] = (size_t)len;
+        n++;
+        p += len + 2;
+    }
+    return argc > MAX_ARGS ? 0 : n;
+}
+
+/* template with {key} replaced by key[0..klen), into out (NUL-terminated);
+ * returns its length, or 0 if it does not fit. */
+static size_t apply(const char *tpl, const char *key, size_t klen, char *out, size_t cap)
+{
+    const char *at = strstr(tpl, "{key}");
+    size_t pre = (size_t)(at - tpl), post = strlen(at + 5);
+    if (pre + klen + post + 1 > cap) {
+        return 0;
+    }
+    memcpy(out, tpl, pre);
+    memcpy(out + pre, key, klen);
+    memcpy(out + pre + klen, at + 5, post + 1);
+    return pre + klen + post;
+}
+
+/* The entry with leases whose processing template names p[0..plen), and
+ * its queue key in *q, *qlen (inside p); -1 if none. */
+static int entry_of_processing(const config *cfg, const char *p, size_t plen, const char **q,
+                               size_t *qlen)
+{
+    for (int i = 0; i < cfg->nqueues; i++) {
+        const char *tpl = cfg->queues[i].processing;
+        if (tpl == NULL) {
+            continue;
+        }
+        const char *at = strstr(tpl, "{key}");
+        size_t pre = (size_t)(at - tpl), post = strlen(at + 5);
+        if (plen <= pre + post || memcmp(p, tpl, pre) != 0 ||
+            memcmp(p + plen - post, at + 5, post) != 0) {
+            continue;
+        }
+        if (queues_match(cfg, p + pre, plen - pre - post) == i) {
+            *q = p + pre;
+            *qlen = plen - pre - post;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The consumer map of processing list p: item -> who holds it. */
+static void consumers_key(const char *p, size_t plen, buf *out)
+{
+    buf_append(out, "ferry:consumer:{", 16);
+    buf_append(out, p, plen);
+    buf_append(out, "}", 1);
+}
+
+/* Who s is for the back-off: its CLIENT SETNAME, else its address. */
+static void consumer_of(const session *s, char *out, size_t len)
+{
+    clients_session_name(s, out, len);
+    if (out[0] == '\0') {
+        snprintf(out, len, "%s", s->peer);
+    }
+}
+
+/* The companions of processing list p: leases zset and attempts hash. */
+static void companions(const char *p, size_t plen, buf *leases, buf *attempts)
+{
+    buf_append(leases, "ferry:leases:{", 14);
+    buf_append(leases, p, plen);
+    buf_append(leases, "}", 1);
+    buf_append(attempts, "ferry:attempts:{", 16);
+    buf_append(attempts, p, plen);
+    buf_append(attempts, "}", 1);
+}
+
+static int is_move(const command *cmd)
+{
+    return cmd != NULL &&
+           (strcmp(cmd->name, "rpoplpush") == 0 || strcmp(cmd->name, "brpoplpush") == 0 ||
+            strcmp(cmd->name, "lmove") == 0 || strcmp(cmd->name, "blmove") == 0);
+}
+
+/* ------------------------------------------------------------ recording */
+
+void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
+{
+    const config *cfg = s->f->cfg;
+    const char *av[MAX_ARGS];
+    size_t al[MAX_ARGS];
+    const char *q;
+    size_t qlen;
+    if (cfg->nqueues == 0 || !is_move(r->cmd) || n < 4 || p[0] != '$' || p[1] == '-' ||
+        tx_in_multi(s)) {
+        return;
+    }
+    if (l == NULL || l->kind != LINK_SHARED) {
+        /* A blocking move's dedicated link goes back to its pool now (or is
+         * closed with what is queued on it): the lease goes on a shared
+         * link. An ack that gets there first leaves nothing to lease. */
+        l = upstream_shared(s->f->up, s->ident, s->id, s->proto);
+    }
+    if (l == NULL || l->state != LINK_READY) {
+        return; /* the expiry leases it when it finds it */
+    }
+    size_t argc = args_of(r, av, al);
+    if (argc < 3) {
+        return;
+    }
+    int e = entry_of_processing(cfg, av[2], al[2], &q, &qlen);
+    if (e < 0 || qlen != al[1] || memcmp(q, av[1], qlen) != 0) {
+        return; /* not from its queue into its processing list */
+    }
+    /* The item: "$<len>\r\n<item>\r\n". */
+    const char *crlf = memchr(p, '\r', n);
+    if (crlf == NULL) {
+        return;
+    }
+    const char *item = crlf + 2;
+    size_t ilen = (size_t)strtoull(p + 1, NULL, 10);
+    if (item + ilen + 2 > p + n) {
+        return;
+    }
+    const char *side = "R";
+    if ((strcmp(r->cmd->name, "lmove") == 0 || strcmp(r->cmd->name, "blmove") == 0) && argc >= 4 &&
+        al[3] == 4 && strncasecmp(av[3], "left", 4) == 0) {
+        side = "L";
+    }
+    char ms[24];
+    snprintf(ms, sizeof(ms), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    buf leases, attempts, cons, b;
+    buf_init(&leases);
+    buf_init(&attempts);
+    buf_init(&cons);
+    buf_init(&b);
+    companions(av[2], al[2], &leases, &attempts);
+    consumers_key(av[2], al[2], &cons);
+    buf_append_count(&b, '*', 12);
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, lease_lua, sizeof(lease_lua) - 1);
+    buf_append_bulk(&b, "5", 1);
+    buf_append_bulk(&b, av[2], al[2]);
+    buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
+    buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+    buf_append_bulk(&b, item, ilen);
+    buf_append_bulk(&b, ms, strlen(ms));
+    buf_append_bulk(&b, side, 1);
+    buf_append_bulk(&b, who, strlen(who));
+    link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+    buf_free(&b);
+    buf_free(&cons);
+    buf_free(&leases);
+    buf_free(&attempts);
+}
+
+/* ------------------------------------------------------------------ ack */
+
+int lease_send(session *s, request *r, link *l)
+{
+    const config *cfg = s->f->cfg;
+    const char *av[MAX_ARGS];
+    size_t al[MAX_ARGS];
+    const char *q;
+    size_t qlen;
+    if (cfg->nqueues == 0 || r->cmd == NULL || strcmp(r->cmd->name, "lrem") != 0 ||
+        r->route != RT_SHARED || tx_in_multi(s)) {
+        return 0;
+    }
+    if (args_of(r, av, al) != 4 || entry_of_processing(cfg, av[1], al[1], &q, &qlen) < 0) {
+        return 0;
+    }
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    buf leases, attempts, cons, b;
+    buf_init(&leases);
+    buf_init(&attempts);
+    buf_init(&cons);
+    buf_init(&b);
+    companions(av[1], al[1], &leases, &attempts);
+    consumers_key(av[1], al[1], &cons);
+    buf_append_count(&b, '*', 11);
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, ack_lua, sizeof(ack_lua) - 1);
+    buf_append_bulk(&b, "5", 1);
+    buf_append_bulk(&b, av[1], al[1]);
+    buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
+    buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+    buf_append_bulk(&b, av[2], al[2]);
+    buf_append_bulk(&b, av[3], al[3]);
+    buf_append_bulk(&b, who, strlen(who));
+    link_send_as(l, r, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    buf_free(&cons);
+    buf_free(&leases);
+    buf_free(&attempts);
+    return 1;
+}
+
+/* --------------------------------------------------------------- expiry */
+
+static void round_reply(struct leases *ls)
+{
+    if (ls->in_flight > 0) {
+        ls->in_flight--;
+    }
+}
+
+static void expire_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    int e = (int)r->arg;
+    if (ls == NULL) {
+        return;
+    }
+    round_reply(ls);
+    if (reply == NULL || e < 0 || e >= l->f->cfg->nqueues) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr == NULL) {
+        return;
+    }
+    if (rr->type == REDIS_REPLY_ARRAY && rr->elements >= 4) {
+        for (size_t i = 4; i < rr->elements; i++) {
+            if (rr->element[i]->type == REDIS_REPLY_STRING) {
+                log_warn("leases: consumer '%.*s' paused for %llu ms after %llu expired leases "
+                         "in a row (queues[%d].consumer_backoff)",
+                         (int)(rr->element[i]->len > 120 ? 120 : rr->element[i]->len),
+                         rr->element[i]->str,
+                         (unsigned long long)l->f->cfg->queues[e].backoff_pause_ms,
+                         (unsigned long long)l->f->cfg->queues[e].backoff_after, e);
+            }
+        }
+        long long v[4];
+        for (int i = 0; i < 4; i++) {
+            v[i] = rr->element[i]->type == REDIS_REPLY_INTEGER ? rr->element[i]->integer : 0;
+        }
+        if (v[0] < 0) {
+            if (!ls->logged_other) {
+                log_info("leases: another ferry expires leases (it holds %s)", LOCK);
+                ls->logged_other = 1;
+            }
+        } else {
+            ferry_stats *st = &l->f->stats;
+            ls->logged_other = 0;
+            st->queue_lease_expired[e] += (uint64_t)(v[0] + v[1]);
+            st->queue_dead_lettered[e] += (uint64_t)v[1];
+            st->queue_lease_orphans[e] += (uint64_t)v[2];
+            if (v[0] + v[1] + v[2] > 0) {
+                log_info("leases: %lld item(s) back in their queue, %lld dead-lettered, %lld "
+                         "found without a lease (queues[%d])",
+                         v[0], v[1], v[2], e);
+            }
+        }
+    } else if (rr->type == REDIS_REPLY_ERROR) {
+        log_warn("leases: expiry refused by Redis: %.*s", (int)(len > 160 ? 160 : len), reply);
+    }
+    freeReplyObject(rr);
+}
+
+static void registry_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    const config *cfg = l->f->cfg;
+    (void)r;
+    if (ls == NULL) {
+        return;
+    }
+    round_reply(ls);
+    if (reply == NULL || l->state != LINK_READY) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr == NULL) {
+        return;
+    }
+    char ttl[24], batch[24], maxa[24], lease[24];
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(ls->interval * 4 + 1000));
+    snprintf(batch, sizeof(batch), "%d", BATCH);
+    for (size_t i = 0; rr->type == REDIS_REPLY_ARRAY && i < rr->elements; i++) {
+        const redisReply *p = rr->element[i];
+        const char *q;
+        size_t qlen;
+        char dead[1024];
+        if (p->type != REDIS_REPLY_STRING) {
+            continue;
+        }
+        int e = entry_of_processing(cfg, p->str, p->len, &q, &qlen);
+        if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
+            continue;
+        }
+        snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cfg->queues[e].max_attempts);
+        snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
+        char after[24], pause[24];
+        snprintf(after, sizeof(after), "%llu", (unsigned long long)cfg->queues[e].backoff_after);
+        snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cfg->queues[e].backoff_pause_ms);
+        buf leases, attempts, cons, b;
+        buf_init(&leases);
+        buf_init(&attempts);
+        buf_init(&cons);
+        buf_init(&b);
+        companions(p->str, p->len, &leases, &attempts);
+        consumers_key(p->str, p->len, &cons);
+        buf_append_count(&b, '*', 19);
+        buf_append_bulk(&b, "EVAL", 4);
+        buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
+        buf_append_bulk(&b, "9", 1);
+        buf_append_bulk(&b, p->str, p->len);
+        buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
+        buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+        buf_append_bulk(&b, q, qlen);
+        buf_append_bulk(&b, dead, strlen(dead));
+        buf_append_bulk(&b, LOCK, strlen(LOCK));
+        buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+        buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+        buf_append_bulk(&b, PAUSED, strlen(PAUSED));
+        buf_append_bulk(&b, ls->owner, strlen(ls->owner));
+        buf_append_bulk(&b, ttl, strlen(ttl));
+        buf_append_bulk(&b, batch, strlen(batch));
+        buf_append_bulk(&b, maxa, strlen(maxa));
+        buf_append_bulk(&b, lease, strlen(lease));
+        buf_append_bulk(&b, after, strlen(after));
+        buf_append_bulk(&b, pause, strlen(pause));
+        buf_free(&cons);
+        ls->in_flight++;
+        link_internal_bytes(l, buf_head(&b), buf_used(&b), expire_done, e);
+        buf_free(&b);
+        buf_free(&leases);
+        buf_free(&attempts);
+    }
+    freeReplyObject(rr);
+}
+
+static void paused_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    (void)r;
+    if (ls == NULL) {
+        return;
+    }
+    ls->poll_in_flight = 0;
+    if (reply == NULL) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr == NULL) {
+        return;
+    }
+    if (rr->type == REDIS_REPLY_ARRAY) {
+        uint64_t now = uv_now(l->f->loop);
+        ls->npaused = 0;
+        for (size_t i = 0; i + 1 < rr->elements && ls->npaused < MAX_PAUSED; i += 2) {
+            const redisReply *n = rr->element[i], *left = rr->element[i + 1];
+            if (n->type != REDIS_REPLY_STRING || left->type != REDIS_REPLY_STRING) {
+                continue;
+            }
+            paused_consumer *pc = &ls->paused[ls->npaused++];
+            snprintf(pc->name, sizeof(pc->name), "%.*s", (int)n->len, n->str);
+            pc->until = now + strtoull(left->str, NULL, 10);
+        }
+    }
+    freeReplyObject(rr);
+}
+
+int lease_paused(session *s, const request *r, uint64_t now, uint64_t *until)
+{
+    struct leases *ls = s->f->leases;
+    const config *cfg = s->f->cfg;
+    const char *av[MAX_ARGS];
+    size_t al[MAX_ARGS];
+    if (ls == NULL || !ls->backoff || ls->npaused == 0 || r->cmd == NULL) {
+        return 0;
+    }
+    const char *n = r->cmd->name;
+    if (!is_move(r->cmd) && strcmp(n, "lpop") != 0 && strcmp(n, "rpop") != 0 &&
+        strcmp(n, "blpop") != 0 && strcmp(n, "brpop") != 0) {
+        return 0;
+    }
+    if (args_of(r, av, al) < 2) {
+        return 0;
+    }
+    int e = queues_match(cfg, av[1], al[1]);
+    if (e < 0 || cfg->queues[e].backoff_after == 0) {
+        return 0;
+    }
+    char who[128];
+    consumer_of(s, who, sizeof(who));
+    for (int i = 0; i < ls->npaused; i++) {
+        if (ls->paused[i].until > now && strcmp(ls->paused[i].name, who) == 0) {
+            *until = ls->paused[i].until;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+size_t lease_npaused(const ferry *f, uint64_t now)
+{
+    const struct leases *ls = f->leases;
+    size_t n = 0;
+    for (int i = 0; ls != NULL && i < ls->npaused; i++) {
+        n += ls->paused[i].until > now;
+    }
+    return n;
+}
+
+void lease_tick(ferry *f, uint64_t now)
+{
+    struct leases *ls = f->leases;
+    upstream *up = f->up;
+    if (ls == NULL || f->stopping || up == NULL || up->state != UP_UP) {
+        return;
+    }
+    link *l = upstream_shared(up, NULL, 0, 2);
+    if (l == NULL || l->state != LINK_READY) {
+        return;
+    }
+    if (ls->backoff && !ls->poll_in_flight && now >= ls->next_poll_ms) {
+        const char *argv[4] = {"EVAL", paused_lua, "1", PAUSED};
+        ls->next_poll_ms = now + PAUSE_POLL_MS;
+        ls->poll_in_flight = 1;
+        link_internal_sure(l, argv, 4, paused_done, 0);
+    }
+    if (!ls->expires || ls->in_flight > 0 || now < ls->next_ms) {
+        return;
+    }
+    ls->next_ms = now + ls->interval;
+    ls->round++;
+    const char *argv[2] = {"SMEMBERS", REGISTRY};
+    ls->in_flight++;
+    link_internal_sure(l, argv, 2, registry_done, 0);
+}
+
+void lease_open(ferry *f)
+{
+    const config *cfg = f->cfg;
+    uint64_t interval = 1000;
+    int any = 0, backoff = 0;
+    for (int i = 0; i < cfg->nqueues; i++) {
+        if (cfg->queues[i].processing != NULL) {
+            any = 1;
+            backoff |= cfg->queues[i].backoff_after > 0;
+            if (cfg->queues[i].lease_ms / 4 < interval) {
+                interval = cfg->queues[i].lease_ms / 4;
+            }
+        }
+    }
+    if (!any) {
+        return;
+    }
+    struct leases *ls = xcalloc(1, sizeof(*ls));
+    ls->f = f;
+    ls->expires = f->worker_index == 0;
+    ls->backoff = backoff;
+    ls->interval = interval < 50 ? 50 : interval;
+    char host[64];
+    size_t hl = sizeof(host);
+    if (uv_os_gethostname(host, &hl) != 0) {
+        snprintf(host, sizeof(host), "?");
+    }
+    snprintf(ls->owner, sizeof(ls->owner), "%.32s:%ld:%llu", host, (long)uv_os_getpid(),
+             (unsigned long long)uv_hrtime());
+    f->leases = ls;
+}
+
+void lease_free(ferry *f)
+{
+    free(f->leases);
+    f->leases = NULL;
+}

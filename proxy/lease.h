@@ -1,0 +1,49 @@
+/* lease.h - leases and dead letters for the reliable-queue pattern
+ * (queues: processing, lease_ms, max_attempts, dead_letter), kept in Redis:
+ *
+ *   ferry:leases:{<processing>}    zset: item -> deadline (ms, Redis' TIME)
+ *   ferry:attempts:{<processing>}  hash: item -> "<attempts>:<R|L>" (the end
+ *                                  of the queue it was taken from)
+ *   ferry:leases:registry          set: the processing lists with leases
+ *   ferry:leases:lock              the one ferry expiring leases (PX)
+ *
+ * A move (RPOPLPUSH, LMOVE, BRPOPLPUSH, BLMOVE) from a queue key into its
+ * processing list that hands out an item is followed, before the client
+ * gets the item, by one script that leases it if it is still in the
+ * processing list. LREM on a processing list (the ack) is sent as one
+ * script that removes the item and, with its last copy, its lease. The
+ * main loop expires leases past their deadline, and leases items it finds in
+ * a processing list without one (a ferry killed between move and lease). */
+#ifndef FERRY_LEASE_H
+#define FERRY_LEASE_H
+
+#include <stddef.h>
+
+#include "router.h"
+
+struct link;
+
+/* Redis answered r (any client request) on link l with p[0..n): a move
+ * that handed out an item from a leased queue records the lease, on l if
+ * it is a shared link, else on a shared link. */
+void lease_on_reply(session *s, request *r, struct link *l, const char *p, size_t n);
+/* r is about to be sent on l: an LREM on a processing list is queued as
+ * the ack script. Returns 1 when it was (link_send must not be called). */
+int lease_send(session *s, request *r, struct link *l);
+
+/* A pop of s (a move, LPOP, RPOP, BLPOP, BRPOP) from a queue with
+ * consumer_backoff while s's consumer is paused: 1 and *until (uv_now()
+ * when the pause ends). */
+int lease_paused(session *s, const request *r, uint64_t now, uint64_t *until);
+
+/* Consumers this loop holds the pops of now. */
+size_t lease_npaused(const ferry *f, uint64_t now);
+/* Every loop: keep the paused consumers if an entry has consumer_backoff;
+ * the main loop: run the expiry if an entry has processing. */
+void lease_open(ferry *f);
+/* Every tick: poll the paused consumers, and (main loop) an expiry round
+ * when due. */
+void lease_tick(ferry *f, uint64_t now);
+void lease_free(ferry *f);
+
+#endif
