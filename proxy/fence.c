@@ -11,7 +11,13 @@
  * The fence: at a master switch, a link with requests in flight gets a
  * WAIT 1 behind them; replies are released only if a replica confirmed and
  * no replica was promoted meanwhile; writes it cannot confirm are retried
- * on the next master. Then the link closes. */
+ * on the next master. Then the link closes.
+ *
+ * Offset brackets (bracket.h): with replicas_ack, a ROLE goes before each
+ * replicas_ack WAIT, so every held write reply gets the master's replication
+ * offset before it (lo: the last ROLE answered on its link before its reply)
+ * and after it (hi: the ROLE behind its batch); the master's replication id
+ * is read once per master (INFO replication on the probe link). */
 #include "fence.h"
 
 #include <stdio.h>
@@ -78,6 +84,66 @@ static int reply_is_busy(const char *reply, size_t len)
            (len == 5 || reply[5] == ' ' || reply[5] == '\r');
 }
 
+/* The master's replication offset from a ROLE reply (a master's: its
+ * second element), or -1. */
+static long long role_offset(const redisReply *rr)
+{
+    if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements >= 2 &&
+        rr->element[0]->type == REDIS_REPLY_STRING && strcmp(rr->element[0]->str, "master") == 0 &&
+        rr->element[1]->type == REDIS_REPLY_INTEGER && rr->element[1]->integer >= 0) {
+        return rr->element[1]->integer;
+    }
+    return -1;
+}
+
+/* A ROLE answered on l with offset off: every reply held on l arrived before
+ * it, so off is at or past the end of what each wrote (its hi); later
+ * replies get off as their lo. */
+static void bracket_close(link *l, long long off)
+{
+    list_node *n;
+    if (off < 0) {
+        return;
+    }
+    list_foreach(n, &l->held)
+    {
+        request *r = list_entry(n, request, lq);
+        if (r->br_hi >= 0) {
+            continue;
+        }
+        r->br_hi = off;
+        if (r->br_lo >= 0 && r->br_lo <= off) {
+            l->f->stats.brackets++;
+            l->f->stats.bracket_bytes += (uint64_t)(off - r->br_lo);
+        } else {
+            l->f->stats.brackets_open++;
+        }
+    }
+    l->repl_off = off;
+}
+
+/* The ROLE beside a replicas_ack WAIT. */
+static void bracket_role_done(link *l, request *r, const char *reply, size_t len)
+{
+    (void)r;
+    if (reply == NULL || len == 0) {
+        return;
+    }
+    if (reply[0] == '-') {
+        if (!reply_is_busy(reply, len) && !l->role_refused) {
+            char why[200];
+            link_error_text(reply, len, why, sizeof(why));
+            log_warn("link %llu: Redis refused ferry's ROLE (%s): no offset brackets on it",
+                     (unsigned long long)l->id, why);
+            l->role_refused = 1;
+        }
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    bracket_close(l, role_offset(rr));
+    freeReplyObject(rr);
+}
+
 /* ROLE on the link itself: only a node that says it is a master is used. */
 static void role_done(link *l, request *r, const char *reply, size_t len)
 {
@@ -99,6 +165,7 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
     } else if (rr != NULL && rr->type == REDIS_REPLY_ERROR) {
         snprintf(role, sizeof(role), "error");
     }
+    bracket_close(l, role_offset(rr));
     freeReplyObject(rr);
     if (strcmp(role, "master") == 0) {
         if (l->state == LINK_VERIFYING) {
@@ -192,6 +259,75 @@ void fence_enforce(link *l)
 }
 
 /* ------------------------------------------------------------ replicas_ack */
+
+/* The value of "field:" in an INFO reply, copied into out; 0 if absent. */
+static int info_field(const char *info, const char *field, char *out, size_t outlen)
+{
+    size_t flen = strlen(field);
+    for (const char *p = info; p != NULL && *p != '\0';) {
+        if (strncmp(p, field, flen) == 0 && p[flen] == ':') {
+            const char *v = p + flen + 1;
+            size_t n = strcspn(v, "\r\n");
+            if (n >= outlen) {
+                return 0;
+            }
+            memcpy(out, v, n);
+            out[n] = '\0';
+            return 1;
+        }
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return 0;
+}
+
+static void replid_done(link *l, request *r, const char *reply, size_t len)
+{
+    (void)r;
+    upstream *up = l->up;
+    up->replid_pending = 0;
+    if (reply == NULL || l->epoch != up->epoch) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    char id[64] = "", backlog[8] = "", role[16] = "";
+    if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
+        info_field(rr->str, "role", role, sizeof(role));
+        info_field(rr->str, "master_replid", id, sizeof(id));
+        info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));
+    } else if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: Redis refused ferry's INFO replication: %s",
+                 (unsigned long long)l->id, why);
+    }
+    freeReplyObject(rr);
+    if (strcmp(role, "master") != 0 || strlen(id) != sizeof(up->replid) - 1) {
+        return; /* asked again later */
+    }
+    snprintf(up->replid, sizeof(up->replid), "%s", id);
+    up->repl_backlog = strcmp(backlog, "1") == 0;
+    if (up->repl_backlog) {
+        /* Its id changes only when its backlog is freed or made: then the
+         * new master's replid2 will not match, and brackets say ambiguous. */
+        up->replid_epoch = up->epoch;
+        log_info("%smaster %s: replication id %s", up->tag, up->name, up->replid);
+    }
+}
+
+void fence_learn_replid(upstream *up, link *probe, uint64_t now)
+{
+    if (up->replicas_ack <= 0 || up->replid_epoch == up->epoch || up->replid_pending ||
+        now < up->replid_next_ms) {
+        return;
+    }
+    static const char *const info[] = {"INFO", "replication"};
+    up->replid_pending = 1;
+    /* Without a backlog yet (no replica attached so far), ask again later. */
+    up->replid_next_ms = now + (up->f->cfg->ping_interval_ms > 0 ? up->f->cfg->ping_interval_ms
+                                                                 : 1000);
+    link_internal_sure(probe, info, 2, replid_done, 0);
+}
 
 /* Redis 7.0 gives a replica's connection to its master TCP_NODELAY only when
  * it makes a new master client, at a full resync. After a partial resync (the
@@ -293,6 +429,13 @@ static void fence_send_wait(link *l, int fence)
              (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
                                         : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
+    if (!fence && l->up->replicas_ack > 0 && !l->role_refused) {
+        /* The offset after this batch (its brackets' hi); beside the
+         * WAIT, not behind it, so no other writes of the wait widen it. */
+        static const char *const role[] = {"ROLE"};
+        link_internal(l, role, 1, bracket_role_done, 0);
+        l->f->stats.bracket_roles++;
+    }
     link_internal(l, argv, 3, wait_done, fence ? FENCE_ARG : 0);
     l->nwaits++;
     l->need_wait = 0;
@@ -338,6 +481,8 @@ int fence_hold(link *l, request *r, const char *p, size_t n)
     }
     buf_clear(&r->reply);
     buf_append(&r->reply, p, n);
+    r->br_lo = l->repl_off; /* a ROLE answered before this reply was sent before it */
+    r->br_hi = -1;
     request_set_state(r, REQ_WAITING);
     r->link = l;
     if (list_empty(&l->held)) {

@@ -25,6 +25,10 @@ void fence_auth_done(link *l, request *r, const char *reply, size_t len);
  * READY: ferry's own links verified the master); refused, it closes. */
 void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
 
+/* With replicas_ack: learn the master's replication id (INFO replication)
+ * on its probe link, once per master (again while it has no backlog). */
+void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
+
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);
 

@@ -93,6 +93,8 @@ typedef struct request {
     uint64_t born;       /* uv_now() when parsed */
     uint64_t born_ns;    /* uv_hrtime() when parsed (latency stats) */
     uint64_t sent_ns;    /* uv_hrtime() when last sent to a link, 0 = never */
+    long long br_lo;     /* the master's replication offset before it, -1 unknown (fence.c) */
+    long long br_hi;     /* ... and after it (a ROLE behind its batch), -1 unknown */
     int retries;         /* times re-sent after a lost link */
     int refusals;        /* times Redis refused it without effect (REQ_F_REFUSED) */
     uint64_t retry_at;   /* refused: uv_now() before which it is not sent again */

@@ -188,6 +188,19 @@ typedef enum stat_type {
       "last durability enforcement error, empty if none (live)")                                   \
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
       "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
+    X(durability, bracket_roles, COUNTER, "ferry_durability_bracket_roles_total",                  \
+      "ROLEs pipelined beside a replicas_ack WAIT, reading the master's replication offset "      \
+      "after a batch of writes")                                                                   \
+    X(durability, brackets, COUNTER, "ferry_durability_brackets_total",                            \
+      "held write replies given an offset bracket: the master's offset before and after them")     \
+    X(durability, bracket_bytes, COUNTER, "ferry_durability_bracket_bytes_total",                  \
+      "the widths of those brackets summed, in bytes of the replication stream (over brackets: "   \
+      "the mean width)")                                                                           \
+    X(durability, brackets_open, COUNTER, "ferry_durability_brackets_open_total",                  \
+      "held write replies given only the offset after them (none read before them on their link)") \
+    X(durability, master_replid, TEXT, "ferry_durability_info",                                    \
+      "the master's replication id (INFO replication, once per master with replicas_ack), "        \
+      "empty while unknown or while it has no replication backlog (live)")                         \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \

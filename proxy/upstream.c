@@ -874,6 +874,7 @@ static void upstream_probe(upstream *up, uint64_t now)
         up->next_probe_ms = now + cfg->ping_interval_ms;
         link_internal(p, argv, 1, probe_done, 0);
     }
+    fence_learn_replid(up, p, now);
 }
 
 int upstream_down(const upstream *up)

@@ -99,6 +99,11 @@ typedef struct upstream {
     int nudge_by_wait;      /* Redis refused SPUBLISH: nudge with WAIT */
     int fence_valid;        /* no promotion seen since the switch began: a
                                replica's WAIT ack on the old master still counts */
+    char replid[41];        /* the master's replication id (INFO replication), "" unknown */
+    int repl_backlog;       /* it had a replication backlog then (its offset moves) */
+    uint64_t replid_epoch;  /* the epoch replid was learned with a backlog in; 0 none */
+    uint64_t replid_next_ms; /* when INFO replication may be asked again */
+    int replid_pending;     /* INFO replication in flight on the probe link */
     link *probe;            /* health probe link, NULL while none */
     uint64_t next_probe_ms; /* next probe PING */
     uint64_t probe_ok_ms;   /* last probe answer (or UP time) */
