@@ -186,6 +186,9 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, master_replid, TEXT, "ferry_durability_info",                                    \
+      "the master's replication id (INFO replication, once per master with replicas_ack), "        \
+      "empty while unknown or while it has no replication backlog (live)")                         \
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
       "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
     X(durability, bracket_roles, COUNTER, "ferry_durability_bracket_roles_total",                  \
@@ -198,9 +201,6 @@ typedef enum stat_type {
       "the mean width)")                                                                           \
     X(durability, brackets_open, COUNTER, "ferry_durability_brackets_open_total",                  \
       "held write replies given only the offset after them (none read before them on their link)") \
-    X(durability, master_replid, TEXT, "ferry_durability_info",                                    \
-      "the master's replication id (INFO replication, once per master with replicas_ack), "        \
-      "empty while unknown or while it has no replication backlog (live)")                         \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \
