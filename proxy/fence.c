@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bracket.h"
 #include "durable_link.h"
 #include "log.h"
 #include "router.h"
@@ -142,6 +143,95 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
     redisReply *rr = link_parse_reply(reply, len);
     bracket_close(l, role_offset(rr));
     freeReplyObject(rr);
+}
+
+/* ------------------------------------------------- verdicts after a failover */
+
+/* What today's policy does with a request whose outcome became unknown. */
+enum {
+    UNKNOWN_RESENT = 0, /* a write re-sent (its held reply dropped, or no reply) */
+    UNKNOWN_DELIVERED   /* a pop's data delivered unconfirmed */
+};
+
+#define UNKNOWN_MAX 65536 /* records kept awaiting a verdict; past it: ambiguous */
+
+typedef struct bracket_unknown {
+    char replid[BRACKET_REPLID_LEN + 1]; /* its master's, "" unknown */
+    int backlog;
+    long long lo, hi;
+    uint64_t epoch; /* its link's */
+    int fate;       /* UNKNOWN_* */
+} bracket_unknown;
+
+static void verdict_count(ferry *f, const bracket_unknown *u, const upstream *up)
+{
+    bracket b = {u->replid[0] != '\0' ? u->replid : NULL, u->backlog, u->lo, u->hi};
+    bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
+    bracket_verdict v = bracket_decide(&b, &h);
+    if (v == BRACKET_APPLIED) {
+        f->stats.decided_applied++;
+        f->stats.duplicates_known += u->fate == UNKNOWN_RESENT;
+    } else if (v == BRACKET_NOT_APPLIED) {
+        f->stats.decided_not_applied++;
+        f->stats.duplicates_known += u->fate == UNKNOWN_DELIVERED;
+    } else {
+        f->stats.requests_ambiguous++;
+    }
+    log_info("%sunknown outcome (%s): bracket %lld..%lld, next master holds up to %lld: %s",
+             up->tag, u->fate == UNKNOWN_RESENT ? "write re-sent" : "data delivered", u->lo, u->hi,
+             up->heir_second - 1, bracket_verdict_name(v));
+}
+
+/* The next master's replid2 and second_repl_offset are known: decide every
+ * request of an older master recorded so far. */
+static void verdicts_run(upstream *up)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < up->nunknown; i++) {
+        if (up->unknown[i].epoch < up->heir_epoch) {
+            verdict_count(up->f, &up->unknown[i], up);
+        } else {
+            up->unknown[keep++] = up->unknown[i];
+        }
+    }
+    up->nunknown = keep;
+}
+
+/* r, sent on l, ends with an unknown outcome on l's master (fate: what the
+ * retry policy does with it). Client writes and pops only. */
+static void unknown_record(link *l, const request *r, long long lo, long long hi, int fate)
+{
+    upstream *up = l->up;
+    if (r->s == NULL || (r->flags & REQ_F_INTERNAL) || !(r->flags & REQ_F_WRITE) ||
+        up->replicas_ack <= 0) {
+        return;
+    }
+    if (up->nunknown >= UNKNOWN_MAX) {
+        l->f->stats.requests_ambiguous++;
+        return;
+    }
+    if (up->nunknown == up->unknown_cap) {
+        up->unknown_cap = up->unknown_cap ? up->unknown_cap * 2 : 64;
+        up->unknown = xrealloc(up->unknown, up->unknown_cap * sizeof(*up->unknown));
+    }
+    bracket_unknown *u = &up->unknown[up->nunknown++];
+    int known = up->replid_epoch == l->epoch && up->replid_epoch != 0;
+    snprintf(u->replid, sizeof(u->replid), "%s", known ? up->replid : "");
+    u->backlog = known && up->repl_backlog;
+    u->lo = lo;
+    u->hi = hi;
+    u->epoch = l->epoch;
+    u->fate = fate;
+    if (up->heir_epoch > l->epoch) {
+        verdicts_run(up); /* the next master was read before this link let go */
+    }
+}
+
+void fence_verdicts_free(upstream *up)
+{
+    free(up->unknown);
+    up->unknown = NULL;
+    up->nunknown = up->unknown_cap = 0;
 }
 
 /* ROLE on the link itself: only a node that says it is a master is used. */
@@ -290,11 +380,13 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         return;
     }
     redisReply *rr = link_parse_reply(reply, len);
-    char id[64] = "", backlog[8] = "", role[16] = "";
+    char id[64] = "", backlog[8] = "", role[16] = "", id2[64] = "", second[32] = "";
     if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
         info_field(rr->str, "role", role, sizeof(role));
         info_field(rr->str, "master_replid", id, sizeof(id));
         info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));
+        info_field(rr->str, "master_replid2", id2, sizeof(id2));
+        info_field(rr->str, "second_repl_offset", second, sizeof(second));
     } else if (len > 0 && reply[0] == '-') {
         char why[200];
         link_error_text(reply, len, why, sizeof(why));
@@ -304,6 +396,19 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
     if (strcmp(role, "master") != 0 || strlen(id) != sizeof(up->replid) - 1) {
         return; /* asked again later */
+    }
+    if (up->heir_epoch != up->epoch) {
+        /* What this master shares with the one before it: the verdicts on
+         * requests whose outcome a failover left unknown. */
+        char *end = NULL;
+        long long s = strtoll(second, &end, 10);
+        up->heir_replid2[0] = '\0';
+        if (strlen(id2) == sizeof(up->heir_replid2) - 1) {
+            memcpy(up->heir_replid2, id2, sizeof(up->heir_replid2));
+        }
+        up->heir_second = end != NULL && end != second && *end == '\0' ? s : -1;
+        up->heir_epoch = up->epoch;
+        verdicts_run(up);
     }
     snprintf(up->replid, sizeof(up->replid), "%s", id);
     up->repl_backlog = strcmp(backlog, "1") == 0;
@@ -554,12 +659,16 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
             reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
             /* The item is out of Redis: deliver it (at worst it is seen twice). */
             l->f->stats.replies_unconfirmed++;
+            if (fence) {
+                unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
+            }
             log_warn("link %llu: releasing a reply that carries data although %lld of %lld "
                      "replica(s) confirmed it",
                      (unsigned long long)l->id, acked < 0 ? 0 : acked, need);
         } else if (acked < need && (r->flags & REQ_F_WRITE)) {
             buf_clear(&r->reply);
             if (fence) {
+                unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
                 l->f->shard_ops->on_lost(r->s, r,
                                          "write not confirmed by a replica before the switch");
             } else {
@@ -593,6 +702,13 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
 
 void fence_drop_held(link *l, const char *reason)
 {
+    list_node *n;
+    /* Sent and never answered (the link's close re-sends them next): only
+     * the last offset read before them is known. */
+    list_foreach(n, &l->pending)
+    {
+        unknown_record(l, list_entry(n, request, lq), l->repl_off, -1, UNKNOWN_RESENT);
+    }
     while (!list_empty(&l->held)) {
         request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
@@ -602,11 +718,13 @@ void fence_drop_held(link *l, const char *reason)
         } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
             /* Taken out of Redis already: deliver it, never pop again. */
             l->f->stats.replies_unconfirmed++;
+            unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
             buf tmp = r->reply;
             buf_init(&r->reply);
             l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
             buf_free(&tmp);
         } else {
+            unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
             buf_clear(&r->reply);
             l->f->shard_ops->on_lost(r->s, r, reason);
         }

@@ -29,6 +29,9 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
  * on its probe link, once per master (again while it has no backlog). */
 void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
 
+/* Free the records of requests awaiting a verdict (upstream_free). */
+void fence_verdicts_free(struct upstream *up);
+
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);
 

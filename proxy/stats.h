@@ -172,6 +172,17 @@ typedef enum stat_type {
       "the longest failover or outage (live)")                                                     \
     X(failover, failover_last_reason, TEXT, "ferry_failover_info",                                 \
       "why the master was last lost or switched (live)")                                           \
+    X(failover, decided_applied, COUNTER, "ferry_failover_decided_applied_total",                  \
+      "writes and pops whose outcome was unknown at a failover that the offset brackets show "     \
+      "on the next master (counted only: the retry policy does not act on it yet)")                \
+    X(failover, decided_not_applied, COUNTER, "ferry_failover_decided_not_applied_total",          \
+      "... that the offset brackets show not on the next master (counted only)")                   \
+    X(failover, requests_ambiguous, COUNTER, "ferry_failover_requests_ambiguous_total",            \
+      "... that the offset brackets cannot place: the next master's boundary inside the bracket, " \
+      "replication ids that differ, no backlog, an offset not learned")                            \
+    X(failover, duplicates_known, COUNTER, "ferry_failover_duplicates_known_total",                \
+      "of the decided ones, those the retry policy repeated: a write re-sent although applied, "   \
+      "a pop's data delivered although the pop was not applied (its item pops again)")             \
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
     X(failover, recent, NODES, "",                                                                 \

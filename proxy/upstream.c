@@ -220,6 +220,7 @@ void upstream_free(upstream *up)
     while (!list_empty(&up->idents)) {
         ident_free(list_entry(list_first(&up->idents), ident, node));
     }
+    fence_verdicts_free(up);
     free(up);
 }
 

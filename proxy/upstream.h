@@ -104,6 +104,12 @@ typedef struct upstream {
     uint64_t replid_epoch;  /* the epoch replid was learned with a backlog in; 0 none */
     uint64_t replid_next_ms; /* when INFO replication may be asked again */
     int replid_pending;     /* INFO replication in flight on the probe link */
+    char heir_replid2[41];  /* the current master's master_replid2 ("" none) ... */
+    long long heir_second;  /* ... and second_repl_offset (-1 none) */
+    uint64_t heir_epoch;    /* the epoch they were read in; 0 never */
+    struct bracket_unknown *unknown; /* requests of an older master whose outcome was
+                                        unknown, awaiting the next master's verdict (fence.c) */
+    size_t nunknown, unknown_cap;
     link *probe;            /* health probe link, NULL while none */
     uint64_t next_probe_ms; /* next probe PING */
     uint64_t probe_ok_ms;   /* last probe answer (or UP time) */

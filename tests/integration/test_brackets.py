@@ -6,13 +6,32 @@ offset before and after it. These tests check the brackets from the stats
 port against Redis itself, and that nothing of it runs without
 replicas_ack.
 
+After a kill -9 failover ferry reads the new master's master_replid2 and
+second_repl_offset and decides, for every write or pop whose outcome the
+failover left unknown, whether the new master has it (bracket.h). The retry
+policy does not act on the verdict yet: it is counted, and checked here
+against what the workload sees: every duplicate the verdicts predict (a write
+re-sent although applied, a pop's data delivered although the pop was not
+applied) is seen, and no other duplicate but one a counted ambiguous case
+explains.
+
 Run: python3 -m unittest test_brackets -v
+     BRACKET_RUNS=20 python3 -m unittest test_brackets.BracketFailoverTest -v
+         (prints one line per run: lost, duplicates, verdicts)
 """
+import os
 import socket
+import time
 import unittest
 
+from failover_load import (FAILOVER_CONF, AccountingChecks, Load, current_master, each_run, merged,
+                           now, sentinel_config_epoch)
 from harness import DIRECT, Ferry, RedisServer, SentinelTopology, resp_read_reply, resp_send, wait_until
 from test_stats import stats_json
+
+RUNS = max(1, int(os.environ.get('BRACKET_RUNS', '3')))
+PRE_FAULT = 3.0      # s of load before the kill
+POST_RECOVERY = 2.0  # s of load after the new master is announced
 
 NPUSH = 300     # LPUSHes sent through ferry
 PIPELINE = 10   # sent per write on one connection, so batches hold several replies
@@ -84,6 +103,59 @@ class BracketTest(unittest.TestCase):
         self.assertEqual(dur['brackets'], 0, dur)
         self.assertEqual(dur['brackets_open'], 0, dur)
         self.assertEqual(dur['master_replid'], '', dur)
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class BracketFailoverTest(AccountingChecks, unittest.TestCase):
+    def test_kill9_verdicts_explain_duplicates(self):
+        table = []
+
+        def run(k, cleanups):
+            topo = SentinelTopology(replica_conf={'appendfsync': 'everysec'})
+            cleanups.append(topo.stop)
+            ferry = Ferry(None, conf=merged(FAILOVER_CONF, {}), sentinel=topo)
+            cleanups.append(ferry.stop)
+            load = Load(ferry, 'brackets-%d' % k).start()
+            cleanups.append(lambda: (load.stop_producers.set(), load.stop_consumers.set()))
+            time.sleep(PRE_FAULT)
+            old = topo.master()
+            t_fault = now()
+            old.kill()
+            topo.wait_failover(old.port, timeout=30)
+            t_rec = now()
+            load.wait_service(t_rec)
+            time.sleep(POST_RECOVERY)
+            res = load.finish(lambda: current_master(topo))
+            res.t_fault, res.t_recovered = t_fault, t_rec
+            fo = {}
+
+            def decided():
+                fo.update(stats_json(ferry.stats_port)['failover'])
+                return fo['decided_applied'] + fo['decided_not_applied'] + \
+                    fo['requests_ambiguous'] > 0
+            # At least the consumers' blocked pops were in flight at the kill.
+            wait_until(decided, timeout=10, msg='verdicts counted after the failover')
+            ndup = sum(n - 1 for n in res.duplicates.values())
+            row = (k + 1, len(res.lost), ndup, fo['duplicates_known'], fo['decided_applied'],
+                   fo['decided_not_applied'], fo['requests_ambiguous'],
+                   sentinel_config_epoch(topo))
+            table.append(row)
+            print('[brackets run %d] lost %d, duplicates %d, predicted %d; decided applied %d, '
+                  'not applied %d, ambiguous %d (config epoch %d)' % row, flush=True)
+            self.check_accounting(res, topo, ferry)
+            with self.subTest(check='verdicts explain the duplicates'):
+                self.assertGreaterEqual(ndup, fo['duplicates_known'],
+                                        'a predicted duplicate did not happen: a wrong verdict'
+                                        + self.diag(topo, ferry, res))
+                self.assertLessEqual(ndup, fo['duplicates_known'] + fo['requests_ambiguous'],
+                                     'a duplicate no verdict explains'
+                                     + self.diag(topo, ferry, res))
+            return res
+        each_run(self, RUNS, run)
+        if table:
+            print('run lost dups predicted applied not_applied ambiguous epoch')
+            for row in table:
+                print(' '.join(str(x) for x in row))
 
 
 if __name__ == '__main__':
