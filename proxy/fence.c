@@ -35,6 +35,7 @@
 #define FENCE_BUSY_RETRY_MS 1000 /* durability asked again after a -BUSY */
 
 static void enforce_done(link *l, request *r, const char *reply, size_t len);
+static void replid_done(link *l, request *r, const char *reply, size_t len);
 static void wait_done(link *l, request *w, const char *reply, size_t len);
 
 /* ------------------------------------------------------------ verification */
@@ -227,6 +228,58 @@ static void unknown_record(link *l, const request *r, long long lo, long long hi
     }
 }
 
+/* The replication id learned for the master of epoch (NULL unknown). */
+static const char *past_replid(const upstream *up, uint64_t epoch, int *backlog)
+{
+    size_t slot = (size_t)(epoch % (sizeof(up->past) / sizeof(up->past[0])));
+    if (epoch != 0 && up->past[slot].epoch == epoch) {
+        *backlog = up->past[slot].backlog;
+        return up->past[slot].replid;
+    }
+    *backlog = 0;
+    return NULL;
+}
+
+/* A write answered by l's master is not confirmed and l is lost: keep its
+ * reply for the next master's verdict if its bracket can give one (1). */
+static int verdict_keep(link *l, request *r)
+{
+    int backlog;
+    if (r->s == NULL || !(r->flags & REQ_F_WRITE) || l->up->replicas_ack <= 0 || r->br_hi < 0 ||
+        past_replid(l->up, l->epoch, &backlog) == NULL) {
+        return 0;
+    }
+    r->br_epoch = l->epoch;
+    r->flags |= REQ_F_VERDICT;
+    return 1;
+}
+
+int fence_verdict(upstream *up, const request *r, int force)
+{
+    if (up->heir_epoch <= r->br_epoch && !force) {
+        return -1; /* the next master is not read yet */
+    }
+    bracket_verdict v = BRACKET_AMBIGUOUS;
+    if (up->heir_epoch > r->br_epoch) {
+        int backlog;
+        const char *id = past_replid(up, r->br_epoch, &backlog);
+        bracket b = {id, backlog, r->br_lo, r->br_hi};
+        bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
+        v = bracket_decide(&b, &h);
+    }
+    if (v == BRACKET_APPLIED) {
+        up->f->stats.decided_applied++;
+    } else if (v == BRACKET_NOT_APPLIED) {
+        up->f->stats.decided_not_applied++;
+    } else {
+        up->f->stats.requests_ambiguous++;
+    }
+    log_info("%sunconfirmed write: bracket %lld..%lld, next master holds up to %lld: %s%s", up->tag,
+             r->br_lo, r->br_hi, up->heir_second - 1, bracket_verdict_name(v),
+             v == BRACKET_APPLIED ? " (its reply delivered, not sent again)" : " (sent again)");
+    return (int)v;
+}
+
 void fence_verdicts_free(upstream *up)
 {
     free(up->unknown);
@@ -259,6 +312,12 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
     if (strcmp(role, "master") == 0) {
         if (l->state == LINK_VERIFYING) {
+            if (up->replicas_ack > 0 && up->heir_epoch != up->epoch) {
+                /* What it shares with the master before it, read before
+                 * the link is READY: before any held request goes to it. */
+                static const char *const info[] = {"INFO", "replication"};
+                link_internal_sure(l, info, 2, replid_done, 1);
+            }
             fence_enforce(l); /* durability next, on a node that is a master */
         }
         return;
@@ -373,9 +432,10 @@ static int info_field(const char *info, const char *field, char *out, size_t out
 
 static void replid_done(link *l, request *r, const char *reply, size_t len)
 {
-    (void)r;
     upstream *up = l->up;
-    up->replid_pending = 0;
+    if (r->arg == 0) {
+        up->replid_pending = 0;
+    }
     if (reply == NULL || l->epoch != up->epoch) {
         return;
     }
@@ -416,6 +476,10 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         /* Its id changes only when its backlog is freed or made: then the
          * new master's replid2 will not match, and brackets say ambiguous. */
         up->replid_epoch = up->epoch;
+        size_t slot = (size_t)(up->epoch % (sizeof(up->past) / sizeof(up->past[0])));
+        up->past[slot].epoch = up->epoch;
+        memcpy(up->past[slot].replid, up->replid, sizeof(up->past[slot].replid));
+        up->past[slot].backlog = 1;
         log_info("%smaster %s: replication id %s", up->tag, up->name, up->replid);
     }
 }
@@ -666,6 +730,13 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
                      "replica(s) confirmed it",
                      (unsigned long long)l->id, acked < 0 ? 0 : acked, need);
         } else if (acked < need && (r->flags & REQ_F_WRITE)) {
+            if (fence && verdict_keep(l, r)) {
+                /* Its reply stays with it: sent again only if the next
+                 * master does not have it (router_on_lost, dispatch). */
+                l->f->shard_ops->on_lost(r->s, r,
+                                         "write not confirmed by a replica before the switch");
+                continue;
+            }
             buf_clear(&r->reply);
             if (fence) {
                 unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
@@ -723,6 +794,8 @@ void fence_drop_held(link *l, const char *reason)
             buf_init(&r->reply);
             l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
             buf_free(&tmp);
+        } else if (verdict_keep(l, r)) {
+            l->f->shard_ops->on_lost(r->s, r, reason); /* its reply stays with it */
         } else {
             unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
             buf_clear(&r->reply);

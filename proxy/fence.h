@@ -29,6 +29,10 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
  * on its probe link, once per master (again while it has no backlog). */
 void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
 
+/* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
+ * bracket_verdict, counted) once the next master was read, or with force
+ * (no better will come); -1 not yet. */
+int fence_verdict(struct upstream *up, const request *r, int force);
 /* Free the records of requests awaiting a verdict (upstream_free). */
 void fence_verdicts_free(struct upstream *up);
 

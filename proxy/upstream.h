@@ -107,6 +107,11 @@ typedef struct upstream {
     char heir_replid2[41];  /* the current master's master_replid2 ("" none) ... */
     long long heir_second;  /* ... and second_repl_offset (-1 none) */
     uint64_t heir_epoch;    /* the epoch they were read in; 0 never */
+    struct {
+        uint64_t epoch;
+        char replid[41];
+        int backlog;
+    } past[4]; /* the replication ids of the last masters, by epoch (fence.c) */
     struct bracket_unknown *unknown; /* requests of an older master whose outcome was
                                         unknown, awaiting the next master's verdict (fence.c) */
     size_t nunknown, unknown_cap;
