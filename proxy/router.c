@@ -944,6 +944,9 @@ void router_on_lost(session *s, request *r, const char *reason)
                   r->route != RT_EXEC && !(r->flags & (REQ_F_TXLOG | REQ_F_BLOCKING)) &&
                   r->retries < ROUTER_MAX_RETRIES;
 
+    if ((r->flags & REQ_F_VERDICT) && !verdict) {
+        f->stats.requests_ambiguous++; /* sent again undecided (a transaction...) */
+    }
     r->flags &= ~REQ_F_VERDICT;
     if (!verdict) {
         buf_clear(&r->reply);

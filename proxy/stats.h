@@ -173,16 +173,16 @@ typedef enum stat_type {
     X(failover, failover_last_reason, TEXT, "ferry_failover_info",                                 \
       "why the master was last lost or switched (live)")                                           \
     X(failover, decided_applied, COUNTER, "ferry_failover_decided_applied_total",                  \
-      "writes and pops whose outcome was unknown at a failover that the offset brackets show "     \
-      "on the next master (counted only: the retry policy does not act on it yet)")                \
+      "writes and pops a failover left with an unknown outcome that their offset brackets place "  \
+      "on the next master (a write answered but unconfirmed: its reply delivered, not sent again)") \
     X(failover, decided_not_applied, COUNTER, "ferry_failover_decided_not_applied_total",          \
-      "... that the offset brackets show not on the next master (counted only)")                   \
+      "... that their offset brackets place not on the next master (a write: sent again once)")    \
     X(failover, requests_ambiguous, COUNTER, "ferry_failover_requests_ambiguous_total",            \
-      "... that the offset brackets cannot place: the next master's boundary inside the bracket, " \
-      "replication ids that differ, no backlog, an offset not learned")                            \
+      "... that their offset brackets cannot place (the boundary inside the bracket, no reply, "  \
+      "replication ids that differ, no backlog): at-least-once, as in the retry policy")           \
     X(failover, duplicates_known, COUNTER, "ferry_failover_duplicates_known_total",                \
-      "of the decided ones, those the retry policy repeated: a write re-sent although applied, "   \
-      "a pop's data delivered although the pop was not applied (its item pops again)")             \
+      "of the decided ones, duplicates the retry policy still made: a pop's data delivered "       \
+      "although the pop was not applied (its item pops again), a write re-sent although applied")  \
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
     X(failover, recent, NODES, "",                                                                 \

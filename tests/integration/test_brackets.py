@@ -107,7 +107,7 @@ class BracketTest(unittest.TestCase):
 
 @unittest.skipIf(DIRECT, 'ferry only')
 class BracketFailoverTest(AccountingChecks, unittest.TestCase):
-    def failover_runs(self, name, runs, fault):
+    def failover_runs(self, name, runs, fault, conf=None):
         """runs kill -9 (or planned) failovers under 4 producers + 4
         consumers, each on fresh processes; returns the table of runs."""
         table = []
@@ -115,7 +115,7 @@ class BracketFailoverTest(AccountingChecks, unittest.TestCase):
         def run(k, cleanups):
             topo = SentinelTopology(replica_conf={'appendfsync': 'everysec'})
             cleanups.append(topo.stop)
-            ferry = Ferry(None, conf=merged(FAILOVER_CONF, {}), sentinel=topo)
+            ferry = Ferry(None, conf=merged(FAILOVER_CONF, conf or {}), sentinel=topo)
             cleanups.append(ferry.stop)
             load = Load(ferry, '%s-%d' % (name, k)).start()
             cleanups.append(lambda: (load.stop_producers.set(), load.stop_consumers.set()))
@@ -158,6 +158,12 @@ class BracketFailoverTest(AccountingChecks, unittest.TestCase):
 
     def test_kill9_verdicts_explain_duplicates(self):
         self.failover_runs('kill9', RUNS, lambda topo: topo.master().kill())
+
+    def test_kill9_workers4(self):
+        # Each of the 4 event loops keeps its own brackets and reads the
+        # new master itself before it sends it anything.
+        self.failover_runs('kill9-workers4', max(1, RUNS // 2), lambda topo: topo.master().kill(),
+                           conf={'workers': 4})
 
     def test_planned_failover_no_duplicate(self):
         # SENTINEL FAILOVER: the old master lets its replicas catch up
