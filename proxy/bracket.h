@@ -5,7 +5,7 @@
 #ifndef FERRY_BRACKET_H
 #define FERRY_BRACKET_H
 
-#define BRACKET_REPLID_LEN 40 /* a Redis replication id: 40 hex characters */
+#define BRACKET_REPLID_LEN 40  /* a Redis replication id: 40 hex characters */
 #define BRACKET_UNKNOWN (-1LL) /* an offset not learned */
 
 typedef enum bracket_verdict {

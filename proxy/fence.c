@@ -598,9 +598,11 @@ static void fence_send_wait(link *l, int fence)
              (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
                                         : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
-    if (!fence && l->up->replicas_ack > 0 && !l->role_refused) {
+    if (l->up->replicas_ack > 0 && !l->role_refused) {
         /* The offset after this batch (its brackets' hi); beside the
-         * WAIT, not behind it, so no other writes of the wait widen it. */
+         * WAIT, not behind it, so no other writes of the wait widen it.
+         * Before a fence WAIT too: an old master that still answers (a
+         * planned failover) closes the brackets of what it holds. */
         static const char *const role[] = {"ROLE"};
         link_internal(l, role, 1, bracket_role_done, 0);
         l->f->stats.bracket_roles++;
@@ -816,9 +818,10 @@ void fence_start(link *l)
     l->fence_deadline_ms = now + l->f->cfg->fence_timeout_ms + 500 +
                            (uint64_t)l->nwaits * l->f->cfg->replicas_ack_timeout_ms;
     upstream_disown(l);
+    size_t inflight = l->npending;
     fence_send_wait(l, 1);
     log_info("link %llu: fencing %zu request(s) in flight on the old master",
-             (unsigned long long)l->id, l->npending - 1);
+             (unsigned long long)l->id, inflight);
 }
 
 int fence_check(link *l, uint64_t now)
