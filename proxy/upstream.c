@@ -736,7 +736,11 @@ void upstream_switch(upstream *up, const char *reason)
          * retried by the retry policy. */
         int stateful =
             l->passthrough || (l->owner != NULL && l->f->shard_ops->link_bound(l->owner));
-        if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
+        /* Replies held for a WAIT count as in flight: closing the link
+         * would leave their writes without the offset after them (the ROLE
+         * queued beside that WAIT), so sent again undecided. */
+        if (l->state == LINK_READY && (user > 0 || !list_empty(&l->held)) && !stateful &&
+            !link_has_blocking(l)) {
             fence_start(l);
         } else if (l->state == LINK_READY && !stateful && link_has_blocking(l)) {
             /* A pop the old master serves right now must still reach its
