@@ -6,14 +6,17 @@ offset before and after it. These tests check the brackets from the stats
 port against Redis itself, and that nothing of it runs without
 replicas_ack.
 
-After a kill -9 failover ferry reads the new master's master_replid2 and
-second_repl_offset and decides, for every write or pop whose outcome the
-failover left unknown, whether the new master has it (bracket.h). The retry
-policy does not act on the verdict yet: it is counted, and checked here
-against what the workload sees: every duplicate the verdicts predict (a write
-re-sent although applied, a pop's data delivered although the pop was not
-applied) is seen, and no other duplicate but one a counted ambiguous case
-explains.
+After a failover ferry reads the new master's master_replid2 and
+second_repl_offset (before it carries a request) and decides, for every
+write or pop whose outcome the failover left unknown, whether the new master
+has it (bracket.h). A write answered but unconfirmed that the new master has
+is not sent again (its held reply is delivered); everything else follows the
+retry policy and is counted. The kill -9 runs (4 producers + 4 consumers,
+also with workers: 4) check that against what the workload sees: 0 lost,
+every duplicate a verdict proves is seen (duplicates_known: a pop's data
+delivered although the pop was not applied), and no other duplicate but one
+a counted ambiguous case explains. A planned failover (SENTINEL FAILOVER)
+must give no duplicate at all.
 
 Run: python3 -m unittest test_brackets -v
      BRACKET_RUNS=20 python3 -m unittest test_brackets.BracketFailoverTest -v
