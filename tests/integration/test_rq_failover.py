@@ -1,6 +1,6 @@
 """RQ through ferry across a kill -9 of the master (Sentinel mode, replicas_ack
 1 by default): RQPatternFailoverTest holds RQ's calls per job (rq_pattern.py,
-no fork) to within 10 % of their rate before the failover; RQFailoverTest runs
+no fork) to within 25 % of their rate before the failover; RQFailoverTest runs
 real RQ workers across the same failover.
 
 RQ 2.10 and redis-py 8.1 (RESP3, as users run them) come from the virtual
@@ -40,11 +40,11 @@ VENV = os.path.join(HERE, 'pylibs-venv')
 JOBS = int(os.environ.get('RQ_JOBS', '3000'))
 WINDOW = float(os.environ.get('RQ_WINDOW', '12'))   # seconds measured before and after
 WORKERS = 3
-MAX_DROP = 0.10
+MAX_DROP = 0.25  # the bug it guards against took the rate to 30-45 %; CPU noise on 2 cores is +-15 %
 # Real RQ forks a work horse per job: on a small machine that fork, not ferry,
 # sets the rate (about 6 jobs/s on 2 cores, direct or through ferry, noise
 # +-30 %), so this test only catches a collapse; RQPatternFailoverTest below
-# holds RQ's calls to the 10 %.
+# holds RQ's calls to within 25 %.
 RQ_MAX_DROP = 0.5
 EXTRA_CONF = {'durability': {'replicas_ack': int(os.environ['RQ_ACK'])}} if os.environ.get('RQ_ACK') else {}
 
@@ -189,7 +189,7 @@ class RQPatternFailoverTest(unittest.TestCase):
     ACKs wait on the master's delayed ACK (40 ms) unless ferry has the master
     send it something (fence.c, WAIT_NUDGE_MS). Measured before that: the rate
     fell to 30-45 % after the failover and about 2.5 % of single writes took
-    40 ms or more; checked here: the rate stays within 10 % and at most 1 % of
+    40 ms or more; checked here: the rate stays within 25 % and at most 1 % of
     1 000 writes take 38 ms or more."""
 
     def test_kill9_keeps_the_rate_of_rqs_calls(self):
