@@ -32,6 +32,7 @@
 #include "backlog.h"
 #include "bracket.h"
 #include "clients.h"
+#include "clustermap.h"
 #include "fence.h"
 #include "guards.h"
 #include "lease.h"
@@ -441,10 +442,24 @@ static void acl_accepted(session *s, request *r)
     }
 }
 
+/* The master view r goes to: in cluster mode the one serving its slot
+ * (any UP one for a keyless command); until a map names it, the view
+ * without a master, where it waits. */
+static upstream *route_view(ferry *f, const request *r)
+{
+    if (f->cluster != NULL) {
+        upstream *up = clustermap_route(f->cluster, r->slot);
+        if (up != NULL) {
+            return up;
+        }
+    }
+    return f->up;
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    upstream *up = f->up;
+    upstream *up = route_view(f, r);
     const char *pw = f->cfg->client_password;
 
     if (s->checking) {
@@ -917,8 +932,9 @@ static uint64_t refusal_backoff(int refusals)
 /* The name of Redis' refusal (its error code), for ferry's -TRYAGAIN. */
 static const char *refusal_name(const char *p, size_t n)
 {
-    static const char *const names[] = {"READONLY", "LOADING", "MASTERDOWN", "UNBLOCKED",
-                                        "NOREPLICAS"};
+    static const char *const names[] = {"READONLY", "LOADING",  "MASTERDOWN",  "UNBLOCKED",
+                                        "NOREPLICAS", "MOVED",    "ASK",         "TRYAGAIN",
+                                        "CLUSTERDOWN"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t m = strlen(names[i]);
         if (n > m + 1 && memcmp(p + 1, names[i], m) == 0) {
@@ -926,6 +942,41 @@ static const char *refusal_name(const char *p, size_t n)
         }
     }
     return "refused";
+}
+
+/* A cluster node's redirect (cluster mode): MOVED names the node serving
+ * the slot now: r goes there at once (the map is asked again); ASK (a slot
+ * in migration), TRYAGAIN and CLUSTERDOWN are retried after the back-off,
+ * within the hold bound, until the slot has settled. */
+static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint64_t now)
+{
+    char text[200];
+    size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+    memcpy(text, p, m);
+    text[m] = '\0';
+    int slot, port;
+    char host[128];
+    if (f->cluster == NULL) {
+        return;
+    }
+    if (sscanf(text, "-MOVED %d %127[^ \r\n]", &slot, host) == 2) {
+        char *colon = strrchr(host, ':');
+        if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
+            *colon = '\0';
+            if (host[0] == '[') {
+                memmove(host, host + 1, strlen(host));
+                host[strcspn(host, "]")] = '\0';
+            }
+            clustermap_moved(f->cluster, slot, host, port);
+            if (r->refusals <= 2) {
+                r->retry_at = now; /* followed at once; a map going back and forth backs off */
+            }
+        }
+    } else if (strncmp(text, "-ASK ", 5) == 0) {
+        clustermap_count_ask(f->cluster);
+    } else if (strncmp(text, "-CLUSTERDOWN", 12) == 0) {
+        clustermap_refresh(f->cluster, "a node answered CLUSTERDOWN");
+    }
 }
 
 void router_on_refused(session *s, request *r, link *l, link_refusal why, const char *p, size_t n)
@@ -955,6 +1006,9 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
     r->refusals++;
     r->retry_at = now + refusal_backoff(r->refusals);
     r->refusal = refusal_name(p, n);
+    if (why == REFUSAL_REDIRECT) {
+        cluster_redirect(f, r, p, n, now);
+    }
     f->stats.requests_refused++;
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM;

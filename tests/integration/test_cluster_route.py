@@ -1,0 +1,295 @@
+"""ferry serves clients in front of a Redis Cluster (first routing step),
+checked against a real 3 masters + 3 replicas cluster (harness
+ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
+
+  1. 16 keys spread over every shard: LPUSH / RPOP / SET / GET through ferry
+     land on the master serving each key's slot (read with that node's own
+     client, which gets no MOVED).
+  2. Keys of one slot ({tag}) go together; MSET across slots gets the exact
+     CROSSSLOT error a node sends; what is not routed yet is refused with
+     ferry's words.
+  3. `redis-cli --cluster reshard` of some slots: the MOVED that follows is
+     handled by ferry (re-routed), never seen by the client, and the keys of
+     the moved slots are served from their new master.
+  4. kill -9 of one master under 2 producers + 2 consumers on keys of every
+     shard: 0 client errors, 0 acknowledged pushes lost, the other shards'
+     keys keep flowing (their longest gap printed).
+
+Run:  python3 -m unittest test_cluster_route -v        (about 60 s)
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
+loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
+"""
+import threading
+import time
+import unittest
+
+import redis
+
+import harness
+from harness import ClusterTopology, Ferry, wait_until
+
+REFRESH_MS = 200
+HOLD_MS = 30000
+
+
+def queue_keys(cluster, n=16):
+    """n keys whose slots cover every master, as evenly as the names fall."""
+    masters = cluster.masters()
+    per = {m: [] for m in masters}
+    i = 0
+    while min(len(v) for v in per.values()) < n // len(masters) + 1 and i < 10000:
+        k = 'q:%d' % i
+        m = cluster.master_of(cluster.keyslot(k))
+        per[m].append(k)
+        i += 1
+    keys = []
+    while len(keys) < n:
+        for m in masters:
+            if per[m] and len(keys) < n:
+                keys.append(per[m].pop(0))
+    return keys
+
+
+def start_ferry(cluster):
+    return Ferry(None, wait='port', conf={
+        'workers': 1,
+        'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': REFRESH_MS,
+                    'timeout_ms': 1000},
+        'upstream': {'hold_timeout_ms': HOLD_MS}})
+
+
+def wait_served(f, timeout=20.0):
+    """Until ferry answers a SET on every master (its map is learned)."""
+    c = f.client(socket_timeout=5)
+
+    def ok():
+        return c.set('probe:{a}', 1) and c.set('probe:{b}', 1) and c.set('probe:{c}', 1)
+    try:
+        wait_until(ok, timeout=timeout, interval=0.1, msg='ferry serving the cluster')
+    finally:
+        c.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRouteTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.cluster.stop()
+
+    def node_client(self, port):
+        return self.cluster.node_by_port(port).client(socket_timeout=5)
+
+    def test_1_single_key_commands_land_on_their_master(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), 3, owners)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete(k, 's' + k)
+            self.assertEqual(c.lpush(k, 'a', 'b', 'c'), 3)
+            self.assertTrue(c.set('s' + k, 'v-' + k))
+        for k in keys:
+            n = self.node_client(owners[k])
+            try:
+                # the node's own client: a key elsewhere would answer MOVED
+                self.assertEqual(n.lrange(k, 0, -1), [b'c', b'b', b'a'])
+            finally:
+                n.close()
+            sk = 's' + k
+            n = self.node_client(self.cluster.master_of(self.cluster.keyslot(sk)))
+            try:
+                self.assertEqual(n.get(sk), ('v-' + sk).encode())
+            finally:
+                n.close()
+            self.assertEqual(c.rpop(k), b'a')
+            self.assertEqual(c.get(sk), ('v-' + sk).encode())
+        c.close()
+
+    def test_2_crossslot_and_refusals(self):
+        self.cluster.wait_consistent()
+        c = self.ferry.client(socket_timeout=10)
+        # one slot: goes as it is
+        self.assertTrue(c.mset({'{user1}:a': '1', '{user1}:b': '2'}))
+        self.assertEqual(c.mget('{user1}:a', '{user1}:b'), [b'1', b'2'])
+        a, b = 'q:0', 'q:1'
+        while self.cluster.keyslot(a) == self.cluster.keyslot(b):
+            b += 'x'
+        node = self.node_client(self.cluster.masters()[0])
+        try:
+            with self.assertRaises(redis.ResponseError) as want:
+                node.execute_command('MSET', a, '1', b, '2')
+        finally:
+            node.close()
+        with self.assertRaises(redis.ResponseError) as got:
+            c.execute_command('MSET', a, '1', b, '2')
+        self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
+        self.assertEqual(str(got.exception), str(want.exception))
+        for argv in (['BLPOP', 'q:0', '1'], ['MULTI'], ['EVAL', 'return 1', '0'],
+                     ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
+            with self.assertRaises(redis.ResponseError) as e:
+                c.execute_command(*argv)
+            self.assertIn('cluster mode', str(e.exception), argv)
+        # the connection still serves
+        self.assertEqual(c.ping(), True)
+        self.assertTrue(c.set('after', 'x'))
+        c.close()
+
+    def test_3_moved_after_reshard_is_followed(self):
+        self.cluster.wait_consistent()
+        masters = self.cluster.masters()
+        src, dst = masters[0], masters[1]
+        # keys on the source master, in the first slots it serves (the ones
+        # a reshard moves first)
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        first = sorted(view['slots'])[:20]
+        keys = []
+        i = 0
+        while len(keys) < 8 and i < 200000:
+            k = 'm:%d' % i
+            if self.cluster.keyslot(k) in first:
+                keys.append(k)
+            i += 1
+        self.assertEqual(len(keys), 8)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            self.assertTrue(c.set(k, 'v' + k))
+        before = self.ferry.stats()['cluster']['moved_followed']
+        self.cluster.reshard(src, dst, 20)
+        for k in keys:
+            self.assertEqual(self.cluster.master_of(self.cluster.keyslot(k)), dst, k)
+        # right after the reshard: ferry may still have the old map; the
+        # node's MOVED must never reach the client
+        for k in keys:
+            self.assertEqual(c.get(k), ('v' + k).encode())
+            self.assertTrue(c.set(k, 'w' + k))
+            self.assertEqual(c.lpush('l' + k, 1) >= 1, True)
+        n = self.node_client(dst)
+        try:
+            for k in keys:
+                self.assertEqual(n.get(k), ('w' + k).encode())
+        finally:
+            n.close()
+        c.close()
+        print('\nMOVED followed during the reshard test: %d' %
+              (self.ferry.stats()['cluster']['moved_followed'] - before))
+
+    def test_4_kill_master_under_load(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        victim = self.cluster.masters()[-1]
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete(k)
+        c.close()
+        stop = threading.Event()
+        lock = threading.Lock()
+        errors, pushed, popped = [], [], []
+        last = {}   # key -> time.monotonic() of its last acknowledged operation
+        gaps = {}   # key -> longest gap between two acknowledged operations
+
+        def note(k):
+            now = time.monotonic()
+            with lock:
+                if k in last:
+                    gaps[k] = max(gaps.get(k, 0.0), now - last[k])
+                last[k] = now
+
+        def producer(idx):
+            cl = self.ferry.client(socket_timeout=HOLD_MS / 1000 + 10)
+            n = 0
+            try:
+                while not stop.is_set():
+                    k = keys[(n + idx) % len(keys)]
+                    v = '%d:%d' % (idx, n)
+                    try:
+                        cl.lpush(k, v)
+                    except Exception as e:
+                        with lock:
+                            errors.append('push %s: %r' % (k, e))
+                        return
+                    with lock:
+                        pushed.append((k, v))
+                    note(k)
+                    n += 1
+                    time.sleep(0.005)
+            finally:
+                cl.close()
+
+        def consumer(idx):
+            cl = self.ferry.client(socket_timeout=HOLD_MS / 1000 + 10)
+            n = 0
+            try:
+                while not stop.is_set():
+                    k = keys[(n * 2 + idx) % len(keys)]
+                    n += 1
+                    try:
+                        v = cl.rpop(k)
+                    except Exception as e:
+                        with lock:
+                            errors.append('pop %s: %r' % (k, e))
+                        return
+                    if v is not None:
+                        with lock:
+                            popped.append((k, v.decode()))
+                    note(k)
+                    time.sleep(0.005)
+            finally:
+                cl.close()
+
+        threads = [threading.Thread(target=producer, args=(i,)) for i in range(2)]
+        threads += [threading.Thread(target=consumer, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            with lock:
+                gaps.clear()
+            killed_at = time.monotonic()
+            self.cluster.kill_master(victim)
+            new = self.cluster.wait_promoted(victim, timeout=30)
+            promoted_s = time.monotonic() - killed_at
+            # the victim's keys flow again through ferry
+            wait_until(lambda: any(k for k, _ in pushed[-50:] if owners[k] == victim),
+                       timeout=HOLD_MS / 1000, msg='pushes to the failed shard again')
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=HOLD_MS / 1000 + 20)
+        self.assertEqual(errors, [])
+        # what is left, read from each key's master now
+        left = {}
+        for k in keys:
+            port = new if owners[k] == victim else owners[k]
+            n = self.node_client(port)
+            try:
+                left[k] = [v.decode() for v in n.lrange(k, 0, -1)]
+            finally:
+                n.close()
+        have = set(popped) | {(k, v) for k in keys for v in left[k]}
+        lost = [p for p in pushed if p not in have]
+        self.assertEqual(lost, [], 'acknowledged pushes lost: %d of %d' % (len(lost), len(pushed)))
+        other = [gaps.get(k, 0.0) for k in keys if owners[k] != victim]
+        print('\nkill -9 of master %d: promoted %d after %.1f s; %d pushes, %d pops; the '
+              'other shards\' keys: longest gap %.3f s' % (
+                  victim, new, promoted_s, len(pushed), len(popped), max(other)))
+        self.assertLess(max(other), promoted_s / 2,
+                        'the other shards stalled with the failed one')
+
+
+if __name__ == '__main__':
+    unittest.main()
