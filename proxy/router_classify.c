@@ -416,7 +416,7 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     for (long i = cmd->first_key; i <= last; i += step) {
         int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
         if (slot >= 0 && ks != slot) {
-            set_error(r, "-CROSSSLOT Keys in the request don't hash to the same slot\r\n%s", "");
+            set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
             clustermap_count_crossslot(f->cluster);
             return 1;
         }
