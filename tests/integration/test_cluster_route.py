@@ -20,6 +20,7 @@ Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
 import json
+import os
 import threading
 import time
 import unittest
@@ -357,6 +358,31 @@ class ClusterRouteTest(unittest.TestCase):
         self.assertEqual(len(wgap), 2, wgap)
         self.assertLess(max(wgap.values()), promoted_s / 2,
                         'the other shards stalled with the failed one')
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRouteConfigTest(unittest.TestCase):
+    """What cluster mode does not do yet is refused at `ferry -t`."""
+
+    def check(self, text):
+        d = harness._mkdtemp('ferry-cluster-route-conf-')
+        path = os.path.join(d, 'ferry.yml')
+        with open(path, 'w') as fh:
+            fh.write('cluster:\n  nodes: [127.0.0.1:7000]\n' + text)
+        return Ferry.check_config(path)
+
+    def test_refused_with_cluster(self):
+        for text, words in (('workers: 4\n', 'workers must be 1 with cluster'),
+                            ('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
+                            ('client:\n  auth: redis\n', 'client.auth redis is refused'),
+                            ('queues:\n  - keys: [q]\n    max_length: 10\n',
+                             'no queue guards yet')):
+            rc, out = self.check(text)
+            self.assertEqual(rc, 1, (text, out))
+            self.assertIn(words, out, text)
+        rc, out = self.check('workers: 1\n')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
+
 
 if __name__ == '__main__':
     unittest.main()
