@@ -111,7 +111,7 @@ void clustermap_json(const clustermap *cm, buf *b)
     snprintf(tmp, sizeof(tmp),
              "],\"slots_covered\":%d,\"rounds\":%llu,\"answers\":%llu,\"rejected\":%llu,"
              "\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,\"moved_followed\":%llu,"
-             "\"ask_retried\":%llu,\"crossslot_refused\":%llu,\"last_error\":",
+             "\"ask_followed\":%llu,\"crossslot_refused\":%llu,\"last_error\":",
              slotmap_covered(m), (unsigned long long)k->rounds, (unsigned long long)k->answers,
              (unsigned long long)k->rejected, (unsigned long long)k->unreachable,
              (unsigned long long)k->changes, (unsigned long long)k->slots_moved,
@@ -265,9 +265,16 @@ void clustermap_moved(clustermap *cm, int slot, const char *host, int port)
     cluster_refresh(cm->cs, why);
 }
 
-void clustermap_count_ask(clustermap *cm)
+upstream *clustermap_ask(clustermap *cm, const char *host, int port)
 {
+    char name[300];
+    snprintf(name, sizeof(name), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     cm->asked++;
+    upstream *up = view_named(cm, name);
+    if (up == NULL && (up = view_new(cm)) != NULL) {
+        upstream_set_master(up, host, port, "a node answered ASK to it");
+    }
+    return up;
 }
 
 void clustermap_count_crossslot(clustermap *cm)

@@ -24,8 +24,10 @@ struct upstream *clustermap_route(clustermap *cm, int slot);
  * on (a master view is made for a node not seen yet) and the map is asked
  * again. */
 void clustermap_moved(clustermap *cm, int slot, const char *host, int port);
-/* Counted for stats: an ASK followed, a CROSSSLOT refusal. */
-void clustermap_count_ask(clustermap *cm);
+/* A node answered ASK slot host:port: the view of that node (made if it is
+ * not known yet; the map is unchanged), or NULL (too many views). */
+struct upstream *clustermap_ask(clustermap *cm, const char *host, int port);
+/* Counted for stats: a CROSSSLOT refusal. */
 void clustermap_count_crossslot(clustermap *cm);
 /* Ask the cluster for its map now (a master of a shard was lost). */
 void clustermap_refresh(clustermap *cm, const char *why);

@@ -120,6 +120,8 @@ typedef struct request {
     size_t held_charge;  /* held: bytes it counts in held_bytes */
     int route;           /* how the session routes it (session.c) */
     int slot;            /* cluster mode: the slot of its keys, -1 none (router_classify.c) */
+    struct upstream *ask; /* cluster mode: a node answered ASK: the view it named, where r
+                             goes next, after ASKING (router.c); NULL none */
     long long arg;       /* route argument (db for SELECT, auth result) */
     size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */

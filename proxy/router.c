@@ -459,7 +459,7 @@ static upstream *route_view(ferry *f, const request *r)
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    upstream *up = route_view(f, r);
+    upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
     const char *pw = f->cfg->client_password;
 
     if (s->checking) {
@@ -732,6 +732,13 @@ static int dispatch_one(session *s, request *r)
          * it, Redis would queue the WAIT in the client's transaction. */
         fence_wait(target);
     }
+    if (r->ask != NULL) {
+        /* The node a slot is migrating to serves this one command after
+         * ASKING, on the same link, right before it. */
+        static const char *const asking[] = {"ASKING"};
+        link_internal(target, asking, 1, NULL, 0);
+        r->ask = NULL;
+    }
     if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
         link_send(target, r);
     }
@@ -946,7 +953,8 @@ static const char *refusal_name(const char *p, size_t n)
 
 /* A cluster node's redirect (cluster mode): MOVED names the node serving
  * the slot now: r goes there at once (the map is asked again); ASK (a slot
- * in migration), TRYAGAIN and CLUSTERDOWN are retried after the back-off,
+ * in migration) sends r once to the node it names, after ASKING, the map
+ * unchanged; TRYAGAIN and CLUSTERDOWN are retried after the back-off,
  * within the hold bound, until the slot has settled. */
 static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint64_t now)
 {
@@ -954,26 +962,31 @@ static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint
     size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
     memcpy(text, p, m);
     text[m] = '\0';
-    int slot, port;
+    int slot, port = 0;
     char host[128];
+    char *colon = NULL;
     if (f->cluster == NULL) {
         return;
     }
-    if (sscanf(text, "-MOVED %d %127[^ \r\n]", &slot, host) == 2) {
-        char *colon = strrchr(host, ':');
-        if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
-            *colon = '\0';
-            if (host[0] == '[') {
-                memmove(host, host + 1, strlen(host));
-                host[strcspn(host, "]")] = '\0';
-            }
-            clustermap_moved(f->cluster, slot, host, port);
-            if (r->refusals <= 2) {
-                r->retry_at = now; /* followed at once; a map going back and forth backs off */
-            }
+    int moved = sscanf(text, "-MOVED %d %127[^ \r\n]", &slot, host) == 2;
+    int ask = !moved && sscanf(text, "-ASK %d %127[^ \r\n]", &slot, host) == 2;
+    if (moved || ask) {
+        colon = strrchr(host, ':');
+    }
+    if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
+        *colon = '\0';
+        if (host[0] == '[') {
+            memmove(host, host + 1, strlen(host));
+            host[strcspn(host, "]")] = '\0';
         }
-    } else if (strncmp(text, "-ASK ", 5) == 0) {
-        clustermap_count_ask(f->cluster);
+        if (moved) {
+            clustermap_moved(f->cluster, slot, host, port);
+        } else {
+            r->ask = clustermap_ask(f->cluster, host, port);
+        }
+        if (r->refusals <= 2) {
+            r->retry_at = now; /* followed at once; a map going back and forth backs off */
+        }
     } else if (strncmp(text, "-CLUSTERDOWN", 12) == 0) {
         clustermap_refresh(f->cluster, "a node answered CLUSTERDOWN");
     }

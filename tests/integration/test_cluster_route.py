@@ -358,6 +358,45 @@ class ClusterRouteTest(unittest.TestCase):
         self.assertEqual(len(wgap), 2, wgap)
         self.assertLess(max(wgap.values()), promoted_s / 2,
                         'the other shards stalled with the failed one')
+    def test_5_ask_during_migration_is_followed(self):
+        self.cluster.wait_consistent()
+        masters = self.cluster.masters()
+        src, dst = masters[0], masters[2]
+        ids = {v['port']: v['id'] for v in self.cluster.nodes_view(src)}
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        slot = next(s for s in sorted(view['slots'])
+                    if self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', s) == 0)
+        key = next('ask:%d' % i for i in range(200000)
+                   if self.cluster.keyslot('ask:%d' % i) == slot)
+        self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+        self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+        c = self.ferry.client(socket_timeout=5)
+        try:
+            before = stats(self.ferry)['cluster'].get('ask_followed', 0)
+            t0 = time.monotonic()
+            # src has no such key and the slot migrates: it answers ASK;
+            # ferry sends ASKING + SET to dst, never the ASK to its client
+            self.assertTrue(c.set(key, 'asked'))
+            self.assertEqual(_s(c.get(key)), 'asked')
+            took = time.monotonic() - t0
+            self.assertEqual(self.cluster.command(dst, 'CLUSTER', 'COUNTKEYSINSLOT', slot), 1)
+            self.assertEqual(self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', slot), 0)
+            self.assertGreaterEqual(stats(self.ferry)['cluster'].get('ask_followed', 0) - before, 2)
+            self.assertLess(took, 2.0)
+        finally:
+            c.close()
+            n = self.node_client(dst)
+            try:
+                p = n.pipeline(transaction=False)  # one connection: ASKING then DEL
+                p.execute_command('ASKING')
+                p.delete(key)
+                p.execute()
+            finally:
+                n.close()
+            for port in (src, dst):
+                self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'STABLE')
+            self.cluster.wait_consistent()
+
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
 class ClusterRouteConfigTest(unittest.TestCase):
