@@ -348,9 +348,9 @@ static void sticky_accepted(session *s, request *r)
 /* Lend s a dedicated link and restore on it the connection settings s made
  * on its earlier ones (CLIENT SETNAME, TRACKING...) and an open MULTI
  * being rebuilt. NULL when no master is UP. */
-static link *router_lend(session *s)
+static link *router_lend(session *s, upstream *up)
 {
-    link *l = upstream_lend(s->f->up, s);
+    link *l = upstream_lend(up, s);
     if (l == NULL) {
         return NULL;
     }
@@ -367,7 +367,7 @@ static link *router_lend(session *s)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s);
+    link *l = router_lend(s, s->f->up);
     if (l == NULL) {
         return 0;
     }
@@ -550,6 +550,13 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
 
+    if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->up != up) {
+        /* Cluster mode: lent by another shard's master view. */
+        if (s->inflight > 0 && s->flight_link == s->dlink) {
+            return DISPATCH_WAIT;
+        }
+        upstream_return(up, s, 1, "its client moved to another shard");
+    }
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
         /* Lent by a master ferry has let go of (a blocked call draining). */
         if (s->inflight > 0 && s->flight_link == s->dlink) {
@@ -667,7 +674,7 @@ static int dispatch_one(session *s, request *r)
             if (s->inflight > 0) {
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
-            router_lend(s);
+            router_lend(s, up);
         }
         target = s->dlink;
     } else {

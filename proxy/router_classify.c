@@ -375,6 +375,11 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     switch (r->route) {
     case RT_SHARED:
         break;
+    case RT_BLOCKING:
+        /* single-slot pops (BLPOP, BRPOP, BLMOVE, BZPOPMIN...) on a link the
+         * slot's master view lends; keyless ones (WAIT) are not routed yet */
+        later = cmd->first_key <= 0;
+        break;
     case RT_SELECT:
         later = r->arg != 0;
         break;

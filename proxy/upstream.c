@@ -551,6 +551,7 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
     if (l == NULL) {
         return;
     }
+    up = l->up; /* the view that lent it (cluster mode: one view per shard) */
     unlend(l);
     /* Pooled even past upstream.pool_idle: a link lent for each script call
      * and given back after it would otherwise be closed and opened again

@@ -37,7 +37,7 @@ HOLD_MS = 30000
 
 def _s(v):
     """bytes -> str, through lists; other values as they are."""
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [_s(x) for x in v]
     return v.decode() if isinstance(v, bytes) else v
 
@@ -154,7 +154,7 @@ class ClusterRouteTest(unittest.TestCase):
             c.execute_command('MSET', a, '1', b, '2')
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got.exception), str(want.exception))
-        for argv in (['BLPOP', 'q:0', '1'], ['MULTI'], ['EVAL', 'return 1', '0'],
+        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['EVAL', 'return 1', '0'],
                      ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
             with self.assertRaises(redis.ResponseError) as e:
                 c.execute_command(*argv)
@@ -396,6 +396,44 @@ class ClusterRouteTest(unittest.TestCase):
             for port in (src, dst):
                 self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'STABLE')
             self.cluster.wait_consistent()
+
+    def test_6_blocking_pops_by_slot(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster, n=6)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), len(self.cluster.masters()), owners)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete('b' + k)
+        got = {}
+
+        def consumer(k):
+            cl = self.ferry.client(socket_timeout=10)
+            try:
+                got[k] = _s(cl.brpop(['b' + k], timeout=5))
+            finally:
+                cl.close()
+        threads = [threading.Thread(target=consumer, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        # every pop blocked on its own shard before the pushes
+        wait_until(lambda: sum(int(self.cluster.command(p, 'INFO', 'clients')['blocked_clients'])
+                               for p in set(owners.values())) >= len(keys),
+                   timeout=5, msg='the pops blocked on their masters')
+        for k in keys:
+            self.assertEqual(c.lpush('b' + k, 'item-' + k), 1)
+        for t in threads:
+            t.join(timeout=15)
+        self.assertEqual(got, {k: ['b' + k, 'item-' + k] for k in keys})
+        # a pop that times out answers nil; one over two slots gets CROSSSLOT
+        self.assertIsNone(c.brpop(['b' + keys[0]], timeout=0.2))
+        with self.assertRaises(redis.ResponseError) as e:
+            c.brpop(['b' + keys[0], 'b' + keys[1]], timeout=0.2)
+        self.assertTrue(str(e.exception).startswith('CROSSSLOT'), str(e.exception))
+        # a pop moving between keys of one slot
+        c.lpush('{mv}src', 'x')
+        self.assertEqual(_s(c.blmove('{mv}src', '{mv}dst', 1, 'RIGHT', 'LEFT')), 'x')
+        c.close()
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
