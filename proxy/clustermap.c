@@ -19,13 +19,13 @@
 
 struct clustermap {
     ferry *f;
-    cluster_source *cs;                          /* the topology source */
-    upstream *views[CLUSTERMAP_MAX_VIEWS];       /* every master view made */
+    cluster_source *cs;                    /* the topology source */
+    upstream *views[CLUSTERMAP_MAX_VIEWS]; /* every master view made */
     int nviews;
-    upstream *by_shard[SLOTMAP_MAX_SHARDS];      /* the view of each shard of the last map */
-    int nshards;                                 /* shards in the last map */
-    upstream *slot_up[CLUSTER_SLOTS];            /* the view serving each slot, NULL none */
-    uint64_t moved, asked, crossslot;            /* redirects followed, refusals */
+    upstream *by_shard[SLOTMAP_MAX_SHARDS]; /* the view of each shard of the last map */
+    int nshards;                            /* shards in the last map */
+    upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
+    uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
 };
 
 /* ==== the JSON document ==== */
@@ -121,7 +121,6 @@ void clustermap_json(const clustermap *cm, buf *b)
     json_str(b, k->last_error);
     buf_append_str(b, "}");
 }
-
 
 /* ==== the master views ==== */
 

@@ -727,8 +727,7 @@ static void link_deliver(link *l, const char *p, size_t n)
          * marked it failed (EXEC answers EXECABORT) on this link, which
          * stays, so the client gets the refusal as Redis gave it. */
         l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
-    } else if (refusal == REFUSAL_REDIRECT && l->f->cfg->has_cluster &&
-               !(r->flags & REQ_F_TXLOG)) {
+    } else if (refusal == REFUSAL_REDIRECT && l->f->cfg->has_cluster && !(r->flags & REQ_F_TXLOG)) {
         /* A cluster node sends the request elsewhere or asks for a retry:
          * nothing applied; the router re-routes it, the client never sees
          * it. (Only a cluster node says these: elsewhere they are answers.) */

@@ -946,9 +946,9 @@ static uint64_t refusal_backoff(int refusals)
 /* The name of Redis' refusal (its error code), for ferry's -TRYAGAIN. */
 static const char *refusal_name(const char *p, size_t n)
 {
-    static const char *const names[] = {"READONLY", "LOADING",  "MASTERDOWN",  "UNBLOCKED",
-                                        "NOREPLICAS", "MOVED",    "ASK",         "TRYAGAIN",
-                                        "CLUSTERDOWN"};
+    static const char *const names[] = {"READONLY",  "LOADING",    "MASTERDOWN",
+                                        "UNBLOCKED", "NOREPLICAS", "MOVED",
+                                        "ASK",       "TRYAGAIN",   "CLUSTERDOWN"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t m = strlen(names[i]);
         if (n > m + 1 && memcmp(p + 1, names[i], m) == 0) {
