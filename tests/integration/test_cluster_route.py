@@ -13,9 +13,12 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      the moved slots are served from their new master.
   4. kill -9 of one master under 2 producers + 2 consumers on keys of every
      shard: 0 client errors, 0 acknowledged pushes lost, the other shards'
-     keys keep flowing (their longest gap printed).
+     keys keep flowing (their longest gap printed); again with
+     durability.replicas_ack: 1 on 3 masters with 2 replicas each.
+  5. ASK during a slot migration: ASKING + the command on the target.
+  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT across slots.
 
-Run:  python3 -m unittest test_cluster_route -v        (about 60 s)
+Run:  python3 -m unittest test_cluster_route -v        (about 45 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
@@ -66,12 +69,14 @@ def stats(f):
         return json.loads(r.read())
 
 
-def start_ferry(cluster, refresh_ms=REFRESH_MS):
-    return Ferry(None, wait='port', conf={
-        'workers': 1,
-        'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
-                    'timeout_ms': 1000},
-        'upstream': {'hold_timeout_ms': HOLD_MS}})
+def start_ferry(cluster, refresh_ms=REFRESH_MS, replicas_ack=None):
+    conf = {'workers': 1,
+            'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
+                        'timeout_ms': 1000},
+            'upstream': {'hold_timeout_ms': HOLD_MS}}
+    if replicas_ack is not None:
+        conf['durability'] = {'replicas_ack': replicas_ack}
+    return Ferry(None, wait='port', conf=conf)
 
 
 def wait_served(f, timeout=20.0):
@@ -86,130 +91,14 @@ def wait_served(f, timeout=20.0):
         c.close()
 
 
-@unittest.skipIf(harness.DIRECT, 'ferry-only')
-class ClusterRouteTest(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
-        try:
-            cls.ferry = start_ferry(cls.cluster)
-            wait_served(cls.ferry)
-        except BaseException:
-            cls.cluster.stop()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.ferry.stop()
-        cls.cluster.stop()
+class KillUnderLoad:
+    """kill -9 of one master under 2 producers + 2 consumers on keys of every
+    shard and one client per other shard (self.cluster, self.ferry)."""
 
     def node_client(self, port):
         return self.cluster.node_by_port(port).client(socket_timeout=5)
 
-    def test_1_single_key_commands_land_on_their_master(self):
-        self.cluster.wait_consistent()
-        keys = queue_keys(self.cluster)
-        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
-        self.assertEqual(len(set(owners.values())), 3, owners)
-        c = self.ferry.client(socket_timeout=10)
-        for k in keys:
-            c.delete(k)
-            c.delete('s' + k)
-            self.assertEqual(c.lpush(k, 'a', 'b', 'c'), 3)
-            self.assertTrue(c.set('s' + k, 'v-s' + k))
-        for k in keys:
-            n = self.node_client(owners[k])
-            try:
-                # the node's own client: a key elsewhere would answer MOVED
-                self.assertEqual(_s(n.lrange(k, 0, -1)), ['c', 'b', 'a'])
-            finally:
-                n.close()
-            sk = 's' + k
-            n = self.node_client(self.cluster.master_of(self.cluster.keyslot(sk)))
-            try:
-                self.assertEqual(_s(n.get(sk)), 'v-' + sk)
-            finally:
-                n.close()
-            self.assertEqual(_s(c.rpop(k)), 'a')
-            self.assertEqual(_s(c.get(sk)), 'v-' + sk)
-        c.close()
-
-    def test_2_crossslot_and_refusals(self):
-        self.cluster.wait_consistent()
-        c = self.ferry.client(socket_timeout=10)
-        # one slot: goes as it is
-        self.assertTrue(c.mset({'{user1}:a': '1', '{user1}:b': '2'}))
-        self.assertEqual(_s(c.mget('{user1}:a', '{user1}:b')), ['1', '2'])
-        a, b = 'q:0', 'q:1'
-        while self.cluster.keyslot(a) == self.cluster.keyslot(b):
-            b += 'x'
-        node = self.node_client(self.cluster.masters()[0])
-        try:
-            with self.assertRaises(redis.ResponseError) as want:
-                node.execute_command('MSET', a, '1', b, '2')
-        finally:
-            node.close()
-        with self.assertRaises(redis.ResponseError) as got:
-            c.execute_command('MSET', a, '1', b, '2')
-        self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
-        self.assertEqual(str(got.exception), str(want.exception))
-        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['EVAL', 'return 1', '0'],
-                     ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
-            with self.assertRaises(redis.ResponseError) as e:
-                c.execute_command(*argv)
-            self.assertIn('cluster mode', str(e.exception), argv)
-        # the connection still serves
-        self.assertEqual(c.ping(), True)
-        self.assertTrue(c.set('after', 'x'))
-        c.close()
-
-    def test_3_moved_after_reshard_is_followed(self):
-        self.cluster.wait_consistent()
-        masters = self.cluster.masters()
-        src, dst = masters[0], masters[1]
-        # keys on the source master, in the first slots it serves (the ones
-        # a reshard moves first)
-        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
-        first = sorted(view['slots'])[:20]
-        keys = []
-        i = 0
-        while len(keys) < 8 and i < 200000:
-            k = 'm:%d' % i
-            if self.cluster.keyslot(k) in first:
-                keys.append(k)
-            i += 1
-        self.assertEqual(len(keys), 8)
-        # a ferry that asks for the map once a minute: it learns the move
-        # from the nodes' MOVED, which must never reach its client
-        f = start_ferry(self.cluster, refresh_ms=60000)
-        try:
-            wait_served(f)
-            c = f.client(socket_timeout=10)
-            for k in keys:
-                self.assertTrue(c.set(k, 'v' + k))
-            before = stats(f)['cluster']['moved_followed']
-            self.cluster.reshard(src, dst, 20)
-            for k in keys:
-                self.assertEqual(self.cluster.master_of(self.cluster.keyslot(k)), dst, k)
-            for k in keys:
-                self.assertEqual(_s(c.get(k)), 'v' + k)
-                self.assertTrue(c.set(k, 'w' + k))
-                self.assertGreaterEqual(c.lpush('{%s}l' % k, 1), 1)
-            n = self.node_client(dst)
-            try:
-                for k in keys:
-                    self.assertEqual(_s(n.get(k)), 'w' + k)
-            finally:
-                n.close()
-            c.close()
-            moved = stats(f)['cluster']['moved_followed'] - before
-        finally:
-            f.stop()
-        print('\nreshard of 20 slots: %d MOVED followed by ferry' % moved)
-        self.assertGreater(moved, 0)
-
-    def test_4_kill_master_under_load(self):
+    def kill_master_under_load(self):
         self.cluster.wait_consistent()
         keys = queue_keys(self.cluster)
         owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
@@ -358,6 +247,137 @@ class ClusterRouteTest(unittest.TestCase):
         self.assertEqual(len(wgap), 2, wgap)
         self.assertLess(max(wgap.values()), promoted_s / 2,
                         'the other shards stalled with the failed one')
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.cluster.stop()
+
+    def node_client(self, port):
+        return self.cluster.node_by_port(port).client(socket_timeout=5)
+
+    def test_1_single_key_commands_land_on_their_master(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), 3, owners)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete(k)
+            c.delete('s' + k)
+            self.assertEqual(c.lpush(k, 'a', 'b', 'c'), 3)
+            self.assertTrue(c.set('s' + k, 'v-s' + k))
+        for k in keys:
+            n = self.node_client(owners[k])
+            try:
+                # the node's own client: a key elsewhere would answer MOVED
+                self.assertEqual(_s(n.lrange(k, 0, -1)), ['c', 'b', 'a'])
+            finally:
+                n.close()
+            sk = 's' + k
+            n = self.node_client(self.cluster.master_of(self.cluster.keyslot(sk)))
+            try:
+                self.assertEqual(_s(n.get(sk)), 'v-' + sk)
+            finally:
+                n.close()
+            self.assertEqual(_s(c.rpop(k)), 'a')
+            self.assertEqual(_s(c.get(sk)), 'v-' + sk)
+        c.close()
+
+    def test_2_crossslot_and_refusals(self):
+        self.cluster.wait_consistent()
+        c = self.ferry.client(socket_timeout=10)
+        # one slot: goes as it is
+        self.assertTrue(c.mset({'{user1}:a': '1', '{user1}:b': '2'}))
+        self.assertEqual(_s(c.mget('{user1}:a', '{user1}:b')), ['1', '2'])
+        a, b = 'q:0', 'q:1'
+        while self.cluster.keyslot(a) == self.cluster.keyslot(b):
+            b += 'x'
+        node = self.node_client(self.cluster.masters()[0])
+        try:
+            with self.assertRaises(redis.ResponseError) as want:
+                node.execute_command('MSET', a, '1', b, '2')
+        finally:
+            node.close()
+        with self.assertRaises(redis.ResponseError) as got:
+            c.execute_command('MSET', a, '1', b, '2')
+        self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
+        self.assertEqual(str(got.exception), str(want.exception))
+        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['EVAL', 'return 1', '0'],
+                     ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
+            with self.assertRaises(redis.ResponseError) as e:
+                c.execute_command(*argv)
+            self.assertIn('cluster mode', str(e.exception), argv)
+        # the connection still serves
+        self.assertEqual(c.ping(), True)
+        self.assertTrue(c.set('after', 'x'))
+        c.close()
+
+    def test_3_moved_after_reshard_is_followed(self):
+        self.cluster.wait_consistent()
+        masters = self.cluster.masters()
+        src, dst = masters[0], masters[1]
+        # keys on the source master, in the first slots it serves (the ones
+        # a reshard moves first)
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        first = sorted(view['slots'])[:20]
+        keys = []
+        i = 0
+        while len(keys) < 8 and i < 200000:
+            k = 'm:%d' % i
+            if self.cluster.keyslot(k) in first:
+                keys.append(k)
+            i += 1
+        self.assertEqual(len(keys), 8)
+        # a ferry that asks for the map once a minute: it learns the move
+        # from the nodes' MOVED, which must never reach its client
+        f = start_ferry(self.cluster, refresh_ms=60000)
+        try:
+            wait_served(f)
+            c = f.client(socket_timeout=10)
+            for k in keys:
+                self.assertTrue(c.set(k, 'v' + k))
+            before = stats(f)['cluster']['moved_followed']
+            self.cluster.reshard(src, dst, 20)
+            for k in keys:
+                self.assertEqual(self.cluster.master_of(self.cluster.keyslot(k)), dst, k)
+            for k in keys:
+                self.assertEqual(_s(c.get(k)), 'v' + k)
+                self.assertTrue(c.set(k, 'w' + k))
+                self.assertGreaterEqual(c.lpush('{%s}l' % k, 1), 1)
+            n = self.node_client(dst)
+            try:
+                for k in keys:
+                    self.assertEqual(_s(n.get(k)), 'w' + k)
+            finally:
+                n.close()
+            c.close()
+            moved = stats(f)['cluster']['moved_followed'] - before
+        finally:
+            f.stop()
+        print('\nreshard of 20 slots: %d MOVED followed by ferry' % moved)
+        self.assertGreater(moved, 0)
+
+    def test_4_kill_master_under_load(self):
+        # durability.replicas_ack unset: 0 in cluster mode (each master has
+        # one replica here, none left after its failover): no WAIT, so the
+        # check is that ferry loses nothing, not that Redis replicated it
+        self.kill_master_under_load()
+
     def test_5_ask_during_migration_is_followed(self):
         self.cluster.wait_consistent()
         masters = self.cluster.masters()
@@ -434,6 +454,34 @@ class ClusterRouteTest(unittest.TestCase):
         c.lpush('{mv}src', 'x')
         self.assertEqual(_s(c.blmove('{mv}src', '{mv}dst', 1, 'RIGHT', 'LEFT')), 'x')
         c.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
+    """The same kill -9 with durability.replicas_ack: 1 on a cluster of 3
+    masters with 2 replicas each: every acknowledged push was confirmed by a
+    replica of its shard (WAIT on the link that carried it)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=2, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster, replicas_ack=1)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.cluster.stop()
+
+    def test_kill_master_under_load_replicas_ack(self):
+        self.kill_master_under_load()
+        # the pushes waited for a replica: WAITs went out (with a ROLE
+        # beside each, reading the master's offset)
+        self.assertGreater(stats(self.ferry)['durability']['bracket_roles'], 0)
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
