@@ -264,8 +264,10 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.ferry.stop()
+        rc = cls.ferry.stop()
         cls.cluster.stop()
+        if rc != 0:  # a clean stop (and, under ASan, no report)
+            raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
 
     def node_client(self, port):
         return self.cluster.node_by_port(port).client(socket_timeout=5)
@@ -368,7 +370,8 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
             c.close()
             moved = stats(f)['cluster']['moved_followed'] - before
         finally:
-            f.stop()
+            rc = f.stop()
+        self.assertEqual(rc, 0, f.log()[-3000:])
         print('\nreshard of 20 slots: %d MOVED followed by ferry' % moved)
         self.assertGreater(moved, 0)
 
@@ -474,8 +477,10 @@ class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.ferry.stop()
+        rc = cls.ferry.stop()
         cls.cluster.stop()
+        if rc != 0:  # a clean stop (and, under ASan, no report)
+            raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
 
     def test_kill_master_under_load_replicas_ack(self):
         self.kill_master_under_load()
