@@ -976,6 +976,27 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                       "not a unix socket");
             }
         }
+        /* What the first routing step does not do yet (docs/cluster.md). */
+        if (cfg->workers != 1) {
+            return conf_key_error(ctx, "workers", 1,
+                                  "cluster mode serves on one event loop for now: workers must "
+                                  "be 1 with cluster");
+        }
+        if (cfg->fallback_path != NULL) {
+            return conf_key_error(ctx, "fallback.path", 1,
+                                  "cluster mode has no fallback store yet: remove fallback.path "
+                                  "with cluster");
+        }
+        if (cfg->client_auth == CLIENT_AUTH_REDIS) {
+            return conf_key_error(ctx, "client.auth", 1,
+                                  "cluster mode does not check clients with Redis ACL users yet: "
+                                  "client.auth redis is refused with cluster");
+        }
+        if (cfg->nqueues > 0) {
+            return conf_key_error(ctx, "queues", 1,
+                                  "cluster mode has no queue guards yet: remove queues with "
+                                  "cluster");
+        }
     }
     if (cfg->nlisten == 0 && cfg->nlisten_tls == 0) {
         return conf_key_error(ctx, "listen", 0,

@@ -254,13 +254,16 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
 {
     ferry *f = s->f;
     char line[160];
-    if ((r->flags & REQ_F_REFUSED) && f->up->state == UP_UP) {
+    if ((r->flags & REQ_F_REFUSED) && (f->up->state == UP_UP || f->cluster != NULL)) {
         snprintf(line, sizeof(line), "-TRYAGAIN ferry: refused by Redis (%s) for %llu ms\r\n",
                  r->refusal != NULL ? r->refusal : "refused",
                  (unsigned long long)(now - r->held_since));
     } else {
+        /* (Cluster mode: f->up is the view without a master; the shard's
+         * own view may have lost it later: count from the hold.) */
+        uint64_t since = f->cluster != NULL ? r->held_since : f->up->down_since_ms;
         snprintf(line, sizeof(line), "-TRYAGAIN ferry: no master for %llu ms\r\n",
-                 (unsigned long long)(now - f->up->down_since_ms));
+                 (unsigned long long)(now - since));
     }
     f->stats.requests_tryagain++;
     s->f->session_ops->answer_str(s, r, line);

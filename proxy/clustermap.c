@@ -1,47 +1,32 @@
-/* clustermap.c - the cluster mode as far as it goes today (clustermap.h):
- * the cluster topology source on ferry's loop, a tick, the signals, and a
- * stats port that answers with the learned map in JSON: a plain connection
- * gets the document, an HTTP GET gets it as the body (503 on /healthz while
- * no slot is known, 200 once all 16384 are). No client listener. */
+/* clustermap.c - ferry in cluster mode (clustermap.h): the topology source
+ * reports a changed map (on_map); each shard of the map gets a master view
+ * of its own, matched to the one it had: the view already on that master's
+ * address, else the view that served the shard's slots before (its master
+ * failed over: the view is pointed at the promoted replica, as Sentinel
+ * points the one view at a new master), else a new view. The router reads
+ * slot_up[], which a MOVED corrects until the next map. */
 #include "clustermap.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "buf.h"
 #include "cluster.h"
 #include "log.h"
+#include "upstream.h"
 
-#define CLUSTERMAP_TICK_MS 50        /* the source's tick */
-#define CLUSTERMAP_PLAIN_WAIT_MS 200 /* silence after which a stats connection is plain */
-#define CLUSTERMAP_MAX_REQUEST 4096  /* bytes of an HTTP request read */
+#define CLUSTERMAP_MAX_VIEWS (SLOTMAP_MAX_SHARDS * 2) /* master views kept */
 
-typedef struct cmap {
-    uv_loop_t *loop;      /* ferry's loop */
-    const config *cfg;    /* borrowed */
-    cluster_source *cs;   /* the topology source */
-    uv_timer_t tick;      /* drives cluster_tick */
-    uv_signal_t sig_term; /* stop */
-    uv_signal_t sig_int;  /* stop */
-    uv_tcp_t stats;       /* the stats listener */
-    int stats_on;         /* stats is listening */
-    int stopping;         /* a signal came */
-} cmap;
-
-typedef struct scli {
-    uv_tcp_t tcp;                     /* the stats connection */
-    uv_timer_t timer;                 /* plain-wait */
-    uv_write_t wr;                    /* the answer */
-    cmap *cm;                         /* owner */
-    char req[CLUSTERMAP_MAX_REQUEST]; /* what the peer sent */
-    size_t nreq;
-    buf out;      /* the answer's bytes */
-    int answered; /* the answer is written or being written */
-    int closing;  /* handles are closing */
-    int nclosed;  /* handles closed of 2 */
-} scli;
+struct clustermap {
+    ferry *f;
+    cluster_source *cs;                    /* the topology source */
+    upstream *views[CLUSTERMAP_MAX_VIEWS]; /* every master view made */
+    int nviews;
+    upstream *by_shard[SLOTMAP_MAX_SHARDS]; /* the view of each shard of the last map */
+    int nshards;                            /* shards in the last map */
+    upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
+    uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
+};
 
 /* ==== the JSON document ==== */
 
@@ -82,13 +67,13 @@ static void json_node(buf *b, const slotmap_node *n)
     buf_append_str(b, "}");
 }
 
-static void json_map(cmap *cm, buf *b)
+void clustermap_json(const clustermap *cm, buf *b)
 {
     const slotmap *m = cluster_map(cm->cs);
     const cluster_counts *k = cluster_get_counts(cm->cs);
     char tmp[256];
 
-    buf_append_str(b, "{\"mode\":\"cluster\",\"routing\":false,\"cluster\":{\"shards\":[");
+    buf_append_str(b, "\"mode\":\"cluster\",\"routing\":true,\"cluster\":{\"shards\":[");
     for (int i = 0; i < m->nshards; i++) {
         const slotmap_shard *s = &m->shards[i];
         buf_append_str(b, i > 0 ? ",{\"master\":" : "{\"master\":");
@@ -110,7 +95,11 @@ static void json_map(cmap *cm, buf *b)
             first = 0;
             lo = hi;
         }
-        buf_append_str(b, "],\"replicas\":[");
+        const upstream *up = i < cm->nshards ? cm->by_shard[i] : NULL;
+        snprintf(tmp, sizeof(tmp), "],\"state\":\"%s\",\"switches\":%llu,\"replicas\":[",
+                 up != NULL ? upstream_state_name(up->state) : "DOWN",
+                 up != NULL ? (unsigned long long)up->switches : 0ull);
+        buf_append_str(b, tmp);
         for (int r = 0; r < s->nreplicas; r++) {
             if (r > 0) {
                 buf_append_str(b, ",");
@@ -121,217 +110,215 @@ static void json_map(cmap *cm, buf *b)
     }
     snprintf(tmp, sizeof(tmp),
              "],\"slots_covered\":%d,\"rounds\":%llu,\"answers\":%llu,\"rejected\":%llu,"
-             "\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,\"last_error\":",
+             "\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,\"moved_followed\":%llu,"
+             "\"ask_followed\":%llu,\"crossslot_refused\":%llu,\"last_error\":",
              slotmap_covered(m), (unsigned long long)k->rounds, (unsigned long long)k->answers,
              (unsigned long long)k->rejected, (unsigned long long)k->unreachable,
-             (unsigned long long)k->changes, (unsigned long long)k->slots_moved);
+             (unsigned long long)k->changes, (unsigned long long)k->slots_moved,
+             (unsigned long long)cm->moved, (unsigned long long)cm->asked,
+             (unsigned long long)cm->crossslot);
     buf_append_str(b, tmp);
     json_str(b, k->last_error);
-    buf_append_str(b, "}}\n");
+    buf_append_str(b, "}");
 }
 
-/* ==== stats connections ==== */
+/* ==== the master views ==== */
 
-static void scli_closed_cb(uv_handle_t *h)
+static upstream *view_named(clustermap *cm, const char *name)
 {
-    scli *c = h->data;
-    if (++c->nclosed == 2) {
-        buf_free(&c->out);
-        free(c);
+    for (int i = 0; i < cm->nviews; i++) {
+        if (cm->views[i]->target_set && strcmp(upstream_name(cm->views[i]), name) == 0) {
+            return cm->views[i];
+        }
     }
+    return NULL;
 }
 
-static void scli_close(scli *c)
+static upstream *view_new(clustermap *cm)
 {
-    if (c->closing) {
-        return;
+    if (cm->nviews == CLUSTERMAP_MAX_VIEWS) {
+        return NULL;
     }
-    c->closing = 1;
-    uv_close((uv_handle_t *)&c->timer, scli_closed_cb);
-    uv_close((uv_handle_t *)&c->tcp, scli_closed_cb);
+    upstream *up = upstream_new(cm->f); /* cluster mode: waits to be pointed at a master */
+    if (up != NULL) {
+        cm->views[cm->nviews++] = up;
+    }
+    return up;
 }
 
-static void scli_written_cb(uv_write_t *w, int status)
+static void node_name(const slotmap_node *n, char *out, size_t len)
 {
-    scli_close(w->data);
+    snprintf(out, len, strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
 }
-
-static void scli_answer(scli *c, int http)
-{
-    buf body = {0};
-    if (c->answered || c->closing) {
-        return;
-    }
-    c->answered = 1;
-    uv_timer_stop(&c->timer);
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    json_map(c->cm, &body);
-    if (http) {
-        char head[256];
-        int healthz = strncmp(c->req, "GET /healthz", 12) == 0;
-        int ok = !healthz || slotmap_covered(cluster_map(c->cm->cs)) == CLUSTER_SLOTS;
-        snprintf(head, sizeof(head),
-                 "HTTP/1.0 %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                 "Connection: close\r\n\r\n",
-                 ok ? "200 OK" : "503 Service Unavailable", buf_used(&body));
-        buf_append_str(&c->out, head);
-    }
-    buf_append(&c->out, buf_head(&body), buf_used(&body));
-    buf_free(&body);
-    uv_buf_t ub = uv_buf_init(c->out.data + c->out.pos, (unsigned)buf_used(&c->out));
-    c->wr.data = c;
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &ub, 1, scli_written_cb) != 0) {
-        scli_close(c);
-    }
-}
-
-static void scli_plain_cb(uv_timer_t *t)
-{
-    scli_answer(t->data, 0);
-}
-
-static void scli_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
-{
-    scli *c = h->data;
-    b->base = c->req + c->nreq;
-    b->len = sizeof(c->req) - 1 - c->nreq;
-}
-
-static void scli_read_cb(uv_stream_t *st, ssize_t n, const uv_buf_t *b)
-{
-    scli *c = st->data;
-    if (n < 0) {
-        scli_close(c);
-        return;
-    }
-    c->nreq += (size_t)n;
-    c->req[c->nreq] = '\0';
-    if (strstr(c->req, "\r\n\r\n") != NULL || strstr(c->req, "\n\n") != NULL ||
-        c->nreq >= sizeof(c->req) - 1) {
-        scli_answer(c, 1);
-    }
-}
-
-static void stats_conn_cb(uv_stream_t *server, int status)
-{
-    cmap *cm = server->data;
-    if (status < 0) {
-        return;
-    }
-    scli *c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        return;
-    }
-    c->cm = cm;
-    uv_tcp_init(cm->loop, &c->tcp);
-    uv_timer_init(cm->loop, &c->timer);
-    c->tcp.data = c;
-    c->timer.data = c;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
-        scli_close(c);
-        return;
-    }
-    uv_read_start((uv_stream_t *)&c->tcp, scli_alloc_cb, scli_read_cb);
-    uv_timer_start(&c->timer, scli_plain_cb, CLUSTERMAP_PLAIN_WAIT_MS, 0);
-}
-
-static int stats_listen(cmap *cm)
-{
-    const config_addr *a = &cm->cfg->stats_listen;
-    struct sockaddr_storage ss;
-    int rc;
-    if (a->is_unix) {
-        return UV_EINVAL;
-    }
-    if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
-        uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
-        return UV_EINVAL;
-    }
-    uv_tcp_init(cm->loop, &cm->stats);
-    cm->stats.data = cm;
-    cm->stats_on = 1;
-    rc = uv_tcp_bind(&cm->stats, (const struct sockaddr *)&ss, 0);
-    if (rc == 0) {
-        rc = uv_listen((uv_stream_t *)&cm->stats, 64, stats_conn_cb);
-    }
-    return rc;
-}
-
-/* ==== run ==== */
 
 static void on_map(void *data, const slotmap *m, int moved)
 {
-    (void)data;
+    clustermap *cm = data;
+    upstream *claim[SLOTMAP_MAX_SHARDS];
+    int taken[CLUSTERMAP_MAX_VIEWS];
+    memset(taken, 0, sizeof(taken));
+    /* First the shards whose master has a view already (unchanged, or a
+     * master that took slots)... */
     for (int i = 0; i < m->nshards; i++) {
-        log_debug("cluster: shard %d: master %s:%d epoch %llu, %d slot(s), %d replica(s)", i,
-                  m->shards[i].master.host, m->shards[i].master.port,
-                  (unsigned long long)m->shards[i].epoch, m->shards[i].nslots,
-                  m->shards[i].nreplicas);
-    }
-    (void)moved;
-}
-
-static void tick_cb(uv_timer_t *t)
-{
-    cmap *cm = t->data;
-    cluster_tick(cm->cs, uv_now(cm->loop));
-}
-
-static void stop(cmap *cm, const char *why)
-{
-    if (cm->stopping) {
-        return;
-    }
-    cm->stopping = 1;
-    log_info("stopping: %s", why);
-    cluster_close(cm->cs);
-    uv_close((uv_handle_t *)&cm->tick, NULL);
-    uv_close((uv_handle_t *)&cm->sig_term, NULL);
-    uv_close((uv_handle_t *)&cm->sig_int, NULL);
-    if (cm->stats_on) {
-        uv_close((uv_handle_t *)&cm->stats, NULL);
-    }
-    /* open stats connections end with their write or their timer */
-}
-
-static void signal_cb(uv_signal_t *h, int signum)
-{
-    stop(h->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
-}
-
-int clustermap_run(uv_loop_t *loop, const config *cfg)
-{
-    static const cluster_ops ops = {.on_map = on_map};
-    cmap cm;
-    memset(&cm, 0, sizeof(cm));
-    cm.loop = loop;
-    cm.cfg = cfg;
-    log_warn("cluster mode: not yet routed: ferry learns the slot map and shows it on the "
-             "stats port; clients are not served");
-    if (cfg->stats_enabled) {
-        int rc = stats_listen(&cm);
-        if (rc != 0) {
-            char a[300];
-            log_error("stats: cannot listen on %s: %s",
-                      config_addr_str(&cfg->stats_listen, a, sizeof(a)), uv_strerror(rc));
-            if (cm.stats_on) {
-                uv_close((uv_handle_t *)&cm.stats, NULL);
-                uv_run(loop, UV_RUN_DEFAULT);
-            }
-            return 3;
+        char name[300];
+        node_name(&m->shards[i].master, name, sizeof(name));
+        claim[i] = view_named(cm, name);
+        for (int v = 0; claim[i] != NULL && v < cm->nviews; v++) {
+            taken[v] |= cm->views[v] == claim[i];
         }
     }
-    cm.cs = cluster_new(loop, cfg, &ops, &cm);
-    uv_timer_init(loop, &cm.tick);
-    cm.tick.data = &cm;
-    uv_timer_start(&cm.tick, tick_cb, CLUSTERMAP_TICK_MS, CLUSTERMAP_TICK_MS);
-    uv_signal_init(loop, &cm.sig_term);
-    uv_signal_init(loop, &cm.sig_int);
-    cm.sig_term.data = &cm;
-    cm.sig_int.data = &cm;
-    uv_signal_start(&cm.sig_term, signal_cb, SIGTERM);
-    uv_signal_start(&cm.sig_int, signal_cb, SIGINT);
-    uv_run(loop, UV_RUN_DEFAULT);
-    cluster_free(cm.cs);
-    return 0;
+    /* ... then a shard with a new master takes the view that served its
+     * slots (a failover), or a new one. */
+    for (int i = 0; i < m->nshards; i++) {
+        if (claim[i] != NULL) {
+            continue;
+        }
+        const slotmap_shard *sh = &m->shards[i];
+        for (int s = 0; s < CLUSTER_SLOTS && claim[i] == NULL; s++) {
+            if (m->owner[s] != i || cm->slot_up[s] == NULL) {
+                continue;
+            }
+            for (int v = 0; v < cm->nviews; v++) {
+                if (cm->views[v] == cm->slot_up[s] && !taken[v]) {
+                    taken[v] = 1;
+                    claim[i] = cm->views[v];
+                    break;
+                }
+            }
+        }
+        if (claim[i] == NULL) {
+            claim[i] = view_new(cm);
+            if (claim[i] == NULL) {
+                log_error("cluster: more than %d master views; shard of %s:%d not served",
+                          CLUSTERMAP_MAX_VIEWS, sh->master.host, sh->master.port);
+                continue;
+            }
+            taken[cm->nviews - 1] = 1;
+        }
+        char why[400];
+        snprintf(why, sizeof(why), "the cluster map names %s:%d master of %d slot(s) (epoch %llu)",
+                 sh->master.host, sh->master.port, sh->nslots, (unsigned long long)sh->epoch);
+        upstream_set_master(claim[i], sh->master.host, sh->master.port, why);
+    }
+    for (int s = 0; s < CLUSTER_SLOTS; s++) {
+        cm->slot_up[s] = m->owner[s] >= 0 ? claim[m->owner[s]] : NULL;
+    }
+    memcpy(cm->by_shard, claim, sizeof(claim[0]) * (size_t)m->nshards);
+    cm->nshards = m->nshards;
+    cm->f->wake_pending = 1; /* requests held for a shard may go now */
+    log_info("cluster: map of %d shard(s), %d slot(s) served, %d moved", m->nshards,
+             slotmap_covered(m), moved);
+}
+
+clustermap *clustermap_new(ferry *f)
+{
+    static const cluster_ops ops = {.on_map = on_map};
+    clustermap *cm = xcalloc(1, sizeof(*cm));
+    cm->f = f;
+    cm->cs = cluster_new(f->loop, f->cfg, &ops, cm);
+    return cm;
+}
+
+void clustermap_tick(clustermap *cm, uint64_t now)
+{
+    if (!cm->f->closed) {
+        cluster_tick(cm->cs, now);
+    }
+    for (int i = 0; i < cm->nviews; i++) {
+        upstream_tick(cm->views[i], now);
+    }
+}
+
+upstream *clustermap_route(clustermap *cm, int slot)
+{
+    if (slot >= 0 && slot < CLUSTER_SLOTS) {
+        return cm->slot_up[slot];
+    }
+    for (int i = 0; i < cm->nshards; i++) {
+        if (cm->by_shard[i] != NULL && cm->by_shard[i]->state == UP_UP) {
+            return cm->by_shard[i];
+        }
+    }
+    return cm->nshards > 0 ? cm->by_shard[0] : NULL;
+}
+
+void clustermap_moved(clustermap *cm, int slot, const char *host, int port)
+{
+    char name[300];
+    snprintf(name, sizeof(name), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    cm->moved++;
+    if (slot < 0 || slot >= CLUSTER_SLOTS) {
+        return;
+    }
+    upstream *up = view_named(cm, name);
+    if (up == NULL) {
+        up = view_new(cm);
+        if (up == NULL) {
+            return;
+        }
+        upstream_set_master(up, host, port, "a node answered MOVED to it");
+    }
+    cm->slot_up[slot] = up;
+    char why[400];
+    snprintf(why, sizeof(why), "MOVED %d %s", slot, name);
+    cluster_refresh(cm->cs, why);
+}
+
+upstream *clustermap_ask(clustermap *cm, const char *host, int port)
+{
+    char name[300];
+    snprintf(name, sizeof(name), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    cm->asked++;
+    upstream *up = view_named(cm, name);
+    if (up == NULL && (up = view_new(cm)) != NULL) {
+        upstream_set_master(up, host, port, "a node answered ASK to it");
+    }
+    return up;
+}
+
+void clustermap_count_crossslot(clustermap *cm)
+{
+    cm->crossslot++;
+}
+
+void clustermap_refresh(clustermap *cm, const char *why)
+{
+    cluster_refresh(cm->cs, why);
+}
+
+int clustermap_not_up(const clustermap *cm, char *first, size_t len)
+{
+    int n = 0;
+    if (len > 0) {
+        first[0] = '\0';
+    }
+    for (int i = 0; i < cm->nshards; i++) {
+        const upstream *up = cm->by_shard[i];
+        if (up == NULL || up->state != UP_UP) {
+            if (n++ == 0 && len > 0) {
+                snprintf(first, len, "%s", up != NULL ? upstream_name(up) : "(no view)");
+            }
+        }
+    }
+    return n;
+}
+
+void clustermap_close(clustermap *cm)
+{
+    cluster_close(cm->cs);
+    for (int i = 0; i < cm->nviews; i++) {
+        upstream_close(cm->views[i]);
+    }
+}
+
+void clustermap_free(clustermap *cm)
+{
+    if (cm == NULL) {
+        return;
+    }
+    cluster_free(cm->cs);
+    for (int i = 0; i < cm->nviews; i++) {
+        upstream_free(cm->views[i]);
+    }
+    free(cm);
 }

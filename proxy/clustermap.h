@@ -1,15 +1,43 @@
-/* clustermap.h - ferry with a cluster: configuration, until requests are
- * routed by slot: it learns the slot map (cluster/) and shows it on the
- * stats port; clients are not served yet. */
+/* clustermap.h - ferry in cluster mode: the slot map's source (cluster/)
+ * and one master view (upstream.c: UP / SWITCHING / DOWN, its links, hold,
+ * fence and WAIT) per shard, created and re-pointed from the map; the
+ * router asks it which shard serves a slot. It calls nothing above it. */
 #ifndef FERRY_CLUSTERMAP_H
 #define FERRY_CLUSTERMAP_H
 
-#include <uv.h>
+#include <stdint.h>
 
-#include "config.h"
+#include "buf.h"
+#include "ferry.h"
 
-/* Run on loop until SIGTERM / SIGINT. Returns the process exit code: 0
- * after a signal, 3 when the stats port cannot listen. */
-int clustermap_run(uv_loop_t *loop, const config *cfg);
+struct upstream;
+typedef struct clustermap clustermap;
+
+/* Start following the cluster of f->cfg (the first round starts at once). */
+clustermap *clustermap_new(ferry *f);
+/* Periodic: the source's rounds and every shard's master view. */
+void clustermap_tick(clustermap *cm, uint64_t now);
+/* The master view serving slot (0..16383), or, for -1 (a keyless
+ * command), one that is UP (else any); NULL while no shard is known. */
+struct upstream *clustermap_route(clustermap *cm, int slot);
+/* A node answered MOVED slot host:port: the slot is served there from now
+ * on (a master view is made for a node not seen yet) and the map is asked
+ * again. */
+void clustermap_moved(clustermap *cm, int slot, const char *host, int port);
+/* A node answered ASK slot host:port: the view of that node (made if it is
+ * not known yet; the map is unchanged), or NULL (too many views). */
+struct upstream *clustermap_ask(clustermap *cm, const char *host, int port);
+/* Counted for stats: a CROSSSLOT refusal. */
+void clustermap_count_crossslot(clustermap *cm);
+/* Ask the cluster for its map now (a master of a shard was lost). */
+void clustermap_refresh(clustermap *cm, const char *why);
+/* Shards whose master view is not UP; *first gets the first one's master
+ * name ("" if none). */
+int clustermap_not_up(const clustermap *cm, char *first, size_t len);
+/* "mode":"cluster","routing":true,"cluster":{...} for the stats JSON. */
+void clustermap_json(const clustermap *cm, buf *b);
+/* Close the source and every shard's links; free after a loop turn. */
+void clustermap_close(clustermap *cm);
+void clustermap_free(clustermap *cm); /* accepts NULL */
 
 #endif

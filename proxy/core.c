@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backlog.h"
+#include "clustermap.h"
 #include "fence.h"
 #include "lease.h"
 #include "link.h"
@@ -96,6 +97,9 @@ static void close_everything(ferry *f)
     if (f->up != NULL) {
         upstream_close(f->up);
     }
+    if (f->cluster != NULL) {
+        clustermap_close(f->cluster);
+    }
     outage_close(f);
     takeover_close(f); /* after the store: the next process may open it now */
     uv_prepare_stop(&f->flush);
@@ -138,6 +142,9 @@ static void tick_cb(uv_timer_t *h)
     }
     if (f->up != NULL) {
         upstream_tick(f->up, now);
+    }
+    if (f->cluster != NULL) {
+        clustermap_tick(f->cluster, now);
     }
     outage_tick(f, now);
     queues_tick(f, now);
@@ -332,6 +339,14 @@ static const session_ops core_session_ops = {
     .close = session_close,
 };
 
+/* A shard's master was lost (cluster mode): ask the cluster for its map. */
+static void core_refresh_cluster(ferry *f, const char *why)
+{
+    if (f->cluster != NULL) {
+        clustermap_refresh(f->cluster, why);
+    }
+}
+
 /* What the shard side (upstream, fence) reports upward. */
 static const shard_ops core_shard_ops = {
     .on_reply = router_on_reply,
@@ -343,6 +358,7 @@ static const shard_ops core_shard_ops = {
     .close_session = session_close,
     .trigger_sentinel = sentinel_trigger,
     .ask_replica_acks = sentinel_ask_replica_acks,
+    .refresh_cluster = core_refresh_cluster,
 };
 
 /* A client a listener accepted: to a loop of workers', or served here. */
@@ -480,6 +496,10 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
     }
+    if (cfg->has_cluster) {
+        /* f->up stays without a master: what has no shard waits there. */
+        f->cluster = clustermap_new(f);
+    }
     queues_open(f);
     lease_open(f);
     uv_timer_start(&f->tick, tick_cb, TICK_MS, TICK_MS);
@@ -498,6 +518,8 @@ void core_release(ferry *f)
 {
     sentinel_free(f->sentinel);
     f->sentinel = NULL;
+    clustermap_free(f->cluster);
+    f->cluster = NULL;
     if (f->up != NULL) {
         upstream_free(f->up);
         f->up = NULL;

@@ -119,6 +119,9 @@ typedef struct request {
     size_t hpos;         /* held: 1-based position in f->held_heap, 0 = not in it */
     size_t held_charge;  /* held: bytes it counts in held_bytes */
     int route;           /* how the session routes it (session.c) */
+    int slot;            /* cluster mode: the slot of its keys, -1 none (router_classify.c) */
+    struct upstream *ask; /* cluster mode: a node answered ASK: the view it named, where r
+                             goes next, after ASKING (router.c); NULL none */
     long long arg;       /* route argument (db for SELECT, auth result) */
     size_t charge;       /* bytes charged to its session's memory (session.c) */
     req_done_cb done;    /* internal requests: called with the reply */
@@ -138,6 +141,8 @@ typedef struct ferry {
     void *servers;                    /* listeners (server.c) */
     struct upstream *up;              /* the master and its links */
     struct sentinel_client *sentinel; /* Sentinel client, NULL with a fixed master */
+    struct clustermap *cluster;       /* cluster mode (clustermap.c): the slot map's source
+                                         and one master view per shard; NULL otherwise */
     struct outage *outage;            /* the fallback store's service, NULL if none */
     int wake_pending;                 /* dispatch waiting sessions at the next flush */
     list_node sessions;               /* every open session */

@@ -220,6 +220,10 @@ link_refusal link_reply_refusal(const char *p, size_t n)
     if (link_reply_not_master(p, n)) {
         return REFUSAL_NOT_MASTER;
     }
+    if (starts(p, n, "-MOVED ") || starts(p, n, "-ASK ") || starts(p, n, "-TRYAGAIN") ||
+        starts(p, n, "-CLUSTERDOWN")) {
+        return REFUSAL_REDIRECT;
+    }
     return starts(p, n, "-NOREPLICAS ") ? REFUSAL_NOREPLICAS : REFUSAL_NONE;
 }
 
@@ -722,6 +726,11 @@ static void link_deliver(link *l, const char *p, size_t n)
          * holds it or passes it on. Not inside a transaction: Redis has
          * marked it failed (EXEC answers EXECABORT) on this link, which
          * stays, so the client gets the refusal as Redis gave it. */
+        l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
+    } else if (refusal == REFUSAL_REDIRECT && l->f->cfg->has_cluster && !(r->flags & REQ_F_TXLOG)) {
+        /* A cluster node sends the request elsewhere or asks for a retry:
+         * nothing applied; the router re-routes it, the client never sees
+         * it. (Only a cluster node says these: elsewhere they are answers.) */
         l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
     } else if (!l->f->link_ops->hold(l, r, p, n)) {
         l->f->link_ops->on_reply(r->s, r, p, n);

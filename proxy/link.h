@@ -149,7 +149,8 @@ int link_reply_not_master(const char *p, size_t n);
 typedef enum link_refusal {
     REFUSAL_NONE = 0,
     REFUSAL_NOT_MASTER, /* link_reply_not_master */
-    REFUSAL_NOREPLICAS  /* min-replicas-to-write: fewer good replicas than it asks */
+    REFUSAL_NOREPLICAS, /* min-replicas-to-write: fewer good replicas than it asks */
+    REFUSAL_REDIRECT    /* cluster mode: MOVED, ASK, TRYAGAIN, CLUSTERDOWN (nothing applied) */
 } link_refusal;
 link_refusal link_reply_refusal(const char *p, size_t n);
 

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clustermap.h"
 #include "config.h"
 #include "core.h"
 #include "fallback.h"
@@ -128,8 +127,8 @@ int main(int argc, char **argv)
         tls_roles_free(&roles);
         printf("ferry: configuration %s is valid\n", path);
         if (cfg.has_cluster) {
-            printf("ferry: cluster mode: not yet routed: ferry learns the slot map and shows "
-                   "it on the stats port, clients are not served\n");
+            printf("ferry: cluster mode: commands whose keys share one slot are routed to "
+                   "that slot's master; others are refused (see the cluster documentation)\n");
         }
         config_free(&cfg);
         return 0;
@@ -163,23 +162,12 @@ int main(int argc, char **argv)
     }
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
 
-    if (cfg.has_cluster) {
-        if (takeover_path != NULL) {
-            log_error("cluster mode: not yet routed: there is nothing to take over");
-            log_close();
-            config_free(&cfg);
-            return EXIT_RUNTIME;
-        }
-        uv_loop_t cloop;
-        uv_loop_init(&cloop);
-        int ccode = clustermap_run(&cloop, &cfg);
-        if (uv_loop_close(&cloop) != 0) {
-            log_warn("event loop closed with handles still open");
-        }
-        log_info("ferry stopped (exit code %d)", ccode);
-        config_free(&cfg);
+    if (cfg.has_cluster && takeover_path != NULL) {
+        log_error("cluster mode: a takeover is not supported yet");
         log_close();
-        return ccode;
+        tls_roles_free(&roles);
+        config_free(&cfg);
+        return EXIT_RUNTIME;
     }
 
     struct takeover *tk = NULL;

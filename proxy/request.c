@@ -36,6 +36,8 @@ request *request_new(ferry *f)
     r->state = REQ_HELD;
     r->flags = 0;
     r->cmd = NULL;
+    r->slot = -1;
+    r->ask = NULL;
     r->born = uv_now(f->loop);
     r->born_ns = uv_hrtime();
     r->sent_ns = 0;

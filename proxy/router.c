@@ -32,6 +32,7 @@
 #include "backlog.h"
 #include "bracket.h"
 #include "clients.h"
+#include "clustermap.h"
 #include "fence.h"
 #include "guards.h"
 #include "lease.h"
@@ -347,9 +348,9 @@ static void sticky_accepted(session *s, request *r)
 /* Lend s a dedicated link and restore on it the connection settings s made
  * on its earlier ones (CLIENT SETNAME, TRACKING...) and an open MULTI
  * being rebuilt. NULL when no master is UP. */
-static link *router_lend(session *s)
+static link *router_lend(session *s, upstream *up)
 {
-    link *l = upstream_lend(s->f->up, s);
+    link *l = upstream_lend(up, s);
     if (l == NULL) {
         return NULL;
     }
@@ -366,7 +367,7 @@ static link *router_lend(session *s)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s);
+    link *l = router_lend(s, s->f->up);
     if (l == NULL) {
         return 0;
     }
@@ -441,10 +442,24 @@ static void acl_accepted(session *s, request *r)
     }
 }
 
+/* The master view r goes to: in cluster mode the one serving its slot
+ * (any UP one for a keyless command); until a map names it, the view
+ * without a master, where it waits. */
+static upstream *route_view(ferry *f, const request *r)
+{
+    if (f->cluster != NULL) {
+        upstream *up = clustermap_route(f->cluster, r->slot);
+        if (up != NULL) {
+            return up;
+        }
+    }
+    return f->up;
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    upstream *up = f->up;
+    upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
     const char *pw = f->cfg->client_password;
 
     if (s->checking) {
@@ -535,6 +550,13 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
 
+    if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->up != up) {
+        /* Cluster mode: lent by another shard's master view. */
+        if (s->inflight > 0 && s->flight_link == s->dlink) {
+            return DISPATCH_WAIT;
+        }
+        upstream_return(up, s, 1, "its client moved to another shard");
+    }
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
         /* Lent by a master ferry has let go of (a blocked call draining). */
         if (s->inflight > 0 && s->flight_link == s->dlink) {
@@ -652,7 +674,7 @@ static int dispatch_one(session *s, request *r)
             if (s->inflight > 0) {
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
-            router_lend(s);
+            router_lend(s, up);
         }
         target = s->dlink;
     } else {
@@ -716,6 +738,13 @@ static int dispatch_one(session *s, request *r)
         /* The WAIT owed for writes already sent goes before MULTI: after
          * it, Redis would queue the WAIT in the client's transaction. */
         fence_wait(target);
+    }
+    if (r->ask != NULL) {
+        /* The node a slot is migrating to serves this one command after
+         * ASKING, on the same link, right before it. */
+        static const char *const asking[] = {"ASKING"};
+        link_internal(target, asking, 1, NULL, 0);
+        r->ask = NULL;
     }
     if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
         link_send(target, r);
@@ -917,8 +946,9 @@ static uint64_t refusal_backoff(int refusals)
 /* The name of Redis' refusal (its error code), for ferry's -TRYAGAIN. */
 static const char *refusal_name(const char *p, size_t n)
 {
-    static const char *const names[] = {"READONLY", "LOADING", "MASTERDOWN", "UNBLOCKED",
-                                        "NOREPLICAS"};
+    static const char *const names[] = {"READONLY",  "LOADING",    "MASTERDOWN",
+                                        "UNBLOCKED", "NOREPLICAS", "MOVED",
+                                        "ASK",       "TRYAGAIN",   "CLUSTERDOWN"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         size_t m = strlen(names[i]);
         if (n > m + 1 && memcmp(p + 1, names[i], m) == 0) {
@@ -926,6 +956,47 @@ static const char *refusal_name(const char *p, size_t n)
         }
     }
     return "refused";
+}
+
+/* A cluster node's redirect (cluster mode): MOVED names the node serving
+ * the slot now: r goes there at once (the map is asked again); ASK (a slot
+ * in migration) sends r once to the node it names, after ASKING, the map
+ * unchanged; TRYAGAIN and CLUSTERDOWN are retried after the back-off,
+ * within the hold bound, until the slot has settled. */
+static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint64_t now)
+{
+    char text[200];
+    size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+    memcpy(text, p, m);
+    text[m] = '\0';
+    int slot, port = 0;
+    char host[128];
+    char *colon = NULL;
+    if (f->cluster == NULL) {
+        return;
+    }
+    int moved = sscanf(text, "-MOVED %d %127[^ \r\n]", &slot, host) == 2;
+    int ask = !moved && sscanf(text, "-ASK %d %127[^ \r\n]", &slot, host) == 2;
+    if (moved || ask) {
+        colon = strrchr(host, ':');
+    }
+    if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
+        *colon = '\0';
+        if (host[0] == '[') {
+            memmove(host, host + 1, strlen(host));
+            host[strcspn(host, "]")] = '\0';
+        }
+        if (moved) {
+            clustermap_moved(f->cluster, slot, host, port);
+        } else {
+            r->ask = clustermap_ask(f->cluster, host, port);
+        }
+        if (r->refusals <= 2) {
+            r->retry_at = now; /* followed at once; a map going back and forth backs off */
+        }
+    } else if (strncmp(text, "-CLUSTERDOWN", 12) == 0) {
+        clustermap_refresh(f->cluster, "a node answered CLUSTERDOWN");
+    }
 }
 
 void router_on_refused(session *s, request *r, link *l, link_refusal why, const char *p, size_t n)
@@ -955,6 +1026,9 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
     r->refusals++;
     r->retry_at = now + refusal_backoff(r->refusals);
     r->refusal = refusal_name(p, n);
+    if (why == REFUSAL_REDIRECT) {
+        cluster_redirect(f, r, p, n, now);
+    }
     f->stats.requests_refused++;
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM;

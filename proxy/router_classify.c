@@ -11,10 +11,12 @@
 
 #include "acl.h"
 #include "clients.h"
+#include "clustermap.h"
 #include "log.h"
 #include "queues.h"
 #include "router.h"
 #include "router_int.h"
+#include "slot.h"
 
 static int arg_eq(const resp_arg *a, const char *lit)
 {
@@ -196,7 +198,7 @@ static void classify_hello(ferry *f, request *r, const resp_request *req)
     }
 }
 
-int router_classify(session *s, request *r, const resp_request *req)
+static int classify_route(session *s, request *r, const resp_request *req)
 {
     ferry *f = s->f;
     const resp_arg *argv = req->argv;
@@ -355,4 +357,85 @@ int router_classify(session *s, request *r, const resp_request *req)
         r->arg = cl;
     }
     return 0;
+}
+
+/* Cluster mode: the slot of r's keys (r->slot), or its refusal. Commands
+ * whose keys share a slot go to that slot's master; keyless ones to any
+ * master. What this step cannot route yet is refused with ferry's words;
+ * keys in two slots get a node's own CROSSSLOT. Returns 1 when refused. */
+static int classify_slot(ferry *f, request *r, const resp_request *req)
+{
+    const command *cmd = r->cmd;
+    char name[64];
+    if (cmd == NULL) {
+        return 0; /* any master answers it as unknown */
+    }
+    display_name(cmd, name, sizeof(name));
+    int later = 0;
+    switch (r->route) {
+    case RT_SHARED:
+        break;
+    case RT_BLOCKING:
+        /* single-slot pops (BLPOP, BRPOP, BLMOVE, BZPOPMIN...) on a link the
+         * slot's master view lends; keyless ones (WAIT) are not routed yet */
+        later = cmd->first_key <= 0;
+        break;
+    case RT_SELECT:
+        later = r->arg != 0;
+        break;
+    case RT_CLIENT:
+        later = r->arg != CL_ID && r->arg != CL_INFO;
+        break;
+    default:
+        later = 1; /* blocking calls, scripts, transactions, pub/sub, connection state */
+        break;
+    }
+    if (!later && cmd->first_key == 0 &&
+        ((cmd->flags & CMD_F_WRITE) || strncmp(cmd->name, "cluster", 7) == 0 ||
+         strcmp(cmd->name, "keys") == 0 || strcmp(cmd->name, "scan") == 0 ||
+         strcmp(cmd->name, "dbsize") == 0 || strcmp(cmd->name, "randomkey") == 0 ||
+         strcmp(cmd->name, "readonly") == 0 || strcmp(cmd->name, "readwrite") == 0 ||
+         strcmp(cmd->name, "asking") == 0)) {
+        later = 1; /* about the whole keyspace or the cluster: one node's answer would mislead */
+    }
+    if (!later && (cmd->flags & CMD_F_MOVABLEKEYS)) {
+        later = 1; /* its keys are found by Redis' own rules */
+    }
+    if (later) {
+        set_error(r,
+                  "-ERR ferry: cluster mode: %s is not routed yet (ferry routes commands whose "
+                  "keys share one slot)\r\n",
+                  name);
+        f->stats.commands_denied++;
+        return 1;
+    }
+    if (cmd->first_key <= 0 || (size_t)cmd->first_key >= req->argc) {
+        return 0; /* keyless (or an arity error any master answers) */
+    }
+    long last = cmd->last_key < 0 ? (long)req->argc + cmd->last_key : cmd->last_key;
+    long step = cmd->key_step > 0 ? cmd->key_step : 1;
+    if (last >= (long)req->argc) {
+        last = (long)req->argc - 1;
+    }
+    int slot = -1;
+    for (long i = cmd->first_key; i <= last; i += step) {
+        int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+        if (slot >= 0 && ks != slot) {
+            set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
+            clustermap_count_crossslot(f->cluster);
+            return 1;
+        }
+        slot = ks;
+    }
+    r->slot = slot;
+    return 0;
+}
+
+int router_classify(session *s, request *r, const resp_request *req)
+{
+    int rc = classify_route(s, r, req);
+    if (rc != 0 || s->f->cluster == NULL) {
+        return rc;
+    }
+    return classify_slot(s->f, r, req);
 }

@@ -27,6 +27,9 @@ typedef struct shard_ops {
      * replicas_ack WAIT is slow). Main loop. */
     void (*trigger_sentinel)(struct sentinel_client *sc);
     void (*ask_replica_acks)(struct sentinel_client *sc);
+    /* cluster mode: ask the cluster for its slot map now (a shard's master
+     * was lost). */
+    void (*refresh_cluster)(ferry *f, const char *why);
 } shard_ops;
 
 #endif

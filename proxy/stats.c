@@ -27,6 +27,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "clustermap.h"
 #include "ferry.h"
 #include "lease.h"
 #include "log.h"
@@ -609,6 +610,10 @@ void stats_render_json(ferry *f, buf *out)
     if (strcmp(section, "top") != 0) {
         buf_append_str(out, "}");
     }
+    if (f->cluster != NULL) {
+        buf_append_str(out, ",");
+        clustermap_json(f->cluster, out);
+    }
     buf_append_str(out, "}\n");
     free(st);
 }
@@ -930,6 +935,20 @@ static int healthz(ferry *f, buf *body)
     if (up == NULL) {
         buf_append_str(body, "DOWN: no master configured\n");
         return 503;
+    }
+    if (f->cluster != NULL) {
+        char first[300];
+        int n = clustermap_not_up(f->cluster, first, sizeof(first));
+        if (n > 0) {
+            stats_printf(body, "DOWN: %d shard(s) not UP, the first: master %s\n", n, first);
+            return 503;
+        }
+        if (clustermap_route(f->cluster, -1) == NULL) {
+            buf_append_str(body, "DOWN: no cluster map yet\n");
+            return 503;
+        }
+        buf_append_str(body, "OK: every shard's master is UP\n");
+        return 200;
     }
     if (up->state == UP_UP && f->sentinel != NULL && !sentinel_quorum_ok(f->sentinel)) {
         /* Still serving, but a failover could not be followed now. */

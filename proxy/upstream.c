@@ -179,6 +179,11 @@ upstream *upstream_new(ferry *f)
         up->target_set = 0; /* Sentinel will name the master */
         return up;
     }
+    if (f->cfg->has_cluster) {
+        up->target_set = 0; /* the cluster map will name the shard's master */
+        snprintf(up->name, sizeof(up->name), "(no master yet)");
+        return up;
+    }
     fixed_target(up, &f->cfg->redis_addr);
     up->epoch = 1;
     if (up->host_name != NULL) {
@@ -546,6 +551,7 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
     if (l == NULL) {
         return;
     }
+    up = l->up; /* the view that lent it (cluster mode: one view per shard) */
     unlend(l);
     /* Pooled even past upstream.pool_idle: a link lent for each script call
      * and given back after it would otherwise be closed and opened again
@@ -716,6 +722,10 @@ void upstream_switch(upstream *up, const char *reason)
         }
     } else {
         up->next_connect_ms = uv_now(up->f->loop) + up->backoff_ms;
+        if (up->f->cfg->has_cluster) {
+            /* Reconnects meanwhile; the map names a promoted replica. */
+            up->f->shard_ops->refresh_cluster(up->f, reason);
+        }
     }
     up->epoch++; /* links of the old epoch never take a new request */
     list_foreach_safe(n, t, &up->links)
@@ -803,12 +813,14 @@ void upstream_set_master(upstream *up, const char *ip, int port, const char *why
     }
     if (up->state == UP_UP) {
         char sw[400];
-        snprintf(sw, sizeof(sw), "Sentinel names a new master %s (%s)", name, why);
+        snprintf(sw, sizeof(sw), "%s names a new master %s (%s)",
+                 up->f->cfg->has_cluster ? "the cluster map" : "Sentinel", name, why);
         upstream_switch(up, sw);
     }
     struct sockaddr_storage ss;
     if (server_numeric_addr(ip, port, &ss) != 0) {
-        log_error("Sentinel named master '%s' port %d: not a numeric address", ip, port);
+        log_error("%s named master '%s' port %d: not a numeric address",
+                  up->f->cfg->has_cluster ? "the cluster map" : "Sentinel", ip, port);
         return;
     }
     memcpy(&up->addr, &ss, sizeof(ss));

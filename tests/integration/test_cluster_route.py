@@ -1,0 +1,518 @@
+"""ferry serves clients in front of a Redis Cluster (first routing step),
+checked against a real 3 masters + 3 replicas cluster (harness
+ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
+
+  1. 16 keys spread over every shard: LPUSH / RPOP / SET / GET through ferry
+     land on the master serving each key's slot (read with that node's own
+     client, which gets no MOVED).
+  2. Keys of one slot ({tag}) go together; MSET across slots gets the exact
+     CROSSSLOT error a node sends; what is not routed yet is refused with
+     ferry's words.
+  3. `redis-cli --cluster reshard` of some slots: the MOVED that follows is
+     handled by ferry (re-routed), never seen by the client, and the keys of
+     the moved slots are served from their new master.
+  4. kill -9 of one master under 2 producers + 2 consumers on keys of every
+     shard: 0 client errors, 0 acknowledged pushes lost, the other shards'
+     keys keep flowing (their longest gap printed); again with
+     durability.replicas_ack: 1 on 3 masters with 2 replicas each.
+  5. ASK during a slot migration: ASKING + the command on the target.
+  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT across slots.
+
+Run:  python3 -m unittest test_cluster_route -v        (about 45 s)
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
+loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
+"""
+import json
+import os
+import threading
+import time
+import unittest
+import urllib.request
+
+import redis
+
+import harness
+from harness import ClusterTopology, Ferry, wait_until
+
+REFRESH_MS = 200
+HOLD_MS = 30000
+
+
+def _s(v):
+    """bytes -> str, through lists; other values as they are."""
+    if isinstance(v, (list, tuple)):
+        return [_s(x) for x in v]
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def queue_keys(cluster, n=16):
+    """n keys whose slots cover every master, as evenly as the names fall."""
+    masters = cluster.masters()
+    per = {m: [] for m in masters}
+    i = 0
+    while min(len(v) for v in per.values()) < n // len(masters) + 1 and i < 10000:
+        k = 'q:%d' % i
+        m = cluster.master_of(cluster.keyslot(k))
+        per[m].append(k)
+        i += 1
+    keys = []
+    while len(keys) < n:
+        for m in masters:
+            if per[m] and len(keys) < n:
+                keys.append(per[m].pop(0))
+    return keys
+
+
+def stats(f):
+    """ferry's stats JSON."""
+    with urllib.request.urlopen('http://127.0.0.1:%d/stats' % f.stats_port, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def start_ferry(cluster, refresh_ms=REFRESH_MS, replicas_ack=None):
+    conf = {'workers': 1,
+            'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
+                        'timeout_ms': 1000},
+            'upstream': {'hold_timeout_ms': HOLD_MS}}
+    if replicas_ack is not None:
+        conf['durability'] = {'replicas_ack': replicas_ack}
+    return Ferry(None, wait='port', conf=conf)
+
+
+def wait_served(f, timeout=20.0):
+    """Until ferry answers a SET on every master (its map is learned)."""
+    c = f.client(socket_timeout=5)
+
+    def ok():
+        return c.set('probe:{a}', 1) and c.set('probe:{b}', 1) and c.set('probe:{c}', 1)
+    try:
+        wait_until(ok, timeout=timeout, interval=0.1, msg='ferry serving the cluster')
+    finally:
+        c.close()
+
+
+class KillUnderLoad:
+    """kill -9 of one master under 2 producers + 2 consumers on keys of every
+    shard and one client per other shard (self.cluster, self.ferry)."""
+
+    def node_client(self, port):
+        return self.cluster.node_by_port(port).client(socket_timeout=5)
+
+    def kill_master_under_load(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        victim = self.cluster.masters()[-1]
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete(k)
+        c.close()
+        stop = threading.Event()
+        lock = threading.Lock()
+        errors, pushed, popped = [], [], []
+        last = {}   # key -> time.monotonic() of its last acknowledged operation
+        gaps = {}   # key -> longest gap between two acknowledged operations
+
+        def note(k):
+            now = time.monotonic()
+            with lock:
+                if k in last:
+                    gaps[k] = max(gaps.get(k, 0.0), now - last[k])
+                last[k] = now
+
+        def producer(idx):
+            cl = self.ferry.client(socket_timeout=HOLD_MS / 1000 + 10)
+            n = 0
+            try:
+                while not stop.is_set():
+                    k = keys[(n + idx) % len(keys)]
+                    v = '%d:%d' % (idx, n)
+                    try:
+                        cl.lpush(k, v)
+                    except Exception as e:
+                        with lock:
+                            errors.append('push %s: %r' % (k, e))
+                        return
+                    with lock:
+                        pushed.append((k, v))
+                    note(k)
+                    n += 1
+                    time.sleep(0.005)
+            finally:
+                cl.close()
+
+        def consumer(idx):
+            cl = self.ferry.client(socket_timeout=HOLD_MS / 1000 + 10)
+            n = 0
+            try:
+                while not stop.is_set():
+                    k = keys[(n * 2 + idx) % len(keys)]
+                    n += 1
+                    try:
+                        v = cl.rpop(k)
+                    except Exception as e:
+                        with lock:
+                            errors.append('pop %s: %r' % (k, e))
+                        return
+                    if v is not None:
+                        with lock:
+                            popped.append((k, _s(v)))
+                    note(k)
+                    time.sleep(0.005)
+            finally:
+                cl.close()
+
+        wgap = {}  # witness (a master's port) -> longest gap between its answers
+
+        def witness(port):
+            # A client on one other shard's keys: a client's replies keep
+            # their order, so only clients that touch the failed shard wait.
+            cl = self.ferry.client(socket_timeout=HOLD_MS / 1000 + 10)
+            mine = [k for k in keys if owners[k] == port]
+            n, prev = 0, time.monotonic()
+            try:
+                while not stop.is_set():
+                    k = mine[n % len(mine)]
+                    v = 'w%d:%d' % (port, n)
+                    n += 1
+                    try:
+                        cl.lpush(k, v)
+                        with lock:
+                            pushed.append((k, v))
+                        got = cl.rpop(k)
+                    except Exception as e:
+                        with lock:
+                            errors.append('witness %s: %r' % (k, e))
+                        return
+                    if got is not None:
+                        with lock:
+                            popped.append((k, _s(got)))
+                    now = time.monotonic()
+                    with lock:
+                        wgap[port] = max(wgap.get(port, 0.0), now - prev)
+                    prev = now
+                    time.sleep(0.005)
+            finally:
+                cl.close()
+
+        threads = [threading.Thread(target=producer, args=(i,)) for i in range(2)]
+        threads += [threading.Thread(target=consumer, args=(i,)) for i in range(2)]
+        threads += [threading.Thread(target=witness, args=(p,))
+                    for p in sorted(set(owners.values())) if p != victim]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.0)
+            with lock:
+                gaps.clear()
+                wgap.clear()
+            killed_at = time.monotonic()
+            self.cluster.kill_master(victim)
+            new = self.cluster.wait_promoted(victim, timeout=30)
+            promoted_s = time.monotonic() - killed_at
+            # the victim's keys flow again through ferry
+            wait_until(lambda: any(k for k, _ in pushed[-50:] if owners[k] == victim),
+                       timeout=HOLD_MS / 1000, msg='pushes to the failed shard again')
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=HOLD_MS / 1000 + 20)
+        self.assertEqual(errors, [])
+        # what is left, read from each key's master now
+        left = {}
+        for k in keys:
+            port = new if owners[k] == victim else owners[k]
+            n = self.node_client(port)
+            try:
+                left[k] = _s(n.lrange(k, 0, -1))
+            finally:
+                n.close()
+        have = set(popped) | {(k, v) for k in keys for v in left[k]}
+        lost = [p for p in pushed if p not in have]
+        self.assertEqual(lost, [], 'acknowledged pushes lost: %d of %d' % (len(lost), len(pushed)))
+        print('\nkill -9 of master %d: promoted %d after %.1f s; %d pushes, %d pops, 0 lost; '
+              'longest gap of a client on the other shards\' keys: %s; of the clients on '
+              'every shard\'s keys: %.3f s' % (
+                  victim, new, promoted_s, len(pushed), len(popped),
+                  ', '.join('%d: %.3f s' % (p, g) for p, g in sorted(wgap.items())),
+                  max(gaps.values())))
+        # Between the FAIL flag and the promotion every node answers
+        # CLUSTERDOWN (cluster-require-full-coverage yes, Redis' default):
+        # ferry holds and retries those, so the other shards pause that
+        # long, not for the whole failover.
+        st = stats(self.ferry)
+        print('ferry: %d request(s) refused by a node and retried (CLUSTERDOWN, MOVED...)' %
+              st['errors']['requests_refused'])
+        self.assertEqual(len(wgap), 2, wgap)
+        self.assertLess(max(wgap.values()), promoted_s / 2,
+                        'the other shards stalled with the failed one')
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.ferry.stop()
+        cls.cluster.stop()
+        if rc != 0:  # a clean stop (and, under ASan, no report)
+            raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
+
+    def node_client(self, port):
+        return self.cluster.node_by_port(port).client(socket_timeout=5)
+
+    def test_1_single_key_commands_land_on_their_master(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), 3, owners)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete(k)
+            c.delete('s' + k)
+            self.assertEqual(c.lpush(k, 'a', 'b', 'c'), 3)
+            self.assertTrue(c.set('s' + k, 'v-s' + k))
+        for k in keys:
+            n = self.node_client(owners[k])
+            try:
+                # the node's own client: a key elsewhere would answer MOVED
+                self.assertEqual(_s(n.lrange(k, 0, -1)), ['c', 'b', 'a'])
+            finally:
+                n.close()
+            sk = 's' + k
+            n = self.node_client(self.cluster.master_of(self.cluster.keyslot(sk)))
+            try:
+                self.assertEqual(_s(n.get(sk)), 'v-' + sk)
+            finally:
+                n.close()
+            self.assertEqual(_s(c.rpop(k)), 'a')
+            self.assertEqual(_s(c.get(sk)), 'v-' + sk)
+        c.close()
+
+    def test_2_crossslot_and_refusals(self):
+        self.cluster.wait_consistent()
+        c = self.ferry.client(socket_timeout=10)
+        # one slot: goes as it is
+        self.assertTrue(c.mset({'{user1}:a': '1', '{user1}:b': '2'}))
+        self.assertEqual(_s(c.mget('{user1}:a', '{user1}:b')), ['1', '2'])
+        a, b = 'q:0', 'q:1'
+        while self.cluster.keyslot(a) == self.cluster.keyslot(b):
+            b += 'x'
+        node = self.node_client(self.cluster.masters()[0])
+        try:
+            with self.assertRaises(redis.ResponseError) as want:
+                node.execute_command('MSET', a, '1', b, '2')
+        finally:
+            node.close()
+        with self.assertRaises(redis.ResponseError) as got:
+            c.execute_command('MSET', a, '1', b, '2')
+        self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
+        self.assertEqual(str(got.exception), str(want.exception))
+        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['EVAL', 'return 1', '0'],
+                     ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
+            with self.assertRaises(redis.ResponseError) as e:
+                c.execute_command(*argv)
+            self.assertIn('cluster mode', str(e.exception), argv)
+        # the connection still serves
+        self.assertEqual(c.ping(), True)
+        self.assertTrue(c.set('after', 'x'))
+        c.close()
+
+    def test_3_moved_after_reshard_is_followed(self):
+        self.cluster.wait_consistent()
+        masters = self.cluster.masters()
+        src, dst = masters[0], masters[1]
+        # keys on the source master, in the first slots it serves (the ones
+        # a reshard moves first)
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        first = sorted(view['slots'])[:20]
+        keys = []
+        i = 0
+        while len(keys) < 8 and i < 200000:
+            k = 'm:%d' % i
+            if self.cluster.keyslot(k) in first:
+                keys.append(k)
+            i += 1
+        self.assertEqual(len(keys), 8)
+        # a ferry that asks for the map once a minute: it learns the move
+        # from the nodes' MOVED, which must never reach its client
+        f = start_ferry(self.cluster, refresh_ms=60000)
+        try:
+            wait_served(f)
+            c = f.client(socket_timeout=10)
+            for k in keys:
+                self.assertTrue(c.set(k, 'v' + k))
+            before = stats(f)['cluster']['moved_followed']
+            self.cluster.reshard(src, dst, 20)
+            for k in keys:
+                self.assertEqual(self.cluster.master_of(self.cluster.keyslot(k)), dst, k)
+            for k in keys:
+                self.assertEqual(_s(c.get(k)), 'v' + k)
+                self.assertTrue(c.set(k, 'w' + k))
+                self.assertGreaterEqual(c.lpush('{%s}l' % k, 1), 1)
+            n = self.node_client(dst)
+            try:
+                for k in keys:
+                    self.assertEqual(_s(n.get(k)), 'w' + k)
+            finally:
+                n.close()
+            c.close()
+            moved = stats(f)['cluster']['moved_followed'] - before
+        finally:
+            rc = f.stop()
+        self.assertEqual(rc, 0, f.log()[-3000:])
+        print('\nreshard of 20 slots: %d MOVED followed by ferry' % moved)
+        self.assertGreater(moved, 0)
+
+    def test_4_kill_master_under_load(self):
+        # durability.replicas_ack unset: 0 in cluster mode (each master has
+        # one replica here, none left after its failover): no WAIT, so the
+        # check is that ferry loses nothing, not that Redis replicated it
+        self.kill_master_under_load()
+
+    def test_5_ask_during_migration_is_followed(self):
+        self.cluster.wait_consistent()
+        masters = self.cluster.masters()
+        src, dst = masters[0], masters[2]
+        ids = {v['port']: v['id'] for v in self.cluster.nodes_view(src)}
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        slot = next(s for s in sorted(view['slots'])
+                    if self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', s) == 0)
+        key = next('ask:%d' % i for i in range(200000)
+                   if self.cluster.keyslot('ask:%d' % i) == slot)
+        self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+        self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+        c = self.ferry.client(socket_timeout=5)
+        try:
+            before = stats(self.ferry)['cluster'].get('ask_followed', 0)
+            t0 = time.monotonic()
+            # src has no such key and the slot migrates: it answers ASK;
+            # ferry sends ASKING + SET to dst, never the ASK to its client
+            self.assertTrue(c.set(key, 'asked'))
+            self.assertEqual(_s(c.get(key)), 'asked')
+            took = time.monotonic() - t0
+            self.assertEqual(self.cluster.command(dst, 'CLUSTER', 'COUNTKEYSINSLOT', slot), 1)
+            self.assertEqual(self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', slot), 0)
+            self.assertGreaterEqual(stats(self.ferry)['cluster'].get('ask_followed', 0) - before, 2)
+            self.assertLess(took, 2.0)
+        finally:
+            c.close()
+            n = self.node_client(dst)
+            try:
+                p = n.pipeline(transaction=False)  # one connection: ASKING then DEL
+                p.execute_command('ASKING')
+                p.delete(key)
+                p.execute()
+            finally:
+                n.close()
+            for port in (src, dst):
+                self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'STABLE')
+            self.cluster.wait_consistent()
+
+    def test_6_blocking_pops_by_slot(self):
+        self.cluster.wait_consistent()
+        keys = queue_keys(self.cluster, n=6)
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), len(self.cluster.masters()), owners)
+        c = self.ferry.client(socket_timeout=10)
+        for k in keys:
+            c.delete('b' + k)
+        got = {}
+
+        def consumer(k):
+            cl = self.ferry.client(socket_timeout=10)
+            try:
+                got[k] = _s(cl.brpop(['b' + k], timeout=5))
+            finally:
+                cl.close()
+        threads = [threading.Thread(target=consumer, args=(k,)) for k in keys]
+        for t in threads:
+            t.start()
+        # every pop blocked on its own shard before the pushes
+        wait_until(lambda: sum(int(self.cluster.command(p, 'INFO', 'clients')['blocked_clients'])
+                               for p in set(owners.values())) >= len(keys),
+                   timeout=5, msg='the pops blocked on their masters')
+        for k in keys:
+            self.assertEqual(c.lpush('b' + k, 'item-' + k), 1)
+        for t in threads:
+            t.join(timeout=15)
+        self.assertEqual(got, {k: ['b' + k, 'item-' + k] for k in keys})
+        # a pop that times out answers nil; one over two slots gets CROSSSLOT
+        self.assertIsNone(c.brpop(['b' + keys[0]], timeout=0.2))
+        with self.assertRaises(redis.ResponseError) as e:
+            c.brpop(['b' + keys[0], 'b' + keys[1]], timeout=0.2)
+        self.assertTrue(str(e.exception).startswith('CROSSSLOT'), str(e.exception))
+        # a pop moving between keys of one slot
+        c.lpush('{mv}src', 'x')
+        self.assertEqual(_s(c.blmove('{mv}src', '{mv}dst', 1, 'RIGHT', 'LEFT')), 'x')
+        c.close()
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
+    """The same kill -9 with durability.replicas_ack: 1 on a cluster of 3
+    masters with 2 replicas each: every acknowledged push was confirmed by a
+    replica of its shard (WAIT on the link that carried it)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=2, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster, replicas_ack=1)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.ferry.stop()
+        cls.cluster.stop()
+        if rc != 0:  # a clean stop (and, under ASan, no report)
+            raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
+
+    def test_kill_master_under_load_replicas_ack(self):
+        self.kill_master_under_load()
+        # the pushes waited for a replica: WAITs went out (with a ROLE
+        # beside each, reading the master's offset)
+        self.assertGreater(stats(self.ferry)['durability']['bracket_roles'], 0)
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRouteConfigTest(unittest.TestCase):
+    """What cluster mode does not do yet is refused at `ferry -t`."""
+
+    def check(self, text):
+        d = harness._mkdtemp('ferry-cluster-route-conf-')
+        path = os.path.join(d, 'ferry.yml')
+        with open(path, 'w') as fh:
+            fh.write('cluster:\n  nodes: [127.0.0.1:7000]\n' + text)
+        return Ferry.check_config(path)
+
+    def test_refused_with_cluster(self):
+        for text, words in (('workers: 4\n', 'workers must be 1 with cluster'),
+                            ('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
+                            ('client:\n  auth: redis\n', 'client.auth redis is refused'),
+                            ('queues:\n  - keys: [q]\n    max_length: 10\n',
+                             'no queue guards yet')):
+            rc, out = self.check(text)
+            self.assertEqual(rc, 1, (text, out))
+            self.assertIn(words, out, text)
+        rc, out = self.check('workers: 1\n')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
+
+
+if __name__ == '__main__':
+    unittest.main()
