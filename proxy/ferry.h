@@ -235,5 +235,14 @@ const char *request_expired_reply(const request *r);
  * is left of its timeout. Returns 0, or 1 with *expired set to the reply
  * its timeout produces (the time is up). */
 int request_rearm_blocking(request *r, uint64_t now, const char **expired);
+/* A reply that carries data taken out of Redis (a pop, a move, GETDEL, a
+ * script's return value), as opposed to a mere acknowledgement (+OK, an
+ * integer). EXEC's array acknowledges the writes it ran. */
+int request_reply_is_data(const request *r, const char *p, size_t n);
+/* r awaits the next master's verdict (REQ_F_VERDICT) with data it took out
+ * of the lost master kept in r->reply: that data is delivered, never
+ * replaced by an error or a timeout, unless the verdict proves the pop was
+ * not applied (then it is sent again). */
+int request_verdict_data(const request *r);
 
 #endif
