@@ -184,6 +184,39 @@ class PopVerdictTest(unittest.TestCase):
         verdicts = [v for v, _ in held_pops(f)]
         self.assertEqual(verdicts, ['not applied'], verdicts)
 
+    def test_pop_data_delivered_when_no_master_comes(self):
+        # No sentinel left to promote anyone: the verdict never comes. The
+        # pop's data is delivered at the hold bound, never -TRYAGAIN.
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        hold_ms = 3000
+        f = Ferry(None, conf=merged(FAILOVER_CONF, {'upstream': {'hold_timeout_ms': hold_ms}}),
+                  sentinel=topo)
+        self.addCleanup(f.stop)
+        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
+        self.addCleanup(s.close)
+        resp_send(s, ['LPUSH', 'pq', 'item-1'])
+        self.assertEqual(resp_read_reply(s), 1)
+        replicas = [r for r in topo.redis if r is not master]
+        for r in replicas:
+            r.sigstop()
+        self.addCleanup(lambda: [r.sigcont() for r in replicas])
+        mc = master.client()
+        mc.execute_command('CLIENT', 'KILL', 'TYPE', 'replica')
+        resp_send(s, ['RPOP', 'pq'])
+        wait_until(lambda: mc.llen('pq') == 0, timeout=5, msg='the pop ran on the master')
+        for sen in topo.sentinels:
+            sen.kill()
+        t0 = now()
+        master.kill()
+        self.assertEqual(resp_read_reply(s, timeout=hold_ms / 1000.0 + 20), b'item-1')
+        self.assertLess(now() - t0, hold_ms / 1000.0 + 10)
+        fo = stats_json(f.stats_port)['failover']
+        self.assertGreaterEqual(fo['requests_ambiguous'], 1, fo)  # delivered undecided
+        print('[pop, no master] data delivered %.1f s after the kill' % (now() - t0), flush=True)
+
     def test_rpop_not_applied_popped_again(self):
         self.pop_not_on_new_master(['RPOP', 'pq'])
 
