@@ -10,17 +10,21 @@ After a failover ferry reads the new master's master_replid2 and
 second_repl_offset (before it carries a request) and decides, for every
 write or pop whose outcome the failover left unknown, whether the new master
 has it (bracket.h). A write answered but unconfirmed that the new master has
-is not sent again (its held reply is delivered); everything else follows the
-retry policy and is counted. The kill -9 runs (4 producers + 4 consumers,
-also with workers: 4) check that against what the workload sees: 0 lost,
-every duplicate a verdict proves is seen (duplicates_known: a pop's data
-delivered although the pop was not applied), and no other duplicate but one
-a counted ambiguous case explains. A planned failover (SENTINEL FAILOVER)
-must give no duplicate at all.
+is not sent again (its held reply is delivered). A pop's data held the same
+way waits for the verdict: proven not applied, it is dropped and the pop sent
+again (PopVerdictTest: the item reaches the client once and is gone);
+applied or ambiguous, it is delivered, and never replaced by an error, even
+when no verdict comes. Everything else follows the retry policy and is
+counted. The kill -9 runs (4 producers + 4 consumers, also with workers: 4)
+check that against what the workload sees: 0 lost, no pop proven not
+applied delivered (duplicates_known 0), and no duplicate but one a counted
+ambiguous case explains. A planned failover (SENTINEL FAILOVER) must give no
+duplicate at all.
 
 Run: python3 -m unittest test_brackets -v
      BRACKET_RUNS=20 python3 -m unittest test_brackets.BracketFailoverTest -v
-         (prints one line per run: lost, duplicates, verdicts)
+         (prints one line per run: lost, duplicates, verdicts, and how long
+          the pops held for a verdict waited)
 """
 import os
 import re
