@@ -469,6 +469,9 @@ static int dispatch_one(session *s, request *r)
         if (v >= 0) {
             r->flags &= ~REQ_F_VERDICT;
             if (v == BRACKET_APPLIED || (data && v == BRACKET_AMBIGUOUS)) {
+                if (r->route == RT_EXEC) {
+                    tx_forget(s); /* it ran: nothing to rebuild */
+                }
                 buf tmp = r->reply;
                 buf_init(&r->reply);
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
@@ -1004,8 +1007,10 @@ void router_on_lost(session *s, request *r, const char *reason)
     /* A pop's data kept the same way (a blocking one too) waits for the
      * verdict between delivering it and popping again. */
     int data = request_verdict_data(r);
+    /* EXEC is one batch: decided as one write (an unwatched transaction is
+     * rebuilt only if the next master does not have it). */
     int verdict = (r->flags & REQ_F_VERDICT) && r->route != RT_DISCARD && r->route != RT_MULTI &&
-                  r->route != RT_EXEC && !(r->flags & REQ_F_TXLOG) &&
+                  (r->route != RT_EXEC || s->tx == TX_EXEC_SENT) && !(r->flags & REQ_F_TXLOG) &&
                   (data || !(r->flags & REQ_F_BLOCKING)) && r->retries < ROUTER_MAX_RETRIES;
 
     if ((r->flags & REQ_F_VERDICT) && !verdict) {
@@ -1043,6 +1048,9 @@ void router_on_lost(session *s, request *r, const char *reason)
         tx_on_link_lost(s);
         if (r->route == RT_EXEC) {
             f->stats.requests_retried_unknown++;
+            if (verdict) {
+                r->flags |= REQ_F_VERDICT; /* dispatch_one: delivered or rebuilt */
+            }
         }
         if (r->route == RT_MULTI) {
             answer_lost(s, r, "+OK\r\n");

@@ -12,7 +12,7 @@ write or pop whose outcome the failover left unknown, whether the new master
 has it (bracket.h). A write answered but unconfirmed that the new master has
 is not sent again (its held reply is delivered). A pop's data held the same
 way waits for the verdict: proven not applied, it is dropped and the pop sent
-again (PopVerdictTest: the item reaches the client once and is gone);
+again (VerdictTest: the item reaches the client once and is gone);
 applied or ambiguous, it is delivered, and never replaced by an error, even
 when no verdict comes. Everything else follows the retry policy and is
 counted. The kill -9 runs (4 producers + 4 consumers, also with workers: 4)
@@ -129,11 +129,13 @@ class BracketTest(unittest.TestCase):
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
-class PopVerdictTest(unittest.TestCase):
+class VerdictTest(unittest.TestCase):
     """A pop answered by a master that dies before any replica has it: the
     promoted replica still holds the item. ferry holds the pop's data until
     it has read the new master; the verdict (not applied) drops the data and
-    pops again there, so the item reaches the client once and is gone."""
+    pops again there, so the item reaches the client once and is gone. An
+    unwatched EXEC is one write: delivered if the new master has it, else
+    the transaction is rebuilt there."""
 
     def pop_not_on_new_master(self, pop):
         topo = SentinelTopology()
@@ -187,6 +189,55 @@ class PopVerdictTest(unittest.TestCase):
         self.assertGreaterEqual(fo['decided_not_applied'], 1, fo)
         verdicts = [v for v, _ in held_pops(f)]
         self.assertEqual(verdicts, ['not applied'], verdicts)
+
+    def test_exec_applied_not_sent_again(self):
+        # The replicas are frozen, not cut off: the transaction reaches
+        # their connections' buffers and, thawed after the kill, the
+        # promoted one applies it. Unconfirmed when the master died, its
+        # bracket says applied: EXEC's reply is delivered, the
+        # transaction is not run a second time.
+        self.exec_across_kill(cut=False)
+
+    def test_exec_not_applied_rebuilt_once(self):
+        # Cut off as well: the new master never saw the transaction; it is
+        # rebuilt there and runs once.
+        self.exec_across_kill(cut=True)
+
+    def exec_across_kill(self, cut):
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
+        self.addCleanup(f.stop)
+        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
+        self.addCleanup(s.close)
+        replicas = [r for r in topo.redis if r is not master]
+        for r in replicas:
+            r.sigstop()
+        self.addCleanup(lambda: [r.sigcont() for r in replicas])
+        if cut:
+            master.client().execute_command('CLIENT', 'KILL', 'TYPE', 'replica')
+        for cmd in (['MULTI'], ['LPUSH', 'tq', 'a'], ['INCR', 'tn']):
+            resp_send(s, cmd)
+            self.assertIn(resp_read_reply(s), ('OK', 'QUEUED'))
+        resp_send(s, ['EXEC'])
+        mc = master.client()
+        wait_until(lambda: mc.get('tn') == '1', timeout=5, msg='EXEC ran on the master')
+        old_port = master.port
+        master.kill()
+        for r in replicas:
+            r.sigcont()
+        topo.wait_failover(old_port, timeout=30)
+        self.assertEqual(resp_read_reply(s, timeout=30), [1, 1])
+        new = topo.master().client()
+        self.assertEqual((new.lrange('tq', 0, -1), new.get('tn')), (['a'], '1'),
+                         'the transaction ran twice')
+        fo = stats_json(f.stats_port)['failover']
+        if cut:
+            self.assertGreaterEqual(fo['decided_not_applied'], 1, fo)
+        else:
+            self.assertGreaterEqual(fo['decided_applied'], 1, fo)
 
     def test_pop_data_delivered_when_no_master_comes(self):
         # No sentinel left to promote anyone: the verdict never comes. The
