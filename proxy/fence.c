@@ -747,7 +747,8 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
                 /* Its data stays with it until the next master is read:
                  * delivered, unless the pop is proven not applied there
                  * (then popped again: the item is still there). */
-                l->f->shard_ops->on_lost(r->s, r, "pop not confirmed by a replica before the switch");
+                l->f->shard_ops->on_lost(r->s, r,
+                                         "pop not confirmed by a replica before the switch");
                 continue;
             }
             /* The item is out of Redis: deliver it (at worst it is seen twice). */

@@ -83,8 +83,9 @@ enum {
 #define REQ_F_GUARD (1u << 10) /* sent as the queue guard's script (guards.c); arg: its queue */
 #define REQ_F_GUARD_EVAL (1u << 11) /* Redis lacked the script: sent as EVAL from now on */
 #define REQ_F_VERDICT                                                                              \
-    (1u << 12) /* a write answered by a master lost before a replica confirmed it: its reply   \
-                  kept in r->reply until the next master says whether it has it (fence.c) */
+    (1u << 12) /* a write (a pop, an EXEC) answered by a master lost before a replica              \
+                  confirmed it: its reply kept in r->reply until the next master says              \
+                  whether it has it (fence.c) */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its

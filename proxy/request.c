@@ -221,6 +221,6 @@ int request_reply_is_data(const request *r, const char *p, size_t n)
 
 int request_verdict_data(const request *r)
 {
-    return (r->flags & REQ_F_VERDICT) && request_reply_is_data(r, buf_head(&r->reply),
-                                                               buf_used(&r->reply));
+    return (r->flags & REQ_F_VERDICT) &&
+           request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
 }
