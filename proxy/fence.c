@@ -148,7 +148,7 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
 
 void fence_bracket_open(link *l)
 {
-    if (l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL) {
+    if (l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL && l->repl_off < 0) {
         static const char *const role[] = {"ROLE"};
         link_internal(l, role, 1, bracket_role_done, 0);
         l->f->stats.bracket_roles++;
