@@ -84,13 +84,14 @@ typedef struct link {
     long long redis_id;         /* dedicated: its client id on Redis, from HELLO (for CLIENT
                                    UNBLOCK); 0 unknown */
     int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
-    size_t tls_batch[LINK_TLS_INFLIGHT]; /* shared link on TLS: requests still unanswered
-                                            of each batch in flight, oldest first */
-    int tls_nbatch;             /* batches in flight: at most LINK_TLS_INFLIGHT */
     struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
     int guard_script;           /* the queue guards' SCRIPT LOAD was queued on it (guards.c) */
+    /* Shared link on TLS: requests still unanswered of each batch in
+     * flight, oldest first, and how many are in flight (link_flush). */
+    size_t tls_batch[LINK_TLS_INFLIGHT];
+    int tls_nbatch;
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or
