@@ -503,11 +503,38 @@ class ListenerTls(unittest.TestCase):
         self.check_others_fine()
 
     def test_tls_to_plain_port(self):
-        # a TLS client on the plain port: refused as a protocol error, the
-        # rest undisturbed
+        # a TLS client on the plain port: closed at its ClientHello, with one
+        # log line and a count; nothing written back; the rest undisturbed
+        clients = stats_json(self.ferry.stats_port)['clients']
+        before = clients.get('clients_tls_on_plain_port', 0)
         with self.assertRaises(redis.exceptions.ConnectionError):
             redis.Redis(host='127.0.0.1', port=self.ferry.port, ssl=True,
                         ssl_ca_certs=PKI.path('ca.crt'), socket_timeout=5).ping()
+        # the ClientHello of Python's ssl module, sent on a bare socket
+        ctx = ssl.create_default_context(cafile=PKI.path('ca.crt'))
+        bio_in, bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(bio_in, bio_out, server_hostname='localhost')
+        with self.assertRaises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = bio_out.read()
+        self.assertEqual(hello[:2], b'\x16\x03')
+        s = socket.create_connection(('127.0.0.1', self.ferry.port), timeout=5)
+        s.sendall(hello)
+        data = b''
+        try:
+            for _ in range(100):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:
+            pass
+        s.close()
+        self.assertEqual(data, b'')  # closed: no RESP error sent into a TLS handshake
+        wait_until(lambda: stats_json(self.ferry.stats_port)['clients']
+                   ['clients_tls_on_plain_port'] == before + 2, 5,
+                   msg='clients_tls_on_plain_port counted twice')
+        self.assertIn('TLS handshake on a plain port', self.ferry.log())
         self.check_others_fine()
 
 
