@@ -299,7 +299,7 @@ static void signal_cb(uv_signal_t *h, int signum)
     stop(h->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
-int clustermap_run(uv_loop_t *loop, const config *cfg)
+int clustermap_run(uv_loop_t *loop, const config *cfg, struct tls_conf *redis_tls)
 {
     static const cluster_ops ops = {.on_map = on_map};
     cmap cm;
@@ -321,7 +321,7 @@ int clustermap_run(uv_loop_t *loop, const config *cfg)
             return 3;
         }
     }
-    cm.cs = cluster_new(loop, cfg, &ops, &cm);
+    cm.cs = cluster_new(loop, cfg, redis_tls, &ops, &cm);
     uv_timer_init(loop, &cm.tick);
     cm.tick.data = &cm;
     uv_timer_start(&cm.tick, tick_cb, CLUSTERMAP_TICK_MS, CLUSTERMAP_TICK_MS);

@@ -9,7 +9,9 @@
 #include "config.h"
 
 /* Run on loop until SIGTERM / SIGINT. Returns the process exit code: 0
- * after a signal, 3 when the stats port cannot listen. */
-int clustermap_run(uv_loop_t *loop, const config *cfg);
+ * after a signal, 3 when the stats port cannot listen. redis_tls: redis.tls
+ * (the cluster nodes are Redis nodes), NULL for plain TCP. */
+struct tls_conf;
+int clustermap_run(uv_loop_t *loop, const config *cfg, struct tls_conf *redis_tls);
 
 #endif

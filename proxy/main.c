@@ -172,11 +172,12 @@ int main(int argc, char **argv)
         }
         uv_loop_t cloop;
         uv_loop_init(&cloop);
-        int ccode = clustermap_run(&cloop, &cfg);
+        int ccode = clustermap_run(&cloop, &cfg, roles.redis);
         if (uv_loop_close(&cloop) != 0) {
             log_warn("event loop closed with handles still open");
         }
         log_info("ferry stopped (exit code %d)", ccode);
+        tls_roles_free(&roles);
         config_free(&cfg);
         log_close();
         return ccode;
