@@ -31,6 +31,7 @@ typedef struct probe probe;
 struct cluster_source {
     uv_loop_t *loop;                                     /* the owner's loop */
     const config *cfg;                                   /* borrowed, outlives the source */
+    struct tls_conf *tls;                                /* redis.tls (borrowed), NULL: plain */
     cluster_ops ops;                                     /* the owner's callbacks */
     void *data;                                          /* the owner's pointer for them */
     slotmap map;                                         /* the trusted map */
@@ -182,7 +183,7 @@ static void on_map_reply(cluster_source *cs, probe *p, int kind, const redisRepl
         }
         return;
     }
-    rc = kind == K_SHARDS ? slotmap_from_shards(&cs->scratch, r, err, sizeof(err))
+    rc = kind == K_SHARDS ? slotmap_from_shards(&cs->scratch, r, cs->tls != NULL, err, sizeof(err))
                           : slotmap_from_slots(&cs->scratch, r, err, sizeof(err));
     if (rc == 0) {
         rc = slotmap_set_epochs(&cs->scratch, p->nodes, p->nnodes, err, sizeof(err));
@@ -279,7 +280,7 @@ static void state_cb(sconn *c, void *data, int up, const char *why)
 static void probe_connect(probe *p, const struct sockaddr *sa)
 {
     cluster_source *cs = p->cs;
-    p->c = sconn_open(cs->loop, sa, NULL, 0, reply_cb, state_cb, p);
+    p->c = sconn_open(cs->loop, sa, cs->tls, 0, reply_cb, state_cb, p);
     if (p->c == NULL) {
         cs->counts.unreachable++;
         probe_done(p);
@@ -379,7 +380,8 @@ static void round_start(cluster_source *cs, uint64_t now)
     cs->live--;
 }
 
-cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, const cluster_ops *ops, void *data)
+cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, struct tls_conf *tls,
+                            const cluster_ops *ops, void *data)
 {
     cluster_source *cs = calloc(1, sizeof(*cs));
     if (cs == NULL) {
@@ -387,6 +389,7 @@ cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, const cluster_op
     }
     cs->loop = loop;
     cs->cfg = cfg;
+    cs->tls = tls;
     if (ops != NULL) {
         cs->ops = *ops;
     }

@@ -35,9 +35,12 @@ typedef struct cluster_counts {
 } cluster_counts;
 
 /* Start following the cluster of cfg->cluster_nodes (credentials from
- * redis.username / redis.password); the first round starts at once.
- * Returns a new source, never NULL (unreachable nodes are retried). */
-cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, const cluster_ops *ops, void *data);
+ * redis.username / redis.password; over TLS with tls, redis.tls, unless
+ * NULL); the first round starts at once. Returns a new source, never NULL
+ * (unreachable nodes are retried). */
+struct tls_conf;
+cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, struct tls_conf *tls,
+                            const cluster_ops *ops, void *data);
 /* Periodic (the owner's tick): starts a due round, times out slow nodes. */
 void cluster_tick(cluster_source *cs, uint64_t now);
 /* Refresh now (a MOVED, CLUSTERDOWN, a failed link); why is logged. When

@@ -159,7 +159,7 @@ static int assign(slotmap *m, int k, long long lo, long long hi, char *err, size
 /* ==== CLUSTER SHARDS ==== */
 
 /* One node of a SHARDS reply: its fields into *nd, *is_master. */
-static int shards_node(const redisReply *r, slotmap_node *nd, int *is_master, char *err,
+static int shards_node(const redisReply *r, int tls, slotmap_node *nd, int *is_master, char *err,
                        size_t errlen)
 {
     const redisReply *v;
@@ -175,7 +175,14 @@ static int shards_node(const redisReply *r, slotmap_node *nd, int *is_master, ch
     }
     memcpy(nd->id, v->str, SLOTMAP_ID_LEN);
     nd->id[SLOTMAP_ID_LEN] = '\0';
-    if (get_int(kv_get(r, "port"), 0, 65535, &port) != 0) {
+    v = tls && kv_get(r, "tls-port") != NULL ? kv_get(r, "tls-port") : kv_get(r, "port");
+    if (get_int(v, 0, 65535, &port) != 0) {
+        if (!tls && kv_get(r, "tls-port") != NULL) {
+            return fail(err, errlen,
+                        "CLUSTER SHARDS: node %.12s has a TLS port only (a TLS cluster: "
+                        "give redis.tls)",
+                        nd->id);
+        }
         return fail(err, errlen, "CLUSTER SHARDS: node %.12s has no valid port", nd->id);
     }
     nd->port = (int)port;
@@ -209,7 +216,7 @@ static int shards_node(const redisReply *r, slotmap_node *nd, int *is_master, ch
     return 0;
 }
 
-int slotmap_from_shards(slotmap *m, const redisReply *r, char *err, size_t errlen)
+int slotmap_from_shards(slotmap *m, const redisReply *r, int tls, char *err, size_t errlen)
 {
     slotmap_init(m);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
@@ -238,7 +245,7 @@ int slotmap_from_shards(slotmap *m, const redisReply *r, char *err, size_t errle
         for (size_t j = 0; j < nodes->elements; j++) {
             slotmap_node nd;
             int is_master = 0;
-            if (shards_node(nodes->element[j], &nd, &is_master, err, errlen) != 0) {
+            if (shards_node(nodes->element[j], tls, &nd, &is_master, err, errlen) != 0) {
                 slotmap_init(m);
                 return -1;
             }

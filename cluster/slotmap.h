@@ -67,8 +67,11 @@ void slotmap_init(slotmap *m);
 /* Parse a CLUSTER SHARDS / CLUSTER SLOTS reply into m (initialised first).
  * Shards whose master is missing or failed, and slots of no shard, are left
  * out. Returns 0, or -1 with err filled (wrong types, a slot out of range, a
- * missing field, too many shards): m is then empty. Never keeps r. */
-int slotmap_from_shards(slotmap *m, const redisReply *r, char *err, size_t errlen);
+ * missing field, too many shards): m is then empty. Never keeps r. tls: the
+ * reply came over TLS, and the nodes are reached so: a SHARDS node's
+ * "tls-port" is taken (Redis lists it with tls-cluster yes, beside "port",
+ * the plain one, which a TLS-only node leaves out), else its "port". */
+int slotmap_from_shards(slotmap *m, const redisReply *r, int tls, char *err, size_t errlen);
 int slotmap_from_slots(slotmap *m, const redisReply *r, char *err, size_t errlen);
 
 /* Parse CLUSTER NODES text (len bytes) into at most max entries; *n gets

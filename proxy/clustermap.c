@@ -13,6 +13,7 @@
 
 #include "cluster.h"
 #include "log.h"
+#include "tls.h"
 #include "upstream.h"
 
 #define CLUSTERMAP_MAX_VIEWS (SLOTMAP_MAX_SHARDS * 2) /* master views kept */
@@ -215,7 +216,7 @@ clustermap *clustermap_new(ferry *f)
     static const cluster_ops ops = {.on_map = on_map};
     clustermap *cm = xcalloc(1, sizeof(*cm));
     cm->f = f;
-    cm->cs = cluster_new(f->loop, f->cfg, &ops, cm);
+    cm->cs = cluster_new(f->loop, f->cfg, f->tls != NULL ? f->tls->redis : NULL, &ops, cm);
     return cm;
 }
 

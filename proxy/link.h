@@ -27,6 +27,9 @@ typedef enum link_state {
     LINK_CLOSING         /* closed, waiting for libuv's close callback */
 } link_state;
 
+/* Batches (TLS records) a shared link on TLS keeps in flight (link.c: link_flush). */
+#define LINK_TLS_INFLIGHT 2
+
 typedef enum link_kind {
     LINK_SHARED = 0, /* pipelined for all sessions */
     LINK_DEDICATED,  /* lent to one session (owner), or idle in the pool */
@@ -81,12 +84,14 @@ typedef struct link {
     long long redis_id;         /* dedicated: its client id on Redis, from HELLO (for CLIENT
                                    UNBLOCK); 0 unknown */
     int proto;                  /* RESP version spoken on it: 2, or 3 after HELLO 3 */
-    size_t tls_unanswered;      /* shared link on TLS: requests of the last batch written
-                                   still unanswered; the next batch waits for them */
     struct ident *who;          /* who it is on Redis: ferry's own, or a client's ACL user */
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
     int guard_script;           /* the queue guards' SCRIPT LOAD was queued on it (guards.c) */
+    /* Shared link on TLS: requests still unanswered of each batch in
+     * flight, oldest first, and how many are in flight (link_flush). */
+    size_t tls_batch[LINK_TLS_INFLIGHT];
+    int tls_nbatch;
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or

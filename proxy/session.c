@@ -172,6 +172,8 @@ static int session_begin(session *s, int how)
             return 0;
         }
         list_add_tail(&f->handshaking, &s->tls_node);
+    } else {
+        s->fresh = 1;
     }
 
     if (workers_clients(f) > (uint64_t)f->cfg->max_clients) {
@@ -664,6 +666,14 @@ static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
     b->len = s->in.cap - s->in.len;
 }
 
+/* Whether a connection's first bytes p[0..n) open a TLS handshake: a
+ * handshake record (0x16) of TLS 1.0 to 1.3 (0x03 0x01..0x04; 0x03 0x00
+ * too, SSL 3.0). No RESP request starts with 0x16 (a control character). */
+static int is_tls_hello(const unsigned char *p, size_t n)
+{
+    return n >= 1 && p[0] == 0x16 && (n < 2 || p[1] == 0x03) && (n < 3 || p[2] <= 0x04);
+}
+
 static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
 {
     session *s = st->data;
@@ -688,6 +698,17 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
     if (s->out.tls != NULL) {
         session_tls_input(s, b->base, (size_t)nread);
         return;
+    }
+    if (s->fresh) {
+        s->fresh = 0;
+        if (is_tls_hello((const unsigned char *)b->base, (size_t)nread)) {
+            s->f->stats.clients_tls_on_plain_port++;
+            log_info("client %llu %s: TLS handshake on a plain port (TLS is served on "
+                     "listen_tls); closed",
+                     (unsigned long long)s->id, s->peer);
+            session_close(s, "TLS handshake on a plain port");
+            return;
+        }
     }
     if (b->base == s->f->rbuf) {
         buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};

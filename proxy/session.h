@@ -96,6 +96,8 @@ typedef struct session {
     struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c) */
     int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
     int reading;               /* uv_read_start active */
+    int fresh;                 /* accepted on a plain listener, nothing read yet: its first
+                                  bytes are checked for a TLS ClientHello */
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
     uint64_t opened_ms;        /* uv_now() when it connected (CLIENT LIST age=) */
     const command *last_cmd;   /* the last command parsed from it (CLIENT LIST cmd=) */

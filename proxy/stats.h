@@ -52,6 +52,8 @@ typedef enum stat_type {
     X(clients, clients_total, COUNTER, "ferry_clients_total", "client connections accepted")       \
     X(clients, clients_rejected, COUNTER, "ferry_clients_rejected_total",                          \
       "client connections refused at client.max_clients")                                          \
+    X(clients, clients_tls_on_plain_port, COUNTER, "ferry_clients_tls_on_plain_port_total",        \
+      "clients closed for starting a TLS handshake on a plain port (listen, not listen_tls)")      \
     X(clients, clients_output_limit_closed, COUNTER, "ferry_clients_output_limit_closed_total",    \
       "clients closed at client.output_limit or client.pubsub_output_limit")                       \
     X(clients, clients_request_timeout, COUNTER, "ferry_clients_request_timeout_total",            \

@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1) {
         return 0;
     }
-    int sel = data[0] % 3;
+    int sel = data[0] % 3, tls = data[0] & 8; /* tls: the SHARDS reply came over TLS */
     data++;
     size--;
     if (sel == 2) {
@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     check(rd != NULL);
     if (redisReaderFeed(rd, (const char *)data, framed) == REDIS_OK &&
         redisReaderGetReply(rd, &reply) == REDIS_OK && reply != NULL) {
-        int rc = sel == 0 ? slotmap_from_shards(&m, reply, err, sizeof(err))
+        int rc = sel == 0 ? slotmap_from_shards(&m, reply, tls, err, sizeof(err))
                           : slotmap_from_slots(&m, reply, err, sizeof(err));
         check(rc == 0 || rc == -1);
         check_map(&m);

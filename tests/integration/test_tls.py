@@ -505,12 +505,84 @@ class ListenerTls(unittest.TestCase):
         self.check_others_fine()
 
     def test_tls_to_plain_port(self):
-        # a TLS client on the plain port: refused as a protocol error, the
-        # rest undisturbed
+        # a TLS client on the plain port: closed at its ClientHello, with one
+        # log line and a count; nothing written back; the rest undisturbed
+        clients = stats_json(self.ferry.stats_port)['clients']
+        before = clients.get('clients_tls_on_plain_port', 0)
         with self.assertRaises(redis.exceptions.ConnectionError):
             redis.Redis(host='127.0.0.1', port=self.ferry.port, ssl=True,
                         ssl_ca_certs=PKI.path('ca.crt'), socket_timeout=5).ping()
+        # the ClientHello of Python's ssl module, sent on a bare socket
+        ctx = ssl.create_default_context(cafile=PKI.path('ca.crt'))
+        bio_in, bio_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = ctx.wrap_bio(bio_in, bio_out, server_hostname='localhost')
+        with self.assertRaises(ssl.SSLWantReadError):
+            tls.do_handshake()
+        hello = bio_out.read()
+        self.assertEqual(hello[:2], b'\x16\x03')
+        s = socket.create_connection(('127.0.0.1', self.ferry.port), timeout=5)
+        s.sendall(hello)
+        data = b''
+        try:
+            for _ in range(100):
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:
+            pass
+        s.close()
+        self.assertEqual(data, b'')  # closed: no RESP error sent into a TLS handshake
+        wait_until(lambda: stats_json(self.ferry.stats_port)['clients']
+                   ['clients_tls_on_plain_port'] == before + 2, 5,
+                   msg='clients_tls_on_plain_port counted twice')
+        self.assertIn('TLS handshake on a plain port', self.ferry.log())
         self.check_others_fine()
+
+
+class ClusterTls(unittest.TestCase):
+    """Cluster mode over TLS: a TLS-only cluster (port 0, tls-port,
+    tls-cluster yes) whose slot map ferry learns through redis.tls."""
+
+    def test_map_of_a_tls_only_cluster(self):
+        nodes = []
+        f = None
+        try:
+            for _ in range(3):
+                port = harness._free_cluster_port()
+                nodes.append(TlsRedis({'port': port, 'cluster-enabled': 'yes',
+                                       'tls-cluster': 'yes',
+                                       'cluster-config-file': 'nodes-%d.conf' % port}))
+            seeds = ['127.0.0.1:%d' % n.port for n in nodes]
+            p = subprocess.run([harness.REDIS_CLI, '--tls', '--cacert', PKI.path('ca.crt'),
+                                '--cert', PKI.path('client.crt'), '--key',
+                                PKI.path('client.key'), '--cluster', 'create'] + seeds +
+                               ['--cluster-yes'], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout.decode(errors='replace')[-2000:])
+
+            def ok():
+                return all('cluster_state:ok' in n.client().execute_command('CLUSTER', 'INFO')
+                           for n in nodes)
+            wait_until(ok, 30, msg='cluster_state:ok on every node')
+            f = Ferry(None, wait=None, conf={
+                'cluster': {'nodes': [seeds[0]], 'refresh_interval_ms': 200, 'timeout_ms': 1000},
+                'redis': {'tls': redis_tls_section()}})
+
+            def learned():
+                doc = stats_json(f.stats_port)['cluster']
+                owned = sum(hi - lo + 1 for sh in doc['shards'] for lo, hi in sh['slots'])
+                ports = sorted(sh['master']['port'] for sh in doc['shards'])
+                return owned == 16384 and ports == sorted(n.port for n in nodes)
+            try:
+                wait_until(learned, 15, msg='the TLS cluster map learned')
+            except AssertionError as e:
+                raise AssertionError('%s\n%s' % (e, f.log()[-3000:])) from None
+        finally:
+            if f is not None:
+                f.stop()
+            for n in nodes:
+                n.stop()
 
 
 class TwoTlsListeners(unittest.TestCase):

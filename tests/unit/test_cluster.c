@@ -174,7 +174,7 @@ static void test_shards_parse(void **state)
     slotmap *m = malloc(sizeof(*m));
     char err[200] = "";
     redisReply *r = three_shards();
-    assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), 0);
     assert_int_equal(m->nshards, 3);
     assert_int_equal(slotmap_covered(m), CLUSTER_SLOTS);
     const slotmap_shard *s = slotmap_shard_of(m, 5461);
@@ -190,6 +190,62 @@ static void test_shards_parse(void **state)
     assert_null(slotmap_shard_of(m, 16384));
     assert_null(slotmap_shard_of(m, -1));
     freeReplyObject(r);
+    free(m);
+}
+
+/* One shard of slots 0-16383 whose master (ids[0]) lists port (if > 0)
+ * and tls-port (if > 0), as Redis does with tls-cluster yes. */
+static redisReply *tls_shard(int port, int tls_port)
+{
+    rb b = {.n = 0};
+    rb_put(&b, "*1\r\n*4\r\n");
+    rb_bulk(&b, "slots");
+    rb_put(&b, "*2\r\n:0\r\n:16383\r\n");
+    rb_bulk(&b, "nodes");
+    rb_put(&b, "*1\r\n*%d\r\n", 8 + (port > 0 ? 2 : 0) + (tls_port > 0 ? 2 : 0));
+    rb_bulk(&b, "id");
+    rb_bulk(&b, ids[0]);
+    if (port > 0) {
+        rb_bulk(&b, "port");
+        rb_put(&b, ":%d\r\n", port);
+    }
+    if (tls_port > 0) {
+        rb_bulk(&b, "tls-port");
+        rb_put(&b, ":%d\r\n", tls_port);
+    }
+    rb_bulk(&b, "ip");
+    rb_bulk(&b, "127.0.0.1");
+    rb_bulk(&b, "endpoint");
+    rb_bulk(&b, "127.0.0.1");
+    rb_bulk(&b, "role");
+    rb_bulk(&b, "master");
+    return parse(b.s, b.n);
+}
+
+/* Over TLS a node's tls-port is the one to reach it on; a TLS-only node
+ * (port 0) lists no "port"; plain TCP takes "port", and a node with a TLS
+ * port only is refused with a word on redis.tls. */
+static void test_shards_tls_ports(void **state)
+{
+    (void)state;
+    slotmap *m = malloc(sizeof(*m));
+    char err[200] = "";
+    redisReply *both = tls_shard(7000, 8000), *tls_only = tls_shard(0, 8000);
+    redisReply *plain = tls_shard(7000, 0);
+    assert_int_equal(slotmap_from_shards(m, both, 1, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_shard_of(m, 0)->master.port, 8000);
+    assert_int_equal(slotmap_from_shards(m, both, 0, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_shard_of(m, 0)->master.port, 7000);
+    assert_int_equal(slotmap_from_shards(m, tls_only, 1, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_shard_of(m, 16383)->master.port, 8000);
+    assert_int_equal(slotmap_from_shards(m, plain, 1, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_shard_of(m, 0)->master.port, 7000);
+    assert_int_equal(slotmap_from_shards(m, tls_only, 0, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "redis.tls"));
+    assert_int_equal(m->nshards, 0);
+    freeReplyObject(both);
+    freeReplyObject(tls_only);
+    freeReplyObject(plain);
     free(m);
 }
 
@@ -225,7 +281,7 @@ static void test_shards_failed_master_and_unknown_endpoint(void **state)
     rb_bulk(&b, "role");
     rb_bulk(&b, "master");
     redisReply *r = parse(b.s, b.n);
-    assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), 0);
     assert_int_equal(m->nshards, 1);
     assert_null(slotmap_shard_of(m, 0));
     assert_string_equal(slotmap_shard_of(m, 150)->master.host, "10.0.0.1");
@@ -254,7 +310,7 @@ static void test_shards_health_words(void **state)
         shards_node(&b, 0, 7000, "master", words[i]);
         shards_node(&b, 3, 7003, "replica", "online");
         redisReply *r = parse(b.s, b.n);
-        assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), 0);
+        assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), 0);
         assert_int_equal(m->nshards, 0);
         assert_int_equal(slotmap_covered(m), 0);
         freeReplyObject(r);
@@ -289,7 +345,7 @@ static void test_shards_nonsense(void **state)
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char err[200] = "";
         redisReply *r = parse_str(cases[i]);
-        if (slotmap_from_shards(m, r, err, sizeof(err)) != -1) {
+        if (slotmap_from_shards(m, r, 0, err, sizeof(err)) != -1) {
             fail_msg("case %zu accepted", i);
         }
         if (err[0] == '\0') {
@@ -301,7 +357,7 @@ static void test_shards_nonsense(void **state)
     }
     /* NULL reply */
     char err[200] = "";
-    assert_int_equal(slotmap_from_shards(m, NULL, err, sizeof(err)), -1);
+    assert_int_equal(slotmap_from_shards(m, NULL, 0, err, sizeof(err)), -1);
     free(m);
 }
 
@@ -331,7 +387,7 @@ static void test_shards_bad_nodes(void **state)
             nf++;
         }
         redisReply *r = parse(b.s, b.n);
-        if (slotmap_from_shards(m, r, err, sizeof(err)) != -1 || err[0] == '\0') {
+        if (slotmap_from_shards(m, r, 0, err, sizeof(err)) != -1 || err[0] == '\0') {
             fail_msg("variant %zu (%s) accepted", v, variants[v][0]);
         }
         assert_int_equal(slotmap_covered(m), 0);
@@ -359,7 +415,7 @@ static void test_shards_master_twice(void **state)
         shards_node(&b, 3 + i, 7003 + i, "replica", "online");
     }
     redisReply *r = parse(b.s, b.n);
-    assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), -1);
+    assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "heads two shards"));
     assert_int_equal(slotmap_covered(m), 0);
     freeReplyObject(r);
@@ -394,7 +450,7 @@ static void test_shards_conflicts(void **state)
             shards_node(&b, 1, 7001, "master", "online");
         }
         redisReply *r = parse(b.s, b.n);
-        assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), -1);
+        assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), -1);
         assert_true(strstr(err, variant == 0 ? "two masters" : "two live masters") != NULL);
         assert_int_equal(slotmap_covered(m), 0);
         freeReplyObject(r);
@@ -533,7 +589,7 @@ static slotmap *learned(uint64_t e0, uint64_t e1, uint64_t e2, int failed)
     slotmap_nodeinfo ni[16];
     int n = 0;
     redisReply *r = three_shards();
-    assert_int_equal(slotmap_from_shards(m, r, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), 0);
     freeReplyObject(r);
     nodes_text(text, sizeof(text), 0, e0, e1, e2, failed);
     assert_int_equal(slotmap_nodes_parse(text, strlen(text), ni, 16, &n, err, sizeof(err)), 0);
@@ -714,7 +770,7 @@ static void test_random_replies(void **state)
             depth--;
         }
         redisReply *r = parse(b.s, b.n);
-        int rc1 = slotmap_from_shards(m, r, err, sizeof(err));
+        int rc1 = slotmap_from_shards(m, r, 0, err, sizeof(err));
         assert_true(rc1 == 0 || rc1 == -1);
         int rc2 = slotmap_from_slots(m, r, err, sizeof(err));
         assert_true(rc2 == 0 || rc2 == -1);
@@ -771,7 +827,7 @@ static void test_real_replies_agree(void **state)
     int n = 0;
     char err[200] = "";
     redisReply *r = parse(shards, (size_t)ns);
-    assert_int_equal(slotmap_from_shards(a, r, err, sizeof(err)), 0);
+    assert_int_equal(slotmap_from_shards(a, r, 0, err, sizeof(err)), 0);
     freeReplyObject(r);
     r = parse(slots, (size_t)nl);
     assert_int_equal(slotmap_from_slots(b, r, err, sizeof(err)), 0);
@@ -916,7 +972,7 @@ static void fake_poll(uv_timer_t *t)
 static void fake_run(uv_loop_t *loop, fake *fk, config *cfg)
 {
     static const cluster_ops ops = {.on_map = fake_on_map};
-    fk->cs = cluster_new(loop, cfg, &ops, fk);
+    fk->cs = cluster_new(loop, cfg, NULL, &ops, fk);
     uv_timer_init(loop, &fk->timer);
     fk->timer.data = fk;
     uv_timer_start(&fk->timer, fake_poll, 5, 5);
@@ -1091,6 +1147,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16_and_keyslot_vectors),
         cmocka_unit_test(test_shards_parse),
+        cmocka_unit_test(test_shards_tls_ports),
         cmocka_unit_test(test_shards_failed_master_and_unknown_endpoint),
         cmocka_unit_test(test_shards_health_words),
         cmocka_unit_test(test_shards_nonsense),
