@@ -78,17 +78,32 @@ static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], A
 
 /* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
  * failures, paused; ARGV: owner, lock ttl ms, batch, max_attempts,
- * lease_ms, after_failures (0: no back-off), pause_ms.
+ * lease_ms, after_failures (0: no back-off), pause_ms, and for a client
+ * that hung up: its consumer name and the items it took (ARGV[9...]).
  * Returns {back, dead, orphans, open, consumers paused...}, or {-1} when
- * another ferry expires. */
+ * another ferry expires. A round (ARGV[8] empty) takes the lock and expires
+ * what is past its deadline; for a client that hung up, exactly its items
+ * whose lease is still there and still its own are expired now (no lock:
+ * the lease itself makes it once). */
 static const char expire_lua[] =
-    "local owner = redis.call('GET', KEYS[6])\n"
-    "if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
-    "redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])\n"
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
     "local batch = tonumber(ARGV[3])\n"
-    "local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
+    "local gone = ARGV[8] ~= nil and ARGV[8] ~= ''\n"
+    "local due = {}\n"
+    "if gone then\n"
+    "  for i = 9, #ARGV do\n"
+    "    if redis.call('ZSCORE', KEYS[2], ARGV[i]) and\n"
+    "        redis.call('HGET', KEYS[7], ARGV[i]) == ARGV[8] then\n"
+    "      due[#due + 1] = ARGV[i]\n"
+    "    end\n"
+    "  end\n"
+    "else\n"
+    "  local owner = redis.call('GET', KEYS[6])\n"
+    "  if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
+    "  redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])\n"
+    "  due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
+    "end\n"
     "local back, dead, orphans, paused = 0, 0, 0, {}\n"
     "for _, item in ipairs(due) do\n"
     "  redis.call('ZREM', KEYS[2], item)\n"
@@ -118,13 +133,15 @@ static const char expire_lua[] =
     "    redis.call('HDEL', KEYS[3], item)\n"
     "  end\n"
     "end\n"
-    "for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do\n"
-    "  if not redis.call('ZSCORE', KEYS[2], item) then\n"
-    "    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)\n"
-    "    if redis.call('HEXISTS', KEYS[3], item) == 0 then\n"
-    "      redis.call('HSET', KEYS[3], item, '1:R')\n"
+    "if not gone then\n"
+    "  for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do\n"
+    "    if not redis.call('ZSCORE', KEYS[2], item) then\n"
+    "      redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)\n"
+    "      if redis.call('HEXISTS', KEYS[3], item) == 0 then\n"
+    "        redis.call('HSET', KEYS[3], item, '1:R')\n"
+    "      end\n"
+    "      orphans = orphans + 1\n"
     "    end\n"
-    "    orphans = orphans + 1\n"
     "  end\n"
     "end\n"
     "redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)\n"
@@ -160,6 +177,27 @@ struct leases {
     int in_flight;     /* replies the round awaits */
     int logged_other;  /* another ferry holds the lock (logged once) */
 };
+
+/* One lease a client took (lease_expire_on_disconnect): its processing
+ * list, item and consumer name, one after the other in bytes. */
+typedef struct held_lease {
+    int e;       /* the queues entry */
+    size_t plen; /* processing list */
+    size_t ilen; /* item */
+    size_t wlen; /* consumer name */
+    char *bytes;
+} held_lease;
+
+/* The leases a session took and has not acked (s->leases_held), in memory only:
+ * a ferry killed loses them, and their deadline applies. */
+struct lease_held {
+    held_lease *v;
+    size_t n, cap;
+    size_t bytes; /* of the items and names kept */
+};
+
+#define MAX_HELD 4096          /* leases remembered per client; more: the deadline only */
+#define MAX_HELD_BYTES 1048576 /* their bytes per client */
 
 /* ------------------------------------------------------------ key names */
 
@@ -279,6 +317,64 @@ static int is_move(const command *cmd)
 
 /* ------------------------------------------------------------ recording */
 
+/* s took item from entry e's processing list p, as consumer who. */
+static void held_add(session *s, int e, const char *p, size_t plen, const char *item, size_t ilen,
+                     const char *who)
+{
+    struct lease_held *h = s->leases_held;
+    size_t wlen = strlen(who);
+    if (h == NULL) {
+        h = s->leases_held = xcalloc(1, sizeof(*h));
+    }
+    if (h->n == MAX_HELD || h->bytes + plen + ilen + wlen > MAX_HELD_BYTES) {
+        return; /* its deadline expires it */
+    }
+    if (h->n == h->cap) {
+        h->cap = h->cap == 0 ? 16 : h->cap * 2;
+        h->v = xrealloc(h->v, h->cap * sizeof(*h->v));
+    }
+    held_lease *hl = &h->v[h->n++];
+    hl->e = e;
+    hl->plen = plen;
+    hl->ilen = ilen;
+    hl->wlen = wlen;
+    hl->bytes = xmalloc(plen + ilen + wlen + 1);
+    memcpy(hl->bytes, p, plen);
+    memcpy(hl->bytes + plen, item, ilen);
+    memcpy(hl->bytes + plen + ilen, who, wlen + 1);
+    h->bytes += plen + ilen + wlen;
+}
+
+/* s acked item in processing list p: it no longer holds it. */
+static void held_drop(session *s, const char *p, size_t plen, const char *item, size_t ilen)
+{
+    struct lease_held *h = s->leases_held;
+    for (size_t i = 0; h != NULL && i < h->n;) {
+        held_lease *hl = &h->v[i];
+        if (hl->plen == plen && hl->ilen == ilen && memcmp(hl->bytes, p, plen) == 0 &&
+            memcmp(hl->bytes + plen, item, ilen) == 0) {
+            h->bytes -= hl->plen + hl->ilen + hl->wlen;
+            free(hl->bytes);
+            h->v[i] = h->v[--h->n];
+        } else {
+            i++;
+        }
+    }
+}
+
+static void held_free(session *s)
+{
+    struct lease_held *h = s->leases_held;
+    for (size_t i = 0; h != NULL && i < h->n; i++) {
+        free(h->v[i].bytes);
+    }
+    if (h != NULL) {
+        free(h->v);
+        free(h);
+    }
+    s->leases_held = NULL;
+}
+
 void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
 {
     const config *cfg = s->f->cfg;
@@ -351,6 +447,9 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
+    if (cfg->queues[e].expire_on_disconnect) {
+        held_add(s, e, av[2], al[2], item, ilen, who);
+    }
 }
 
 /* ------------------------------------------------------------------ ack */
@@ -395,6 +494,7 @@ int lease_send(session *s, request *r, link *l)
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
+    held_drop(s, av[1], al[1], av[3], al[3]);
     return 1;
 }
 
@@ -407,14 +507,10 @@ static void round_reply(struct leases *ls)
     }
 }
 
-static void expire_done(link *l, request *r, const char *reply, size_t len)
+/* What an expiry call (a round's, or a client's that hung up) did for entry e. */
+static void expire_result(link *l, int e, const char *reply, size_t len)
 {
     struct leases *ls = l->f->leases;
-    int e = (int)r->arg;
-    if (ls == NULL) {
-        return;
-    }
-    round_reply(ls);
     if (reply == NULL || e < 0 || e >= l->f->cfg->nqueues) {
         return;
     }
@@ -460,6 +556,80 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
 }
 
+static void expire_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    if (ls == NULL) {
+        return;
+    }
+    round_reply(ls);
+    expire_result(l, (int)r->arg, reply, len);
+}
+
+/* The expiry of a client's leases when it hung up. */
+static void gone_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (l->f->leases != NULL) {
+        expire_result(l, (int)r->arg, reply, len);
+    }
+}
+
+/* Queue the expiry script for entry e's processing list p (queue q, dead
+ * letter dead) on l: a round when who is NULL, else the n items of it[]
+ * (lengths il[]) consumer who took, when it hung up. */
+static void expire_call(link *l, int e, const char *p, size_t plen, const char *q, size_t qlen,
+                        const char *dead, const char *who, const char *const *it,
+                        const size_t *il, size_t n, req_done_cb done)
+{
+    struct leases *ls = l->f->leases;
+    const config_queue *cq = &l->f->cfg->queues[e];
+    char ttl[24], batch[24], maxa[24], lease[24], after[24], pause[24];
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(ls->interval * 4 + 1000));
+    snprintf(batch, sizeof(batch), "%d", BATCH);
+    snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cq->max_attempts);
+    snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cq->lease_ms);
+    snprintf(after, sizeof(after), "%llu", (unsigned long long)cq->backoff_after);
+    snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cq->backoff_pause_ms);
+    buf leases, attempts, cons, b;
+    buf_init(&leases);
+    buf_init(&attempts);
+    buf_init(&cons);
+    buf_init(&b);
+    companions(p, plen, &leases, &attempts);
+    consumers_key(p, plen, &cons);
+    buf_append_count(&b, '*', 19 + (who != NULL ? 1 + n : 0));
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
+    buf_append_bulk(&b, "9", 1);
+    buf_append_bulk(&b, p, plen);
+    buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
+    buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+    buf_append_bulk(&b, q, qlen);
+    buf_append_bulk(&b, dead, strlen(dead));
+    buf_append_bulk(&b, LOCK, strlen(LOCK));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+    buf_append_bulk(&b, PAUSED, strlen(PAUSED));
+    buf_append_bulk(&b, ls->owner, strlen(ls->owner));
+    buf_append_bulk(&b, ttl, strlen(ttl));
+    buf_append_bulk(&b, batch, strlen(batch));
+    buf_append_bulk(&b, maxa, strlen(maxa));
+    buf_append_bulk(&b, lease, strlen(lease));
+    buf_append_bulk(&b, after, strlen(after));
+    buf_append_bulk(&b, pause, strlen(pause));
+    if (who != NULL) {
+        buf_append_bulk(&b, who, strlen(who));
+        for (size_t i = 0; i < n; i++) {
+            buf_append_bulk(&b, it[i], il[i]);
+        }
+    }
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), done, e);
+    buf_free(&b);
+    buf_free(&cons);
+    buf_free(&leases);
+    buf_free(&attempts);
+}
+
 static void registry_done(link *l, request *r, const char *reply, size_t len)
 {
     struct leases *ls = l->f->leases;
@@ -476,9 +646,6 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
     if (rr == NULL) {
         return;
     }
-    char ttl[24], batch[24], maxa[24], lease[24];
-    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(ls->interval * 4 + 1000));
-    snprintf(batch, sizeof(batch), "%d", BATCH);
     for (size_t i = 0; rr->type == REDIS_REPLY_ARRAY && i < rr->elements; i++) {
         const redisReply *p = rr->element[i];
         const char *q;
@@ -491,46 +658,85 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
         if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
             continue;
         }
-        snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cfg->queues[e].max_attempts);
-        snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
-        char after[24], pause[24];
-        snprintf(after, sizeof(after), "%llu", (unsigned long long)cfg->queues[e].backoff_after);
-        snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cfg->queues[e].backoff_pause_ms);
-        buf leases, attempts, cons, b;
-        buf_init(&leases);
-        buf_init(&attempts);
-        buf_init(&cons);
-        buf_init(&b);
-        companions(p->str, p->len, &leases, &attempts);
-        consumers_key(p->str, p->len, &cons);
-        buf_append_count(&b, '*', 19);
-        buf_append_bulk(&b, "EVAL", 4);
-        buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
-        buf_append_bulk(&b, "9", 1);
-        buf_append_bulk(&b, p->str, p->len);
-        buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
-        buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
-        buf_append_bulk(&b, q, qlen);
-        buf_append_bulk(&b, dead, strlen(dead));
-        buf_append_bulk(&b, LOCK, strlen(LOCK));
-        buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
-        buf_append_bulk(&b, FAILURES, strlen(FAILURES));
-        buf_append_bulk(&b, PAUSED, strlen(PAUSED));
-        buf_append_bulk(&b, ls->owner, strlen(ls->owner));
-        buf_append_bulk(&b, ttl, strlen(ttl));
-        buf_append_bulk(&b, batch, strlen(batch));
-        buf_append_bulk(&b, maxa, strlen(maxa));
-        buf_append_bulk(&b, lease, strlen(lease));
-        buf_append_bulk(&b, after, strlen(after));
-        buf_append_bulk(&b, pause, strlen(pause));
-        buf_free(&cons);
         ls->in_flight++;
-        link_internal_bytes(l, buf_head(&b), buf_used(&b), expire_done, e);
-        buf_free(&b);
-        buf_free(&leases);
-        buf_free(&attempts);
+        expire_call(l, e, p->str, p->len, q, qlen, dead, NULL, NULL, NULL, 0, expire_done);
     }
     freeReplyObject(rr);
+}
+
+void lease_client_gone(session *s)
+{
+    ferry *f = s->f;
+    struct lease_held *h = s->leases_held;
+    const config *cfg = f->cfg;
+    if (h == NULL) {
+        return;
+    }
+    link *l = NULL;
+    if (f->leases != NULL && !f->stopping && f->up != NULL && f->up->state == UP_UP) {
+        l = upstream_shared(f->up, s->ident, s->id, s->proto);
+    }
+    if (l == NULL || l->state != LINK_READY) {
+        if (h->n > 0) {
+            log_info("leases: client %llu %s left holding %zu lease(s); no master to expire them "
+                     "now: their deadline does",
+                     (unsigned long long)s->id, s->peer, h->n);
+        }
+        held_free(s);
+        return;
+    }
+    const char *it[BATCH];
+    size_t il[BATCH];
+    /* One call per processing list and consumer, of at most BATCH items. */
+    while (h->n > 0) {
+        const held_lease *first = &h->v[h->n - 1];
+        const char *q;
+        size_t qlen, n = 0;
+        char dead[1024];
+        int e = entry_of_processing(cfg, first->bytes, first->plen, &q, &qlen);
+        if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
+            h->n--;
+            free(h->v[h->n].bytes);
+            continue;
+        }
+        for (size_t i = h->n; i-- > 0 && n < BATCH;) {
+            const held_lease *hl = &h->v[i];
+            if (hl->plen == first->plen && hl->wlen == first->wlen &&
+                memcmp(hl->bytes, first->bytes, hl->plen) == 0 &&
+                memcmp(hl->bytes + hl->plen + hl->ilen, first->bytes + first->plen + first->ilen,
+                       hl->wlen) == 0) {
+                it[n] = hl->bytes + hl->plen;
+                il[n] = hl->ilen;
+                n++;
+            }
+        }
+        log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
+                  (unsigned long long)s->id, s->peer, n, (int)(first->plen > 200 ? 200 : first->plen),
+                  first->bytes);
+        expire_call(l, e, first->bytes, first->plen, q, qlen, dead,
+                    first->bytes + first->plen + first->ilen, it, il, n, gone_done);
+        /* Those n go: the same matches, dropped from the end. */
+        char *pkey = xmalloc(first->plen + first->wlen + 1);
+        size_t plen = first->plen, wlen = first->wlen;
+        memcpy(pkey, first->bytes, plen);
+        memcpy(pkey + plen, first->bytes + first->plen + first->ilen, wlen);
+        for (size_t i = h->n, dropped = 0; i-- > 0 && dropped < n;) {
+            held_lease *hl = &h->v[i];
+            if (hl->plen == plen && hl->wlen == wlen && memcmp(hl->bytes, pkey, plen) == 0 &&
+                memcmp(hl->bytes + hl->plen + hl->ilen, pkey + plen, wlen) == 0) {
+                free(hl->bytes);
+                h->v[i] = h->v[--h->n];
+                dropped++;
+            }
+        }
+        free(pkey);
+    }
+    held_free(s);
+}
+
+void lease_client_handed(session *s)
+{
+    held_free(s);
 }
 
 static void paused_done(link *l, request *r, const char *reply, size_t len)

@@ -31,6 +31,14 @@ void lease_on_reply(session *s, request *r, struct link *l, const char *p, size_
  * the ack script. Returns 1 when it was (link_send must not be called). */
 int lease_send(session *s, request *r, struct link *l);
 
+/* s's client hung up (or ferry closed it, not stopping): the leases it
+ * took and did not ack (queues entries with lease_expire_on_disconnect)
+ * are expired now, those still its own. Called once, as s closes. */
+void lease_client_gone(session *s);
+/* s goes to another ferry process (takeover): its client has not left;
+ * what s took is forgotten here (the deadline still applies). */
+void lease_client_handed(session *s);
+
 /* A pop of s (a move, LPOP, RPOP, BLPOP, BRPOP) from a queue with
  * consumer_backoff while s's consumer is paused: 1 and *until (uv_now()
  * when the pause ends). */

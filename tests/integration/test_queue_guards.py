@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -34,6 +35,7 @@ import urllib.request
 
 import redis
 
+import harness
 from harness import FERRY_BIN, Ferry, RedisServer, SentinelTopology, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
@@ -57,7 +59,7 @@ def queues_yaml(entries):
     for e in entries:
         lines.append('  - keys: %s' % json.dumps(e['keys']))
         for k in ('max_length', 'on_full', 'processing', 'lease_ms', 'max_attempts',
-                  'dead_letter', 'consumer_backoff'):
+                  'dead_letter', 'consumer_backoff', 'lease_expire_on_disconnect'):
             if k in e:
                 lines.append('    %s: %s' % (k, e[k]))
     return '\n'.join(lines) + '\n'
@@ -81,9 +83,11 @@ class Checks:
         return self.master().client().hget('ferry:attempts:{%s}' % proc, item)
 
     def test_lease_worker_killed(self):
+        """lease_expire_on_disconnect: false: a killed worker's leases expire
+        at their deadline, not before."""
         p = key_prefix(self)
         q, proc = p + ':q', p + ':q:processing'
-        f = self.start([self.lease_entry(p)])
+        f = self.start([self.lease_entry(p, lease_expire_on_disconnect='false')])
         c = f.client()
         items = ['t%02d' % i for i in range(50)]
         c.lpush(q, *items)
@@ -111,6 +115,78 @@ class Checks:
         st = stats(f.stats_port)['queues']['queues'][0]
         self.assertEqual(st['lease_expired'], 50, st)
         self.assertEqual(st['dead_lettered'], 0, st)
+
+    def take_and_close(self, f, q, proc, n, ack=()):
+        """A client takes n items with BRPOPLPUSH, acks those in ack (by
+        position), closes its socket; returns (taken, the time it closed)."""
+        c = f.client(socket_timeout=10)
+        taken = [c.brpoplpush(q, proc, 2) for _ in range(n)]
+        for i in ack:
+            self.assertEqual(c.lrem(proc, 1, taken[i]), 1)
+        m = self.master().client()
+        wait_until(lambda: m.zcard('ferry:leases:{%s}' % proc) == n - len(ack), timeout=5,
+                   msg='every unacked item leased')
+        c.close()
+        return taken, time.monotonic()
+
+    def test_lease_expired_on_disconnect(self):
+        """A client that takes 20 items and closes its socket without acking:
+        all 20 back in the queue at once (attempt 2), long before lease_ms."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        items = ['d%02d' % i for i in range(20)]
+        m.rpush(q, *items)
+        taken, t_closed = self.take_and_close(f, q, proc, 20)
+        self.assertEqual(sorted(taken), sorted(items))
+        wait_until(lambda: m.llen(q) == 20 and m.llen(proc) == 0, timeout=5,
+                   msg='the 20 items back in the queue')
+        self.assertLess(time.monotonic() - t_closed, 5)
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
+        for it in items:
+            self.assertEqual(self.attempts(proc, it), '2:R')
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
+        self.assertEqual(m.hlen('ferry:consumer:{%s}' % proc), 0)
+        wait_until(lambda: stats(f.stats_port)['queues']['queues'][0]['lease_expired'] == 20,
+                   timeout=5, msg='20 counted as expired')
+        # Once: a deadline round later on finds nothing of them.
+        time.sleep(0.3)
+        self.assertEqual(m.llen(q), 20)
+
+    def test_lease_disconnect_some_acked(self):
+        """A client that acked 4 of 10 before closing: only the 6 unacked
+        come back, each once."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        items = ['s%02d' % i for i in range(10)]
+        m.rpush(q, *items)
+        taken, _ = self.take_and_close(f, q, proc, 10, ack=(0, 3, 5, 9))
+        acked = {taken[i] for i in (0, 3, 5, 9)}
+        wait_until(lambda: m.llen(q) == 6 and m.llen(proc) == 0, timeout=5,
+                   msg='the 6 unacked items back in the queue')
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(set(items) - acked))
+        for it in acked:
+            self.assertIsNone(self.attempts(proc, it))
+
+    def test_lease_disconnect_option_off(self):
+        """lease_expire_on_disconnect: false: the items of a client that
+        closed come back at lease_ms only."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=2500, lease_expire_on_disconnect='false')])
+        m = self.master().client()
+        items = ['o%02d' % i for i in range(20)]
+        m.rpush(q, *items)
+        _, t_closed = self.take_and_close(f, q, proc, 20)
+        time.sleep(1.0)  # what the option on would have brought back by now
+        self.assertEqual(m.llen(proc), 20)
+        self.assertEqual(m.llen(q), 0)
+        wait_until(lambda: m.llen(q) == 20 and m.llen(proc) == 0, timeout=10,
+                   msg='the 20 items back at their deadline')
+        self.assertGreaterEqual(time.monotonic() - t_closed, 1.5)
 
     def test_lease_dead_letter_once(self):
         p = key_prefix(self)
@@ -481,7 +557,7 @@ class TwoFerriesLeaseTest(unittest.TestCase):
         r = RedisServer()
         self.addCleanup(r.kill)
         entry = queues_yaml([{'keys': 'two:*', 'processing': '"{key}:processing"',
-                              'lease_ms': 500}])
+                              'lease_ms': 500, 'lease_expire_on_disconnect': 'false'}])
         fa = Ferry(r, extra_yaml=entry)
         self.addCleanup(fa.stop)
         fb = Ferry(r, extra_yaml=entry)
@@ -507,6 +583,49 @@ class TwoFerriesLeaseTest(unittest.TestCase):
         self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
         expired = [stats(f.stats_port)['queues']['queues'][0]['lease_expired'] for f in (fa, fb)]
         self.assertEqual(sum(expired), 50, expired)
+
+
+class LeaseTakeoverTest(unittest.TestCase):
+    """A takeover hands a client holding 20 leases to the new process: it
+    has not disconnected, so nothing is expired; its ack on the same socket
+    after the takeover is an ack."""
+
+    def test_takeover_expires_nothing(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-lease-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'takeover': {'socket': sock_path}},
+                  extra_yaml=queues_yaml([{'keys': 'tko:*', 'processing': '"{key}:processing"',
+                                           'lease_ms': 30000}]))
+        self.addCleanup(f.stop)
+        q, proc = 'tko:q', 'tko:q:processing'
+        items = ['k%02d' % i for i in range(20)]
+        m = r.client()
+        m.rpush(q, *items)
+        c = f.client(socket_timeout=10)
+        taken = [c.brpoplpush(q, proc, 2) for _ in range(20)]
+        wait_until(lambda: m.zcard('ferry:leases:{%s}' % proc) == 20, timeout=5,
+                   msg='20 leases')
+        old = f.proc
+        new = harness._spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
+                             f.out_path)
+        try:
+            old_rc = old.wait(20)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        f.proc, f.pid = new, new.pid
+        self.assertEqual(old_rc, 0, '\n'.join(ln for ln in f.log().splitlines()
+                                             if 'takeover' in ln or 'ERROR' in ln)[-3000:])
+        self.assertIn('closed: handed over to the new process', f.log())
+        # What a disconnect would have brought back within a second or so.
+        time.sleep(1.5)
+        self.assertEqual(m.llen(q), 0)
+        self.assertEqual(m.llen(proc), 20)
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 20)
+        self.assertEqual(c.lrem(proc, 1, taken[0]), 1)  # the same socket, served by the new one
+        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 19)
 
 
 class QueueGuardsFailoverTest(unittest.TestCase):
