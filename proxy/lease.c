@@ -41,15 +41,13 @@
 
 #define BATCH 100 /* leases expired per processing list and round */
 #define REGISTRY "ferry:leases:registry"
-#define LOCK "ferry:leases:lock"
-#define FAILURES "ferry:consumers:failures"
 #define PAUSED "ferry:consumers:paused"
 #define MAX_PAUSED 64 /* paused consumers a loop keeps */
 #define PAUSE_POLL_MS 200
 #define MAX_ARGS 8
 
-/* KEYS: processing, leases, attempts, registry, consumers; ARGV: item,
- * lease_ms, side, consumer */
+/* KEYS: processing, leases, attempts, consumers; ARGV: item, lease_ms,
+ * side, consumer */
 static const char lease_lua[] =
     "if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end\n"
     "local t = redis.call('TIME')\n"
@@ -58,8 +56,7 @@ static const char lease_lua[] =
     "if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then\n"
     "  redis.call('HSET', KEYS[3], ARGV[1], '1:' .. ARGV[3])\n"
     "end\n"
-    "redis.call('SADD', KEYS[4], KEYS[1])\n"
-    "redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])\n"
+    "redis.call('HSET', KEYS[4], ARGV[1], ARGV[4])\n"
     "return 1\n";
 
 /* KEYS: processing, leases, attempts, consumers, failures; ARGV: count,
@@ -77,10 +74,11 @@ static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], A
                               "return n\n";
 
 /* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
- * failures, paused; ARGV: owner, lock ttl ms, batch, max_attempts,
+ * failures; ARGV: owner, lock ttl ms, batch, max_attempts,
  * lease_ms, after_failures (0: no back-off), pause_ms, and for a client
  * that hung up: its consumer name and the items it took (ARGV[9...]).
- * Returns {back, dead, orphans, open, consumers paused...}, or {-1} when
+ * Returns {back, dead, orphans, open, then for each consumer to pause: its
+ * name and when its pause ends (ms, Redis' TIME)}, or {-1} when
  * another ferry expires. A round (ARGV[8] empty) takes the lock and expires
  * what is past its deadline; for a client that hung up, exactly its items
  * whose lease is still there and still its own are expired now (no lock:
@@ -113,8 +111,8 @@ static const char expire_lua[] =
     "    if c and tonumber(ARGV[6]) > 0 and\n"
     "        redis.call('HINCRBY', KEYS[8], c, 1) >= tonumber(ARGV[6]) then\n"
     "      redis.call('HDEL', KEYS[8], c)\n"
-    "      redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), c)\n"
     "      paused[#paused + 1] = c\n"
+    "      paused[#paused + 1] = tostring(now + tonumber(ARGV[7]))\n"
     "    end\n"
     "    local v = redis.call('HGET', KEYS[3], item) or '1:R'\n"
     "    local a, side = string.match(v, '^(%d+):(%a)$')\n"
@@ -144,15 +142,16 @@ static const char expire_lua[] =
     "    end\n"
     "  end\n"
     "end\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)\n"
     "local out = {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n"
     "for _, c in ipairs(paused) do out[#out + 1] = c end\n"
     "return out\n";
 
-/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused now. */
+/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused
+ * now (and forgets the pauses that ended). */
 static const char paused_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
     "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')\n"
     "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end\n"
     "return r\n";
@@ -176,6 +175,9 @@ struct leases {
     uint64_t round;    /* rounds started */
     int in_flight;     /* replies the round awaits */
     int logged_other;  /* another ferry holds the lock (logged once) */
+    char reg[256];     /* the processing list this loop last put in the registry */
+    size_t reglen;
+    uint64_t reg_at; /* uv_now() then */
 };
 
 /* One lease a client took (lease_expire_on_disconnect): its processing
@@ -280,14 +282,6 @@ static int entry_of_processing(const config *cfg, const char *p, size_t plen, co
     return -1;
 }
 
-/* The consumer map of processing list p: item -> who holds it. */
-static void consumers_key(const char *p, size_t plen, buf *out)
-{
-    buf_append(out, "ferry:consumer:{", 16);
-    buf_append(out, p, plen);
-    buf_append(out, "}", 1);
-}
-
 /* Who s is for the back-off: its CLIENT SETNAME, else its address. */
 static void consumer_of(const session *s, char *out, size_t len)
 {
@@ -297,15 +291,43 @@ static void consumer_of(const session *s, char *out, size_t len)
     }
 }
 
-/* The companions of processing list p: leases zset and attempts hash. */
-static void companions(const char *p, size_t plen, buf *leases, buf *attempts)
+size_t lease_tag(const char *q, size_t qlen, const char **tag)
 {
-    buf_append(leases, "ferry:leases:{", 14);
-    buf_append(leases, p, plen);
-    buf_append(leases, "}", 1);
-    buf_append(attempts, "ferry:attempts:{", 16);
-    buf_append(attempts, p, plen);
-    buf_append(attempts, "}", 1);
+    const char *open = memchr(q, '{', qlen);
+    if (open != NULL) {
+        const char *close = memchr(open + 1, '}', qlen - (size_t)(open + 1 - q));
+        if (close != NULL && close > open + 1) {
+            *tag = open + 1;
+            return (size_t)(close - open - 1);
+        }
+    }
+    *tag = q;
+    return qlen;
+}
+
+void lease_key(buf *out, const char *kind, const char *q, size_t qlen, const char *p, size_t plen)
+{
+    const char *tag;
+    size_t tlen = lease_tag(q, qlen, &tag);
+    buf_append(out, "ferry:", 6);
+    buf_append(out, kind, strlen(kind));
+    buf_append(out, ":{", 2);
+    buf_append(out, tag, tlen);
+    buf_append(out, "}", 1);
+    if (p != NULL) {
+        buf_append(out, ":", 1);
+        buf_append(out, p, plen);
+    }
+}
+
+/* The companions of processing list p of queue q: the leases zset, the
+ * attempts hash and the consumer map (item -> who holds it). */
+static void companions(const char *q, size_t qlen, const char *p, size_t plen, buf *leases,
+                       buf *attempts, buf *cons)
+{
+    lease_key(leases, "leases", q, qlen, p, plen);
+    lease_key(attempts, "attempts", q, qlen, p, plen);
+    lease_key(cons, "consumer", q, qlen, p, plen);
 }
 
 static int is_move(const command *cmd)
@@ -316,6 +338,33 @@ static int is_move(const command *cmd)
 }
 
 /* ------------------------------------------------------------ recording */
+
+/* Processing list p goes in the registry the expiry reads, before its first
+ * lease (SADD on l, ahead of the lease script; again after a second, or
+ * for another list: the registry stays right if someone deletes it). The
+ * registry is one key for all queues: a command of its own, outside the
+ * scripts, whose keys all stay in their queue's slot. */
+static void lease_register(struct leases *ls, link *l, const char *p, size_t plen)
+{
+    uint64_t now = uv_now(l->f->loop);
+    if (ls != NULL && plen == ls->reglen && memcmp(p, ls->reg, plen) == 0 &&
+        now < ls->reg_at + 1000) {
+        return;
+    }
+    buf b;
+    buf_init(&b);
+    buf_append_count(&b, '*', 3);
+    buf_append_bulk(&b, "SADD", 4);
+    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
+    buf_append_bulk(&b, p, plen);
+    link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+    buf_free(&b);
+    if (ls != NULL && plen <= sizeof(ls->reg)) {
+        memcpy(ls->reg, p, plen);
+        ls->reglen = plen;
+        ls->reg_at = now;
+    }
+}
 
 /* s took item from entry e's processing list p, as consumer who. */
 static void held_add(session *s, int e, const char *p, size_t plen, const char *item, size_t ilen,
@@ -427,16 +476,15 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     buf_init(&attempts);
     buf_init(&cons);
     buf_init(&b);
-    companions(av[2], al[2], &leases, &attempts);
-    consumers_key(av[2], al[2], &cons);
-    buf_append_count(&b, '*', 12);
+    companions(av[1], al[1], av[2], al[2], &leases, &attempts, &cons);
+    lease_register(s->f->leases, l, av[2], al[2]);
+    buf_append_count(&b, '*', 11);
     buf_append_bulk(&b, "EVAL", 4);
     buf_append_bulk(&b, lease_lua, sizeof(lease_lua) - 1);
-    buf_append_bulk(&b, "5", 1);
+    buf_append_bulk(&b, "4", 1);
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
-    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
     buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
     buf_append_bulk(&b, item, ilen);
     buf_append_bulk(&b, ms, strlen(ms));
@@ -470,13 +518,15 @@ int lease_send(session *s, request *r, link *l)
     }
     char who[128];
     consumer_of(s, who, sizeof(who));
-    buf leases, attempts, cons, b;
+    buf leases, attempts, cons, fails, b;
     buf_init(&leases);
     buf_init(&attempts);
     buf_init(&cons);
+    buf_init(&fails);
     buf_init(&b);
-    companions(av[1], al[1], &leases, &attempts);
-    consumers_key(av[1], al[1], &cons);
+    companions(q, qlen, av[1], al[1], &leases, &attempts, &cons);
+    lease_key(&fails, "consumers", q, qlen, NULL, 0);
+    buf_append(&fails, ":failures", 9);
     buf_append_count(&b, '*', 11);
     buf_append_bulk(&b, "EVAL", 4);
     buf_append_bulk(&b, ack_lua, sizeof(ack_lua) - 1);
@@ -485,7 +535,7 @@ int lease_send(session *s, request *r, link *l)
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
     buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
-    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+    buf_append_bulk(&b, buf_head(&fails), buf_used(&fails));
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, av[3], al[3]);
     buf_append_bulk(&b, who, strlen(who));
@@ -494,6 +544,7 @@ int lease_send(session *s, request *r, link *l)
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
+    buf_free(&fails);
     held_drop(s, av[1], al[1], av[3], al[3]);
     return 1;
 }
@@ -519,8 +570,15 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
         return;
     }
     if (rr->type == REDIS_REPLY_ARRAY && rr->elements >= 4) {
-        for (size_t i = 4; i < rr->elements; i++) {
-            if (rr->element[i]->type == REDIS_REPLY_STRING) {
+        for (size_t i = 4; i + 1 < rr->elements; i += 2) {
+            if (rr->element[i]->type == REDIS_REPLY_STRING &&
+                rr->element[i + 1]->type == REDIS_REPLY_STRING) {
+                /* The pause is kept in one set for every queue (polled by
+                 * every loop), outside the script: its keys stay in the
+                 * queue's slot. */
+                const char *argv[4] = {"ZADD", PAUSED, rr->element[i + 1]->str,
+                                       rr->element[i]->str};
+                link_internal(l, argv, 4, NULL, 0);
                 log_warn("leases: consumer '%.*s' paused for %llu ms after %llu expired leases "
                          "in a row (queues[%d].consumer_backoff)",
                          (int)(rr->element[i]->len > 120 ? 120 : rr->element[i]->len),
@@ -535,7 +593,8 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
         }
         if (v[0] < 0) {
             if (!ls->logged_other) {
-                log_info("leases: another ferry expires leases (it holds %s)", LOCK);
+                log_info("leases: another ferry expires leases (it holds the lock of queues[%d])",
+                         e);
                 ls->logged_other = 1;
             }
         } else {
@@ -590,26 +649,30 @@ static void expire_call(link *l, int e, const char *p, size_t plen, const char *
     snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cq->lease_ms);
     snprintf(after, sizeof(after), "%llu", (unsigned long long)cq->backoff_after);
     snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cq->backoff_pause_ms);
-    buf leases, attempts, cons, b;
+    buf leases, attempts, cons, lock, fails, b;
     buf_init(&leases);
     buf_init(&attempts);
     buf_init(&cons);
+    buf_init(&lock);
+    buf_init(&fails);
     buf_init(&b);
-    companions(p, plen, &leases, &attempts);
-    consumers_key(p, plen, &cons);
-    buf_append_count(&b, '*', 19 + (who != NULL ? 1 + n : 0));
+    companions(q, qlen, p, plen, &leases, &attempts, &cons);
+    lease_key(&lock, "leases", q, qlen, NULL, 0);
+    buf_append(&lock, ":lock", 5);
+    lease_key(&fails, "consumers", q, qlen, NULL, 0);
+    buf_append(&fails, ":failures", 9);
+    buf_append_count(&b, '*', 18 + (who != NULL ? 1 + n : 0));
     buf_append_bulk(&b, "EVAL", 4);
     buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
-    buf_append_bulk(&b, "9", 1);
+    buf_append_bulk(&b, "8", 1);
     buf_append_bulk(&b, p, plen);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
     buf_append_bulk(&b, q, qlen);
     buf_append_bulk(&b, dead, strlen(dead));
-    buf_append_bulk(&b, LOCK, strlen(LOCK));
+    buf_append_bulk(&b, buf_head(&lock), buf_used(&lock));
     buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
-    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
-    buf_append_bulk(&b, PAUSED, strlen(PAUSED));
+    buf_append_bulk(&b, buf_head(&fails), buf_used(&fails));
     buf_append_bulk(&b, ls->owner, strlen(ls->owner));
     buf_append_bulk(&b, ttl, strlen(ttl));
     buf_append_bulk(&b, batch, strlen(batch));
@@ -625,6 +688,8 @@ static void expire_call(link *l, int e, const char *p, size_t plen, const char *
     }
     link_internal_bytes(l, buf_head(&b), buf_used(&b), done, e);
     buf_free(&b);
+    buf_free(&lock);
+    buf_free(&fails);
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);

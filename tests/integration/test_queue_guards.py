@@ -23,6 +23,7 @@ Run: python3 -m unittest test_queue_guards -v
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,43 @@ def queues_yaml(entries):
     return '\n'.join(lines) + '\n'
 
 
+def tag(q):
+    """The hash tag ferry's companions of queue q carry: q's own {tag}, else q."""
+    i = q.find('{')
+    j = q.find('}', i + 1) if i >= 0 else -1
+    return q[i + 1:j] if j > i + 1 else q
+
+
+def lkey(kind, proc, q=None):
+    """ferry:<kind>:{T}:<proc>, the companion of processing list proc (of
+    queue q, by default proc less its ':processing')."""
+    if q is None:
+        q = proc[:-len(':processing')]
+    return 'ferry:%s:{%s}:%s' % (kind, tag(q), proc)
+
+
+def crc16(data):
+    """CRC16-CCITT (XMODEM), as Redis Cluster hashes keys."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xffff
+    return crc
+
+
+def keyslot(key):
+    """CLUSTER KEYSLOT key."""
+    b = key.encode() if isinstance(key, str) else key
+    i = b.find(b'{')
+    if i >= 0:
+        j = b.find(b'}', i + 1)
+        if j > i + 1:
+            b = b[i + 1:j]
+    return crc16(b) % 16384
+
+
 def stats(port):
     with urllib.request.urlopen('http://127.0.0.1:%d/stats' % port, timeout=5) as r:
         return json.loads(r.read().decode())
@@ -80,7 +118,7 @@ class Checks:
         return e
 
     def attempts(self, proc, item):
-        return self.master().client().hget('ferry:attempts:{%s}' % proc, item)
+        return self.master().client().hget(lkey('attempts', proc), item)
 
     def test_lease_worker_killed(self):
         """lease_expire_on_disconnect: false: a killed worker's leases expire
@@ -102,7 +140,7 @@ class Checks:
         t_ready = time.monotonic()
         m = self.master().client()
         self.assertEqual(m.llen(proc), 50)
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 50)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 50)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
         wait_until(lambda: m.llen(q) == 50 and m.llen(proc) == 0, timeout=15,
@@ -111,7 +149,7 @@ class Checks:
         self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
         for it in items:
             self.assertEqual(self.attempts(proc, it), '2:R')
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
         st = stats(f.stats_port)['queues']['queues'][0]
         self.assertEqual(st['lease_expired'], 50, st)
         self.assertEqual(st['dead_lettered'], 0, st)
@@ -124,7 +162,7 @@ class Checks:
         for i in ack:
             self.assertEqual(c.lrem(proc, 1, taken[i]), 1)
         m = self.master().client()
-        wait_until(lambda: m.zcard('ferry:leases:{%s}' % proc) == n - len(ack), timeout=5,
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == n - len(ack), timeout=5,
                    msg='every unacked item leased')
         c.close()
         return taken, time.monotonic()
@@ -146,8 +184,8 @@ class Checks:
         self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
         for it in items:
             self.assertEqual(self.attempts(proc, it), '2:R')
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
-        self.assertEqual(m.hlen('ferry:consumer:{%s}' % proc), 0)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        self.assertEqual(m.hlen(lkey('consumer', proc)), 0)
         wait_until(lambda: stats(f.stats_port)['queues']['queues'][0]['lease_expired'] == 20,
                    timeout=5, msg='20 counted as expired')
         # Once: a deadline round later on finds nothing of them.
@@ -188,6 +226,57 @@ class Checks:
                    msg='the 20 items back at their deadline')
         self.assertGreaterEqual(time.monotonic() - t_closed, 1.5)
 
+    def test_lease_keys_one_slot(self):
+        """Every key a lease script (take, ack, expiry at the deadline and at
+        a disconnect) is given for queue {<p>}:1 hashes to the queue's slot,
+        as Redis' MONITOR shows the calls ferry sends."""
+        p = key_prefix(self)
+        q = '{%s}:1' % p
+        proc = q + ':processing'
+        f = self.start([{'keys': '{%s}:*' % p, 'processing': '"{key}:processing"',
+                         'lease_ms': 300}])
+        port = self.master().port
+        mon_path = os.path.join(f.dir, 'monitor.out')
+        with open(mon_path, 'w') as out:
+            mon = subprocess.Popen(['redis-cli', '-p', str(port), 'monitor'], stdout=out,
+                                   stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: mon.poll() is None and mon.kill())
+        wait_until(lambda: os.path.getsize(mon_path) > 0, timeout=5, msg='MONITOR started')
+        m = self.master().client()
+        m.rpush(q, 'a', 'b', 'c')
+        c1 = f.client(socket_timeout=10)
+        self.assertEqual(c1.brpoplpush(q, proc, 2), 'c')
+        self.assertEqual(c1.rpoplpush(q, proc), 'b')
+        self.assertEqual(c1.lrem(proc, 1, 'c'), 1)  # the ack
+        wait_until(lambda: any(m.type(k) == 'zset' and m.zscore(k, 'b') is not None
+                               for k in m.keys('ferry:leases:*')), timeout=5, msg='b leased')
+        c1.close()  # b expired at the disconnect
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'], timeout=5, msg='b back')
+        c2 = f.client(socket_timeout=10)
+        self.assertEqual(c2.lmove(q, proc, 'LEFT', 'RIGHT'), 'a')
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'], timeout=5,
+                   msg='a back at its deadline')
+        mon.terminate()
+        mon.wait(5)
+        with open(mon_path) as fh:
+            lines = fh.read().splitlines()
+        calls = []
+        for ln in lines:
+            args = [a.encode().decode('unicode_escape') for a in
+                    re.findall(r'"((?:[^"\\]|\\.)*)"', ln)]
+            if args and args[0].upper() in ('EVAL', 'EVALSHA') and proc in args:
+                n = int(args[2])
+                calls.append(args[3:3 + n])
+        slot = keyslot(q)
+        self.assertEqual(keyslot(proc), slot)
+        self.assertTrue(calls)
+        for keys in calls:
+            self.assertEqual([keyslot(k) for k in keys], [slot] * len(keys), keys)
+        self.assertEqual({len(k) for k in calls}, {4, 5, 8}, calls)  # take, ack, expiry
+        # No script touches a key of another slot: the registry and the
+        # paused consumers are plain commands.
+        self.assertEqual(keyslot(lkey('leases', proc, q)), slot)
+
     def test_lease_dead_letter_once(self):
         p = key_prefix(self)
         q, proc, dead = p + ':q', p + ':q:processing', p + ':q:dead'
@@ -224,13 +313,13 @@ class Checks:
                c.blmove(q, proc, 2, 'RIGHT', 'LEFT'), c.brpoplpush(q, proc, 2)]
         self.assertEqual(sorted(got), ['a', 'b', 'c', 'd'])
         m = self.master().client()
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 4)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 4)
         self.assertEqual(self.attempts(proc, 'a'), '1:L')
         for it in got:
             self.assertEqual(c.lrem(proc, 1, it), 1)
         self.assertEqual(c.lrem(proc, 1, 'a'), 0)
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
-        self.assertEqual(m.hlen('ferry:attempts:{%s}' % proc), 0)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        self.assertEqual(m.hlen(lkey('attempts', proc)), 0)
         time.sleep(0.8)  # past the lease: nothing comes back
         self.assertEqual(m.llen(q), 0)
         with self.assertRaises(redis.ResponseError):
@@ -238,7 +327,7 @@ class Checks:
         # A move into another list is no lease.
         c.rpush(q, 'e')
         self.assertEqual(c.rpoplpush(q, p + ':other'), 'e')
-        self.assertEqual(m.zcard('ferry:leases:{%s:other}' % p), 0)
+        self.assertEqual(m.zcard(lkey('leases', p + ':other', p + ':q')), 0)
 
     def test_consumer_backoff(self):
         """A consumer whose leases expire after_failures times in a row has
@@ -261,10 +350,10 @@ class Checks:
         # Two failures, one ack: the count starts again.
         fail_once(w1)
         fail_once(w1)
-        self.assertEqual(m.hget('ferry:consumers:failures', 'w1'), '2')
+        self.assertEqual(m.hget('ferry:consumers:{%s}:failures' % q, 'w1'), '2')
         it = w1.brpoplpush(q, proc, 2)
         self.assertEqual(w1.lrem(proc, 1, it), 1)
-        self.assertIsNone(m.hget('ferry:consumers:failures', 'w1'))
+        self.assertIsNone(m.hget('ferry:consumers:{%s}:failures' % q, 'w1'))
         fail_once(w1)
         fail_once(w1)
         self.assertIsNone(m.zscore('ferry:consumers:paused', 'w1'))
@@ -606,7 +695,7 @@ class LeaseTakeoverTest(unittest.TestCase):
         m.rpush(q, *items)
         c = f.client(socket_timeout=10)
         taken = [c.brpoplpush(q, proc, 2) for _ in range(20)]
-        wait_until(lambda: m.zcard('ferry:leases:{%s}' % proc) == 20, timeout=5,
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 20, timeout=5,
                    msg='20 leases')
         old = f.proc
         new = harness._spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
@@ -623,9 +712,9 @@ class LeaseTakeoverTest(unittest.TestCase):
         time.sleep(1.5)
         self.assertEqual(m.llen(q), 0)
         self.assertEqual(m.llen(proc), 20)
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 20)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 20)
         self.assertEqual(c.lrem(proc, 1, taken[0]), 1)  # the same socket, served by the new one
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 19)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 19)
 
 
 class QueueGuardsFailoverTest(unittest.TestCase):
@@ -746,9 +835,9 @@ class LeaseFailoverTest(unittest.TestCase):
             raise AssertionError('not settled: acked %d, queue %r, processing %r, dead %d, '
                                  'leases %r, attempts %r, missing %r, errors %r\n%s' % (
                                      len(set(acked)), m.lrange(q, 0, -1), m.lrange(proc, 0, -1),
-                                     m.llen(dead), m.zrange('ferry:leases:{%s}' % proc, 0, -1,
+                                     m.llen(dead), m.zrange(lkey('leases', proc), 0, -1,
                                                             withscores=True),
-                                     {k: m.hget('ferry:attempts:{%s}' % proc, k) for k in lost},
+                                     {k: m.hget(lkey('attempts', proc), k) for k in lost},
                                      sorted(lost), errors, f.log()[-3000:]))
         stop.set()
         for t in threads:
