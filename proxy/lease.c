@@ -46,105 +46,20 @@
 #define PAUSE_POLL_MS 200
 #define MAX_ARGS 8
 
-/* KEYS: processing, leases, attempts, consumers; ARGV: item, lease_ms,
- * side, consumer */
-static const char lease_lua[] =
-    "if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])\n"
-    "if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then\n"
-    "  redis.call('HSET', KEYS[3], ARGV[1], '1:' .. ARGV[3])\n"
-    "end\n"
-    "redis.call('HSET', KEYS[4], ARGV[1], ARGV[4])\n"
-    "return 1\n";
+/* The scripts (lease_take.lua, lease_ack.lua, lease_expire.lua), embedded
+ * with their SHA-1s: sent as EVALSHA after SCRIPT LOAD on each link, as EVAL
+ * after a NOSCRIPT (SCRIPT FLUSH). */
+extern const char ferry_lease_take_lua[], ferry_lease_ack_lua[], ferry_lease_expire_lua[];
+extern const size_t ferry_lease_take_lua_len, ferry_lease_ack_lua_len, ferry_lease_expire_lua_len;
+extern const char ferry_lease_take_lua_sha1[], ferry_lease_ack_lua_sha1[],
+    ferry_lease_expire_lua_sha1[];
 
-/* KEYS: processing, leases, attempts, consumers, failures; ARGV: count,
- * item (the client's LREM), the consumer acking (its failures reset) */
-static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
-                              "if type(n) == 'table' then return n end\n"
-                              "if n > 0 then\n"
-                              "  redis.call('HDEL', KEYS[5], ARGV[3])\n"
-                              "  if not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
-                              "    redis.call('ZREM', KEYS[2], ARGV[2])\n"
-                              "    redis.call('HDEL', KEYS[3], ARGV[2])\n"
-                              "    redis.call('HDEL', KEYS[4], ARGV[2])\n"
-                              "  end\n"
-                              "end\n"
-                              "return n\n";
+typedef enum { S_TAKE, S_ACK, S_EXPIRE } lease_script;
 
-/* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
- * failures; ARGV: owner, lock ttl ms, batch, max_attempts,
- * lease_ms, after_failures (0: no back-off), pause_ms, and for a client
- * that hung up: its consumer name and the items it took (ARGV[9...]).
- * Returns {back, dead, orphans, open, then for each consumer to pause: its
- * name and when its pause ends (ms, Redis' TIME)}, or {-1} when
- * another ferry expires. A round (ARGV[8] empty) takes the lock and expires
- * what is past its deadline; for a client that hung up, exactly its items
- * whose lease is still there and still its own are expired now (no lock:
- * the lease itself makes it once). */
-static const char expire_lua[] =
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local batch = tonumber(ARGV[3])\n"
-    "local gone = ARGV[8] ~= nil and ARGV[8] ~= ''\n"
-    "local due = {}\n"
-    "if gone then\n"
-    "  for i = 9, #ARGV do\n"
-    "    if redis.call('ZSCORE', KEYS[2], ARGV[i]) and\n"
-    "        redis.call('HGET', KEYS[7], ARGV[i]) == ARGV[8] then\n"
-    "      due[#due + 1] = ARGV[i]\n"
-    "    end\n"
-    "  end\n"
-    "else\n"
-    "  local owner = redis.call('GET', KEYS[6])\n"
-    "  if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
-    "  redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])\n"
-    "  due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
-    "end\n"
-    "local back, dead, orphans, paused = 0, 0, 0, {}\n"
-    "for _, item in ipairs(due) do\n"
-    "  redis.call('ZREM', KEYS[2], item)\n"
-    "  local c = redis.call('HGET', KEYS[7], item)\n"
-    "  redis.call('HDEL', KEYS[7], item)\n"
-    "  if redis.call('LREM', KEYS[1], -1, item) > 0 then\n"
-    "    if c and tonumber(ARGV[6]) > 0 and\n"
-    "        redis.call('HINCRBY', KEYS[8], c, 1) >= tonumber(ARGV[6]) then\n"
-    "      redis.call('HDEL', KEYS[8], c)\n"
-    "      paused[#paused + 1] = c\n"
-    "      paused[#paused + 1] = tostring(now + tonumber(ARGV[7]))\n"
-    "    end\n"
-    "    local v = redis.call('HGET', KEYS[3], item) or '1:R'\n"
-    "    local a, side = string.match(v, '^(%d+):(%a)$')\n"
-    "    a = (tonumber(a) or 1) + 1\n"
-    "    if a > tonumber(ARGV[4]) then\n"
-    "      redis.call('LPUSH', KEYS[5], item)\n"
-    "      redis.call('HDEL', KEYS[3], item)\n"
-    "      dead = dead + 1\n"
-    "    else\n"
-    "      redis.call('HSET', KEYS[3], item, a .. ':' .. (side or 'R'))\n"
-    "      if side == 'L' then redis.call('LPUSH', KEYS[4], item)\n"
-    "      else redis.call('RPUSH', KEYS[4], item) end\n"
-    "      back = back + 1\n"
-    "    end\n"
-    "  else\n"
-    "    redis.call('HDEL', KEYS[3], item)\n"
-    "  end\n"
-    "end\n"
-    "if not gone then\n"
-    "  for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do\n"
-    "    if not redis.call('ZSCORE', KEYS[2], item) then\n"
-    "      redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)\n"
-    "      if redis.call('HEXISTS', KEYS[3], item) == 0 then\n"
-    "        redis.call('HSET', KEYS[3], item, '1:R')\n"
-    "      end\n"
-    "      orphans = orphans + 1\n"
-    "    end\n"
-    "  end\n"
-    "end\n"
-    "local out = {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n"
-    "for _, c in ipairs(paused) do out[#out + 1] = c end\n"
-    "return out\n";
+static const char *const script_body[] = {ferry_lease_take_lua, ferry_lease_ack_lua,
+                                          ferry_lease_expire_lua};
+static const char *const script_sha[] = {ferry_lease_take_lua_sha1, ferry_lease_ack_lua_sha1,
+                                         ferry_lease_expire_lua_sha1};
 
 /* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused
  * now (and forgets the pauses that ended). */
@@ -200,6 +115,83 @@ struct lease_held {
 
 #define MAX_HELD 4096          /* leases remembered per client; more: the deadline only */
 #define MAX_HELD_BYTES 1048576 /* their bytes per client */
+
+/* ------------------------------------------------------------ scripts */
+
+/* The head of a call of script w with nargs arguments after the script:
+ * EVALSHA (SCRIPT LOAD of the three queued first on a link that was not
+ * sent them), or EVAL when eval. */
+static void script_head(buf *b, link *l, lease_script w, size_t nargs, int eval)
+{
+    if (!eval && !l->lease_scripts) {
+        for (int i = 0; i < 3; i++) {
+            const char *argv[3] = {"SCRIPT", "LOAD", script_body[i]};
+            link_internal(l, argv, 3, NULL, 0);
+        }
+        l->lease_scripts = 1;
+    }
+    buf_append_count(b, '*', nargs + 2);
+    if (eval) {
+        buf_append_bulk(b, "EVAL", 4);
+        buf_append_bulk(b, script_body[w], strlen(script_body[w]));
+    } else {
+        buf_append_bulk(b, "EVALSHA", 7);
+        buf_append_bulk(b, script_sha[w], strlen(script_sha[w]));
+    }
+}
+
+static int is_noscript(const char *reply, size_t len)
+{
+    return reply != NULL && len >= 9 && memcmp(reply, "-NOSCRIPT", 9) == 0;
+}
+
+/* r, ferry's own EVALSHA of script w, found no script (SCRIPT FLUSH): sent
+ * again on l as EVAL, which loads it. Returns 1 when it was. */
+static int again_as_eval(link *l, request *r, lease_script w, req_done_cb done)
+{
+    static const char head[] = "$7\r\nEVALSHA\r\n$40\r\n";
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (nl == NULL) {
+        return 0;
+    }
+    const char *at = nl + 1;
+    if ((size_t)(end - at) < sizeof(head) - 1 + 42 || memcmp(at, head, sizeof(head) - 1) != 0) {
+        return 0; /* already an EVAL: Redis' answer stands */
+    }
+    const char *rest = at + sizeof(head) - 1 + 42;
+    buf b;
+    buf_init(&b);
+    buf_append(&b, p, (size_t)(at - p));
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, script_body[w], strlen(script_body[w]));
+    buf_append(&b, rest, (size_t)(end - rest));
+    log_info("leases: Redis lacked a lease script on link %llu: sent as EVAL",
+             (unsigned long long)l->id);
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), done, r->arg);
+    buf_free(&b);
+    return 1;
+}
+
+static void take_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (is_noscript(reply, len)) {
+        again_as_eval(l, r, S_TAKE, take_done);
+    } else if (reply != NULL && len > 0 && reply[0] == '-') {
+        log_warn("leases: a lease refused by Redis: %.*s (the expiry leases the item later)",
+                 (int)(len > 160 ? 160 : len), reply);
+    }
+}
+
+int lease_noscript(request *r, const char *p, size_t n)
+{
+    if (!(r->flags & REQ_F_LEASE_ACK) || (r->flags & REQ_F_LEASE_EVAL) || !is_noscript(p, n)) {
+        return 0;
+    }
+    r->flags |= REQ_F_LEASE_EVAL;
+    log_info("leases: Redis lacked the ack script; an ack sent again as EVAL");
+    return 1;
+}
 
 /* ------------------------------------------------------------ key names */
 
@@ -478,9 +470,7 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     buf_init(&b);
     companions(av[1], al[1], av[2], al[2], &leases, &attempts, &cons);
     lease_register(s->f->leases, l, av[2], al[2]);
-    buf_append_count(&b, '*', 11);
-    buf_append_bulk(&b, "EVAL", 4);
-    buf_append_bulk(&b, lease_lua, sizeof(lease_lua) - 1);
+    script_head(&b, l, S_TAKE, 9, 0);
     buf_append_bulk(&b, "4", 1);
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
@@ -490,7 +480,7 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     buf_append_bulk(&b, ms, strlen(ms));
     buf_append_bulk(&b, side, 1);
     buf_append_bulk(&b, who, strlen(who));
-    link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+    link_internal_raw(l, buf_head(&b), buf_used(&b), take_done);
     buf_free(&b);
     buf_free(&cons);
     buf_free(&leases);
@@ -527,9 +517,8 @@ int lease_send(session *s, request *r, link *l)
     companions(q, qlen, av[1], al[1], &leases, &attempts, &cons);
     lease_key(&fails, "consumers", q, qlen, NULL, 0);
     buf_append(&fails, ":failures", 9);
-    buf_append_count(&b, '*', 11);
-    buf_append_bulk(&b, "EVAL", 4);
-    buf_append_bulk(&b, ack_lua, sizeof(ack_lua) - 1);
+    r->flags |= REQ_F_LEASE_ACK;
+    script_head(&b, l, S_ACK, 9, (r->flags & REQ_F_LEASE_EVAL) != 0);
     buf_append_bulk(&b, "5", 1);
     buf_append_bulk(&b, av[1], al[1]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
@@ -621,6 +610,9 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
     if (ls == NULL) {
         return;
     }
+    if (is_noscript(reply, len) && again_as_eval(l, r, S_EXPIRE, expire_done)) {
+        return; /* still in flight */
+    }
     round_reply(ls);
     expire_result(l, (int)r->arg, reply, len);
 }
@@ -628,6 +620,9 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
 /* The expiry of a client's leases when it hung up. */
 static void gone_done(link *l, request *r, const char *reply, size_t len)
 {
+    if (is_noscript(reply, len) && again_as_eval(l, r, S_EXPIRE, gone_done)) {
+        return;
+    }
     if (l->f->leases != NULL) {
         expire_result(l, (int)r->arg, reply, len);
     }
@@ -661,9 +656,7 @@ static void expire_call(link *l, int e, const char *p, size_t plen, const char *
     buf_append(&lock, ":lock", 5);
     lease_key(&fails, "consumers", q, qlen, NULL, 0);
     buf_append(&fails, ":failures", 9);
-    buf_append_count(&b, '*', 18 + (who != NULL ? 1 + n : 0));
-    buf_append_bulk(&b, "EVAL", 4);
-    buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
+    script_head(&b, l, S_EXPIRE, 16 + (who != NULL ? 1 + n : 0), 0);
     buf_append_bulk(&b, "8", 1);
     buf_append_bulk(&b, p, plen);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));

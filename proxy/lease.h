@@ -54,6 +54,11 @@ void lease_client_gone(session *s);
  * what s took is forgotten here (the deadline still applies). */
 void lease_client_handed(session *s);
 
+/* Redis answered r (any client request) p[0..n): 1 when r is an ack sent
+ * as EVALSHA that found no script (SCRIPT FLUSH): REQ_F_LEASE_EVAL is set
+ * and the router sends it again (as EVAL). */
+int lease_noscript(request *r, const char *p, size_t n);
+
 /* A pop of s (a move, LPOP, RPOP, BLPOP, BRPOP) from a queue with
  * consumer_backoff while s's consumer is paused: 1 and *until (uv_now()
  * when the pause ends). */

@@ -87,6 +87,7 @@ typedef struct link {
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
     int guard_script;           /* the queue guards' SCRIPT LOAD was queued on it (guards.c) */
+    int lease_scripts;          /* the leases' SCRIPT LOADs were queued on it (lease.c) */
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or

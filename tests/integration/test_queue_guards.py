@@ -164,7 +164,7 @@ class Checks:
         m = self.master().client()
         wait_until(lambda: m.zcard(lkey('leases', proc)) == n - len(ack), timeout=5,
                    msg='every unacked item leased')
-        c.close()
+        c.connection_pool.disconnect()  # the socket closes
         return taken, time.monotonic()
 
     def test_lease_expired_on_disconnect(self):
@@ -250,7 +250,7 @@ class Checks:
         self.assertEqual(c1.lrem(proc, 1, 'c'), 1)  # the ack
         wait_until(lambda: any(m.type(k) == 'zset' and m.zscore(k, 'b') is not None
                                for k in m.keys('ferry:leases:*')), timeout=5, msg='b leased')
-        c1.close()  # b expired at the disconnect
+        c1.connection_pool.disconnect()  # b expired at the disconnect
         wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'], timeout=5, msg='b back')
         c2 = f.client(socket_timeout=10)
         self.assertEqual(c2.lmove(q, proc, 'LEFT', 'RIGHT'), 'a')
@@ -538,6 +538,33 @@ class Checks:
             c.rpush(key, 'd')
         self.assertEqual(str(cm.exception), self.qfull(key, 3, 3))
         self.assertEqual(self.master().client().lrange(key, 0, -1), ['a', 'b', 'c'])
+
+    def test_lease_scripts_flushed(self):
+        """The lease scripts go as EVALSHA; after SCRIPT FLUSH a NOSCRIPT sends
+        each again as EVAL: the take still leases, the ack still acks (the
+        client sees 1, not NOSCRIPT), a disconnect still expires."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        m.rpush(q, 'a', 'b', 'c')
+        c = f.client(socket_timeout=10)
+        self.assertEqual(c.rpoplpush(q, proc), 'c')
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 1, timeout=5, msg='c leased')
+        m.script_flush()
+        self.assertEqual(c.lrem(proc, 1, 'c'), 1)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        m.script_flush()
+        self.assertEqual(c.rpoplpush(q, proc), 'b')
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 1, timeout=5, msg='b leased')
+        m.script_flush()
+        c.connection_pool.disconnect()  # the socket closes
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'] and m.llen(proc) == 0, timeout=5,
+                   msg='b back at the disconnect: ' + '\n'.join(
+                       ln for ln in f.log().splitlines() if 'lease' in ln or 'client' in ln)[-3000:])
+        self.assertEqual(self.attempts(proc, 'b'), '2:R')
+        self.assertIn('leases: Redis lacked the ack script', f.log())
+        self.assertIn('leases: Redis lacked a lease script', f.log())
 
     def test_block_in_order(self):
         p = key_prefix(self)
