@@ -63,10 +63,10 @@ end
 if not gone then
   for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do
     if not redis.call('ZSCORE', KEYS[2], item) then
+      -- No attempts written: a lease script that arrives just after (the
+      -- move's own) still records the end of the queue it came from; an
+      -- item without attempts counts as 1 taken from the right.
       redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)
-      if redis.call('HEXISTS', KEYS[3], item) == 0 then
-        redis.call('HSET', KEYS[3], item, '1:R')
-      end
       orphans = orphans + 1
     end
   end
