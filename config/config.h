@@ -58,6 +58,8 @@ typedef struct config_queue {
                                ("{key}:dead") */
     uint64_t lease_ms;      /* lease_ms (60000): how long a leased item may stay unacked */
     uint64_t max_attempts;  /* max_attempts (5): deliveries before the dead letter */
+    int expire_on_disconnect; /* lease_expire_on_disconnect (true): a client that hangs up
+                                 with items unacked has their leases expired at once */
     uint64_t backoff_after;    /* consumer_backoff.after_failures: expired leases in a row
                                   that pause a consumer (0: no back-off) */
     uint64_t backoff_pause_ms; /* consumer_backoff.pause_ms: how long its pops are held */

@@ -400,6 +400,23 @@ static int conf_queue_number(conf_ctx *ctx, uint64_t *out, const char *what, int
     return 0;
 }
 
+/* lease_expire_on_disconnect: of one queues entry: true or false. */
+static int conf_queue_bool(conf_ctx *ctx, int *out, const char *what, int idx, yaml_node_t *v)
+{
+    char buf[CONF_QUOTE_MAX + 8];
+    const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
+    if (text != NULL && (strcasecmp(text, "true") == 0 || strcasecmp(text, "yes") == 0)) {
+        *out = 1;
+        return 0;
+    }
+    if (text != NULL && (strcasecmp(text, "false") == 0 || strcasecmp(text, "no") == 0)) {
+        *out = 0;
+        return 0;
+    }
+    return conf_error(ctx, v->start_mark, "queues[%d].%s: expected true or false, got %s", idx,
+                      what, conf_describe(v, buf, sizeof(buf)));
+}
+
 /* consumer_backoff: of one queues entry: {after_failures: N, pause_ms: M}. */
 static int conf_queue_backoff(conf_ctx *ctx, config_queue *q, int idx, yaml_node_t *v)
 {
@@ -473,8 +490,10 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
         cfg->nqueues++;
         static const char *const known[] = {"keys",        "max_length",   "on_full",
                                             "processing",  "dead_letter",  "lease_ms",
-                                            "max_attempts", "consumer_backoff"};
+                                            "max_attempts", "consumer_backoff",
+                                            "lease_expire_on_disconnect"};
         cfg->queues[idx].lease_ms = 60000;
+        cfg->queues[idx].expire_on_disconnect = 1;
         cfg->queues[idx].max_attempts = 5;
         yaml_mark_t lease_at = e->start_mark;
         int seen[sizeof(known) / sizeof(known[0])] = {0};
@@ -523,9 +542,13 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                 lease_at = k->start_mark;
                 rc = conf_queue_number(ctx, &cfg->queues[idx].max_attempts, "max_attempts", idx,
                                        val, 1, 1000000);
-            } else {
+            } else if (which == 7) {
                 lease_at = k->start_mark;
                 rc = conf_queue_backoff(ctx, &cfg->queues[idx], idx, val);
+            } else {
+                lease_at = k->start_mark;
+                rc = conf_queue_bool(ctx, &cfg->queues[idx].expire_on_disconnect,
+                                     "lease_expire_on_disconnect", idx, val);
             }
             if (rc < 0) {
                 return -1;
@@ -537,10 +560,10 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
         if (seen[2] && !seen[1]) {
             return conf_error(ctx, on_full_at, "queues[%d]: on_full needs max_length", idx);
         }
-        if ((seen[4] || seen[5] || seen[6] || seen[7]) && !seen[3]) {
+        if ((seen[4] || seen[5] || seen[6] || seen[7] || seen[8]) && !seen[3]) {
             return conf_error(ctx, lease_at,
-                              "queues[%d]: lease_ms, max_attempts, dead_letter and "
-                              "consumer_backoff need processing",
+                              "queues[%d]: lease_ms, max_attempts, dead_letter, "
+                              "consumer_backoff and lease_expire_on_disconnect need processing",
                               idx);
         }
         if (seen[3] && !seen[4]) {

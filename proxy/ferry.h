@@ -86,6 +86,8 @@ enum {
     (1u << 12) /* a write (a pop, an EXEC) answered by a master lost before a replica              \
                   confirmed it: its reply kept in r->reply until the next master says              \
                   whether it has it (fence.c) */
+#define REQ_F_LEASE_ACK (1u << 13)  /* an LREM sent as the leases' ack script (lease.c) */
+#define REQ_F_LEASE_EVAL (1u << 14) /* Redis lacked the ack script: sent as EVAL from now on */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its

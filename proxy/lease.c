@@ -41,101 +41,32 @@
 
 #define BATCH 100 /* leases expired per processing list and round */
 #define REGISTRY "ferry:leases:registry"
-#define LOCK "ferry:leases:lock"
-#define FAILURES "ferry:consumers:failures"
 #define PAUSED "ferry:consumers:paused"
 #define MAX_PAUSED 64 /* paused consumers a loop keeps */
 #define PAUSE_POLL_MS 200
 #define MAX_ARGS 8
 
-/* KEYS: processing, leases, attempts, registry, consumers; ARGV: item,
- * lease_ms, side, consumer */
-static const char lease_lua[] =
-    "if not redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])\n"
-    "if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then\n"
-    "  redis.call('HSET', KEYS[3], ARGV[1], '1:' .. ARGV[3])\n"
-    "end\n"
-    "redis.call('SADD', KEYS[4], KEYS[1])\n"
-    "redis.call('HSET', KEYS[5], ARGV[1], ARGV[4])\n"
-    "return 1\n";
+/* The scripts (lease_take.lua, lease_ack.lua, lease_expire.lua), embedded
+ * with their SHA-1s: sent as EVALSHA after SCRIPT LOAD on each link, as EVAL
+ * after a NOSCRIPT (SCRIPT FLUSH). */
+extern const char ferry_lease_take_lua[], ferry_lease_ack_lua[], ferry_lease_expire_lua[];
+extern const size_t ferry_lease_take_lua_len, ferry_lease_ack_lua_len, ferry_lease_expire_lua_len;
+extern const char ferry_lease_take_lua_sha1[], ferry_lease_ack_lua_sha1[],
+    ferry_lease_expire_lua_sha1[];
 
-/* KEYS: processing, leases, attempts, consumers, failures; ARGV: count,
- * item (the client's LREM), the consumer acking (its failures reset) */
-static const char ack_lua[] = "local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])\n"
-                              "if type(n) == 'table' then return n end\n"
-                              "if n > 0 then\n"
-                              "  redis.call('HDEL', KEYS[5], ARGV[3])\n"
-                              "  if not redis.call('LPOS', KEYS[1], ARGV[2]) then\n"
-                              "    redis.call('ZREM', KEYS[2], ARGV[2])\n"
-                              "    redis.call('HDEL', KEYS[3], ARGV[2])\n"
-                              "    redis.call('HDEL', KEYS[4], ARGV[2])\n"
-                              "  end\n"
-                              "end\n"
-                              "return n\n";
+typedef enum { S_TAKE, S_ACK, S_EXPIRE } lease_script;
 
-/* KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,
- * failures, paused; ARGV: owner, lock ttl ms, batch, max_attempts,
- * lease_ms, after_failures (0: no back-off), pause_ms.
- * Returns {back, dead, orphans, open, consumers paused...}, or {-1} when
- * another ferry expires. */
-static const char expire_lua[] =
-    "local owner = redis.call('GET', KEYS[6])\n"
-    "if owner and owner ~= ARGV[1] then return {-1, 0, 0, 0} end\n"
-    "redis.call('SET', KEYS[6], ARGV[1], 'PX', ARGV[2])\n"
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    "local batch = tonumber(ARGV[3])\n"
-    "local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, batch)\n"
-    "local back, dead, orphans, paused = 0, 0, 0, {}\n"
-    "for _, item in ipairs(due) do\n"
-    "  redis.call('ZREM', KEYS[2], item)\n"
-    "  local c = redis.call('HGET', KEYS[7], item)\n"
-    "  redis.call('HDEL', KEYS[7], item)\n"
-    "  if redis.call('LREM', KEYS[1], -1, item) > 0 then\n"
-    "    if c and tonumber(ARGV[6]) > 0 and\n"
-    "        redis.call('HINCRBY', KEYS[8], c, 1) >= tonumber(ARGV[6]) then\n"
-    "      redis.call('HDEL', KEYS[8], c)\n"
-    "      redis.call('ZADD', KEYS[9], now + tonumber(ARGV[7]), c)\n"
-    "      paused[#paused + 1] = c\n"
-    "    end\n"
-    "    local v = redis.call('HGET', KEYS[3], item) or '1:R'\n"
-    "    local a, side = string.match(v, '^(%d+):(%a)$')\n"
-    "    a = (tonumber(a) or 1) + 1\n"
-    "    if a > tonumber(ARGV[4]) then\n"
-    "      redis.call('LPUSH', KEYS[5], item)\n"
-    "      redis.call('HDEL', KEYS[3], item)\n"
-    "      dead = dead + 1\n"
-    "    else\n"
-    "      redis.call('HSET', KEYS[3], item, a .. ':' .. (side or 'R'))\n"
-    "      if side == 'L' then redis.call('LPUSH', KEYS[4], item)\n"
-    "      else redis.call('RPUSH', KEYS[4], item) end\n"
-    "      back = back + 1\n"
-    "    end\n"
-    "  else\n"
-    "    redis.call('HDEL', KEYS[3], item)\n"
-    "  end\n"
-    "end\n"
-    "for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, batch - 1)) do\n"
-    "  if not redis.call('ZSCORE', KEYS[2], item) then\n"
-    "    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), item)\n"
-    "    if redis.call('HEXISTS', KEYS[3], item) == 0 then\n"
-    "      redis.call('HSET', KEYS[3], item, '1:R')\n"
-    "    end\n"
-    "    orphans = orphans + 1\n"
-    "  end\n"
-    "end\n"
-    "redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)\n"
-    "local out = {back, dead, orphans, redis.call('ZCARD', KEYS[2])}\n"
-    "for _, c in ipairs(paused) do out[#out + 1] = c end\n"
-    "return out\n";
+static const char *const script_body[] = {ferry_lease_take_lua, ferry_lease_ack_lua,
+                                          ferry_lease_expire_lua};
+static const char *const script_sha[] = {ferry_lease_take_lua_sha1, ferry_lease_ack_lua_sha1,
+                                         ferry_lease_expire_lua_sha1};
 
-/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused now. */
+/* KEYS: paused. Returns {consumer, ms left, ...} of the consumers paused
+ * now (and forgets the pauses that ended). */
 static const char paused_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)\n"
     "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES')\n"
     "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end\n"
     "return r\n";
@@ -159,7 +90,108 @@ struct leases {
     uint64_t round;    /* rounds started */
     int in_flight;     /* replies the round awaits */
     int logged_other;  /* another ferry holds the lock (logged once) */
+    char reg[256];     /* the processing list this loop last put in the registry */
+    size_t reglen;
+    uint64_t reg_at; /* uv_now() then */
 };
+
+/* One lease a client took (lease_expire_on_disconnect): its processing
+ * list, item and consumer name, one after the other in bytes. */
+typedef struct held_lease {
+    int e;       /* the queues entry */
+    size_t plen; /* processing list */
+    size_t ilen; /* item */
+    size_t wlen; /* consumer name */
+    char *bytes;
+} held_lease;
+
+/* The leases a session took and has not acked (s->leases_held), in memory only:
+ * a ferry killed loses them, and their deadline applies. */
+struct lease_held {
+    held_lease *v;
+    size_t n, cap;
+    size_t bytes; /* of the items and names kept */
+};
+
+#define MAX_HELD 4096          /* leases remembered per client; more: the deadline only */
+#define MAX_HELD_BYTES 1048576 /* their bytes per client */
+
+/* ------------------------------------------------------------ scripts */
+
+/* The head of a call of script w with nargs arguments after the script:
+ * EVALSHA (SCRIPT LOAD of the three queued first on a link that was not
+ * sent them), or EVAL when eval. */
+static void script_head(buf *b, link *l, lease_script w, size_t nargs, int eval)
+{
+    if (!eval && !l->lease_scripts) {
+        for (int i = 0; i < 3; i++) {
+            const char *argv[3] = {"SCRIPT", "LOAD", script_body[i]};
+            link_internal(l, argv, 3, NULL, 0);
+        }
+        l->lease_scripts = 1;
+    }
+    buf_append_count(b, '*', nargs + 2);
+    if (eval) {
+        buf_append_bulk(b, "EVAL", 4);
+        buf_append_bulk(b, script_body[w], strlen(script_body[w]));
+    } else {
+        buf_append_bulk(b, "EVALSHA", 7);
+        buf_append_bulk(b, script_sha[w], strlen(script_sha[w]));
+    }
+}
+
+static int is_noscript(const char *reply, size_t len)
+{
+    return reply != NULL && len >= 9 && memcmp(reply, "-NOSCRIPT", 9) == 0;
+}
+
+/* r, ferry's own EVALSHA of script w, found no script (SCRIPT FLUSH): sent
+ * again on l as EVAL, which loads it. Returns 1 when it was. */
+static int again_as_eval(link *l, request *r, lease_script w, req_done_cb done)
+{
+    static const char head[] = "$7\r\nEVALSHA\r\n$40\r\n";
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (nl == NULL) {
+        return 0;
+    }
+    const char *at = nl + 1;
+    if ((size_t)(end - at) < sizeof(head) - 1 + 42 || memcmp(at, head, sizeof(head) - 1) != 0) {
+        return 0; /* already an EVAL: Redis' answer stands */
+    }
+    const char *rest = at + sizeof(head) - 1 + 42;
+    buf b;
+    buf_init(&b);
+    buf_append(&b, p, (size_t)(at - p));
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, script_body[w], strlen(script_body[w]));
+    buf_append(&b, rest, (size_t)(end - rest));
+    log_info("leases: Redis lacked a lease script on link %llu: sent as EVAL",
+             (unsigned long long)l->id);
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), done, r->arg);
+    buf_free(&b);
+    return 1;
+}
+
+static void take_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (is_noscript(reply, len)) {
+        again_as_eval(l, r, S_TAKE, take_done);
+    } else if (reply != NULL && len > 0 && reply[0] == '-') {
+        log_warn("leases: a lease refused by Redis: %.*s (the expiry leases the item later)",
+                 (int)(len > 160 ? 160 : len), reply);
+    }
+}
+
+int lease_noscript(request *r, const char *p, size_t n)
+{
+    if (!(r->flags & REQ_F_LEASE_ACK) || (r->flags & REQ_F_LEASE_EVAL) || !is_noscript(p, n)) {
+        return 0;
+    }
+    r->flags |= REQ_F_LEASE_EVAL;
+    log_info("leases: Redis lacked the ack script; an ack sent again as EVAL");
+    return 1;
+}
 
 /* ------------------------------------------------------------ key names */
 
@@ -242,14 +274,6 @@ static int entry_of_processing(const config *cfg, const char *p, size_t plen, co
     return -1;
 }
 
-/* The consumer map of processing list p: item -> who holds it. */
-static void consumers_key(const char *p, size_t plen, buf *out)
-{
-    buf_append(out, "ferry:consumer:{", 16);
-    buf_append(out, p, plen);
-    buf_append(out, "}", 1);
-}
-
 /* Who s is for the back-off: its CLIENT SETNAME, else its address. */
 static void consumer_of(const session *s, char *out, size_t len)
 {
@@ -259,15 +283,43 @@ static void consumer_of(const session *s, char *out, size_t len)
     }
 }
 
-/* The companions of processing list p: leases zset and attempts hash. */
-static void companions(const char *p, size_t plen, buf *leases, buf *attempts)
+size_t lease_tag(const char *q, size_t qlen, const char **tag)
 {
-    buf_append(leases, "ferry:leases:{", 14);
-    buf_append(leases, p, plen);
-    buf_append(leases, "}", 1);
-    buf_append(attempts, "ferry:attempts:{", 16);
-    buf_append(attempts, p, plen);
-    buf_append(attempts, "}", 1);
+    const char *open = memchr(q, '{', qlen);
+    if (open != NULL) {
+        const char *close = memchr(open + 1, '}', qlen - (size_t)(open + 1 - q));
+        if (close != NULL && close > open + 1) {
+            *tag = open + 1;
+            return (size_t)(close - open - 1);
+        }
+    }
+    *tag = q;
+    return qlen;
+}
+
+void lease_key(buf *out, const char *kind, const char *q, size_t qlen, const char *p, size_t plen)
+{
+    const char *tag;
+    size_t tlen = lease_tag(q, qlen, &tag);
+    buf_append(out, "ferry:", 6);
+    buf_append(out, kind, strlen(kind));
+    buf_append(out, ":{", 2);
+    buf_append(out, tag, tlen);
+    buf_append(out, "}", 1);
+    if (p != NULL) {
+        buf_append(out, ":", 1);
+        buf_append(out, p, plen);
+    }
+}
+
+/* The companions of processing list p of queue q: the leases zset, the
+ * attempts hash and the consumer map (item -> who holds it). */
+static void companions(const char *q, size_t qlen, const char *p, size_t plen, buf *leases,
+                       buf *attempts, buf *cons)
+{
+    lease_key(leases, "leases", q, qlen, p, plen);
+    lease_key(attempts, "attempts", q, qlen, p, plen);
+    lease_key(cons, "consumer", q, qlen, p, plen);
 }
 
 static int is_move(const command *cmd)
@@ -278,6 +330,91 @@ static int is_move(const command *cmd)
 }
 
 /* ------------------------------------------------------------ recording */
+
+/* Processing list p goes in the registry the expiry reads, before its first
+ * lease (SADD on l, ahead of the lease script; again after a second, or
+ * for another list: the registry stays right if someone deletes it). The
+ * registry is one key for all queues: a command of its own, outside the
+ * scripts, whose keys all stay in their queue's slot. */
+static void lease_register(struct leases *ls, link *l, const char *p, size_t plen)
+{
+    uint64_t now = uv_now(l->f->loop);
+    if (ls != NULL && plen == ls->reglen && memcmp(p, ls->reg, plen) == 0 &&
+        now < ls->reg_at + 1000) {
+        return;
+    }
+    buf b;
+    buf_init(&b);
+    buf_append_count(&b, '*', 3);
+    buf_append_bulk(&b, "SADD", 4);
+    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
+    buf_append_bulk(&b, p, plen);
+    link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+    buf_free(&b);
+    if (ls != NULL && plen <= sizeof(ls->reg)) {
+        memcpy(ls->reg, p, plen);
+        ls->reglen = plen;
+        ls->reg_at = now;
+    }
+}
+
+/* s took item from entry e's processing list p, as consumer who. */
+static void held_add(session *s, int e, const char *p, size_t plen, const char *item, size_t ilen,
+                     const char *who)
+{
+    struct lease_held *h = s->leases_held;
+    size_t wlen = strlen(who);
+    if (h == NULL) {
+        h = s->leases_held = xcalloc(1, sizeof(*h));
+    }
+    if (h->n == MAX_HELD || h->bytes + plen + ilen + wlen > MAX_HELD_BYTES) {
+        return; /* its deadline expires it */
+    }
+    if (h->n == h->cap) {
+        h->cap = h->cap == 0 ? 16 : h->cap * 2;
+        h->v = xrealloc(h->v, h->cap * sizeof(*h->v));
+    }
+    held_lease *hl = &h->v[h->n++];
+    hl->e = e;
+    hl->plen = plen;
+    hl->ilen = ilen;
+    hl->wlen = wlen;
+    hl->bytes = xmalloc(plen + ilen + wlen + 1);
+    memcpy(hl->bytes, p, plen);
+    memcpy(hl->bytes + plen, item, ilen);
+    memcpy(hl->bytes + plen + ilen, who, wlen + 1);
+    h->bytes += plen + ilen + wlen;
+}
+
+/* s acked item in processing list p: it no longer holds it. */
+static void held_drop(session *s, const char *p, size_t plen, const char *item, size_t ilen)
+{
+    struct lease_held *h = s->leases_held;
+    for (size_t i = 0; h != NULL && i < h->n;) {
+        held_lease *hl = &h->v[i];
+        if (hl->plen == plen && hl->ilen == ilen && memcmp(hl->bytes, p, plen) == 0 &&
+            memcmp(hl->bytes + plen, item, ilen) == 0) {
+            h->bytes -= hl->plen + hl->ilen + hl->wlen;
+            free(hl->bytes);
+            h->v[i] = h->v[--h->n];
+        } else {
+            i++;
+        }
+    }
+}
+
+static void held_free(session *s)
+{
+    struct lease_held *h = s->leases_held;
+    for (size_t i = 0; h != NULL && i < h->n; i++) {
+        free(h->v[i].bytes);
+    }
+    if (h != NULL) {
+        free(h->v);
+        free(h);
+    }
+    s->leases_held = NULL;
+}
 
 void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
 {
@@ -331,26 +468,26 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     buf_init(&attempts);
     buf_init(&cons);
     buf_init(&b);
-    companions(av[2], al[2], &leases, &attempts);
-    consumers_key(av[2], al[2], &cons);
-    buf_append_count(&b, '*', 12);
-    buf_append_bulk(&b, "EVAL", 4);
-    buf_append_bulk(&b, lease_lua, sizeof(lease_lua) - 1);
-    buf_append_bulk(&b, "5", 1);
+    companions(av[1], al[1], av[2], al[2], &leases, &attempts, &cons);
+    lease_register(s->f->leases, l, av[2], al[2]);
+    script_head(&b, l, S_TAKE, 9, 0);
+    buf_append_bulk(&b, "4", 1);
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
-    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
     buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
     buf_append_bulk(&b, item, ilen);
     buf_append_bulk(&b, ms, strlen(ms));
     buf_append_bulk(&b, side, 1);
     buf_append_bulk(&b, who, strlen(who));
-    link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+    link_internal_raw(l, buf_head(&b), buf_used(&b), take_done);
     buf_free(&b);
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
+    if (cfg->queues[e].expire_on_disconnect) {
+        held_add(s, e, av[2], al[2], item, ilen, who);
+    }
 }
 
 /* ------------------------------------------------------------------ ack */
@@ -371,22 +508,23 @@ int lease_send(session *s, request *r, link *l)
     }
     char who[128];
     consumer_of(s, who, sizeof(who));
-    buf leases, attempts, cons, b;
+    buf leases, attempts, cons, fails, b;
     buf_init(&leases);
     buf_init(&attempts);
     buf_init(&cons);
+    buf_init(&fails);
     buf_init(&b);
-    companions(av[1], al[1], &leases, &attempts);
-    consumers_key(av[1], al[1], &cons);
-    buf_append_count(&b, '*', 11);
-    buf_append_bulk(&b, "EVAL", 4);
-    buf_append_bulk(&b, ack_lua, sizeof(ack_lua) - 1);
+    companions(q, qlen, av[1], al[1], &leases, &attempts, &cons);
+    lease_key(&fails, "consumers", q, qlen, NULL, 0);
+    buf_append(&fails, ":failures", 9);
+    r->flags |= REQ_F_LEASE_ACK;
+    script_head(&b, l, S_ACK, 9, (r->flags & REQ_F_LEASE_EVAL) != 0);
     buf_append_bulk(&b, "5", 1);
     buf_append_bulk(&b, av[1], al[1]);
     buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
     buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
     buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
-    buf_append_bulk(&b, FAILURES, strlen(FAILURES));
+    buf_append_bulk(&b, buf_head(&fails), buf_used(&fails));
     buf_append_bulk(&b, av[2], al[2]);
     buf_append_bulk(&b, av[3], al[3]);
     buf_append_bulk(&b, who, strlen(who));
@@ -395,6 +533,8 @@ int lease_send(session *s, request *r, link *l)
     buf_free(&cons);
     buf_free(&leases);
     buf_free(&attempts);
+    buf_free(&fails);
+    held_drop(s, av[1], al[1], av[3], al[3]);
     return 1;
 }
 
@@ -407,14 +547,10 @@ static void round_reply(struct leases *ls)
     }
 }
 
-static void expire_done(link *l, request *r, const char *reply, size_t len)
+/* What an expiry call (a round's, or a client's that hung up) did for entry e. */
+static void expire_result(link *l, int e, const char *reply, size_t len)
 {
     struct leases *ls = l->f->leases;
-    int e = (int)r->arg;
-    if (ls == NULL) {
-        return;
-    }
-    round_reply(ls);
     if (reply == NULL || e < 0 || e >= l->f->cfg->nqueues) {
         return;
     }
@@ -423,8 +559,15 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
         return;
     }
     if (rr->type == REDIS_REPLY_ARRAY && rr->elements >= 4) {
-        for (size_t i = 4; i < rr->elements; i++) {
-            if (rr->element[i]->type == REDIS_REPLY_STRING) {
+        for (size_t i = 4; i + 1 < rr->elements; i += 2) {
+            if (rr->element[i]->type == REDIS_REPLY_STRING &&
+                rr->element[i + 1]->type == REDIS_REPLY_STRING) {
+                /* The pause is kept in one set for every queue (polled by
+                 * every loop), outside the script: its keys stay in the
+                 * queue's slot. */
+                const char *argv[4] = {"ZADD", PAUSED, rr->element[i + 1]->str,
+                                       rr->element[i]->str};
+                link_internal(l, argv, 4, NULL, 0);
                 log_warn("leases: consumer '%.*s' paused for %llu ms after %llu expired leases "
                          "in a row (queues[%d].consumer_backoff)",
                          (int)(rr->element[i]->len > 120 ? 120 : rr->element[i]->len),
@@ -439,7 +582,8 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
         }
         if (v[0] < 0) {
             if (!ls->logged_other) {
-                log_info("leases: another ferry expires leases (it holds %s)", LOCK);
+                log_info("leases: another ferry expires leases (it holds the lock of queues[%d])",
+                         e);
                 ls->logged_other = 1;
             }
         } else {
@@ -460,6 +604,90 @@ static void expire_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
 }
 
+static void expire_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct leases *ls = l->f->leases;
+    if (ls == NULL) {
+        return;
+    }
+    if (is_noscript(reply, len) && again_as_eval(l, r, S_EXPIRE, expire_done)) {
+        return; /* still in flight */
+    }
+    round_reply(ls);
+    expire_result(l, (int)r->arg, reply, len);
+}
+
+/* The expiry of a client's leases when it hung up. */
+static void gone_done(link *l, request *r, const char *reply, size_t len)
+{
+    if (is_noscript(reply, len) && again_as_eval(l, r, S_EXPIRE, gone_done)) {
+        return;
+    }
+    if (l->f->leases != NULL) {
+        expire_result(l, (int)r->arg, reply, len);
+    }
+}
+
+/* Queue the expiry script for entry e's processing list p (queue q, dead
+ * letter dead) on l: a round when who is NULL, else the n items of it[]
+ * (lengths il[]) consumer who took, when it hung up. */
+static void expire_call(link *l, int e, const char *p, size_t plen, const char *q, size_t qlen,
+                        const char *dead, const char *who, const char *const *it,
+                        const size_t *il, size_t n, req_done_cb done)
+{
+    struct leases *ls = l->f->leases;
+    const config_queue *cq = &l->f->cfg->queues[e];
+    char ttl[24], batch[24], maxa[24], lease[24], after[24], pause[24];
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(ls->interval * 4 + 1000));
+    snprintf(batch, sizeof(batch), "%d", BATCH);
+    snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cq->max_attempts);
+    snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cq->lease_ms);
+    snprintf(after, sizeof(after), "%llu", (unsigned long long)cq->backoff_after);
+    snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cq->backoff_pause_ms);
+    buf leases, attempts, cons, lock, fails, b;
+    buf_init(&leases);
+    buf_init(&attempts);
+    buf_init(&cons);
+    buf_init(&lock);
+    buf_init(&fails);
+    buf_init(&b);
+    companions(q, qlen, p, plen, &leases, &attempts, &cons);
+    lease_key(&lock, "leases", q, qlen, NULL, 0);
+    buf_append(&lock, ":lock", 5);
+    lease_key(&fails, "consumers", q, qlen, NULL, 0);
+    buf_append(&fails, ":failures", 9);
+    script_head(&b, l, S_EXPIRE, 16 + (who != NULL ? 1 + n : 0), 0);
+    buf_append_bulk(&b, "8", 1);
+    buf_append_bulk(&b, p, plen);
+    buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
+    buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
+    buf_append_bulk(&b, q, qlen);
+    buf_append_bulk(&b, dead, strlen(dead));
+    buf_append_bulk(&b, buf_head(&lock), buf_used(&lock));
+    buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
+    buf_append_bulk(&b, buf_head(&fails), buf_used(&fails));
+    buf_append_bulk(&b, ls->owner, strlen(ls->owner));
+    buf_append_bulk(&b, ttl, strlen(ttl));
+    buf_append_bulk(&b, batch, strlen(batch));
+    buf_append_bulk(&b, maxa, strlen(maxa));
+    buf_append_bulk(&b, lease, strlen(lease));
+    buf_append_bulk(&b, after, strlen(after));
+    buf_append_bulk(&b, pause, strlen(pause));
+    if (who != NULL) {
+        buf_append_bulk(&b, who, strlen(who));
+        for (size_t i = 0; i < n; i++) {
+            buf_append_bulk(&b, it[i], il[i]);
+        }
+    }
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), done, e);
+    buf_free(&b);
+    buf_free(&lock);
+    buf_free(&fails);
+    buf_free(&cons);
+    buf_free(&leases);
+    buf_free(&attempts);
+}
+
 static void registry_done(link *l, request *r, const char *reply, size_t len)
 {
     struct leases *ls = l->f->leases;
@@ -476,9 +704,6 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
     if (rr == NULL) {
         return;
     }
-    char ttl[24], batch[24], maxa[24], lease[24];
-    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(ls->interval * 4 + 1000));
-    snprintf(batch, sizeof(batch), "%d", BATCH);
     for (size_t i = 0; rr->type == REDIS_REPLY_ARRAY && i < rr->elements; i++) {
         const redisReply *p = rr->element[i];
         const char *q;
@@ -491,46 +716,85 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
         if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
             continue;
         }
-        snprintf(maxa, sizeof(maxa), "%llu", (unsigned long long)cfg->queues[e].max_attempts);
-        snprintf(lease, sizeof(lease), "%llu", (unsigned long long)cfg->queues[e].lease_ms);
-        char after[24], pause[24];
-        snprintf(after, sizeof(after), "%llu", (unsigned long long)cfg->queues[e].backoff_after);
-        snprintf(pause, sizeof(pause), "%llu", (unsigned long long)cfg->queues[e].backoff_pause_ms);
-        buf leases, attempts, cons, b;
-        buf_init(&leases);
-        buf_init(&attempts);
-        buf_init(&cons);
-        buf_init(&b);
-        companions(p->str, p->len, &leases, &attempts);
-        consumers_key(p->str, p->len, &cons);
-        buf_append_count(&b, '*', 19);
-        buf_append_bulk(&b, "EVAL", 4);
-        buf_append_bulk(&b, expire_lua, sizeof(expire_lua) - 1);
-        buf_append_bulk(&b, "9", 1);
-        buf_append_bulk(&b, p->str, p->len);
-        buf_append_bulk(&b, buf_head(&leases), buf_used(&leases));
-        buf_append_bulk(&b, buf_head(&attempts), buf_used(&attempts));
-        buf_append_bulk(&b, q, qlen);
-        buf_append_bulk(&b, dead, strlen(dead));
-        buf_append_bulk(&b, LOCK, strlen(LOCK));
-        buf_append_bulk(&b, buf_head(&cons), buf_used(&cons));
-        buf_append_bulk(&b, FAILURES, strlen(FAILURES));
-        buf_append_bulk(&b, PAUSED, strlen(PAUSED));
-        buf_append_bulk(&b, ls->owner, strlen(ls->owner));
-        buf_append_bulk(&b, ttl, strlen(ttl));
-        buf_append_bulk(&b, batch, strlen(batch));
-        buf_append_bulk(&b, maxa, strlen(maxa));
-        buf_append_bulk(&b, lease, strlen(lease));
-        buf_append_bulk(&b, after, strlen(after));
-        buf_append_bulk(&b, pause, strlen(pause));
-        buf_free(&cons);
         ls->in_flight++;
-        link_internal_bytes(l, buf_head(&b), buf_used(&b), expire_done, e);
-        buf_free(&b);
-        buf_free(&leases);
-        buf_free(&attempts);
+        expire_call(l, e, p->str, p->len, q, qlen, dead, NULL, NULL, NULL, 0, expire_done);
     }
     freeReplyObject(rr);
+}
+
+void lease_client_gone(session *s)
+{
+    ferry *f = s->f;
+    struct lease_held *h = s->leases_held;
+    const config *cfg = f->cfg;
+    if (h == NULL) {
+        return;
+    }
+    link *l = NULL;
+    if (f->leases != NULL && !f->stopping && f->up != NULL && f->up->state == UP_UP) {
+        l = upstream_shared(f->up, s->ident, s->id, s->proto);
+    }
+    if (l == NULL || l->state != LINK_READY) {
+        if (h->n > 0) {
+            log_info("leases: client %llu %s left holding %zu lease(s); no master to expire them "
+                     "now: their deadline does",
+                     (unsigned long long)s->id, s->peer, h->n);
+        }
+        held_free(s);
+        return;
+    }
+    const char *it[BATCH];
+    size_t il[BATCH];
+    /* One call per processing list and consumer, of at most BATCH items. */
+    while (h->n > 0) {
+        const held_lease *first = &h->v[h->n - 1];
+        const char *q;
+        size_t qlen, n = 0;
+        char dead[1024];
+        int e = entry_of_processing(cfg, first->bytes, first->plen, &q, &qlen);
+        if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
+            h->n--;
+            free(h->v[h->n].bytes);
+            continue;
+        }
+        for (size_t i = h->n; i-- > 0 && n < BATCH;) {
+            const held_lease *hl = &h->v[i];
+            if (hl->plen == first->plen && hl->wlen == first->wlen &&
+                memcmp(hl->bytes, first->bytes, hl->plen) == 0 &&
+                memcmp(hl->bytes + hl->plen + hl->ilen, first->bytes + first->plen + first->ilen,
+                       hl->wlen) == 0) {
+                it[n] = hl->bytes + hl->plen;
+                il[n] = hl->ilen;
+                n++;
+            }
+        }
+        log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
+                  (unsigned long long)s->id, s->peer, n, (int)(first->plen > 200 ? 200 : first->plen),
+                  first->bytes);
+        expire_call(l, e, first->bytes, first->plen, q, qlen, dead,
+                    first->bytes + first->plen + first->ilen, it, il, n, gone_done);
+        /* Those n go: the same matches, dropped from the end. */
+        char *pkey = xmalloc(first->plen + first->wlen + 1);
+        size_t plen = first->plen, wlen = first->wlen;
+        memcpy(pkey, first->bytes, plen);
+        memcpy(pkey + plen, first->bytes + first->plen + first->ilen, wlen);
+        for (size_t i = h->n, dropped = 0; i-- > 0 && dropped < n;) {
+            held_lease *hl = &h->v[i];
+            if (hl->plen == plen && hl->wlen == wlen && memcmp(hl->bytes, pkey, plen) == 0 &&
+                memcmp(hl->bytes + hl->plen + hl->ilen, pkey + plen, wlen) == 0) {
+                free(hl->bytes);
+                h->v[i] = h->v[--h->n];
+                dropped++;
+            }
+        }
+        free(pkey);
+    }
+    held_free(s);
+}
+
+void lease_client_handed(session *s)
+{
+    held_free(s);
 }
 
 static void paused_done(link *l, request *r, const char *reply, size_t len)

@@ -11,6 +11,9 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "buf.h"
+#include "lease.h"
+
 #define MAX_KEYS 10000 /* keys listed per glob */
 #define TIMEOUT_S 2
 
@@ -122,14 +125,17 @@ static void one_key(redisContext *c, const config_queue *q, const char *key, siz
     }
     fprintf(out, "  %.*s length=%lld", (int)klen, key, integer(c, "LLEN %b", key, klen));
     if (q->processing != NULL) {
-        char proc[1024], dead[1024], leases[1100];
+        char proc[1024], dead[1024];
+        buf leases;
+        buf_init(&leases);
         apply(q->processing, key, klen, proc, sizeof(proc));
         apply(q->dead_letter, key, klen, dead, sizeof(dead));
-        snprintf(leases, sizeof(leases), "ferry:leases:{%s}", proc);
+        lease_key(&leases, "leases", key, klen, proc, strlen(proc));
         fprintf(out, " processing=%lld leases_open=%lld dead=%lld",
                 integer(c, "LLEN %b", proc, strlen(proc)),
-                integer(c, "ZCARD %b", leases, strlen(leases)),
+                integer(c, "ZCARD %b", buf_head(&leases), buf_used(&leases)),
                 integer(c, "LLEN %b", dead, strlen(dead)));
+        buf_free(&leases);
     }
     fputc('\n', out);
 }

@@ -879,6 +879,10 @@ static void guard_again(session *s, request *r, guard_verdict v)
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
+    if (lease_noscript(r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* the ack again, as EVAL */
+        return;
+    }
     guard_verdict gv = guards_on_reply(s, r, p, n);
     if (gv != GUARD_PASS) {
         guard_again(s, r, gv);

@@ -15,6 +15,7 @@
 
 #include "acl.h"
 #include "backlog.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "router.h"
@@ -350,6 +351,7 @@ void session_close(session *s, const char *reason)
         s->reading = 0;
     }
     backlog_release(s);
+    lease_client_gone(s); /* before its requests go: the link is still the same */
     if (list_linked(&s->dirty_node)) {
         list_del(&s->dirty_node);
     }

@@ -108,6 +108,7 @@ typedef struct session {
     int guard_alone;           /* a push to an on_full: block queue is in flight: nothing else
                                   is sent until it is answered (guards.c) */
     buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
+    struct lease_held *leases_held; /* leases it took and has not acked (lease.c); NULL: none */
 } session;
 
 /* What the router and its helpers (router.c, tx.c, acl.c, clients.c,

@@ -16,6 +16,7 @@
 #include <unistd.h>
 #undef link
 
+#include "lease.h"
 #include "link.h"
 #include "log.h"
 #include "router.h"
@@ -478,6 +479,7 @@ static int tk_hand(takeover *tk, session *s, const request *call)
          * s is served here again, as the new process would have served
          * it (its call re-issued with what is left of its timeout). */
         int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        lease_client_handed(s); /* its client stays connected */
         session_close(s, "takeover aborted: its blocked call is re-issued here");
         if (dup_fd >= 0) {
             takeover_adopt(f, dup_fd, buf_head(&b), buf_used(&b));
@@ -494,6 +496,7 @@ static int tk_hand(takeover *tk, session *s, const request *call)
             return 0; /* out of descriptors: tried again on the next scan */
         }
         tk_relay_post(tk->relay, &b, dup_fd);
+        lease_client_handed(s); /* its client stays connected */
         tk->handed++;
         session_close(s, "handed over to the new process");
         return 0;
@@ -510,6 +513,7 @@ static int tk_hand(takeover *tk, session *s, const request *call)
     tk->handed++;
     /* The socket lives on in the new process: closing this copy of it sends
      * nothing to the client. */
+    lease_client_handed(s); /* its client stays connected */
     session_close(s, "handed over to the new process");
     return 0;
 }

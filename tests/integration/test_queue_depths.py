@@ -182,8 +182,9 @@ class QueuesConfigTest(unittest.TestCase):
         # lease_ms is a key of the queue guards: it needs processing.
         rc, out, path = self.check('queues:\n  - keys: "jobs:*"\n    lease_ms: 30000\n')
         self.assertNotEqual(rc, 0)
-        self.assertIn("%s:4:5: queues[0]: lease_ms, max_attempts, dead_letter and "
-                      "consumer_backoff need processing" % path, out)
+        self.assertIn("%s:4:5: queues[0]: lease_ms, max_attempts, dead_letter, "
+                      "consumer_backoff and lease_expire_on_disconnect need processing" % path,
+                      out)
 
     def test_bad_shapes_are_refused(self):
         for text, where in (('queues: "jobs:*"\n', ':2:9: queues: expected a list'),

@@ -23,10 +23,12 @@ Run: python3 -m unittest test_queue_guards -v
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -34,6 +36,7 @@ import urllib.request
 
 import redis
 
+import harness
 from harness import FERRY_BIN, Ferry, RedisServer, SentinelTopology, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
@@ -57,10 +60,47 @@ def queues_yaml(entries):
     for e in entries:
         lines.append('  - keys: %s' % json.dumps(e['keys']))
         for k in ('max_length', 'on_full', 'processing', 'lease_ms', 'max_attempts',
-                  'dead_letter', 'consumer_backoff'):
+                  'dead_letter', 'consumer_backoff', 'lease_expire_on_disconnect'):
             if k in e:
                 lines.append('    %s: %s' % (k, e[k]))
     return '\n'.join(lines) + '\n'
+
+
+def tag(q):
+    """The hash tag ferry's companions of queue q carry: q's own {tag}, else q."""
+    i = q.find('{')
+    j = q.find('}', i + 1) if i >= 0 else -1
+    return q[i + 1:j] if j > i + 1 else q
+
+
+def lkey(kind, proc, q=None):
+    """ferry:<kind>:{T}:<proc>, the companion of processing list proc (of
+    queue q, by default proc less its ':processing')."""
+    if q is None:
+        q = proc[:-len(':processing')]
+    return 'ferry:%s:{%s}:%s' % (kind, tag(q), proc)
+
+
+def crc16(data):
+    """CRC16-CCITT (XMODEM), as Redis Cluster hashes keys."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xffff
+    return crc
+
+
+def keyslot(key):
+    """CLUSTER KEYSLOT key."""
+    b = key.encode() if isinstance(key, str) else key
+    i = b.find(b'{')
+    if i >= 0:
+        j = b.find(b'}', i + 1)
+        if j > i + 1:
+            b = b[i + 1:j]
+    return crc16(b) % 16384
 
 
 def stats(port):
@@ -78,12 +118,14 @@ class Checks:
         return e
 
     def attempts(self, proc, item):
-        return self.master().client().hget('ferry:attempts:{%s}' % proc, item)
+        return self.master().client().hget(lkey('attempts', proc), item)
 
     def test_lease_worker_killed(self):
+        """lease_expire_on_disconnect: false: a killed worker's leases expire
+        at their deadline, not before."""
         p = key_prefix(self)
         q, proc = p + ':q', p + ':q:processing'
-        f = self.start([self.lease_entry(p)])
+        f = self.start([self.lease_entry(p, lease_expire_on_disconnect='false')])
         c = f.client()
         items = ['t%02d' % i for i in range(50)]
         c.lpush(q, *items)
@@ -98,7 +140,7 @@ class Checks:
         t_ready = time.monotonic()
         m = self.master().client()
         self.assertEqual(m.llen(proc), 50)
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 50)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 50)
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
         wait_until(lambda: m.llen(q) == 50 and m.llen(proc) == 0, timeout=15,
@@ -107,10 +149,133 @@ class Checks:
         self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
         for it in items:
             self.assertEqual(self.attempts(proc, it), '2:R')
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
         st = stats(f.stats_port)['queues']['queues'][0]
         self.assertEqual(st['lease_expired'], 50, st)
         self.assertEqual(st['dead_lettered'], 0, st)
+
+    def take_and_close(self, f, q, proc, n, ack=()):
+        """A client takes n items with BRPOPLPUSH, acks those in ack (by
+        position), closes its socket; returns (taken, the time it closed)."""
+        c = f.client(socket_timeout=10)
+        taken = [c.brpoplpush(q, proc, 2) for _ in range(n)]
+        for i in ack:
+            self.assertEqual(c.lrem(proc, 1, taken[i]), 1)
+        m = self.master().client()
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == n - len(ack), timeout=5,
+                   msg='every unacked item leased')
+        c.connection_pool.disconnect()  # the socket closes
+        return taken, time.monotonic()
+
+    def test_lease_expired_on_disconnect(self):
+        """A client that takes 20 items and closes its socket without acking:
+        all 20 back in the queue at once (attempt 2), long before lease_ms."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        items = ['d%02d' % i for i in range(20)]
+        m.rpush(q, *items)
+        taken, t_closed = self.take_and_close(f, q, proc, 20)
+        self.assertEqual(sorted(taken), sorted(items))
+        wait_until(lambda: m.llen(q) == 20 and m.llen(proc) == 0, timeout=5,
+                   msg='the 20 items back in the queue')
+        self.assertLess(time.monotonic() - t_closed, 5)
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
+        for it in items:
+            self.assertEqual(self.attempts(proc, it), '2:R')
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        self.assertEqual(m.hlen(lkey('consumer', proc)), 0)
+        wait_until(lambda: stats(f.stats_port)['queues']['queues'][0]['lease_expired'] == 20,
+                   timeout=5, msg='20 counted as expired')
+        # Once: a deadline round later on finds nothing of them.
+        time.sleep(0.3)
+        self.assertEqual(m.llen(q), 20)
+
+    def test_lease_disconnect_some_acked(self):
+        """A client that acked 4 of 10 before closing: only the 6 unacked
+        come back, each once."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        items = ['s%02d' % i for i in range(10)]
+        m.rpush(q, *items)
+        taken, _ = self.take_and_close(f, q, proc, 10, ack=(0, 3, 5, 9))
+        acked = {taken[i] for i in (0, 3, 5, 9)}
+        wait_until(lambda: m.llen(q) == 6 and m.llen(proc) == 0, timeout=5,
+                   msg='the 6 unacked items back in the queue')
+        self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(set(items) - acked))
+        for it in acked:
+            self.assertIsNone(self.attempts(proc, it))
+
+    def test_lease_disconnect_option_off(self):
+        """lease_expire_on_disconnect: false: the items of a client that
+        closed come back at lease_ms only."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=2500, lease_expire_on_disconnect='false')])
+        m = self.master().client()
+        items = ['o%02d' % i for i in range(20)]
+        m.rpush(q, *items)
+        _, t_closed = self.take_and_close(f, q, proc, 20)
+        time.sleep(1.0)  # what the option on would have brought back by now
+        self.assertEqual(m.llen(proc), 20)
+        self.assertEqual(m.llen(q), 0)
+        wait_until(lambda: m.llen(q) == 20 and m.llen(proc) == 0, timeout=10,
+                   msg='the 20 items back at their deadline')
+        self.assertGreaterEqual(time.monotonic() - t_closed, 1.5)
+
+    def test_lease_keys_one_slot(self):
+        """Every key a lease script (take, ack, expiry at the deadline and at
+        a disconnect) is given for queue {<p>}:1 hashes to the queue's slot,
+        as Redis' MONITOR shows the calls ferry sends."""
+        p = key_prefix(self)
+        q = '{%s}:1' % p
+        proc = q + ':processing'
+        f = self.start([{'keys': '{%s}:*' % p, 'processing': '"{key}:processing"',
+                         'lease_ms': 300}])
+        port = self.master().port
+        mon_path = os.path.join(f.dir, 'monitor.out')
+        with open(mon_path, 'w') as out:
+            mon = subprocess.Popen(['redis-cli', '-p', str(port), 'monitor'], stdout=out,
+                                   stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: mon.poll() is None and mon.kill())
+        wait_until(lambda: os.path.getsize(mon_path) > 0, timeout=5, msg='MONITOR started')
+        m = self.master().client()
+        m.rpush(q, 'a', 'b', 'c')
+        c1 = f.client(socket_timeout=10)
+        self.assertEqual(c1.brpoplpush(q, proc, 2), 'c')
+        self.assertEqual(c1.rpoplpush(q, proc), 'b')
+        self.assertEqual(c1.lrem(proc, 1, 'c'), 1)  # the ack
+        wait_until(lambda: any(m.type(k) == 'zset' and m.zscore(k, 'b') is not None
+                               for k in m.keys('ferry:leases:*')), timeout=5, msg='b leased')
+        c1.connection_pool.disconnect()  # b expired at the disconnect
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'], timeout=5, msg='b back')
+        c2 = f.client(socket_timeout=10)
+        self.assertEqual(c2.lmove(q, proc, 'LEFT', 'RIGHT'), 'a')
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'], timeout=5,
+                   msg='a back at its deadline')
+        mon.terminate()
+        mon.wait(5)
+        with open(mon_path) as fh:
+            lines = fh.read().splitlines()
+        calls = []
+        for ln in lines:
+            args = [a.encode().decode('unicode_escape') for a in
+                    re.findall(r'"((?:[^"\\]|\\.)*)"', ln)]
+            if args and args[0].upper() in ('EVAL', 'EVALSHA') and proc in args:
+                n = int(args[2])
+                calls.append(args[3:3 + n])
+        slot = keyslot(q)
+        self.assertEqual(keyslot(proc), slot)
+        self.assertTrue(calls)
+        for keys in calls:
+            self.assertEqual([keyslot(k) for k in keys], [slot] * len(keys), keys)
+        self.assertEqual({len(k) for k in calls}, {4, 5, 8}, calls)  # take, ack, expiry
+        # No script touches a key of another slot: the registry and the
+        # paused consumers are plain commands.
+        self.assertEqual(keyslot(lkey('leases', proc, q)), slot)
 
     def test_lease_dead_letter_once(self):
         p = key_prefix(self)
@@ -148,13 +313,13 @@ class Checks:
                c.blmove(q, proc, 2, 'RIGHT', 'LEFT'), c.brpoplpush(q, proc, 2)]
         self.assertEqual(sorted(got), ['a', 'b', 'c', 'd'])
         m = self.master().client()
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 4)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 4)
         self.assertEqual(self.attempts(proc, 'a'), '1:L')
         for it in got:
             self.assertEqual(c.lrem(proc, 1, it), 1)
         self.assertEqual(c.lrem(proc, 1, 'a'), 0)
-        self.assertEqual(m.zcard('ferry:leases:{%s}' % proc), 0)
-        self.assertEqual(m.hlen('ferry:attempts:{%s}' % proc), 0)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        self.assertEqual(m.hlen(lkey('attempts', proc)), 0)
         time.sleep(0.8)  # past the lease: nothing comes back
         self.assertEqual(m.llen(q), 0)
         with self.assertRaises(redis.ResponseError):
@@ -162,7 +327,7 @@ class Checks:
         # A move into another list is no lease.
         c.rpush(q, 'e')
         self.assertEqual(c.rpoplpush(q, p + ':other'), 'e')
-        self.assertEqual(m.zcard('ferry:leases:{%s:other}' % p), 0)
+        self.assertEqual(m.zcard(lkey('leases', p + ':other', p + ':q')), 0)
 
     def test_consumer_backoff(self):
         """A consumer whose leases expire after_failures times in a row has
@@ -185,10 +350,10 @@ class Checks:
         # Two failures, one ack: the count starts again.
         fail_once(w1)
         fail_once(w1)
-        self.assertEqual(m.hget('ferry:consumers:failures', 'w1'), '2')
+        self.assertEqual(m.hget('ferry:consumers:{%s}:failures' % q, 'w1'), '2')
         it = w1.brpoplpush(q, proc, 2)
         self.assertEqual(w1.lrem(proc, 1, it), 1)
-        self.assertIsNone(m.hget('ferry:consumers:failures', 'w1'))
+        self.assertIsNone(m.hget('ferry:consumers:{%s}:failures' % q, 'w1'))
         fail_once(w1)
         fail_once(w1)
         self.assertIsNone(m.zscore('ferry:consumers:paused', 'w1'))
@@ -374,6 +539,33 @@ class Checks:
         self.assertEqual(str(cm.exception), self.qfull(key, 3, 3))
         self.assertEqual(self.master().client().lrange(key, 0, -1), ['a', 'b', 'c'])
 
+    def test_lease_scripts_flushed(self):
+        """The lease scripts go as EVALSHA; after SCRIPT FLUSH a NOSCRIPT sends
+        each again as EVAL: the take still leases, the ack still acks (the
+        client sees 1, not NOSCRIPT), a disconnect still expires."""
+        p = key_prefix(self)
+        q, proc = p + ':q', p + ':q:processing'
+        f = self.start([self.lease_entry(p, lease_ms=30000)])
+        m = self.master().client()
+        m.rpush(q, 'a', 'b', 'c')
+        c = f.client(socket_timeout=10)
+        self.assertEqual(c.rpoplpush(q, proc), 'c')
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 1, timeout=5, msg='c leased')
+        m.script_flush()
+        self.assertEqual(c.lrem(proc, 1, 'c'), 1)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 0)
+        m.script_flush()
+        self.assertEqual(c.rpoplpush(q, proc), 'b')
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 1, timeout=5, msg='b leased')
+        m.script_flush()
+        c.connection_pool.disconnect()  # the socket closes
+        wait_until(lambda: m.lrange(q, 0, -1) == ['a', 'b'] and m.llen(proc) == 0, timeout=5,
+                   msg='b back at the disconnect: ' + '\n'.join(
+                       ln for ln in f.log().splitlines() if 'lease' in ln or 'client' in ln)[-3000:])
+        self.assertEqual(self.attempts(proc, 'b'), '2:R')
+        self.assertIn('leases: Redis lacked the ack script', f.log())
+        self.assertIn('leases: Redis lacked a lease script', f.log())
+
     def test_block_in_order(self):
         p = key_prefix(self)
         key = p + ':q'
@@ -481,7 +673,7 @@ class TwoFerriesLeaseTest(unittest.TestCase):
         r = RedisServer()
         self.addCleanup(r.kill)
         entry = queues_yaml([{'keys': 'two:*', 'processing': '"{key}:processing"',
-                              'lease_ms': 500}])
+                              'lease_ms': 500, 'lease_expire_on_disconnect': 'false'}])
         fa = Ferry(r, extra_yaml=entry)
         self.addCleanup(fa.stop)
         fb = Ferry(r, extra_yaml=entry)
@@ -507,6 +699,49 @@ class TwoFerriesLeaseTest(unittest.TestCase):
         self.assertEqual(sorted(m.lrange(q, 0, -1)), sorted(items))
         expired = [stats(f.stats_port)['queues']['queues'][0]['lease_expired'] for f in (fa, fb)]
         self.assertEqual(sum(expired), 50, expired)
+
+
+class LeaseTakeoverTest(unittest.TestCase):
+    """A takeover hands a client holding 20 leases to the new process: it
+    has not disconnected, so nothing is expired; its ack on the same socket
+    after the takeover is an ack."""
+
+    def test_takeover_expires_nothing(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-lease-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        r = RedisServer()
+        self.addCleanup(r.kill)
+        f = Ferry(r, conf={'takeover': {'socket': sock_path}},
+                  extra_yaml=queues_yaml([{'keys': 'tko:*', 'processing': '"{key}:processing"',
+                                           'lease_ms': 30000}]))
+        self.addCleanup(f.stop)
+        q, proc = 'tko:q', 'tko:q:processing'
+        items = ['k%02d' % i for i in range(20)]
+        m = r.client()
+        m.rpush(q, *items)
+        c = f.client(socket_timeout=10)
+        taken = [c.brpoplpush(q, proc, 2) for _ in range(20)]
+        wait_until(lambda: m.zcard(lkey('leases', proc)) == 20, timeout=5,
+                   msg='20 leases')
+        old = f.proc
+        new = harness._spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
+                             f.out_path)
+        try:
+            old_rc = old.wait(20)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        f.proc, f.pid = new, new.pid
+        self.assertEqual(old_rc, 0, '\n'.join(ln for ln in f.log().splitlines()
+                                             if 'takeover' in ln or 'ERROR' in ln)[-3000:])
+        self.assertIn('closed: handed over to the new process', f.log())
+        # What a disconnect would have brought back within a second or so.
+        time.sleep(1.5)
+        self.assertEqual(m.llen(q), 0)
+        self.assertEqual(m.llen(proc), 20)
+        self.assertEqual(m.zcard(lkey('leases', proc)), 20)
+        self.assertEqual(c.lrem(proc, 1, taken[0]), 1)  # the same socket, served by the new one
+        self.assertEqual(m.zcard(lkey('leases', proc)), 19)
 
 
 class QueueGuardsFailoverTest(unittest.TestCase):
@@ -627,9 +862,9 @@ class LeaseFailoverTest(unittest.TestCase):
             raise AssertionError('not settled: acked %d, queue %r, processing %r, dead %d, '
                                  'leases %r, attempts %r, missing %r, errors %r\n%s' % (
                                      len(set(acked)), m.lrange(q, 0, -1), m.lrange(proc, 0, -1),
-                                     m.llen(dead), m.zrange('ferry:leases:{%s}' % proc, 0, -1,
+                                     m.llen(dead), m.zrange(lkey('leases', proc), 0, -1,
                                                             withscores=True),
-                                     {k: m.hget('ferry:attempts:{%s}' % proc, k) for k in lost},
+                                     {k: m.hget(lkey('attempts', proc), k) for k in lost},
                                      sorted(lost), errors, f.log()[-3000:]))
         stop.set()
         for t in threads:
