@@ -159,6 +159,31 @@ void outq_free(outq *q)
     q->tls = NULL;
 }
 
+/* Hand q->busy to libuv, in pieces (uv_buf_t lengths are unsigned int). */
+static int outq_start(outq *q, uv_stream_t *stream, uv_write_cb cb)
+{
+    uv_buf_t ub[OUTQ_MAX_PIECES];
+    unsigned int nb = 0;
+    size_t left = buf_used(&q->busy);
+    char *p = buf_head(&q->busy);
+    ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
+    while (left > 0) {
+        size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
+        ub[nb++] = uv_buf_init(p, (unsigned int)n);
+        p += n;
+        left -= n;
+    }
+    q->wreq = xmalloc(sizeof(*q->wreq));
+    int rc = uv_write(q->wreq, stream, ub, nb, cb);
+    if (rc < 0) {
+        free(q->wreq);
+        q->wreq = NULL;
+        return rc;
+    }
+    q->writing = 1;
+    return OUTQ_STARTED;
+}
+
 /* outq_flush with TLS: queued plaintext is encrypted (none while the
  * handshake waits for the peer), and the ciphertext, with whatever the
  * session wants to send of its own, is written as plain bytes are. */
@@ -206,26 +231,7 @@ static int outq_flush_tls(outq *q, uv_stream_t *stream, uv_write_cb cb)
             return OUTQ_WRITTEN;
         }
     }
-    uv_buf_t ub[OUTQ_MAX_PIECES];
-    unsigned int nb = 0;
-    size_t left = buf_used(&q->busy);
-    char *p = buf_head(&q->busy);
-    ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
-    while (left > 0) {
-        size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
-        ub[nb++] = uv_buf_init(p, (unsigned int)n);
-        p += n;
-        left -= n;
-    }
-    q->wreq = xmalloc(sizeof(*q->wreq));
-    int rc = uv_write(q->wreq, stream, ub, nb, cb);
-    if (rc < 0) {
-        free(q->wreq);
-        q->wreq = NULL;
-        return rc;
-    }
-    q->writing = 1;
-    return OUTQ_STARTED;
+    return outq_start(q, stream, cb);
 }
 
 int outq_tls_input(outq *q, const char *p, size_t n, buf *in)
@@ -297,27 +303,7 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
     q->busy = q->fill;
     q->fill = tmp;
     buf_clear(&q->fill);
-    /* uv_buf_t lengths are unsigned int: a huge output goes out in pieces. */
-    uv_buf_t ub[OUTQ_MAX_PIECES];
-    unsigned int nb = 0;
-    size_t left = buf_used(&q->busy);
-    char *p = buf_head(&q->busy);
-    ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
-    while (left > 0) {
-        size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
-        ub[nb++] = uv_buf_init(p, (unsigned int)n);
-        p += n;
-        left -= n;
-    }
-    q->wreq = xmalloc(sizeof(*q->wreq));
-    int rc = uv_write(q->wreq, stream, ub, nb, cb);
-    if (rc < 0) {
-        free(q->wreq);
-        q->wreq = NULL;
-        return rc;
-    }
-    q->writing = 1;
-    return OUTQ_STARTED;
+    return outq_start(q, stream, cb);
 }
 
 uint64_t outq_sent(const outq *q, const uv_stream_t *stream)
