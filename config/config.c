@@ -1395,7 +1395,8 @@ void config_describe(FILE *out)
         {"queues[].consumer_backoff.pause_ms", "integer", "30000", "1 to 86400000",
          "how long a failing consumer's pops are held"},
         {"queues[].lease_expire_on_disconnect", "bool", "true", "true or false",
-         "a client that hangs up has its unacked leases expired at once (false: the deadline only)"},
+         "a client that hangs up has its unacked leases expired at once (false: the deadline "
+         "only)"},
     };
     for (size_t i = 0; i < sizeof(guard_keys) / sizeof(guard_keys[0]); i++) {
         fprintf(out, "%s\t%s\t%s\t%s\t%s\n", guard_keys[i][0], guard_keys[i][1], guard_keys[i][2],

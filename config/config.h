@@ -11,10 +11,10 @@
 #define CONFIG_MAX_SENTINELS 16
 #define CONFIG_MAX_CLUSTER_SEEDS 64 /* cluster.nodes */
 #define CONFIG_MAX_DENY 64
-#define CONFIG_MAX_WORKERS 64   /* workers: most event loops */
-#define CONFIG_AUTO_WORKERS 8   /* workers: auto picks at most this many */
-#define CONFIG_MAX_QUEUES 16    /* queues: most entries */
-#define CONFIG_MAX_QUEUE_KEYS 8 /* queues[].keys: most globs per entry */
+#define CONFIG_MAX_WORKERS 64                 /* workers: most event loops */
+#define CONFIG_AUTO_WORKERS 8                 /* workers: auto picks at most this many */
+#define CONFIG_MAX_QUEUES 16                  /* queues: most entries */
+#define CONFIG_MAX_QUEUE_KEYS 8               /* queues[].keys: most globs per entry */
 #define CONFIG_MAX_QUEUE_LENGTH 4294967295ull /* queues[].max_length: Redis' list bound */
 
 /* client.auth: who checks a client's AUTH, and as whom its commands run. */
@@ -50,16 +50,16 @@ typedef enum config_on_full {
 typedef struct config_queue {
     char *keys[CONFIG_MAX_QUEUE_KEYS]; /* keys: one glob or a list */
     int nkeys;
-    uint64_t max_length;    /* max_length: most items a list may hold (0: no bound) */
-    config_on_full on_full; /* on_full: refuse (default) or block */
-    char *processing;       /* processing: "{key}:processing": the list a move from a queue
-                               key into it leases (NULL: no leases) */
-    char *dead_letter;      /* dead_letter: where an item goes past max_attempts
-                               ("{key}:dead") */
-    uint64_t lease_ms;      /* lease_ms (60000): how long a leased item may stay unacked */
-    uint64_t max_attempts;  /* max_attempts (5): deliveries before the dead letter */
-    int expire_on_disconnect; /* lease_expire_on_disconnect (true): a client that hangs up
-                                 with items unacked has their leases expired at once */
+    uint64_t max_length;       /* max_length: most items a list may hold (0: no bound) */
+    config_on_full on_full;    /* on_full: refuse (default) or block */
+    char *processing;          /* processing: "{key}:processing": the list a move from a queue
+                                  key into it leases (NULL: no leases) */
+    char *dead_letter;         /* dead_letter: where an item goes past max_attempts
+                                  ("{key}:dead") */
+    uint64_t lease_ms;         /* lease_ms (60000): how long a leased item may stay unacked */
+    uint64_t max_attempts;     /* max_attempts (5): deliveries before the dead letter */
+    int expire_on_disconnect;  /* lease_expire_on_disconnect (true): a client that hangs up
+                                  with items unacked has their leases expired at once */
     uint64_t backoff_after;    /* consumer_backoff.after_failures: expired leases in a row
                                   that pause a consumer (0: no back-off) */
     uint64_t backoff_pause_ms; /* consumer_backoff.pause_ms: how long its pops are held */

@@ -328,8 +328,7 @@ static int conf_queue_max_length(conf_ctx *ctx, config_queue *q, int idx, yaml_n
     int rc = text != NULL ? conf_parse_unsigned(text, 0, &u) : -1;
     if (rc == -2 || (rc == 0 && (u == 0 || u > CONFIG_MAX_QUEUE_LENGTH))) {
         return conf_error(ctx, v->start_mark,
-                          "queues[%d].max_length: %s is out of range (1 to %llu items)", idx,
-                          text,
+                          "queues[%d].max_length: %s is out of range (1 to %llu items)", idx, text,
                           (unsigned long long)CONFIG_MAX_QUEUE_LENGTH);
     }
     if (rc != 0) {
@@ -360,8 +359,7 @@ static int conf_queue_on_full(conf_ctx *ctx, config_queue *q, int idx, yaml_node
 
 /* processing: or dead_letter: of one queues entry: a key name holding
  * {key} once (the queue key it stands beside). */
-static int conf_queue_template(conf_ctx *ctx, char **out, const char *what, int idx,
-                               yaml_node_t *v)
+static int conf_queue_template(conf_ctx *ctx, char **out, const char *what, int idx, yaml_node_t *v)
 {
     char buf[CONF_QUOTE_MAX + 8];
     const char *text = v->type == YAML_SCALAR_NODE && !conf_is_null(v) ? conf_scalar(v) : NULL;
@@ -393,8 +391,8 @@ static int conf_queue_number(conf_ctx *ctx, uint64_t *out, const char *what, int
                           idx, what, text, lo, hi);
     }
     if (rc != 0) {
-        return conf_error(ctx, v->start_mark, "queues[%d].%s: expected a whole number, got %s",
-                          idx, what, conf_describe(v, buf, sizeof(buf)));
+        return conf_error(ctx, v->start_mark, "queues[%d].%s: expected a whole number, got %s", idx,
+                          what, conf_describe(v, buf, sizeof(buf)));
     }
     *out = u;
     return 0;
@@ -441,8 +439,8 @@ static int conf_queue_backoff(conf_ctx *ctx, config_queue *q, int idx, yaml_node
             rc = conf_queue_number(ctx, &q->backoff_after, "consumer_backoff.after_failures", idx,
                                    val, 1, 1000000);
         } else if (name != NULL && strcmp(name, "pause_ms") == 0) {
-            rc = conf_queue_number(ctx, &q->backoff_pause_ms, "consumer_backoff.pause_ms", idx,
-                                   val, 1, 86400000ull);
+            rc = conf_queue_number(ctx, &q->backoff_pause_ms, "consumer_backoff.pause_ms", idx, val,
+                                   1, 86400000ull);
         } else {
             return conf_error(ctx, k->start_mark, "queues[%d].consumer_backoff: unknown key '%s'",
                               idx, name != NULL ? conf_quote(name, buf, sizeof(buf)) : "?");
@@ -488,10 +486,10 @@ static int conf_set_queues(conf_ctx *ctx, yaml_node_t *v)
                               CONFIG_MAX_QUEUES);
         }
         cfg->nqueues++;
-        static const char *const known[] = {"keys",        "max_length",   "on_full",
-                                            "processing",  "dead_letter",  "lease_ms",
-                                            "max_attempts", "consumer_backoff",
-                                            "lease_expire_on_disconnect"};
+        static const char *const known[] = {
+            "keys",         "max_length",       "on_full",
+            "processing",   "dead_letter",      "lease_ms",
+            "max_attempts", "consumer_backoff", "lease_expire_on_disconnect"};
         cfg->queues[idx].lease_ms = 60000;
         cfg->queues[idx].expire_on_disconnect = 1;
         cfg->queues[idx].max_attempts = 5;

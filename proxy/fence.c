@@ -476,8 +476,8 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     } else if (len > 0 && reply[0] == '-') {
         char why[200];
         link_error_text(reply, len, why, sizeof(why));
-        log_warn("link %llu: Redis refused ferry's INFO replication: %s",
-                 (unsigned long long)l->id, why);
+        log_warn("link %llu: Redis refused ferry's INFO replication: %s", (unsigned long long)l->id,
+                 why);
     }
     freeReplyObject(rr);
     if (strcmp(role, "master") != 0 || strlen(id) != sizeof(up->replid) - 1) {
@@ -519,8 +519,8 @@ void fence_learn_replid(upstream *up, link *probe, uint64_t now)
     static const char *const info[] = {"INFO", "replication"};
     up->replid_pending = 1;
     /* Without a backlog yet (no replica attached so far), ask again later. */
-    up->replid_next_ms = now + (up->f->cfg->ping_interval_ms > 0 ? up->f->cfg->ping_interval_ms
-                                                                 : 1000);
+    up->replid_next_ms =
+        now + (up->f->cfg->ping_interval_ms > 0 ? up->f->cfg->ping_interval_ms : 1000);
     link_internal_sure(probe, info, 2, replid_done, 0);
 }
 

@@ -77,9 +77,9 @@ enum {
 #define REQ_F_TXLOG (1u << 6)    /* part of an open transaction: kept to rebuild it */
 #define REQ_F_REFUSED (1u << 7)  /* refused by Redis without effect: held since then */
 #define REQ_F_UNBLOCK                                                                              \
-    (1u << 8)                /* CLIENT UNBLOCK ... ERROR sent for this blocked call:               \
-                                its -UNBLOCKED is its reply (clients.c) */
-#define REQ_F_SURE (1u << 9) /* internal: done is called (reply NULL) if its link is lost */
+    (1u << 8)                  /* CLIENT UNBLOCK ... ERROR sent for this blocked call:             \
+                                  its -UNBLOCKED is its reply (clients.c) */
+#define REQ_F_SURE (1u << 9)   /* internal: done is called (reply NULL) if its link is lost */
 #define REQ_F_GUARD (1u << 10) /* sent as the queue guard's script (guards.c); arg: its queue */
 #define REQ_F_GUARD_EVAL (1u << 11) /* Redis lacked the script: sent as EVAL from now on */
 #define REQ_F_VERDICT                                                                              \
@@ -95,42 +95,42 @@ typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply
 typedef void (*req_sent_cb)(void *arg, int written);
 
 typedef struct request {
-    list_node sq;        /* in session->requests, in arrival order */
-    list_node lq;        /* in link->pending while sent */
-    list_node hq;        /* in its session's held list while held for lack of a master */
-    struct session *s;   /* owner; NULL once the client is gone (reply discarded) */
-    struct link *link;   /* link it was sent on, while SENT */
-    req_state state;     /* see req_state */
-    unsigned flags;      /* REQ_F_* */
-    const command *cmd;  /* table entry, NULL for unknown commands */
-    buf data;            /* the request as multibulk bytes (kept for retries) */
-    buf reply;           /* reply bytes when answered out of order */
-    uint64_t born;       /* uv_now() when parsed */
-    uint64_t born_ns;    /* uv_hrtime() when parsed (latency stats) */
-    uint64_t sent_ns;    /* uv_hrtime() when last sent to a link, 0 = never */
-    long long br_lo;     /* the master's replication offset before it, -1 unknown (fence.c) */
-    long long br_hi;     /* ... and after it (a ROLE behind its batch), -1 unknown */
-    uint64_t br_epoch;   /* the master epoch of its bracket (REQ_F_VERDICT) */
-    int retries;         /* times re-sent after a lost link */
-    int refusals;        /* times Redis refused it without effect (REQ_F_REFUSED) */
-    uint64_t retry_at;   /* refused: uv_now() before which it is not sent again */
-    const char *refusal; /* refused: the last refusal's name (READONLY...), static */
-    uint64_t seq;        /* position in its session (orders requeues) */
-    uint64_t held_since; /* uv_now() when it last became HELD */
-    uint64_t deadline;   /* blocking call: uv_now() when its own timeout ends, 0 = none */
-    uint64_t due;        /* held: uv_now() of its next hold deadline (backlog.c) */
-    size_t hpos;         /* held: 1-based position in f->held_heap, 0 = not in it */
-    size_t held_charge;  /* held: bytes it counts in held_bytes */
-    int route;           /* how the session routes it (session.c) */
-    int slot;            /* cluster mode: the slot of its keys, -1 none (router_classify.c) */
+    list_node sq;         /* in session->requests, in arrival order */
+    list_node lq;         /* in link->pending while sent */
+    list_node hq;         /* in its session's held list while held for lack of a master */
+    struct session *s;    /* owner; NULL once the client is gone (reply discarded) */
+    struct link *link;    /* link it was sent on, while SENT */
+    req_state state;      /* see req_state */
+    unsigned flags;       /* REQ_F_* */
+    const command *cmd;   /* table entry, NULL for unknown commands */
+    buf data;             /* the request as multibulk bytes (kept for retries) */
+    buf reply;            /* reply bytes when answered out of order */
+    uint64_t born;        /* uv_now() when parsed */
+    uint64_t born_ns;     /* uv_hrtime() when parsed (latency stats) */
+    uint64_t sent_ns;     /* uv_hrtime() when last sent to a link, 0 = never */
+    long long br_lo;      /* the master's replication offset before it, -1 unknown (fence.c) */
+    long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
+    uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
+    int retries;          /* times re-sent after a lost link */
+    int refusals;         /* times Redis refused it without effect (REQ_F_REFUSED) */
+    uint64_t retry_at;    /* refused: uv_now() before which it is not sent again */
+    const char *refusal;  /* refused: the last refusal's name (READONLY...), static */
+    uint64_t seq;         /* position in its session (orders requeues) */
+    uint64_t held_since;  /* uv_now() when it last became HELD */
+    uint64_t deadline;    /* blocking call: uv_now() when its own timeout ends, 0 = none */
+    uint64_t due;         /* held: uv_now() of its next hold deadline (backlog.c) */
+    size_t hpos;          /* held: 1-based position in f->held_heap, 0 = not in it */
+    size_t held_charge;   /* held: bytes it counts in held_bytes */
+    int route;            /* how the session routes it (session.c) */
+    int slot;             /* cluster mode: the slot of its keys, -1 none (router_classify.c) */
     struct upstream *ask; /* cluster mode: a node answered ASK: the view it named, where r
                              goes next, after ASKING (router.c); NULL none */
-    long long arg;       /* route argument (db for SELECT, auth result) */
-    size_t charge;       /* bytes charged to its session's memory (session.c) */
-    req_done_cb done;    /* internal requests: called with the reply */
-    req_sent_cb written; /* called once with the fate of its reply (a pop served from
-                               the fallback store); NULL: nobody asks */
-    void *written_arg;   /* for written */
+    long long arg;        /* route argument (db for SELECT, auth result) */
+    size_t charge;        /* bytes charged to its session's memory (session.c) */
+    req_done_cb done;     /* internal requests: called with the reply */
+    req_sent_cb written;  /* called once with the fate of its reply (a pop served from
+                                the fallback store); NULL: nobody asks */
+    void *written_arg;    /* for written */
 } request;
 
 typedef struct ferry {

@@ -632,8 +632,8 @@ static void gone_done(link *l, request *r, const char *reply, size_t len)
  * letter dead) on l: a round when who is NULL, else the n items of it[]
  * (lengths il[]) consumer who took, when it hung up. */
 static void expire_call(link *l, int e, const char *p, size_t plen, const char *q, size_t qlen,
-                        const char *dead, const char *who, const char *const *it,
-                        const size_t *il, size_t n, req_done_cb done)
+                        const char *dead, const char *who, const char *const *it, const size_t *il,
+                        size_t n, req_done_cb done)
 {
     struct leases *ls = l->f->leases;
     const config_queue *cq = &l->f->cfg->queues[e];
@@ -769,8 +769,8 @@ void lease_client_gone(session *s)
             }
         }
         log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
-                  (unsigned long long)s->id, s->peer, n, (int)(first->plen > 200 ? 200 : first->plen),
-                  first->bytes);
+                  (unsigned long long)s->id, s->peer, n,
+                  (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
         expire_call(l, e, first->bytes, first->plen, q, qlen, dead,
                     first->bytes + first->plen + first->ilen, it, il, n, gone_done);
         /* Those n go: the same matches, dropped from the end. */

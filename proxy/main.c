@@ -58,16 +58,12 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {{"config", required_argument, NULL, 'c'},
-                                         {"test", no_argument, NULL, 't'},
-                                         {"version", no_argument, NULL, 'V'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"describe-stats", no_argument, NULL, 'D'},
-                                         {"fallback-dump", no_argument, NULL, 'F'},
-                                         {"takeover", required_argument, NULL, 'T'},
-                                         {"describe-config", no_argument, NULL, 'G'},
-                                         {"queues", no_argument, NULL, 'Q'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},   {"test", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
+        {"describe-stats", no_argument, NULL, 'D'}, {"fallback-dump", no_argument, NULL, 'F'},
+        {"takeover", required_argument, NULL, 'T'}, {"describe-config", no_argument, NULL, 'G'},
+        {"queues", no_argument, NULL, 'Q'},         {NULL, 0, NULL, 0}};
     const char *path = NULL;
     const char *takeover_path = NULL;
     int test = 0, dump = 0, report = 0, c;

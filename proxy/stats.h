@@ -201,11 +201,12 @@ typedef enum stat_type {
       "why the master was last lost or switched (live)")                                           \
     X(failover, decided_applied, COUNTER, "ferry_failover_decided_applied_total",                  \
       "writes and pops a failover left with an unknown outcome that their offset brackets place "  \
-      "on the next master (a write answered but unconfirmed: its reply delivered, not sent again)") \
+      "on the next master (a write answered but unconfirmed: its reply delivered, not sent "       \
+      "again)")                                                                                    \
     X(failover, decided_not_applied, COUNTER, "ferry_failover_decided_not_applied_total",          \
       "... that their offset brackets place not on the next master (a write: sent again once)")    \
     X(failover, requests_ambiguous, COUNTER, "ferry_failover_requests_ambiguous_total",            \
-      "... that their offset brackets cannot place (the boundary inside the bracket, no reply, "  \
+      "... that their offset brackets cannot place (the boundary inside the bracket, no reply, "   \
       "replication ids that differ, no backlog): at-least-once, as in the retry policy")           \
     X(failover, duplicates_known, COUNTER, "ferry_failover_duplicates_known_total",                \
       "of the decided ones, duplicates the retry policy still made: a pop's data delivered "       \
@@ -230,7 +231,7 @@ typedef enum stat_type {
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
       "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
     X(durability, bracket_roles, COUNTER, "ferry_durability_bracket_roles_total",                  \
-      "ROLEs pipelined beside a replicas_ack WAIT, reading the master's replication offset "      \
+      "ROLEs pipelined beside a replicas_ack WAIT, reading the master's replication offset "       \
       "after a batch of writes")                                                                   \
     X(durability, brackets, COUNTER, "ferry_durability_brackets_total",                            \
       "held write replies given an offset bracket: the master's offset before and after them")     \
@@ -296,7 +297,7 @@ typedef enum stat_type {
       "ferry_queue_pops_total by keys), length (sum of its keys' sampled lengths), max_length "    \
       "(its bound, 0: none), refused_full (pushes answered -QFULL) and held_full (times a push "   \
       "found it full and was held, on_full: block), lease_expired, dead_lettered and "             \
-      "lease_orphans (leases this ferry expired, of them dead-lettered, items found without a "   \
+      "lease_orphans (leases this ferry expired, of them dead-lettered, items found without a "    \
       "lease); Prometheus ferry_queue_refused_full_total, ferry_queue_held_full_total, "           \
       "ferry_queue_lease_expired_total and ferry_queue_dead_lettered_total by keys (live)")        \
     X(queues, queue_keys, NODES, "",                                                               \
@@ -342,8 +343,8 @@ typedef struct ferry_stats {
     FERRY_STATS(STATS_FIELD)                  /* one field per stat, commented in FERRY_STATS */
     uint64_t queue_pushes[CONFIG_MAX_QUEUES]; /* per entry of queues: (queues.c) */
     uint64_t queue_pops[CONFIG_MAX_QUEUES];
-    uint64_t queue_refused_full[CONFIG_MAX_QUEUES]; /* -QFULL answered (guards.c) */
-    uint64_t queue_held_full[CONFIG_MAX_QUEUES];    /* a push found it full and was held */
+    uint64_t queue_refused_full[CONFIG_MAX_QUEUES];  /* -QFULL answered (guards.c) */
+    uint64_t queue_held_full[CONFIG_MAX_QUEUES];     /* a push found it full and was held */
     uint64_t queue_lease_expired[CONFIG_MAX_QUEUES]; /* leases expired (lease.c) */
     uint64_t queue_dead_lettered[CONFIG_MAX_QUEUES]; /* of them, items dead-lettered */
     uint64_t queue_lease_orphans[CONFIG_MAX_QUEUES]; /* items found without a lease */
