@@ -636,6 +636,14 @@ const conf_entry conf_table[] = {
      CONF_FIELD(replicas_ack_timeout_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+    {.key = "durability.replicas_ack_hold_ms",
+     .doc = "how long an acknowledgement waits for the replicas to confirm it (WAIT asked again) "
+            "before it is answered -NOREPLICAS; above Sentinel's 8 s before a demoted master "
+            "rejoins as a replica",
+     .type = CONF_DURATION,
+     CONF_FIELD(replicas_ack_hold_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
     {.key = "durability.enforce_interval_ms",
      .doc = "how often the durability settings are asserted again on every node",
      .type = CONF_DURATION,
@@ -1108,6 +1116,7 @@ void config_defaults(config *cfg)
     cfg->require_aof = 0;
     cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
+    cfg->replicas_ack_hold_ms = 30000;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");
     cfg->persist_config = 0;

@@ -93,16 +93,18 @@ class DurabilityTest(unittest.TestCase):
 
     def test_replicas_ack_without_replicas(self):
         # A write is applied, but no replica confirms it: the client is told
-        # so after the hold bound instead of getting a plain acknowledgement.
+        # so after durability.replicas_ack_hold_ms (not upstream.hold_timeout_ms,
+        # 10 s here) instead of getting a plain acknowledgement.
         r, f = self.start(ferry_conf={'durability': {'replicas_ack': 1,
-                                                     'replicas_ack_timeout_ms': 100},
-                                      'upstream': {'hold_timeout_ms': 600}})
+                                                     'replicas_ack_timeout_ms': 100,
+                                                     'replicas_ack_hold_ms': 600}})
         t0 = time.monotonic()
         reply = self.raw(f, 'LPUSH', 'q', 'x')
         took = time.monotonic() - t0
         self.assertIsInstance(reply, RespError)
         self.assertTrue(str(reply).startswith('NOREPLICAS ferry:'), reply)
         self.assertGreaterEqual(took, 0.5)
+        self.assertLess(took, 5)
         self.assertEqual(self.raw(f, 'GET', 'missing'), None)   # reads are not held
 
     def test_replicas_ack_with_a_replica(self):

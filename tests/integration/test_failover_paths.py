@@ -558,7 +558,8 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
     def test_c_no_replica_reachable(self):
         hold_ms, ack_ms = 2500, 300
         topo, ferry = self.start({'upstream': {'hold_timeout_ms': hold_ms},
-                                  'durability': {'replicas_ack_timeout_ms': ack_ms}})
+                                  'durability': {'replicas_ack_timeout_ms': ack_ms,
+                                                 'replicas_ack_hold_ms': hold_ms}})
         c = ferry.client(socket_timeout=CLIENT_TIMEOUT)
         self.assertEqual(c.lpush('c:b', 'b1'), 1)
         self.assertEqual(c.lpush('c:l', 'l1'), 1)
@@ -623,6 +624,56 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
             with self.subTest(check=name + ': answered at once'):
                 self.assertEqual(r, want, 'after %.2fs%s' % (took, self.diag(topo, ferry)))
                 self.assertLess(took, 1.0)
+
+    # ---- C2. no replica for ~10 s: Sentinel re-attaches a demoted master late
+
+    def test_c2_planned_failover_with_one_replica(self):
+        """A planned failover of a master with one replica: the replica is
+        promoted, and Sentinel makes the demoted master its replica only
+        about 10 s later (four of its 2 s hello periods), so the new master
+        has no replica that long. (The same window follows a kill -9 when two
+        sentinels win elections in turn: the second demotes the first new
+        master while the old one is dead; seen in CI as NOREPLICAS in the RQ
+        failover tests.) Writes wait for the confirmation as in any
+        failover: no client error, nothing acknowledged lost, although
+        upstream.hold_timeout_ms (3 s here) is far shorter than the window:
+        the confirmation wait is bounded by durability.replicas_ack_hold_ms
+        (30 s). Failed before that key: -NOREPLICAS ferry: ... confirmed by 0
+        of 1 at hold_timeout_ms."""
+        topo, ferry = self.start({'upstream': {'hold_timeout_ms': 3000}}, nreplicas=1)
+        load = Load(ferry, 'planned1', producers=4, consumers=2, client_timeout=45,
+                    join_timeout=60, drain_timeout=DRAIN_TIMEOUT)
+        load.start()
+        self.addCleanup(load.stop)
+        wait_until(lambda: min(load.acks_per_producer()) > 0, timeout=PREFLIGHT,
+                   interval=0.05, msg='every producer acknowledged once')
+        time.sleep(1.0)
+        old = topo.master()
+        t_fault = now()
+        for _ in range(100):   # refused while Sentinel still discovers the replica
+            try:
+                topo.failover()
+                break
+            except Exception:  # noqa: BLE001 - e.g. NOGOODSLAVE right after start
+                time.sleep(0.1)
+        new_port = topo.wait_failover(old.port, timeout=30)
+
+        def old_is_replica():
+            info = old.client(socket_timeout=1).info('replication')
+            return (info.get('role') == 'slave' and info.get('master_port') == new_port
+                    and info.get('master_link_status') == 'up')
+        wait_until(old_is_replica, timeout=40, interval=0.1,
+                   msg='the demoted master %d to replicate from %d' % (old.port, new_port))
+        t_attached = now()
+        self.assertIsNotNone(load.wait_service(t_attached, timeout=15), 'no ack after the '
+                             'old master became a replica%s' % self.diag(topo, ferry))
+        time.sleep(1.0)
+        res = load.finish(lambda: current_master(topo))
+        print('\n' + res.summary('planned failover, one replica'), flush=True)
+        print('[planned1] the demoted master replicated again %.1f s after the failover; '
+              'longest gap between acks %.1f s' % (t_attached - t_fault, res.gap_ms / 1000.0),
+              flush=True)
+        self.check_accounting(res, topo, ferry)
 
     # ---- D. a blocked pop's timeout runs while it is held
 

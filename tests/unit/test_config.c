@@ -134,6 +134,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.require_aof, 0);
     assert_int_equal(cfg.replicas_ack, -1); /* auto */
     assert_int_equal(cfg.replicas_ack_timeout_ms, 1000);
+    assert_int_equal(cfg.replicas_ack_hold_ms, 30000);
     assert_int_equal(cfg.enforce_interval_ms, 5000);
     assert_string_equal(cfg.config_command, "CONFIG");
     assert_int_equal(cfg.persist_config, 0);
@@ -1146,6 +1147,7 @@ static void test_example_file(void **state)
     assert_int_equal(cfg.require_aof, def.require_aof);
     assert_int_equal(cfg.replicas_ack, def.replicas_ack);
     assert_int_equal(cfg.replicas_ack_timeout_ms, def.replicas_ack_timeout_ms);
+    assert_int_equal(cfg.replicas_ack_hold_ms, def.replicas_ack_hold_ms);
     assert_int_equal(cfg.enforce_interval_ms, def.enforce_interval_ms);
     assert_string_equal(cfg.config_command, def.config_command);
     assert_int_equal(cfg.persist_config, def.persist_config);
