@@ -638,8 +638,9 @@ const conf_entry conf_table[] = {
      .max = CONF_DURATION_MAX},
     {.key = "durability.replicas_ack_hold_ms",
      .doc = "how long an acknowledgement waits for the replicas to confirm it (WAIT asked again) "
-            "before it is answered -NOREPLICAS; above Sentinel's 8 s before a demoted master "
-            "rejoins as a replica",
+            "before it is answered -NOREPLICAS, and how long a master back from a switch may "
+            "refuse writes with NOREPLICAS (held) before that is its own answer; keep it above "
+            "the ~10 s Sentinel takes to make a demoted master a replica",
      .type = CONF_DURATION,
      CONF_FIELD(replicas_ack_hold_ms),
      .min = 1,

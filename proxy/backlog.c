@@ -130,11 +130,24 @@ static void backlog_set_held(session *s, size_t held)
     s->held_bytes = held;
 }
 
+/* How long r may be held: upstream.hold_timeout_ms, or, refused with
+ * NOREPLICAS by a master just back from a switch, as long as a write waits
+ * for its replicas (durability.replicas_ack_hold_ms): Sentinel attaches a
+ * demoted master as the new one's replica only ~10 s after the switch. */
+static uint64_t hold_bound(const ferry *f, const request *r)
+{
+    if ((r->flags & REQ_F_REFUSED) && r->refusal != NULL &&
+        strcmp(r->refusal, "NOREPLICAS") == 0) {
+        return f->cfg->replicas_ack_hold_ms;
+    }
+    return f->cfg->hold_timeout_ms;
+}
+
 /* When r is next looked at: its hold timeout, or its own timeout (a
  * blocking call) if that comes first. */
 static uint64_t held_due(const ferry *f, const request *r)
 {
-    uint64_t due = r->held_since + f->cfg->hold_timeout_ms;
+    uint64_t due = r->held_since + hold_bound(f, r);
     return r->deadline != 0 && r->deadline < due ? r->deadline : due;
 }
 
@@ -274,7 +287,7 @@ int backlog_refused(session *s, request *r, uint64_t now)
     if (!(r->flags & REQ_F_REFUSED)) {
         return 0;
     }
-    if (now - r->held_since >= s->f->cfg->hold_timeout_ms) {
+    if (now - r->held_since >= hold_bound(s->f, r)) {
         answer_tryagain(s, r, now);
         return 2;
     }
@@ -318,7 +331,7 @@ void backlog_tick(ferry *f, uint64_t now)
                                       : "*-1\r\n";
             f->stats.requests_timed_out_held++;
             s->f->session_ops->answer_str(s, r, session_null(s, expired));
-        } else if (now - r->held_since < cfg->hold_timeout_ms) {
+        } else if (now - r->held_since < hold_bound(f, r)) {
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);
             continue;

@@ -611,7 +611,7 @@ int upstream_settled(const upstream *up, const link *l)
 {
     return l->epoch == up->epoch && up->state == UP_UP &&
            (up->switches == 0 ||
-            uv_now(up->f->loop) - up->up_since_ms >= up->f->cfg->hold_timeout_ms);
+            uv_now(up->f->loop) - up->up_since_ms >= up->f->cfg->replicas_ack_hold_ms);
 }
 
 void upstream_on_link_error(link *l, const char *why)

@@ -150,8 +150,8 @@ void upstream_on_link_closing(upstream *up, link *l);  /* leaves slot and pool *
 void upstream_on_link_closed(upstream *up, link *l, int was_ready, const char *reason);
 
 /* l is a link to the master ferry uses now, UP and settled: the one ferry
- * started with, or one UP for upstream.hold_timeout_ms since a switch (its
- * replicas have had time to attach). Its refusals are its own answers. */
+ * started with, or one UP for durability.replicas_ack_hold_ms since a switch
+ * (its replicas have had time to attach). Its refusals are its own answers. */
 int upstream_settled(const upstream *up, const link *l);
 
 /* Periodic: reconnects, connect timeouts, health pings, fence timeouts,

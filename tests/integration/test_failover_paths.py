@@ -640,8 +640,22 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
         the confirmation wait is bounded by durability.replicas_ack_hold_ms
         (30 s). Failed before that key: -NOREPLICAS ferry: ... confirmed by 0
         of 1 at hold_timeout_ms."""
-        topo, ferry = self.start({'upstream': {'hold_timeout_ms': 3000}}, nreplicas=1)
-        load = Load(ferry, 'planned1', producers=4, consumers=2, client_timeout=45,
+        self.planned_failover_one_replica('planned1')
+
+    def test_c3_planned_failover_with_one_replica_min_replicas(self):
+        """As c2, with min-replicas-to-write 1 on every node: the new master
+        refuses writes with -NOREPLICAS until the demoted one is its replica.
+        That refusal of a master just back from a switch is held for
+        durability.replicas_ack_hold_ms too, not upstream.hold_timeout_ms
+        (3 s here). Failed before: -TRYAGAIN ferry: refused by Redis
+        (NOREPLICAS) at 3 s."""
+        self.planned_failover_one_replica('planned1-minrep', {'min-replicas-to-write': 1,
+                                                              'min-replicas-max-lag': 10})
+
+    def planned_failover_one_replica(self, tag, redis_conf=None):
+        topo, ferry = self.start({'upstream': {'hold_timeout_ms': 3000}}, nreplicas=1,
+                                 redis_conf=redis_conf)
+        load = Load(ferry, tag, producers=4, consumers=2, client_timeout=45,
                     join_timeout=60, drain_timeout=DRAIN_TIMEOUT)
         load.start()
         self.addCleanup(load.stop)
@@ -669,9 +683,10 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
                              'old master became a replica%s' % self.diag(topo, ferry))
         time.sleep(1.0)
         res = load.finish(lambda: current_master(topo))
-        print('\n' + res.summary('planned failover, one replica'), flush=True)
-        print('[planned1] the demoted master replicated again %.1f s after the failover; '
-              'longest gap between acks %.1f s' % (t_attached - t_fault, res.gap_ms / 1000.0),
+        print('\n' + res.summary('%s: planned failover, one replica' % tag), flush=True)
+        print('[%s] the demoted master replicated again %.1f s after the failover; '
+              'longest gap between acks %.1f s' % (tag, t_attached - t_fault,
+                                                   res.gap_ms / 1000.0),
               flush=True)
         self.check_accounting(res, topo, ferry)
 

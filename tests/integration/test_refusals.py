@@ -281,7 +281,10 @@ class FixedNoReplicasTest(unittest.TestCase):
     def start(self, redis_conf, hold_ms=HOLD_MS):
         r = RedisServer(conf=redis_conf)
         self.addCleanup(r.kill)
-        f = Ferry(r, conf={'upstream': {'hold_timeout_ms': hold_ms}})
+        # NOREPLICAS of a master back from a switch is held for
+        # durability.replicas_ack_hold_ms; every other refusal for
+        # upstream.hold_timeout_ms (left at its 10 s default here)
+        f = Ferry(r, conf={'durability': {'replicas_ack_hold_ms': hold_ms}})
         self.addCleanup(f.stop)
         return r, f
 
