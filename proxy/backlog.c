@@ -136,8 +136,7 @@ static void backlog_set_held(session *s, size_t held)
  * demoted master as the new one's replica only ~10 s after the switch. */
 static uint64_t hold_bound(const ferry *f, const request *r)
 {
-    if ((r->flags & REQ_F_REFUSED) && r->refusal != NULL &&
-        strcmp(r->refusal, "NOREPLICAS") == 0) {
+    if ((r->flags & REQ_F_REFUSED) && r->refusal != NULL && strcmp(r->refusal, "NOREPLICAS") == 0) {
         return f->cfg->replicas_ack_hold_ms;
     }
     return f->cfg->hold_timeout_ms;
