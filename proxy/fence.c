@@ -11,13 +11,20 @@
  * The fence: at a master switch, a link with requests in flight gets a
  * WAIT 1 behind them; replies are released only if a replica confirmed and
  * no replica was promoted meanwhile; writes it cannot confirm are retried
- * on the next master. Then the link closes. */
+ * on the next master. Then the link closes.
+ *
+ * Offset brackets (bracket.h): with replicas_ack, a ROLE goes before each
+ * replicas_ack WAIT, so every held write reply gets the master's replication
+ * offset before it (lo: the last ROLE answered on its link before its reply)
+ * and after it (hi: the ROLE behind its batch); the master's replication id
+ * is read once per master (INFO replication on the probe link). */
 #include "fence.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bracket.h"
 #include "durable_link.h"
 #include "log.h"
 #include "router.h"
@@ -28,6 +35,7 @@
 #define FENCE_BUSY_RETRY_MS 1000 /* durability asked again after a -BUSY */
 
 static void enforce_done(link *l, request *r, const char *reply, size_t len);
+static void replid_done(link *l, request *r, const char *reply, size_t len);
 static void wait_done(link *l, request *w, const char *reply, size_t len);
 
 /* ------------------------------------------------------------ verification */
@@ -78,6 +86,207 @@ static int reply_is_busy(const char *reply, size_t len)
            (len == 5 || reply[5] == ' ' || reply[5] == '\r');
 }
 
+/* The master's replication offset from a ROLE reply (a master's: its
+ * second element), or -1. */
+static long long role_offset(const redisReply *rr)
+{
+    if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements >= 2 &&
+        rr->element[0]->type == REDIS_REPLY_STRING && strcmp(rr->element[0]->str, "master") == 0 &&
+        rr->element[1]->type == REDIS_REPLY_INTEGER && rr->element[1]->integer >= 0) {
+        return rr->element[1]->integer;
+    }
+    return -1;
+}
+
+/* A ROLE answered on l with offset off: every reply held on l arrived before
+ * it, so off is at or past the end of what each wrote (its hi); later
+ * replies get off as their lo. */
+static void bracket_close(link *l, long long off)
+{
+    list_node *n;
+    if (off < 0) {
+        return;
+    }
+    list_foreach(n, &l->held)
+    {
+        request *r = list_entry(n, request, lq);
+        if (r->br_hi >= 0) {
+            continue;
+        }
+        r->br_hi = off;
+        if (r->br_lo >= 0 && r->br_lo <= off) {
+            l->f->stats.brackets++;
+            l->f->stats.bracket_bytes += (uint64_t)(off - r->br_lo);
+        } else {
+            l->f->stats.brackets_open++;
+        }
+    }
+    l->repl_off = off;
+}
+
+/* The ROLE beside a replicas_ack WAIT. */
+static void bracket_role_done(link *l, request *r, const char *reply, size_t len)
+{
+    (void)r;
+    if (reply == NULL || len == 0) {
+        return;
+    }
+    if (reply[0] == '-') {
+        if (!reply_is_busy(reply, len) && !l->role_refused) {
+            char why[200];
+            link_error_text(reply, len, why, sizeof(why));
+            log_warn("link %llu: Redis refused ferry's ROLE (%s): no offset brackets on it",
+                     (unsigned long long)l->id, why);
+            l->role_refused = 1;
+        }
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    bracket_close(l, role_offset(rr));
+    freeReplyObject(rr);
+}
+
+/* ------------------------------------------------- verdicts after a failover */
+
+/* What today's policy does with a request whose outcome became unknown. */
+enum {
+    UNKNOWN_RESENT = 0, /* a write re-sent (its held reply dropped, or no reply) */
+    UNKNOWN_DELIVERED   /* a pop's data delivered unconfirmed */
+};
+
+#define UNKNOWN_MAX 65536 /* records kept awaiting a verdict; past it: ambiguous */
+
+typedef struct bracket_unknown {
+    char replid[BRACKET_REPLID_LEN + 1]; /* its master's, "" unknown */
+    int backlog;
+    long long lo, hi;
+    uint64_t epoch; /* its link's */
+    int fate;       /* UNKNOWN_* */
+} bracket_unknown;
+
+static void verdict_count(ferry *f, const bracket_unknown *u, const upstream *up)
+{
+    bracket b = {u->replid[0] != '\0' ? u->replid : NULL, u->backlog, u->lo, u->hi};
+    bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
+    bracket_verdict v = bracket_decide(&b, &h);
+    if (v == BRACKET_APPLIED) {
+        f->stats.decided_applied++;
+        f->stats.duplicates_known += u->fate == UNKNOWN_RESENT;
+    } else if (v == BRACKET_NOT_APPLIED) {
+        f->stats.decided_not_applied++;
+        f->stats.duplicates_known += u->fate == UNKNOWN_DELIVERED;
+    } else {
+        f->stats.requests_ambiguous++;
+    }
+    log_info("%sunknown outcome (%s): bracket %lld..%lld, next master holds up to %lld: %s",
+             up->tag, u->fate == UNKNOWN_RESENT ? "write re-sent" : "data delivered", u->lo, u->hi,
+             up->heir_second - 1, bracket_verdict_name(v));
+}
+
+/* The next master's replid2 and second_repl_offset are known: decide every
+ * request of an older master recorded so far. */
+static void verdicts_run(upstream *up)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < up->nunknown; i++) {
+        if (up->unknown[i].epoch < up->heir_epoch) {
+            verdict_count(up->f, &up->unknown[i], up);
+        } else {
+            up->unknown[keep++] = up->unknown[i];
+        }
+    }
+    up->nunknown = keep;
+}
+
+/* r, sent on l, ends with an unknown outcome on l's master (fate: what the
+ * retry policy does with it). Client writes and pops only. */
+static void unknown_record(link *l, const request *r, long long lo, long long hi, int fate)
+{
+    upstream *up = l->up;
+    if (r->s == NULL || (r->flags & REQ_F_INTERNAL) || !(r->flags & REQ_F_WRITE) ||
+        up->replicas_ack <= 0) {
+        return;
+    }
+    if (up->nunknown >= UNKNOWN_MAX) {
+        l->f->stats.requests_ambiguous++;
+        return;
+    }
+    if (up->nunknown == up->unknown_cap) {
+        up->unknown_cap = up->unknown_cap ? up->unknown_cap * 2 : 64;
+        up->unknown = xrealloc(up->unknown, up->unknown_cap * sizeof(*up->unknown));
+    }
+    bracket_unknown *u = &up->unknown[up->nunknown++];
+    int known = up->replid_epoch == l->epoch && up->replid_epoch != 0;
+    snprintf(u->replid, sizeof(u->replid), "%s", known ? up->replid : "");
+    u->backlog = known && up->repl_backlog;
+    u->lo = lo;
+    u->hi = hi;
+    u->epoch = l->epoch;
+    u->fate = fate;
+    if (up->heir_epoch > l->epoch) {
+        verdicts_run(up); /* the next master was read before this link let go */
+    }
+}
+
+/* The replication id learned for the master of epoch (NULL unknown). */
+static const char *past_replid(const upstream *up, uint64_t epoch, int *backlog)
+{
+    size_t slot = (size_t)(epoch % (sizeof(up->past) / sizeof(up->past[0])));
+    if (epoch != 0 && up->past[slot].epoch == epoch) {
+        *backlog = up->past[slot].backlog;
+        return up->past[slot].replid;
+    }
+    *backlog = 0;
+    return NULL;
+}
+
+/* A write answered by l's master is not confirmed and l is lost: keep its
+ * reply for the next master's verdict if its bracket can give one (1). */
+static int verdict_keep(link *l, request *r)
+{
+    int backlog;
+    if (r->s == NULL || !(r->flags & REQ_F_WRITE) || l->up->replicas_ack <= 0 || r->br_hi < 0 ||
+        past_replid(l->up, l->epoch, &backlog) == NULL) {
+        return 0;
+    }
+    r->br_epoch = l->epoch;
+    r->flags |= REQ_F_VERDICT;
+    return 1;
+}
+
+int fence_verdict(upstream *up, const request *r, int force)
+{
+    if (up->heir_epoch <= r->br_epoch && !force) {
+        return -1; /* the next master is not read yet */
+    }
+    bracket_verdict v = BRACKET_AMBIGUOUS;
+    if (up->heir_epoch > r->br_epoch) {
+        int backlog;
+        const char *id = past_replid(up, r->br_epoch, &backlog);
+        bracket b = {id, backlog, r->br_lo, r->br_hi};
+        bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
+        v = bracket_decide(&b, &h);
+    }
+    if (v == BRACKET_APPLIED) {
+        up->f->stats.decided_applied++;
+    } else if (v == BRACKET_NOT_APPLIED) {
+        up->f->stats.decided_not_applied++;
+    } else {
+        up->f->stats.requests_ambiguous++;
+    }
+    log_info("%sunconfirmed write: bracket %lld..%lld, next master holds up to %lld: %s%s", up->tag,
+             r->br_lo, r->br_hi, up->heir_second - 1, bracket_verdict_name(v),
+             v == BRACKET_APPLIED ? " (its reply delivered, not sent again)" : " (sent again)");
+    return (int)v;
+}
+
+void fence_verdicts_free(upstream *up)
+{
+    free(up->unknown);
+    up->unknown = NULL;
+    up->nunknown = up->unknown_cap = 0;
+}
+
 /* ROLE on the link itself: only a node that says it is a master is used. */
 static void role_done(link *l, request *r, const char *reply, size_t len)
 {
@@ -99,9 +308,16 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
     } else if (rr != NULL && rr->type == REDIS_REPLY_ERROR) {
         snprintf(role, sizeof(role), "error");
     }
+    bracket_close(l, role_offset(rr));
     freeReplyObject(rr);
     if (strcmp(role, "master") == 0) {
         if (l->state == LINK_VERIFYING) {
+            if (up->replicas_ack > 0 && up->heir_epoch != up->epoch) {
+                /* What it shares with the master before it, read before
+                 * the link is READY: before any held request goes to it. */
+                static const char *const info[] = {"INFO", "replication"};
+                link_internal_sure(l, info, 2, replid_done, 1);
+            }
             fence_enforce(l); /* durability next, on a node that is a master */
         }
         return;
@@ -192,6 +408,95 @@ void fence_enforce(link *l)
 }
 
 /* ------------------------------------------------------------ replicas_ack */
+
+/* The value of "field:" in an INFO reply, copied into out; 0 if absent. */
+static int info_field(const char *info, const char *field, char *out, size_t outlen)
+{
+    size_t flen = strlen(field);
+    for (const char *p = info; p != NULL && *p != '\0';) {
+        if (strncmp(p, field, flen) == 0 && p[flen] == ':') {
+            const char *v = p + flen + 1;
+            size_t n = strcspn(v, "\r\n");
+            if (n >= outlen) {
+                return 0;
+            }
+            memcpy(out, v, n);
+            out[n] = '\0';
+            return 1;
+        }
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return 0;
+}
+
+static void replid_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    if (r->arg == 0) {
+        up->replid_pending = 0;
+    }
+    if (reply == NULL || l->epoch != up->epoch) {
+        return;
+    }
+    redisReply *rr = link_parse_reply(reply, len);
+    char id[64] = "", backlog[8] = "", role[16] = "", id2[64] = "", second[32] = "";
+    if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
+        info_field(rr->str, "role", role, sizeof(role));
+        info_field(rr->str, "master_replid", id, sizeof(id));
+        info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));
+        info_field(rr->str, "master_replid2", id2, sizeof(id2));
+        info_field(rr->str, "second_repl_offset", second, sizeof(second));
+    } else if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: Redis refused ferry's INFO replication: %s", (unsigned long long)l->id,
+                 why);
+    }
+    freeReplyObject(rr);
+    if (strcmp(role, "master") != 0 || strlen(id) != sizeof(up->replid) - 1) {
+        return; /* asked again later */
+    }
+    if (up->heir_epoch != up->epoch) {
+        /* What this master shares with the one before it: the verdicts on
+         * requests whose outcome a failover left unknown. */
+        char *end = NULL;
+        long long s = strtoll(second, &end, 10);
+        up->heir_replid2[0] = '\0';
+        if (strlen(id2) == sizeof(up->heir_replid2) - 1) {
+            memcpy(up->heir_replid2, id2, sizeof(up->heir_replid2));
+        }
+        up->heir_second = end != NULL && end != second && *end == '\0' ? s : -1;
+        up->heir_epoch = up->epoch;
+        verdicts_run(up);
+    }
+    snprintf(up->replid, sizeof(up->replid), "%s", id);
+    up->repl_backlog = strcmp(backlog, "1") == 0;
+    if (up->repl_backlog) {
+        /* Its id changes only when its backlog is freed or made: then the
+         * new master's replid2 will not match, and brackets say ambiguous. */
+        up->replid_epoch = up->epoch;
+        size_t slot = (size_t)(up->epoch % (sizeof(up->past) / sizeof(up->past[0])));
+        up->past[slot].epoch = up->epoch;
+        memcpy(up->past[slot].replid, up->replid, sizeof(up->past[slot].replid));
+        up->past[slot].backlog = 1;
+        log_info("%smaster %s: replication id %s", up->tag, up->name, up->replid);
+    }
+}
+
+void fence_learn_replid(upstream *up, link *probe, uint64_t now)
+{
+    if (up->replicas_ack <= 0 || up->replid_epoch == up->epoch || up->replid_pending ||
+        now < up->replid_next_ms) {
+        return;
+    }
+    static const char *const info[] = {"INFO", "replication"};
+    up->replid_pending = 1;
+    /* Without a backlog yet (no replica attached so far), ask again later. */
+    up->replid_next_ms =
+        now + (up->f->cfg->ping_interval_ms > 0 ? up->f->cfg->ping_interval_ms : 1000);
+    link_internal_sure(probe, info, 2, replid_done, 0);
+}
 
 /* Redis 7.0 gives a replica's connection to its master TCP_NODELAY only when
  * it makes a new master client, at a full resync. After a partial resync (the
@@ -293,6 +598,15 @@ static void fence_send_wait(link *l, int fence)
              (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
                                         : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
+    if (l->up->replicas_ack > 0 && !l->role_refused) {
+        /* The offset after this batch (its brackets' hi); beside the
+         * WAIT, not behind it, so no other writes of the wait widen it.
+         * Before a fence WAIT too: an old master that still answers (a
+         * planned failover) closes the brackets of what it holds. */
+        static const char *const role[] = {"ROLE"};
+        link_internal(l, role, 1, bracket_role_done, 0);
+        l->f->stats.bracket_roles++;
+    }
     link_internal(l, argv, 3, wait_done, fence ? FENCE_ARG : 0);
     l->nwaits++;
     l->need_wait = 0;
@@ -338,6 +652,8 @@ int fence_hold(link *l, request *r, const char *p, size_t n)
     }
     buf_clear(&r->reply);
     buf_append(&r->reply, p, n);
+    r->br_lo = l->repl_off; /* a ROLE answered before this reply was sent before it */
+    r->br_hi = -1;
     request_set_state(r, REQ_WAITING);
     r->link = l;
     if (list_empty(&l->held)) {
@@ -409,12 +725,23 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
             reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
             /* The item is out of Redis: deliver it (at worst it is seen twice). */
             l->f->stats.replies_unconfirmed++;
+            if (fence) {
+                unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
+            }
             log_warn("link %llu: releasing a reply that carries data although %lld of %lld "
                      "replica(s) confirmed it",
                      (unsigned long long)l->id, acked < 0 ? 0 : acked, need);
         } else if (acked < need && (r->flags & REQ_F_WRITE)) {
+            if (fence && verdict_keep(l, r)) {
+                /* Its reply stays with it: sent again only if the next
+                 * master does not have it (router_on_lost, dispatch). */
+                l->f->shard_ops->on_lost(r->s, r,
+                                         "write not confirmed by a replica before the switch");
+                continue;
+            }
             buf_clear(&r->reply);
             if (fence) {
+                unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
                 l->f->shard_ops->on_lost(r->s, r,
                                          "write not confirmed by a replica before the switch");
             } else {
@@ -448,6 +775,13 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
 
 void fence_drop_held(link *l, const char *reason)
 {
+    list_node *n;
+    /* Sent and never answered (the link's close re-sends them next): only
+     * the last offset read before them is known. */
+    list_foreach(n, &l->pending)
+    {
+        unknown_record(l, list_entry(n, request, lq), l->repl_off, -1, UNKNOWN_RESENT);
+    }
     while (!list_empty(&l->held)) {
         request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
@@ -457,11 +791,15 @@ void fence_drop_held(link *l, const char *reason)
         } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
             /* Taken out of Redis already: deliver it, never pop again. */
             l->f->stats.replies_unconfirmed++;
+            unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
             buf tmp = r->reply;
             buf_init(&r->reply);
             l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
             buf_free(&tmp);
+        } else if (verdict_keep(l, r)) {
+            l->f->shard_ops->on_lost(r->s, r, reason); /* its reply stays with it */
         } else {
+            unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
             buf_clear(&r->reply);
             l->f->shard_ops->on_lost(r->s, r, reason);
         }
@@ -480,9 +818,10 @@ void fence_start(link *l)
     l->fence_deadline_ms = now + l->f->cfg->fence_timeout_ms + 500 +
                            (uint64_t)l->nwaits * l->f->cfg->replicas_ack_timeout_ms;
     upstream_disown(l);
+    size_t inflight = l->npending;
     fence_send_wait(l, 1);
     log_info("link %llu: fencing %zu request(s) in flight on the old master",
-             (unsigned long long)l->id, l->npending - 1);
+             (unsigned long long)l->id, inflight);
 }
 
 int fence_check(link *l, uint64_t now)

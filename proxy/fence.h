@@ -25,6 +25,17 @@ void fence_auth_done(link *l, request *r, const char *reply, size_t len);
  * READY: ferry's own links verified the master); refused, it closes. */
 void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
 
+/* With replicas_ack: learn the master's replication id (INFO replication)
+ * on its probe link, once per master (again while it has no backlog). */
+void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
+
+/* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
+ * bracket_verdict, counted) once the next master was read, or with force
+ * (no better will come); -1 not yet. */
+int fence_verdict(struct upstream *up, const request *r, int force);
+/* Free the records of requests awaiting a verdict (upstream_free). */
+void fence_verdicts_free(struct upstream *up);
+
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);
 

@@ -82,6 +82,9 @@ enum {
 #define REQ_F_SURE (1u << 9)   /* internal: done is called (reply NULL) if its link is lost */
 #define REQ_F_GUARD (1u << 10) /* sent as the queue guard's script (guards.c); arg: its queue */
 #define REQ_F_GUARD_EVAL (1u << 11) /* Redis lacked the script: sent as EVAL from now on */
+#define REQ_F_VERDICT                                                                              \
+    (1u << 12) /* a write answered by a master lost before a replica confirmed it: its reply   \
+                  kept in r->reply until the next master says whether it has it (fence.c) */
 #define REQ_F_LEASE_ACK (1u << 13)  /* an LREM sent as the leases' ack script (lease.c) */
 #define REQ_F_LEASE_EVAL (1u << 14) /* Redis lacked the ack script: sent as EVAL from now on */
 
@@ -104,6 +107,9 @@ typedef struct request {
     uint64_t born;        /* uv_now() when parsed */
     uint64_t born_ns;     /* uv_hrtime() when parsed (latency stats) */
     uint64_t sent_ns;     /* uv_hrtime() when last sent to a link, 0 = never */
+    long long br_lo;      /* the master's replication offset before it, -1 unknown (fence.c) */
+    long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
+    uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
     int retries;          /* times re-sent after a lost link */
     int refusals;         /* times Redis refused it without effect (REQ_F_REFUSED) */
     uint64_t retry_at;    /* refused: uv_now() before which it is not sent again */

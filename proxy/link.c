@@ -268,6 +268,7 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
     l->id = ferry_next_id(f);
     l->kind = kind;
     l->slot = -1;
+    l->repl_off = -1;
     l->epoch = up->epoch;
     l->proto = proto == 3 ? 3 : 2;
     l->who = id != NULL ? id : &up->self;

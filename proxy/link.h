@@ -75,6 +75,9 @@ typedef struct link {
     int nwaits;                 /* WAITs in flight on this link */
     uint64_t held_since_ms;     /* when the oldest held reply arrived */
     uint64_t wait_sent_ms;      /* when the last replicas_ack WAIT was queued */
+    long long repl_off;         /* the master's replication offset from the last ROLE answered
+                                   here, -1 unknown (fence.c: offset brackets) */
+    int role_refused;           /* Redis refused ROLE on it: no brackets here */
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */

@@ -44,6 +44,8 @@ request *request_new(ferry *f)
     r->held_since = r->born;
     r->deadline = 0;
     r->retries = 0;
+    r->br_lo = -1;
+    r->br_hi = -1;
     r->refusals = 0;
     r->retry_at = 0;
     r->refusal = NULL;

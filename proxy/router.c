@@ -30,6 +30,7 @@
 
 #include "acl.h"
 #include "backlog.h"
+#include "bracket.h"
 #include "clients.h"
 #include "clustermap.h"
 #include "fence.h"
@@ -463,6 +464,23 @@ static int dispatch_one(session *s, request *r)
 
     if (s->checking) {
         return DISPATCH_WAIT; /* the user it runs as is not known yet */
+    }
+    if (r->flags & REQ_F_VERDICT) {
+        /* Its reply came from a master lost before a replica confirmed it:
+         * once the next master is read (before it is UP), deliver that reply
+         * if the master has the write, else send it again. */
+        int v = fence_verdict(up, r, up->state == UP_UP);
+        if (v >= 0) {
+            r->flags &= ~REQ_F_VERDICT;
+            if (v == BRACKET_APPLIED) {
+                buf tmp = r->reply;
+                buf_init(&r->reply);
+                s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
+                buf_free(&tmp);
+                return DISPATCH_DONE;
+            }
+            buf_clear(&r->reply);
+        }
     }
     if ((pw != NULL || f->cfg->client_auth == CLIENT_AUTH_REDIS) && !s->authed &&
         r->route != RT_AUTH && r->route != RT_HELLO && r->route != RT_QUIT) {
@@ -1047,7 +1065,20 @@ void router_on_lost(session *s, request *r, const char *reason)
 {
     ferry *f = s->f;
     char line[256];
+    /* Applied on the lost master, its reply kept (fence.c): a plain write
+     * sent again waits for the next master's verdict between that reply and
+     * sending it again; anything else follows the policy below. */
+    int verdict = (r->flags & REQ_F_VERDICT) && r->route != RT_DISCARD && r->route != RT_MULTI &&
+                  r->route != RT_EXEC && !(r->flags & (REQ_F_TXLOG | REQ_F_BLOCKING)) &&
+                  r->retries < ROUTER_MAX_RETRIES;
 
+    if ((r->flags & REQ_F_VERDICT) && !verdict) {
+        f->stats.requests_ambiguous++; /* sent again undecided (a transaction...) */
+    }
+    r->flags &= ~REQ_F_VERDICT;
+    if (!verdict) {
+        buf_clear(&r->reply);
+    }
     note_flight_done(s);
     if (r->route == RT_DISCARD) {
         /* The transaction is gone with its link, as DISCARD asked. */
@@ -1077,6 +1108,9 @@ void router_on_lost(session *s, request *r, const char *reason)
          * (time held waiting for a master counts too). */
         r->flags |= REQ_F_REARM;
         r->retries = 0;
+    }
+    if (verdict) {
+        r->flags |= REQ_F_VERDICT;
     }
     if (r->retries < ROUTER_MAX_RETRIES) {
         r->retries++;

@@ -368,6 +368,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->aof_enforced = (uint64_t)(up->aof_ok != 0);
     st->aof_enforced_since = up->aof_ok ? unix_of(now, up->aof_since_ms, tv.tv_sec) : 0;
     text_set(st->durability_last_error, up->aof_error);
+    text_set(st->master_replid, up->replid_epoch == up->epoch ? up->replid : "");
 }
 
 static void json_histogram(buf *b, const stats_histogram *h)

@@ -199,6 +199,18 @@ typedef enum stat_type {
       "the longest failover or outage (live)")                                                     \
     X(failover, failover_last_reason, TEXT, "ferry_failover_info",                                 \
       "why the master was last lost or switched (live)")                                           \
+    X(failover, decided_applied, COUNTER, "ferry_failover_decided_applied_total",                  \
+      "writes and pops a failover left with an unknown outcome that their offset brackets place "  \
+      "on the next master (a write answered but unconfirmed: its reply delivered, not sent "       \
+      "again)")                                                                                    \
+    X(failover, decided_not_applied, COUNTER, "ferry_failover_decided_not_applied_total",          \
+      "... that their offset brackets place not on the next master (a write: sent again once)")    \
+    X(failover, requests_ambiguous, COUNTER, "ferry_failover_requests_ambiguous_total",            \
+      "... that their offset brackets cannot place (the boundary inside the bracket, no reply, "   \
+      "replication ids that differ, no backlog): at-least-once, as in the retry policy")           \
+    X(failover, duplicates_known, COUNTER, "ferry_failover_duplicates_known_total",                \
+      "of the decided ones, duplicates the retry policy still made: a pop's data delivered "       \
+      "although the pop was not applied (its item pops again), a write re-sent although applied")  \
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
     X(failover, recent, NODES, "",                                                                 \
@@ -213,8 +225,21 @@ typedef enum stat_type {
       "unix time they were last asserted, 0 if never (live)")                                      \
     X(durability, durability_last_error, TEXT, "ferry_durability_info",                            \
       "last durability enforcement error, empty if none (live)")                                   \
+    X(durability, master_replid, TEXT, "ferry_durability_info",                                    \
+      "the master's replication id (INFO replication, once per master with replicas_ack), "        \
+      "empty while unknown or while it has no replication backlog (live)")                         \
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
       "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
+    X(durability, bracket_roles, COUNTER, "ferry_durability_bracket_roles_total",                  \
+      "ROLEs pipelined beside a replicas_ack WAIT, reading the master's replication offset "       \
+      "after a batch of writes")                                                                   \
+    X(durability, brackets, COUNTER, "ferry_durability_brackets_total",                            \
+      "held write replies given an offset bracket: the master's offset before and after them")     \
+    X(durability, bracket_bytes, COUNTER, "ferry_durability_bracket_bytes_total",                  \
+      "the widths of those brackets summed, in bytes of the replication stream (over brackets: "   \
+      "the mean width)")                                                                           \
+    X(durability, brackets_open, COUNTER, "ferry_durability_brackets_open_total",                  \
+      "held write replies given only the offset after them (none read before them on their link)") \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \

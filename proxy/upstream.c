@@ -226,6 +226,7 @@ void upstream_free(upstream *up)
     while (!list_empty(&up->idents)) {
         ident_free(list_entry(list_first(&up->idents), ident, node));
     }
+    fence_verdicts_free(up);
     free(up);
 }
 
@@ -746,7 +747,11 @@ void upstream_switch(upstream *up, const char *reason)
          * retried by the retry policy. */
         int stateful =
             l->passthrough || (l->owner != NULL && l->f->shard_ops->link_bound(l->owner));
-        if (l->state == LINK_READY && user > 0 && !stateful && !link_has_blocking(l)) {
+        /* Replies held for a WAIT count as in flight: closing the link
+         * would leave their writes without the offset after them (the ROLE
+         * queued beside that WAIT), so sent again undecided. */
+        if (l->state == LINK_READY && (user > 0 || !list_empty(&l->held)) && !stateful &&
+            !link_has_blocking(l)) {
             fence_start(l);
         } else if (l->state == LINK_READY && !stateful && link_has_blocking(l)) {
             /* A pop the old master serves right now must still reach its
@@ -887,6 +892,7 @@ static void upstream_probe(upstream *up, uint64_t now)
         up->next_probe_ms = now + cfg->ping_interval_ms;
         link_internal(p, argv, 1, probe_done, 0);
     }
+    fence_learn_replid(up, p, now);
 }
 
 int upstream_down(const upstream *up)

@@ -91,14 +91,30 @@ typedef struct upstream {
     char last_reason[160];      /* why the last switch started */
     switch_record recent[UPSTREAM_RECENT_SWITCHES]; /* ring of the last switches */
     uint64_t nrecent;                               /* switches recorded (ring index mod) */
-    int replicas_ack;       /* replicas that must confirm a write (resolved) */
-    uint64_t acks_asked_ms; /* replicas last asked for an ACK (slow WAIT) */
-    uv_timer_t nudge;       /* a late replicas_ack WAIT nudges the master (fence.c) */
-    int nudge_state;        /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
-    int nudge_pending;      /* a nudge in flight on the probe link */
-    int nudge_by_wait;      /* Redis refused SPUBLISH: nudge with WAIT */
-    int fence_valid;        /* no promotion seen since the switch began: a
-                               replica's WAIT ack on the old master still counts */
+    int replicas_ack;        /* replicas that must confirm a write (resolved) */
+    uint64_t acks_asked_ms;  /* replicas last asked for an ACK (slow WAIT) */
+    uv_timer_t nudge;        /* a late replicas_ack WAIT nudges the master (fence.c) */
+    int nudge_state;         /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
+    int nudge_pending;       /* a nudge in flight on the probe link */
+    int nudge_by_wait;       /* Redis refused SPUBLISH: nudge with WAIT */
+    int fence_valid;         /* no promotion seen since the switch began: a
+                                replica's WAIT ack on the old master still counts */
+    char replid[41];         /* the master's replication id (INFO replication), "" unknown */
+    int repl_backlog;        /* it had a replication backlog then (its offset moves) */
+    uint64_t replid_epoch;   /* the epoch replid was learned with a backlog in; 0 none */
+    uint64_t replid_next_ms; /* when INFO replication may be asked again */
+    int replid_pending;      /* INFO replication in flight on the probe link */
+    char heir_replid2[41];   /* the current master's master_replid2 ("" none) ... */
+    long long heir_second;   /* ... and second_repl_offset (-1 none) */
+    uint64_t heir_epoch;     /* the epoch they were read in; 0 never */
+    struct {
+        uint64_t epoch;
+        char replid[41];
+        int backlog;
+    } past[4]; /* the replication ids of the last masters, by epoch (fence.c) */
+    struct bracket_unknown *unknown; /* requests of an older master whose outcome was
+                                        unknown, awaiting the next master's verdict (fence.c) */
+    size_t nunknown, unknown_cap;
     link *probe;            /* health probe link, NULL while none */
     uint64_t next_probe_ms; /* next probe PING */
     uint64_t probe_ok_ms;   /* last probe answer (or UP time) */

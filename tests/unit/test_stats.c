@@ -192,8 +192,9 @@ static void test_prometheus(void **state)
 
     assert_non_null(strstr(t, "# HELP ferry_commands_total requests parsed from clients\n"
                               "# TYPE ferry_commands_total counter\nferry_commands_total 5\n"));
-    assert_non_null(
-        strstr(t, "ferry_durability_info{durability_last_error=\"x\\\"y\\\\z\\nw\"} 1\n"));
+    assert_non_null(strstr(
+        t,
+        "ferry_durability_info{durability_last_error=\"x\\\"y\\\\z\\nw\",master_replid=\"\"} 1\n"));
     assert_non_null(strstr(t, "# TYPE ferry_request_duration_seconds histogram\n"
                               "ferry_request_duration_seconds_bucket{le=\"0.0001\"} 1\n"));
     assert_non_null(strstr(t, "ferry_request_duration_seconds_bucket{le=\"0.0025\"} 2\n"));

@@ -1,0 +1,35 @@
+/* bracket.h - was a request applied on the master promoted after a
+ * failover? A pure decision from the old master's replication offsets
+ * around the request (its bracket) and what the new master says of the
+ * history it shares with the old one. No I/O, no context. */
+#ifndef FERRY_BRACKET_H
+#define FERRY_BRACKET_H
+
+#define BRACKET_REPLID_LEN 40  /* a Redis replication id: 40 hex characters */
+#define BRACKET_UNKNOWN (-1LL) /* an offset not learned */
+
+typedef enum bracket_verdict {
+    BRACKET_AMBIGUOUS = 0, /* cannot tell: today's at-least-once policy applies */
+    BRACKET_APPLIED,       /* every byte the request propagated is on the new master */
+    BRACKET_NOT_APPLIED    /* no byte of it is on the new master */
+} bracket_verdict;
+
+/* One request as the old master saw it. */
+typedef struct bracket {
+    const char *replid; /* the old master's replid when the offsets were read; NULL unknown */
+    int backlog;        /* that master had a replication backlog (its offset moves) */
+    long long lo;       /* its offset before the request (a ROLE answered before it); -1 unknown */
+    long long hi;       /* its offset after the request (a ROLE answered after it); -1 unknown */
+} bracket;
+
+/* What the new master says (INFO replication): master_replid2 and
+ * second_repl_offset; replid2 NULL or second < 1 when it has no second id. */
+typedef struct bracket_heir {
+    const char *replid2;
+    long long second;
+} bracket_heir;
+
+bracket_verdict bracket_decide(const bracket *b, const bracket_heir *h);
+const char *bracket_verdict_name(bracket_verdict v);
+
+#endif
