@@ -147,6 +147,9 @@ static uint64_t hold_bound(const ferry *f, const request *r)
 static uint64_t held_due(const ferry *f, const request *r)
 {
     uint64_t due = r->held_since + hold_bound(f, r);
+    if (request_verdict_data(r)) {
+        return due; /* its data is delivered at the latest then, not a timeout's null */
+    }
     return r->deadline != 0 && r->deadline < due ? r->deadline : due;
 }
 
@@ -322,7 +325,20 @@ void backlog_tick(ferry *f, uint64_t now)
     while (f->nheld > 0 && f->held_heap[0]->due <= now) {
         request *r = f->held_heap[0];
         session *s = r->s;
-        if (r->deadline != 0 && now >= r->deadline) {
+        if (request_verdict_data(r) && now - r->held_since >= cfg->hold_timeout_ms) {
+            /* A pop's data whose verdict never came: delivered undecided
+             * (at-least-once), never replaced by -TRYAGAIN. */
+            r->flags &= ~REQ_F_VERDICT;
+            f->stats.requests_ambiguous++;
+            buf tmp = r->reply;
+            buf_init(&r->reply);
+            s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
+            buf_free(&tmp);
+        } else if (request_verdict_data(r)) {
+            r->due = held_due(f, r); /* held again since it joined */
+            heap_fix(f, r);
+            continue;
+        } else if (r->deadline != 0 && now >= r->deadline) {
             /* A blocked call's own timeout ran out while it was held. */
             const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||
                                                      strcmp(r->cmd->name, "brpoplpush") == 0)

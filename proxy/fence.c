@@ -146,6 +146,15 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
     freeReplyObject(rr);
 }
 
+void fence_bracket_open(link *l)
+{
+    if (l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL && l->repl_off < 0) {
+        static const char *const role[] = {"ROLE"};
+        link_internal(l, role, 1, bracket_role_done, 0);
+        l->f->stats.bracket_roles++;
+    }
+}
+
 /* ------------------------------------------------- verdicts after a failover */
 
 /* What today's policy does with a request whose outcome became unknown. */
@@ -245,8 +254,10 @@ static const char *past_replid(const upstream *up, uint64_t epoch, int *backlog)
 static int verdict_keep(link *l, request *r)
 {
     int backlog;
-    if (r->s == NULL || !(r->flags & REQ_F_WRITE) || l->up->replicas_ack <= 0 || r->br_hi < 0 ||
-        past_replid(l->up, l->epoch, &backlog) == NULL) {
+    /* Either end may decide: a known hi can prove it applied, a known lo
+     * that it was not (a ROLE lost with the master leaves hi unknown). */
+    if (r->s == NULL || !(r->flags & REQ_F_WRITE) || l->up->replicas_ack <= 0 ||
+        (r->br_hi < 0 && r->br_lo < 0) || past_replid(l->up, l->epoch, &backlog) == NULL) {
         return 0;
     }
     r->br_epoch = l->epoch;
@@ -267,6 +278,7 @@ int fence_verdict(upstream *up, const request *r, int force)
         bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
         v = bracket_decide(&b, &h);
     }
+    int data = request_verdict_data(r);
     if (v == BRACKET_APPLIED) {
         up->f->stats.decided_applied++;
     } else if (v == BRACKET_NOT_APPLIED) {
@@ -274,9 +286,23 @@ int fence_verdict(upstream *up, const request *r, int force)
     } else {
         up->f->stats.requests_ambiguous++;
     }
-    log_info("%sunconfirmed write: bracket %lld..%lld, next master holds up to %lld: %s%s", up->tag,
-             r->br_lo, r->br_hi, up->heir_second - 1, bracket_verdict_name(v),
-             v == BRACKET_APPLIED ? " (its reply delivered, not sent again)" : " (sent again)");
+    const char *fate;
+    if (data) {
+        /* A pop's data: delivered unless proven not popped on the next
+         * master, where the item still is: then popped again there. */
+        fate = v == BRACKET_NOT_APPLIED ? " (its data dropped, the pop sent again)"
+                                        : " (its data delivered)";
+    } else {
+        fate = v == BRACKET_APPLIED ? " (its reply delivered, not sent again)" : " (sent again)";
+    }
+    uint64_t now = uv_hrtime();
+    log_info("%sunconfirmed %s: bracket %lld..%lld, next master holds up to %lld: %s%s "
+             "(sent %llu ms ago)",
+             up->tag, data ? "pop" : "write", r->br_lo, r->br_hi, up->heir_second - 1,
+             bracket_verdict_name(v), fate,
+             (unsigned long long)(r->sent_ns != 0 && now >= r->sent_ns
+                                      ? (now - r->sent_ns) / 1000000
+                                      : 0));
     return (int)v;
 }
 
@@ -629,17 +655,11 @@ static int reply_is_null(const char *p, size_t n)
            (n == 3 && memcmp(p, "_\r\n", 3) == 0);
 }
 
-/* A reply that carries data taken out of Redis (a pop, a move, GETDEL, a
- * script's return value), as opposed to a mere acknowledgement (+OK, an
- * integer). Data is never replaced by an error: losing the acknowledgement
- * is recoverable, losing the item is not. EXEC's array acknowledges the
- * writes it ran and follows the write policy. */
+/* Data taken out of Redis is never replaced by an error: losing the
+ * acknowledgement is recoverable, losing the item is not. */
 static int reply_carries_data(const request *r, const char *p, size_t n)
 {
-    if (n == 0 || (r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
-        return 0;
-    }
-    return p[0] == '$' || p[0] == '*' || p[0] == '%' || p[0] == '~' || p[0] == '=';
+    return request_reply_is_data(r, p, n);
 }
 
 int fence_hold(link *l, request *r, const char *p, size_t n)
@@ -723,6 +743,14 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         }
         if (acked < need && (r->flags & REQ_F_WRITE) &&
             reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
+            if (fence && verdict_keep(l, r)) {
+                /* Its data stays with it until the next master is read:
+                 * delivered, unless the pop is proven not applied there
+                 * (then popped again: the item is still there). */
+                l->f->shard_ops->on_lost(r->s, r,
+                                         "pop not confirmed by a replica before the switch");
+                continue;
+            }
             /* The item is out of Redis: deliver it (at worst it is seen twice). */
             l->f->stats.replies_unconfirmed++;
             if (fence) {
@@ -788,6 +816,11 @@ void fence_drop_held(link *l, const char *reason)
         r->link = NULL;
         if (r->s == NULL) {
             request_free(l->f, r);
+        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
+                   verdict_keep(l, r)) {
+            /* Taken out of Redis: its data stays with it until the next
+             * master says whether the pop is there (fence_verdict). */
+            l->f->shard_ops->on_lost(r->s, r, reason);
         } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
             /* Taken out of Redis already: deliver it, never pop again. */
             l->f->stats.replies_unconfirmed++;

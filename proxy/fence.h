@@ -29,6 +29,12 @@ void fence_user_auth_done(link *l, request *r, const char *reply, size_t len);
  * on its probe link, once per master (again while it has no backlog). */
 void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
 
+/* l is lent to a client (a blocking pop, a script...): with replicas_ack a
+ * ROLE goes ahead of what the client sends if l never had one, so the first
+ * reply held on l has the lower end of its bracket (a shared link has it
+ * from the ROLE that verified it; a pooled one from its last WAIT's). */
+void fence_bracket_open(link *l);
+
 /* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
  * bracket_verdict, counted) once the next master was read, or with force
  * (no better will come); -1 not yet. */

@@ -83,8 +83,9 @@ enum {
 #define REQ_F_GUARD (1u << 10) /* sent as the queue guard's script (guards.c); arg: its queue */
 #define REQ_F_GUARD_EVAL (1u << 11) /* Redis lacked the script: sent as EVAL from now on */
 #define REQ_F_VERDICT                                                                              \
-    (1u << 12) /* a write answered by a master lost before a replica confirmed it: its reply   \
-                  kept in r->reply until the next master says whether it has it (fence.c) */
+    (1u << 12) /* a write (a pop, an EXEC) answered by a master lost before a replica              \
+                  confirmed it: its reply kept in r->reply until the next master says              \
+                  whether it has it (fence.c) */
 #define REQ_F_LEASE_ACK (1u << 13)  /* an LREM sent as the leases' ack script (lease.c) */
 #define REQ_F_LEASE_EVAL (1u << 14) /* Redis lacked the ack script: sent as EVAL from now on */
 
@@ -242,5 +243,14 @@ const char *request_expired_reply(const request *r);
  * is left of its timeout. Returns 0, or 1 with *expired set to the reply
  * its timeout produces (the time is up). */
 int request_rearm_blocking(request *r, uint64_t now, const char **expired);
+/* A reply that carries data taken out of Redis (a pop, a move, GETDEL, a
+ * script's return value), as opposed to a mere acknowledgement (+OK, an
+ * integer). EXEC's array acknowledges the writes it ran. */
+int request_reply_is_data(const request *r, const char *p, size_t n);
+/* r awaits the next master's verdict (REQ_F_VERDICT) with data it took out
+ * of the lost master kept in r->reply: that data is delivered, never
+ * replaced by an error or a timeout, unless the verdict proves the pop was
+ * not applied (then it is sent again). */
+int request_verdict_data(const request *r);
 
 #endif

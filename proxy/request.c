@@ -212,3 +212,17 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired)
     r->born = now;
     return 0;
 }
+
+int request_reply_is_data(const request *r, const char *p, size_t n)
+{
+    if (n == 0 || (r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
+        return 0;
+    }
+    return p[0] == '$' || p[0] == '*' || p[0] == '%' || p[0] == '~' || p[0] == '=';
+}
+
+int request_verdict_data(const request *r)
+{
+    return (r->flags & REQ_F_VERDICT) &&
+           request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
+}

@@ -456,6 +456,13 @@ static upstream *route_view(ferry *f, const request *r)
     return f->up;
 }
 
+/* The fallback store would serve s's next request (no master): a pop's data
+ * awaiting a verdict is delivered undecided rather than held behind it. */
+static int verdict_store_serves(session *s)
+{
+    return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(s->f->up);
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
@@ -469,10 +476,17 @@ static int dispatch_one(session *s, request *r)
         /* Its reply came from a master lost before a replica confirmed it:
          * once the next master is read (before it is UP), deliver that reply
          * if the master has the write, else send it again. */
-        int v = fence_verdict(up, r, up->state == UP_UP);
+        int data = request_verdict_data(r);
+        int v = fence_verdict(up, r, up->state == UP_UP || (data && verdict_store_serves(s)));
+        if (v < 0 && data) {
+            return DISPATCH_DOWN; /* its data held until the next master is read */
+        }
         if (v >= 0) {
             r->flags &= ~REQ_F_VERDICT;
-            if (v == BRACKET_APPLIED) {
+            if (v == BRACKET_APPLIED || (data && v == BRACKET_AMBIGUOUS)) {
+                if (r->route == RT_EXEC) {
+                    tx_forget(s); /* it ran: nothing to rebuild */
+                }
                 buf tmp = r->reply;
                 buf_init(&r->reply);
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
@@ -1068,12 +1082,29 @@ void router_on_lost(session *s, request *r, const char *reason)
     /* Applied on the lost master, its reply kept (fence.c): a plain write
      * sent again waits for the next master's verdict between that reply and
      * sending it again; anything else follows the policy below. */
+    /* A pop's data kept the same way (a blocking one too) waits for the
+     * verdict between delivering it and popping again. */
+    int data = request_verdict_data(r);
+    /* EXEC is one batch: decided as one write (an unwatched transaction is
+     * rebuilt only if the next master does not have it). */
     int verdict = (r->flags & REQ_F_VERDICT) && r->route != RT_DISCARD && r->route != RT_MULTI &&
-                  r->route != RT_EXEC && !(r->flags & (REQ_F_TXLOG | REQ_F_BLOCKING)) &&
-                  r->retries < ROUTER_MAX_RETRIES;
+                  (r->route != RT_EXEC || s->tx == TX_EXEC_SENT) && !(r->flags & REQ_F_TXLOG) &&
+                  (data || !(r->flags & REQ_F_BLOCKING)) && r->retries < ROUTER_MAX_RETRIES;
 
     if ((r->flags & REQ_F_VERDICT) && !verdict) {
         f->stats.requests_ambiguous++; /* sent again undecided (a transaction...) */
+        if (data) {
+            /* Data is never replaced by an error nor popped twice here. */
+            r->flags &= ~REQ_F_VERDICT;
+            note_flight_done(s);
+            buf tmp = r->reply;
+            buf_init(&r->reply);
+            s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
+            buf_free(&tmp);
+            s->f->session_ops->flush_answered(s);
+            backlog_wait(s);
+            return;
+        }
     }
     r->flags &= ~REQ_F_VERDICT;
     if (!verdict) {
@@ -1095,6 +1126,9 @@ void router_on_lost(session *s, request *r, const char *reason)
         tx_on_link_lost(s);
         if (r->route == RT_EXEC) {
             f->stats.requests_retried_unknown++;
+            if (verdict) {
+                r->flags |= REQ_F_VERDICT; /* dispatch_one: delivered or rebuilt */
+            }
         }
         if (r->route == RT_MULTI) {
             answer_lost(s, r, "+OK\r\n");

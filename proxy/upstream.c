@@ -535,6 +535,7 @@ link *upstream_lend(upstream *up, session *s)
         }
     }
     lend(l, s);
+    fence_bracket_open(l);
     if (l->db != s->db) {
         char db[16];
         snprintf(db, sizeof(db), "%d", s->db);
