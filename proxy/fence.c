@@ -146,9 +146,17 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
     freeReplyObject(rr);
 }
 
+/* Brackets need ROLE on the link: only on ferry's own links (a link
+ * opened as a client's Redis user, client.auth redis, may not be allowed
+ * ROLE, and every refusal would land in that user's ACL LOG). */
+static int brackets_on(const link *l)
+{
+    return l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL;
+}
+
 void fence_bracket_open(link *l)
 {
-    if (l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL && l->repl_off < 0) {
+    if (brackets_on(l) && l->repl_off < 0) {
         static const char *const role[] = {"ROLE"};
         link_internal(l, role, 1, bracket_role_done, 0);
         l->f->stats.bracket_roles++;
@@ -496,7 +504,7 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         up->heir_epoch = up->epoch;
         verdicts_run(up);
     }
-    snprintf(up->replid, sizeof(up->replid), "%s", id);
+    memcpy(up->replid, id, sizeof(up->replid)); /* 40 characters and the NUL: checked above */
     up->repl_backlog = strcmp(backlog, "1") == 0;
     if (up->repl_backlog) {
         /* Its id changes only when its backlog is freed or made: then the
@@ -624,7 +632,7 @@ static void fence_send_wait(link *l, int fence)
              (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
                                         : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
-    if (l->up->replicas_ack > 0 && !l->role_refused) {
+    if (brackets_on(l)) {
         /* The offset after this batch (its brackets' hi); beside the
          * WAIT, not behind it, so no other writes of the wait widen it.
          * Before a fence WAIT too: an old master that still answers (a
