@@ -578,11 +578,45 @@ class ClusterTls(unittest.TestCase):
                 wait_until(learned, 15, msg='the TLS cluster map learned')
             except AssertionError as e:
                 raise AssertionError('%s\n%s' % (e, f.log()[-3000:])) from None
+            self.routes_over_tls(f, nodes)
         finally:
             if f is not None:
                 f.stop()
             for n in nodes:
                 n.stop()
+
+
+    def routes_over_tls(self, f, nodes):
+        """Commands through ferry reach the master of their slot over TLS:
+        every key is on the node the map names (read there directly), the
+        keys cover every master, and a blocking pop is served on its slot."""
+        doc = stats_json(f.stats_port)['cluster']
+        owner = {}
+        for sh in doc['shards']:
+            for lo, hi in sh['slots']:
+                owner[(lo, hi)] = sh['master']['port']
+
+        def port_of(slot):
+            return next(p for (lo, hi), p in owner.items() if lo <= slot <= hi)
+        by_port = {n.port: n for n in nodes}
+        c = f.client(socket_timeout=10)
+        seen = set()
+        for i in range(60):
+            key = 'tls:k%d' % i
+            self.assertTrue(c.set(key, 'v%d' % i))
+            slot = nodes[0].client().execute_command('CLUSTER', 'KEYSLOT', key)
+            node = by_port[port_of(slot)]
+            self.assertEqual(node.client().get(key), 'v%d' % i,
+                             '%s (slot %d) not on %d' % (key, slot, node.port))
+            self.assertEqual(c.get(key), 'v%d' % i)
+            seen.add(node.port)
+        self.assertEqual(seen, set(by_port), 'keys reached only %r' % sorted(seen))
+        self.assertEqual(c.lpush('tls:q{a}', 'x'), 1)
+        self.assertEqual(c.brpop('tls:q{a}', 2), ('tls:q{a}', 'x'))
+        self.assertIsNone(c.brpop('tls:q{b}', 1))
+        st = tls_stats(f)
+        self.assertGreaterEqual(st['tls_upstream_handshakes'], len(nodes))
+        self.assertEqual(st['tls_upstream_failures'], 0)
 
 
 class TwoTlsListeners(unittest.TestCase):
