@@ -24,6 +24,8 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      FCALL_RO by slot, a master's error returned as it is.
   9. BullMQ with a {hash-tagged} prefix: a Queue and a Worker process every
      job once through ferry.
+  z. CLUSTER FAILOVER: the promoted master lacks a script loaded before
+     (NOSCRIPT, as the node says); redis-py's Script loads it again.
 
 Run:  python3 -m unittest test_cluster_route -v        (about 45 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
@@ -658,6 +660,46 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
             self.assertGreater(len(n.keys('{bull}:jobs:*')), jobs)
         finally:
             n.close()
+
+    def test_z_noscript_after_a_failover_and_the_client_fallback(self):
+        # last: it fails a master over (CLUSTER FAILOVER on its replica)
+        self.cluster.wait_consistent()
+        running = {n.port for n in self.cluster.running()}
+        master = next(m for m in self.cluster.masters()
+                      if any(r in running for r in self.cluster.replicas_of(m)))
+        replica = next(r for r in self.cluster.replicas_of(master) if r in running)
+        key = next('{%s}:ns' % k for k in queue_keys(self.cluster, n=6)
+                   if self.cluster.master_of(self.cluster.keyslot(k)) == master)
+        c = self.ferry.client(socket_timeout=10)
+        body = "return redis.call('INCR', KEYS[1])"
+        sha = _s(c.script_load(body))
+        c.delete(key)
+        self.assertEqual(c.evalsha(sha, 1, key), 1)
+        self.assertEqual(_s(self.cluster.command(replica, 'CLUSTER', 'FAILOVER')), 'OK')
+        wait_until(lambda: self.cluster.master_of(self.cluster.keyslot(key)) == replica,
+                   timeout=20, interval=0.1, msg='the replica promoted')
+
+        def noscript():
+            try:
+                c.evalsha(sha, 1, key)
+                return False  # still on the old master (ferry not switched yet)
+            except redis.exceptions.NoScriptError:
+                return True
+        # the promoted master lacks the script: the client sees the node's NOSCRIPT
+        wait_until(noscript, timeout=20, interval=0.1, msg='NOSCRIPT from the promoted master')
+        self.assertEqual(self.cluster.command(replica, 'SCRIPT', 'EXISTS', sha), [0])
+        # redis-py's Script answers it by SCRIPT LOAD (to every master) and EVALSHA
+        before = int(c.get(key))
+        script = c.register_script(body)
+        self.assertEqual(script(keys=[key]), before + 1)
+        self.assertEqual(self.on_every_master('SCRIPT', 'EXISTS', sha),
+                         {p: [1] for p in self.cluster.masters()})
+        n = self.node_client(replica)
+        try:
+            self.assertEqual(int(n.get(key)), before + 1)
+        finally:
+            n.close()
+        c.close()
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
