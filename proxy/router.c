@@ -913,6 +913,9 @@ static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
     r->flags &= ~REQ_F_REFUSED;
     note_flight_done(s);
     requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s); /* at once, not at the next wake-up */
+    }
     return 1;
 }
 

@@ -528,6 +528,11 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         for r in replicas:
             self.assertEqual(self.cluster.command(r, 'SCRIPT', 'EXISTS', sha), [0], r)
         get = _s(c.script_load("return redis.call('GET', KEYS[1])"))
+        # each master in turn at once, not at ferry's next tick (50 ms)
+        t0 = time.monotonic()
+        for i in range(20):
+            c.script_load('return %d' % i)
+        self.assertLess(time.monotonic() - t0, 0.8)
         for k in keys:
             self.assertEqual(_s(c.evalsha(sha, 1, k, 'h-' + k)), 'h-' + k)
             self.assertEqual(_s(c.execute_command('EVALSHA_RO', get, 1, k)), 'h-' + k)
