@@ -27,7 +27,7 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
   z. CLUSTER FAILOVER: the promoted master lacks a script loaded before
      (NOSCRIPT, as the node says); redis-py's Script loads it again.
 
-Run:  python3 -m unittest test_cluster_route -v        (about 45 s)
+Run:  python3 -m unittest test_cluster_route -v        (about 55 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
