@@ -277,6 +277,37 @@ upstream *clustermap_ask(clustermap *cm, const char *host, int port)
     return up;
 }
 
+_Static_assert(CLUSTERMAP_MAX_VIEWS <= CLUSTERMAP_SEEN_BYTES * 8, "a seen bit per master view");
+
+static int view_index(const clustermap *cm, const upstream *up)
+{
+    for (int i = 0; i < cm->nviews; i++) {
+        if (cm->views[i] == up) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+upstream *clustermap_unseen(const clustermap *cm, const unsigned char *seen)
+{
+    for (int i = 0; i < cm->nshards; i++) {
+        int v = cm->by_shard[i] != NULL ? view_index(cm, cm->by_shard[i]) : -1;
+        if (v >= 0 && !(seen[v / 8] & (1u << (v % 8)))) {
+            return cm->by_shard[i];
+        }
+    }
+    return NULL;
+}
+
+void clustermap_mark_seen(const clustermap *cm, const upstream *up, unsigned char *seen)
+{
+    int v = view_index(cm, up);
+    if (v >= 0) {
+        seen[v / 8] |= (unsigned char)(1u << (v % 8));
+    }
+}
+
 void clustermap_count_crossslot(clustermap *cm)
 {
     cm->crossslot++;

@@ -27,6 +27,14 @@ void clustermap_moved(clustermap *cm, int slot, const char *host, int port);
 /* A node answered ASK slot host:port: the view of that node (made if it is
  * not known yet; the map is unchanged), or NULL (too many views). */
 struct upstream *clustermap_ask(clustermap *cm, const char *host, int port);
+/* A command every master runs (broadcast.h) keeps which master views
+ * replied: one bit per view ever made. */
+#define CLUSTERMAP_SEEN_BYTES 64
+/* The master view of the map's first shard not set in seen, NULL once
+ * every shard's is (or while no map is known). */
+struct upstream *clustermap_unseen(const clustermap *cm, const unsigned char *seen);
+/* Set up's bit in seen. */
+void clustermap_mark_seen(const clustermap *cm, const struct upstream *up, unsigned char *seen);
 /* Counted for stats: a CROSSSLOT refusal. */
 void clustermap_count_crossslot(clustermap *cm);
 /* Ask the cluster for its map now (a master of a shard was lost). */

@@ -125,6 +125,8 @@ typedef struct request {
     int slot;             /* cluster mode: the slot of its keys, -1 none (router_classify.c) */
     struct upstream *ask; /* cluster mode: a node answered ASK: the view it named, where r
                              goes next, after ASKING (router.c); NULL none */
+    struct broadcast *bc; /* cluster mode: a command every master runs (SCRIPT LOAD...):
+                             the masters that replied, their folded reply; NULL none */
     long long arg;        /* route argument (db for SELECT, auth result) */
     size_t charge;        /* bytes charged to its session's memory (session.c) */
     req_done_cb done;     /* internal requests: called with the reply */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "broadcast.h"
 #include "ferry.h"
 #include "session.h"
 
@@ -38,6 +39,7 @@ request *request_new(ferry *f)
     r->cmd = NULL;
     r->slot = -1;
     r->ask = NULL;
+    r->bc = NULL;
     r->born = uv_now(f->loop);
     r->born_ns = uv_hrtime();
     r->sent_ns = 0;
@@ -72,6 +74,8 @@ void request_free(ferry *f, request *r)
         r->written = NULL;
         cb(r->written_arg, 0);
     }
+    broadcast_free(r->bc);
+    r->bc = NULL;
     buf_clear(&r->data);
     buf_clear(&r->reply);
     buf_shrink(&r->data, REQ_KEEP_BYTES);

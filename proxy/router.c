@@ -31,6 +31,7 @@
 #include "acl.h"
 #include "backlog.h"
 #include "bracket.h"
+#include "broadcast.h"
 #include "clients.h"
 #include "clustermap.h"
 #include "fence.h"
@@ -448,7 +449,9 @@ static void acl_accepted(session *s, request *r)
 static upstream *route_view(ferry *f, const request *r)
 {
     if (f->cluster != NULL) {
-        upstream *up = clustermap_route(f->cluster, r->slot);
+        /* A broadcast goes to the masters that have not replied, in turn. */
+        upstream *up = r->bc != NULL ? clustermap_unseen(f->cluster, r->bc->seen)
+                                     : clustermap_route(f->cluster, r->slot);
         if (up != NULL) {
             return up;
         }
@@ -466,7 +469,21 @@ static int verdict_store_serves(session *s)
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
+    if (r->bc != NULL && s->tx != TX_NONE) {
+        /* Inside a transaction it runs where the transaction does. */
+        broadcast_free(r->bc);
+        r->bc = NULL;
+    }
+    if (r->bc != NULL && r->bc->answered > 0 &&
+        clustermap_unseen(f->cluster, r->bc->seen) == NULL) {
+        /* The map changed meanwhile: every master it names has replied. */
+        f->session_ops->answer(s, r, buf_head(&r->bc->reply), buf_used(&r->bc->reply));
+        return DISPATCH_DONE;
+    }
     upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
+    if (r->bc != NULL) {
+        r->bc->at = up;
+    }
     const char *pw = f->cfg->client_password;
 
     if (s->checking) {
@@ -876,6 +893,32 @@ static void guard_again(session *s, request *r, guard_verdict v)
     requeue(s, r);
 }
 
+/* A command every master runs (cluster mode: SCRIPT LOAD...) answered by
+ * one of them: its reply is folded in; then r is sent to the next master
+ * that has not replied, unless a master refused it (its error is the
+ * reply) or every master of the map has replied. Returns 1 when r goes
+ * on to another master. */
+static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    broadcast *b = r->bc;
+    int more = broadcast_fold(b, p, n);
+    buf_clear(&r->reply); /* a reply that waited for a WAIT is folded in */
+    clustermap_mark_seen(s->f->cluster, b->at, b->seen);
+    if (!more || clustermap_unseen(s->f->cluster, b->seen) == NULL) {
+        return 0;
+    }
+    /* To a new master: its hold, refusals and retries start again. */
+    r->retries = 0;
+    r->refusals = 0;
+    r->flags &= ~REQ_F_REFUSED;
+    note_flight_done(s);
+    requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s); /* at once, not at the next wake-up */
+    }
+    return 1;
+}
+
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
@@ -887,6 +930,13 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     if (gv != GUARD_PASS) {
         guard_again(s, r, gv);
         return;
+    }
+    if (r->bc != NULL && s->f->cluster != NULL) {
+        if (broadcast_on_reply(s, r, p, n)) {
+            return;
+        }
+        p = buf_head(&r->bc->reply);
+        n = buf_used(&r->bc->reply);
     }
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);

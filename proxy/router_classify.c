@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "acl.h"
+#include "broadcast.h"
 #include "clients.h"
 #include "clustermap.h"
 #include "log.h"
@@ -359,6 +360,28 @@ static int classify_route(session *s, request *r, const resp_request *req)
     return 0;
 }
 
+/* EVAL, EVALSHA, FCALL and their _RO variants: the slot of the keys they
+ * declare (numkeys at argv[2], the keys after it), -1 for none (numkeys 0,
+ * or a numkeys Redis refuses itself: any master answers that error as a
+ * node would), -2 for keys in two slots. */
+static int script_slot(const resp_request *req)
+{
+    long long numkeys;
+    if (req->argc < 3 || resp_arg_ll(&req->argv[2], &numkeys) != 0 || numkeys <= 0 ||
+        numkeys > (long long)req->argc - 3) {
+        return -1;
+    }
+    int slot = -1;
+    for (size_t i = 3; i < 3 + (size_t)numkeys; i++) {
+        int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+        if (slot >= 0 && ks != slot) {
+            return -2;
+        }
+        slot = ks;
+    }
+    return slot;
+}
+
 /* Cluster mode: the slot of r's keys (r->slot), or its refusal. Commands
  * whose keys share a slot go to that slot's master; keyless ones to any
  * master. What this step cannot route yet is refused with ferry's words;
@@ -371,6 +394,26 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
         return 0; /* any master answers it as unknown */
     }
     display_name(cmd, name, sizeof(name));
+    if (r->route == RT_SCRIPT) {
+        /* By the keys it declares, on a link lent by that slot's master
+         * view, as in Sentinel mode; numkeys 0: any master that is UP (a
+         * script may touch no undeclared key of another node's slots). */
+        r->slot = script_slot(req);
+        if (r->slot == -2) {
+            r->slot = -1;
+            set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
+            clustermap_count_crossslot(f->cluster);
+            return 1;
+        }
+        return 0;
+    }
+    int bk = r->route == RT_SHARED ? broadcast_kind_of(cmd) : BCAST_NONE;
+    if (bk != BCAST_NONE) {
+        /* SCRIPT LOAD/FLUSH/EXISTS, FUNCTION LOAD/DELETE/FLUSH/RESTORE: to
+         * every master of the map in turn (router.c), one reply. */
+        r->bc = broadcast_new(bk);
+        return 0;
+    }
     int later = 0;
     switch (r->route) {
     case RT_SHARED:

@@ -17,13 +17,25 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      durability.replicas_ack: 1 on 3 masters with 2 replicas each.
   5. ASK during a slot migration: ASKING + the command on the target.
   6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT across slots.
+  7. Scripts by the slot of their keys (EVAL, EVALSHA, EVAL_RO...: on the
+     slot's master, CROSSSLOT across slots as a node says, numkeys 0 to any
+     master); SCRIPT LOAD / EXISTS / FLUSH on every master, one reply.
+  8. Functions: FUNCTION LOAD / DELETE / FLUSH on every master, FCALL and
+     FCALL_RO by slot, a master's error returned as it is.
+  9. BullMQ with a {hash-tagged} prefix: a Queue and a Worker process every
+     job once through ferry.
+  z. CLUSTER FAILOVER: the promoted master lacks a script loaded before
+     (NOSCRIPT, as the node says); redis-py's Script loads it again.
 
-Run:  python3 -m unittest test_cluster_route -v        (about 45 s)
+Run:  python3 -m unittest test_cluster_route -v        (about 55 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
+import hashlib
 import json
 import os
+import shutil
+import subprocess
 import threading
 import time
 import unittest
@@ -322,7 +334,7 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
             c.execute_command('MSET', a, '1', b, '2')
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got.exception), str(want.exception))
-        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['EVAL', 'return 1', '0'],
+        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['SCRIPT', 'KILL'],
                      ['KEYS', '*'], ['FLUSHALL'], ['SELECT', '2']):
             with self.assertRaises(redis.ResponseError) as e:
                 c.execute_command(*argv)
@@ -459,6 +471,239 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         # a pop moving between keys of one slot
         c.lpush('{mv}src', 'x')
         self.assertEqual(_s(c.blmove('{mv}src', '{mv}dst', 1, 'RIGHT', 'LEFT')), 'x')
+        c.close()
+
+    def tagged_keys(self, n=6):
+        """n keys of one shard each, round the masters, and their owners."""
+        keys = ['{%s}:s' % k for k in queue_keys(self.cluster, n=n)]
+        owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
+        self.assertEqual(len(set(owners.values())), len(self.cluster.masters()), owners)
+        return keys, owners
+
+    def on_every_master(self, *args):
+        """The reply of each master to args, by its own client."""
+        out = {}
+        for port in self.cluster.masters():
+            n = self.node_client(port)
+            try:
+                out[port] = n.execute_command(*args)
+            finally:
+                n.close()
+        return out
+
+    def node_error(self, *args, port=None):
+        """The error a master's own client gets for args (port's, else the
+        first master's)."""
+        n = self.node_client(port or self.cluster.masters()[0])
+        try:
+            with self.assertRaises(redis.ResponseError) as e:
+                n.execute_command(*args)
+        finally:
+            n.close()
+        return str(e.exception)
+
+    def test_7_scripts_by_slot_and_script_load_everywhere(self):
+        self.cluster.wait_consistent()
+        keys, owners = self.tagged_keys()
+        c = self.ferry.client(socket_timeout=10)
+        setget = "redis.call('SET', KEYS[1], ARGV[1]) return redis.call('GET', KEYS[1])"
+        for k in keys:
+            self.assertEqual(_s(c.eval(setget, 1, k, 'e-' + k)), 'e-' + k)
+        for k in keys:
+            n = self.node_client(owners[k])
+            try:  # the node's own client: a key elsewhere would answer MOVED
+                self.assertEqual(_s(n.get(k)), 'e-' + k)
+            finally:
+                n.close()
+        # SCRIPT LOAD reaches every master: EVALSHA works on keys of every shard
+        self.assertEqual(c.script_flush(), True)
+        sha = _s(c.script_load(setget))
+        self.assertEqual(self.on_every_master('SCRIPT', 'EXISTS', sha),
+                         {p: [1] for p in self.cluster.masters()})
+        # Redis does not copy its script cache to replicas: a promoted one
+        # answers EVALSHA with NOSCRIPT (the client libraries load it again)
+        running = {n.port for n in self.cluster.running()}
+        replicas = [r for m in self.cluster.masters() for r in self.cluster.replicas_of(m)
+                    if r in running]
+        for r in replicas:
+            self.assertEqual(self.cluster.command(r, 'SCRIPT', 'EXISTS', sha), [0], r)
+        get = _s(c.script_load("return redis.call('GET', KEYS[1])"))
+        # each master in turn at once, not at ferry's next tick (50 ms)
+        t0 = time.monotonic()
+        for i in range(20):
+            c.script_load('return %d' % i)
+        self.assertLess(time.monotonic() - t0, 0.8)
+        for k in keys:
+            self.assertEqual(_s(c.evalsha(sha, 1, k, 'h-' + k)), 'h-' + k)
+            self.assertEqual(_s(c.execute_command('EVALSHA_RO', get, 1, k)), 'h-' + k)
+            self.assertEqual(_s(c.execute_command('EVAL_RO', "return redis.call('GET', KEYS[1])",
+                                                  1, k)), 'h-' + k)
+        # two keys of one slot go together; keys of two slots: the node's CROSSSLOT
+        self.assertEqual(_s(c.eval("return redis.call('MSET', KEYS[1], 1, KEYS[2], 2)", 2,
+                                   '{one}a', '{one}b')), 'OK')
+        a, b = keys[0], keys[1]
+        want = self.node_error('EVAL', 'return 1', 2, a, b)
+        self.assertTrue(want.startswith('CROSSSLOT'), want)
+        for argv in (['EVAL', 'return 1', 2, a, b], ['EVALSHA', sha, 2, a, b],
+                     ['EVAL_RO', 'return 1', 2, a, b], ['FCALL', 'f', 2, a, b]):
+            with self.assertRaises(redis.ResponseError) as e:
+                c.execute_command(*argv)
+            self.assertEqual(str(e.exception), want, argv)
+        # numkeys 0: any master; a numkeys Redis refuses: its own error
+        self.assertEqual(c.eval('return 7', 0), 7)
+        want = self.node_error('EVAL', 'return 1', 3, a)
+        with self.assertRaises(redis.ResponseError) as e:
+            c.execute_command('EVAL', 'return 1', 3, a)
+        self.assertEqual(str(e.exception), want)
+        # SCRIPT EXISTS: 1 only where every master has it
+        n = self.node_client(self.cluster.masters()[1])
+        try:
+            only = _s(n.script_load('return 42'))
+        finally:
+            n.close()
+        self.assertEqual(c.script_exists(sha, only, '0' * 40), [True, False, False])
+        # SCRIPT FLUSH on every master: EVALSHA answers the node's NOSCRIPT
+        self.assertEqual(c.script_flush(), True)
+        self.assertEqual(self.on_every_master('SCRIPT', 'EXISTS', sha, only),
+                         {p: [0, 0] for p in self.cluster.masters()})
+        for k in keys:
+            with self.assertRaises(redis.exceptions.NoScriptError):
+                c.evalsha(sha, 1, k, 'x')
+        # redis-py's Script: EVALSHA, NOSCRIPT, then SCRIPT LOAD and EVALSHA again
+        script = c.register_script(setget)
+        for k in keys:
+            self.assertEqual(_s(script(keys=[k], args=['r-' + k])), 'r-' + k)
+        # pipelined: SCRIPT LOAD, then EVALSHA of that script on every shard:
+        # each EVALSHA goes once every master has the script
+        body = 'return ARGV[1] .. KEYS[1]'
+        sha2 = hashlib.sha1(body.encode()).hexdigest()
+        p = c.pipeline(transaction=False)
+        p.script_load(body)
+        for k in keys:
+            p.evalsha(sha2, 1, k, 'p-')
+            p.execute_command('PING')
+        p.script_exists(sha2)
+        want = [sha2]
+        for k in keys:
+            want += ['p-' + k, True]
+        self.assertEqual(_s(p.execute()), want + [[True]])
+        self.assertEqual(c.ping(), True)
+        c.close()
+
+    def test_8_functions_on_every_master_and_by_slot(self):
+        self.cluster.wait_consistent()
+        keys, owners = self.tagged_keys()
+        c = self.ferry.client(socket_timeout=10)
+        lib = ("#!lua name=ferrylib\n"
+               "redis.register_function('setget', function(keys, args) "
+               "redis.call('SET', keys[1], args[1]) return redis.call('GET', keys[1]) end)\n"
+               "redis.register_function{function_name='getro', callback=function(keys, args) "
+               "return redis.call('GET', keys[1]) end, flags={'no-writes'}}\n")
+        self.assertEqual(_s(c.execute_command('FUNCTION', 'FLUSH')), 'OK')
+        self.assertEqual(_s(c.execute_command('FUNCTION', 'LOAD', lib)), 'ferrylib')
+        for port, libs in self.on_every_master('FUNCTION', 'LIST').items():
+            self.assertEqual([_s(x[1]) for x in libs], ['ferrylib'], port)
+        for k in keys:
+            self.assertEqual(_s(c.execute_command('FCALL', 'setget', 1, k, 'f-' + k)), 'f-' + k)
+            self.assertEqual(_s(c.execute_command('FCALL_RO', 'getro', 1, k)), 'f-' + k)
+            n = self.node_client(owners[k])
+            try:
+                self.assertEqual(_s(n.get(k)), 'f-' + k)
+            finally:
+                n.close()
+        # a master's error is the reply, word for word (the library exists)
+        want = self.node_error('FUNCTION', 'LOAD', lib)
+        with self.assertRaises(redis.ResponseError) as e:
+            c.execute_command('FUNCTION', 'LOAD', lib)
+        self.assertEqual(str(e.exception), want)
+        self.assertEqual(_s(c.execute_command('FUNCTION', 'LOAD', 'REPLACE', lib)), 'ferrylib')
+        # DUMP from one master (binary: a client without decoding), DELETE
+        # everywhere, RESTORE everywhere
+        b = redis.Redis(host='127.0.0.1', port=self.ferry.port, socket_timeout=10)
+        try:
+            dump = b.execute_command('FUNCTION', 'DUMP')
+            self.assertEqual(_s(b.execute_command('FUNCTION', 'DELETE', 'ferrylib')), 'OK')
+            self.assertEqual(self.on_every_master('FUNCTION', 'LIST'),
+                             {p: [] for p in self.cluster.masters()})
+            self.assertEqual(_s(b.execute_command('FUNCTION', 'RESTORE', dump)), 'OK')
+        finally:
+            b.close()
+        for k in keys:
+            self.assertEqual(_s(c.execute_command('FCALL_RO', 'getro', 1, k)), 'f-' + k)
+        self.assertEqual(_s(c.execute_command('FUNCTION', 'FLUSH')), 'OK')
+        self.assertEqual(self.on_every_master('FUNCTION', 'LIST'),
+                         {p: [] for p in self.cluster.masters()})
+        want = self.node_error('FCALL', 'setget', 1, keys[0], 'x', port=owners[keys[0]])
+        with self.assertRaises(redis.ResponseError) as e:
+            c.execute_command('FCALL', 'setget', 1, keys[0], 'x')
+        self.assertEqual(str(e.exception), want)
+        c.close()
+
+    def test_9_bullmq_with_a_hash_tagged_prefix(self):
+        self.cluster.wait_consistent()
+        node = shutil.which('node')
+        if node is None:
+            raise AssertionError('node is not installed: run scripts/setup')
+        here = os.path.dirname(os.path.abspath(__file__))
+        jobs = 200
+        p = subprocess.run([node, os.path.join(here, 'node', 'bullmq_cluster.js'),
+                            str(self.ferry.port), str(jobs), '{bull}'],
+                           capture_output=True, text=True, timeout=60, cwd=here)
+        line = (p.stdout.strip().splitlines() or [''])[-1]
+        try:
+            out = json.loads(line)
+        except ValueError:
+            self.fail('node printed no JSON (exit %d):\n%s\n%s' % (p.returncode, p.stdout,
+                                                                   p.stderr[-3000:]))
+        self.assertEqual(out['errors'], [], out)
+        self.assertEqual((out['added'], out['distinct'], out['twice']), (jobs, jobs, 0), out)
+        self.assertEqual(out['counts'].get('completed'), jobs, out)
+        # every key BullMQ wrote lives on the master of {bull}'s slot
+        owner = self.cluster.master_of(self.cluster.keyslot('{bull}'))
+        n = self.node_client(owner)
+        try:
+            self.assertGreater(len(n.keys('{bull}:jobs:*')), jobs)
+        finally:
+            n.close()
+
+    def test_z_noscript_after_a_failover_and_the_client_fallback(self):
+        # last: it fails a master over (CLUSTER FAILOVER on its replica)
+        self.cluster.wait_consistent()
+        running = {n.port for n in self.cluster.running()}
+        master = next(m for m in self.cluster.masters()
+                      if any(r in running for r in self.cluster.replicas_of(m)))
+        replica = next(r for r in self.cluster.replicas_of(master) if r in running)
+        key = next('{%s}:ns' % k for k in queue_keys(self.cluster, n=6)
+                   if self.cluster.master_of(self.cluster.keyslot(k)) == master)
+        c = self.ferry.client(socket_timeout=10)
+        body = "return redis.call('INCR', KEYS[1])"
+        sha = _s(c.script_load(body))
+        c.delete(key)
+        self.assertEqual(c.evalsha(sha, 1, key), 1)
+        self.assertEqual(_s(self.cluster.command(replica, 'CLUSTER', 'FAILOVER')), 'OK')
+        wait_until(lambda: self.cluster.master_of(self.cluster.keyslot(key)) == replica,
+                   timeout=20, interval=0.1, msg='the replica promoted')
+
+        def noscript():
+            try:
+                c.evalsha(sha, 1, key)
+                return False  # still on the old master (ferry not switched yet)
+            except redis.exceptions.NoScriptError:
+                return True
+        # the promoted master lacks the script: the client sees the node's NOSCRIPT
+        wait_until(noscript, timeout=20, interval=0.1, msg='NOSCRIPT from the promoted master')
+        self.assertEqual(self.cluster.command(replica, 'SCRIPT', 'EXISTS', sha), [0])
+        # redis-py's Script answers it by SCRIPT LOAD (to every master) and EVALSHA
+        before = int(c.get(key))
+        script = c.register_script(body)
+        self.assertEqual(script(keys=[key]), before + 1)
+        self.assertEqual(self.on_every_master('SCRIPT', 'EXISTS', sha),
+                         {p: [1] for p in self.cluster.masters()})
+        n = self.node_client(replica)
+        try:
+            self.assertEqual(int(n.get(key)), before + 1)
+        finally:
+            n.close()
         c.close()
 
 

@@ -1,0 +1,138 @@
+/* test_broadcast.c - unit tests for proxy/broadcast.c: which commands every
+ * master runs in cluster mode, and how the masters' replies fold into the
+ * client's: the first master's reply, the first error (the others not
+ * asked), SCRIPT EXISTS as the AND of every master's array, and replies
+ * that are not what SCRIPT EXISTS answers refused without a crash. */
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "broadcast.h"
+#include "command.h"
+
+static const command *lookup(const char *cmd, const char *sub)
+{
+    const char *argv[2] = {cmd, sub};
+    size_t lens[2] = {strlen(cmd), sub != NULL ? strlen(sub) : 0};
+    return command_lookup_argv(sub != NULL ? 2 : 1, argv, lens);
+}
+
+static void reply_is(const broadcast *b, const char *want)
+{
+    assert_int_equal(buf_used(&b->reply), strlen(want));
+    assert_memory_equal(buf_head(&b->reply), want, strlen(want));
+}
+
+static int fold(broadcast *b, const char *reply)
+{
+    return broadcast_fold(b, reply, strlen(reply));
+}
+
+static void test_kinds(void **state)
+{
+    (void)state;
+    assert_int_equal(broadcast_kind_of(lookup("SCRIPT", "LOAD")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("script", "flush")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("SCRIPT", "EXISTS")), BCAST_AND);
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "LOAD")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "DELETE")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "FLUSH")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "RESTORE")), BCAST_FIRST);
+    /* read on one master, or about the script running on one node */
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "LIST")), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "DUMP")), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(lookup("SCRIPT", "KILL")), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(lookup("EVAL", NULL)), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(lookup("GET", NULL)), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(NULL), BCAST_NONE);
+}
+
+static void test_first_reply_kept(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_FIRST);
+    const char *sha = "$40\r\ne0e1f9fabfc9d4800c877a703b823ac0578ff8db\r\n";
+    assert_int_equal(fold(b, sha), 1);
+    assert_int_equal(fold(b, sha), 1);
+    assert_int_equal(fold(b, "$3\r\nodd\r\n"), 1); /* the first master's is the reply */
+    reply_is(b, sha);
+    assert_int_equal(b->answered, 3);
+    assert_int_equal(b->failed, 0);
+    broadcast_free(b);
+}
+
+static void test_error_stops(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_FIRST);
+    assert_int_equal(fold(b, "+OK\r\n"), 1);
+    assert_int_equal(fold(b, "-ERR Library 'x' already exists\r\n"), 0);
+    reply_is(b, "-ERR Library 'x' already exists\r\n");
+    /* nothing after the error changes it */
+    assert_int_equal(fold(b, "+OK\r\n"), 0);
+    reply_is(b, "-ERR Library 'x' already exists\r\n");
+    broadcast_free(b);
+
+    b = broadcast_new(BCAST_AND);
+    assert_int_equal(fold(b, "-NOPERM no\r\n"), 0);
+    reply_is(b, "-NOPERM no\r\n");
+    broadcast_free(b);
+}
+
+static void test_exists_and(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_AND);
+    assert_int_equal(fold(b, "*3\r\n:1\r\n:1\r\n:0\r\n"), 1);
+    assert_int_equal(fold(b, "*3\r\n:1\r\n:0\r\n:1\r\n"), 1);
+    reply_is(b, "*3\r\n:1\r\n:0\r\n:0\r\n");
+    assert_int_equal(fold(b, "*3\r\n:1\r\n:1\r\n:1\r\n"), 1);
+    reply_is(b, "*3\r\n:1\r\n:0\r\n:0\r\n");
+    broadcast_free(b);
+
+    b = broadcast_new(BCAST_AND);
+    assert_int_equal(fold(b, "*0\r\n"), 1);
+    assert_int_equal(fold(b, "*0\r\n"), 1);
+    reply_is(b, "*0\r\n");
+    broadcast_free(b);
+}
+
+static void test_exists_nonsense(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "*2\r\n:1\r\n",        /* short */
+        "*1\r\n:1\r\n:1\r\n",  /* long */
+        "*1\r\n:2\r\n",        /* not 0/1 */
+        "*1\r\n$1\r\n1\r\n",   /* not an integer */
+        "+OK\r\n",             /* not an array */
+        "*x\r\n",              /* no count */
+        "*99999999999999\r\n", /* a count past the bytes */
+        "*1\r\n:1",            /* cut */
+        "",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        broadcast *b = broadcast_new(BCAST_AND);
+        assert_int_equal(fold(b, "*1\r\n:1\r\n"), 1);
+        assert_int_equal(broadcast_fold(b, bad[i], strlen(bad[i])), 0);
+        assert_int_equal(b->failed, 1);
+        assert_true(buf_used(&b->reply) > 5 && memcmp(buf_head(&b->reply), "-ERR ferry", 10) == 0);
+        broadcast_free(b);
+    }
+    broadcast_free(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kinds),           cmocka_unit_test(test_first_reply_kept),
+        cmocka_unit_test(test_error_stops),     cmocka_unit_test(test_exists_and),
+        cmocka_unit_test(test_exists_nonsense),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
