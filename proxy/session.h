@@ -89,6 +89,8 @@ typedef struct session {
     buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
     int tx_writes;             /* one of them may write: EXEC is a write */
     int tx_dirty;              /* ferry refused a command inside it: EXEC gets -EXECABORT */
+    int multi_refused;         /* cluster mode: ferry refused its MULTI: what follows is
+                                  refused too, until EXEC (-EXECABORT) or DISCARD */
     int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */
     tunnel_state tunnel;       /* see tunnel_state */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */

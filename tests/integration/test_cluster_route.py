@@ -339,10 +339,45 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
             with self.assertRaises(redis.ResponseError) as e:
                 c.execute_command(*argv)
             self.assertIn('cluster mode', str(e.exception), argv)
+            if argv == ['MULTI']:
+                # what follows a refused MULTI is refused up to DISCARD
+                self.assertEqual(_s(c.execute_command('DISCARD')), 'OK')
         # the connection still serves
         self.assertEqual(c.ping(), True)
         self.assertTrue(c.set('after', 'x'))
         c.close()
+
+    def test_2b_nothing_runs_after_a_refused_multi(self):
+        """A client pipelining MULTI, its commands and EXEC (ioredis, BullMQ's
+        FlowProducer, redis-py's transaction pipeline): ferry refuses MULTI
+        in cluster mode, and must not run the commands one by one outside
+        any transaction. Before: MULTI and EXEC refused, but SET and INCR ran
+        (BullMQ's FlowProducer.add raised, yet its jobs were added)."""
+        self.cluster.wait_consistent()
+        key, ctr = '{tx}:k', '{tx}:n'
+        s = self.ferry.raw(timeout=10)
+        try:
+            for argv in (['MULTI'], ['SET', key, 'v'], ['INCR', ctr], ['EXEC'],
+                         ['MULTI'], ['SET', key, 'w'], ['DISCARD'], ['SET', key, 'after']):
+                harness.resp_send(s, argv)
+            got = [harness.resp_read_reply(s, timeout=10) for _ in range(8)]
+        finally:
+            s.close()
+        text = [str(x) for x in got]
+        self.assertIn('cluster mode', text[0])
+        self.assertIn('follows a MULTI ferry refused', text[1])
+        self.assertIn('follows a MULTI ferry refused', text[2])
+        self.assertTrue(text[3].startswith('EXECABORT'), text[3])
+        self.assertIn('cluster mode', text[4])
+        self.assertIn('follows a MULTI ferry refused', text[5])
+        self.assertEqual(got[6], 'OK')
+        self.assertEqual(got[7], 'OK')
+        node = self.node_client(self.cluster.master_of(self.cluster.keyslot(key)))
+        try:
+            self.assertEqual(_s(node.get(key)), 'after')   # only the SET after DISCARD ran
+            self.assertIsNone(node.get(ctr))
+        finally:
+            node.close()
 
     def test_3_moved_after_reshard_is_followed(self):
         self.cluster.wait_consistent()
