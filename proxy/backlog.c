@@ -25,6 +25,7 @@
 
 #include "log.h"
 #include "outage.h"
+#include "tx.h"
 #include "upstream.h"
 #include "workers.h"
 
@@ -281,6 +282,9 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
                  (unsigned long long)(now - since));
     }
     f->stats.requests_tryagain++;
+    if (r->route == RT_MULTI) {
+        tx_on_multi_refused(s, r);
+    }
     s->f->session_ops->answer_str(s, r, line);
 }
 

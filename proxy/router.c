@@ -489,6 +489,9 @@ static int dispatch_one(session *s, request *r)
     if (s->checking) {
         return DISPATCH_WAIT; /* the user it runs as is not known yet */
     }
+    if (!(r->flags & REQ_F_VERDICT) && tx_after_refused_multi(s, r)) {
+        return DISPATCH_DONE;
+    }
     if (r->flags & REQ_F_VERDICT) {
         /* Its reply came from a master lost before a replica confirmed it:
          * once the next master is read (before it is UP), deliver that reply

@@ -474,51 +474,11 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     return 0;
 }
 
-/* Cluster mode refuses MULTI for now. A client that pipelines MULTI, its
- * commands and EXEC must not have the commands run one by one outside any
- * transaction: until EXEC or DISCARD they are refused too, EXEC answers
- * -EXECABORT and DISCARD +OK, as for a transaction Redis aborted. */
-static int classify_after_refused_multi(session *s, request *r)
-{
-    switch (r->route) {
-    case RT_EXEC:
-        s->multi_refused = 0;
-        set_error(r, "-EXECABORT Transaction discarded because of previous errors.\r\n%s", "");
-        return 1;
-    case RT_DISCARD:
-        s->multi_refused = 0;
-        set_error(r, "+OK\r\n%s", "");
-        return 1;
-    case RT_RESET:
-    case RT_QUIT:
-        s->multi_refused = 0;
-        return 0;
-    default:
-        s->f->stats.commands_denied++;
-        set_error(r,
-                  "-ERR ferry: cluster mode: not run: it follows a MULTI ferry refused "
-                  "(transactions are not routed yet)%s\r\n",
-                  "");
-        return 1;
-    }
-}
-
 int router_classify(session *s, request *r, const resp_request *req)
 {
     int rc = classify_route(s, r, req);
-    if (s->f->cluster == NULL) {
+    if (rc != 0 || s->f->cluster == NULL) {
         return rc;
     }
-    if (s->multi_refused && r->route != RT_ERROR) {
-        return classify_after_refused_multi(s, r);
-    }
-    if (rc != 0) {
-        return rc;
-    }
-    int route = r->route;
-    rc = classify_slot(s->f, r, req);
-    if (rc != 0 && route == RT_MULTI) {
-        s->multi_refused = 1;
-    }
-    return rc;
+    return classify_slot(s->f, r, req);
 }

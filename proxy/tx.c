@@ -74,12 +74,66 @@ int tx_in_multi(const session *s)
            s->tx == TX_MULTI_WATCH_LOST;
 }
 
+/* ferry answered MULTI itself with an error (cluster mode refuses it; no
+ * master within the hold bound): a client that pipelined MULTI, its
+ * commands and EXEC must not have the commands run one by one outside any
+ * transaction (or be taken by the fallback store). Until EXEC or DISCARD
+ * they are refused too; EXEC answers -EXECABORT and DISCARD +OK, as for a
+ * transaction Redis aborted. (A MULTI Redis itself refuses keeps Redis'
+ * meaning: what follows runs.) */
+void tx_on_multi_refused(session *s, request *r)
+{
+    s->multi_refused = 1;
+    log_debug("client %llu: MULTI refused by ferry: what follows is refused up to EXEC or DISCARD",
+              (unsigned long long)s->id);
+    (void)r;
+}
+
+int tx_after_refused_multi(session *s, request *r)
+{
+    if (!s->multi_refused) {
+        return 0;
+    }
+    /* By name: cluster mode has refused EXEC and DISCARD too (RT_ERROR). */
+    const char *name = r->cmd != NULL ? r->cmd->name : "";
+    if (strcmp(name, "exec") == 0) {
+        s->multi_refused = 0;
+        s->f->session_ops->answer_str(
+            s, r, "-EXECABORT Transaction discarded because of previous errors.\r\n");
+        return 1;
+    }
+    if (strcmp(name, "discard") == 0) {
+        s->multi_refused = 0;
+        s->f->session_ops->answer_str(s, r, "+OK\r\n");
+        return 1;
+    }
+    switch (r->route) {
+    case RT_RESET:
+    case RT_QUIT:
+        s->multi_refused = 0;
+        return 0;
+    case RT_MULTI:
+        return 0; /* refused again, or opens the transaction now */
+    default:
+        s->f->stats.commands_denied++;
+        s->f->session_ops->answer_str(s, r,
+                                      "-ERR ferry: not run: it follows a MULTI ferry refused "
+                                      "(EXEC or DISCARD ends it)\r\n");
+        return 1;
+    }
+}
+
 /* The transaction is aborted at EXEC, as Redis aborts one after refusing a
  * command; a command Redis never allows in a transaction gets Redis' own
  * words. */
 void tx_on_refused_locally(session *s, request *r)
 {
     static const char no_multi[] = "-ERR Command not allowed inside a transaction\r\n";
+    static const char ours[] = "-ERR ferry";
+    if (r->cmd != NULL && strcmp(r->cmd->name, "multi") == 0 && buf_used(&r->reply) >= 10 &&
+        memcmp(buf_head(&r->reply), ours, sizeof(ours) - 1) == 0) {
+        tx_on_multi_refused(s, r); /* ferry's refusal, not an error Redis would give */
+    }
     if (!tx_in_multi(s)) {
         return;
     }

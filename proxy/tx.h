@@ -16,6 +16,11 @@ void tx_set(session *s, tx_state st);
 int tx_in_multi(const session *s);
 /* ferry refused r itself (RT_ERROR): inside a MULTI, EXEC aborts. */
 void tx_on_refused_locally(session *s, request *r);
+/* ferry answered MULTI r itself with an error: what follows is refused
+ * until EXEC (-EXECABORT) or DISCARD. */
+void tx_on_multi_refused(session *s, request *r);
+/* Answers r if it follows such a MULTI (returns 1); 0: dispatch it. */
+int tx_after_refused_multi(session *s, request *r);
 /* Before r is routed: ferry answers it for the transaction (EXECABORT
  * after a refusal, a lost WATCH). Returns 1 when r is answered. */
 int tx_answer(session *s, request *r);

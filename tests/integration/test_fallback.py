@@ -18,7 +18,7 @@ import redis
 
 import harness
 from failover_load import Load
-from harness import (Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode,
+from harness import (Ferry, FERRY_BIN, RedisServer, SentinelTopology, resp_encode, resp_send,
                      resp_read_reply, wait_until)
 from test_stats import stats_json
 
@@ -203,6 +203,29 @@ class FallbackTest(unittest.TestCase):
         self.assertEqual(st['fallback_replayed'], 16 + 1 + 1 + 2)
         # New writes go to Redis again, after the replayed rows.
         self.assertEqual(c.lpush('q', 'after'), 19)
+
+    def test_transaction_during_an_outage_runs_nothing(self):
+        # MULTI, LPUSH, EXEC pipelined while no master is usable: MULTI is
+        # answered -TRYAGAIN at the hold bound, and the LPUSH behind it must
+        # not then be taken by the store outside any transaction (before:
+        # stored and acknowledged with 1, EXEC answered -TRYAGAIN). It is
+        # refused, EXEC answers -EXECABORT, the push after EXEC is stored.
+        conf = fallback_conf(self.path)
+        conf['upstream'] = {'hold_timeout_ms': 800, 'connect_timeout_ms': 500}
+        f2 = Ferry(self.redis, conf=conf)
+        self.addCleanup(f2.kill)
+        self.outage(f2)
+        s = f2.raw(timeout=10)
+        self.addCleanup(s.close)
+        for argv in (['MULTI'], ['LPUSH', 'tq', 'in-tx'], ['EXEC'], ['LPUSH', 'tq', 'after']):
+            resp_send(s, argv)
+        got = [resp_read_reply(s, timeout=10) for _ in range(4)]
+        text = [str(x) for x in got]
+        self.assertTrue(text[0].startswith('TRYAGAIN ferry:'), got)
+        self.assertIn('follows a MULTI ferry refused', text[1])
+        self.assertTrue(text[2].startswith('EXECABORT'), got)
+        self.assertEqual(got[3], 1)   # the store holds 'after' alone
+        self.assertEqual(pending(f2), 1)
 
     def test_kill9_ferry_with_rows_pending(self):
         f = self.start_ferry()
