@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 import unittest
 import urllib.error
 import urllib.request
