@@ -13,6 +13,11 @@ ClusterTopology: 3 masters + 3 replicas, node-timeout 2 s):
        --describe-stats and every cluster entry of it is in the document.
     2. Redirects are counted on the shard that answered them: ASK during a
        slot migration, MOVED after a reshard of one slot.
+  ClusterUpScriptTest: `scripts/up --cluster` in a scratch copy on free
+    ports (3 masters + 3 replicas and ferry in cluster mode; every shard UP
+    through ferry; the documented /metrics line), a second run says it is
+    running, scripts/down stops every process, and a new run starts the same
+    cluster again from its nodes.conf.
   ClusterShardFailoverStatsTest (a cluster of its own: it is harmed):
     kill -9 of a shard's master: that shard, and only it, goes SWITCHING or
     DOWN in /stats and /metrics, /healthz says DEGRADED naming it (200: the
@@ -24,13 +29,17 @@ Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import unittest
 import urllib.error
 import urllib.request
+
+import redis
 
 import harness
 from harness import ClusterTopology, Ferry, wait_until
@@ -250,6 +259,90 @@ class ClusterStatsTest(unittest.TestCase):
                          now[src]['moved'])
         self.assertEqual(m['ferry_cluster_shard_ask_total{shard="%d"}' % now[src]['shard']],
                          now[src]['asked'])
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterUpScriptTest(unittest.TestCase):
+    """scripts/up --cluster and scripts/down, as docs/cluster.md shows them."""
+
+    def setUp(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-up-cluster-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        self.root = os.path.join(tmp, 'repo')
+        os.mkdir(self.root)
+        for name in ('scripts', 'config', 'cmake'):
+            os.symlink(os.path.join(harness.REPO, name), os.path.join(self.root, name))
+        os.mkdir(os.path.join(self.root, 'build'))
+        os.symlink(harness.FERRY_BIN, os.path.join(self.root, 'build', 'ferry'))
+        self.ports = [harness._free_cluster_port() for _ in range(6)]
+        self.ferry_port, self.stats_port = harness.free_port(), harness.free_port()
+        self.env = dict(os.environ, UP_SKIP_SETUP='1', FERRY_BIN=harness.FERRY_BIN,
+                        UP_TIMEOUT='60', CLUSTER_PORTS=' '.join(map(str, self.ports)),
+                        FERRY_PORT=str(self.ferry_port), STATS_PORT=str(self.stats_port))
+        self.addCleanup(self.sh, 'scripts/down')
+
+    def sh(self, cmd, timeout=180):
+        p = subprocess.run(['bash', '-c', cmd], cwd=self.root, env=self.env,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+        return p.returncode, p.stdout.decode(errors='replace')
+
+    def pids(self):
+        """{name: pid} of what run/ names, alive."""
+        out = {}
+        run = os.path.join(self.root, 'run')
+        for d, _, files in os.walk(run):
+            for f in files:
+                if f.endswith('.pid'):
+                    with open(os.path.join(d, f)) as fh:
+                        pid = int(fh.read().strip() or 0)
+                    if pid and os.path.exists('/proc/%d' % pid):
+                        out[os.path.relpath(os.path.join(d, f), run)] = pid
+        return out
+
+    def served(self):
+        """Keys of every shard set and read back through ferry."""
+        c = redis.Redis(port=self.ferry_port, socket_timeout=10)
+        try:
+            for i in range(30):
+                self.assertTrue(c.set('up:%d' % i, str(i)))
+            return [int(c.get('up:%d' % i)) for i in range(30)]
+        finally:
+            c.close()
+
+    def test_up_cluster_then_down(self):
+        rc, out = self.sh('scripts/up --cluster')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('ferry is up (cluster mode, 3 masters + 3 replicas', out)
+        self.assertIn('connect: redis-cli -p %d' % self.ferry_port, out)
+        self.assertEqual(len(self.pids()), 7, self.pids())
+        self.assertEqual(self.served(), list(range(30)))
+        doc = json.loads(urllib.request.urlopen(
+            'http://127.0.0.1:%d/stats' % self.stats_port, timeout=5).read())
+        self.assertEqual(len(doc['cluster']['shards']), 3)
+        for sh in doc['cluster']['shards']:
+            self.assertIn(sh['master']['port'], self.ports)
+            self.assertEqual(sh['state'], 'UP')
+        self.assertTrue(all(len(sh['replicas']) == 1 for sh in doc['cluster']['shards']))
+        # docs/cluster.md's line, on this run's stats port
+        rc, out = self.sh("curl -s 127.0.0.1:%d/metrics | grep '^ferry_cluster_shard_up'"
+                          % self.stats_port, timeout=30)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(len(re.findall(r'^ferry_cluster_shard_up\{shard="\d+"\} 1$', out, re.M)),
+                         3, out)
+        rc, out = self.sh('scripts/up --cluster')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('already running', out)
+        rc, out = self.sh('scripts/down')
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(self.pids(), {})
+        # the same cluster again, from the nodes.conf of the first run
+        rc, out = self.sh('scripts/up --cluster')
+        self.assertEqual(rc, 0, out)
+        self.assertIn('starting the cluster of run/redis-<port>/nodes.conf again', out)
+        self.assertEqual(self.served(), list(range(30)))
+        rc, out = self.sh('scripts/down')
+        self.assertEqual((rc, self.pids()), (0, {}), out)
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
