@@ -177,6 +177,17 @@ class ClusterStatsTest(unittest.TestCase):
             self.assertNotIn('ferry_cluster_shard_since_switch_seconds' + lab, m)
             self.assertEqual(m['ferry_cluster_shard_info{shard="%d",master="127.0.0.1:%d",'
                                'state="UP"}' % (sh['shard'], port)], 1)
+        # every per-shard family described has a series for each shard
+        # (since_switch: none before a switch)
+        out = subprocess.run([harness.FERRY_BIN, '--describe-stats'], check=True,
+                             stdout=subprocess.PIPE).stdout.decode()
+        for line in out.splitlines():
+            path, typ, prom = line.split()[:3]
+            if not path.startswith('cluster.shards[].') or prom == '-' or typ == 'text' \
+                    or path.endswith('since_switch_ms'):
+                continue
+            for sh in after['cluster']['shards']:
+                self.assertIn('%s{shard="%d"}' % (prom, sh['shard']), m, path)
         types = dict(re.findall(r'^# TYPE (\S+) (\S+)$', text, re.M))
         for name, typ in types.items():
             if typ == 'counter':
