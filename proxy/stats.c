@@ -130,25 +130,6 @@ static void sconn_shutdown_cb(uv_shutdown_t *r, int status);
 
 /* ----------------------------------------------------------------- output */
 
-void stats_printf(buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    buf_reserve(b, 256);
-    va_start(ap, fmt);
-    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        return;
-    }
-    if ((size_t)n >= b->cap - b->len) {
-        buf_reserve(b, (size_t)n + 1);
-        va_start(ap, fmt);
-        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-    }
-    b->len += (size_t)n;
-}
-
 /* A JSON string: quotes, backslashes, control and non-ASCII bytes escaped
  * (so the document is valid whatever bytes a reason or name holds). */
 static void json_string(buf *b, const char *s)
@@ -165,22 +146,6 @@ static void json_string(buf *b, const char *s)
         }
     }
     buf_append(b, "\"", 1);
-}
-
-/* Prometheus escaping: HELP text escapes \ and newline; label values also ". */
-void stats_prom_escape(buf *b, const char *s, int label)
-{
-    for (const char *p = s; *p != '\0'; p++) {
-        if (*p == '\\') {
-            buf_append(b, "\\\\", 2);
-        } else if (*p == '\n') {
-            buf_append(b, "\\n", 2);
-        } else if (*p == '"' && label) {
-            buf_append(b, "\\\"", 2);
-        } else {
-            buf_append(b, p, 1);
-        }
-    }
 }
 
 static uint64_t stat_num(const ferry_stats *st, const stat_desc *d)
@@ -617,13 +582,6 @@ void stats_render_json(ferry *f, buf *out)
     }
     buf_append_str(out, "}\n");
     free(st);
-}
-
-void stats_prom_header(buf *b, const char *family, const char *help, const char *type)
-{
-    stats_printf(b, "# HELP %s ", family);
-    stats_prom_escape(b, help, 0);
-    stats_printf(b, "\n# TYPE %s %s\n", family, type);
 }
 
 /* TEXT entries descs[i..] sharing a Prometheus name: one info gauge whose

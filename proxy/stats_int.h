@@ -1,5 +1,6 @@
-/* stats_int.h - shared inside the stats module (stats.c, stats_cluster.c):
- * output helpers, and what cluster mode adds to the stats port. */
+/* stats_int.h - shared inside the stats module (stats.c, stats_cluster.c,
+ * stats_out.c): output helpers, and what cluster mode adds to the stats
+ * port. */
 #ifndef FERRY_STATS_INT_H
 #define FERRY_STATS_INT_H
 
@@ -9,7 +10,7 @@
 #include "buf.h"
 #include "stats.h"
 
-/* printf onto b (grows it). */
+/* stats_out.c: printf onto b (grows it). */
 void stats_printf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s escaped for Prometheus: a HELP text, or (label) a label value. */
 void stats_prom_escape(buf *b, const char *s, int label);
