@@ -21,7 +21,6 @@
 #include "stats.h"
 #include "stats_int.h"
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
