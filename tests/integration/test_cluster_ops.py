@@ -373,7 +373,8 @@ class ClusterShardFailoverStatsTest(unittest.TestCase):
         wait_all_up(self.ferry)
         victim = owners[0]
         label = 0
-        replica = self.cluster.replicas_of(victim)[0]
+        replica = wait_until(lambda: (self.cluster.replicas_of(victim) or [None])[0],
+                             timeout=20, interval=0.1, msg='a replica of %d known' % victim)
         others = [sh for p, sh in by_port(stats(self.ferry)).items() if p != victim]
         key = key_for(label + 1, 'held')
         self.cluster.kill_master(victim)
