@@ -94,9 +94,13 @@ class AlertRulesTest(unittest.TestCase):
         """Families and labels of a cluster-mode ferry's /metrics (the per-shard
         series): in front of a one-node cluster serving every slot."""
         node = RedisServer({'cluster-enabled': 'yes', 'port': harness._free_cluster_port(),
-                            'cluster-config-file': 'nodes-rules.conf'})
+                            'cluster-config-file': 'nodes-rules.conf',
+                            # a node alone never learns its own address from a peer
+                            'cluster-announce-ip': '127.0.0.1'})
         self.addCleanup(node.kill)
         node.client().execute_command('CLUSTER', 'ADDSLOTSRANGE', 0, 16383)
+        # ferry weighs a map by config epochs: a lone node's is 0 until bumped
+        node.client().execute_command('CLUSTER', 'BUMPEPOCH')
         ferry = Ferry(None, wait='port', conf={'workers': 1, 'cluster': {
             'nodes': ['127.0.0.1:%d' % node.port], 'refresh_interval_ms': 200}})
         self.addCleanup(ferry.stop)
