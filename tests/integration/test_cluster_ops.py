@@ -13,6 +13,8 @@ ClusterTopology: 3 masters + 3 replicas, node-timeout 2 s):
        --describe-stats and every cluster entry of it is in the document.
     2. Redirects are counted on the shard that answered them: ASK during a
        slot migration, MOVED after a reshard of one slot.
+    3. The live page in a browser (test_page's driver): the shard count in
+       its header, no error.
   ClusterUpScriptTest: `scripts/up --cluster` in a scratch copy on free
     ports (3 masters + 3 replicas and ferry in cluster mode; every shard UP
     through ferry; the documented /metrics line), a second run says it is
@@ -43,6 +45,7 @@ import redis
 
 import harness
 from harness import ClusterTopology, Ferry, wait_until
+from test_page import CHROMIUM, HERE, Browser
 from test_queue_guards import keyslot
 
 PROMTOOL = shutil.which('promtool')
@@ -272,6 +275,19 @@ class ClusterStatsTest(unittest.TestCase):
                          now[src]['moved'])
         self.assertEqual(m['ferry_cluster_shard_ask_total{shard="%d"}' % now[src]['shard']],
                          now[src]['asked'])
+
+    def test_3_page_in_browser(self):
+        if not os.path.exists(CHROMIUM):
+            raise AssertionError('chromium is not installed: run scripts/setup')
+        if not os.path.isdir(os.path.join(HERE, 'node_modules', 'puppeteer-core')):
+            raise AssertionError('puppeteer-core is missing from node_modules: run scripts/setup')
+        wait_all_up(self.ferry)
+        out = harness._mkdtemp('ferry-page-cluster-')
+        b = Browser(self, self.ferry.stats_port, out)
+        b.wait(lambda e: e['ev'] == 'view' and e['state'] == 'UP'
+               and e['master'] == '3 of 3 shard(s) UP', 10, 'the shards in the header')
+        b.shot('cluster')
+        self.assertEqual(b.errors(), [])
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
