@@ -346,13 +346,16 @@ class ClusterUpScriptTest(unittest.TestCase):
         self.assertIn('connect: redis-cli -p %d' % self.ferry_port, out)
         self.assertEqual(len(self.pids()), 7, self.pids())
         self.assertEqual(self.served(), list(range(30)))
-        doc = json.loads(urllib.request.urlopen(
-            'http://127.0.0.1:%d/stats' % self.stats_port, timeout=5).read())
-        self.assertEqual(len(doc['cluster']['shards']), 3)
-        for sh in doc['cluster']['shards']:
+        def doc():
+            return json.loads(urllib.request.urlopen(
+                'http://127.0.0.1:%d/stats' % self.stats_port, timeout=5).read())
+        self.assertEqual(len(doc()['cluster']['shards']), 3)
+        for sh in doc()['cluster']['shards']:
             self.assertIn(sh['master']['port'], self.ports)
             self.assertEqual(sh['state'], 'UP')
-        self.assertTrue(all(len(sh['replicas']) == 1 for sh in doc['cluster']['shards']))
+        # (ferry's map is asked every second: the replicas as the nodes list them)
+        wait_until(lambda: all(len(sh['replicas']) == 1 for sh in doc()['cluster']['shards']),
+                   timeout=10, interval=0.2, msg='a replica per shard in ferry\'s map')
         # docs/cluster.md's line, on this run's stats port
         rc, out = self.sh("curl -s 127.0.0.1:%d/metrics | grep '^ferry_cluster_shard_up'"
                           % self.stats_port, timeout=30)
