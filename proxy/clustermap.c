@@ -100,6 +100,11 @@ int clustermap_nshards(const clustermap *cm)
     return cluster_map(cm->cs)->nshards;
 }
 
+const upstream *clustermap_view(const clustermap *cm, int i)
+{
+    return i >= 0 && i < cm->nshards ? cm->by_shard[i] : NULL;
+}
+
 void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v)
 {
     const slotmap *m = cluster_map(cm->cs);

@@ -67,6 +67,8 @@ typedef struct clustermap_shard_view {
 
 /* Shards in the map now. */
 int clustermap_nshards(const clustermap *cm);
+/* The master view of shard i (0 <= i < clustermap_nshards), NULL if none. */
+const struct upstream *clustermap_view(const clustermap *cm, int i);
 /* Shard i (0 <= i < clustermap_nshards) into *v; now is uv_now(). */
 void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v);
 

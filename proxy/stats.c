@@ -387,15 +387,46 @@ static uint64_t unix_ms_of(const ferry *f, uint64_t then_ms)
 }
 
 /* The ring of recent switches of the master view, oldest first. */
+/* Switch records, for sorting by start. */
+static int recent_cmp(const void *a, const void *b)
+{
+    const switch_record *x = *(const switch_record *const *)a;
+    const switch_record *y = *(const switch_record *const *)b;
+    return x->start_ms < y->start_ms ? -1 : x->start_ms > y->start_ms;
+}
+
+/* Adds the switches recorded by up (oldest first) to out[*n...]. */
+static void recent_of(const upstream *up, const switch_record **out, size_t *n)
+{
+    uint64_t nr = up != NULL ? up->nrecent : 0;
+    uint64_t first = nr > UPSTREAM_RECENT_SWITCHES ? nr - UPSTREAM_RECENT_SWITCHES : 0;
+    for (uint64_t i = first; i < nr; i++) {
+        out[(*n)++] = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+    }
+}
+
+/* The last switches of the master view (cluster mode: of every shard's,
+ * by start), oldest first. */
 static void json_recent(ferry *f, buf *b)
 {
-    const upstream *up = f->up;
-    uint64_t n = up != NULL ? up->nrecent : 0;
-    uint64_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
+    int nviews = f->cluster != NULL ? clustermap_nshards(f->cluster) : 0;
+    const switch_record **rec =
+        xmalloc(((size_t)nviews + 1) * UPSTREAM_RECENT_SWITCHES * sizeof(*rec));
+    size_t n = 0;
+    if (f->cluster == NULL) {
+        recent_of(f->up, rec, &n);
+    }
+    for (int i = 0; i < nviews; i++) {
+        recent_of(clustermap_view(f->cluster, i), rec, &n);
+    }
+    if (f->cluster != NULL) {
+        qsort(rec, n, sizeof(*rec), recent_cmp);
+    }
+    size_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
     uint64_t now = uv_now(f->loop);
     buf_append_str(b, "[");
-    for (uint64_t i = first; i < n; i++) {
-        const switch_record *sw = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+    for (size_t i = first; i < n; i++) {
+        const switch_record *sw = rec[i];
         uint64_t end = sw->end_ms != 0 ? sw->end_ms : now;
         stats_printf(b,
                      "%s{\"start\":%llu,\"end\":%llu,\"duration_ms\":%llu,\"went_down\":%s,"
@@ -411,6 +442,7 @@ static void json_recent(ferry *f, buf *b)
         buf_append_str(b, "}");
     }
     buf_append_str(b, "]");
+    free(rec);
 }
 
 /* Sum of the sampled lengths of entry q's keys. */

@@ -214,7 +214,8 @@ typedef enum stat_type {
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
     X(failover, recent, NODES, "",                                                                 \
-      "the last 16 switches of the master view, oldest first: start and end (unix time in ms; "    \
+      "the last 16 switches of the master view (cluster mode: of every shard's), oldest first: "   \
+      "start and end (unix time in ms; "                                                           \
       "end 0 while in progress), duration_ms, went_down (it reached DOWN), reason, from (the "     \
       "master lost), to (the master UP after it) (live)")                                          \
                                                                                                    \

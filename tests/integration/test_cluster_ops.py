@@ -471,6 +471,9 @@ class ClusterShardFailoverStatsTest(unittest.TestCase):
         self.assertEqual(sh['held'], 0)
         self.assertIs(d['upstream']['upstream_up'], True)
         self.assertEqual(d['failover']['failovers'], 1)
+        rec = d['failover']['recent']
+        self.assertEqual([(r['from'], r['to']) for r in rec],
+                         [('127.0.0.1:%d' % victim, '127.0.0.1:%d' % new)], rec)
         for o in others:
             self.assertEqual(by_port(d)[o['master']['port']]['switches'], 0)
         status, body = get(self.ferry, '/healthz')
