@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import unittest
 import urllib.error
 import urllib.request
@@ -396,6 +397,7 @@ class ClusterShardFailoverStatsTest(unittest.TestCase):
                              timeout=20, interval=0.1, msg='a replica of %d known' % victim)
         others = [sh for p, sh in by_port(stats(self.ferry)).items() if p != victim]
         key = key_for(label + 1, 'held')
+        t0 = time.monotonic()
         self.cluster.kill_master(victim)
         seen = {}
 
@@ -405,6 +407,7 @@ class ClusterShardFailoverStatsTest(unittest.TestCase):
             return (d, sh) if not sh['up'] else None
         d, sh = wait_until(not_up, timeout=10, interval=0.05,
                            msg='shard %d not UP in ferry after kill -9' % label)
+        t_down = time.monotonic() - t0
         self.assertIn(sh['state'], ('SWITCHING', 'DOWN'))
         self.assertEqual(d['cluster']['shards_up'], 2)
         self.assertEqual(sorted(s['shard'] for s in d['cluster']['shards'] if s['up']),
@@ -463,6 +466,10 @@ class ClusterShardFailoverStatsTest(unittest.TestCase):
             return (d, sh[0]) if sh and sh[0]['up'] and sh[0]['master']['port'] == new else None
         d, sh = wait_until(back, timeout=20, interval=0.1,
                            msg='shard %d UP on the promoted replica %d' % (label, new))
+        t_up = time.monotonic() - t0
+        print('\n  kill -9 of master %d: shard %d not UP on the stats port after %.2f s, UP on '
+              'the promoted replica %d after %.2f s (node-timeout 2 s)' % (
+                  victim, label, t_down, new, t_up))
         t.join(30)
         self.assertEqual(result, {'set': True})
         self.assertEqual(sh['switches'], 1)
