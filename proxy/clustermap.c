@@ -68,16 +68,117 @@ static void json_node(buf *b, const slotmap_node *n)
     buf_append_str(b, "}");
 }
 
-void clustermap_json(const clustermap *cm, buf *b)
+/* The first slot of shard i of m, -1 if it has none. */
+static int first_slot(const slotmap *m, int i)
+{
+    for (int s = 0; s < CLUSTER_SLOTS; s++) {
+        if (m->owner[s] == i) {
+            return s;
+        }
+    }
+    return -1;
+}
+
+/* Requests held now for lack of the master of view up: those in the held
+ * heap that route there (cluster mode runs one loop: the heap is all). */
+static uint64_t held_for(const clustermap *cm, const upstream *up)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < cm->f->nheld; i++) {
+        const request *r = cm->f->held_heap[i];
+        const upstream *to = r->ask;
+        if (to == NULL) {
+            to = r->slot >= 0 && r->slot < CLUSTER_SLOTS ? cm->slot_up[r->slot] : NULL;
+        }
+        n += to == up;
+    }
+    return n;
+}
+
+int clustermap_nshards(const clustermap *cm)
+{
+    return cluster_map(cm->cs)->nshards;
+}
+
+const upstream *clustermap_view(const clustermap *cm, int i)
+{
+    return i >= 0 && i < cm->nshards ? cm->by_shard[i] : NULL;
+}
+
+void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v)
+{
+    const slotmap *m = cluster_map(cm->cs);
+    const slotmap_shard *sh = &m->shards[i];
+    const upstream *up = i < cm->nshards ? cm->by_shard[i] : NULL;
+    memset(v, 0, sizeof(*v));
+    v->shard = first_slot(m, i);
+    snprintf(v->master, sizeof(v->master), strchr(sh->master.host, ':') ? "[%s]:%d" : "%s:%d",
+             sh->master.host, sh->master.port);
+    v->state = up != NULL ? upstream_state_name(up->state) : "DOWN";
+    v->up = up != NULL && up->state == UP_UP;
+    v->nslots = sh->nslots;
+    v->nreplicas = sh->nreplicas;
+    v->epoch = sh->epoch;
+    v->since_switch_ms = -1;
+    v->last_reason = "";
+    if (up == NULL) {
+        return;
+    }
+    v->switches = up->switches;
+    v->routed = up->routed;
+    v->held = held_for(cm, up);
+    v->moved = up->moved;
+    v->asked = up->asked;
+    v->links = (uint64_t)up->nlinks;
+    if (up->switches > 0 && now >= up->switch_started_ms) {
+        v->since_switch_ms = (int64_t)(now - up->switch_started_ms);
+    }
+    v->not_up_ms = !v->up && now >= up->down_since_ms ? now - up->down_since_ms : 0;
+    v->up_since_ms = up->up_since_ms;
+    v->view_epoch = up->epoch;
+    v->last_switch_ms = up->last_switch_ms;
+    v->longest_ms = up->longest_switch_ms;
+    v->last_reason = up->switches > 0 ? up->last_reason : "";
+    v->aof_ok = up->aof_ok != 0;
+}
+
+void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
 {
     const slotmap *m = cluster_map(cm->cs);
     const cluster_counts *k = cluster_get_counts(cm->cs);
-    char tmp[256];
+    memset(t, 0, sizeof(*t));
+    t->shards = (uint64_t)m->nshards;
+    for (int i = 0; i < m->nshards && i < cm->nshards; i++) {
+        t->shards_up += cm->by_shard[i] != NULL && cm->by_shard[i]->state == UP_UP;
+    }
+    t->slots_covered = (uint64_t)slotmap_covered(m);
+    t->rounds = k->rounds;
+    t->answers = k->answers;
+    t->rejected = k->rejected;
+    t->unreachable = k->unreachable;
+    t->changes = k->changes;
+    t->slots_moved = k->slots_moved;
+    t->moved_followed = cm->moved;
+    t->ask_followed = cm->asked;
+    t->crossslot = cm->crossslot;
+    t->last_error = k->last_error;
+}
 
+void clustermap_json(const clustermap *cm, buf *b)
+{
+    const slotmap *m = cluster_map(cm->cs);
+    uint64_t now = uv_now(cm->f->loop);
+    clustermap_totals t;
+    char tmp[400];
+
+    clustermap_get_totals(cm, &t);
     buf_append_str(b, "\"mode\":\"cluster\",\"routing\":true,\"cluster\":{\"shards\":[");
     for (int i = 0; i < m->nshards; i++) {
         const slotmap_shard *s = &m->shards[i];
-        buf_append_str(b, i > 0 ? ",{\"master\":" : "{\"master\":");
+        clustermap_shard_view v;
+        clustermap_shard(cm, i, now, &v);
+        snprintf(tmp, sizeof(tmp), "%s{\"shard\":%d,\"master\":", i > 0 ? "," : "", v.shard);
+        buf_append_str(b, tmp);
         json_node(b, &s->master);
         snprintf(tmp, sizeof(tmp), ",\"epoch\":%llu,\"nslots\":%d,\"slots\":[",
                  (unsigned long long)s->epoch, s->nslots);
@@ -96,11 +197,22 @@ void clustermap_json(const clustermap *cm, buf *b)
             first = 0;
             lo = hi;
         }
-        const upstream *up = i < cm->nshards ? cm->by_shard[i] : NULL;
-        snprintf(tmp, sizeof(tmp), "],\"state\":\"%s\",\"switches\":%llu,\"replicas\":[",
-                 up != NULL ? upstream_state_name(up->state) : "DOWN",
-                 up != NULL ? (unsigned long long)up->switches : 0ull);
+        snprintf(tmp, sizeof(tmp),
+                 "],\"state\":\"%s\",\"up\":%s,\"switches\":%llu,\"routed\":%llu,\"held\":%llu,"
+                 "\"moved\":%llu,\"asked\":%llu,\"links\":%llu,\"not_up_ms\":%llu,"
+                 "\"since_switch_ms\":",
+                 v.state, v.up ? "true" : "false", (unsigned long long)v.switches,
+                 (unsigned long long)v.routed, (unsigned long long)v.held,
+                 (unsigned long long)v.moved, (unsigned long long)v.asked,
+                 (unsigned long long)v.links, (unsigned long long)v.not_up_ms);
         buf_append_str(b, tmp);
+        if (v.since_switch_ms < 0) {
+            buf_append_str(b, "null");
+        } else {
+            snprintf(tmp, sizeof(tmp), "%lld", (long long)v.since_switch_ms);
+            buf_append_str(b, tmp);
+        }
+        buf_append_str(b, ",\"replicas\":[");
         for (int r = 0; r < s->nreplicas; r++) {
             if (r > 0) {
                 buf_append_str(b, ",");
@@ -110,16 +222,18 @@ void clustermap_json(const clustermap *cm, buf *b)
         buf_append_str(b, "]}");
     }
     snprintf(tmp, sizeof(tmp),
-             "],\"slots_covered\":%d,\"rounds\":%llu,\"answers\":%llu,\"rejected\":%llu,"
-             "\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,\"moved_followed\":%llu,"
-             "\"ask_followed\":%llu,\"crossslot_refused\":%llu,\"last_error\":",
-             slotmap_covered(m), (unsigned long long)k->rounds, (unsigned long long)k->answers,
-             (unsigned long long)k->rejected, (unsigned long long)k->unreachable,
-             (unsigned long long)k->changes, (unsigned long long)k->slots_moved,
-             (unsigned long long)cm->moved, (unsigned long long)cm->asked,
-             (unsigned long long)cm->crossslot);
+             "],\"shards_up\":%llu,\"slots_covered\":%llu,\"rounds\":%llu,\"answers\":%llu,"
+             "\"rejected\":%llu,\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,"
+             "\"moved_followed\":%llu,\"ask_followed\":%llu,\"crossslot_refused\":%llu,"
+             "\"last_error\":",
+             (unsigned long long)t.shards_up, (unsigned long long)t.slots_covered,
+             (unsigned long long)t.rounds, (unsigned long long)t.answers,
+             (unsigned long long)t.rejected, (unsigned long long)t.unreachable,
+             (unsigned long long)t.changes, (unsigned long long)t.slots_moved,
+             (unsigned long long)t.moved_followed, (unsigned long long)t.ask_followed,
+             (unsigned long long)t.crossslot);
     buf_append_str(b, tmp);
-    json_str(b, k->last_error);
+    json_str(b, t.last_error);
     buf_append_str(b, "}");
 }
 
@@ -243,11 +357,14 @@ upstream *clustermap_route(clustermap *cm, int slot)
     return cm->nshards > 0 ? cm->by_shard[0] : NULL;
 }
 
-void clustermap_moved(clustermap *cm, int slot, const char *host, int port)
+void clustermap_moved(clustermap *cm, upstream *from, int slot, const char *host, int port)
 {
     char name[300];
     snprintf(name, sizeof(name), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     cm->moved++;
+    if (from != NULL) {
+        from->moved++;
+    }
     if (slot < 0 || slot >= CLUSTER_SLOTS) {
         return;
     }
@@ -265,11 +382,14 @@ void clustermap_moved(clustermap *cm, int slot, const char *host, int port)
     cluster_refresh(cm->cs, why);
 }
 
-upstream *clustermap_ask(clustermap *cm, const char *host, int port)
+upstream *clustermap_ask(clustermap *cm, upstream *from, const char *host, int port)
 {
     char name[300];
     snprintf(name, sizeof(name), strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
     cm->asked++;
+    if (from != NULL) {
+        from->asked++;
+    }
     upstream *up = view_named(cm, name);
     if (up == NULL && (up = view_new(cm)) != NULL) {
         upstream_set_master(up, host, port, "a node answered ASK to it");

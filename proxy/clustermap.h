@@ -20,13 +20,14 @@ void clustermap_tick(clustermap *cm, uint64_t now);
 /* The master view serving slot (0..16383), or, for -1 (a keyless
  * command), one that is UP (else any); NULL while no shard is known. */
 struct upstream *clustermap_route(clustermap *cm, int slot);
-/* A node answered MOVED slot host:port: the slot is served there from now
- * on (a master view is made for a node not seen yet) and the map is asked
- * again. */
-void clustermap_moved(clustermap *cm, int slot, const char *host, int port);
-/* A node answered ASK slot host:port: the view of that node (made if it is
- * not known yet; the map is unchanged), or NULL (too many views). */
-struct upstream *clustermap_ask(clustermap *cm, const char *host, int port);
+/* A node (of view from, NULL if unknown) answered MOVED slot host:port:
+ * the slot is served there from now on (a master view is made for a node
+ * not seen yet) and the map is asked again. */
+void clustermap_moved(clustermap *cm, struct upstream *from, int slot, const char *host, int port);
+/* A node (of view from, NULL if unknown) answered ASK slot host:port: the
+ * view of that node (made if it is not known yet; the map is unchanged), or
+ * NULL (too many views). */
+struct upstream *clustermap_ask(clustermap *cm, struct upstream *from, const char *host, int port);
 /* A command every master runs (broadcast.h) keeps which master views
  * replied: one bit per view ever made. */
 #define CLUSTERMAP_SEEN_BYTES 64
@@ -42,6 +43,61 @@ void clustermap_refresh(clustermap *cm, const char *why);
 /* Shards whose master view is not UP; *first gets the first one's master
  * name ("" if none). */
 int clustermap_not_up(const clustermap *cm, char *first, size_t len);
+
+/* One shard of the map as the stats port shows it. Its label is its first
+ * slot: a failover keeps it (the promoted replica takes every slot of its
+ * master), unlike the master's address or node id, and it is the same in
+ * every ferry in front of the cluster; only a reshard that moves a shard's
+ * lowest slot changes it. */
+typedef struct clustermap_shard_view {
+    int shard;               /* its first slot (the label) */
+    char master[300];        /* "host:port" of the master the map names */
+    const char *state;       /* its master view: "UP", "SWITCHING" or "DOWN" */
+    int up;                  /* state is UP */
+    int nslots;              /* slots it serves in the map */
+    int nreplicas;           /* replicas the map lists */
+    uint64_t epoch;          /* the master's config epoch */
+    uint64_t switches;       /* times its master view lost its master */
+    uint64_t routed;         /* client requests sent to its master (a re-send counts) */
+    uint64_t held;           /* requests held now for lack of its master */
+    uint64_t moved;          /* MOVED answered by its master, followed */
+    uint64_t asked;          /* ASK answered by its master, followed */
+    uint64_t links;          /* connections open to its master */
+    int64_t since_switch_ms; /* since its last switch began; -1: never switched */
+    uint64_t not_up_ms;      /* how long it has not been UP, 0 while UP */
+    uint64_t up_since_ms;    /* uv_now() it last came UP (while UP) */
+    uint64_t view_epoch;     /* masters its view has followed */
+    uint64_t last_switch_ms; /* how long its last completed switch took */
+    uint64_t longest_ms;     /* its longest completed switch */
+    const char *last_reason; /* why its last switch began ("" if never; borrowed) */
+    int aof_ok;              /* appendonly/appendfsync asserted on its master */
+} clustermap_shard_view;
+
+/* Shards in the map now. */
+int clustermap_nshards(const clustermap *cm);
+/* The master view of shard i (0 <= i < clustermap_nshards), NULL if none. */
+const struct upstream *clustermap_view(const clustermap *cm, int i);
+/* Shard i (0 <= i < clustermap_nshards) into *v; now is uv_now(). */
+void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v);
+
+/* The whole cluster for the stats port: the map source's counts and the
+ * redirects followed. */
+typedef struct clustermap_totals {
+    uint64_t shards;         /* shards in the map */
+    uint64_t shards_up;      /* of them, with their master UP */
+    uint64_t slots_covered;  /* slots with an owner */
+    uint64_t rounds;         /* refresh rounds started */
+    uint64_t answers;        /* trusted answers merged */
+    uint64_t rejected;       /* answers refused */
+    uint64_t unreachable;    /* nodes that did not answer in time */
+    uint64_t changes;        /* times the map changed */
+    uint64_t slots_moved;    /* slots that changed owner */
+    uint64_t moved_followed; /* MOVED redirects followed */
+    uint64_t ask_followed;   /* ASK redirects followed */
+    uint64_t crossslot;      /* CROSSSLOT refusals */
+    const char *last_error;  /* why the last answer was refused, "" if none */
+} clustermap_totals;
+void clustermap_get_totals(const clustermap *cm, clustermap_totals *t);
 /* "mode":"cluster","routing":true,"cluster":{...} for the stats JSON. */
 void clustermap_json(const clustermap *cm, buf *b);
 /* Close the source and every shard's links; free after a loop turn. */

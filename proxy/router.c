@@ -783,6 +783,7 @@ static int dispatch_one(session *s, request *r)
     if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
         link_send(target, r);
     }
+    up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
     s->flight_link = target;
     return DISPATCH_DONE;
@@ -1034,7 +1035,8 @@ static const char *refusal_name(const char *p, size_t n)
  * in migration) sends r once to the node it names, after ASKING, the map
  * unchanged; TRYAGAIN and CLUSTERDOWN are retried after the back-off,
  * within the hold bound, until the slot has settled. */
-static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint64_t now)
+static void cluster_redirect(ferry *f, request *r, const link *l, const char *p, size_t n,
+                             uint64_t now)
 {
     char text[200];
     size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
@@ -1058,9 +1060,9 @@ static void cluster_redirect(ferry *f, request *r, const char *p, size_t n, uint
             host[strcspn(host, "]")] = '\0';
         }
         if (moved) {
-            clustermap_moved(f->cluster, slot, host, port);
+            clustermap_moved(f->cluster, l != NULL ? l->up : NULL, slot, host, port);
         } else {
-            r->ask = clustermap_ask(f->cluster, host, port);
+            r->ask = clustermap_ask(f->cluster, l != NULL ? l->up : NULL, host, port);
         }
         if (r->refusals <= 2) {
             r->retry_at = now; /* followed at once; a map going back and forth backs off */
@@ -1098,7 +1100,7 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
     r->retry_at = now + refusal_backoff(r->refusals);
     r->refusal = refusal_name(p, n);
     if (why == REFUSAL_REDIRECT) {
-        cluster_redirect(f, r, p, n, now);
+        cluster_redirect(f, r, l, p, n, now);
     }
     f->stats.requests_refused++;
     if (r->flags & REQ_F_BLOCKING) {

@@ -19,8 +19,8 @@
  * would get the plain JSON and fail the request it is later used for.
  */
 #include "stats.h"
+#include "stats_int.h"
 
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,7 +118,6 @@ typedef struct stats_server {
     int nconns;      /* entries in conns */
 } stats_server;
 
-static void stats_printf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void stats_snapshot(ferry *f, ferry_stats *st);
 static void sconn_close(sconn *c, const char *reason);
 static void sconn_close_cb(uv_handle_t *h);
@@ -129,25 +128,6 @@ static void sconn_write_cb(uv_write_t *w, int status);
 static void sconn_shutdown_cb(uv_shutdown_t *r, int status);
 
 /* ----------------------------------------------------------------- output */
-
-static void stats_printf(buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    buf_reserve(b, 256);
-    va_start(ap, fmt);
-    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        return;
-    }
-    if ((size_t)n >= b->cap - b->len) {
-        buf_reserve(b, (size_t)n + 1);
-        va_start(ap, fmt);
-        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-    }
-    b->len += (size_t)n;
-}
 
 /* A JSON string: quotes, backslashes, control and non-ASCII bytes escaped
  * (so the document is valid whatever bytes a reason or name holds). */
@@ -165,22 +145,6 @@ static void json_string(buf *b, const char *s)
         }
     }
     buf_append(b, "\"", 1);
-}
-
-/* Prometheus escaping: HELP text escapes \ and newline; label values also ". */
-static void prom_escape(buf *b, const char *s, int label)
-{
-    for (const char *p = s; *p != '\0'; p++) {
-        if (*p == '\\') {
-            buf_append(b, "\\\\", 2);
-        } else if (*p == '\n') {
-            buf_append(b, "\\n", 2);
-        } else if (*p == '"' && label) {
-            buf_append(b, "\\\"", 2);
-        } else {
-            buf_append(b, p, 1);
-        }
-    }
 }
 
 static uint64_t stat_num(const ferry_stats *st, const stat_desc *d)
@@ -369,6 +333,7 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     st->aof_enforced_since = up->aof_ok ? unix_of(now, up->aof_since_ms, tv.tv_sec) : 0;
     text_set(st->durability_last_error, up->aof_error);
     text_set(st->master_replid, up->replid_epoch == up->epoch ? up->replid : "");
+    stats_cluster_summary(f, st, now, tv.tv_sec);
 }
 
 static void json_histogram(buf *b, const stats_histogram *h)
@@ -422,15 +387,46 @@ static uint64_t unix_ms_of(const ferry *f, uint64_t then_ms)
 }
 
 /* The ring of recent switches of the master view, oldest first. */
+/* Switch records, for sorting by start. */
+static int recent_cmp(const void *a, const void *b)
+{
+    const switch_record *x = *(const switch_record *const *)a;
+    const switch_record *y = *(const switch_record *const *)b;
+    return x->start_ms < y->start_ms ? -1 : x->start_ms > y->start_ms;
+}
+
+/* Adds the switches recorded by up (oldest first) to out[*n...]. */
+static void recent_of(const upstream *up, const switch_record **out, size_t *n)
+{
+    uint64_t nr = up != NULL ? up->nrecent : 0;
+    uint64_t first = nr > UPSTREAM_RECENT_SWITCHES ? nr - UPSTREAM_RECENT_SWITCHES : 0;
+    for (uint64_t i = first; i < nr; i++) {
+        out[(*n)++] = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+    }
+}
+
+/* The last switches of the master view (cluster mode: of every shard's,
+ * by start), oldest first. */
 static void json_recent(ferry *f, buf *b)
 {
-    const upstream *up = f->up;
-    uint64_t n = up != NULL ? up->nrecent : 0;
-    uint64_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
+    int nviews = f->cluster != NULL ? clustermap_nshards(f->cluster) : 0;
+    const switch_record **rec =
+        xmalloc(((size_t)nviews + 1) * UPSTREAM_RECENT_SWITCHES * sizeof(*rec));
+    size_t n = 0;
+    if (f->cluster == NULL) {
+        recent_of(f->up, rec, &n);
+    }
+    for (int i = 0; i < nviews; i++) {
+        recent_of(clustermap_view(f->cluster, i), rec, &n);
+    }
+    if (f->cluster != NULL) {
+        qsort(rec, n, sizeof(*rec), recent_cmp);
+    }
+    size_t first = n > UPSTREAM_RECENT_SWITCHES ? n - UPSTREAM_RECENT_SWITCHES : 0;
     uint64_t now = uv_now(f->loop);
     buf_append_str(b, "[");
-    for (uint64_t i = first; i < n; i++) {
-        const switch_record *sw = &up->recent[i % UPSTREAM_RECENT_SWITCHES];
+    for (size_t i = first; i < n; i++) {
+        const switch_record *sw = rec[i];
         uint64_t end = sw->end_ms != 0 ? sw->end_ms : now;
         stats_printf(b,
                      "%s{\"start\":%llu,\"end\":%llu,\"duration_ms\":%llu,\"went_down\":%s,"
@@ -446,6 +442,7 @@ static void json_recent(ferry *f, buf *b)
         buf_append_str(b, "}");
     }
     buf_append_str(b, "]");
+    free(rec);
 }
 
 /* Sum of the sampled lengths of entry q's keys. */
@@ -618,13 +615,6 @@ void stats_render_json(ferry *f, buf *out)
     free(st);
 }
 
-static void prom_header(buf *b, const char *family, const char *help, const char *type)
-{
-    stats_printf(b, "# HELP %s ", family);
-    prom_escape(b, help, 0);
-    stats_printf(b, "\n# TYPE %s %s\n", family, type);
-}
-
 /* TEXT entries descs[i..] sharing a Prometheus name: one info gauge whose
  * labels are their values. Returns the index after the run. */
 static size_t prom_info(buf *b, const ferry_stats *st, size_t i)
@@ -641,12 +631,12 @@ static size_t prom_info(buf *b, const ferry_stats *st, size_t i)
         j++;
     }
     buf_append(&help, "", 1);
-    prom_header(b, d0->prom, help.data, "gauge");
+    stats_prom_header(b, d0->prom, help.data, "gauge");
     buf_free(&help);
     stats_printf(b, "%s{", d0->prom);
     for (size_t k = i; k < j; k++) {
         stats_printf(b, "%s%s=\"", k > i ? "," : "", stat_descs[k].name);
-        prom_escape(b, stat_text(st, &stat_descs[k]), 1);
+        stats_prom_escape(b, stat_text(st, &stat_descs[k]), 1);
         buf_append_str(b, "\"");
     }
     buf_append_str(b, "} 1\n");
@@ -657,7 +647,7 @@ static void prom_histogram(buf *b, const stat_desc *d, const stats_histogram *h)
 {
     char le[32];
     uint64_t cum = 0;
-    prom_header(b, d->prom, d->help, "histogram");
+    stats_prom_header(b, d->prom, d->help, "histogram");
     for (int i = 0; i < STATS_NBUCKETS; i++) {
         cum += h->bucket[i];
         bucket_label(le, sizeof(le), i);
@@ -674,7 +664,7 @@ static void prom_queue_label(buf *b, const config *cfg, int q)
         if (g > 0) {
             buf_append_str(b, ",");
         }
-        prom_escape(b, cfg->queues[q].keys[g], 1);
+        stats_prom_escape(b, cfg->queues[q].keys[g], 1);
     }
 }
 
@@ -682,7 +672,7 @@ static void prom_queue_label(buf *b, const config *cfg, int q)
 static void prom_queue_counter(buf *out, const config *cfg, const char *family, const char *help,
                                const uint64_t *counts)
 {
-    prom_header(out, family, help, "counter");
+    stats_prom_header(out, family, help, "counter");
     for (int q = 0; q < cfg->nqueues; q++) {
         stats_printf(out, "%s{keys=\"", family);
         prom_queue_label(out, cfg, q);
@@ -722,13 +712,13 @@ static void prom_queues(ferry *f, const ferry_stats *st, buf *out)
     prom_queue_counter(out, cfg, "ferry_queue_dead_lettered_total",
                        "items of a queues: entry moved to its dead_letter by this ferry",
                        st->queue_dead_lettered);
-    prom_header(
+    stats_prom_header(
         out, "ferry_queue_length",
         "length of a queue key (LLEN, ZCARD or XLEN) when ferry last sampled it on the master",
         "gauge");
     for (size_t i = 0; queues_key(f, i, &v); i++) {
         buf_append_str(out, "ferry_queue_length{queue=\"");
-        prom_escape(out, v.key, 1);
+        stats_prom_escape(out, v.key, 1);
         buf_append_str(out, "\",keys=\"");
         prom_queue_label(out, cfg, v.queue);
         stats_printf(out, "\"} %llu\n", (unsigned long long)v.length);
@@ -752,16 +742,16 @@ void stats_render_prometheus(ferry *f, buf *out)
             i = prom_info(out, st, i);
             continue;
         case STAT_COUNTER:
-            prom_header(out, d->prom, d->help, "counter");
+            stats_prom_header(out, d->prom, d->help, "counter");
             stats_printf(out, "%s %llu\n", d->prom, (unsigned long long)stat_num(st, d));
             break;
         case STAT_GAUGE:
         case STAT_BOOL:
-            prom_header(out, d->prom, d->help, "gauge");
+            stats_prom_header(out, d->prom, d->help, "gauge");
             stats_printf(out, "%s %llu\n", d->prom, (unsigned long long)stat_num(st, d));
             break;
         case STAT_MSEC:
-            prom_header(out, d->prom, d->help, "gauge");
+            stats_prom_header(out, d->prom, d->help, "gauge");
             stats_printf(out, "%s %.3f\n", d->prom, (double)stat_num(st, d) / 1000.0);
             break;
         case STAT_HISTOGRAM:
@@ -773,6 +763,7 @@ void stats_render_prometheus(ferry *f, buf *out)
         i++;
     }
     prom_queues(f, st, out);
+    stats_cluster_prometheus(f, out);
     free(st);
 }
 
@@ -810,6 +801,7 @@ void stats_describe(FILE *out)
         fprintf(out, "%-36s %-9s %-54s %s\n", path, stat_type_name(d->type),
                 d->prom[0] != '\0' ? d->prom : "-", d->help);
     }
+    stats_cluster_describe(out);
 }
 
 /* ------------------------------------------------------------ stats port */
@@ -937,18 +929,7 @@ static int healthz(ferry *f, buf *body)
         return 503;
     }
     if (f->cluster != NULL) {
-        char first[300];
-        int n = clustermap_not_up(f->cluster, first, sizeof(first));
-        if (n > 0) {
-            stats_printf(body, "DOWN: %d shard(s) not UP, the first: master %s\n", n, first);
-            return 503;
-        }
-        if (clustermap_route(f->cluster, -1) == NULL) {
-            buf_append_str(body, "DOWN: no cluster map yet\n");
-            return 503;
-        }
-        buf_append_str(body, "OK: every shard's master is UP\n");
-        return 200;
+        return stats_cluster_healthz(f, body);
     }
     if (up->state == UP_UP && f->sentinel != NULL && !sentinel_quorum_ok(f->sentinel)) {
         /* Still serving, but a failover could not be followed now. */
@@ -1028,6 +1009,9 @@ static void page_summary(ferry *f, buf *text)
                  (unsigned long long)st->fallback_replayed);
     stats_printf(text, "memory held for clients %llu of %llu bytes (0 = no limit)\n",
                  (unsigned long long)st->memory_clients, (unsigned long long)st->max_memory);
+    if (f->cluster != NULL) {
+        stats_cluster_text(f, text);
+    }
     for (size_t i = 0; queues_key(f, i, &v) && i < 50; i++) {
         stats_printf(text, "queue %s (%s): %llu\n", v.key, v.type, (unsigned long long)v.length);
     }

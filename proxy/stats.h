@@ -214,7 +214,8 @@ typedef enum stat_type {
     X(failover, held_bytes_peak, GAUGE, "ferry_held_bytes_peak",                                   \
       "most request bytes held at once for lack of a master")                                      \
     X(failover, recent, NODES, "",                                                                 \
-      "the last 16 switches of the master view, oldest first: start and end (unix time in ms; "    \
+      "the last 16 switches of the master view (cluster mode: of every shard's), oldest first: "   \
+      "start and end (unix time in ms; "                                                           \
       "end 0 while in progress), duration_ms, went_down (it reached DOWN), reason, from (the "     \
       "master lost), to (the master UP after it) (live)")                                          \
                                                                                                    \
@@ -316,6 +317,78 @@ typedef enum stat_type {
       "calls (live)")                                                                              \
     X(queues, queue_keys_probed, COUNTER, "ferry_queue_keys_probed_total",                         \
       "keys whose length was asked of the master (live)")
+
+/* Cluster mode only (cluster: in the configuration; none of it is printed
+ * otherwise): X(JSON path, type, Prometheus name, help). "cluster.shards[]."
+ * entries are per shard: in Prometheus one series per shard, labelled
+ * shard="<its first slot>" (a failover keeps it; the master's address and
+ * node id change); TEXT entries sharing a Prometheus name are the labels of
+ * one info gauge. clustermap.c writes the JSON, stats.c the Prometheus
+ * text from this list, --describe-stats lists it after FERRY_STATS. */
+#define FERRY_CLUSTER_STATS(X)                                                                     \
+    X("mode", TEXT, "", "\"cluster\" (cluster mode)")                                              \
+    X("routing", BOOL, "", "true: ferry routes by slot (cluster mode)")                            \
+    X("cluster.shards", NODES, "ferry_cluster_shards",                                             \
+      "per shard of the slot map, the fields below; Prometheus: the number of shards "             \
+      "(cluster mode)")                                                                            \
+    X("cluster.shards[].shard", GAUGE, "",                                                         \
+      "its first slot: the shard label of the per-shard Prometheus series (cluster mode)")         \
+    X("cluster.shards[].master", TEXT, "ferry_cluster_shard_info",                                 \
+      "the master the map names: {id, host, port, health} in JSON, host:port as a label "          \
+      "(cluster mode)")                                                                            \
+    X("cluster.shards[].state", TEXT, "ferry_cluster_shard_info",                                  \
+      "ferry's master view of the shard: UP, SWITCHING or DOWN (cluster mode)")                    \
+    X("cluster.shards[].up", BOOL, "ferry_cluster_shard_up",                                       \
+      "1 while the shard's master is verified and answers (cluster mode)")                         \
+    X("cluster.shards[].epoch", GAUGE, "ferry_cluster_shard_config_epoch",                         \
+      "the config epoch of the shard's master (cluster mode)")                                     \
+    X("cluster.shards[].nslots", GAUGE, "ferry_cluster_shard_slots",                               \
+      "slots the shard serves (cluster mode)")                                                     \
+    X("cluster.shards[].slots", NODES, "", "its slot ranges, [first, last] each (cluster mode)")   \
+    X("cluster.shards[].switches", COUNTER, "ferry_cluster_shard_switches_total",                  \
+      "times ferry lost the shard's master: a failover, a lost link (cluster mode)")               \
+    X("cluster.shards[].routed", COUNTER, "ferry_cluster_shard_requests_total",                    \
+      "client requests sent to the shard's master (a request sent again counts again) "            \
+      "(cluster mode)")                                                                            \
+    X("cluster.shards[].held", GAUGE, "ferry_cluster_shard_held_requests",                         \
+      "requests held now for lack of the shard's master (cluster mode)")                           \
+    X("cluster.shards[].moved", COUNTER, "ferry_cluster_shard_moved_total",                        \
+      "MOVED redirects the shard's master answered, followed by ferry (cluster mode)")             \
+    X("cluster.shards[].asked", COUNTER, "ferry_cluster_shard_ask_total",                          \
+      "ASK redirects the shard's master answered, followed by ferry (cluster mode)")               \
+    X("cluster.shards[].links", GAUGE, "ferry_cluster_shard_links",                                \
+      "connections open to the shard's master (cluster mode)")                                     \
+    X("cluster.shards[].not_up_ms", MSEC, "ferry_cluster_shard_not_up_seconds",                    \
+      "how long the shard has been without an UP master, 0 while UP (cluster mode)")               \
+    X("cluster.shards[].since_switch_ms", MSEC, "ferry_cluster_shard_since_switch_seconds",        \
+      "time since the shard's last switch began; null (no series) if it never switched "           \
+      "(cluster mode)")                                                                            \
+    X("cluster.shards[].replicas", NODES, "",                                                      \
+      "its replicas as the map lists them: {id, host, port, health} (cluster mode)")               \
+    X("cluster.shards_up", GAUGE, "ferry_cluster_shards_up",                                       \
+      "shards whose master is UP (cluster mode)")                                                  \
+    X("cluster.slots_covered", GAUGE, "ferry_cluster_slots_covered",                               \
+      "slots of the map with a master, of 16384 (cluster mode)")                                   \
+    X("cluster.rounds", COUNTER, "ferry_cluster_map_rounds_total",                                 \
+      "slot map refresh rounds started (cluster mode)")                                            \
+    X("cluster.answers", COUNTER, "ferry_cluster_map_answers_total",                               \
+      "node answers merged into the map (cluster mode)")                                           \
+    X("cluster.rejected", COUNTER, "ferry_cluster_map_rejected_total",                             \
+      "node answers refused: nonsense, or from a node flagged failed (cluster mode)")              \
+    X("cluster.unreachable", COUNTER, "ferry_cluster_map_unreachable_total",                       \
+      "nodes that did not answer a refresh in time or refused the connection (cluster mode)")      \
+    X("cluster.changes", COUNTER, "ferry_cluster_map_changes_total",                               \
+      "times the slot map changed (cluster mode)")                                                 \
+    X("cluster.slots_moved", COUNTER, "ferry_cluster_slots_moved_total",                           \
+      "slots that changed master in the map, in total (cluster mode)")                             \
+    X("cluster.moved_followed", COUNTER, "ferry_cluster_moved_followed_total",                     \
+      "MOVED redirects followed, every shard (cluster mode)")                                      \
+    X("cluster.ask_followed", COUNTER, "ferry_cluster_ask_followed_total",                         \
+      "ASK redirects followed, every shard (cluster mode)")                                        \
+    X("cluster.crossslot_refused", COUNTER, "ferry_cluster_crossslot_refused_total",               \
+      "requests refused with -CROSSSLOT (cluster mode)")                                           \
+    X("cluster.last_error", TEXT, "ferry_cluster_info",                                            \
+      "why the last node answer was refused, empty if none (cluster mode)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */

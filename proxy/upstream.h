@@ -115,6 +115,8 @@ typedef struct upstream {
     struct bracket_unknown *unknown; /* requests of an older master whose outcome was
                                         unknown, awaiting the next master's verdict (fence.c) */
     size_t nunknown, unknown_cap;
+    uint64_t routed;        /* client requests sent to this master (router.c) */
+    uint64_t moved, asked;  /* cluster mode: MOVED / ASK it answered, followed (clustermap.c) */
     link *probe;            /* health probe link, NULL while none */
     uint64_t next_probe_ms; /* next probe PING */
     uint64_t probe_ok_ms;   /* last probe answer (or UP time) */

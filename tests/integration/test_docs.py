@@ -118,6 +118,10 @@ MAPPED = {
     "kill -0 \"$new\" 2>/dev/null || exit 1; sleep 0.1; done; kill -0 \"$new\"'":
         'test_takeover.TakeoverSystemdReloadTest.test_reload_is_a_takeover',
     'echo $?': 'test_takeover.TakeoverSystemdReloadTest.test_reload_is_a_takeover',
+    # docs/cluster.md: a cluster topology instead of the Sentinel one.
+    'scripts/up --cluster': 'test_cluster_ops.ClusterUpScriptTest.test_up_cluster_then_down',
+    "curl -s 127.0.0.1:22222/metrics | grep '^ferry_cluster_shard_up'":
+        'test_cluster_ops.ClusterUpScriptTest.test_up_cluster_then_down',
 }
 
 # After these commands (regex on the command as written), wait for what

@@ -85,6 +85,33 @@ class AlertRulesTest(unittest.TestCase):
             got['families'] = exposed(body)
             return 'queue' in got['families'].get('ferry_queue_length', set())
         wait_until(sampled, timeout=10, msg='ferry_queue_length{queue=...} in /metrics')
+        families = got['families']
+        for name, labels in self.cluster_metrics().items():
+            families.setdefault(name, set()).update(labels)
+        return families
+
+    def cluster_metrics(self):
+        """Families and labels of a cluster-mode ferry's /metrics (the per-shard
+        series): in front of a one-node cluster serving every slot."""
+        node = RedisServer({'cluster-enabled': 'yes', 'port': harness._free_cluster_port(),
+                            'cluster-config-file': 'nodes-rules.conf',
+                            # a node alone never learns its own address from a peer
+                            'cluster-announce-ip': '127.0.0.1'})
+        self.addCleanup(node.kill)
+        node.client().execute_command('CLUSTER', 'ADDSLOTSRANGE', 0, 16383)
+        # ferry weighs a map by config epochs: a lone node's is 0 until bumped
+        node.client().execute_command('CLUSTER', 'BUMPEPOCH')
+        ferry = Ferry(None, wait='port', conf={'workers': 1, 'cluster': {
+            'nodes': ['127.0.0.1:%d' % node.port], 'refresh_interval_ms': 200}})
+        self.addCleanup(ferry.stop)
+        got = {}
+
+        def shard_up():
+            status, body = http_get(ferry.stats_port, '/metrics')
+            self.assertIn('200', status)
+            got['families'] = exposed(body)
+            return 'ferry_cluster_shard_up{shard="0"} 1' in body
+        wait_until(shard_up, timeout=15, msg='the one shard UP in a cluster-mode /metrics')
         return got['families']
 
     def test_every_metric_of_the_rules_is_exposed(self):

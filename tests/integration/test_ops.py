@@ -150,7 +150,7 @@ class CommandLineTest(unittest.TestCase):
             fields = line.split(None, 3)
             self.assertEqual(len(fields), 4, line)
             path, typ, prom, help_ = fields
-            self.assertRegex(path, r'^[a-z_]+(\.[a-z_0-9]+)?$')
+            self.assertRegex(path, r'^[a-z_]+(\.[a-z_0-9]+)?$|^cluster\.shards\[\]\.[a-z_]+$')
             self.assertIn(typ, ('counter', 'gauge', 'gauge_ms', 'bool', 'text', 'histogram',
                                 'nodes'))
             self.assertTrue(prom == '-' or re.fullmatch(r'ferry_[a-z0-9_]+', prom), line)

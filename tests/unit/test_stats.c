@@ -228,6 +228,10 @@ static void test_describe(void **state)
     assert_non_null(strstr(text, "commands.commands_total "));
     assert_non_null(strstr(text, " ferry_commands_total "));
     assert_true(strncmp(text, "service ", 8) == 0);
+    /* cluster mode's entries follow, per shard under cluster.shards[] */
+    assert_non_null(strstr(text, "\ncluster.shards[].routed "));
+    assert_non_null(strstr(text, " ferry_cluster_shard_requests_total "));
+    assert_non_null(strstr(text, "\ncluster.last_error "));
     int lines = 0;
     for (const char *p = text; *p != '\0'; p++) {
         lines += *p == '\n';
