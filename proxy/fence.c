@@ -729,8 +729,8 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
     } else if (acked < need && !list_empty(&l->held)) {
         uint64_t waited = uv_now(l->f->loop) - l->held_since_ms;
         int in_multi = l->owner != NULL && l->f->shard_ops->multi_open(l->owner);
-        if (refused[0] == '\0' && waited < l->f->cfg->replicas_ack_hold_ms && l->state == LINK_READY &&
-            !in_multi) {
+        if (refused[0] == '\0' && waited < l->f->cfg->replicas_ack_hold_ms &&
+            l->state == LINK_READY && !in_multi) {
             /* Replicas reattach after a failover: keep the replies and ask
              * again; the client sees latency, not an error. */
             log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",

@@ -563,8 +563,8 @@ static void test_queues(void **state)
          "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}\"}]\n",
          "t.yml:2:32: ", "queues[0].processing: expected a key name with {key} once"},
-        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, lease_ms: 1000}]\n",
-         "t.yml:2:20: ", "queues[0]: lease_ms, max_attempts, dead_letter, consumer_backoff and "
+        {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, lease_ms: 1000}]\n", "t.yml:2:20: ",
+         "queues[0]: lease_ms, max_attempts, dead_letter, consumer_backoff and "
          "lease_expire_on_disconnect need processing"},
         {"redis: {address: 127.0.0.1:6379}\nqueues: [{keys: a, processing: \"{key}:p\", "
          "lease_ms: 5}]\n",
