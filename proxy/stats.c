@@ -767,27 +767,6 @@ void stats_render_prometheus(ferry *f, buf *out)
     free(st);
 }
 
-static const char *stat_type_name(stat_type t)
-{
-    switch (t) {
-    case STAT_COUNTER:
-        return "counter";
-    case STAT_GAUGE:
-        return "gauge";
-    case STAT_MSEC:
-        return "gauge_ms";
-    case STAT_BOOL:
-        return "bool";
-    case STAT_TEXT:
-        return "text";
-    case STAT_HISTOGRAM:
-        return "histogram";
-    case STAT_NODES:
-        return "nodes";
-    }
-    return "?";
-}
-
 void stats_describe(FILE *out)
 {
     for (size_t i = 0; i < STATS_NDESC; i++) {
@@ -798,7 +777,7 @@ void stats_describe(FILE *out)
         } else {
             snprintf(path, sizeof(path), "%s.%s", d->section, d->name);
         }
-        fprintf(out, "%-36s %-9s %-54s %s\n", path, stat_type_name(d->type),
+        fprintf(out, "%-36s %-9s %-54s %s\n", path, stats_type_name(d->type),
                 d->prom[0] != '\0' ? d->prom : "-", d->help);
     }
     stats_cluster_describe(out);

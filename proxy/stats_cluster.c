@@ -23,29 +23,11 @@ static const cstat_desc cstat_descs[] = {FERRY_CLUSTER_STATS(CSTAT_DESC)};
 #define CSTAT_NDESC (sizeof(cstat_descs) / sizeof(cstat_descs[0]))
 #define SHARD_PREFIX "cluster.shards[]."
 
-static const char *cstat_type_name(stat_type t)
-{
-    switch (t) {
-    case STAT_COUNTER:
-        return "counter";
-    case STAT_MSEC:
-        return "gauge_ms";
-    case STAT_BOOL:
-        return "bool";
-    case STAT_TEXT:
-        return "text";
-    case STAT_NODES:
-        return "nodes";
-    default:
-        return "gauge";
-    }
-}
-
 void stats_cluster_describe(FILE *out)
 {
     for (size_t i = 0; i < CSTAT_NDESC; i++) {
         const cstat_desc *d = &cstat_descs[i];
-        fprintf(out, "%-36s %-9s %-54s %s\n", d->path, cstat_type_name(d->type),
+        fprintf(out, "%-36s %-9s %-54s %s\n", d->path, stats_type_name(d->type),
                 d->prom[0] != '\0' ? d->prom : "-", d->help);
     }
 }

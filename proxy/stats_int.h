@@ -17,6 +17,9 @@ void stats_prom_escape(buf *b, const char *s, int label);
 /* The # HELP and # TYPE lines of a family. */
 void stats_prom_header(buf *b, const char *family, const char *help, const char *type);
 
+/* stats_out.c: a stat type as --describe-stats names it. */
+const char *stats_type_name(stat_type t);
+
 /* stats_cluster.c: FERRY_CLUSTER_STATS as --describe-stats lines. */
 void stats_cluster_describe(FILE *out);
 /* The cluster families of /metrics; nothing unless f is in cluster mode. */

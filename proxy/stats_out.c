@@ -46,3 +46,24 @@ void stats_prom_header(buf *b, const char *family, const char *help, const char 
     stats_prom_escape(b, help, 0);
     stats_printf(b, "\n# TYPE %s %s\n", family, type);
 }
+
+const char *stats_type_name(stat_type t)
+{
+    switch (t) {
+    case STAT_COUNTER:
+        return "counter";
+    case STAT_GAUGE:
+        return "gauge";
+    case STAT_MSEC:
+        return "gauge_ms";
+    case STAT_BOOL:
+        return "bool";
+    case STAT_TEXT:
+        return "text";
+    case STAT_HISTOGRAM:
+        return "histogram";
+    case STAT_NODES:
+        return "nodes";
+    }
+    return "?";
+}
