@@ -639,7 +639,8 @@ const conf_entry conf_table[] = {
     {.key = "durability.replicas_ack_hold_ms",
      .doc = "how long an acknowledgement waits for the replicas to confirm it (WAIT asked again) "
             "before it is answered -NOREPLICAS, and how long a master back from a switch may "
-            "refuse writes with NOREPLICAS (held) before that is its own answer; keep it above "
+            "refuse writes with NOREPLICAS (held) before that is its own answer, and how long the "
+            "fallback store's replay keeps rows for a replica that confirms none; keep it above "
             "the ~10 s Sentinel takes to make a demoted master a replica",
      .type = CONF_DURATION,
      CONF_FIELD(replicas_ack_hold_ms),

@@ -76,6 +76,11 @@ struct outage {
     replay_key *skipped;    /* keys whose rows wait for the next pass */
     replay_key *held;       /* keys with rows taken by pops (their replies unwritten) */
     uint64_t next_round_ms; /* back-off after a failed round */
+    int round_need;         /* replicas the round's WAIT asks for (replay.c) */
+    int round_all;          /* replicas attached to the master at the round */
+    uint64_t short_since;   /* rounds confirmed by replicas_ack but not by every
+                               replica since (0: the last one was) */
+    int short_logged;       /* the end of that wait was logged */
     refused_key *refused;   /* keys in back-off */
     uint64_t replayed;      /* rows replayed since start */
     uint64_t replay_errors; /* refusals and failed rounds */

@@ -18,6 +18,16 @@
  * not be replayed before its earlier ones, whose ids the marker would then
  * pass over.
  *
+ * With durability.replicas_ack, a round's rows are deleted only once every
+ * replica attached to the master (INFO replication's connected_slaves, any
+ * state) confirmed them, not just replicas_ack of them: Sentinel may
+ * promote any of them (it ranks by offsets up to a second old), and rows
+ * deleted while the promoted one lacked them would be lost with it. Until
+ * then they stay and are replayed again (the marker applies nothing
+ * twice). A replica that confirms nothing for durability.replicas_ack_hold_ms
+ * no longer holds deletes back (logged, counted as a replay error); every
+ * replica confirming a round again restores the rule.
+ *
  * Rows taken by a pop whose reply is not written yet (its client reads
  * slowly, or the master came back in between) hold their key back: the
  * reply is written (the rows are deleted) or never (they are back in the
@@ -164,12 +174,16 @@ static void round_reset(struct outage *o)
     o->rstate = REPLAY_IDLE;
 }
 
+/* The round's rows stay in the store and are read again from the first
+ * row: a later round must not apply a key's later rows before these (the
+ * marker would then pass over them). */
 static void round_fail(struct outage *o, const char *why)
 {
     uint64_t now = uv_now(o->f->loop);
     o->replay_errors++;
     log_warn("fallback replay: round abandoned (%s); retried", why);
     round_reset(o);
+    pass_restart(o);
     o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS * 5;
 }
 
@@ -266,14 +280,97 @@ static void round_end_done(link *l, request *r, const char *reply, size_t len)
     }
     long long acked = 0;
     int need = l->up->replicas_ack;
-    if (need > 0) {
-        redisReply *rr = link_parse_reply(reply, len);
-        if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
-            acked = rr->integer;
-        }
-        freeReplyObject(rr);
+    if (need <= 0) {
+        round_finish(o, 1);
+        return;
     }
-    round_finish(o, need == 0 || acked >= need);
+    redisReply *rr = link_parse_reply(reply, len);
+    if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
+        acked = rr->integer;
+    }
+    freeReplyObject(rr);
+    if (acked >= o->round_need) {
+        if (acked >= o->round_all) {
+            o->short_since = 0; /* every replica again */
+        }
+        round_finish(o, 1);
+        return;
+    }
+    if (acked >= need) {
+        /* Applied and confirmed as a client's write would be, but some
+         * replica lacks it: the rows stay until it has them. */
+        char why[128];
+        uint64_t now = uv_now(l->f->loop);
+        if (o->short_since == 0) {
+            o->short_since = now;
+        }
+        snprintf(why, sizeof(why), "confirmed by %lld of the master's %d replica(s)", acked,
+                 o->round_need);
+        round_fail(o, why);
+        return;
+    }
+    round_finish(o, 0);
+}
+
+/* connected_slaves of an INFO replication reply, -1 if absent. */
+static int info_replicas(const char *reply, size_t len)
+{
+    static const char field[] = "connected_slaves:";
+    const char *p = reply, *end = reply + len;
+    if (len == 0 || (reply[0] != '$' && reply[0] != '=')) {
+        return -1; /* an error (INFO denied to ferry's user...), or not a bulk */
+    }
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *eol = nl != NULL ? nl : end;
+        if ((size_t)(eol - p) > sizeof(field) - 1 && memcmp(p, field, sizeof(field) - 1) == 0) {
+            int n = 0;
+            for (const char *q = p + sizeof(field) - 1; q < eol && *q >= '0' && *q <= '9'; q++) {
+                n = n * 10 + (*q - '0');
+                if (n > 100000) {
+                    return -1;
+                }
+            }
+            return n;
+        }
+        p = eol + 1;
+    }
+    return -1;
+}
+
+/* The master's replicas, asked before the round's scripts: the WAIT that
+ * closes the round (after the scripts, queued now) asks for all of them. */
+static void round_info_done(link *l, request *r, const char *reply, size_t len)
+{
+    struct outage *o = l->f->outage;
+    if (o == NULL || o->rstate != REPLAY_APPLYING ||
+        (uint64_t)r->arg != (o->round & 0xffffffffffULL)) {
+        return;
+    }
+    int need = l->up->replicas_ack;
+    int all = info_replicas(reply, len);
+    uint64_t now = uv_now(l->f->loop);
+    o->round_all = all > need ? all : need;
+    o->round_need = o->round_all;
+    if (o->short_since != 0 && now - o->short_since >= l->f->cfg->replicas_ack_hold_ms &&
+        o->round_all > need) {
+        /* until a WAIT finds every replica caught up again */
+        if (!o->short_logged) {
+            o->short_logged = 1;
+            log_warn("fallback replay: %d replica(s) of the master confirmed no round for %llu ms: "
+                     "rows are deleted once %d confirm them, until every replica does again",
+                     o->round_all - need, (unsigned long long)(now - o->short_since), need);
+        }
+        o->round_need = need;
+    }
+    if (o->short_since == 0) {
+        o->short_logged = 0;
+    }
+    char n[16], t[24];
+    snprintf(n, sizeof(n), "%d", o->round_need);
+    snprintf(t, sizeof(t), "%llu", (unsigned long long)l->f->cfg->replicas_ack_timeout_ms);
+    const char *argv[] = {"WAIT", n, t};
+    link_internal(l, argv, 3, round_end_done, r->arg);
 }
 
 /* Rows read: group them by key (id order kept within a key) and send one
@@ -369,6 +466,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         replay_next(o);
         return;
     }
+    if (up->replicas_ack > 0) {
+        /* its reply queues the WAIT that closes the round */
+        static const char *const argv[] = {"INFO", "replication"};
+        link_internal(l, argv, 2, round_info_done, (long long)(o->round & 0xffffffffffULL));
+    }
     /* One script per key: its rows in id order. */
     for (size_t g = 0; g < o->ngroups; g++) {
         replay_group *grp = &o->groups[g];
@@ -402,13 +504,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
             (long long)(((o->round & 0xffffffffffULL) << 20) | g);
         buf_free(&b);
     }
-    if (up->replicas_ack > 0) {
-        char n[16], t[24];
-        snprintf(n, sizeof(n), "%d", up->replicas_ack);
-        snprintf(t, sizeof(t), "%llu", (unsigned long long)f->cfg->replicas_ack_timeout_ms);
-        const char *argv[] = {"WAIT", n, t};
-        link_internal(l, argv, 3, round_end_done, (long long)(o->round & 0xffffffffffULL));
-    } else {
+    if (up->replicas_ack <= 0) {
         static const char *const argv[] = {"PING"};
         link_internal(l, argv, 1, round_end_done, (long long)(o->round & 0xffffffffffULL));
     }
@@ -449,7 +545,6 @@ void outage_tick(ferry *f, uint64_t now)
         /* The link carrying the round broke: its scripts are idempotent
          * (the marker), so the rows are simply read and sent again. */
         round_fail(o, "the link to the master changed during the round");
-        pass_restart(o);
     }
     replay_next(o);
 }

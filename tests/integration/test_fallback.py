@@ -7,6 +7,7 @@ written to the client's socket); one store per ferry; with workers: N the
 main loop's store serves every loop."""
 
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -757,6 +758,107 @@ class SentinelOutageTest(unittest.TestCase):
         got = topo.master().client().lrange('fr', 0, -1)
         self.assertEqual(len(got), n, 'each row applied once (%d)' % len(got))
         self.assertEqual(got, ['f%d' % i for i in range(n)], 'in order')
+
+    def test_rows_stay_until_every_replica_has_them(self):
+        """Rows the replay applied are deleted from the store only once
+        every replica of the master has them, not just durability.
+        replicas_ack of them: Sentinel may promote the one that lacks them.
+        Here one replica is frozen during the replay, then the master and
+        the other replica die: the frozen one is promoted, and gets every
+        row from the store (before, the rows were deleted once the other
+        replica confirmed them, and lost with it)."""
+        topo = SentinelTopology(down_after_ms=3000)
+        self.addCleanup(topo.stop)
+        path = os.path.join(topo.redis[0].dir, 'ferry-fallback.db')
+        f = Ferry(None, conf=fallback_conf(path), sentinel=topo)
+        self.addCleanup(f.kill)
+        c = f.client(socket_timeout=30)
+        c.ping()
+        for r in topo.redis:
+            r.kill()
+        wait_until(lambda: state(f) == 'DOWN', timeout=15, msg='DOWN')
+        # More bytes than the sockets between the master and a frozen
+        # replica can hold, so what the master streams to it dies with it.
+        n, pad = 5000, 'x' * 4000
+        pipe = c.pipeline(transaction=False)
+        for i in range(n):
+            pipe.rpush('fr', 'f%d.%s' % (i, pad))
+        pipe.execute()
+        self.assertEqual(pending(f), n)
+        os.kill(f.pid, signal.SIGSTOP)  # no replay before the replica is frozen
+        try:
+            for r in topo.redis:
+                r.start()
+            # Sentinel may have promoted a replica as the nodes came back
+            master = topo.redis_by_port(topo.wait_stable(timeout=45))
+            frozen, other = [r for r in topo.redis if r is not master]
+            frozen.sigstop()
+        finally:
+            os.kill(f.pid, signal.SIGCONT)
+        # Until the replay deleted every row (as it did before), or a round
+        # applied on the master was held back for the frozen replica.
+        wait_until(lambda: pending(f) == 0 or
+                   'confirmed by 1 of the master\'s 2 replica(s)' in f.log(),
+                   timeout=30, interval=0.02, msg='the replay to delete rows or hold them')
+        on_master = master.client().llen('fr')
+        left = pending(f)
+        master.kill()
+        other.kill()
+        frozen.sigcont()
+        print('\n[rows until every replica] %d row(s) on the master, %d left in the store at '
+              'the kill' % (on_master, left), flush=True)
+        self.assertGreater(left, 0, 'rows the frozen replica lacks are kept')
+        topo.wait_failover(master.port, timeout=45)
+        self.assertEqual(topo.master_port(), frozen.port)
+        other.start()  # a replica again (Sentinel re-points it), to confirm the replay
+        try:
+            wait_until(lambda: pending(f) == 0, timeout=60, msg='the replay to finish')
+        except AssertionError:
+            print("\n".join(l for l in f.log().splitlines() if " stats " not in l)[-8000:])
+            raise
+        got = frozen.client().lrange('fr', 0, -1)
+        self.assertEqual(len(got), n, 'each row applied once (%d)' % len(got))
+        self.assertEqual(got, ['f%d.%s' % (i, pad) for i in range(n)], 'in order')
+
+    def test_a_replica_that_never_confirms_delays_deletes_only_for_the_hold(self):
+        """A replica attached to the master but confirming nothing (frozen)
+        holds the replay's deletes back for durability.replicas_ack_hold_ms,
+        then rows are deleted once replicas_ack of them confirm (logged)."""
+        topo = SentinelTopology(down_after_ms=5000)
+        self.addCleanup(topo.stop)
+        path = os.path.join(topo.redis[0].dir, 'ferry-fallback.db')
+        conf = fallback_conf(path)
+        conf['durability'] = {'replicas_ack_hold_ms': 2000}
+        f = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(f.kill)
+        c = f.client(socket_timeout=30)
+        c.ping()
+        for r in topo.redis:
+            r.kill()
+        wait_until(lambda: state(f) == 'DOWN', timeout=15, msg='DOWN')
+        n = 1000
+        pipe = c.pipeline(transaction=False)
+        for i in range(n):
+            pipe.rpush('fh', 'h%d' % i)
+        pipe.execute()
+        os.kill(f.pid, signal.SIGSTOP)
+        try:
+            for r in topo.redis:
+                r.start()
+            master = topo.redis_by_port(topo.wait_stable(timeout=45))
+            frozen = [r for r in topo.redis if r is not master][0]
+            frozen.sigstop()
+        finally:
+            os.kill(f.pid, signal.SIGCONT)
+        self.addCleanup(frozen.sigcont)
+        t0 = time.monotonic()
+        wait_until(lambda: pending(f) == 0, timeout=30, msg='the replay to finish')
+        took = time.monotonic() - t0
+        print('\n[a replica never confirms] the replay finished %.1f s after it could start' % took,
+              flush=True)
+        self.assertIn('confirmed no round for', f.log())
+        self.assertGreaterEqual(took, 2.0, 'deletes waited for the frozen replica first')
+        self.assertEqual(master.client().lrange('fh', 0, -1), ['h%d' % i for i in range(n)])
 
 
 if __name__ == '__main__':
