@@ -36,9 +36,9 @@ typedef enum broadcast_kind {
 #define BCAST_DBS 16
 #define BCAST_FIELDS 6
 typedef struct broadcast_db {
-    int present;                         /* some master listed this db */
-    int nfields;                         /* fields in name[] */
-    char name[BCAST_FIELDS][16];         /* field names, in the first master's order */
+    int present;                          /* some master listed this db */
+    int nfields;                          /* fields in name[] */
+    char name[BCAST_FIELDS][16];          /* field names, in the first master's order */
     unsigned long long sum[BCAST_FIELDS]; /* their sums (avg_ttl: avg_ttl * expires) */
 } broadcast_db;
 

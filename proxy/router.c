@@ -954,8 +954,8 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     buf_init(&scanned);
     if (s->f->cluster != NULL && keyspace_is_scan(r) &&
         keyspace_scan_reply(s->f->cluster, r,
-                            via != NULL ? via->up : clustermap_route(s->f->cluster, r->slot), p,
-                            n, &scanned)) {
+                            via != NULL ? via->up : clustermap_route(s->f->cluster, r->slot), p, n,
+                            &scanned)) {
         p = buf_head(&scanned);
         n = buf_used(&scanned);
     }

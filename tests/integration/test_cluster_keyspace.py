@@ -12,6 +12,8 @@ answered as one server holding every master's keys would:
     5. RANDOMKEY: a key that exists.
     6. INFO keyspace: db0 keys and expires summed over the masters; plain
        INFO has the summed Keyspace section and the other sections.
+    6b. The same through a RESP3 connection (HELLO 3): INFO's verbatim
+       string summed too.
     7. READONLY, READWRITE and ASKING: +OK from ferry; commands go on.
     8. CLUSTER subcommands: refused, saying ferry presents the cluster as
        one server.
@@ -184,6 +186,30 @@ class ClusterKeyspaceTest(unittest.TestCase):
         # a section without the keyspace: one master's, as before
         self.assertIn('redis_version', self.c.info('server'))
         self.assertNotIn('db0', self.c.info('server'))
+
+    def test_6b_resp3(self):
+        s = self.ferry.raw(timeout=10)
+        self.addCleanup(s.close)
+
+        def call(*argv, raw=False):
+            harness.resp_send(s, list(argv))
+            return (harness.resp_read_raw if raw else harness.resp_read_reply)(s)
+        self.assertIsInstance(call('HELLO', '3'), dict)
+        self.assertEqual(call('DBSIZE'), len(self.all))
+        self.assertEqual({k.decode() for k in call('KEYS', 'h:*')}, self.hashes)
+        self.assertIn(call('RANDOMKEY').decode(), self.all)
+        info = call('INFO', 'keyspace', raw=True)
+        self.assertTrue(info.startswith(b'='), info[:20])  # RESP3's verbatim string
+        self.assertIn(b'\r\ntxt:', info[:20])
+        self.assertIn(b'db0:keys=%d,expires=%d,' % (len(self.all), NTTL), info)
+        keys, cursor = set(), b'0'
+        for _ in range(MAX_CALLS):
+            cursor, batch = call('SCAN', cursor, 'COUNT', '50')
+            keys |= {k.decode() for k in batch}
+            if cursor == b'0':
+                break
+        self.assertEqual(cursor, b'0')
+        self.assertEqual(keys, self.all)
 
     def test_7_readonly_readwrite_asking(self):
         for cmd in ('READONLY', 'READWRITE', 'ASKING'):

@@ -242,8 +242,7 @@ static void test_info_keyspace_summed(void **state)
     broadcast_free(b);
 
     /* not INFO's shape: ferry's error, no crash */
-    static const char *const bad[] = {"+OK\r\n", "$5\r\nab\r\n", "$-1\r\n", "=3\r\nabc\r\n",
-                                      ""};
+    static const char *const bad[] = {"+OK\r\n", "$5\r\nab\r\n", "$-1\r\n", "=3\r\nabc\r\n", ""};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         b = broadcast_new(BCAST_INFO);
         assert_int_equal(broadcast_fold(b, bad[i], strlen(bad[i])), 0);
@@ -265,11 +264,16 @@ static void test_info_keyspace_summed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kinds),           cmocka_unit_test(test_first_reply_kept),
-        cmocka_unit_test(test_error_stops),     cmocka_unit_test(test_exists_and),
-        cmocka_unit_test(test_exists_nonsense), cmocka_unit_test(test_info_sections),
-        cmocka_unit_test(test_keys_joined),     cmocka_unit_test(test_dbsize_summed),
-        cmocka_unit_test(test_randomkey_first_key), cmocka_unit_test(test_info_keyspace_summed),
+        cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_first_reply_kept),
+        cmocka_unit_test(test_error_stops),
+        cmocka_unit_test(test_exists_and),
+        cmocka_unit_test(test_exists_nonsense),
+        cmocka_unit_test(test_info_sections),
+        cmocka_unit_test(test_keys_joined),
+        cmocka_unit_test(test_dbsize_summed),
+        cmocka_unit_test(test_randomkey_first_key),
+        cmocka_unit_test(test_info_keyspace_summed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
