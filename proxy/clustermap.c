@@ -428,6 +428,36 @@ void clustermap_mark_seen(const clustermap *cm, const upstream *up, unsigned cha
     }
 }
 
+int clustermap_first_slot(const clustermap *cm, int slot)
+{
+    const slotmap *m = cluster_map(cm->cs);
+    if (slot < 0 || slot >= CLUSTER_SLOTS || m->owner[slot] < 0) {
+        return -1;
+    }
+    int s = 0;
+    while (m->owner[s] != m->owner[slot]) {
+        s++;
+    }
+    return s;
+}
+
+int clustermap_next_first_slot(const clustermap *cm, int slot)
+{
+    const slotmap *m = cluster_map(cm->cs);
+    unsigned char seen[SLOTMAP_MAX_SHARDS] = {0};
+    for (int s = 0; s < CLUSTER_SLOTS; s++) {
+        int o = m->owner[s];
+        if (o < 0 || o >= SLOTMAP_MAX_SHARDS || seen[o]) {
+            continue;
+        }
+        seen[o] = 1; /* s is the first slot of shard o */
+        if (s > slot) {
+            return s;
+        }
+    }
+    return -1;
+}
+
 void clustermap_count_crossslot(clustermap *cm)
 {
     cm->crossslot++;

@@ -36,6 +36,11 @@ struct upstream *clustermap_ask(clustermap *cm, struct upstream *from, const cha
 struct upstream *clustermap_unseen(const clustermap *cm, const unsigned char *seen);
 /* Set up's bit in seen. */
 void clustermap_mark_seen(const clustermap *cm, const struct upstream *up, unsigned char *seen);
+/* The first slot of the shard of the map serving slot, -1 if none. */
+int clustermap_first_slot(const clustermap *cm, int slot);
+/* The lowest first slot of a shard of the map above slot (-1: the map's
+ * first shard), -1 if none: the shards in the order of their first slots. */
+int clustermap_next_first_slot(const clustermap *cm, int slot);
 /* Counted for stats: a CROSSSLOT refusal. */
 void clustermap_count_crossslot(clustermap *cm);
 /* Ask the cluster for its map now (a master of a shard was lost). */

@@ -36,6 +36,7 @@
 #include "clustermap.h"
 #include "fence.h"
 #include "guards.h"
+#include "keyspace.h"
 #include "lease.h"
 #include "link.h"
 #include "log.h"
@@ -578,7 +579,8 @@ static int dispatch_one(session *s, request *r)
     if (tx_answer(s, r)) {
         return DISPATCH_DONE;
     }
-    if (s->tx == TX_NONE && s->tunnel == TUN_NONE && upstream_down(up) && standin_answer(s, r, 0)) {
+    if (s->tx == TX_NONE && s->tunnel == TUN_NONE && r->bc == NULL && upstream_down(up) &&
+        standin_answer(s, r, 0)) {
         /* No master: ferry answers PING, ECHO and INFO itself (standin.c). */
         f->stats.commands_local++;
         return DISPATCH_DONE;
@@ -766,6 +768,12 @@ static int dispatch_one(session *s, request *r)
             return DISPATCH_DONE;
         }
     }
+    if (f->cluster != NULL && keyspace_is_scan(r)) {
+        /* Cluster mode: ferry's SCAN cursor becomes the node's. */
+        size_t before = buf_used(&r->data);
+        keyspace_scan_sending(r, up);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+    }
     r->s = s;
     r->sent_ns = uv_hrtime();
     if (r->route == RT_MULTI && target->need_wait && target->state != LINK_FENCING) {
@@ -942,6 +950,15 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         p = buf_head(&r->bc->reply);
         n = buf_used(&r->bc->reply);
     }
+    buf scanned; /* cluster mode: a SCAN's reply with ferry's cursor */
+    buf_init(&scanned);
+    if (s->f->cluster != NULL && keyspace_is_scan(r) &&
+        keyspace_scan_reply(s->f->cluster, r,
+                            via != NULL ? via->up : clustermap_route(s->f->cluster, r->slot), p, n,
+                            &scanned)) {
+        p = buf_head(&scanned);
+        n = buf_used(&scanned);
+    }
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);
     if ((r->route == RT_AUTH && AUTH_RESULT(r) == AUTH_REDIS) ||
@@ -950,6 +967,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         if (acl_on_reply(s, r, via, p, n)) {
             acl_accepted(s, r);
         }
+        buf_free(&scanned);
         s->f->session_ops->flush_answered(s);
         if (s->inflight == 0) {
             router_dispatch(s);
@@ -970,6 +988,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
     }
     s->f->session_ops->answer(s, r, p, n);
+    buf_free(&scanned);
     s->f->session_ops->flush_answered(s);
     if (s->inflight == 0) {
         router_dispatch(s);

@@ -13,6 +13,7 @@
 #include "broadcast.h"
 #include "clients.h"
 #include "clustermap.h"
+#include "keyspace.h"
 #include "log.h"
 #include "queues.h"
 #include "router.h"
@@ -408,8 +409,41 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
         return 0;
     }
     int bk = r->route == RT_SHARED ? broadcast_kind_of(cmd) : BCAST_NONE;
+    if (bk == BCAST_INFO) {
+        /* INFO with its keyspace section: summed over every master; other
+         * sections: one master's (any UP one), as before. */
+        size_t argc = req->argc < f->acap ? req->argc : f->acap;
+        for (size_t i = 0; i < argc; i++) {
+            f->av[i] = req->argv[i].ptr;
+            f->al[i] = req->argv[i].len;
+        }
+        if (!broadcast_info_has_keyspace(argc, f->av, f->al)) {
+            bk = BCAST_NONE;
+        }
+    }
+    if (r->route == RT_SHARED && strcmp(cmd->name, "scan") == 0) {
+        /* Every master in turn, ferry's cursor naming the shard (keyspace.c). */
+        keyspace_scan_parsed(f->cluster, r, req);
+        return 0;
+    }
+    if (strcmp(cmd->name, "readonly") == 0 || strcmp(cmd->name, "readwrite") == 0 ||
+        strcmp(cmd->name, "asking") == 0) {
+        /* ferry reads from masters and follows ASK itself: nothing to do. */
+        set_error(r, "+OK\r\n%s", "");
+        return 1;
+    }
+    if (strncmp(cmd->name, "cluster", 7) == 0 && (cmd->name[7] == '\0' || cmd->name[7] == '|')) {
+        set_error(r,
+                  "-ERR ferry: cluster mode: %s is not served: ferry presents the cluster as one "
+                  "server and follows its slot map itself (connect as to one Redis, without "
+                  "cluster support)\r\n",
+                  name);
+        f->stats.commands_denied++;
+        return 1;
+    }
     if (bk != BCAST_NONE) {
-        /* SCRIPT LOAD/FLUSH/EXISTS, FUNCTION LOAD/DELETE/FLUSH/RESTORE: to
+        /* SCRIPT LOAD/FLUSH/EXISTS, FUNCTION LOAD/DELETE/FLUSH/RESTORE,
+         * FLUSHALL, FLUSHDB, KEYS, DBSIZE, RANDOMKEY, INFO (keyspace): to
          * every master of the map in turn (router.c), one reply. */
         r->bc = broadcast_new(bk);
         return 0;
@@ -433,13 +467,8 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
         later = 1; /* blocking calls, scripts, transactions, pub/sub, connection state */
         break;
     }
-    if (!later && cmd->first_key == 0 &&
-        ((cmd->flags & CMD_F_WRITE) || strncmp(cmd->name, "cluster", 7) == 0 ||
-         strcmp(cmd->name, "keys") == 0 || strcmp(cmd->name, "scan") == 0 ||
-         strcmp(cmd->name, "dbsize") == 0 || strcmp(cmd->name, "randomkey") == 0 ||
-         strcmp(cmd->name, "readonly") == 0 || strcmp(cmd->name, "readwrite") == 0 ||
-         strcmp(cmd->name, "asking") == 0)) {
-        later = 1; /* about the whole keyspace or the cluster: one node's answer would mislead */
+    if (!later && cmd->first_key == 0 && (cmd->flags & CMD_F_WRITE)) {
+        later = 1; /* a keyless write: one node's effect would mislead */
     }
     if (!later && (cmd->flags & CMD_F_MOVABLEKEYS)) {
         later = 1; /* its keys are found by Redis' own rules */

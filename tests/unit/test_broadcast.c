@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "broadcast.h"
@@ -47,6 +48,14 @@ static void test_kinds(void **state)
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "LIST")), BCAST_NONE);
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "DUMP")), BCAST_NONE);
     assert_int_equal(broadcast_kind_of(lookup("SCRIPT", "KILL")), BCAST_NONE);
+    /* the whole keyspace */
+    assert_int_equal(broadcast_kind_of(lookup("FLUSHALL", NULL)), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("flushdb", NULL)), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("KEYS", NULL)), BCAST_CONCAT);
+    assert_int_equal(broadcast_kind_of(lookup("DBSIZE", NULL)), BCAST_SUM);
+    assert_int_equal(broadcast_kind_of(lookup("RANDOMKEY", NULL)), BCAST_ANY);
+    assert_int_equal(broadcast_kind_of(lookup("INFO", NULL)), BCAST_INFO);
+    assert_int_equal(broadcast_kind_of(lookup("SCAN", NULL)), BCAST_NONE); /* keyspace.c */
     assert_int_equal(broadcast_kind_of(lookup("EVAL", NULL)), BCAST_NONE);
     assert_int_equal(broadcast_kind_of(lookup("GET", NULL)), BCAST_NONE);
     assert_int_equal(broadcast_kind_of(NULL), BCAST_NONE);
@@ -127,12 +136,144 @@ static void test_exists_nonsense(void **state)
     broadcast_free(NULL);
 }
 
+static int info_has_keyspace(const char *a, const char *b)
+{
+    const char *argv[3] = {"INFO", a, b};
+    size_t lens[3] = {4, a != NULL ? strlen(a) : 0, b != NULL ? strlen(b) : 0};
+    return broadcast_info_has_keyspace(a == NULL ? 1 : b == NULL ? 2 : 3, argv, lens);
+}
+
+static void test_info_sections(void **state)
+{
+    (void)state;
+    assert_true(info_has_keyspace(NULL, NULL));
+    assert_true(info_has_keyspace("KEYSPACE", NULL));
+    assert_true(info_has_keyspace("server", "keyspace"));
+    assert_true(info_has_keyspace("all", NULL));
+    assert_true(info_has_keyspace("everything", NULL));
+    assert_true(info_has_keyspace("default", NULL));
+    assert_false(info_has_keyspace("server", NULL));
+    assert_false(info_has_keyspace("replication", "clients"));
+    assert_false(info_has_keyspace("keyspac", NULL));
+}
+
+static void test_keys_joined(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_CONCAT);
+    assert_int_equal(fold(b, "*2\r\n$1\r\na\r\n$1\r\nb\r\n"), 1);
+    assert_int_equal(fold(b, "*0\r\n"), 1);
+    assert_int_equal(fold(b, "*1\r\n$2\r\ncc\r\n"), 1);
+    reply_is(b, "*3\r\n$1\r\na\r\n$1\r\nb\r\n$2\r\ncc\r\n");
+    assert_int_equal(fold(b, "+OK\r\n"), 0); /* not an array: ferry's error */
+    assert_int_equal(memcmp(buf_head(&b->reply), "-ERR ferry", 10), 0);
+    broadcast_free(b);
+}
+
+static void test_dbsize_summed(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_SUM);
+    assert_int_equal(fold(b, ":100\r\n"), 1);
+    assert_int_equal(fold(b, ":0\r\n"), 1);
+    assert_int_equal(fold(b, ":240\r\n"), 1);
+    reply_is(b, ":340\r\n");
+    broadcast_free(b);
+    static const char *const bad[] = {":\r\n", ":12", "$2\r\n12\r\n", ":1x\r\n", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        b = broadcast_new(BCAST_SUM);
+        assert_int_equal(fold(b, ":1\r\n"), 1);
+        assert_int_equal(broadcast_fold(b, bad[i], strlen(bad[i])), 0);
+        assert_int_equal(memcmp(buf_head(&b->reply), "-ERR ferry", 10), 0);
+        broadcast_free(b);
+    }
+}
+
+static void test_randomkey_first_key(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_ANY);
+    assert_int_equal(fold(b, "$-1\r\n"), 1); /* an empty master: ask the next */
+    assert_int_equal(fold(b, "_\r\n"), 1);
+    assert_int_equal(fold(b, "$3\r\nk:1\r\n"), 0);
+    reply_is(b, "$3\r\nk:1\r\n");
+    broadcast_free(b);
+    b = broadcast_new(BCAST_ANY);
+    assert_int_equal(fold(b, "$-1\r\n"), 1);
+    assert_int_equal(fold(b, "$-1\r\n"), 1);
+    reply_is(b, "$-1\r\n"); /* every master empty: nil */
+    broadcast_free(b);
+}
+
+static void test_info_keyspace_summed(void **state)
+{
+    (void)state;
+    const char *a = "# Server\r\nredis_version:7.0.15\r\n\r\n# Keyspace\r\n"
+                    "db0:keys=100,expires=10,avg_ttl=1000\r\n";
+    const char *b2 = "# Server\r\nredis_version:7.0.15\r\n\r\n# Keyspace\r\n"
+                     "db0:keys=50,expires=30,avg_ttl=3000\r\n";
+    const char *c = "# Server\r\nredis_version:7.0.15\r\n\r\n# Keyspace\r\n";
+    char r1[256], r2[256], r3[256];
+    snprintf(r1, sizeof(r1), "$%zu\r\n%s\r\n", strlen(a), a);
+    snprintf(r2, sizeof(r2), "$%zu\r\n%s\r\n", strlen(b2), b2);
+    snprintf(r3, sizeof(r3), "$%zu\r\n%s\r\n", strlen(c), c);
+    broadcast *b = broadcast_new(BCAST_INFO);
+    assert_int_equal(fold(b, r1), 1);
+    assert_int_equal(fold(b, r2), 1);
+    assert_int_equal(fold(b, r3), 1);
+    const char *want = "# Server\r\nredis_version:7.0.15\r\n\r\n# Keyspace\r\n"
+                       "db0:keys=150,expires=40,avg_ttl=2500\r\n";
+    char w[256];
+    snprintf(w, sizeof(w), "$%zu\r\n%s\r\n", strlen(want), want);
+    reply_is(b, w);
+    broadcast_free(b);
+
+    /* RESP3's verbatim string; the first master has no keys; a section after */
+    const char *d = "# Keyspace\r\n\r\n# Other\r\nx:1\r\n";
+    const char *e = "# Keyspace\r\ndb0:keys=7,expires=0,avg_ttl=0\r\n\r\n# Other\r\nx:2\r\n";
+    snprintf(r1, sizeof(r1), "=%zu\r\ntxt:%s\r\n", strlen(d) + 4, d);
+    snprintf(r2, sizeof(r2), "=%zu\r\ntxt:%s\r\n", strlen(e) + 4, e);
+    b = broadcast_new(BCAST_INFO);
+    assert_int_equal(fold(b, r1), 1);
+    assert_int_equal(fold(b, r2), 1);
+    want = "# Keyspace\r\ndb0:keys=7,expires=0,avg_ttl=0\r\n\r\n# Other\r\nx:1\r\n";
+    snprintf(w, sizeof(w), "=%zu\r\ntxt:%s\r\n", strlen(want) + 4, want);
+    reply_is(b, w);
+    broadcast_free(b);
+
+    /* not INFO's shape: ferry's error, no crash */
+    static const char *const bad[] = {"+OK\r\n", "$5\r\nab\r\n", "$-1\r\n", "=3\r\nabc\r\n", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        b = broadcast_new(BCAST_INFO);
+        assert_int_equal(broadcast_fold(b, bad[i], strlen(bad[i])), 0);
+        assert_int_equal(memcmp(buf_head(&b->reply), "-ERR ferry", 10), 0);
+        broadcast_free(b);
+    }
+    /* odd keyspace lines are skipped, not a crash */
+    const char *odd = "# Keyspace\r\ndb:keys=1\r\ndb99:keys=1\r\ndb1:keys=x,=3,expires=2\r\n"
+                      "db2\r\n";
+    snprintf(r1, sizeof(r1), "$%zu\r\n%s\r\n", strlen(odd), odd);
+    b = broadcast_new(BCAST_INFO);
+    assert_int_equal(fold(b, r1), 1);
+    want = "# Keyspace\r\ndb1:expires=2\r\n";
+    snprintf(w, sizeof(w), "$%zu\r\n%s\r\n", strlen(want), want);
+    reply_is(b, w);
+    broadcast_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kinds),           cmocka_unit_test(test_first_reply_kept),
-        cmocka_unit_test(test_error_stops),     cmocka_unit_test(test_exists_and),
+        cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_first_reply_kept),
+        cmocka_unit_test(test_error_stops),
+        cmocka_unit_test(test_exists_and),
         cmocka_unit_test(test_exists_nonsense),
+        cmocka_unit_test(test_info_sections),
+        cmocka_unit_test(test_keys_joined),
+        cmocka_unit_test(test_dbsize_summed),
+        cmocka_unit_test(test_randomkey_first_key),
+        cmocka_unit_test(test_info_keyspace_summed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
