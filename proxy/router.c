@@ -41,6 +41,7 @@
 #include "log.h"
 #include "outage.h"
 #include "router_int.h"
+#include "router_pubsub.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
@@ -269,6 +270,7 @@ static void do_reset(session *s, request *r)
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
+    s->ps_homed = 0;
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
@@ -368,7 +370,7 @@ static link *router_lend(session *s, upstream *up)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s, s->f->up);
+    link *l = router_lend(s, router_pubsub_view(s));
     if (l == NULL) {
         return 0;
     }
@@ -469,7 +471,11 @@ static int verdict_store_serves(session *s)
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    if (r->bc != NULL && s->tx != TX_NONE) {
+    /* Cluster mode, a subscribed client: its link is on one master, where
+     * what it sends goes (router_pubsub.c). */
+    int subscribed = f->cluster != NULL && s->dlink != NULL &&
+                     (s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
+    if (r->bc != NULL && (s->tx != TX_NONE || subscribed)) {
         /* Inside a transaction it runs where the transaction does. */
         broadcast_free(r->bc);
         r->bc = NULL;
@@ -481,6 +487,16 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
+    if (subscribed && s->proto == 3 && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
+        f->session_ops->answer_str(s, r,
+                                   "-ERR ferry: cluster mode: a subscribed RESP3 connection runs "
+                                   "commands on the master its subscriptions live on; keys of "
+                                   "another shard on another connection\r\n");
+        return DISPATCH_DONE;
+    }
+    if (subscribed) {
+        up = s->dlink->up;
+    }
     if (r->bc != NULL) {
         r->bc->at = up;
     }
@@ -808,7 +824,7 @@ static void router_maybe_return(session *s)
 static void answer_down_lead(session *s)
 {
     list_node *n = s->cursor;
-    if (s->tx != TX_NONE || !upstream_down(s->f->up)) {
+    if (s->tx != TX_NONE || !upstream_down(router_pubsub_view(s))) {
         return;
     }
     while (n != &s->requests) {

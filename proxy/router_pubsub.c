@@ -1,0 +1,96 @@
+/* router_pubsub.c - pub/sub in cluster mode. A cluster carries PUBLISH to
+ * every node over its bus, so a client's SUBSCRIBE and PSUBSCRIBE may live
+ * on any master: ferry puts them on the first shard's master that is UP
+ * (another one after a failover). A shard channel (SSUBSCRIBE) lives on the
+ * master serving its slot, and SPUBLISH reaches only that shard: the
+ * session's subscription link goes to the master of the slot of its first
+ * SSUBSCRIBE, and is rebuilt there after a failover of that shard. One
+ * client connection is one link to one node: a connection's shard channels
+ * live on one shard (a cluster client opens one connection per node). */
+#include "router_pubsub.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "clustermap.h"
+#include "router.h"
+#include "slot.h"
+#include "upstream.h"
+
+static int same_shard(clustermap *cm, int a, int b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (a < 0 || b < 0) {
+        return 0;
+    }
+    upstream *ua = clustermap_route(cm, a);
+    return ua != NULL && ua == clustermap_route(cm, b);
+}
+
+int router_pubsub_classify(session *s, request *r, const resp_request *req)
+{
+    ferry *f = s->f;
+    const command *cmd = r->cmd;
+    int slot = -1;
+    if (cmd->first_key > 0) {
+        /* SSUBSCRIBE, SUNSUBSCRIBE: their channels are keys. */
+        for (size_t i = 1; i < req->argc; i++) {
+            int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+            if (slot >= 0 && ks != slot) {
+                router_refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+                clustermap_count_crossslot(f->cluster);
+                return 1;
+            }
+            slot = ks;
+        }
+    }
+    int ssub = strcmp(cmd->name, "ssubscribe") == 0;
+    if (!s->ps_homed) {
+        s->ps_homed = 1;
+        s->ps_slot = ssub ? slot : -1;
+    } else if (ssub && !same_shard(f->cluster, slot, s->ps_slot)) {
+        char line[400];
+        if (s->ps_slot < 0) {
+            snprintf(line, sizeof(line),
+                     "-ERR ferry: cluster mode: this connection's SUBSCRIBE/PSUBSCRIBE "
+                     "subscriptions live on one master; SSUBSCRIBE (slot %d) on a connection "
+                     "of its own\r\n",
+                     slot);
+        } else {
+            snprintf(line, sizeof(line),
+                     "-ERR ferry: cluster mode: this connection's shard channels live on the "
+                     "shard of slot %d; SSUBSCRIBE channels of slot %d (another shard) on a "
+                     "connection of their own\r\n",
+                     s->ps_slot, slot);
+        }
+        router_refuse(r, line);
+        f->stats.commands_denied++;
+        return 1;
+    }
+    r->slot = s->ps_slot;
+    if (s->subs == NULL) {
+        s->subs = sub_sets_new();
+    }
+    subs_track(&s->subs->channels, &s->subs->patterns, &s->subs->shards, cmd->name, req);
+    return 0;
+}
+
+upstream *router_pubsub_view(session *s)
+{
+    ferry *f = s->f;
+    if (f->cluster == NULL) {
+        return f->up;
+    }
+    upstream *up = clustermap_route(f->cluster, s->ps_homed ? s->ps_slot : -1);
+    return up != NULL ? up : f->up;
+}
+
+int router_pubsub_elsewhere(session *s, const request *r)
+{
+    if (s->f->cluster == NULL || s->dlink == NULL || r->slot < 0) {
+        return 0;
+    }
+    return clustermap_route(s->f->cluster, r->slot) != s->dlink->up;
+}
