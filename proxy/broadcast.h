@@ -4,7 +4,9 @@
  * folds their replies here into the one the client gets: the first master's
  * reply when every master accepted it, the first error otherwise (the
  * masters after it are not asked), and for SCRIPT EXISTS a 1 only where
- * every master has the script. No I/O: replies are pushed in. */
+ * every master has the script. PUBSUB's answers are the cluster's: a node
+ * knows only its own subscribers, so channel lists are merged and counts
+ * summed over every master. No I/O: replies are pushed in. */
 #ifndef FERRY_BROADCAST_H
 #define FERRY_BROADCAST_H
 
@@ -18,7 +20,10 @@
 typedef enum broadcast_kind {
     BCAST_NONE = 0, /* not a broadcast */
     BCAST_FIRST,    /* the first master's reply, or the first error */
-    BCAST_AND       /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
+    BCAST_AND,      /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
+    BCAST_UNION,    /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
+    BCAST_SUM_PAIRS, /* PUBSUB NUMSUB, SHARDNUMSUB: name, count pairs, counts summed */
+    BCAST_SUM       /* PUBSUB NUMPAT: an integer, summed */
 } broadcast_kind;
 
 typedef struct broadcast {
