@@ -271,6 +271,7 @@ static void do_reset(session *s, request *r)
     sub_sets_free(s->subs);
     s->subs = NULL;
     s->ps_homed = 0;
+    s->ps_left = NULL;
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
@@ -370,10 +371,12 @@ static link *router_lend(session *s, upstream *up)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s, router_pubsub_view(s));
+    upstream *up = router_pubsub_view(s);
+    link *l = up != NULL ? router_lend(s, up) : NULL;
     if (l == NULL) {
         return 0;
     }
+    s->ps_left = NULL;
     buf b;
     buf_init(&b);
     if (s->subs == NULL) {
@@ -824,7 +827,8 @@ static void router_maybe_return(session *s)
 static void answer_down_lead(session *s)
 {
     list_node *n = s->cursor;
-    if (s->tx != TX_NONE || !upstream_down(router_pubsub_view(s))) {
+    const upstream *v = router_pubsub_view(s); /* NULL: waiting for the map */
+    if (s->tx != TX_NONE || (v != NULL && !upstream_down(v))) {
         return;
     }
     while (n != &s->requests) {
@@ -1246,6 +1250,20 @@ static void tracking_flush(session *s, const char *why)
     s->f->session_ops->on_push(s, flush, sizeof(flush) - 1);
     log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
              why);
+}
+
+int router_on_tunnel(session *s, const char *p, size_t n)
+{
+    if (s->dlink == NULL || s->tunnel != TUN_PUBSUB || !router_pubsub_dropped(s, p, n)) {
+        return 0;
+    }
+    /* Cluster mode: a node dropped the client's shard channels (their slot
+     * moved): subscribed again on the slot's new master once the map names
+     * it. */
+    s->ps_left = s->dlink->up;
+    clustermap_refresh(s->f->cluster, "a node dropped a shard channel (its slot moved)");
+    link_close(s->dlink, "its shard channels' slot moved to another master");
+    return 1;
 }
 
 void router_on_link_closed(session *s, link *l, const char *reason)

@@ -84,7 +84,55 @@ upstream *router_pubsub_view(session *s)
         return f->up;
     }
     upstream *up = clustermap_route(f->cluster, s->ps_homed ? s->ps_slot : -1);
+    if (up != NULL && up == s->ps_left) {
+        return NULL; /* it dropped the slot: wait for the map to name the new owner */
+    }
     return up != NULL ? up : f->up;
+}
+
+/* "$<len>\r\n<name>\r\n" at p (n bytes): the name in *name, *len. */
+static int read_bulk(const char *p, size_t n, const char **name, size_t *len)
+{
+    size_t v = 0, i = 1;
+    if (n < 4 || p[0] != '$') {
+        return 0;
+    }
+    while (i < n && p[i] >= '0' && p[i] <= '9' && v < ((size_t)1 << 32)) {
+        v = v * 10 + (size_t)(p[i] - '0');
+        i++;
+    }
+    if (i == 1 || n - i < 2 || p[i] != '\r' || p[i + 1] != '\n' || n - i - 2 < v + 2) {
+        return 0;
+    }
+    *name = p + i + 2;
+    *len = v;
+    return 1;
+}
+
+int router_pubsub_dropped(session *s, const char *p, size_t n)
+{
+    static const char head2[] = "*3\r\n$12\r\nsunsubscribe\r\n";
+    static const char head3[] = ">3\r\n$12\r\nsunsubscribe\r\n";
+    size_t h = sizeof(head2) - 1;
+    const char *name;
+    size_t len;
+    if (s->f->cluster == NULL || s->subs == NULL || s->subs->shards.n == 0 || n <= h ||
+        (memcmp(p, head2, h) != 0 && memcmp(p, head3, h) != 0) ||
+        !read_bulk(p + h, n - h, &name, &len) || !subs_has(&s->subs->shards, name, len)) {
+        return 0; /* not a shard channel it is still subscribed to */
+    }
+    int slot = slot_of_key(name, len);
+    const sub_set *set = &s->subs->shards;
+    for (size_t i = 0; i < set->n; i++) {
+        if (slot_of_key(set->v[i], set->l[i]) != slot) {
+            /* Its other channels stay where they are: this one ends, as
+             * the node says. */
+            subs_del(&s->subs->shards, name, len);
+            return 0;
+        }
+    }
+    s->ps_slot = slot;
+    return 1;
 }
 
 int router_pubsub_elsewhere(session *s, const request *r)
