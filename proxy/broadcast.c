@@ -19,7 +19,8 @@ broadcast_kind broadcast_kind_of(const command *cmd)
     if (strcmp(cmd->name, "script|exists") == 0) {
         return BCAST_AND;
     }
-    if (strcmp(cmd->name, "pubsub|channels") == 0 || strcmp(cmd->name, "pubsub|shardchannels") == 0) {
+    if (strcmp(cmd->name, "pubsub|channels") == 0 ||
+        strcmp(cmd->name, "pubsub|shardchannels") == 0) {
         return BCAST_UNION;
     }
     if (strcmp(cmd->name, "pubsub|numsub") == 0 || strcmp(cmd->name, "pubsub|shardnumsub") == 0) {

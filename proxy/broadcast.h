@@ -18,12 +18,12 @@
 
 /* How the masters' replies make the client's. */
 typedef enum broadcast_kind {
-    BCAST_NONE = 0, /* not a broadcast */
-    BCAST_FIRST,    /* the first master's reply, or the first error */
-    BCAST_AND,      /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
-    BCAST_UNION,    /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
+    BCAST_NONE = 0,  /* not a broadcast */
+    BCAST_FIRST,     /* the first master's reply, or the first error */
+    BCAST_AND,       /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
+    BCAST_UNION,     /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
     BCAST_SUM_PAIRS, /* PUBSUB NUMSUB, SHARDNUMSUB: name, count pairs, counts summed */
-    BCAST_SUM       /* PUBSUB NUMPAT: an integer, summed */
+    BCAST_SUM        /* PUBSUB NUMPAT: an integer, summed */
 } broadcast_kind;
 
 typedef struct broadcast {

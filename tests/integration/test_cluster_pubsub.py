@@ -23,7 +23,7 @@ one cluster and one ferry for the class:
   6. kill -9 of the master of a shard channel's slot: the subscription comes
      back on the promoted replica; SPUBLISH after it arrives.
 
-Run:  python3 -m unittest test_cluster_pubsub -v        (about 40 s)
+Run:  python3 -m unittest test_cluster_pubsub -v        (about 20 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """

@@ -182,19 +182,19 @@ static void test_pubsub_nonsense(void **state)
         broadcast_kind kind;
         const char *first, *bad;
     } cases[] = {
-        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n:1\r\n"},            /* not a name */
-        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$5\r\nab\r\n"},      /* bulk past the end */
-        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\nab\r\n"},      /* bulk longer */
-        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*2\r\n$1\r\na\r\n"},       /* short */
-        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "+OK\r\n"},                 /* not an array */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n:1\r\n"},       /* not a name */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$5\r\nab\r\n"}, /* bulk past the end */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\nab\r\n"}, /* bulk longer */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*2\r\n$1\r\na\r\n"},  /* short */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "+OK\r\n"},            /* not an array */
         {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*2\r\n$1\r\nb\r\n:1\r\n"}, /* other name */
         {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*2\r\n$1\r\na\r\n$1\r\n1\r\n"},
-        {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*0\r\n"},        /* other length */
-        {BCAST_SUM_PAIRS, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\na\r\n"},   /* odd */
-        {BCAST_SUM, ":1\r\n", "$1\r\n1\r\n"},                           /* not an integer */
-        {BCAST_SUM, ":1\r\n", ":-1\r\n"},                              /* negative */
-        {BCAST_SUM, ":1\r\n", ":1"},                                   /* cut */
-        {BCAST_SUM, "+x\r\n", ":1\r\n"},                               /* first not one */
+        {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*0\r\n"},      /* other length */
+        {BCAST_SUM_PAIRS, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\na\r\n"}, /* odd */
+        {BCAST_SUM, ":1\r\n", "$1\r\n1\r\n"},                        /* not an integer */
+        {BCAST_SUM, ":1\r\n", ":-1\r\n"},                            /* negative */
+        {BCAST_SUM, ":1\r\n", ":1"},                                 /* cut */
+        {BCAST_SUM, "+x\r\n", ":1\r\n"},                             /* first not one */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         broadcast *b = broadcast_new(cases[i].kind);
