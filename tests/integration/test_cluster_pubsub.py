@@ -16,10 +16,11 @@ one cluster and one ferry for the class:
   4b. A reshard moves a shard channel's slot: the node drops the channel
      (its sunsubscribe never reaches the client), ferry subscribes it again
      on the slot's new master, and SPUBLISH after the move arrives.
-  5. kill -9 of the master the subscription is on, a publisher through ferry
-     numbering its messages: the subscriber is subscribed again on another
-     master; what was published while it had no subscription is counted
-     (printed) and every message after it arrives.
+  5. kill -9 of the master the subscription is on (a RESP2 and a RESP3
+     subscriber), a publisher through ferry numbering its messages: the
+     subscribers are subscribed again on another master; what was published
+     while they had no subscription is counted (printed), one window, and
+     every message after it arrives, in order.
   6. kill -9 of the master of a shard channel's slot: the subscription comes
      back on the promoted replica; SPUBLISH after it arrives.
 
@@ -230,40 +231,52 @@ class ClusterPubSubTest(unittest.TestCase):
         first = min(view['slots'])   # the slot a reshard of 1 slot moves
         ch = next(c for c in ('mv:%d' % i for i in range(200000)) if slot_of(c) == first)
         self.assertEqual(self.cluster.keyslot(ch), first)
-        sub = self.raw()
-        resp_send(sub, ['SSUBSCRIBE', ch])
-        self.assertEqual(read(sub), ['ssubscribe', ch, 1])
+        sub, sub3 = self.raw(), self.raw()
+        resp_send(sub3, ['HELLO', '3'])
+        self.assertEqual(read(sub3)['proto'], 3)
+        for x in (sub, sub3):
+            resp_send(x, ['SSUBSCRIBE', ch])
+            self.assertEqual(read(x), ['ssubscribe', ch, 1])
         pub = self.ferry.client(socket_timeout=10)
         self.addCleanup(pub.close)
-        self.assertEqual(pub.execute_command('SPUBLISH', ch, 'before'), 1)
-        self.assertEqual(read(sub), ['smessage', ch, 'before'])
+        self.assertEqual(pub.execute_command('SPUBLISH', ch, 'before'), 2)
+        for x in (sub, sub3):
+            self.assertEqual(read(x), ['smessage', ch, 'before'])
         self.cluster.reshard(src, dst, 1)
         self.assertEqual(self.cluster.master_of(first), dst)
         # subscribed again on the new master: a SPUBLISH there reaches it
-        wait_until(lambda: pub.execute_command('SPUBLISH', ch, 'probe') == 1, timeout=10,
+        wait_until(lambda: pub.execute_command('SPUBLISH', ch, 'probe') == 2, timeout=10,
                    interval=0.1, msg='the shard channel subscribed on its new master')
         self.assertEqual(self.home_of(ch, True), dst)
-        self.assertEqual(pub.execute_command('SPUBLISH', ch, 'after'), 1)
-        got = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not got or got[-1] != ['smessage', ch, 'after']):
-            got.append(read(sub))
-        # only messages: the node's sunsubscribe and ferry's own ssubscribe
-        # never reach the client
-        self.assertTrue(all(m[0] == 'smessage' for m in got), got)
-        self.assertEqual(got[-1], ['smessage', ch, 'after'])
-        resp_send(sub, ['SUNSUBSCRIBE', ch])
-        self.assertEqual(read(sub), ['sunsubscribe', ch, 0])
+        self.assertEqual(pub.execute_command('SPUBLISH', ch, 'after'), 2)
+        for x in (sub, sub3):
+            got = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (not got or got[-1] != ['smessage', ch, 'after']):
+                got.append(read(x))
+            # only messages: the node's sunsubscribe and ferry's own
+            # ssubscribe never reach the client
+            self.assertTrue(all(m[0] == 'smessage' for m in got), got)
+            self.assertEqual(got[-1], ['smessage', ch, 'after'])
+            resp_send(x, ['SUNSUBSCRIBE', ch])
+            self.assertEqual(read(x), ['sunsubscribe', ch, 0])
 
     def count_lost_around_a_kill(self, channel, publish, subscribe, sharded):
-        """Subscribe (one raw connection) to channel through ferry, publish
-        numbered messages through ferry every 10 ms, kill -9 the master the
-        subscription is on; returns (published, received, first number
-        received again after the kill). Every message once received again
-        must arrive, in order."""
-        sub = self.raw()
-        resp_send(sub, subscribe)
-        self.assertEqual(read(sub)[0], subscribe[0].lower())
+        """Subscribe to channel through ferry (a RESP2 and a RESP3
+        connection), publish numbered messages through ferry every 10 ms,
+        kill -9 the master the subscriptions are on. Each subscriber gets
+        the messages in order, once each; what it lost is one window around
+        the kill, and every message published once the subscriptions were
+        back arrived. Prints the counts."""
+        subs = []
+        for proto in (2, 3):
+            sub = self.raw()
+            if proto == 3:
+                resp_send(sub, ['HELLO', '3'])
+                self.assertEqual(read(sub)['proto'], 3)
+            resp_send(sub, subscribe)
+            self.assertEqual(read(sub)[0], subscribe[0].lower())
+            subs.append((proto, sub))
         home = wait_until(lambda: self.home_of(channel, sharded), timeout=5,
                           msg='the subscription on a master')
         stop = threading.Event()
@@ -301,26 +314,22 @@ class ClusterPubSubTest(unittest.TestCase):
             stop.set()
             t.join(timeout=HOLD_MS / 1000 + 20)
         self.assertEqual(errors, [])
-        received = []
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (not received or received[-1] != published[-1]):
-            m = read(sub, 10)
-            self.assertEqual(m[0], 'smessage' if sharded else 'message', m)
-            received.append(int(m[-1]))
-        self.assertEqual(received[-1], published[-1])
-        self.assertEqual(received, sorted(set(received)), 'in order, once each')
-        lost = sorted(set(published) - set(received))
-        print('\n%s: %d published, %d received, %d lost (%s); subscribed again %.2f s after '
-              'the kill' % (subscribe[0], len(published), len(received), len(lost),
-                            lost[:3] + (['...'] if len(lost) > 3 else []) + lost[-3:],
-                            t_back - t_kill))
-        # what was lost is one window around the kill: every message
-        # published once the subscription was back arrived
-        if lost:
-            self.assertTrue(all(n > lost[-1] for n in received[received.index(
-                min(n for n in received if n > lost[-1])):]))
-        self.assertTrue(set(published[mark:]) <= set(received))
-        return published, received
+        for proto, sub in subs:
+            received = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (not received or received[-1] != published[-1]):
+                m = read(sub, 10)
+                self.assertEqual(m[0], 'smessage' if sharded else 'message', m)
+                received.append(int(m[-1]))
+            self.assertEqual(received[-1], published[-1])
+            self.assertEqual(received, sorted(set(received)), 'in order, once each')
+            lost = sorted(set(published) - set(received))
+            print('\n%s (RESP%d): %d published, %d received, %d lost %s; subscribed again '
+                  '%.2f s after the kill' % (subscribe[0], proto, len(published), len(received),
+                                             len(lost), lost, t_back - t_kill))
+            # one window around the kill
+            self.assertEqual(lost, list(range(lost[0], lost[-1] + 1)) if lost else [])
+            self.assertTrue(set(published[mark:]) <= set(received))
 
     def test_5_kill_the_subscribers_master(self):
         self.cluster.wait_consistent()
