@@ -47,6 +47,11 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
         }
     }
     int ssub = strcmp(cmd->name, "ssubscribe") == 0;
+    if (ssub && req->argc < 2) {
+        /* Redis' own answer, from here: it must not choose the master. */
+        router_refuse(r, "-ERR wrong number of arguments for 'ssubscribe' command\r\n");
+        return 1;
+    }
     if (!s->ps_homed) {
         s->ps_homed = 1;
         s->ps_slot = ssub ? slot : -1;

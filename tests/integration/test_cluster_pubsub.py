@@ -175,6 +175,20 @@ class ClusterPubSubTest(unittest.TestCase):
         self.assertIsInstance(got, RespError)
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got), str(want.exception))
+        # no channel: the node's arity error, and the connection chose no
+        # master: it may still subscribe to any shard's channel
+        with self.assertRaises(redis.ResponseError) as want:
+            node.execute_command('SSUBSCRIBE')
+        s4 = self.raw()
+        resp_send(s4, ['SSUBSCRIBE'])
+        got = read(s4)
+        self.assertIsInstance(got, RespError)
+        self.assertEqual(str(got), 'ERR ' + str(want.exception))   # redis-py drops 'ERR '
+        resp_send(s4, ['SSUBSCRIBE', b])
+        self.assertEqual(read(s4), ['ssubscribe', b, 1])
+        self.assertEqual(pub.execute_command('SPUBLISH', b, 'to-s4'), 2)
+        self.assertEqual(read(s4), ['smessage', b, 'to-s4'])
+        self.assertEqual(read(sb), ['smessage', b, 'to-s4'])
         # a connection's shard channels live on one shard
         resp_send(sa, ['SSUBSCRIBE', b])
         got = read(sa)
