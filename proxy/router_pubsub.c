@@ -17,6 +17,14 @@
 #include "slot.h"
 #include "upstream.h"
 
+/* r is answered line (composed here, as router_classify.c does). */
+static void refuse(request *r, const char *line)
+{
+    buf_clear(&r->reply);
+    buf_append(&r->reply, line, strlen(line));
+    r->route = RT_ERROR;
+}
+
 static int same_shard(clustermap *cm, int a, int b)
 {
     if (a == b) {
@@ -39,7 +47,7 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
         for (size_t i = 1; i < req->argc; i++) {
             int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
             if (slot >= 0 && ks != slot) {
-                router_refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+                refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
                 clustermap_count_crossslot(f->cluster);
                 return 1;
             }
@@ -49,7 +57,7 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
     int ssub = strcmp(cmd->name, "ssubscribe") == 0;
     if (ssub && req->argc < 2) {
         /* Redis' own answer, from here: it must not choose the master. */
-        router_refuse(r, "-ERR wrong number of arguments for 'ssubscribe' command\r\n");
+        refuse(r, "-ERR wrong number of arguments for 'ssubscribe' command\r\n");
         return 1;
     }
     if (!s->ps_homed) {
@@ -70,7 +78,7 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
                      "connection of their own\r\n",
                      s->ps_slot, slot);
         }
-        router_refuse(r, line);
+        refuse(r, line);
         f->stats.commands_denied++;
         return 1;
     }
