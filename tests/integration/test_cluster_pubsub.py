@@ -16,6 +16,9 @@ one cluster and one ferry for the class:
   4b. A reshard moves a shard channel's slot: the node drops the channel
      (its sunsubscribe never reaches the client), ferry subscribes it again
      on the slot's new master, and SPUBLISH after the move arrives.
+  4c. durability.replicas_ack: a late WAIT has each shard's master send its
+     replicas a few bytes with ferry's own SPUBLISH, on a channel of a slot
+     that master serves (a node answers MOVED for another slot's channel).
   5. kill -9 of the master the subscription is on (a RESP2 and a RESP3
      subscriber), a publisher through ferry numbering its messages: the
      subscribers are subscribed again on another master; what was published
@@ -28,9 +31,11 @@ Run:  python3 -m unittest test_cluster_pubsub -v        (about 20 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
+import json
 import threading
 import time
 import unittest
+import urllib.request
 
 import redis
 
@@ -274,6 +279,44 @@ class ClusterPubSubTest(unittest.TestCase):
             self.assertEqual(got[-1], ['smessage', ch, 'after'])
             resp_send(x, ['SUNSUBSCRIBE', ch])
             self.assertEqual(read(x), ['sunsubscribe', ch, 0])
+
+    def test_4c_replicas_ack_nudge_on_each_shard(self):
+        self.cluster.wait_consistent()
+        conf = {'workers': 1,
+                'cluster': {'nodes': [self.cluster.seeds()[0]],
+                            'refresh_interval_ms': REFRESH_MS, 'timeout_ms': 1000},
+                'upstream': {'hold_timeout_ms': HOLD_MS},
+                'durability': {'replicas_ack': 1}}
+        f = Ferry(None, wait='port', conf=conf)
+        self.addCleanup(f.stop)
+        c = f.client(socket_timeout=30)
+        self.addCleanup(c.close)
+
+        def nudges():
+            url = 'http://127.0.0.1:%d/stats' % f.stats_port
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())['durability']['wait_nudges']
+
+        for m in self.cluster.masters():
+            k = next(k for k in ('nudge:%d' % i for i in range(10000))
+                     if self.cluster.master_of(self.cluster.keyslot(k)) == m)
+            wait_until(lambda: c.set(k, 'first'), timeout=20, interval=0.1,
+                       msg='ferry serving %s' % k)
+            before = nudges()
+            replica = self.cluster.node_by_port(self.cluster.replicas_of(m)[0])
+            replica.sigstop()   # its acknowledgements wait: the WAIT is late
+            done = []
+            t = threading.Thread(target=lambda: done.append(c.set(k, 'second')))
+            try:
+                t.start()
+                wait_until(lambda: nudges() > before, timeout=10, msg='a nudge of %d' % m)
+            finally:
+                replica.sigcont()
+                t.join(timeout=30)
+            self.assertEqual(done, [True])
+        # every master took ferry's SPUBLISH (none answered MOVED)
+        self.assertEqual([line for line in f.log().splitlines()
+                          if "refused SPUBLISH to ferry's nudge channel" in line], [])
 
     def count_lost_around_a_kill(self, channel, publish, subscribe, sharded):
         """Subscribe to channel through ferry (a RESP2 and a RESP3
