@@ -272,6 +272,7 @@ static void do_reset(session *s, request *r)
     s->subs = NULL;
     s->ps_homed = 0;
     s->ps_left = NULL;
+    s->ps_sunsub_owed = 0;
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
@@ -377,6 +378,7 @@ static int router_resubscribe(session *s)
         return 0;
     }
     s->ps_left = NULL;
+    s->ps_sunsub_owed = 0; /* a new link owes no reply */
     buf b;
     buf_init(&b);
     if (s->subs == NULL) {

@@ -86,6 +86,12 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
     if (s->subs == NULL) {
         s->subs = sub_sets_new();
     }
+    if (strcmp(cmd->name, "sunsubscribe") == 0) {
+        /* Redis answers one sunsubscribe per channel named, or per shard
+         * channel the client has (one with no channel if none). */
+        size_t all = s->subs->shards.n > 0 ? s->subs->shards.n : 1;
+        s->ps_sunsub_owed += req->argc > 1 ? req->argc - 1 : all;
+    }
     subs_track(&s->subs->channels, &s->subs->patterns, &s->subs->shards, cmd->name, req);
     return 0;
 }
@@ -129,9 +135,15 @@ int router_pubsub_dropped(session *s, const char *p, size_t n)
     size_t h = sizeof(head2) - 1;
     const char *name;
     size_t len;
-    if (s->f->cluster == NULL || s->subs == NULL || s->subs->shards.n == 0 || n <= h ||
-        (memcmp(p, head2, h) != 0 && memcmp(p, head3, h) != 0) ||
-        !read_bulk(p + h, n - h, &name, &len) || !subs_has(&s->subs->shards, name, len)) {
+    if (s->f->cluster == NULL || n <= h || (memcmp(p, head2, h) != 0 && memcmp(p, head3, h) != 0)) {
+        return 0;
+    }
+    if (s->ps_sunsub_owed > 0) {
+        s->ps_sunsub_owed--; /* the reply to the client's own SUNSUBSCRIBE */
+        return 0;
+    }
+    if (s->subs == NULL || !read_bulk(p + h, n - h, &name, &len) ||
+        !subs_has(&s->subs->shards, name, len)) {
         return 0; /* not a shard channel it is still subscribed to */
     }
     int slot = slot_of_key(name, len);

@@ -202,6 +202,16 @@ class ClusterPubSubTest(unittest.TestCase):
         # and that connection still serves its own channel
         self.assertEqual(pub.execute_command('SPUBLISH', a, 'again'), 1)
         self.assertEqual(read(sa), ['smessage', a, 'again'])
+        # the client's own SUNSUBSCRIBE, pipelined with a SSUBSCRIBE of the
+        # same channel, is answered as by a node (ferry tells it from a node
+        # dropping the channel)
+        sa.sendall(b'*2\r\n$12\r\nSUNSUBSCRIBE\r\n$%d\r\n%s\r\n'
+                   b'*2\r\n$10\r\nSSUBSCRIBE\r\n$%d\r\n%s\r\n'
+                   % (len(a), a.encode(), len(a), a.encode()))
+        self.assertEqual(read(sa), ['sunsubscribe', a, 0])
+        self.assertEqual(read(sa), ['ssubscribe', a, 1])
+        self.assertEqual(pub.execute_command('SPUBLISH', a, 'still'), 1)
+        self.assertEqual(read(sa), ['smessage', a, 'still'])
         resp_send(sa, ['SUNSUBSCRIBE', a])
         self.assertEqual(read(sa), ['sunsubscribe', a, 0])
 
