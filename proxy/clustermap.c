@@ -266,6 +266,26 @@ static void node_name(const slotmap_node *n, char *out, size_t len)
     snprintf(out, len, strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
 }
 
+/* The channel of ferry's replicas_ack nudge (fence.c) on up, a master
+ * serving slot: "__ferry:nudge{N}", the first N whose slot that is (a node
+ * answers MOVED to a shard channel of another node's slot). */
+static void nudge_channel_set(upstream *up, int slot)
+{
+    char name[sizeof(up->nudge_channel)];
+    if (up->nudge_channel[0] != '\0' && up->nudge_slot == slot) {
+        return;
+    }
+    for (unsigned n = 0; n < (1u << 22); n++) {
+        int len = snprintf(name, sizeof(name), "__ferry:nudge{%u}", n);
+        if (slot_of_key(name, (size_t)len) == slot) {
+            memcpy(up->nudge_channel, name, (size_t)len + 1);
+            up->nudge_slot = slot;
+            up->nudge_by_wait = 0; /* refused (MOVED) on another channel: try this one */
+            return;
+        }
+    }
+}
+
 static void on_map(void *data, const slotmap *m, int moved)
 {
     clustermap *cm = data;
@@ -315,8 +335,20 @@ static void on_map(void *data, const slotmap *m, int moved)
                  sh->master.host, sh->master.port, sh->nslots, (unsigned long long)sh->epoch);
         upstream_set_master(claim[i], sh->master.host, sh->master.port, why);
     }
+    int first[SLOTMAP_MAX_SHARDS];
+    for (int i = 0; i < m->nshards; i++) {
+        first[i] = -1;
+    }
     for (int s = 0; s < CLUSTER_SLOTS; s++) {
         cm->slot_up[s] = m->owner[s] >= 0 ? claim[m->owner[s]] : NULL;
+        if (m->owner[s] >= 0 && first[m->owner[s]] < 0) {
+            first[m->owner[s]] = s;
+        }
+    }
+    for (int i = 0; i < m->nshards; i++) {
+        if (claim[i] != NULL && first[i] >= 0) {
+            nudge_channel_set(claim[i], first[i]);
+        }
     }
     memcpy(cm->by_shard, claim, sizeof(claim[0]) * (size_t)m->nshards);
     cm->nshards = m->nshards;

@@ -42,6 +42,7 @@
 #include "log.h"
 #include "outage.h"
 #include "router_int.h"
+#include "router_pubsub.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
@@ -270,6 +271,9 @@ static void do_reset(session *s, request *r)
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
+    s->ps_homed = 0;
+    s->ps_left = NULL;
+    s->ps_sunsub_owed = 0;
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
@@ -369,10 +373,13 @@ static link *router_lend(session *s, upstream *up)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s, s->f->up);
+    upstream *up = router_pubsub_view(s);
+    link *l = up != NULL ? router_lend(s, up) : NULL;
     if (l == NULL) {
         return 0;
     }
+    s->ps_left = NULL;
+    s->ps_sunsub_owed = 0; /* a new link owes no reply */
     buf b;
     buf_init(&b);
     if (s->subs == NULL) {
@@ -470,7 +477,11 @@ static int verdict_store_serves(session *s)
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    if (r->bc != NULL && s->tx != TX_NONE) {
+    /* Cluster mode, a subscribed client: its link is on one master, where
+     * what it sends goes (router_pubsub.c). */
+    int subscribed = f->cluster != NULL && s->dlink != NULL &&
+                     (s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
+    if (r->bc != NULL && (s->tx != TX_NONE || subscribed)) {
         /* Inside a transaction it runs where the transaction does. */
         broadcast_free(r->bc);
         r->bc = NULL;
@@ -482,6 +493,16 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
+    if (subscribed && s->proto == 3 && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
+        f->session_ops->answer_str(s, r,
+                                   "-ERR ferry: cluster mode: a subscribed RESP3 connection runs "
+                                   "commands on the master its subscriptions live on; keys of "
+                                   "another shard on another connection\r\n");
+        return DISPATCH_DONE;
+    }
+    if (subscribed) {
+        up = s->dlink->up;
+    }
     if (r->bc != NULL) {
         r->bc->at = up;
     }
@@ -816,7 +837,8 @@ static void router_maybe_return(session *s)
 static void answer_down_lead(session *s)
 {
     list_node *n = s->cursor;
-    if (s->tx != TX_NONE || !upstream_down(s->f->up)) {
+    const upstream *v = router_pubsub_view(s); /* NULL: waiting for the map */
+    if (s->tx != TX_NONE || (v != NULL && !upstream_down(v))) {
         return;
     }
     while (n != &s->requests) {
@@ -1249,6 +1271,20 @@ static void tracking_flush(session *s, const char *why)
     s->f->session_ops->on_push(s, flush, sizeof(flush) - 1);
     log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
              why);
+}
+
+int router_on_tunnel(session *s, const char *p, size_t n)
+{
+    if (s->dlink == NULL || s->tunnel != TUN_PUBSUB || !router_pubsub_dropped(s, p, n)) {
+        return 0;
+    }
+    /* Cluster mode: a node dropped the client's shard channels (their slot
+     * moved): subscribed again on the slot's new master once the map names
+     * it. */
+    s->ps_left = s->dlink->up;
+    clustermap_refresh(s->f->cluster, "a node dropped a shard channel (its slot moved)");
+    link_close(s->dlink, "its shard channels' slot moved to another master");
+    return 1;
 }
 
 void router_on_link_closed(session *s, link *l, const char *reason)

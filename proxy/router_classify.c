@@ -18,6 +18,7 @@
 #include "queues.h"
 #include "router.h"
 #include "router_int.h"
+#include "router_pubsub.h"
 #include "slot.h"
 
 static int arg_eq(const resp_arg *a, const char *lit)
@@ -259,6 +260,9 @@ static int classify_route(session *s, request *r, const resp_request *req)
         return 0;
     case CMD_PUBSUB:
         r->route = RT_TUNNEL;
+        if (f->cluster != NULL) {
+            return 0; /* tracked once its slot is known (router_pubsub.c) */
+        }
         if (s->subs == NULL) {
             s->subs = sub_sets_new();
         }
@@ -387,12 +391,16 @@ static int script_slot(const resp_request *req)
  * whose keys share a slot go to that slot's master; keyless ones to any
  * master. What this step cannot route yet is refused with ferry's words;
  * keys in two slots get a node's own CROSSSLOT. Returns 1 when refused. */
-static int classify_slot(ferry *f, request *r, const resp_request *req)
+static int classify_slot(session *s, request *r, const resp_request *req)
 {
+    ferry *f = s->f;
     const command *cmd = r->cmd;
     char name[64];
     if (cmd == NULL) {
         return 0; /* any master answers it as unknown */
+    }
+    if (r->route == RT_TUNNEL && cmd->cls == CMD_PUBSUB) {
+        return router_pubsub_classify(s, r, req);
     }
     display_name(cmd, name, sizeof(name));
     if (r->route == RT_SCRIPT) {
@@ -464,7 +472,7 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
         later = r->arg != CL_ID && r->arg != CL_INFO;
         break;
     default:
-        later = 1; /* blocking calls, scripts, transactions, pub/sub, connection state */
+        later = 1; /* transactions, MONITOR, connection state */
         break;
     }
     if (!later && cmd->first_key == 0 && (cmd->flags & CMD_F_WRITE)) {
@@ -509,5 +517,5 @@ int router_classify(session *s, request *r, const resp_request *req)
     if (rc != 0 || s->f->cluster == NULL) {
         return rc;
     }
-    return classify_slot(s->f, r, req);
+    return classify_slot(s, r, req);
 }

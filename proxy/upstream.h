@@ -97,6 +97,9 @@ typedef struct upstream {
     int nudge_state;         /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
     int nudge_pending;       /* a nudge in flight on the probe link */
     int nudge_by_wait;       /* Redis refused SPUBLISH: nudge with WAIT */
+    char nudge_channel[40];  /* cluster mode: the nudge's channel, of a slot this master
+                                serves (clustermap.c); "" = __ferry:nudge */
+    int nudge_slot;          /* that slot, when nudge_channel is set */
     int fence_valid;         /* no promotion seen since the switch began: a
                                 replica's WAIT ack on the old master still counts */
     char replid[41];         /* the master's replication id (INFO replication), "" unknown */
