@@ -41,6 +41,7 @@
 #include "log.h"
 #include "outage.h"
 #include "router_int.h"
+#include "split.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
@@ -466,9 +467,32 @@ static int verdict_store_serves(session *s)
     return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(s->f->up);
 }
 
+/* A split request's part to send now (split.h): its bytes in r->data (the
+ * client's memory counts the change) and its slot in r->slot. A node
+ * refuses keys of two slots inside a transaction: so does ferry. */
+static void split_prepare(session *s, request *r)
+{
+    if (s->tx != TX_NONE) {
+        split_free(r->sp);
+        r->sp = NULL;
+        router_refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+        clustermap_count_crossslot(s->f->cluster);
+        return;
+    }
+    if (r->sp->built != (int)r->sp->next) {
+        size_t before = buf_used(&r->data);
+        split_encode(r->sp, &r->data);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+    }
+    r->slot = split_slot(r->sp);
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
+    if (r->sp != NULL) {
+        split_prepare(s, r);
+    }
     if (r->bc != NULL && s->tx != TX_NONE) {
         /* Inside a transaction it runs where the transaction does. */
         broadcast_free(r->bc);
@@ -509,6 +533,19 @@ static int dispatch_one(session *s, request *r)
                 }
                 buf tmp = r->reply;
                 buf_init(&r->reply);
+                if (r->sp != NULL && split_fold(r->sp, buf_head(&tmp), buf_used(&tmp))) {
+                    /* A split's part it has: on with the next part. */
+                    buf_free(&tmp);
+                    r->retries = 0;
+                    r->refusals = 0;
+                    r->flags &= ~REQ_F_REFUSED;
+                    return dispatch_one(s, r);
+                }
+                if (r->sp != NULL) {
+                    buf_free(&tmp);
+                    tmp = r->sp->reply;
+                    buf_init(&r->sp->reply);
+                }
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
                 buf_free(&tmp);
                 return DISPATCH_DONE;
@@ -786,6 +823,11 @@ static int dispatch_one(session *s, request *r)
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
     s->flight_link = target;
+    if (r->sp != NULL && r->sp->next + 1 < r->sp->nparts) {
+        /* What the client sent after a split goes once its last part is
+         * sent: a GET behind an MSET sees what the MSET wrote. */
+        return DISPATCH_WAIT;
+    }
     return DISPATCH_DONE;
 }
 
@@ -923,6 +965,27 @@ static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
     return 1;
 }
 
+/* A split request's part answered (p, n): folded in. Returns 1 when r goes
+ * on with its next part (sent at once when nothing else is in flight). */
+static int split_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    int more = split_fold(r->sp, p, n);
+    buf_clear(&r->reply); /* a reply that waited for a WAIT is folded in */
+    if (!more) {
+        return 0;
+    }
+    /* To another slot's master: its hold, refusals and retries start again. */
+    r->retries = 0;
+    r->refusals = 0;
+    r->flags &= ~REQ_F_REFUSED;
+    note_flight_done(s);
+    requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s);
+    }
+    return 1;
+}
+
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
@@ -941,6 +1004,13 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
         p = buf_head(&r->bc->reply);
         n = buf_used(&r->bc->reply);
+    }
+    if (r->sp != NULL) {
+        if (split_on_reply(s, r, p, n)) {
+            return;
+        }
+        p = buf_head(&r->sp->reply);
+        n = buf_used(&r->sp->reply);
     }
     stats_observe_reply(&s->f->stats, r->born_ns, r->sent_ns, uv_hrtime(), n > 0 && p[0] == '-');
     note_flight_done(s);
