@@ -15,7 +15,8 @@ acknowledged is on a replica of its shard):
      MSETNX, RPOPLPUSH; MSET with a key lacking its value gets the node's
      arity error.
   4. Pipelined behind a split MSET, a GET of one of its keys sees what the
-     MSET wrote; the replies keep their order.
+     MSET wrote (even one on the master of its first part, whose own part
+     comes last); the replies keep their order.
   z. kill -9 of one master while clients loop MSET / MGET / EXISTS / DEL
      over keys of every shard: 0 errors, every MGET the values written.
 
@@ -215,23 +216,36 @@ class ClusterSplitTest(unittest.TestCase):
             c.close()
 
     def test_4_pipelined_behind_a_split(self):
+        """An MSET whose parts go to master A (slot lo), then B, then A again
+        (slot hi), pipelined with a GET of hi and an MGET: the GET waits for
+        the MSET's last part (sent on A's link as soon as the first part
+        was, it would read the value before)."""
         self.cluster.wait_consistent()
-        keys = spread_keys(self.cluster, 'sp4', per_master=1)
+        masters = self.cluster.masters()
+        by = {}
+        for i in range(3000):
+            k = 'sp4:%d' % i
+            by.setdefault(self.owner(k), []).append((self.cluster.keyslot(k), k))
+        a = sorted(by[masters[0]])
+        lo, hi = a[0][1], a[-1][1]
+        b = [k for slot, k in sorted(by[masters[1]]) if a[0][0] < slot < a[-1][0]]
+        if not b:
+            b = [sorted(by[masters[1]])[0][1]]
+        keys = [hi, b[0], lo]
         s = self.ferry.raw(timeout=10)
         try:
             out = []
-            for i in range(20):
+            for i in range(10):
                 argv = ['MSET']
                 for k in keys:
                     argv += [k, '%s=%d' % (k, i)]
-                out.append(harness.resp_encode(*argv))
-                out += [harness.resp_encode('GET', k) for k in keys]
-                out.append(harness.resp_encode('MGET', *keys))
+                out += [harness.resp_encode(*argv), harness.resp_encode('GET', hi),
+                        harness.resp_encode('GET', lo), harness.resp_encode('MGET', *keys)]
             harness.resp_send(s, b''.join(out))
-            for i in range(20):
+            for i in range(10):
                 self.assertEqual(harness.resp_read_reply(s), 'OK')
-                for k in keys:
-                    self.assertEqual(harness.resp_read_reply(s), ('%s=%d' % (k, i)).encode())
+                self.assertEqual(harness.resp_read_reply(s), ('%s=%d' % (hi, i)).encode())
+                self.assertEqual(harness.resp_read_reply(s), ('%s=%d' % (lo, i)).encode())
                 self.assertEqual(harness.resp_read_reply(s),
                                  [('%s=%d' % (k, i)).encode() for k in keys])
         finally:
