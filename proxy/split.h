@@ -37,17 +37,17 @@ typedef struct split {
     size_t *order;     /* key indexes (0..nkeys-1), grouped by part */
     split_part *parts; /* by slot, ascending */
     size_t nparts;
-    size_t next;    /* the part whose reply comes next */
-    int built;      /* the part whose bytes were last encoded, -1 none */
-    int failed;     /* a part's error is the reply: stop */
-    buf args;       /* the command name and the key (and value) bytes */
-    size_t *aoff;   /* argument i (0: the name, then key-major) in args */
-    size_t *alen;   /* its length */
-    long long sum;  /* SPLIT_SUM so far */
-    buf vals;       /* SPLIT_ARRAY: the elements received, as sent */
-    size_t *voff;   /* key i's element in vals ((size_t)-1: not yet) */
-    size_t *vlen;   /* its length */
-    buf reply;      /* the client's reply once done */
+    size_t next;   /* the part whose reply comes next */
+    int built;     /* the part whose bytes were last encoded, -1 none */
+    int failed;    /* a part's error is the reply: stop */
+    buf args;      /* the command name and the key (and value) bytes */
+    size_t *aoff;  /* argument i (0: the name, then key-major) in args */
+    size_t *alen;  /* its length */
+    long long sum; /* SPLIT_SUM so far */
+    buf vals;      /* SPLIT_ARRAY: the elements received, as sent */
+    size_t *voff;  /* key i's element in vals ((size_t)-1: not yet) */
+    size_t *vlen;  /* its length */
+    buf reply;     /* the client's reply once done */
 } split;
 
 /* Whether cmd is split across slots in cluster mode, and how. */

@@ -151,10 +151,10 @@ static void test_nonsense(void **state)
         const char *reply;
     } bad[] = {
         {SPLIT_ARRAY, mget, "*2\r\n$1\r\nx\r\n$1\r\ny\r\n"}, /* two elements for one key */
-        {SPLIT_ARRAY, mget, "*1\r\n$5\r\nx\r\n"},           /* cut */
-        {SPLIT_ARRAY, mget, "*1\r\n$1\r\nx\r\nextra"},      /* trailing bytes */
-        {SPLIT_ARRAY, mget, ":1\r\n"},                      /* not an array */
-        {SPLIT_ARRAY, mget, "*-1\r\n"},                     /* null array */
+        {SPLIT_ARRAY, mget, "*1\r\n$5\r\nx\r\n"},            /* cut */
+        {SPLIT_ARRAY, mget, "*1\r\n$1\r\nx\r\nextra"},       /* trailing bytes */
+        {SPLIT_ARRAY, mget, ":1\r\n"},                       /* not an array */
+        {SPLIT_ARRAY, mget, "*-1\r\n"},                      /* null array */
         {SPLIT_ARRAY, mget, ""},
         {SPLIT_SUM, del, "+OK\r\n"},
         {SPLIT_SUM, del, ":x\r\n"},
@@ -177,8 +177,8 @@ static void test_nonsense(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_kinds),         cmocka_unit_test(test_mget_order),
-        cmocka_unit_test(test_mset_pairs),    cmocka_unit_test(test_sums_and_errors),
+        cmocka_unit_test(test_kinds),      cmocka_unit_test(test_mget_order),
+        cmocka_unit_test(test_mset_pairs), cmocka_unit_test(test_sums_and_errors),
         cmocka_unit_test(test_nonsense),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
