@@ -17,6 +17,9 @@ acknowledged is on a replica of its shard):
   4. Pipelined behind a split MSET, a GET of one of its keys sees what the
      MSET wrote (even one on the master of its first part, whose own part
      comes last); the replies keep their order.
+  5. A part's error is the reply as the node gave it (-OOM from the
+     middle master): the part before stays applied, the one after is not
+     sent.
   z. kill -9 of one master while clients loop MSET / MGET / EXISTS / DEL
      over keys of every shard: 0 errors, every MGET the values written.
 
@@ -53,15 +56,49 @@ def metrics(f):
         return r.read().decode()
 
 
+def crc16(data):
+    """CRC16-XMODEM, the cluster's key hash."""
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xffff
+    return crc
+
+
+def keyslot(key):
+    """The slot of key, {hash tag} included, computed here (checked against
+    CLUSTER KEYSLOT in setUpClass)."""
+    k = key.encode()
+    i = k.find(b'{')
+    if i >= 0:
+        j = k.find(b'}', i + 1)
+        if j > i + 1:
+            k = k[i + 1:j]
+    return crc16(k) % 16384
+
+
+def slot_owners(cluster):
+    """{slot: master port}, as the first running node sees it."""
+    owners = {}
+    for n in cluster.nodes_view(cluster.running()[0].port):
+        if 'master' in n['flags'] and 'fail' not in n['flags']:
+            for slot in n['slots']:
+                owners[slot] = n['port']
+    return owners
+
+
 def spread_keys(cluster, prefix, per_master=2):
     """Keys named prefix:N, per_master of them on every master, interleaved
     so that consecutive keys live on different masters."""
-    masters = cluster.masters()
+    owners = slot_owners(cluster)
+    masters = sorted(set(owners.values()))
     per = {m: [] for m in masters}
     i = 0
     while min(len(v) for v in per.values()) < per_master and i < 10000:
         k = '%s:%d' % (prefix, i)
-        m = cluster.master_of(cluster.keyslot(k))
+        m = owners[keyslot(k)]
         if len(per[m]) < per_master:
             per[m].append(k)
         i += 1
@@ -82,6 +119,8 @@ class ClusterSplitTest(unittest.TestCase):
                                 'timeout_ms': 1000},
                     'durability': {'replicas_ack': 1},
                     'upstream': {'hold_timeout_ms': HOLD_MS}}
+            for k in ('a', '{b}c', 'x{}y', '{}{z}', 'user:{1000}:q'):
+                assert keyslot(k) == cls.cluster.keyslot(k), k
             cls.ferry = Ferry(None, wait='port', conf=conf)
             c = cls.ferry.client(socket_timeout=5)
             try:
@@ -101,7 +140,16 @@ class ClusterSplitTest(unittest.TestCase):
             raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
 
     def owner(self, key):
-        return self.cluster.master_of(self.cluster.keyslot(key))
+        return slot_owners(self.cluster)[keyslot(key)]
+
+    def by_master(self, prefix, n=600):
+        """{master port: [(slot, key)...]} of n keys prefix:N."""
+        owners = slot_owners(self.cluster)
+        by = {}
+        for i in range(n):
+            k = '%s:%d' % (prefix, i)
+            by.setdefault(owners[keyslot(k)], []).append((keyslot(k), k))
+        return by
 
     def on_node(self, key, fn):
         """fn(the client of key's master) -> its result."""
@@ -222,10 +270,7 @@ class ClusterSplitTest(unittest.TestCase):
         was, it would read the value before)."""
         self.cluster.wait_consistent()
         masters = self.cluster.masters()
-        by = {}
-        for i in range(3000):
-            k = 'sp4:%d' % i
-            by.setdefault(self.owner(k), []).append((self.cluster.keyslot(k), k))
+        by = self.by_master('sp4')
         a = sorted(by[masters[0]])
         lo, hi = a[0][1], a[-1][1]
         b = [k for slot, k in sorted(by[masters[1]]) if a[0][0] < slot < a[-1][0]]
@@ -250,6 +295,37 @@ class ClusterSplitTest(unittest.TestCase):
                                  [('%s=%d' % (k, i)).encode() for k in keys])
         finally:
             s.close()
+
+    def test_5_a_parts_error_is_the_reply(self):
+        """MSET over three masters whose middle part is refused (that master
+        at its maxmemory: -OOM): the client gets the node's error, the part
+        before it stays applied (MSET across slots is not atomic) and the
+        part after it is not sent."""
+        self.cluster.wait_consistent()
+        by = self.by_master('sp5')
+        # the masters in the order of their lowest slot: the parts' order
+        masters = sorted(by, key=lambda p: min(by[p])[0])
+        first, middle, last = (min(by[p])[1] for p in masters)
+        keys = [last, middle, first]
+        c = self.ferry.client(socket_timeout=10)
+        c.delete(*keys)
+        node = self.cluster.node_by_port(masters[1]).client(socket_timeout=5)
+        try:
+            node.config_set('maxmemory', '1')
+            with self.assertRaises(redis.ResponseError) as want:
+                node.set(middle, 'x')
+            with self.assertRaises(redis.ResponseError) as got:
+                c.mset({k: 'v-' + k for k in keys})
+        finally:
+            node.config_set('maxmemory', '0')
+            node.close()
+        self.assertTrue(str(want.exception).startswith('OOM'), str(want.exception))
+        self.assertEqual(str(got.exception), str(want.exception))
+        self.assertEqual(_s(self.on_node(first, lambda n: n.get(first))), 'v-' + first)
+        self.assertIsNone(self.on_node(middle, lambda n: n.get(middle)))
+        self.assertIsNone(self.on_node(last, lambda n: n.get(last)))
+        self.assertEqual(c.delete(*keys), 1)
+        c.close()
 
     def test_z_kill_a_master_under_split_load(self):
         self.cluster.wait_consistent()
