@@ -24,7 +24,8 @@ acknowledged is on a replica of its shard):
      over keys of every shard: 0 errors, every MGET the values written.
 
 Run:  python3 -m unittest test_cluster_split -v
-Ferry-only; cluster mode runs one event loop (workers: 1).
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
+loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
 import json
 import threading
@@ -109,6 +110,7 @@ def spread_keys(cluster, prefix, per_master=2):
     return keys
 
 
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
 class ClusterSplitTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
