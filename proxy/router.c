@@ -487,6 +487,14 @@ static void split_prepare(session *s, request *r)
     r->slot = split_slot(r->sp);
 }
 
+/* r is split and a part other than its last is in flight: what the client
+ * sent after it goes once the last part is sent (a GET behind an MSET
+ * reads what the MSET wrote). */
+static int split_midway(const request *r)
+{
+    return r->sp != NULL && !r->sp->failed && r->sp->next + 1 < r->sp->nparts;
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
@@ -823,10 +831,8 @@ static int dispatch_one(session *s, request *r)
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
     s->flight_link = target;
-    if (r->sp != NULL && r->sp->next + 1 < r->sp->nparts) {
-        /* What the client sent after a split goes once its last part is
-         * sent: a GET behind an MSET sees what the MSET wrote. */
-        return DISPATCH_WAIT;
+    if (split_midway(r)) {
+        return DISPATCH_WAIT; /* what follows waits for its last part */
     }
     return DISPATCH_DONE;
 }
@@ -883,6 +889,10 @@ void router_dispatch(session *s)
     }
     while (n != &s->requests) {
         request *r = list_entry(n, request, sq);
+        if ((r->state == REQ_SENT || r->state == REQ_WAITING) && split_midway(r)) {
+            rc = DISPATCH_WAIT; /* what follows waits for the split's last part */
+            break;
+        }
         if (r->state != REQ_HELD) {
             n = n->next;
             continue;

@@ -16,7 +16,8 @@ acknowledged is on a replica of its shard):
      arity error.
   4. Pipelined behind a split MSET, a GET of one of its keys sees what the
      MSET wrote (even one on the master of its first part, whose own part
-     comes last); the replies keep their order.
+     comes last); the replies keep their order. Also when the GET comes
+     in a later read, once the MSET's part for that master is sent (4b).
   5. A part's error is the reply as the node gave it (-OOM from the
      middle master): the part before stays applied, the one after is not
      sent.
@@ -297,6 +298,54 @@ class ClusterSplitTest(unittest.TestCase):
                                  [('%s=%d' % (k, i)).encode() for k in keys])
         finally:
             s.close()
+
+    def test_4b_a_request_read_later_waits_for_the_split(self):
+        """The same, the GET sent once the MSET's part for master A is on
+        A's link (A busy in a script meanwhile): it is read in another
+        turn, and still waits for the MSET's last part."""
+        self.cluster.wait_consistent()
+        by = self.by_master('sp4b')
+        masters = sorted(by)
+        a = sorted(by[masters[0]])
+        lo, hi, b = a[0][1], a[-1][1], sorted(by[masters[1]])[0][1]
+        port = masters[0]
+
+        def routed():
+            for sh in stats(self.ferry)['cluster']['shards']:
+                if sh['master']['port'] == port:
+                    return sh['routed']
+            raise AssertionError('no shard with master %d' % port)
+        before = routed()
+        busy_ms = 1500
+        script = ("local t = redis.call('TIME') local t0 = t[1] * 1000000 + t[2] "
+                  "while true do t = redis.call('TIME') "
+                  "if t[1] * 1000000 + t[2] - t0 > tonumber(ARGV[1]) * 1000 then break end "
+                  "end return 1")
+        node = self.cluster.node_by_port(port).client(socket_timeout=10)
+        busy = threading.Thread(target=node.eval, args=(script, 0, busy_ms))
+        busy.start()
+        s = self.ferry.raw(timeout=10)
+        try:
+            def a_is_busy():
+                probe = self.cluster.node_by_port(port).client(socket_timeout=0.1)
+                try:
+                    probe.ping()
+                    return False
+                except redis.exceptions.TimeoutError:
+                    return True
+                finally:
+                    probe.close()
+            wait_until(a_is_busy, timeout=5, interval=0.05, msg='master A in its script')
+            harness.resp_send(s, ['MSET', hi, 'new-hi', b, 'new-b', lo, 'new-lo'])
+            wait_until(lambda: routed() > before, timeout=5, interval=0.02,
+                       msg="the MSET's first part for A sent")
+            harness.resp_send(s, ['GET', hi])
+            self.assertEqual(harness.resp_read_reply(s), 'OK')
+            self.assertEqual(harness.resp_read_reply(s), b'new-hi')
+        finally:
+            s.close()
+            busy.join(timeout=10)
+            node.close()
 
     def test_5_a_parts_error_is_the_reply(self):
         """MSET over three masters whose middle part is refused (that master
