@@ -27,6 +27,7 @@ struct clustermap {
     int nshards;                            /* shards in the last map */
     upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
+    uint64_t splits;                        /* requests split across slots (split.c) */
 };
 
 /* ==== the JSON document ==== */
@@ -161,6 +162,7 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->moved_followed = cm->moved;
     t->ask_followed = cm->asked;
     t->crossslot = cm->crossslot;
+    t->splits = cm->splits;
     t->last_error = k->last_error;
 }
 
@@ -225,13 +227,13 @@ void clustermap_json(const clustermap *cm, buf *b)
              "],\"shards_up\":%llu,\"slots_covered\":%llu,\"rounds\":%llu,\"answers\":%llu,"
              "\"rejected\":%llu,\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,"
              "\"moved_followed\":%llu,\"ask_followed\":%llu,\"crossslot_refused\":%llu,"
-             "\"last_error\":",
+             "\"splits\":%llu,\"last_error\":",
              (unsigned long long)t.shards_up, (unsigned long long)t.slots_covered,
              (unsigned long long)t.rounds, (unsigned long long)t.answers,
              (unsigned long long)t.rejected, (unsigned long long)t.unreachable,
              (unsigned long long)t.changes, (unsigned long long)t.slots_moved,
              (unsigned long long)t.moved_followed, (unsigned long long)t.ask_followed,
-             (unsigned long long)t.crossslot);
+             (unsigned long long)t.crossslot, (unsigned long long)t.splits);
     buf_append_str(b, tmp);
     json_str(b, t.last_error);
     buf_append_str(b, "}");
@@ -493,6 +495,11 @@ int clustermap_next_first_slot(const clustermap *cm, int slot)
 void clustermap_count_crossslot(clustermap *cm)
 {
     cm->crossslot++;
+}
+
+void clustermap_count_split(clustermap *cm)
+{
+    cm->splits++;
 }
 
 void clustermap_refresh(clustermap *cm, const char *why)

@@ -43,6 +43,7 @@
 #include "outage.h"
 #include "router_int.h"
 #include "router_pubsub.h"
+#include "split.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
@@ -474,9 +475,40 @@ static int verdict_store_serves(session *s)
     return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(s->f->up);
 }
 
+/* A split request's part to send now (split.h): its bytes in r->data (the
+ * client's memory counts the change) and its slot in r->slot. A node
+ * refuses keys of two slots inside a transaction: so does ferry. */
+static void split_prepare(session *s, request *r)
+{
+    if (s->tx != TX_NONE) {
+        split_free(r->sp);
+        r->sp = NULL;
+        router_refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+        clustermap_count_crossslot(s->f->cluster);
+        return;
+    }
+    if (r->sp->built != (int)r->sp->next) {
+        size_t before = buf_used(&r->data);
+        split_encode(r->sp, &r->data);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+    }
+    r->slot = split_slot(r->sp);
+}
+
+/* r is split and a part other than its last is in flight: what the client
+ * sent after it goes once the last part is sent (a GET behind an MSET
+ * reads what the MSET wrote). */
+static int split_midway(const request *r)
+{
+    return r->sp != NULL && !r->sp->failed && r->sp->next + 1 < r->sp->nparts;
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
+    if (r->sp != NULL) {
+        split_prepare(s, r);
+    }
     /* Cluster mode, a subscribed client: its link is on one master, where
      * what it sends goes (router_pubsub.c). */
     int subscribed = f->cluster != NULL && s->dlink != NULL &&
@@ -531,6 +563,19 @@ static int dispatch_one(session *s, request *r)
                 }
                 buf tmp = r->reply;
                 buf_init(&r->reply);
+                if (r->sp != NULL && split_fold(r->sp, buf_head(&tmp), buf_used(&tmp))) {
+                    /* A split's part it has: on with the next part. */
+                    buf_free(&tmp);
+                    r->retries = 0;
+                    r->refusals = 0;
+                    r->flags &= ~REQ_F_REFUSED;
+                    return dispatch_one(s, r);
+                }
+                if (r->sp != NULL) {
+                    buf_free(&tmp);
+                    tmp = r->sp->reply;
+                    buf_init(&r->sp->reply);
+                }
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
                 buf_free(&tmp);
                 return DISPATCH_DONE;
@@ -815,6 +860,9 @@ static int dispatch_one(session *s, request *r)
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
     s->flight_link = target;
+    if (split_midway(r)) {
+        return DISPATCH_WAIT; /* what follows waits for its last part */
+    }
     return DISPATCH_DONE;
 }
 
@@ -871,6 +919,10 @@ void router_dispatch(session *s)
     }
     while (n != &s->requests) {
         request *r = list_entry(n, request, sq);
+        if ((r->state == REQ_SENT || r->state == REQ_WAITING) && split_midway(r)) {
+            rc = DISPATCH_WAIT; /* what follows waits for the split's last part */
+            break;
+        }
         if (r->state != REQ_HELD) {
             n = n->next;
             continue;
@@ -953,6 +1005,27 @@ static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
     return 1;
 }
 
+/* A split request's part answered (p, n): folded in. Returns 1 when r goes
+ * on with its next part (sent at once when nothing else is in flight). */
+static int split_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    int more = split_fold(r->sp, p, n);
+    buf_clear(&r->reply); /* a reply that waited for a WAIT is folded in */
+    if (!more) {
+        return 0;
+    }
+    /* To another slot's master: its hold, refusals and retries start again. */
+    r->retries = 0;
+    r->refusals = 0;
+    r->flags &= ~REQ_F_REFUSED;
+    note_flight_done(s);
+    requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s);
+    }
+    return 1;
+}
+
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
@@ -971,6 +1044,13 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
         p = buf_head(&r->bc->reply);
         n = buf_used(&r->bc->reply);
+    }
+    if (r->sp != NULL) {
+        if (split_on_reply(s, r, p, n)) {
+            return;
+        }
+        p = buf_head(&r->sp->reply);
+        n = buf_used(&r->sp->reply);
     }
     buf scanned; /* cluster mode: a SCAN's reply with ferry's cursor */
     buf_init(&scanned);

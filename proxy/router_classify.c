@@ -20,6 +20,7 @@
 #include "router_int.h"
 #include "router_pubsub.h"
 #include "slot.h"
+#include "split.h"
 
 static int arg_eq(const resp_arg *a, const char *lit)
 {
@@ -387,6 +388,26 @@ static int script_slot(const resp_request *req)
     return slot;
 }
 
+/* Keys in two slots: MGET, MSET, DEL, UNLINK, EXISTS and TOUCH are split,
+ * one part per slot (router.c sends them in turn, split.c merges their
+ * replies); an MSET a node refuses for its arity goes to its first key's
+ * slot, whose node answers that error. 1 when r is routed so. */
+static int classify_split(ferry *f, request *r, const resp_request *req)
+{
+    split_kind kind = split_kind_of(r->cmd);
+    if (kind == SPLIT_NONE) {
+        return 0;
+    }
+    r->sp = split_new(kind, req);
+    if (r->sp == NULL) {
+        r->slot = slot_of_key(req->argv[1].ptr, req->argv[1].len);
+        return 1;
+    }
+    r->slot = split_slot(r->sp);
+    clustermap_count_split(f->cluster);
+    return 1;
+}
+
 /* Cluster mode: the slot of r's keys (r->slot), or its refusal. Commands
  * whose keys share a slot go to that slot's master; keyless ones to any
  * master. What this step cannot route yet is refused with ferry's words;
@@ -500,6 +521,9 @@ static int classify_slot(session *s, request *r, const resp_request *req)
     int slot = -1;
     for (long i = cmd->first_key; i <= last; i += step) {
         int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+        if (slot >= 0 && ks != slot && r->route == RT_SHARED && classify_split(f, r, req)) {
+            return 0; /* MGET, MSET, DEL... one part per slot (split.c) */
+        }
         if (slot >= 0 && ks != slot) {
             set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
             clustermap_count_crossslot(f->cluster);

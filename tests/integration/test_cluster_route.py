@@ -5,8 +5,8 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
   1. 16 keys spread over every shard: LPUSH / RPOP / SET / GET through ferry
      land on the master serving each key's slot (read with that node's own
      client, which gets no MOVED).
-  2. Keys of one slot ({tag}) go together; MSET across slots gets the exact
-     CROSSSLOT error a node sends; what is not routed yet is refused with
+  2. Keys of one slot ({tag}) go together; MSETNX across slots gets the
+     exact CROSSSLOT error a node sends (MSET is split: test_cluster_split); what is not routed yet is refused with
      ferry's words.
   3. `redis-cli --cluster reshard` of some slots: the MOVED that follows is
      handled by ferry (re-routed), never seen by the client, and the keys of
@@ -327,11 +327,11 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         node = self.node_client(self.cluster.masters()[0])
         try:
             with self.assertRaises(redis.ResponseError) as want:
-                node.execute_command('MSET', a, '1', b, '2')
+                node.execute_command('MSETNX', a, '1', b, '2')
         finally:
             node.close()
         with self.assertRaises(redis.ResponseError) as got:
-            c.execute_command('MSET', a, '1', b, '2')
+            c.execute_command('MSETNX', a, '1', b, '2')
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got.exception), str(want.exception))
         for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['SCRIPT', 'KILL'],
