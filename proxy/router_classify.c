@@ -14,6 +14,7 @@
 #include "clients.h"
 #include "clustermap.h"
 #include "log.h"
+#include "multipop.h"
 #include "queues.h"
 #include "router.h"
 #include "router_int.h"
@@ -463,6 +464,10 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     int slot = -1;
     for (long i = cmd->first_key; i <= last; i += step) {
         int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+        if (slot >= 0 && ks != slot && r->route == RT_BLOCKING && multipop_handles(cmd)) {
+            r->slot = MULTIPOP_SLOT; /* the priority pop across slots (multipop.c) */
+            return 0;
+        }
         if (slot >= 0 && ks != slot) {
             set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
             clustermap_count_crossslot(f->cluster);
