@@ -37,13 +37,13 @@ enum { OP_TRY = 0, OP_ID, OP_POP, OP_UNBLOCK, OP_PUSH };
 
 /* An item taken for nobody, to put back. */
 typedef struct mp_item {
-    int key;          /* index in the call's keys */
-    char *val;        /* the value (a list) or the member (a sorted set) */
-    size_t nval;      /* its length */
-    char score[64];   /* a sorted set's score */
-    int out;          /* its push is in flight */
-    int back;         /* it is back in place */
-    uint64_t since;   /* when it was taken */
+    int key;           /* index in the call's keys */
+    char *val;         /* the value (a list) or the member (a sorted set) */
+    size_t nval;       /* its length */
+    char score[64];    /* a sorted set's score */
+    int out;           /* its push is in flight */
+    int back;          /* it is back in place */
+    uint64_t since;    /* when it was taken */
     uint64_t retry_at; /* not pushed again before */
     struct mp_item *next;
 } mp_item;
@@ -51,7 +51,7 @@ typedef struct mp_item {
 /* One slot's keys and its blocking pop. */
 typedef struct mp_group {
     int slot;
-    int *keys;          /* indexes in the call's keys, in the client's order */
+    int *keys; /* indexes in the call's keys, in the client's order */
     int nkeys;
     link *l;            /* the dedicated link its pop is on; NULL none */
     long long redis_id; /* that link's client id on Redis, 0 unknown */
@@ -79,7 +79,7 @@ typedef struct multipop {
     char **key;
     size_t *klen;
     int *kslot;
-    uint64_t deadline; /* uv_now() the call times out, 0: never */
+    uint64_t deadline;   /* uv_now() the call times out, 0: never */
     uint64_t hold_since; /* a slot without a master since, 0 none */
     mp_phase phase;
     int next;        /* TRY: the key asked */
@@ -98,7 +98,7 @@ typedef struct multipop {
 typedef struct mp_ticket {
     multipop *mp;
     int op;
-    int group; /* OP_ID, OP_POP, OP_UNBLOCK: the group */
+    int group;     /* OP_ID, OP_POP, OP_UNBLOCK: the group */
     mp_item *item; /* OP_PUSH */
 } mp_ticket;
 
@@ -167,8 +167,7 @@ static int mp_refused(multipop *mp, upstream *from, int slot, const char *p, siz
         text[m] = '\0';
         if (sscanf(text, "-MOVED %d %127[^ \r\n]", &s, host) == 2) {
             char *colon = strrchr(host, ':');
-            if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 &&
-                port < 65536) {
+            if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
                 *colon = '\0';
                 if (host[0] == '[') {
                     memmove(host, host + 1, strlen(host));
@@ -445,12 +444,7 @@ static void mp_try(multipop *mp, uint64_t now)
     buf cmd;
     buf_init(&cmd);
     buf_append_count(&cmd, '*', 2);
-    buf_append_str(&cmd, "$");
-    char len[24];
-    snprintf(len, sizeof(len), "%zu\r\n", strlen(pop_name[mp->kind]));
-    buf_append_str(&cmd, len);
-    buf_append_str(&cmd, pop_name[mp->kind]);
-    buf_append_str(&cmd, "\r\n");
+    buf_append_bulk(&cmd, pop_name[mp->kind], strlen(pop_name[mp->kind]));
     buf_append_bulk(&cmd, mp->key[k], mp->klen[k]);
     mp->try_out = 1;
     mp_send(mp, l, OP_TRY, 0, NULL, &cmd);
@@ -508,6 +502,9 @@ static void mp_pop_reply(multipop *mp, int gi, uint64_t now)
                          rep->element[2]->len);
         } else if (mp->kind == MP_LEFT || mp->kind == MP_RIGHT) {
             mp_keep_item(mp, k, rep->element[1]->str, rep->element[1]->len, NULL, 0);
+        } else {
+            log_error("priority pop: an item of key %.*s without its score cannot go back",
+                      (int)rep->element[0]->len, rep->element[0]->str);
         }
     }
     if (rep != NULL) {
@@ -721,12 +718,50 @@ static void mp_closed(uv_handle_t *h)
     free(mp);
 }
 
+/* ferry is closing (its links are closed, its map is gone): nothing is
+ * sent any more; what could not go back is logged. */
+static void mp_abandon(multipop *mp)
+{
+    mp_item **pp = &mp->items;
+    while (*pp != NULL) {
+        mp_item *it = *pp;
+        if (it->out) {
+            pp = &it->next; /* its ticket comes back first */
+            continue;
+        }
+        *pp = it->next;
+        if (!it->back) {
+            log_error("priority pop: ferry closing: an item of key %.*s taken by a cancelled "
+                      "pop could not go back (%zu bytes)",
+                      (int)mp->klen[it->key], mp->key[it->key], it->nval);
+        }
+        free(it->val);
+        free(it);
+    }
+    if (mp_waiting(mp)) {
+        mp_answer_str(mp, "-ERR ferry: stopping\r\n");
+    }
+    for (int i = 0; i < mp->ngroups; i++) {
+        mp->g[i].finished = 1;
+        mp_close_link(&mp->g[i], "ferry closing");
+    }
+    mp_set_phase(mp, MP_DONE);
+    if (mp->refs == 0 && mp->items == NULL) {
+        mp->closing = 1;
+        uv_close((uv_handle_t *)&mp->timer, mp_closed);
+    }
+}
+
 static void mp_step(multipop *mp)
 {
     if (mp->closing) {
         return;
     }
     uint64_t now = uv_now(mp->f->loop);
+    if (mp->f->closed) {
+        mp_abandon(mp);
+        return;
+    }
     if (mp->phase == MP_TRY) {
         mp_try(mp, now);
         if (mp->phase == MP_TRY && mp->hold_since != 0 && mp_waiting(mp) &&
@@ -811,10 +846,10 @@ void multipop_start(session *s, request *r, void (*resume)(session *s))
     uv_timer_init(f->loop, &mp->timer);
     mp->timer.data = mp;
     const char *name = r->cmd->name;
-    mp->kind = strcmp(name, "blpop") == 0    ? MP_LEFT
-               : strcmp(name, "brpop") == 0  ? MP_RIGHT
+    mp->kind = strcmp(name, "blpop") == 0      ? MP_LEFT
+               : strcmp(name, "brpop") == 0    ? MP_RIGHT
                : strcmp(name, "bzpopmin") == 0 ? MP_ZMIN
-                                                : MP_ZMAX;
+                                               : MP_ZMAX;
     {
         mp->deadline = t > 0 ? uv_now(f->loop) + (uint64_t)(t * 1000.0 + 0.5) : 0;
         if (mp->deadline == uv_now(f->loop)) {

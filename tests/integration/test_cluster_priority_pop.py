@@ -292,6 +292,19 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
                    msg='the cancelled pops gone')
         for k in (a, b, c):
             self.assertEqual(self.c.zcard(k), 0)
+        # RESP3: the score is a double in the reply ferry builds from a ZPOPMIN
+        self.c.zadd(b, {'r3': 1.5})
+        s = socket.create_connection(('127.0.0.1', self.ferry.port), timeout=5)
+        try:
+            s.sendall(('HELLO 3\r\nBZPOPMIN %s %s %s 1\r\n' % (a, b, c)).encode())
+            want = ('*3\r\n$%d\r\n%s\r\n$2\r\nr3\r\n,1.5\r\n' % (len(b), b)).encode()
+            buf, t0 = b'', time.monotonic()
+            while not buf.endswith(want) and time.monotonic() - t0 < 5:
+                buf += s.recv(4096)
+            self.assertTrue(buf.endswith(want), buf[-200:])
+        finally:
+            s.close()
+        self.assertEqual(self.c.zcard(b), 0)
 
     def test_6_client_leaves_while_blocked(self):
         (a, b, c), ports = self.three('gone')
