@@ -19,6 +19,7 @@ slots (CROSSSLOT); ferry serves the call as one server would:
      the reply [key, member, score].
   6. a client that leaves while blocked: its pops are cancelled, an item
      pushed afterwards stays in its list.
+  7. ferry stopped while a call blocks on every shard: a clean exit.
   7. a failover of a shard while blocked: the pop is sent again to the
      promoted replica and a push there wakes it.
 
@@ -319,6 +320,35 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.c.lpush(b, 'kept')
         time.sleep(0.2)
         self.assertEqual(_s(self.c.lrange(b, 0, -1)), ['kept'])
+
+    def test_7_ferry_stops_while_blocked(self):
+        # a ferry of its own: stopped while a call blocks on every shard, it
+        # exits cleanly (under ASan: no report) and cancels the pops
+        (a, b, c), ports = self.three('stop')
+        before = blocked_on(self.cluster, ports)
+        conf = {'workers': 1, 'shutdown_timeout_ms': 500,
+                'cluster': {'nodes': [self.cluster.seeds()[0]], 'refresh_interval_ms': 200,
+                            'timeout_ms': 1000}}
+        f = Ferry(None, wait='port', conf=conf)
+        s = None
+        try:
+            cl = f.client(socket_timeout=5)
+            wait_until(lambda: cl.set('probe:{a}', 1) and cl.set('probe:{b}', 1),
+                       timeout=20, interval=0.1, msg='the second ferry serving')
+            cl.close()
+            s = socket.create_connection(('127.0.0.1', f.port), timeout=5)
+            s.sendall(('BRPOP %s %s %s 0\r\n' % (a, b, c)).encode())
+            wait_until(lambda: blocked_on(self.cluster, ports) >= before + 3, timeout=5,
+                       msg='the call blocked on every shard')
+        finally:
+            rc = f.stop()
+            if s is not None:
+                s.close()
+        self.assertEqual(rc, 0, f.log()[-3000:])
+        wait_until(lambda: blocked_on(self.cluster, ports) == before, timeout=5,
+                   msg='its pops gone with the links of the ferry that stopped')
+        self.c.lpush(a, 'kept')
+        self.assertEqual(_s(self.c.lrange(a, 0, -1)), ['kept'])
 
     def test_9_failover_while_blocked(self):
         (a, b, c), ports = self.three('fo')
