@@ -453,13 +453,21 @@ static void mp_try(multipop *mp, uint64_t now)
 
 /* ----------------------------------------------------------- phase BLOCK */
 
-static void mp_close_link(mp_group *g, const char *why)
+/* g is done with its link: back to the pool when it is clean (nothing in
+ * flight on it, no CLIENT UNBLOCK for it still on its way: that one could
+ * end the next borrower's call), else closed. */
+static void mp_close_link(multipop *mp, mp_group *g, int reuse, const char *why)
 {
     if (g->l != NULL) {
         link *l = g->l;
         g->l = NULL;
         g->redis_id = 0;
-        if (l->state != LINK_CLOSING) {
+        if (l->state == LINK_CLOSING) {
+            return;
+        }
+        if (reuse && !g->unblock_out && !g->out && !mp->f->closed && !mp->f->stopping) {
+            upstream_put_back(l, why);
+        } else {
             link_close(l, why);
         }
     }
@@ -474,7 +482,7 @@ static void mp_pop_reply(multipop *mp, int gi, uint64_t now)
     if (n > 0 && p[0] == '-') {
         upstream *from = g->l != NULL ? g->l->up : NULL;
         if (mp_refused(mp, from, g->slot, p, n)) {
-            mp_close_link(g, "priority pop: its master changed");
+            mp_close_link(mp, g, 0, "priority pop: its master changed");
             g->retry_at = now + MP_RETRY_MS;
             return; /* sent again (cancelled: ended) */
         }
@@ -524,11 +532,14 @@ static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
         snprintf(timeout, sizeof(timeout), "%.3f", (double)(mp->deadline - now) / 1000.0);
     }
     if (g->l == NULL) {
-        g->l = link_new(up, LINK_DEDICATED, mp->proto, &up->self);
+        g->l = upstream_borrow(up, mp->proto);
         if (g->l == NULL) {
             g->retry_at = now + MP_RETRY_MS;
             return;
         }
+        g->redis_id = g->l->redis_id; /* known on a link from the pool */
+    }
+    if (g->redis_id <= 0) {
         buf id;
         buf_init(&id);
         static const char *const argv[] = {"CLIENT", "ID"};
@@ -598,7 +609,7 @@ static void mp_block(multipop *mp, uint64_t now)
         mp_group *g = &mp->g[i];
         g->cancel = !waiting;
         if (g->finished) {
-            mp_close_link(g, "priority pop done");
+            mp_close_link(mp, g, 1, "priority pop done");
             continue;
         }
         if (g->out) {
@@ -609,7 +620,7 @@ static void mp_block(multipop *mp, uint64_t now)
         }
         if (g->cancel || (mp->deadline != 0 && now + 1 >= mp->deadline)) {
             g->finished = 1; /* not sent again: nobody waits for it, or its time ran out */
-            mp_close_link(g, "priority pop done");
+            mp_close_link(mp, g, 1, "priority pop done");
             continue;
         }
         if (now < g->retry_at) {
@@ -619,16 +630,16 @@ static void mp_block(multipop *mp, uint64_t now)
         upstream *up = mp_master(mp, g->slot);
         if (up == NULL) {
             g->retry_at = now + MP_RETRY_MS; /* held for its master */
-            mp_close_link(g, "priority pop: its master changed");
+            mp_close_link(mp, g, 1, "priority pop: its master changed");
             mp_wake(mp, MP_RETRY_MS);
             continue;
         }
         if (g->l != NULL && g->l->up != up) {
-            mp_close_link(g, "priority pop: its slot moved");
+            mp_close_link(mp, g, 1, "priority pop: its slot moved");
         }
         mp_send_pop(mp, i, up, now);
         if (g->finished) {
-            mp_close_link(g, "priority pop timed out");
+            mp_close_link(mp, g, 1, "priority pop timed out");
         }
     }
     int open = 0;
@@ -743,7 +754,7 @@ static void mp_abandon(multipop *mp)
     }
     for (int i = 0; i < mp->ngroups; i++) {
         mp->g[i].finished = 1;
-        mp_close_link(&mp->g[i], "ferry closing");
+        mp_close_link(mp, &mp->g[i], 0, "ferry closing");
     }
     mp_set_phase(mp, MP_DONE);
     if (mp->refs == 0 && mp->items == NULL) {
@@ -777,13 +788,13 @@ static void mp_step(multipop *mp)
     if (mp->phase == MP_DONE) {
         for (int i = 0; i < mp->ngroups; i++) {
             if (!mp->g[i].out) {
-                mp_close_link(&mp->g[i], "priority pop done");
+                mp_close_link(mp, &mp->g[i], 1, "priority pop done");
             }
         }
     }
     if (mp->phase == MP_DONE && mp->refs == 0 && items == 0) {
         for (int i = 0; i < mp->ngroups; i++) {
-            mp_close_link(&mp->g[i], "priority pop done");
+            mp_close_link(mp, &mp->g[i], 1, "priority pop done");
         }
         if (mp->r != NULL) {
             mp_answer_str(mp, "-ERR ferry: the priority pop ended without an answer\r\n");
