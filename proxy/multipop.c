@@ -37,14 +37,15 @@ enum { OP_TRY = 0, OP_ID, OP_POP, OP_UNBLOCK, OP_PUSH };
 
 /* An item taken for nobody, to put back. */
 typedef struct mp_item {
-    int key;           /* index in the call's keys */
-    char *val;         /* the value (a list) or the member (a sorted set) */
-    size_t nval;       /* its length */
-    char score[64];    /* a sorted set's score */
-    int out;           /* its push is in flight */
-    int back;          /* it is back in place */
-    uint64_t since;    /* when it was taken */
-    uint64_t retry_at; /* not pushed again before */
+    int key;              /* index in the call's keys */
+    char *val;            /* the value (a list) or the member (a sorted set) */
+    size_t nval;          /* its length */
+    char score[64];       /* a sorted set's score */
+    int out;              /* its push is in flight */
+    int back;             /* it is back in place */
+    uint64_t since;       /* when it was taken */
+    uint64_t retry_at;    /* not pushed again before */
+    struct upstream *ask; /* an ASK named this node: pushed there once */
     struct mp_item *next;
 } mp_item;
 
@@ -60,6 +61,7 @@ typedef struct mp_group {
     int cancel;         /* cancel it (the call is answered) */
     int unblock_out;    /* a CLIENT UNBLOCK for it is in flight */
     uint64_t retry_at;  /* not sent (or unblocked) again before */
+    upstream *ask;      /* an ASK named this node: sent there once */
     /* Its pop's last reply, recorded by the link's callback; read by the
      * step: 0 none, else what came. */
     int got;
@@ -82,11 +84,13 @@ typedef struct multipop {
     uint64_t deadline;   /* uv_now() the call times out, 0: never */
     uint64_t hold_since; /* a slot without a master since, 0 none */
     mp_phase phase;
-    int next;        /* TRY: the key asked */
-    int try_out;     /* TRY: its pop in flight */
-    int try_got;     /* TRY: GOT_* */
-    buf try_reply;   /* TRY: the reply */
-    uint64_t try_at; /* TRY: not asked again before */
+    int next;          /* TRY: the key asked */
+    int try_out;       /* TRY: its pop in flight */
+    int try_got;       /* TRY: GOT_* */
+    buf try_reply;     /* TRY: the reply */
+    uint64_t try_at;   /* TRY: not asked again before */
+    upstream *try_ask; /* TRY: an ASK named this node: asked there once */
+    upstream *try_up;  /* TRY: the view its pop went to */
     mp_group *g;
     int ngroups;
     mp_item *items; /* taken for nobody, to put back */
@@ -155,26 +159,52 @@ static int starts(const char *p, size_t n, const char *w)
     return n >= m && memcmp(p, w, m) == 0;
 }
 
-/* A reply that says nothing was applied and the same command may go
- * again: a redirect, a master in the middle of a switch. */
-static int mp_refused(multipop *mp, upstream *from, int slot, const char *p, size_t n)
+/* Reads "-MOVED slot host:port" or "-ASK slot host:port" (word: "MOVED"
+ * or "ASK"). Returns 1 with host and *port set. */
+static int mp_redirect(const char *p, size_t n, const char *word, char *host, size_t hlen,
+                       int *port)
 {
+    char text[200], h[128], fmt[40];
+    int slot;
+    size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+    memcpy(text, p, m);
+    text[m] = '\0';
+    snprintf(fmt, sizeof(fmt), "-%s %%d %%127[^ \r\n]", word);
+    if (sscanf(text, fmt, &slot, h) != 2) {
+        return 0;
+    }
+    char *colon = strrchr(h, ':');
+    if (colon == NULL || sscanf(colon + 1, "%d", port) != 1 || *port <= 0 || *port >= 65536) {
+        return 0;
+    }
+    *colon = '\0';
+    if (h[0] == '[') {
+        memmove(h, h + 1, strlen(h));
+        h[strcspn(h, "]")] = '\0';
+    }
+    snprintf(host, hlen, "%s", h);
+    return 1;
+}
+
+/* A reply that says nothing was applied and the same command may go
+ * again: a redirect, a master in the middle of a switch. MOVED: the map
+ * learns it; ASK: *ask is the view of the node to send it to once, after
+ * ASKING (NULL: where the slot is served). */
+static int mp_refused(multipop *mp, upstream *from, int slot, const char *p, size_t n,
+                      upstream **ask)
+{
+    char host[128];
+    int port;
+    *ask = NULL;
     if (starts(p, n, "-MOVED ")) {
-        char text[200], host[128];
-        int s, port;
-        size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
-        memcpy(text, p, m);
-        text[m] = '\0';
-        if (sscanf(text, "-MOVED %d %127[^ \r\n]", &s, host) == 2) {
-            char *colon = strrchr(host, ':');
-            if (colon != NULL && sscanf(colon + 1, "%d", &port) == 1 && port > 0 && port < 65536) {
-                *colon = '\0';
-                if (host[0] == '[') {
-                    memmove(host, host + 1, strlen(host));
-                    host[strcspn(host, "]")] = '\0';
-                }
-                clustermap_moved(mp->f->cluster, from, slot, host, port);
-            }
+        if (mp_redirect(p, n, "MOVED", host, sizeof(host), &port)) {
+            clustermap_moved(mp->f->cluster, from, slot, host, port);
+        }
+        return 1;
+    }
+    if (starts(p, n, "-ASK ")) {
+        if (mp_redirect(p, n, "ASK", host, sizeof(host), &port)) {
+            *ask = clustermap_ask(mp->f->cluster, from, host, port);
         }
         return 1;
     }
@@ -182,14 +212,22 @@ static int mp_refused(multipop *mp, upstream *from, int slot, const char *p, siz
         clustermap_refresh(mp->f->cluster, "a node answered CLUSTERDOWN");
         return 1;
     }
-    return starts(p, n, "-ASK ") || starts(p, n, "-TRYAGAIN") || link_reply_not_master(p, n);
+    return starts(p, n, "-TRYAGAIN") || link_reply_not_master(p, n);
 }
 
-/* A master for slot that takes commands now, else NULL (held). */
-static upstream *mp_master(multipop *mp, int slot)
+/* Where a command for slot goes now: the node an ASK named (once), else
+ * the slot's master; NULL while it has none that takes commands. */
+static upstream *mp_target(multipop *mp, int slot, upstream *ask)
 {
-    upstream *up = clustermap_route(mp->f->cluster, slot);
+    upstream *up = ask != NULL ? ask : clustermap_route(mp->f->cluster, slot);
     return up != NULL && up->state == UP_UP ? up : NULL;
+}
+
+/* ASKING on l, right before the command an ASK sends there. */
+static void mp_asking(link *l)
+{
+    static const char *const asking[] = {"ASKING"};
+    link_internal(l, asking, 1, NULL, 0);
 }
 
 static void mp_send(multipop *mp, link *l, int op, int group, mp_item *item, const buf *cmd)
@@ -250,12 +288,12 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
             char why[200] = "its link was lost";
             if (p != NULL) {
                 link_error_text(p, n, why, sizeof(why));
-                if (p[0] == '-' && !mp_refused(mp, NULL, mp->kslot[it->key], p, n)) {
+                if (p[0] == '-' && !mp_refused(mp, l->up, mp->kslot[it->key], p, n, &it->ask)) {
                     log_error("priority pop: putting back an item of key %.*s refused: %s",
                               (int)mp->klen[it->key], mp->key[it->key], why);
                 }
             }
-            it->retry_at = uv_now(mp->f->loop) + MP_RETRY_MS;
+            it->retry_at = uv_now(mp->f->loop) + (it->ask != NULL ? 0 : MP_RETRY_MS);
         }
         break;
     }
@@ -349,8 +387,11 @@ static void mp_try_reply(multipop *mp)
         return;
     }
     if (p[0] == '-') {
-        if (mp_refused(mp, clustermap_route(mp->f->cluster, mp->kslot[k]), mp->kslot[k], p, n)) {
-            mp->try_at = now + MP_RETRY_MS;
+        if (mp_refused(mp, mp->try_up, mp->kslot[k], p, n, &mp->try_ask)) {
+            if (mp->hold_since == 0) {
+                mp->hold_since = now; /* refused until the hold bound */
+            }
+            mp->try_at = mp->try_ask != NULL ? now : now + MP_RETRY_MS;
             return;
         }
         if (mp_waiting(mp)) {
@@ -359,6 +400,7 @@ static void mp_try_reply(multipop *mp)
         mp_set_phase(mp, MP_DONE);
         return;
     }
+    mp->hold_since = 0;
     redisReply *rep = link_parse_reply(p, n);
     if (rep == NULL) {
         mp->try_at = now + MP_RETRY_MS;
@@ -430,17 +472,22 @@ static void mp_try(multipop *mp, uint64_t now)
         return;
     }
     int k = mp->next;
-    upstream *up = mp_master(mp, mp->kslot[k]);
+    upstream *up = mp_target(mp, mp->kslot[k], mp->try_ask);
     link *l = up != NULL ? upstream_shared(up, NULL, mp->sid, mp->proto) : NULL;
     if (l == NULL) {
         if (mp->hold_since == 0) {
             mp->hold_since = now;
         }
+        mp->try_ask = NULL; /* where the slot is served, next time */
         mp->try_at = now + MP_RETRY_MS;
         mp_wake(mp, MP_RETRY_MS);
         return;
     }
-    mp->hold_since = 0;
+    if (mp->try_ask != NULL) {
+        mp_asking(l);
+        mp->try_ask = NULL;
+    }
+    mp->try_up = up;
     buf cmd;
     buf_init(&cmd);
     buf_append_count(&cmd, '*', 2);
@@ -481,9 +528,12 @@ static void mp_pop_reply(multipop *mp, int gi, uint64_t now)
     size_t n = buf_used(&g->reply);
     if (n > 0 && p[0] == '-') {
         upstream *from = g->l != NULL ? g->l->up : NULL;
-        if (mp_refused(mp, from, g->slot, p, n)) {
-            mp_close_link(mp, g, 0, "priority pop: its master changed");
-            g->retry_at = now + MP_RETRY_MS;
+        if (mp_refused(mp, from, g->slot, p, n, &g->ask)) {
+            /* A redirect leaves its link as it was; a master that is not
+             * one any more, not. */
+            int redirect = p[1] == 'M' || p[1] == 'A';
+            mp_close_link(mp, g, redirect, "priority pop: its master changed");
+            g->retry_at = g->ask != NULL ? now : now + MP_RETRY_MS;
             return; /* sent again (cancelled: ended) */
         }
         g->finished = 1;
@@ -546,6 +596,10 @@ static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
         buf_append_argv(&id, 2, argv);
         mp_send(mp, g->l, OP_ID, gi, NULL, &id);
         buf_free(&id);
+    }
+    if (g->ask != NULL) {
+        mp_asking(g->l); /* the slot is migrating: this pop goes to the node it named */
+        g->ask = NULL;
     }
     buf cmd;
     buf_init(&cmd);
@@ -627,9 +681,10 @@ static void mp_block(multipop *mp, uint64_t now)
             mp_wake(mp, g->retry_at - now);
             continue;
         }
-        upstream *up = mp_master(mp, g->slot);
+        upstream *up = mp_target(mp, g->slot, g->ask);
         if (up == NULL) {
             g->retry_at = now + MP_RETRY_MS; /* held for its master */
+            g->ask = NULL;
             mp_close_link(mp, g, 1, "priority pop: its master changed");
             mp_wake(mp, MP_RETRY_MS);
             continue;
@@ -684,12 +739,17 @@ static int mp_put_back(multipop *mp, uint64_t now)
             mp_wake(mp, it->retry_at - now);
             continue;
         }
-        upstream *up = mp_master(mp, mp->kslot[it->key]);
+        upstream *up = mp_target(mp, mp->kslot[it->key], it->ask);
         link *l = up != NULL ? upstream_shared(up, NULL, mp->sid, 2) : NULL;
         if (l == NULL) {
+            it->ask = NULL;
             it->retry_at = now + MP_RETRY_MS;
             mp_wake(mp, MP_RETRY_MS);
             continue;
+        }
+        if (it->ask != NULL) {
+            mp_asking(l);
+            it->ask = NULL;
         }
         buf cmd;
         buf_init(&cmd);

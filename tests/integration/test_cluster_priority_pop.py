@@ -20,6 +20,8 @@ slots (CROSSSLOT); ferry serves the call as one server would:
   6. a client that leaves while blocked: its pops are cancelled, an item
      pushed afterwards stays in its list.
   7. ferry stopped while a call blocks on every shard: a clean exit.
+  8. a slot in migration: ASK followed (ASKING + the pop on the node it
+     names), for the non-blocking pops and the blocking ones.
   7. a failover of a shard while blocked: the pop is sent again to the
      promoted replica and a push there wakes it.
 
@@ -349,6 +351,47 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
                    msg='its pops gone with the links of the ferry that stopped')
         self.c.lpush(a, 'kept')
         self.assertEqual(_s(self.c.lrange(a, 0, -1)), ['kept'])
+
+    def test_8_ask_during_migration(self):
+        masters = self.cluster.masters()
+        src, dst, other = masters[0], masters[2], masters[1]
+        ids = {v['port']: v['id'] for v in self.cluster.nodes_view(src)}
+        view = [v for v in self.cluster.nodes_view(src) if v['port'] == src][0]
+        slot = next(s for s in sorted(view['slots'])
+                    if self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', s) == 0)
+        key = next('pask:%d' % i for i in range(200000)
+                   if self.cluster.keyslot('pask:%d' % i) == slot)
+        b = next(ks[0] for ks in keys_on_masters(self.cluster, 'paskb') if
+                 self.cluster.master_of(self.cluster.keyslot(ks[0])) == other)
+        self.c.delete(b)
+        self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+        self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+        try:
+            # src lacks the key and the slot migrates: ASK, followed by ferry
+            self.assertEqual(self.c.lpush(key, 'x'), 1)
+            self.assertEqual(_s(self.c.brpop([b, key], timeout=0)), [key, 'x'])
+            before = blocked_on(self.cluster, [dst, other])
+            got = {}
+
+            def consumer():
+                cl = self.ferry.client(socket_timeout=20)
+                try:
+                    got['v'] = _s(cl.brpop([b, key], timeout=10))
+                finally:
+                    cl.close()
+            t = threading.Thread(target=consumer)
+            t.start()
+            # its pop of key blocks on dst (after ASKING), b's on its master
+            wait_until(lambda: blocked_on(self.cluster, [dst, other]) >= before + 2, timeout=5,
+                       msg='the pops blocked on dst and on b\'s master')
+            self.assertEqual(self.c.lpush(key, 'y'), 1)
+            t.join(timeout=10)
+            self.assertEqual(got.get('v'), [key, 'y'])
+            self.assertEqual(self.cluster.command(dst, 'CLUSTER', 'COUNTKEYSINSLOT', slot), 0)
+        finally:
+            for port in (src, dst):
+                self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'STABLE')
+            self.cluster.wait_consistent()
 
     def test_9_failover_while_blocked(self):
         (a, b, c), ports = self.three('fo')
