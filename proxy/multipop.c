@@ -60,6 +60,7 @@ typedef struct mp_group {
     int finished;       /* its pop ended (an item, nil, an error) or is given up */
     int cancel;         /* cancel it (the call is answered) */
     int unblock_out;    /* a CLIENT UNBLOCK for it is in flight */
+    int no_unblock;     /* Redis refused CLIENT ID or UNBLOCK: cancelled by closing */
     uint64_t retry_at;  /* not sent (or unblocked) again before */
     upstream *ask;      /* an ASK named this node: sent there once */
     /* Its pop's last reply, recorded by the link's callback; read by the
@@ -259,6 +260,8 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
     case OP_ID:
         if (p != NULL && n > 1 && p[0] == ':') {
             mp->g[t->group].redis_id = strtoll(p + 1, NULL, 10);
+        } else if (p != NULL) {
+            mp->g[t->group].no_unblock = 1; /* no id: its link is closed to cancel */
         }
         break;
     case OP_POP: {
@@ -272,7 +275,14 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
     case OP_UNBLOCK: {
         mp_group *g = &mp->g[t->group];
         g->unblock_out = 0;
-        if (p == NULL || !starts(p, n, ":1")) {
+        if (p != NULL && n > 0 && p[0] == '-') {
+            g->no_unblock = 1; /* refused (ACL): its link is closed instead */
+            char why[200];
+            link_error_text(p, n, why, sizeof(why));
+            log_warn("priority pop: CLIENT UNBLOCK refused (%s): a cancelled pop's connection is "
+                     "closed instead",
+                     why);
+        } else if (p == NULL || !starts(p, n, ":1")) {
             /* Not blocked yet (or served already): asked again while its
              * pop is out. */
             g->retry_at = uv_now(mp->f->loop) + MP_UNBLOCK_MS;
@@ -617,6 +627,13 @@ static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
 static void mp_unblock(multipop *mp, int gi, uint64_t now)
 {
     mp_group *g = &mp->g[gi];
+    if (g->no_unblock && g->l != NULL && !g->unblock_out) {
+        /* Redis refuses ferry CLIENT ID or UNBLOCK: closing the link ends
+         * the pop (an item Redis served it at that very moment is lost
+         * with the link). */
+        mp_close_link(mp, g, 0, "priority pop cancelled");
+        return;
+    }
     if (g->unblock_out || g->l == NULL || now < g->retry_at) {
         mp_wake(mp, g->retry_at > now ? g->retry_at - now : MP_UNBLOCK_MS);
         return;

@@ -19,7 +19,9 @@ slots (CROSSSLOT); ferry serves the call as one server would:
      the reply [key, member, score].
   6. a client that leaves while blocked: its pops are cancelled, an item
      pushed afterwards stays in its list.
-  7. ferry stopped while a call blocks on every shard: a clean exit.
+  7. ferry stopped while a call blocks on every shard: a clean exit;
+     ferry's Redis user without CLIENT UNBLOCK: the other pops are ended
+     by closing their links.
   8. a slot in migration: ASK followed (ASKING + the pop on the node it
      names), for the non-blocking pops and the blocking ones.
   7. a failover of a shard while blocked: the pop is sent again to the
@@ -351,6 +353,50 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
                    msg='its pops gone with the links of the ferry that stopped')
         self.c.lpush(a, 'kept')
         self.assertEqual(_s(self.c.lrange(a, 0, -1)), ['kept'])
+
+    def test_7b_client_unblock_refused_to_ferry(self):
+        # ferry's Redis user may not run CLIENT UNBLOCK: a cancelled pop's
+        # connection is closed instead; the call is served all the same
+        (a, b, c), ports = self.three('acl')
+        for n in self.cluster.running():
+            self.cluster.command(n.port, 'ACL', 'SETUSER', 'popper', 'on', '>pw', '~*', '&*',
+                                 '+@all', '-client|unblock')
+        conf = {'workers': 1, 'redis': {'username': 'popper', 'password': 'pw'},
+                'cluster': {'nodes': [self.cluster.seeds()[0]], 'refresh_interval_ms': 200,
+                            'timeout_ms': 1000}}
+        f = Ferry(None, wait='port', conf=conf)
+        try:
+            cl = f.client(socket_timeout=10)
+            wait_until(lambda: cl.set('probe:{a}', 1) and cl.set('probe:{b}', 1),
+                       timeout=20, interval=0.1, msg='the second ferry serving')
+            before = blocked_on(self.cluster, ports)
+            got = {}
+
+            def consumer():
+                k = f.client(socket_timeout=20)
+                try:
+                    got['v'] = _s(k.brpop([a, b, c], timeout=0))
+                finally:
+                    k.close()
+            t = threading.Thread(target=consumer)
+            t.start()
+            wait_until(lambda: blocked_on(self.cluster, ports) >= before + 3, timeout=5,
+                       msg='the call blocked on every shard')
+            cl.lpush(c, 'z')
+            t.join(timeout=10)
+            self.assertEqual(got.get('v'), [c, 'z'])
+            wait_until(lambda: blocked_on(self.cluster, ports) == before, timeout=5,
+                       msg='the other pops ended by closing their links')
+            self.assertIn('CLIENT UNBLOCK refused', f.log())
+            cl.lpush(a, 'kept')
+            self.assertEqual(_s(cl.lrange(a, 0, -1)), ['kept'])
+            cl.delete(a)
+            cl.close()
+        finally:
+            rc = f.stop()
+            for n in self.cluster.running():
+                self.cluster.command(n.port, 'ACL', 'DELUSER', 'popper')
+        self.assertEqual(rc, 0, f.log()[-3000:])
 
     def test_8_ask_during_migration(self):
         masters = self.cluster.masters()
