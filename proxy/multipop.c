@@ -262,6 +262,11 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
             mp->g[t->group].redis_id = strtoll(p + 1, NULL, 10);
         } else if (p != NULL) {
             mp->g[t->group].no_unblock = 1; /* no id: its link is closed to cancel */
+            char why[200];
+            link_error_text(p, n, why, sizeof(why));
+            log_warn("priority pop: CLIENT ID refused (%s): a cancelled pop's connection is "
+                     "closed instead",
+                     why);
         }
         break;
     case OP_POP: {
