@@ -46,6 +46,7 @@ typedef struct mp_item {
     uint64_t since;       /* when it was taken */
     uint64_t retry_at;    /* not pushed again before */
     struct upstream *ask; /* an ASK named this node: pushed there once */
+    char why[160];        /* why its last push failed */
     struct mp_item *next;
 } mp_item;
 
@@ -300,12 +301,16 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         if (p != NULL && n > 0 && p[0] == ':') {
             it->back = 1; /* dropped by the step */
         } else {
-            char why[200] = "its link was lost";
+            /* Lost with its link (applied or not: sent again, at least
+             * once), refused for now (sent again), or refused for good
+             * (WRONGTYPE: the key changed meanwhile): sent again within
+             * upstream.hold_timeout_ms, then given up and logged. */
+            snprintf(it->why, sizeof(it->why), "its link was lost");
             if (p != NULL) {
-                link_error_text(p, n, why, sizeof(why));
+                link_error_text(p, n, it->why, sizeof(it->why));
                 if (p[0] == '-' && !mp_refused(mp, l->up, mp->kslot[it->key], p, n, &it->ask)) {
                     log_error("priority pop: putting back an item of key %.*s refused: %s",
-                              (int)mp->klen[it->key], mp->key[it->key], why);
+                              (int)mp->klen[it->key], mp->key[it->key], it->why);
                 }
             }
             it->retry_at = uv_now(mp->f->loop) + (it->ask != NULL ? 0 : MP_RETRY_MS);
@@ -740,6 +745,26 @@ static void mp_block(multipop *mp, uint64_t now)
 
 /* Items taken for nobody go back to the end they came from. Returns how
  * many are still to go back. */
+/* p[0..n) for a log line: printable ASCII as it is, the rest as \xNN; the
+ * first 256 bytes, "..." after them. */
+static void mp_escape(const char *p, size_t n, char *out, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && i < 256 && o + 5 < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
+            out[o++] = (char)c;
+        } else {
+            o += (size_t)snprintf(out + o, len - o, "\\x%02x", c);
+        }
+    }
+    if (n > 256 && o + 4 <= len) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+}
+
 static int mp_put_back(multipop *mp, uint64_t now)
 {
     int left = 0;
@@ -755,6 +780,19 @@ static int mp_put_back(multipop *mp, uint64_t now)
         pp = &it->next;
         left++;
         if (it->out) {
+            continue;
+        }
+        if (now - it->since >= mp->f->cfg->hold_timeout_ms) {
+            /* Given up: logged with the item, for an operator to push. */
+            int z = mp->kind == MP_ZMIN || mp->kind == MP_ZMAX;
+            char val[4 * 256 + 4];
+            mp_escape(it->val, it->nval, val, sizeof(val));
+            log_error("priority pop: an item taken by a cancelled pop could not go back to key "
+                      "%.*s within upstream.hold_timeout_ms (%s): %s%s%s%zu bytes: \"%s\"",
+                      (int)mp->klen[it->key], mp->key[it->key], it->why[0] ? it->why : "no master",
+                      z ? "score " : "", z ? it->score : "", z ? ", " : "", it->nval, val);
+            it->back = 1;
+            left--;
             continue;
         }
         if (now < it->retry_at) {
@@ -807,6 +845,12 @@ static void mp_closed(uv_handle_t *h)
         buf_free(&mp->g[i].reply);
     }
     free(mp->g);
+    while (mp->items != NULL) {
+        mp_item *it = mp->items;
+        mp->items = it->next;
+        free(it->val);
+        free(it);
+    }
     buf_free(&mp->try_reply);
     free(mp);
 }
