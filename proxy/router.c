@@ -40,6 +40,7 @@
 #include "lease.h"
 #include "link.h"
 #include "log.h"
+#include "multipop.h"
 #include "outage.h"
 #include "router_int.h"
 #include "router_pubsub.h"
@@ -739,6 +740,14 @@ static int dispatch_one(session *s, request *r)
             r->flags |= REQ_F_REARM;
         }
         return DISPATCH_DOWN;
+    }
+    if (r->slot == MULTIPOP_SLOT && s->tx == TX_NONE) {
+        /* Cluster mode: a blocking pop over keys of several slots. */
+        if (s->inflight > 0) {
+            return DISPATCH_WAIT; /* never in flight on two links: ordering */
+        }
+        multipop_start(s, r, router_dispatch);
+        return DISPATCH_DONE;
     }
     int dedicated = router_pinned(s);
     switch (r->route) {

@@ -15,6 +15,7 @@
 #include "clustermap.h"
 #include "keyspace.h"
 #include "log.h"
+#include "multipop.h"
 #include "queues.h"
 #include "router.h"
 #include "router_int.h"
@@ -523,6 +524,10 @@ static int classify_slot(session *s, request *r, const resp_request *req)
         int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
         if (slot >= 0 && ks != slot && r->route == RT_SHARED && classify_split(f, r, req)) {
             return 0; /* MGET, MSET, DEL... one part per slot (split.c) */
+        }
+        if (slot >= 0 && ks != slot && r->route == RT_BLOCKING && multipop_handles(cmd)) {
+            r->slot = MULTIPOP_SLOT; /* the priority pop across slots (multipop.c) */
+            return 0;
         }
         if (slot >= 0 && ks != slot) {
             set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");

@@ -145,6 +145,13 @@ link *upstream_lend(upstream *up, struct session *s);
 /* s gives its dedicated link back: pooled if may_pool and it is clean and
  * idle, closed (with why) otherwise. */
 void upstream_return(upstream *up, struct session *s, int may_pool, const char *why);
+/* A dedicated link for ferry's own calls, lent to no session (cluster
+ * mode's priority pop across slots): from the pool of ferry's identity or
+ * new, speaking proto. NULL when no master is UP. */
+link *upstream_borrow(upstream *up, int proto);
+/* A link from upstream_borrow is idle again: pooled when it is clean,
+ * closed (with why) otherwise (a call still in flight on it). */
+void upstream_put_back(link *l, const char *why);
 /* l no longer serves its owner (fenced or drained): untie them quietly. */
 void upstream_disown(link *l);
 /* l is closing: untie it from its owner, who is told (router_on_link_closed). */

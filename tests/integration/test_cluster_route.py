@@ -16,7 +16,7 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      keys keep flowing (their longest gap printed); again with
      durability.replicas_ack: 1 on 3 masters with 2 replicas each.
   5. ASK during a slot migration: ASKING + the command on the target.
-  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT across slots.
+  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT for a move across slots.
   7. Scripts by the slot of their keys (EVAL, EVALSHA, EVAL_RO...: on the
      slot's master, CROSSSLOT across slots as a node says, numkeys 0 to any
      master); SCRIPT LOAD / EXISTS / FLUSH on every master, one reply.
@@ -498,10 +498,12 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         for t in threads:
             t.join(timeout=15)
         self.assertEqual(got, {k: ['b' + k, 'item-' + k] for k in keys})
-        # a pop that times out answers nil; one over two slots gets CROSSSLOT
+        # a pop that times out answers nil; a move between two slots gets
+        # CROSSSLOT (a pop over keys of several slots is served:
+        # test_cluster_priority_pop)
         self.assertIsNone(c.brpop(['b' + keys[0]], timeout=0.2))
         with self.assertRaises(redis.ResponseError) as e:
-            c.brpop(['b' + keys[0], 'b' + keys[1]], timeout=0.2)
+            c.blmove('b' + keys[0], 'b' + keys[1], 0.2, 'RIGHT', 'LEFT')
         self.assertTrue(str(e.exception).startswith('CROSSSLOT'), str(e.exception))
         # a pop moving between keys of one slot
         c.lpush('{mv}src', 'x')
