@@ -39,8 +39,11 @@ import harness
 from failover_load import AccountingChecks, Load, now
 from harness import REPO, wait_until
 from test_cluster_route import start_ferry, stats, wait_served
+from test_rolling_restart import NodeRestarter
 
 SCRIPT = os.path.join(REPO, 'scripts', 'rolling-restart')
+SCRIPT_TIMEOUT = 150      # s, the whole script run under load
+STEP_TIMEOUT = 30         # s, --step-timeout
 NKEYS = 16
 RESHARD_SLOTS = 1000
 QUEUE_COMMANDS = ('lpush', 'rpush', 'brpop', 'rpop', 'lpop', 'blpop')
@@ -542,3 +545,98 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         self.assertNotIn('e', out)
         self.assertEqual(out.get('r'), (k, 'after'))
         print('\nBRPOP on a migrating slot: woken %.3f s after the push' % woke)
+
+
+class ClusterNodeRestarter(NodeRestarter):
+    """The restart hook of test_rolling_restart, for a ClusterTopology's
+    nodes: started again with their config file and nodes.conf as they are."""
+
+    def _restart(self, port):
+        node = self.topo.node_by_port(port)
+        if node is None:
+            return 'ERR no node on port %d' % port
+        node.proc.wait(timeout=15)
+        node.start(write_conf=False)
+        with self.lock:
+            self.restarts.append((port, now()))
+        return 'OK'
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterRollingRestartTest(ClusterChecks, unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = harness.ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        try:
+            cls.ferry = start_ferry(cls.cluster)
+            wait_served(cls.ferry)
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.ferry.stop()
+        cls.cluster.stop()
+        if rc != 0:
+            raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
+
+    def script(self, *extra, timeout=SCRIPT_TIMEOUT):
+        argv = [sys.executable, SCRIPT, '--cluster', ','.join(self.cluster.seeds()[:2]),
+                '--ferry-stats', '127.0.0.1:%d' % self.ferry.stats_port] + list(extra)
+        t0 = now()
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+        return p.returncode, p.stdout.decode(errors='replace'), now() - t0
+
+    def test_1_dry_run_changes_nothing(self):
+        self.cluster.wait_consistent()
+        before = {n.port: n.client(socket_timeout=2).info('server')['run_id']
+                  for n in self.cluster.nodes}
+        masters = self.cluster.masters()
+        rc, out, _ = self.script('--dry-run', timeout=60)
+        print('\n' + out)
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(len(re.findall(r'^\S+ rolling-restart:   \d+\. ', out, re.M)), 6, out)
+        self.assertEqual(self.cluster.masters(), masters)
+        after = {n.port: n.client(socket_timeout=2).info('server')['run_id']
+                 for n in self.cluster.nodes}
+        self.assertEqual(before, after)
+
+    def test_2_rolling_restart_under_load(self):
+        self.cluster.wait_consistent()
+        restarter = ClusterNodeRestarter(self.cluster)
+        self.addCleanup(restarter.close)
+        old_masters = self.cluster.masters()
+        watch = RestartedMasterWatch(self.cluster, self.ferry)
+        self.addCleanup(watch.stop)
+        state = {}
+
+        def roll():
+            state['rc'], state['out'], state['took'] = self.script(
+                '--restart-cmd', restarter.command, '--step-timeout', str(STEP_TIMEOUT))
+            print('--- rolling-restart output ---\n' + state['out'], flush=True)
+
+        res, delta, took = self.run_load('cluster rolling restart', roll, pre=1.0, post=1.0)
+        watch.stop()
+        out = state['out']
+        self.assertEqual(state['rc'], 0, out)
+        steps = re.findall(r'  step \d+/\d+: (\S+) \S+:(\d+): ([\d.]+)s', out)
+        print('[cluster rolling restart] script %.2f s; steps: %s; restarted nodes seen as '
+              'master before replica: %r' % (took, '; '.join('%s %s %ss' % s for s in steps),
+                                             watch.claimed), flush=True)
+        with self.subTest(check='every node restarted once, replicas first'):
+            self.assertEqual(restarter.errors, [])
+            self.assertEqual(sorted(p for p, _ in restarter.restarts),
+                             sorted(n.port for n in self.cluster.nodes), out)
+            self.assertEqual([k for k, _, _ in steps],
+                             ['replica'] * 3 + ['master'] * 3, out)
+            self.assertEqual(sorted(int(p) for k, p, _ in steps if k == 'master'), old_masters)
+        with self.subTest(check='the old masters are replicas now'):
+            self.cluster.wait_consistent()
+            for p in old_masters:
+                self.assertEqual(self.cluster.node_by_port(p).role(), 'slave', p)
+        with self.subTest(check='no queue command reached a restarted node saying master'):
+            self.assertGreater(watch.samples, 10)
+            self.assertEqual(watch.commands, {}, self.diag(self.cluster, self.ferry, res))
