@@ -27,8 +27,10 @@ loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -427,7 +429,7 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
 
     # ---- one slot in migration, step by step (the reshard's moments)
 
-    def migrating_slot(self, fill=None):
+    def migrating_slot(self, fill=None, migrate=True):
         """(src, dst, slot, ids, tag): an empty slot of the first master set
         MIGRATING to the second (IMPORTING there); undone by a cleanup. fill:
         {suffix: [items]} pushed to '{tag}suffix' on the source before."""
@@ -441,8 +443,9 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         tag = next('t%d' % i for i in range(200000) if self.cluster.keyslot('t%d' % i) == slot)
         for suffix, items in (fill or {}).items():
             self.cluster.command(src, 'RPUSH', '{%s}%s' % (tag, suffix), *items)
-        self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
-        self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+        if migrate:
+            self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+            self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
 
         def undo():
             for port in (src, dst):
@@ -547,6 +550,49 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         print('\nBRPOP on a migrating slot: woken %.3f s after the push' % woke)
 
 
+    def test_6_pop_blocked_before_the_migration_gets_the_item_pushed_during_it(self):
+        # BRPOP blocked on the source; the slot starts migrating; a push
+        # (ASK: the key is missing on the source) lands on the target; when
+        # the slot is the target's, the source answers the blocked pop
+        # MOVED, which ferry follows with the time left: the pop gets it
+        src, dst, slot, ids, tag = self.migrating_slot(migrate=False)
+        k = '{%s}:q' % tag
+        out = {}
+
+        def call():
+            c = self.ferry.client(socket_timeout=30)
+            try:
+                out['r'] = c.brpop(k, timeout=20)
+                out['t'] = time.monotonic()
+            except Exception as e:  # noqa: BLE001
+                out['e'] = e
+            finally:
+                c.close()
+        th = threading.Thread(target=call)
+        th.start()
+        wait_until(lambda: self.cluster.command(src, 'INFO', 'clients')['blocked_clients'] >= 1,
+                   timeout=5, interval=0.02, msg='the pop blocked on the source')
+        self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+        self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+        c = self.ferry.client(socket_timeout=10)
+        try:
+            self.assertEqual(c.lpush(k, 'item'), 1)
+        finally:
+            c.close()
+        time.sleep(0.3)
+        self.assertTrue(th.is_alive(), out)
+        t_settled = time.monotonic()
+        for port in (dst, src):
+            self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'NODE', ids[dst])
+        th.join(25)
+        self.assertNotIn('e', out)
+        self.assertEqual(out.get('r'), (k, 'item'))
+        took = out['t'] - t_settled
+        print('\nBRPOP blocked before a migration: the item pushed during it %.3f s after the '
+              'slot settled' % took)
+        self.assertLess(took, 2.0)
+
+
 class ClusterNodeRestarter(NodeRestarter):
     """The restart hook of test_rolling_restart, for a ClusterTopology's
     nodes: started again with their config file and nodes.conf as they are."""
@@ -599,6 +645,25 @@ class ClusterRollingRestartTest(ClusterChecks, unittest.TestCase):
         print('\n' + out)
         self.assertEqual(rc, 0, out)
         self.assertEqual(len(re.findall(r'^\S+ rolling-restart:   \d+\. ', out, re.M)), 6, out)
+        # --local: the nodes and the ferry stats port from a scripts/up run
+        # directory (run/redis-<port>/nodes.conf, run/<name>.yml + .pid)
+        run = tempfile.mkdtemp(prefix='ferry-rolling-run-')
+        self.addCleanup(shutil.rmtree, run, True)
+        for n in self.cluster.nodes:
+            os.makedirs(os.path.join(run, 'redis-%d' % n.port))
+            open(os.path.join(run, 'redis-%d' % n.port, 'nodes.conf'), 'w').close()
+        with open(os.path.join(run, 'ferry.yml'), 'w') as f:
+            f.write('stats:\n  listen: 127.0.0.1:%d\n' % self.ferry.stats_port)
+        with open(os.path.join(run, 'ferry.pid'), 'w') as f:
+            f.write('%d\n' % self.ferry.proc.pid)
+        p = subprocess.run([sys.executable, SCRIPT, '--cluster', '--local', '--run-dir', run,
+                            '--dry-run'], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+        out = p.stdout.decode(errors='replace')
+        self.assertEqual(p.returncode, 0, out)
+        self.assertIn('3 replica(s), 1 ferry instance(s) (127.0.0.1:%d)'
+                      % self.ferry.stats_port, out)
+        self.assertIn('redis-server %s/redis-' % run, out)
         self.assertEqual(self.cluster.masters(), masters)
         after = {n.port: n.client(socket_timeout=2).info('server')['run_id']
                  for n in self.cluster.nodes}
