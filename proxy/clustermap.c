@@ -27,6 +27,7 @@ struct clustermap {
     int nshards;                            /* shards in the last map */
     upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
+    uint64_t tryagain, clusterdown;         /* refusals held and sent again */
 };
 
 /* ==== the JSON document ==== */
@@ -161,6 +162,8 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->moved_followed = cm->moved;
     t->ask_followed = cm->asked;
     t->crossslot = cm->crossslot;
+    t->tryagain = cm->tryagain;
+    t->clusterdown = cm->clusterdown;
     t->last_error = k->last_error;
 }
 
@@ -169,7 +172,7 @@ void clustermap_json(const clustermap *cm, buf *b)
     const slotmap *m = cluster_map(cm->cs);
     uint64_t now = uv_now(cm->f->loop);
     clustermap_totals t;
-    char tmp[400];
+    char tmp[640];
 
     clustermap_get_totals(cm, &t);
     buf_append_str(b, "\"mode\":\"cluster\",\"routing\":true,\"cluster\":{\"shards\":[");
@@ -225,13 +228,14 @@ void clustermap_json(const clustermap *cm, buf *b)
              "],\"shards_up\":%llu,\"slots_covered\":%llu,\"rounds\":%llu,\"answers\":%llu,"
              "\"rejected\":%llu,\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,"
              "\"moved_followed\":%llu,\"ask_followed\":%llu,\"crossslot_refused\":%llu,"
-             "\"last_error\":",
+             "\"tryagain_held\":%llu,\"clusterdown_held\":%llu,\"last_error\":",
              (unsigned long long)t.shards_up, (unsigned long long)t.slots_covered,
              (unsigned long long)t.rounds, (unsigned long long)t.answers,
              (unsigned long long)t.rejected, (unsigned long long)t.unreachable,
              (unsigned long long)t.changes, (unsigned long long)t.slots_moved,
              (unsigned long long)t.moved_followed, (unsigned long long)t.ask_followed,
-             (unsigned long long)t.crossslot);
+             (unsigned long long)t.crossslot, (unsigned long long)t.tryagain,
+             (unsigned long long)t.clusterdown);
     buf_append_str(b, tmp);
     json_str(b, t.last_error);
     buf_append_str(b, "}");
@@ -461,6 +465,15 @@ int clustermap_next_first_slot(const clustermap *cm, int slot)
 void clustermap_count_crossslot(clustermap *cm)
 {
     cm->crossslot++;
+}
+
+void clustermap_count_held(clustermap *cm, int tryagain)
+{
+    if (tryagain) {
+        cm->tryagain++;
+    } else {
+        cm->clusterdown++;
+    }
 }
 
 void clustermap_refresh(clustermap *cm, const char *why)

@@ -289,6 +289,8 @@ class ClusterChecks(AccountingChecks):
     def counters(self):
         st = stats(self.ferry)
         return {'moved': st['cluster']['moved_followed'], 'ask': st['cluster']['ask_followed'],
+                'tryagain': st['cluster'].get('tryagain_held', 0),
+                'clusterdown': st['cluster'].get('clusterdown_held', 0),
                 'refused': st['errors']['requests_refused']}
 
     def run_load(self, tag, fault, keys=None, pre=1.0, post=1.0):
@@ -314,10 +316,10 @@ class ClusterChecks(AccountingChecks):
         after = self.counters()
         delta = {k: after[k] - before[k] for k in after}
         print('\n' + res.summary(tag), flush=True)
-        print('[%s] fault took %.2f s; ferry followed %d MOVED, %d ASK; %d refusals retried '
-              '(MOVED, ASK, TRYAGAIN, CLUSTERDOWN...)' % (tag, took, delta['moved'],
-                                                          delta['ask'], delta['refused']),
-              flush=True)
+        print('[%s] fault took %.2f s; ferry followed %d MOVED, %d ASK, held %d TRYAGAIN, '
+              '%d CLUSTERDOWN; %d refusals retried in all' % (
+                  tag, took, delta['moved'], delta['ask'], delta['tryagain'],
+                  delta['clusterdown'], delta['refused']), flush=True)
         self.check_accounting(res, self.cluster, self.ferry)
         return res, delta, took
 
@@ -474,6 +476,7 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         n.close()
         self.assertTrue(str(cm.exception).startswith('TRYAGAIN'), cm.exception)
         before = stats(self.ferry)['errors']['requests_refused']
+        held_before = stats(self.ferry)['cluster'].get('tryagain_held')
         out = {}
 
         def call():
@@ -496,6 +499,9 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         th.join(20)
         self.assertNotIn('e', out)
         self.assertEqual(out.get('r'), 'y')
+        # counted in ferry's stats (cluster.tryagain_held)
+        self.assertIsNotNone(held_before, 'no cluster.tryagain_held in the stats')
+        self.assertGreaterEqual(stats(self.ferry)['cluster']['tryagain_held'] - held_before, 1)
         n = self.cluster.node_by_port(dst).client(socket_timeout=5)
         try:
             self.assertEqual(n.lrange(a, 0, -1), ['x'])
