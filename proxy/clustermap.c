@@ -28,6 +28,7 @@ struct clustermap {
     upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
     uint64_t splits;                        /* requests split across slots (split.c) */
+    uint64_t tryagain, clusterdown;         /* refusals held and sent again */
 };
 
 /* ==== the JSON document ==== */
@@ -163,6 +164,8 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->ask_followed = cm->asked;
     t->crossslot = cm->crossslot;
     t->splits = cm->splits;
+    t->tryagain = cm->tryagain;
+    t->clusterdown = cm->clusterdown;
     t->last_error = k->last_error;
 }
 
@@ -171,7 +174,7 @@ void clustermap_json(const clustermap *cm, buf *b)
     const slotmap *m = cluster_map(cm->cs);
     uint64_t now = uv_now(cm->f->loop);
     clustermap_totals t;
-    char tmp[400];
+    char tmp[640];
 
     clustermap_get_totals(cm, &t);
     buf_append_str(b, "\"mode\":\"cluster\",\"routing\":true,\"cluster\":{\"shards\":[");
@@ -227,13 +230,14 @@ void clustermap_json(const clustermap *cm, buf *b)
              "],\"shards_up\":%llu,\"slots_covered\":%llu,\"rounds\":%llu,\"answers\":%llu,"
              "\"rejected\":%llu,\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,"
              "\"moved_followed\":%llu,\"ask_followed\":%llu,\"crossslot_refused\":%llu,"
-             "\"splits\":%llu,\"last_error\":",
+             "\"splits\":%llu,\"tryagain_held\":%llu,\"clusterdown_held\":%llu,\"last_error\":",
              (unsigned long long)t.shards_up, (unsigned long long)t.slots_covered,
              (unsigned long long)t.rounds, (unsigned long long)t.answers,
              (unsigned long long)t.rejected, (unsigned long long)t.unreachable,
              (unsigned long long)t.changes, (unsigned long long)t.slots_moved,
              (unsigned long long)t.moved_followed, (unsigned long long)t.ask_followed,
-             (unsigned long long)t.crossslot, (unsigned long long)t.splits);
+             (unsigned long long)t.crossslot, (unsigned long long)t.splits,
+             (unsigned long long)t.tryagain, (unsigned long long)t.clusterdown);
     buf_append_str(b, tmp);
     json_str(b, t.last_error);
     buf_append_str(b, "}");
@@ -500,6 +504,15 @@ void clustermap_count_crossslot(clustermap *cm)
 void clustermap_count_split(clustermap *cm)
 {
     cm->splits++;
+}
+
+void clustermap_count_held(clustermap *cm, int tryagain)
+{
+    if (tryagain) {
+        cm->tryagain++;
+    } else {
+        cm->clusterdown++;
+    }
 }
 
 void clustermap_refresh(clustermap *cm, const char *why)

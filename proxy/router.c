@@ -1198,7 +1198,10 @@ static void cluster_redirect(ferry *f, request *r, const link *l, const char *p,
             r->retry_at = now; /* followed at once; a map going back and forth backs off */
         }
     } else if (strncmp(text, "-CLUSTERDOWN", 12) == 0) {
+        clustermap_count_held(f->cluster, 0);
         clustermap_refresh(f->cluster, "a node answered CLUSTERDOWN");
+    } else if (strncmp(text, "-TRYAGAIN", 9) == 0) {
+        clustermap_count_held(f->cluster, 1);
     }
 }
 
