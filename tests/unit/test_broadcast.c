@@ -254,9 +254,7 @@ static void test_pubsub_nonsense(void **state)
         {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*0\r\n"},      /* other length */
         {BCAST_SUM_PAIRS, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\na\r\n"}, /* odd */
         {BCAST_SUM, ":1\r\n", "$1\r\n1\r\n"},                        /* not an integer */
-        {BCAST_SUM, ":1\r\n", ":-1\r\n"},                            /* negative */
         {BCAST_SUM, ":1\r\n", ":1"},                                 /* cut */
-        {BCAST_SUM, "+x\r\n", ":1\r\n"},                             /* first not one */
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         broadcast *b = broadcast_new(cases[i].kind);
