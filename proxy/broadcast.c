@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "ferry.h"
+#include "subs.h"
 
 broadcast_kind broadcast_kind_of(const command *cmd)
 {
@@ -29,6 +30,16 @@ broadcast_kind broadcast_kind_of(const command *cmd)
         if (strcmp(cmd->name, whole[i].name) == 0) {
             return whole[i].kind;
         }
+    }
+    if (strcmp(cmd->name, "pubsub|channels") == 0 ||
+        strcmp(cmd->name, "pubsub|shardchannels") == 0) {
+        return BCAST_UNION;
+    }
+    if (strcmp(cmd->name, "pubsub|numsub") == 0 || strcmp(cmd->name, "pubsub|shardnumsub") == 0) {
+        return BCAST_SUM_PAIRS;
+    }
+    if (strcmp(cmd->name, "pubsub|numpat") == 0) {
+        return BCAST_SUM;
     }
     for (size_t i = 0; i < sizeof(first) / sizeof(first[0]); i++) {
         if (strcmp(cmd->name, first[i]) == 0) {
@@ -133,6 +144,134 @@ static int fold_and(broadcast *b, const char *p, size_t n)
         for (long long i = 0; i < nh; i++) {
             buf_append_str(&b->reply, have[i] && got[i] ? ":1\r\n" : ":0\r\n");
         }
+    }
+    free(have);
+    free(got);
+    return ok;
+}
+
+/* One element of a flat array: a bulk string (p, n) or an integer (v). */
+typedef struct elem {
+    int bulk;
+    const char *p;
+    size_t n;
+    long long v;
+} elem;
+
+/* A flat array of bulk strings and non-negative integers (what PUBSUB
+ * answers): its count, the elements in *out (malloc'd, NULL for none,
+ * pointing into p); -1 if it is not that. */
+static long long read_elems(const char *p, size_t n, elem **out)
+{
+    const char *end = p + n, *q;
+    *out = NULL;
+    if (n < 1 || p[0] != '*') {
+        return -1;
+    }
+    long long count = read_count(p + 1, end, &q);
+    if (count < 0 || count > (long long)n) {
+        return -1;
+    }
+    elem *v = count > 0 ? xcalloc((size_t)count, sizeof(*v)) : NULL;
+    for (long long i = 0; i < count; i++) {
+        long long x;
+        char type = q < end ? *q : '\0';
+        if ((type != ':' && type != '$') || (x = read_count(q + 1, end, &q)) < 0) {
+            free(v);
+            return -1;
+        }
+        v[i].bulk = type == '$';
+        v[i].v = x;
+        if (v[i].bulk) {
+            if (end - q < x + 2 || q[x] != '\r' || q[x + 1] != '\n') {
+                free(v);
+                return -1;
+            }
+            v[i].p = q;
+            v[i].n = (size_t)x;
+            q += x + 2;
+        }
+    }
+    if (q != end) {
+        free(v);
+        return -1;
+    }
+    *out = v;
+    return count;
+}
+
+static void append_elem(buf *b, const elem *e)
+{
+    if (e->bulk) {
+        buf_append_bulk(b, e->p, e->n);
+    } else {
+        char line[32];
+        snprintf(line, sizeof(line), ":%lld\r\n", e->v);
+        buf_append_str(b, line);
+    }
+}
+
+/* PUBSUB CHANNELS / SHARDCHANNELS: b->reply's names, then those of p, n
+ * not in it. */
+static int fold_union(broadcast *b, const char *p, size_t n)
+{
+    elem *have, *got;
+    long long nh = read_elems(buf_head(&b->reply), buf_used(&b->reply), &have);
+    long long ng = read_elems(p, n, &got);
+    int ok = nh >= 0 && ng >= 0;
+    for (long long i = 0; ok && i < nh; i++) {
+        ok = have[i].bulk;
+    }
+    for (long long i = 0; ok && i < ng; i++) {
+        ok = got[i].bulk;
+    }
+    if (ok) {
+        sub_set seen = {0};
+        buf out;
+        buf_init(&out);
+        for (long long i = 0; i < nh; i++) {
+            subs_add(&seen, have[i].p, have[i].n);
+        }
+        for (long long i = 0; i < ng; i++) {
+            subs_add(&seen, got[i].p, got[i].n);
+        }
+        buf_append_count(&out, '*', seen.n);
+        for (size_t i = 0; i < seen.n; i++) {
+            buf_append_bulk(&out, seen.v[i], seen.l[i]);
+        }
+        subs_free(&seen);
+        buf_free(&b->reply);
+        b->reply = out;
+    }
+    free(have);
+    free(got);
+    return ok;
+}
+
+/* PUBSUB NUMSUB / SHARDNUMSUB: the same names in the same order, each
+ * followed by its count: the counts are summed. */
+static int fold_sum_pairs(broadcast *b, const char *p, size_t n)
+{
+    elem *have, *got;
+    long long nh = read_elems(buf_head(&b->reply), buf_used(&b->reply), &have);
+    long long ng = read_elems(p, n, &got);
+    int ok = nh >= 0 && nh == ng && nh % 2 == 0;
+    for (long long i = 0; ok && i < nh; i += 2) {
+        ok = have[i].bulk && got[i].bulk && have[i].n == got[i].n &&
+             memcmp(have[i].p, got[i].p, have[i].n) == 0 && !have[i + 1].bulk && !got[i + 1].bulk;
+    }
+    if (ok) {
+        buf out;
+        buf_init(&out);
+        buf_append_count(&out, '*', (size_t)nh);
+        for (long long i = 0; i < nh; i++) {
+            if (i % 2 == 1) {
+                have[i].v += got[i].v;
+            }
+            append_elem(&out, &have[i]);
+        }
+        buf_free(&b->reply);
+        b->reply = out;
     }
     free(have);
     free(got);
@@ -387,6 +526,12 @@ int broadcast_fold(broadcast *b, const char *p, size_t n)
         break;
     case BCAST_SUM:
         ok = fold_sum(b, p, n);
+        break;
+    case BCAST_UNION:
+        ok = first ? (buf_append(&b->reply, p, n), 1) : fold_union(b, p, n);
+        break;
+    case BCAST_SUM_PAIRS:
+        ok = first ? (buf_append(&b->reply, p, n), 1) : fold_sum_pairs(b, p, n);
         break;
     case BCAST_INFO:
         ok = fold_info(b, p, n, first);

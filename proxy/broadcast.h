@@ -1,14 +1,16 @@
 /* broadcast.h - cluster mode: a command every master must run (SCRIPT LOAD,
  * SCRIPT FLUSH, SCRIPT EXISTS, FUNCTION LOAD/DELETE/FLUSH/RESTORE, FLUSHALL,
  * FLUSHDB) or whose answer is the whole keyspace's (KEYS, DBSIZE,
- * RANDOMKEY, INFO with its keyspace section). The router sends it to each
- * master of the map in turn (clustermap_unseen) and folds their replies
- * here into the one the client gets: the first master's reply when every
- * master accepted it, the first error otherwise (the masters after it are
- * not asked), for SCRIPT EXISTS a 1 only where every master has the
- * script, KEYS' arrays joined, DBSIZE summed, RANDOMKEY the first master's
- * key (the masters after it are not asked), INFO the first master's with
- * its Keyspace section summed over every master. No I/O: replies are
+ * RANDOMKEY, INFO with its keyspace section) or the whole cluster's
+ * (PUBSUB: a node knows only its own subscribers). The router sends it to
+ * each master of the map in turn (clustermap_unseen) and folds their
+ * replies here into the one the client gets: the first master's reply when
+ * every master accepted it, the first error otherwise (the masters after
+ * it are not asked), for SCRIPT EXISTS a 1 only where every master has the
+ * script, KEYS' arrays joined, DBSIZE and PUBSUB NUMPAT summed, RANDOMKEY
+ * the first master's key (the masters after it are not asked), INFO the
+ * first master's with its Keyspace section summed over every master,
+ * PUBSUB's channel lists merged and its counts summed. No I/O: replies are
  * pushed in. */
 #ifndef FERRY_BROADCAST_H
 #define FERRY_BROADCAST_H
@@ -21,13 +23,15 @@
 
 /* How the masters' replies make the client's. */
 typedef enum broadcast_kind {
-    BCAST_NONE = 0, /* not a broadcast */
-    BCAST_FIRST,    /* the first master's reply, or the first error */
-    BCAST_AND,      /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
-    BCAST_CONCAT,   /* KEYS: every master's array, joined */
-    BCAST_SUM,      /* DBSIZE: the sum of every master's integer */
-    BCAST_ANY,      /* RANDOMKEY: the first master's reply that is not nil */
-    BCAST_INFO      /* INFO: the first master's, its Keyspace section summed */
+    BCAST_NONE = 0,  /* not a broadcast */
+    BCAST_FIRST,     /* the first master's reply, or the first error */
+    BCAST_AND,       /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
+    BCAST_CONCAT,    /* KEYS: every master's array, joined */
+    BCAST_SUM,       /* DBSIZE, PUBSUB NUMPAT: the sum of every master's integer */
+    BCAST_ANY,       /* RANDOMKEY: the first master's reply that is not nil */
+    BCAST_INFO,      /* INFO: the first master's, its Keyspace section summed */
+    BCAST_UNION,     /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
+    BCAST_SUM_PAIRS  /* PUBSUB NUMSUB, SHARDNUMSUB: name, count pairs, counts summed */
 } broadcast_kind;
 
 /* INFO's keyspace section summed: per db (0..BCAST_DBS-1), each field

@@ -27,6 +27,8 @@ struct clustermap {
     int nshards;                            /* shards in the last map */
     upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
+    uint64_t splits;                        /* requests split across slots (split.c) */
+    uint64_t tryagain, clusterdown;         /* refusals held and sent again */
 };
 
 /* ==== the JSON document ==== */
@@ -161,6 +163,9 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->moved_followed = cm->moved;
     t->ask_followed = cm->asked;
     t->crossslot = cm->crossslot;
+    t->splits = cm->splits;
+    t->tryagain = cm->tryagain;
+    t->clusterdown = cm->clusterdown;
     t->last_error = k->last_error;
 }
 
@@ -169,7 +174,7 @@ void clustermap_json(const clustermap *cm, buf *b)
     const slotmap *m = cluster_map(cm->cs);
     uint64_t now = uv_now(cm->f->loop);
     clustermap_totals t;
-    char tmp[400];
+    char tmp[640];
 
     clustermap_get_totals(cm, &t);
     buf_append_str(b, "\"mode\":\"cluster\",\"routing\":true,\"cluster\":{\"shards\":[");
@@ -225,13 +230,14 @@ void clustermap_json(const clustermap *cm, buf *b)
              "],\"shards_up\":%llu,\"slots_covered\":%llu,\"rounds\":%llu,\"answers\":%llu,"
              "\"rejected\":%llu,\"unreachable\":%llu,\"changes\":%llu,\"slots_moved\":%llu,"
              "\"moved_followed\":%llu,\"ask_followed\":%llu,\"crossslot_refused\":%llu,"
-             "\"last_error\":",
+             "\"splits\":%llu,\"tryagain_held\":%llu,\"clusterdown_held\":%llu,\"last_error\":",
              (unsigned long long)t.shards_up, (unsigned long long)t.slots_covered,
              (unsigned long long)t.rounds, (unsigned long long)t.answers,
              (unsigned long long)t.rejected, (unsigned long long)t.unreachable,
              (unsigned long long)t.changes, (unsigned long long)t.slots_moved,
              (unsigned long long)t.moved_followed, (unsigned long long)t.ask_followed,
-             (unsigned long long)t.crossslot);
+             (unsigned long long)t.crossslot, (unsigned long long)t.splits,
+             (unsigned long long)t.tryagain, (unsigned long long)t.clusterdown);
     buf_append_str(b, tmp);
     json_str(b, t.last_error);
     buf_append_str(b, "}");
@@ -264,6 +270,26 @@ static upstream *view_new(clustermap *cm)
 static void node_name(const slotmap_node *n, char *out, size_t len)
 {
     snprintf(out, len, strchr(n->host, ':') ? "[%s]:%d" : "%s:%d", n->host, n->port);
+}
+
+/* The channel of ferry's replicas_ack nudge (fence.c) on up, a master
+ * serving slot: "__ferry:nudge{N}", the first N whose slot that is (a node
+ * answers MOVED to a shard channel of another node's slot). */
+static void nudge_channel_set(upstream *up, int slot)
+{
+    char name[sizeof(up->nudge_channel)];
+    if (up->nudge_channel[0] != '\0' && up->nudge_slot == slot) {
+        return;
+    }
+    for (unsigned n = 0; n < (1u << 22); n++) {
+        int len = snprintf(name, sizeof(name), "__ferry:nudge{%u}", n);
+        if (slot_of_key(name, (size_t)len) == slot) {
+            memcpy(up->nudge_channel, name, (size_t)len + 1);
+            up->nudge_slot = slot;
+            up->nudge_by_wait = 0; /* refused (MOVED) on another channel: try this one */
+            return;
+        }
+    }
 }
 
 static void on_map(void *data, const slotmap *m, int moved)
@@ -315,8 +341,20 @@ static void on_map(void *data, const slotmap *m, int moved)
                  sh->master.host, sh->master.port, sh->nslots, (unsigned long long)sh->epoch);
         upstream_set_master(claim[i], sh->master.host, sh->master.port, why);
     }
+    int first[SLOTMAP_MAX_SHARDS];
+    for (int i = 0; i < m->nshards; i++) {
+        first[i] = -1;
+    }
     for (int s = 0; s < CLUSTER_SLOTS; s++) {
         cm->slot_up[s] = m->owner[s] >= 0 ? claim[m->owner[s]] : NULL;
+        if (m->owner[s] >= 0 && first[m->owner[s]] < 0) {
+            first[m->owner[s]] = s;
+        }
+    }
+    for (int i = 0; i < m->nshards; i++) {
+        if (claim[i] != NULL && first[i] >= 0) {
+            nudge_channel_set(claim[i], first[i]);
+        }
     }
     memcpy(cm->by_shard, claim, sizeof(claim[0]) * (size_t)m->nshards);
     cm->nshards = m->nshards;
@@ -461,6 +499,20 @@ int clustermap_next_first_slot(const clustermap *cm, int slot)
 void clustermap_count_crossslot(clustermap *cm)
 {
     cm->crossslot++;
+}
+
+void clustermap_count_split(clustermap *cm)
+{
+    cm->splits++;
+}
+
+void clustermap_count_held(clustermap *cm, int tryagain)
+{
+    if (tryagain) {
+        cm->tryagain++;
+    } else {
+        cm->clusterdown++;
+    }
 }
 
 void clustermap_refresh(clustermap *cm, const char *why)

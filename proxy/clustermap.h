@@ -43,6 +43,10 @@ int clustermap_first_slot(const clustermap *cm, int slot);
 int clustermap_next_first_slot(const clustermap *cm, int slot);
 /* Counted for stats: a CROSSSLOT refusal. */
 void clustermap_count_crossslot(clustermap *cm);
+/* Counted for stats: a request split across slots (split.h). */
+void clustermap_count_split(clustermap *cm);
+/* Counted for stats: a node's TRYAGAIN (tryagain 1) or CLUSTERDOWN held. */
+void clustermap_count_held(clustermap *cm, int tryagain);
 /* Ask the cluster for its map now (a master of a shard was lost). */
 void clustermap_refresh(clustermap *cm, const char *why);
 /* Shards whose master view is not UP; *first gets the first one's master
@@ -100,6 +104,9 @@ typedef struct clustermap_totals {
     uint64_t moved_followed; /* MOVED redirects followed */
     uint64_t ask_followed;   /* ASK redirects followed */
     uint64_t crossslot;      /* CROSSSLOT refusals */
+    uint64_t splits;         /* requests split across slots (MGET, MSET, DEL...) */
+    uint64_t tryagain;       /* TRYAGAIN answers held */
+    uint64_t clusterdown;    /* CLUSTERDOWN answers held */
     const char *last_error;  /* why the last answer was refused, "" if none */
 } clustermap_totals;
 void clustermap_get_totals(const clustermap *cm, clustermap_totals *t);

@@ -606,7 +606,9 @@ static void nudge_cb(uv_timer_t *t)
     }
     link *p = up->probe;
     if (p != NULL && p->state == LINK_READY && !up->nudge_pending) {
-        static const char *const spublish[] = {"SPUBLISH", "__ferry:nudge", "1"};
+        /* A cluster node takes a shard channel of its own slots only. */
+        const char *const spublish[] = {
+            "SPUBLISH", up->nudge_channel[0] != '\0' ? up->nudge_channel : "__ferry:nudge", "1"};
         static const char *const wait[] = {"WAIT", "1000000", "1"};
         up->nudge_pending = 1;
         up->f->stats.wait_nudges++;

@@ -127,6 +127,8 @@ typedef struct request {
                              goes next, after ASKING (router.c); NULL none */
     struct broadcast *bc; /* cluster mode: a command every master runs (SCRIPT LOAD...):
                              the masters that replied, their folded reply; NULL none */
+    struct split *sp;     /* cluster mode: MGET, MSET, DEL... whose keys span slots, sent
+                             one part per slot, the replies merged (split.c); NULL none */
     long long arg;        /* route argument (db for SELECT, auth result) */
     size_t charge;        /* bytes charged to its session's memory (session.c) */
     req_done_cb done;     /* internal requests: called with the reply */

@@ -7,6 +7,7 @@
 #include <strings.h>
 
 #include "broadcast.h"
+#include "split.h"
 #include "ferry.h"
 #include "session.h"
 
@@ -40,6 +41,7 @@ request *request_new(ferry *f)
     r->slot = -1;
     r->ask = NULL;
     r->bc = NULL;
+    r->sp = NULL;
     r->born = uv_now(f->loop);
     r->born_ns = uv_hrtime();
     r->sent_ns = 0;
@@ -76,6 +78,8 @@ void request_free(ferry *f, request *r)
     }
     broadcast_free(r->bc);
     r->bc = NULL;
+    split_free(r->sp);
+    r->sp = NULL;
     buf_clear(&r->data);
     buf_clear(&r->reply);
     buf_shrink(&r->data, REQ_KEEP_BYTES);

@@ -40,8 +40,11 @@
 #include "lease.h"
 #include "link.h"
 #include "log.h"
+#include "multipop.h"
 #include "outage.h"
 #include "router_int.h"
+#include "router_pubsub.h"
+#include "split.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
@@ -270,6 +273,9 @@ static void do_reset(session *s, request *r)
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
+    s->ps_homed = 0;
+    s->ps_left = NULL;
+    s->ps_sunsub_owed = 0;
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
@@ -369,10 +375,13 @@ static link *router_lend(session *s, upstream *up)
  * is UP yet (try again on wake-up). */
 static int router_resubscribe(session *s)
 {
-    link *l = router_lend(s, s->f->up);
+    upstream *up = router_pubsub_view(s);
+    link *l = up != NULL ? router_lend(s, up) : NULL;
     if (l == NULL) {
         return 0;
     }
+    s->ps_left = NULL;
+    s->ps_sunsub_owed = 0; /* a new link owes no reply */
     buf b;
     buf_init(&b);
     if (s->subs == NULL) {
@@ -467,10 +476,45 @@ static int verdict_store_serves(session *s)
     return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(s->f->up);
 }
 
+/* A split request's part to send now (split.h): its bytes in r->data (the
+ * client's memory counts the change) and its slot in r->slot. A node
+ * refuses keys of two slots inside a transaction: so does ferry. */
+static void split_prepare(session *s, request *r)
+{
+    if (s->tx != TX_NONE) {
+        split_free(r->sp);
+        r->sp = NULL;
+        router_refuse(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+        clustermap_count_crossslot(s->f->cluster);
+        return;
+    }
+    if (r->sp->built != (int)r->sp->next) {
+        size_t before = buf_used(&r->data);
+        split_encode(r->sp, &r->data);
+        s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+    }
+    r->slot = split_slot(r->sp);
+}
+
+/* r is split and a part other than its last is in flight: what the client
+ * sent after it goes once the last part is sent (a GET behind an MSET
+ * reads what the MSET wrote). */
+static int split_midway(const request *r)
+{
+    return r->sp != NULL && !r->sp->failed && r->sp->next + 1 < r->sp->nparts;
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
-    if (r->bc != NULL && s->tx != TX_NONE) {
+    if (r->sp != NULL) {
+        split_prepare(s, r);
+    }
+    /* Cluster mode, a subscribed client: its link is on one master, where
+     * what it sends goes (router_pubsub.c). */
+    int subscribed = f->cluster != NULL && s->dlink != NULL &&
+                     (s->tunnel == TUN_PUBSUB || s->tunnel == TUN_PUBSUB_LOST);
+    if (r->bc != NULL && (s->tx != TX_NONE || subscribed)) {
         /* Inside a transaction it runs where the transaction does. */
         broadcast_free(r->bc);
         r->bc = NULL;
@@ -482,6 +526,16 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
+    if (subscribed && s->proto == 3 && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
+        f->session_ops->answer_str(s, r,
+                                   "-ERR ferry: cluster mode: a subscribed RESP3 connection runs "
+                                   "commands on the master its subscriptions live on; keys of "
+                                   "another shard on another connection\r\n");
+        return DISPATCH_DONE;
+    }
+    if (subscribed) {
+        up = s->dlink->up;
+    }
     if (r->bc != NULL) {
         r->bc->at = up;
     }
@@ -510,6 +564,19 @@ static int dispatch_one(session *s, request *r)
                 }
                 buf tmp = r->reply;
                 buf_init(&r->reply);
+                if (r->sp != NULL && split_fold(r->sp, buf_head(&tmp), buf_used(&tmp))) {
+                    /* A split's part it has: on with the next part. */
+                    buf_free(&tmp);
+                    r->retries = 0;
+                    r->refusals = 0;
+                    r->flags &= ~REQ_F_REFUSED;
+                    return dispatch_one(s, r);
+                }
+                if (r->sp != NULL) {
+                    buf_free(&tmp);
+                    tmp = r->sp->reply;
+                    buf_init(&r->sp->reply);
+                }
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
                 buf_free(&tmp);
                 return DISPATCH_DONE;
@@ -674,6 +741,14 @@ static int dispatch_one(session *s, request *r)
         }
         return DISPATCH_DOWN;
     }
+    if (r->slot == MULTIPOP_SLOT && s->tx == TX_NONE) {
+        /* Cluster mode: a blocking pop over keys of several slots. */
+        if (s->inflight > 0) {
+            return DISPATCH_WAIT; /* never in flight on two links: ordering */
+        }
+        multipop_start(s, r, router_dispatch);
+        return DISPATCH_DONE;
+    }
     int dedicated = router_pinned(s);
     switch (r->route) {
     case RT_BLOCKING:
@@ -794,6 +869,9 @@ static int dispatch_one(session *s, request *r)
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
     s->flight_link = target;
+    if (split_midway(r)) {
+        return DISPATCH_WAIT; /* what follows waits for its last part */
+    }
     return DISPATCH_DONE;
 }
 
@@ -816,7 +894,8 @@ static void router_maybe_return(session *s)
 static void answer_down_lead(session *s)
 {
     list_node *n = s->cursor;
-    if (s->tx != TX_NONE || !upstream_down(s->f->up)) {
+    const upstream *v = router_pubsub_view(s); /* NULL: waiting for the map */
+    if (s->tx != TX_NONE || (v != NULL && !upstream_down(v))) {
         return;
     }
     while (n != &s->requests) {
@@ -849,6 +928,10 @@ void router_dispatch(session *s)
     }
     while (n != &s->requests) {
         request *r = list_entry(n, request, sq);
+        if ((r->state == REQ_SENT || r->state == REQ_WAITING) && split_midway(r)) {
+            rc = DISPATCH_WAIT; /* what follows waits for the split's last part */
+            break;
+        }
         if (r->state != REQ_HELD) {
             n = n->next;
             continue;
@@ -931,6 +1014,27 @@ static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
     return 1;
 }
 
+/* A split request's part answered (p, n): folded in. Returns 1 when r goes
+ * on with its next part (sent at once when nothing else is in flight). */
+static int split_on_reply(session *s, request *r, const char *p, size_t n)
+{
+    int more = split_fold(r->sp, p, n);
+    buf_clear(&r->reply); /* a reply that waited for a WAIT is folded in */
+    if (!more) {
+        return 0;
+    }
+    /* To another slot's master: its hold, refusals and retries start again. */
+    r->retries = 0;
+    r->refusals = 0;
+    r->flags &= ~REQ_F_REFUSED;
+    note_flight_done(s);
+    requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s);
+    }
+    return 1;
+}
+
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
@@ -949,6 +1053,13 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
         p = buf_head(&r->bc->reply);
         n = buf_used(&r->bc->reply);
+    }
+    if (r->sp != NULL) {
+        if (split_on_reply(s, r, p, n)) {
+            return;
+        }
+        p = buf_head(&r->sp->reply);
+        n = buf_used(&r->sp->reply);
     }
     buf scanned; /* cluster mode: a SCAN's reply with ferry's cursor */
     buf_init(&scanned);
@@ -1087,7 +1198,10 @@ static void cluster_redirect(ferry *f, request *r, const link *l, const char *p,
             r->retry_at = now; /* followed at once; a map going back and forth backs off */
         }
     } else if (strncmp(text, "-CLUSTERDOWN", 12) == 0) {
+        clustermap_count_held(f->cluster, 0);
         clustermap_refresh(f->cluster, "a node answered CLUSTERDOWN");
+    } else if (strncmp(text, "-TRYAGAIN", 9) == 0) {
+        clustermap_count_held(f->cluster, 1);
     }
 }
 
@@ -1249,6 +1363,20 @@ static void tracking_flush(session *s, const char *why)
     s->f->session_ops->on_push(s, flush, sizeof(flush) - 1);
     log_info("client %llu: tracking link lost (%s); cache flush sent", (unsigned long long)s->id,
              why);
+}
+
+int router_on_tunnel(session *s, const char *p, size_t n)
+{
+    if (s->dlink == NULL || s->tunnel != TUN_PUBSUB || !router_pubsub_dropped(s, p, n)) {
+        return 0;
+    }
+    /* Cluster mode: a node dropped the client's shard channels (their slot
+     * moved): subscribed again on the slot's new master once the map names
+     * it. */
+    s->ps_left = s->dlink->up;
+    clustermap_refresh(s->f->cluster, "a node dropped a shard channel (its slot moved)");
+    link_close(s->dlink, "its shard channels' slot moved to another master");
+    return 1;
 }
 
 void router_on_link_closed(session *s, link *l, const char *reason)

@@ -54,6 +54,10 @@ void router_on_refused(session *s, request *r, struct link *l, link_refusal why,
 void router_on_lost(session *s, request *r, const char *reason);
 /* s's dedicated link is gone (its requests were handed back first). */
 void router_on_link_closed(session *s, struct link *l, const char *reason);
+/* What a subscribed client's link brought (p, n: one reply or push):
+ * 1 when it is not the client's (cluster mode: a node dropped its shard
+ * channels, their slot moved; ferry subscribes them again elsewhere). */
+int router_on_tunnel(session *s, const char *p, size_t n);
 
 /* r was in flight off any link (the fallback store) and must wait again. */
 void router_requeue(session *s, request *r);

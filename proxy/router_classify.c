@@ -15,10 +15,13 @@
 #include "clustermap.h"
 #include "keyspace.h"
 #include "log.h"
+#include "multipop.h"
 #include "queues.h"
 #include "router.h"
 #include "router_int.h"
+#include "router_pubsub.h"
 #include "slot.h"
+#include "split.h"
 
 static int arg_eq(const resp_arg *a, const char *lit)
 {
@@ -259,6 +262,9 @@ static int classify_route(session *s, request *r, const resp_request *req)
         return 0;
     case CMD_PUBSUB:
         r->route = RT_TUNNEL;
+        if (f->cluster != NULL) {
+            return 0; /* tracked once its slot is known (router_pubsub.c) */
+        }
         if (s->subs == NULL) {
             s->subs = sub_sets_new();
         }
@@ -383,16 +389,40 @@ static int script_slot(const resp_request *req)
     return slot;
 }
 
+/* Keys in two slots: MGET, MSET, DEL, UNLINK, EXISTS and TOUCH are split,
+ * one part per slot (router.c sends them in turn, split.c merges their
+ * replies); an MSET a node refuses for its arity goes to its first key's
+ * slot, whose node answers that error. 1 when r is routed so. */
+static int classify_split(ferry *f, request *r, const resp_request *req)
+{
+    split_kind kind = split_kind_of(r->cmd);
+    if (kind == SPLIT_NONE) {
+        return 0;
+    }
+    r->sp = split_new(kind, req);
+    if (r->sp == NULL) {
+        r->slot = slot_of_key(req->argv[1].ptr, req->argv[1].len);
+        return 1;
+    }
+    r->slot = split_slot(r->sp);
+    clustermap_count_split(f->cluster);
+    return 1;
+}
+
 /* Cluster mode: the slot of r's keys (r->slot), or its refusal. Commands
  * whose keys share a slot go to that slot's master; keyless ones to any
  * master. What this step cannot route yet is refused with ferry's words;
  * keys in two slots get a node's own CROSSSLOT. Returns 1 when refused. */
-static int classify_slot(ferry *f, request *r, const resp_request *req)
+static int classify_slot(session *s, request *r, const resp_request *req)
 {
+    ferry *f = s->f;
     const command *cmd = r->cmd;
     char name[64];
     if (cmd == NULL) {
         return 0; /* any master answers it as unknown */
+    }
+    if (r->route == RT_TUNNEL && cmd->cls == CMD_PUBSUB) {
+        return router_pubsub_classify(s, r, req);
     }
     display_name(cmd, name, sizeof(name));
     if (r->route == RT_SCRIPT) {
@@ -464,7 +494,7 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
         later = r->arg != CL_ID && r->arg != CL_INFO;
         break;
     default:
-        later = 1; /* blocking calls, scripts, transactions, pub/sub, connection state */
+        later = 1; /* transactions, MONITOR, connection state */
         break;
     }
     if (!later && cmd->first_key == 0 && (cmd->flags & CMD_F_WRITE)) {
@@ -492,6 +522,13 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     int slot = -1;
     for (long i = cmd->first_key; i <= last; i += step) {
         int ks = slot_of_key(req->argv[i].ptr, req->argv[i].len);
+        if (slot >= 0 && ks != slot && r->route == RT_SHARED && classify_split(f, r, req)) {
+            return 0; /* MGET, MSET, DEL... one part per slot (split.c) */
+        }
+        if (slot >= 0 && ks != slot && r->route == RT_BLOCKING && multipop_handles(cmd)) {
+            r->slot = MULTIPOP_SLOT; /* the priority pop across slots (multipop.c) */
+            return 0;
+        }
         if (slot >= 0 && ks != slot) {
             set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
             clustermap_count_crossslot(f->cluster);
@@ -509,5 +546,5 @@ int router_classify(session *s, request *r, const resp_request *req)
     if (rc != 0 || s->f->cluster == NULL) {
         return rc;
     }
-    return classify_slot(s->f, r, req);
+    return classify_slot(s, r, req);
 }

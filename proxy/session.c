@@ -948,7 +948,7 @@ void session_check_reading(session *s)
 
 void session_on_stream(session *s, const char *p, size_t n)
 {
-    if (s->state == SESSION_CLOSING) {
+    if (s->state == SESSION_CLOSING || router_on_tunnel(s, p, n)) {
         return;
     }
     if (list_empty(&s->requests)) {
@@ -969,7 +969,7 @@ void session_on_stream(session *s, const char *p, size_t n)
 
 void session_on_push(session *s, const char *p, size_t n)
 {
-    if (s->state == SESSION_CLOSING) {
+    if (s->state == SESSION_CLOSING || router_on_tunnel(s, p, n)) {
         return;
     }
     /* Redis wrote the push after the replies to what it answered already

@@ -94,6 +94,13 @@ typedef struct session {
     int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */
     tunnel_state tunnel;       /* see tunnel_state */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
+    int ps_homed;              /* cluster mode: its first pub/sub command set ps_slot */
+    int ps_slot;               /* cluster mode: the slot whose master its subscriptions live
+                                  on (its first SSUBSCRIBE's), -1: any master (router_pubsub.c) */
+    struct upstream *ps_left;  /* cluster mode: the master view that dropped its shard channels
+                                  (their slot moved), until the map names another */
+    size_t ps_sunsub_owed;     /* cluster mode: sunsubscribe replies its own SUNSUBSCRIBEs
+                                  are still owed (any other is a node dropping a channel) */
     int authed;                /* AUTH accepted (or no password configured) */
     struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c) */
     int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */

@@ -387,6 +387,12 @@ typedef enum stat_type {
       "ASK redirects followed, every shard (cluster mode)")                                        \
     X("cluster.crossslot_refused", COUNTER, "ferry_cluster_crossslot_refused_total",               \
       "requests refused with -CROSSSLOT (cluster mode)")                                           \
+    X("cluster.splits", COUNTER, "ferry_cluster_splits_total",                                     \
+      "requests split across slots, one part per slot: MGET, MSET, DEL... (cluster mode)")         \
+    X("cluster.tryagain_held", COUNTER, "ferry_cluster_tryagain_held_total",                       \
+      "TRYAGAIN answers (a slot in migration) held and sent again (cluster mode)")                 \
+    X("cluster.clusterdown_held", COUNTER, "ferry_cluster_clusterdown_held_total",                 \
+      "CLUSTERDOWN answers held and sent again (cluster mode)")                                    \
     X("cluster.last_error", TEXT, "ferry_cluster_info",                                            \
       "why the last node answer was refused, empty if none (cluster mode)")
 

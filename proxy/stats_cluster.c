@@ -99,6 +99,9 @@ static uint64_t total_num(const clustermap_totals *t, const char *key)
         {"moved_followed", offsetof(clustermap_totals, moved_followed)},
         {"ask_followed", offsetof(clustermap_totals, ask_followed)},
         {"crossslot_refused", offsetof(clustermap_totals, crossslot)},
+        {"splits", offsetof(clustermap_totals, splits)},
+        {"tryagain_held", offsetof(clustermap_totals, tryagain)},
+        {"clusterdown_held", offsetof(clustermap_totals, clusterdown)},
     };
     for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
         if (strcmp(key, nums[i].key) == 0) {

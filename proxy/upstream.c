@@ -509,11 +509,12 @@ static void select_done(link *l, request *r, const char *reply, size_t len)
     }
 }
 
-link *upstream_lend(upstream *up, session *s)
+/* An idle dedicated link of identity id speaking proto, from its pool or
+ * new; NULL when no master is UP (or the connect failed at once). */
+static link *pool_take(upstream *up, ident *id, int proto)
 {
     link *l = NULL;
-    ident *id = s->ident != NULL ? s->ident : &up->self;
-    list_node *pool = &id->pool[s->proto == 3];
+    list_node *pool = &id->pool[proto == 3];
     if (up->state != UP_UP) {
         return NULL;
     }
@@ -529,10 +530,49 @@ link *upstream_lend(upstream *up, session *s)
         l = NULL;
     }
     if (l == NULL) {
-        l = link_new(up, LINK_DEDICATED, s->proto, id);
-        if (l == NULL) {
-            return NULL;
-        }
+        l = link_new(up, LINK_DEDICATED, proto, id);
+    }
+    return l;
+}
+
+/* l is idle again: pooled if may_pool and it is clean, closed (with why)
+ * otherwise. */
+static void pool_give(upstream *up, link *l, int may_pool, const char *why)
+{
+    /* Pooled even past upstream.pool_idle: a link lent for each script call
+     * and given back after it would otherwise be closed and opened again
+     * at every call of many clients at once. The tick closes the links
+     * above pool_idle that stayed idle POOL_OVER_MS (lent LIFO, the ones
+     * not needed any more are those that stay idle). */
+    if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
+        list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
+        up->f->cfg->pool_idle > 0 && !up->f->stopping && !l->who->rejected) {
+        list_add_head(&l->who->pool[l->proto == 3], &l->pool_node);
+        l->pooled_ms = uv_now(up->f->loop);
+        up->npool++;
+        return;
+    }
+    if (l->state != LINK_DRAINING && l->state != LINK_FENCING) {
+        link_close(l, why);
+    }
+}
+
+link *upstream_borrow(upstream *up, int proto)
+{
+    return pool_take(up, &up->self, proto);
+}
+
+void upstream_put_back(link *l, const char *why)
+{
+    ferry_assert(l->owner == NULL && l->kind == LINK_DEDICATED);
+    pool_give(l->up, l, 1, why);
+}
+
+link *upstream_lend(upstream *up, session *s)
+{
+    link *l = pool_take(up, s->ident != NULL ? s->ident : &up->self, s->proto);
+    if (l == NULL) {
+        return NULL;
     }
     lend(l, s);
     fence_bracket_open(l);
@@ -554,22 +594,7 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
     }
     up = l->up; /* the view that lent it (cluster mode: one view per shard) */
     unlend(l);
-    /* Pooled even past upstream.pool_idle: a link lent for each script call
-     * and given back after it would otherwise be closed and opened again
-     * at every call of many clients at once. The tick closes the links
-     * above pool_idle that stayed idle POOL_OVER_MS (lent LIFO, the ones
-     * not needed any more are those that stay idle). */
-    if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
-        list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
-        up->f->cfg->pool_idle > 0 && !up->f->stopping && !l->who->rejected) {
-        list_add_head(&l->who->pool[l->proto == 3], &l->pool_node);
-        l->pooled_ms = uv_now(up->f->loop);
-        up->npool++;
-        return;
-    }
-    if (l->state != LINK_DRAINING && l->state != LINK_FENCING) {
-        link_close(l, why);
-    }
+    pool_give(up, l, may_pool, why);
 }
 
 void upstream_disown(link *l)

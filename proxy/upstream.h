@@ -97,6 +97,9 @@ typedef struct upstream {
     int nudge_state;         /* 0 no timer yet, 1 idle, 2 armed, -1 closed */
     int nudge_pending;       /* a nudge in flight on the probe link */
     int nudge_by_wait;       /* Redis refused SPUBLISH: nudge with WAIT */
+    char nudge_channel[40];  /* cluster mode: the nudge's channel, of a slot this master
+                                serves (clustermap.c); "" = __ferry:nudge */
+    int nudge_slot;          /* that slot, when nudge_channel is set */
     int fence_valid;         /* no promotion seen since the switch began: a
                                 replica's WAIT ack on the old master still counts */
     char replid[41];         /* the master's replication id (INFO replication), "" unknown */
@@ -142,6 +145,13 @@ link *upstream_lend(upstream *up, struct session *s);
 /* s gives its dedicated link back: pooled if may_pool and it is clean and
  * idle, closed (with why) otherwise. */
 void upstream_return(upstream *up, struct session *s, int may_pool, const char *why);
+/* A dedicated link for ferry's own calls, lent to no session (cluster
+ * mode's priority pop across slots): from the pool of ferry's identity or
+ * new, speaking proto. NULL when no master is UP. */
+link *upstream_borrow(upstream *up, int proto);
+/* A link from upstream_borrow is idle again: pooled when it is clean,
+ * closed (with why) otherwise (a call still in flight on it). */
+void upstream_put_back(link *l, const char *why);
 /* l no longer serves its owner (fenced or drained): untie them quietly. */
 void upstream_disown(link *l);
 /* l is closing: untie it from its owner, who is told (router_on_link_closed). */

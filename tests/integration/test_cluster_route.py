@@ -5,8 +5,8 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
   1. 16 keys spread over every shard: LPUSH / RPOP / SET / GET through ferry
      land on the master serving each key's slot (read with that node's own
      client, which gets no MOVED).
-  2. Keys of one slot ({tag}) go together; MSET across slots gets the exact
-     CROSSSLOT error a node sends; what is not routed yet is refused with
+  2. Keys of one slot ({tag}) go together; MSETNX across slots gets the
+     exact CROSSSLOT error a node sends (MSET is split: test_cluster_split); what is not routed yet is refused with
      ferry's words.
   3. `redis-cli --cluster reshard` of some slots: the MOVED that follows is
      handled by ferry (re-routed), never seen by the client, and the keys of
@@ -16,7 +16,7 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      keys keep flowing (their longest gap printed); again with
      durability.replicas_ack: 1 on 3 masters with 2 replicas each.
   5. ASK during a slot migration: ASKING + the command on the target.
-  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT across slots.
+  6. Blocking pops by slot (BRPOP, BLMOVE), CROSSSLOT for a move across slots.
   7. Scripts by the slot of their keys (EVAL, EVALSHA, EVAL_RO...: on the
      slot's master, CROSSSLOT across slots as a node says, numkeys 0 to any
      master); SCRIPT LOAD / EXISTS / FLUSH on every master, one reply.
@@ -327,11 +327,11 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         node = self.node_client(self.cluster.masters()[0])
         try:
             with self.assertRaises(redis.ResponseError) as want:
-                node.execute_command('MSET', a, '1', b, '2')
+                node.execute_command('MSETNX', a, '1', b, '2')
         finally:
             node.close()
         with self.assertRaises(redis.ResponseError) as got:
-            c.execute_command('MSET', a, '1', b, '2')
+            c.execute_command('MSETNX', a, '1', b, '2')
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got.exception), str(want.exception))
         for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['MULTI'], ['SCRIPT', 'KILL'],
@@ -498,10 +498,12 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
         for t in threads:
             t.join(timeout=15)
         self.assertEqual(got, {k: ['b' + k, 'item-' + k] for k in keys})
-        # a pop that times out answers nil; one over two slots gets CROSSSLOT
+        # a pop that times out answers nil; a move between two slots gets
+        # CROSSSLOT (a pop over keys of several slots is served:
+        # test_cluster_priority_pop)
         self.assertIsNone(c.brpop(['b' + keys[0]], timeout=0.2))
         with self.assertRaises(redis.ResponseError) as e:
-            c.brpop(['b' + keys[0], 'b' + keys[1]], timeout=0.2)
+            c.blmove('b' + keys[0], 'b' + keys[1], 0.2, 'RIGHT', 'LEFT')
         self.assertTrue(str(e.exception).startswith('CROSSSLOT'), str(e.exception))
         # a pop moving between keys of one slot
         c.lpush('{mv}src', 'x')

@@ -103,6 +103,14 @@ MAPPED = {
     'scripts/rolling-restart --ferry --ferry-instance /etc/ferry/ferry.yml:/run/ferry/ferry.pid '
     '--ferry-bin /usr/local/bin/ferry':
         'test_takeover.TakeoverScriptTest.test_takeover_by_script_under_load',
+    # Rolling restarts of a Redis Cluster (cluster nodes, not the topology
+    # scripts/up starts here by default).
+    'scripts/rolling-restart --cluster --local --dry-run':
+        'test_cluster_reshard.ClusterRollingRestartTest.test_1_dry_run_changes_nothing',
+    'scripts/rolling-restart --cluster 10.0.0.1:7000,10.0.0.2:7000 '
+    '--ferry-stats 10.0.1.1:22222,10.0.1.2:22222 --restart-cmd '
+    "'ssh {host} sudo systemctl start redis-server@{port}'":
+        'test_cluster_reshard.ClusterRollingRestartTest.test_2_rolling_restart_under_load',
     # Restarting ferry: a takeover by hand and under systemd.
     'ferry -c /etc/ferry/ferry.yml --takeover /run/ferry/takeover.sock':
         'test_takeover.TakeoverUnderLoadTest.test_takeover_under_load',

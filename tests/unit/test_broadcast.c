@@ -1,8 +1,9 @@
 /* test_broadcast.c - unit tests for proxy/broadcast.c: which commands every
  * master runs in cluster mode, and how the masters' replies fold into the
  * client's: the first master's reply, the first error (the others not
- * asked), SCRIPT EXISTS as the AND of every master's array, and replies
- * that are not what SCRIPT EXISTS answers refused without a crash. */
+ * asked), SCRIPT EXISTS as the AND of every master's array, PUBSUB's
+ * channel lists merged and counts summed, and replies of another shape
+ * refused without a crash. */
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -189,6 +190,82 @@ static void test_dbsize_summed(void **state)
     }
 }
 
+static void test_pubsub_kinds(void **state)
+{
+    (void)state;
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "CHANNELS")), BCAST_UNION);
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "SHARDCHANNELS")), BCAST_UNION);
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "NUMSUB")), BCAST_SUM_PAIRS);
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "SHARDNUMSUB")), BCAST_SUM_PAIRS);
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "NUMPAT")), BCAST_SUM);
+    assert_int_equal(broadcast_kind_of(lookup("PUBSUB", "HELP")), BCAST_NONE);
+    assert_int_equal(broadcast_kind_of(lookup("PUBLISH", NULL)), BCAST_NONE);
+}
+
+static void test_pubsub_union(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_UNION);
+    assert_int_equal(fold(b, "*2\r\n$1\r\na\r\n$2\r\nbb\r\n"), 1);
+    assert_int_equal(fold(b, "*0\r\n"), 1);
+    assert_int_equal(fold(b, "*2\r\n$2\r\nbb\r\n$3\r\nc\r\n\r\n"), 1); /* a name with CRLF */
+    reply_is(b, "*3\r\n$1\r\na\r\n$2\r\nbb\r\n$3\r\nc\r\n\r\n");
+    broadcast_free(b);
+
+    b = broadcast_new(BCAST_UNION);
+    assert_int_equal(fold(b, "*0\r\n"), 1);
+    assert_int_equal(fold(b, "*1\r\n$0\r\n\r\n"), 1);
+    reply_is(b, "*1\r\n$0\r\n\r\n");
+    broadcast_free(b);
+}
+
+static void test_pubsub_sums(void **state)
+{
+    (void)state;
+    broadcast *b = broadcast_new(BCAST_SUM_PAIRS);
+    assert_int_equal(fold(b, "*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n:0\r\n"), 1);
+    assert_int_equal(fold(b, "*4\r\n$1\r\na\r\n:2\r\n$1\r\nb\r\n:0\r\n"), 1);
+    assert_int_equal(fold(b, "*4\r\n$1\r\na\r\n:0\r\n$1\r\nb\r\n:7\r\n"), 1);
+    reply_is(b, "*4\r\n$1\r\na\r\n:3\r\n$1\r\nb\r\n:7\r\n");
+    broadcast_free(b);
+
+    b = broadcast_new(BCAST_SUM);
+    assert_int_equal(fold(b, ":2\r\n"), 1);
+    assert_int_equal(fold(b, ":0\r\n"), 1);
+    assert_int_equal(fold(b, ":40\r\n"), 1);
+    reply_is(b, ":42\r\n");
+    broadcast_free(b);
+}
+
+static void test_pubsub_nonsense(void **state)
+{
+    (void)state;
+    static const struct {
+        broadcast_kind kind;
+        const char *first, *bad;
+    } cases[] = {
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n:1\r\n"},       /* not a name */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$5\r\nab\r\n"}, /* bulk past the end */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\nab\r\n"}, /* bulk longer */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "*2\r\n$1\r\na\r\n"},  /* short */
+        {BCAST_UNION, "*1\r\n$1\r\na\r\n", "+OK\r\n"},            /* not an array */
+        {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*2\r\n$1\r\nb\r\n:1\r\n"}, /* other name */
+        {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*2\r\n$1\r\na\r\n$1\r\n1\r\n"},
+        {BCAST_SUM_PAIRS, "*2\r\n$1\r\na\r\n:1\r\n", "*0\r\n"},      /* other length */
+        {BCAST_SUM_PAIRS, "*1\r\n$1\r\na\r\n", "*1\r\n$1\r\na\r\n"}, /* odd */
+        {BCAST_SUM, ":1\r\n", "$1\r\n1\r\n"},                        /* not an integer */
+        {BCAST_SUM, ":1\r\n", ":1"},                                 /* cut */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        broadcast *b = broadcast_new(cases[i].kind);
+        assert_int_equal(fold(b, cases[i].first), 1);
+        assert_int_equal(fold(b, cases[i].bad), 0);
+        assert_int_equal(b->failed, 1);
+        assert_true(buf_used(&b->reply) > 5 && memcmp(buf_head(&b->reply), "-ERR ferry", 10) == 0);
+        broadcast_free(b);
+    }
+}
+
 static void test_randomkey_first_key(void **state)
 {
     (void)state;
@@ -274,6 +351,10 @@ int main(void)
         cmocka_unit_test(test_dbsize_summed),
         cmocka_unit_test(test_randomkey_first_key),
         cmocka_unit_test(test_info_keyspace_summed),
+        cmocka_unit_test(test_pubsub_kinds),
+        cmocka_unit_test(test_pubsub_union),
+        cmocka_unit_test(test_pubsub_sums),
+        cmocka_unit_test(test_pubsub_nonsense),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

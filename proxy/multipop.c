@@ -1,0 +1,1023 @@
+/* multipop.c - cluster mode: a blocking pop over keys of several slots
+ * (the priority pop). See multipop.h for what it promises.
+ *
+ * One context per call. Replies of the links only record what they
+ * carried and wake the call's timer; every step (sending, answering,
+ * cancelling, pushing back, closing links) is taken from the timer, never
+ * inside a link's own callback. The context lives until every command it
+ * sent has answered (or its link was lost) and every item taken for
+ * nobody is back. */
+#include "multipop.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "clustermap.h"
+#include "link.h"
+#include "log.h"
+#include "resp.h"
+#include "slot.h"
+#include "upstream.h"
+
+#define MP_RETRY_MS 20  /* a slot without a master, a redirect: asked again after */
+#define MP_UNBLOCK_MS 2 /* a pop not blocked yet when cancelled: UNBLOCK again after */
+
+typedef enum mp_kind { MP_LEFT = 0, MP_RIGHT, MP_ZMIN, MP_ZMAX } mp_kind;
+
+/* The call's phases (mp_set_phase is the one setter):
+ *   TRY -> BLOCK | DONE,  BLOCK -> DONE */
+typedef enum mp_phase { MP_TRY = 0, MP_BLOCK, MP_DONE } mp_phase;
+
+/* What a reply answers (a ticket's op). */
+enum { OP_TRY = 0, OP_ID, OP_POP, OP_UNBLOCK, OP_PUSH };
+
+/* An item taken for nobody, to put back. */
+typedef struct mp_item {
+    int key;              /* index in the call's keys */
+    char *val;            /* the value (a list) or the member (a sorted set) */
+    size_t nval;          /* its length */
+    char score[64];       /* a sorted set's score */
+    int out;              /* its push is in flight */
+    int back;             /* it is back in place */
+    uint64_t since;       /* when it was taken */
+    uint64_t retry_at;    /* not pushed again before */
+    struct upstream *ask; /* an ASK named this node: pushed there once */
+    char why[160];        /* why its last push failed */
+    struct mp_item *next;
+} mp_item;
+
+/* One slot's keys and its blocking pop. */
+typedef struct mp_group {
+    int slot;
+    int *keys; /* indexes in the call's keys, in the client's order */
+    int nkeys;
+    link *l;            /* the dedicated link its pop is on; NULL none */
+    long long redis_id; /* that link's client id on Redis, 0 unknown */
+    int out;            /* its pop is in flight */
+    int finished;       /* its pop ended (an item, nil, an error) or is given up */
+    int cancel;         /* cancel it (the call is answered) */
+    int unblock_out;    /* a CLIENT UNBLOCK for it is in flight */
+    int no_unblock;     /* Redis refused CLIENT ID or UNBLOCK: cancelled by closing */
+    uint64_t retry_at;  /* not sent (or unblocked) again before */
+    upstream *ask;      /* an ASK named this node: sent there once */
+    /* Its pop's last reply, recorded by the link's callback; read by the
+     * step: 0 none, else what came. */
+    int got;
+    buf reply;
+} mp_group;
+
+enum { GOT_NONE = 0, GOT_REPLY, GOT_LOST };
+
+typedef struct multipop {
+    ferry *f;
+    request *r; /* the client's call; NULL once answered */
+    void (*resume)(session *s);
+    uint64_t sid;
+    mp_kind kind;
+    int proto;
+    int nkeys;
+    char **key;
+    size_t *klen;
+    int *kslot;
+    uint64_t deadline;   /* uv_now() the call times out, 0: never */
+    uint64_t hold_since; /* a slot without a master since, 0 none */
+    mp_phase phase;
+    int next;          /* TRY: the key asked */
+    int try_out;       /* TRY: its pop in flight */
+    int try_got;       /* TRY: GOT_* */
+    buf try_reply;     /* TRY: the reply */
+    uint64_t try_at;   /* TRY: not asked again before */
+    upstream *try_ask; /* TRY: an ASK named this node: asked there once */
+    upstream *try_up;  /* TRY: the view its pop went to */
+    mp_group *g;
+    int ngroups;
+    mp_item *items; /* taken for nobody, to put back */
+    int refs;       /* commands out (each has a ticket) */
+    int closing;    /* the timer handle is closing: freed in its callback */
+    uv_timer_t timer;
+} multipop;
+
+typedef struct mp_ticket {
+    multipop *mp;
+    int op;
+    int group;     /* OP_ID, OP_POP, OP_UNBLOCK: the group */
+    mp_item *item; /* OP_PUSH */
+} mp_ticket;
+
+static void mp_step(multipop *mp);
+static void mp_done(link *l, request *q, const char *p, size_t n);
+
+/* --------------------------------------------------------------- helpers */
+
+int multipop_handles(const command *cmd)
+{
+    return cmd != NULL &&
+           (strcmp(cmd->name, "blpop") == 0 || strcmp(cmd->name, "brpop") == 0 ||
+            strcmp(cmd->name, "bzpopmin") == 0 || strcmp(cmd->name, "bzpopmax") == 0);
+}
+
+static void mp_set_phase(multipop *mp, mp_phase ph)
+{
+    static const unsigned legal[] = {
+        [MP_TRY] = 1u << MP_BLOCK | 1u << MP_DONE,
+        [MP_BLOCK] = 1u << MP_DONE,
+        [MP_DONE] = 0,
+    };
+    if (mp->phase == ph) {
+        return;
+    }
+    ferry_assert(legal[mp->phase] & (1u << ph));
+    mp->phase = ph;
+}
+
+static void mp_timer_cb(uv_timer_t *t)
+{
+    mp_step(t->data);
+}
+
+/* Run the step after delay ms (0: at the next loop turn). An earlier
+ * wake-up wins over a later one. */
+static void mp_wake(multipop *mp, uint64_t delay)
+{
+    if (mp->closing) {
+        return;
+    }
+    if (uv_is_active((uv_handle_t *)&mp->timer) && uv_timer_get_due_in(&mp->timer) <= delay) {
+        return;
+    }
+    uv_timer_start(&mp->timer, mp_timer_cb, delay, 0);
+}
+
+static const char *const pop_name[] = {"LPOP", "RPOP", "ZPOPMIN", "ZPOPMAX"};
+static const char *const bpop_name[] = {"BLPOP", "BRPOP", "BZPOPMIN", "BZPOPMAX"};
+
+static int starts(const char *p, size_t n, const char *w)
+{
+    size_t m = strlen(w);
+    return n >= m && memcmp(p, w, m) == 0;
+}
+
+/* Reads "-MOVED slot host:port" or "-ASK slot host:port" (word: "MOVED"
+ * or "ASK"). Returns 1 with host and *port set. */
+static int mp_redirect(const char *p, size_t n, const char *word, char *host, size_t hlen,
+                       int *port)
+{
+    char text[200], h[128], fmt[40];
+    int slot;
+    size_t m = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+    memcpy(text, p, m);
+    text[m] = '\0';
+    snprintf(fmt, sizeof(fmt), "-%s %%d %%127[^ \r\n]", word);
+    if (sscanf(text, fmt, &slot, h) != 2) {
+        return 0;
+    }
+    char *colon = strrchr(h, ':');
+    if (colon == NULL || sscanf(colon + 1, "%d", port) != 1 || *port <= 0 || *port >= 65536) {
+        return 0;
+    }
+    *colon = '\0';
+    if (h[0] == '[') {
+        memmove(h, h + 1, strlen(h));
+        h[strcspn(h, "]")] = '\0';
+    }
+    snprintf(host, hlen, "%s", h);
+    return 1;
+}
+
+/* A reply that says nothing was applied and the same command may go
+ * again: a redirect, a master in the middle of a switch. MOVED: the map
+ * learns it; ASK: *ask is the view of the node to send it to once, after
+ * ASKING (NULL: where the slot is served). */
+static int mp_refused(multipop *mp, upstream *from, int slot, const char *p, size_t n,
+                      upstream **ask)
+{
+    char host[128];
+    int port;
+    *ask = NULL;
+    if (starts(p, n, "-MOVED ")) {
+        if (mp_redirect(p, n, "MOVED", host, sizeof(host), &port)) {
+            clustermap_moved(mp->f->cluster, from, slot, host, port);
+        }
+        return 1;
+    }
+    if (starts(p, n, "-ASK ")) {
+        if (mp_redirect(p, n, "ASK", host, sizeof(host), &port)) {
+            *ask = clustermap_ask(mp->f->cluster, from, host, port);
+        }
+        return 1;
+    }
+    if (starts(p, n, "-CLUSTERDOWN")) {
+        clustermap_refresh(mp->f->cluster, "a node answered CLUSTERDOWN");
+        return 1;
+    }
+    return starts(p, n, "-TRYAGAIN") || link_reply_not_master(p, n);
+}
+
+/* Where a command for slot goes now: the node an ASK named (once), else
+ * the slot's master; NULL while it has none that takes commands. */
+static upstream *mp_target(multipop *mp, int slot, upstream *ask)
+{
+    upstream *up = ask != NULL ? ask : clustermap_route(mp->f->cluster, slot);
+    return up != NULL && up->state == UP_UP ? up : NULL;
+}
+
+/* ASKING on l, right before the command an ASK sends there. */
+static void mp_asking(link *l)
+{
+    static const char *const asking[] = {"ASKING"};
+    link_internal(l, asking, 1, NULL, 0);
+}
+
+static void mp_send(multipop *mp, link *l, int op, int group, mp_item *item, const buf *cmd)
+{
+    mp_ticket *t = xcalloc(1, sizeof(*t));
+    t->mp = mp;
+    t->op = op;
+    t->group = group;
+    t->item = item;
+    mp->refs++;
+    link_internal_bytes(l, buf_head(cmd), buf_used(cmd), mp_done, (long long)(intptr_t)t);
+}
+
+/* ---------------------------------------------------------------- replies */
+
+static void mp_done(link *l, request *q, const char *p, size_t n)
+{
+    (void)l;
+    mp_ticket *t = (mp_ticket *)(intptr_t)q->arg;
+    multipop *mp = t->mp;
+    mp->refs--;
+    switch (t->op) {
+    case OP_TRY:
+        mp->try_out = 0;
+        mp->try_got = p == NULL ? GOT_LOST : GOT_REPLY;
+        buf_clear(&mp->try_reply);
+        buf_append(&mp->try_reply, p, n);
+        break;
+    case OP_ID:
+        if (p != NULL && n > 1 && p[0] == ':') {
+            mp->g[t->group].redis_id = strtoll(p + 1, NULL, 10);
+        } else if (p != NULL) {
+            mp->g[t->group].no_unblock = 1; /* no id: its link is closed to cancel */
+            char why[200];
+            link_error_text(p, n, why, sizeof(why));
+            log_warn("priority pop: CLIENT ID refused (%s): a cancelled pop's connection is "
+                     "closed instead",
+                     why);
+        }
+        break;
+    case OP_POP: {
+        mp_group *g = &mp->g[t->group];
+        g->out = 0;
+        g->got = p == NULL ? GOT_LOST : GOT_REPLY;
+        buf_clear(&g->reply);
+        buf_append(&g->reply, p, n);
+        break;
+    }
+    case OP_UNBLOCK: {
+        mp_group *g = &mp->g[t->group];
+        g->unblock_out = 0;
+        if (p != NULL && n > 0 && p[0] == '-') {
+            g->no_unblock = 1; /* refused (ACL): its link is closed instead */
+            char why[200];
+            link_error_text(p, n, why, sizeof(why));
+            log_warn("priority pop: CLIENT UNBLOCK refused (%s): a cancelled pop's connection is "
+                     "closed instead",
+                     why);
+        } else if (p == NULL || !starts(p, n, ":1")) {
+            /* Not blocked yet (or served already): asked again while its
+             * pop is out. */
+            g->retry_at = uv_now(mp->f->loop) + MP_UNBLOCK_MS;
+        }
+        break;
+    }
+    case OP_PUSH: {
+        mp_item *it = t->item;
+        it->out = 0;
+        if (p != NULL && n > 0 && p[0] == ':') {
+            it->back = 1; /* dropped by the step */
+        } else {
+            /* Lost with its link (applied or not: sent again, at least
+             * once), refused for now (sent again), or refused for good
+             * (WRONGTYPE: the key changed meanwhile): sent again within
+             * upstream.hold_timeout_ms, then given up and logged. */
+            snprintf(it->why, sizeof(it->why), "its link was lost");
+            if (p != NULL) {
+                link_error_text(p, n, it->why, sizeof(it->why));
+                if (p[0] == '-' && !mp_refused(mp, l->up, mp->kslot[it->key], p, n, &it->ask)) {
+                    log_error("priority pop: putting back an item of key %.*s refused: %s",
+                              (int)mp->klen[it->key], mp->key[it->key], it->why);
+                }
+            }
+            it->retry_at = uv_now(mp->f->loop) + (it->ask != NULL ? 0 : MP_RETRY_MS);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+    free(t);
+    mp_wake(mp, 0);
+}
+
+/* -------------------------------------------------------------- answering */
+
+/* The client's call gets p[0..n); r is gone after it. */
+static void mp_answer(multipop *mp, const char *p, size_t n)
+{
+    request *r = mp->r;
+    mp->r = NULL;
+    session *s = r->s;
+    if (s == NULL) {
+        request_free(mp->f, r); /* its client left */
+        return;
+    }
+    s->inflight--;
+    if (s->inflight == 0) {
+        s->flight_link = NULL;
+    }
+    s->f->session_ops->answer(s, r, p, n);
+    s->f->session_ops->flush_answered(s);
+    if (s->inflight == 0) {
+        mp->resume(s);
+    }
+    s->f->session_ops->check_reading(s);
+}
+
+static void mp_answer_str(multipop *mp, const char *text)
+{
+    mp_answer(mp, text, strlen(text));
+}
+
+/* The call is still waiting for its answer and its client is there. */
+static int mp_waiting(multipop *mp)
+{
+    if (mp->r != NULL && mp->r->s == NULL) {
+        request_free(mp->f, mp->r); /* its client left: nobody to pop for */
+        mp->r = NULL;
+    }
+    return mp->r != NULL;
+}
+
+static void mp_keep_item(multipop *mp, int key, const char *val, size_t nval, const char *score,
+                         size_t nscore)
+{
+    mp_item *it = xcalloc(1, sizeof(*it));
+    it->key = key;
+    it->val = xmalloc(nval > 0 ? nval : 1);
+    memcpy(it->val, val, nval);
+    it->nval = nval;
+    if (score != NULL) {
+        size_t m = nscore < sizeof(it->score) - 1 ? nscore : sizeof(it->score) - 1;
+        memcpy(it->score, score, m);
+    }
+    it->since = uv_now(mp->f->loop);
+    it->next = mp->items;
+    mp->items = it;
+    log_info("priority pop: an item of key %.*s taken by a cancelled pop goes back",
+             (int)mp->klen[key], mp->key[key]);
+}
+
+static int mp_key_index(multipop *mp, const mp_group *g, const char *k, size_t n)
+{
+    for (int i = 0; i < g->nkeys; i++) {
+        int ki = g->keys[i];
+        if (mp->klen[ki] == n && memcmp(mp->key[ki], k, n) == 0) {
+            return ki;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------- phase TRY */
+
+/* The reply to the non-blocking pop of key mp->next. */
+static void mp_try_reply(multipop *mp)
+{
+    const char *p = buf_head(&mp->try_reply);
+    size_t n = buf_used(&mp->try_reply);
+    int k = mp->next;
+    uint64_t now = uv_now(mp->f->loop);
+    mp->try_got = GOT_NONE;
+    if (p == NULL || n == 0) {
+        return;
+    }
+    if (p[0] == '-') {
+        if (mp_refused(mp, mp->try_up, mp->kslot[k], p, n, &mp->try_ask)) {
+            if (mp->hold_since == 0) {
+                mp->hold_since = now; /* refused until the hold bound */
+            }
+            mp->try_at = mp->try_ask != NULL ? now : now + MP_RETRY_MS;
+            return;
+        }
+        if (mp_waiting(mp)) {
+            mp_answer(mp, p, n); /* WRONGTYPE...: as Redis answers it */
+        }
+        mp_set_phase(mp, MP_DONE);
+        return;
+    }
+    mp->hold_since = 0;
+    redisReply *rep = link_parse_reply(p, n);
+    if (rep == NULL) {
+        mp->try_at = now + MP_RETRY_MS;
+        return;
+    }
+    buf out;
+    buf_init(&out);
+    int item = 0;
+    if ((mp->kind == MP_LEFT || mp->kind == MP_RIGHT) && rep->type == REDIS_REPLY_STRING) {
+        buf_append_count(&out, '*', 2);
+        buf_append_bulk(&out, mp->key[k], mp->klen[k]);
+        buf_append_bulk(&out, rep->str, rep->len);
+        item = 1;
+    } else if ((mp->kind == MP_ZMIN || mp->kind == MP_ZMAX) && rep->type == REDIS_REPLY_ARRAY &&
+               rep->elements == 2 && rep->element[0]->type == REDIS_REPLY_STRING &&
+               rep->element[1]->type == REDIS_REPLY_STRING) {
+        buf_append_count(&out, '*', 3);
+        buf_append_bulk(&out, mp->key[k], mp->klen[k]);
+        buf_append_bulk(&out, rep->element[0]->str, rep->element[0]->len);
+        if (mp->proto == 3) {
+            buf_append(&out, ",", 1);
+            buf_append(&out, rep->element[1]->str, rep->element[1]->len);
+            buf_append(&out, "\r\n", 2);
+        } else {
+            buf_append_bulk(&out, rep->element[1]->str, rep->element[1]->len);
+        }
+        item = 1;
+    }
+    if (item) {
+        if (mp_waiting(mp)) {
+            mp_answer(mp, buf_head(&out), buf_used(&out));
+        } else if (mp->kind == MP_ZMIN || mp->kind == MP_ZMAX) {
+            mp_keep_item(mp, k, rep->element[0]->str, rep->element[0]->len, rep->element[1]->str,
+                         rep->element[1]->len);
+        } else {
+            mp_keep_item(mp, k, rep->str, rep->len, NULL, 0);
+        }
+        mp_set_phase(mp, MP_DONE);
+    } else {
+        mp->next++; /* empty: the next key in the client's order */
+    }
+    buf_free(&out);
+    freeReplyObject(rep);
+}
+
+static void mp_try(multipop *mp, uint64_t now)
+{
+    if (mp->try_got != GOT_NONE) {
+        if (mp->try_got == GOT_LOST) {
+            mp->try_got = GOT_NONE;
+            mp->try_at = now + MP_RETRY_MS;
+        } else {
+            mp_try_reply(mp);
+        }
+    }
+    if (mp->phase != MP_TRY || mp->try_out) {
+        return;
+    }
+    if (!mp_waiting(mp)) {
+        mp_set_phase(mp, MP_DONE);
+        return;
+    }
+    if (mp->next >= mp->nkeys) {
+        mp_set_phase(mp, MP_BLOCK); /* every key empty: block on each slot */
+        return;
+    }
+    if (now < mp->try_at) {
+        mp_wake(mp, mp->try_at - now);
+        return;
+    }
+    int k = mp->next;
+    upstream *up = mp_target(mp, mp->kslot[k], mp->try_ask);
+    link *l = up != NULL ? upstream_shared(up, NULL, mp->sid, mp->proto) : NULL;
+    if (l == NULL) {
+        if (mp->hold_since == 0) {
+            mp->hold_since = now;
+        }
+        mp->try_ask = NULL; /* where the slot is served, next time */
+        mp->try_at = now + MP_RETRY_MS;
+        mp_wake(mp, MP_RETRY_MS);
+        return;
+    }
+    if (mp->try_ask != NULL) {
+        mp_asking(l);
+        mp->try_ask = NULL;
+    }
+    mp->try_up = up;
+    buf cmd;
+    buf_init(&cmd);
+    buf_append_count(&cmd, '*', 2);
+    buf_append_bulk(&cmd, pop_name[mp->kind], strlen(pop_name[mp->kind]));
+    buf_append_bulk(&cmd, mp->key[k], mp->klen[k]);
+    mp->try_out = 1;
+    mp_send(mp, l, OP_TRY, 0, NULL, &cmd);
+    buf_free(&cmd);
+}
+
+/* ----------------------------------------------------------- phase BLOCK */
+
+/* g is done with its link: back to the pool when it is clean (nothing in
+ * flight on it, no CLIENT UNBLOCK for it still on its way: that one could
+ * end the next borrower's call), else closed. */
+static void mp_close_link(multipop *mp, mp_group *g, int reuse, const char *why)
+{
+    if (g->l != NULL) {
+        link *l = g->l;
+        g->l = NULL;
+        g->redis_id = 0;
+        if (l->state == LINK_CLOSING) {
+            return;
+        }
+        if (reuse && !g->unblock_out && !g->out && !mp->f->closed && !mp->f->stopping) {
+            upstream_put_back(l, why);
+        } else {
+            link_close(l, why);
+        }
+    }
+}
+
+/* Group gi's blocking pop answered p[0..n). */
+static void mp_pop_reply(multipop *mp, int gi, uint64_t now)
+{
+    mp_group *g = &mp->g[gi];
+    const char *p = buf_head(&g->reply);
+    size_t n = buf_used(&g->reply);
+    if (n > 0 && p[0] == '-') {
+        upstream *from = g->l != NULL ? g->l->up : NULL;
+        if (mp_refused(mp, from, g->slot, p, n, &g->ask)) {
+            /* A redirect leaves its link as it was; a master that is not
+             * one any more, not. */
+            int redirect = p[1] == 'M' || p[1] == 'A';
+            mp_close_link(mp, g, redirect, "priority pop: its master changed");
+            g->retry_at = g->ask != NULL ? now : now + MP_RETRY_MS;
+            return; /* sent again (cancelled: ended) */
+        }
+        g->finished = 1;
+        if (!g->cancel && mp_waiting(mp)) {
+            mp_answer(mp, p, n); /* WRONGTYPE...: as Redis answers it */
+        }
+        return;
+    }
+    redisReply *rep = link_parse_reply(p, n);
+    int item = rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements >= 2 &&
+               rep->element[0]->type == REDIS_REPLY_STRING &&
+               rep->element[1]->type == REDIS_REPLY_STRING;
+    g->finished = 1;
+    if (item && mp_waiting(mp)) {
+        mp_answer(mp, p, n); /* the first item wins: as Redis gave it */
+    } else if (item) {
+        int k = mp_key_index(mp, g, rep->element[0]->str, rep->element[0]->len);
+        if (k < 0) {
+            log_error("priority pop: an item of an unknown key %.*s cannot go back",
+                      (int)rep->element[0]->len, rep->element[0]->str);
+        } else if ((mp->kind == MP_ZMIN || mp->kind == MP_ZMAX) && rep->elements >= 3 &&
+                   rep->element[2]->type == REDIS_REPLY_STRING) {
+            mp_keep_item(mp, k, rep->element[1]->str, rep->element[1]->len, rep->element[2]->str,
+                         rep->element[2]->len);
+        } else if (mp->kind == MP_LEFT || mp->kind == MP_RIGHT) {
+            mp_keep_item(mp, k, rep->element[1]->str, rep->element[1]->len, NULL, 0);
+        } else {
+            log_error("priority pop: an item of key %.*s without its score cannot go back",
+                      (int)rep->element[0]->len, rep->element[0]->str);
+        }
+    }
+    if (rep != NULL) {
+        freeReplyObject(rep);
+    }
+}
+
+static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
+{
+    mp_group *g = &mp->g[gi];
+    char timeout[64] = "0";
+    if (mp->deadline != 0) {
+        if (now + 1 >= mp->deadline) {
+            g->finished = 1; /* its time ran out meanwhile */
+            return;
+        }
+        snprintf(timeout, sizeof(timeout), "%.3f", (double)(mp->deadline - now) / 1000.0);
+    }
+    if (g->l == NULL) {
+        g->l = upstream_borrow(up, mp->proto);
+        if (g->l == NULL) {
+            g->retry_at = now + MP_RETRY_MS;
+            return;
+        }
+        g->redis_id = g->l->redis_id; /* known on a link from the pool */
+    }
+    if (g->redis_id <= 0) {
+        buf id;
+        buf_init(&id);
+        static const char *const argv[] = {"CLIENT", "ID"};
+        buf_append_argv(&id, 2, argv);
+        mp_send(mp, g->l, OP_ID, gi, NULL, &id);
+        buf_free(&id);
+    }
+    if (g->ask != NULL) {
+        mp_asking(g->l); /* the slot is migrating: this pop goes to the node it named */
+        g->ask = NULL;
+    }
+    buf cmd;
+    buf_init(&cmd);
+    buf_append_count(&cmd, '*', (size_t)g->nkeys + 2);
+    buf_append_bulk(&cmd, bpop_name[mp->kind], strlen(bpop_name[mp->kind]));
+    for (int i = 0; i < g->nkeys; i++) {
+        buf_append_bulk(&cmd, mp->key[g->keys[i]], mp->klen[g->keys[i]]);
+    }
+    buf_append_bulk(&cmd, timeout, strlen(timeout));
+    g->out = 1;
+    mp_send(mp, g->l, OP_POP, gi, NULL, &cmd);
+    buf_free(&cmd);
+}
+
+static void mp_unblock(multipop *mp, int gi, uint64_t now)
+{
+    mp_group *g = &mp->g[gi];
+    if (g->no_unblock && g->l != NULL && !g->unblock_out) {
+        /* Redis refuses ferry CLIENT ID or UNBLOCK: closing the link ends
+         * the pop (an item Redis served it at that very moment is lost
+         * with the link). */
+        mp_close_link(mp, g, 0, "priority pop cancelled");
+        return;
+    }
+    if (g->unblock_out || g->l == NULL || now < g->retry_at) {
+        mp_wake(mp, g->retry_at > now ? g->retry_at - now : MP_UNBLOCK_MS);
+        return;
+    }
+    if (g->redis_id <= 0) {
+        mp_wake(mp, MP_UNBLOCK_MS); /* its CLIENT ID first */
+        return;
+    }
+    link *sh = upstream_shared(g->l->up, NULL, mp->sid, 2);
+    if (sh == NULL) {
+        mp_wake(mp, MP_RETRY_MS);
+        return;
+    }
+    char id[32];
+    snprintf(id, sizeof(id), "%lld", g->redis_id);
+    const char *argv[] = {"CLIENT", "UNBLOCK", id, "TIMEOUT"};
+    buf cmd;
+    buf_init(&cmd);
+    buf_append_argv(&cmd, 4, argv);
+    g->unblock_out = 1;
+    mp_send(mp, sh, OP_UNBLOCK, gi, NULL, &cmd);
+    buf_free(&cmd);
+}
+
+static void mp_block(multipop *mp, uint64_t now)
+{
+    int waiting = mp_waiting(mp);
+    for (int i = 0; i < mp->ngroups; i++) {
+        mp_group *g = &mp->g[i];
+        if (g->got != GOT_NONE) {
+            int lost = g->got == GOT_LOST;
+            g->got = GOT_NONE;
+            if (lost) {
+                g->l = NULL; /* closed: its pop is sent again on a new one */
+                g->redis_id = 0;
+                g->retry_at = now + MP_RETRY_MS;
+            } else {
+                mp_pop_reply(mp, i, now);
+            }
+            waiting = mp_waiting(mp);
+        }
+    }
+    for (int i = 0; i < mp->ngroups; i++) {
+        mp_group *g = &mp->g[i];
+        g->cancel = !waiting;
+        if (g->finished) {
+            mp_close_link(mp, g, 1, "priority pop done");
+            continue;
+        }
+        if (g->out) {
+            if (g->cancel) {
+                mp_unblock(mp, i, now);
+            }
+            continue;
+        }
+        if (g->cancel || (mp->deadline != 0 && now + 1 >= mp->deadline)) {
+            g->finished = 1; /* not sent again: nobody waits for it, or its time ran out */
+            mp_close_link(mp, g, 1, "priority pop done");
+            continue;
+        }
+        if (now < g->retry_at) {
+            mp_wake(mp, g->retry_at - now);
+            continue;
+        }
+        upstream *up = mp_target(mp, g->slot, g->ask);
+        if (up == NULL) {
+            g->retry_at = now + MP_RETRY_MS; /* held for its master */
+            g->ask = NULL;
+            mp_close_link(mp, g, 1, "priority pop: its master changed");
+            mp_wake(mp, MP_RETRY_MS);
+            continue;
+        }
+        if (g->l != NULL && g->l->up != up) {
+            mp_close_link(mp, g, 1, "priority pop: its slot moved");
+        }
+        mp_send_pop(mp, i, up, now);
+        if (g->finished) {
+            mp_close_link(mp, g, 1, "priority pop timed out");
+        }
+    }
+    int open = 0;
+    for (int i = 0; i < mp->ngroups; i++) {
+        open += !mp->g[i].finished;
+    }
+    if (open == 0) {
+        if (mp_waiting(mp)) {
+            mp_answer_str(mp, session_null(mp->r->s, "*-1\r\n")); /* timed out */
+        }
+        mp_set_phase(mp, MP_DONE);
+    } else if (mp_waiting(mp) && mp->deadline != 0) {
+        /* Redis times each pop out; a pop held for its master has none. */
+        mp_wake(mp, mp->deadline > now ? mp->deadline - now + 50 : 50);
+    } else if (mp_waiting(mp)) {
+        mp_wake(mp, 200); /* notice a client that left */
+    }
+}
+
+/* ------------------------------------------------------------- putting back */
+
+/* Items taken for nobody go back to the end they came from. Returns how
+ * many are still to go back. */
+/* p[0..n) for a log line: printable ASCII as it is, the rest as \xNN; the
+ * first 256 bytes, "..." after them. */
+static void mp_escape(const char *p, size_t n, char *out, size_t len)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && i < 256 && o + 5 < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"') {
+            out[o++] = (char)c;
+        } else {
+            o += (size_t)snprintf(out + o, len - o, "\\x%02x", c);
+        }
+    }
+    if (n > 256 && o + 4 <= len) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+}
+
+static int mp_put_back(multipop *mp, uint64_t now)
+{
+    int left = 0;
+    mp_item **pp = &mp->items;
+    while (*pp != NULL) {
+        mp_item *it = *pp;
+        if (it->back) {
+            *pp = it->next;
+            free(it->val);
+            free(it);
+            continue;
+        }
+        pp = &it->next;
+        left++;
+        if (it->out) {
+            continue;
+        }
+        if (now - it->since >= mp->f->cfg->hold_timeout_ms) {
+            /* Given up: logged with the item, for an operator to push. */
+            int z = mp->kind == MP_ZMIN || mp->kind == MP_ZMAX;
+            char val[4 * 256 + 4];
+            mp_escape(it->val, it->nval, val, sizeof(val));
+            log_error("priority pop: an item taken by a cancelled pop could not go back to key "
+                      "%.*s within upstream.hold_timeout_ms (%s): %s%s%s%zu bytes: \"%s\"",
+                      (int)mp->klen[it->key], mp->key[it->key], it->why[0] ? it->why : "no master",
+                      z ? "score " : "", z ? it->score : "", z ? ", " : "", it->nval, val);
+            it->back = 1;
+            left--;
+            continue;
+        }
+        if (now < it->retry_at) {
+            mp_wake(mp, it->retry_at - now);
+            continue;
+        }
+        upstream *up = mp_target(mp, mp->kslot[it->key], it->ask);
+        link *l = up != NULL ? upstream_shared(up, NULL, mp->sid, 2) : NULL;
+        if (l == NULL) {
+            it->ask = NULL;
+            it->retry_at = now + MP_RETRY_MS;
+            mp_wake(mp, MP_RETRY_MS);
+            continue;
+        }
+        if (it->ask != NULL) {
+            mp_asking(l);
+            it->ask = NULL;
+        }
+        buf cmd;
+        buf_init(&cmd);
+        static const char *const push[] = {"LPUSH", "RPUSH", "ZADD", "ZADD"};
+        int z = mp->kind == MP_ZMIN || mp->kind == MP_ZMAX;
+        buf_append_count(&cmd, '*', z ? 4 : 3);
+        buf_append_bulk(&cmd, push[mp->kind], strlen(push[mp->kind]));
+        buf_append_bulk(&cmd, mp->key[it->key], mp->klen[it->key]);
+        if (z) {
+            buf_append_bulk(&cmd, it->score, strlen(it->score));
+        }
+        buf_append_bulk(&cmd, it->val, it->nval);
+        it->out = 1;
+        mp_send(mp, l, OP_PUSH, 0, it, &cmd);
+        buf_free(&cmd);
+    }
+    return left;
+}
+
+/* ------------------------------------------------------------------ life */
+
+static void mp_closed(uv_handle_t *h)
+{
+    multipop *mp = h->data;
+    for (int i = 0; i < mp->nkeys; i++) {
+        free(mp->key[i]);
+    }
+    free(mp->key);
+    free(mp->klen);
+    free(mp->kslot);
+    for (int i = 0; i < mp->ngroups; i++) {
+        free(mp->g[i].keys);
+        buf_free(&mp->g[i].reply);
+    }
+    free(mp->g);
+    while (mp->items != NULL) {
+        mp_item *it = mp->items;
+        mp->items = it->next;
+        free(it->val);
+        free(it);
+    }
+    buf_free(&mp->try_reply);
+    free(mp);
+}
+
+/* ferry is closing (its links are closed, its map is gone): nothing is
+ * sent any more; what could not go back is logged. */
+static void mp_abandon(multipop *mp)
+{
+    mp_item **pp = &mp->items;
+    while (*pp != NULL) {
+        mp_item *it = *pp;
+        if (it->out) {
+            pp = &it->next; /* its ticket comes back first */
+            continue;
+        }
+        *pp = it->next;
+        if (!it->back) {
+            log_error("priority pop: ferry closing: an item of key %.*s taken by a cancelled "
+                      "pop could not go back (%zu bytes)",
+                      (int)mp->klen[it->key], mp->key[it->key], it->nval);
+        }
+        free(it->val);
+        free(it);
+    }
+    if (mp_waiting(mp)) {
+        mp_answer_str(mp, "-ERR ferry: stopping\r\n");
+    }
+    for (int i = 0; i < mp->ngroups; i++) {
+        mp->g[i].finished = 1;
+        mp_close_link(mp, &mp->g[i], 0, "ferry closing");
+    }
+    mp_set_phase(mp, MP_DONE);
+    if (mp->refs == 0 && mp->items == NULL) {
+        mp->closing = 1;
+        uv_close((uv_handle_t *)&mp->timer, mp_closed);
+    }
+}
+
+static void mp_step(multipop *mp)
+{
+    if (mp->closing) {
+        return;
+    }
+    uint64_t now = uv_now(mp->f->loop);
+    if (mp->f->closed) {
+        mp_abandon(mp);
+        return;
+    }
+    if (mp->phase == MP_TRY) {
+        mp_try(mp, now);
+        if (mp->phase == MP_TRY && mp->hold_since != 0 && mp_waiting(mp) &&
+            now - mp->hold_since >= mp->f->cfg->hold_timeout_ms) {
+            mp_answer_str(mp, "-TRYAGAIN ferry: no master for a key of the call\r\n");
+            mp_set_phase(mp, MP_DONE);
+        }
+    }
+    if (mp->phase == MP_BLOCK) {
+        mp_block(mp, now);
+    }
+    int items = mp_put_back(mp, now);
+    if (mp->phase == MP_DONE) {
+        for (int i = 0; i < mp->ngroups; i++) {
+            if (!mp->g[i].out) {
+                mp_close_link(mp, &mp->g[i], 1, "priority pop done");
+            }
+        }
+    }
+    if (mp->phase == MP_DONE && mp->refs == 0 && items == 0) {
+        for (int i = 0; i < mp->ngroups; i++) {
+            mp_close_link(mp, &mp->g[i], 1, "priority pop done");
+        }
+        if (mp->r != NULL) {
+            mp_answer_str(mp, "-ERR ferry: the priority pop ended without an answer\r\n");
+        }
+        mp->closing = 1;
+        uv_close((uv_handle_t *)&mp->timer, mp_closed);
+    }
+}
+
+/* The timeout as Redis reads it (a float of seconds, >= 0); -1 refused. */
+static int mp_timeout(const resp_arg *a, double *t)
+{
+    char tmp[64];
+    if (a->len == 0 || a->len >= sizeof(tmp)) {
+        return -1;
+    }
+    memcpy(tmp, a->ptr, a->len);
+    tmp[a->len] = '\0';
+    char *end;
+    *t = strtod(tmp, &end);
+    if (*end != '\0' || isnan(*t) || isinf(*t)) {
+        return -1;
+    }
+    return 0;
+}
+
+void multipop_start(session *s, request *r, void (*resume)(session *s))
+{
+    ferry *f = s->f;
+    resp_parser *pp = resp_parser_new(NULL);
+    resp_request req;
+    double t = 0;
+    const char *refused = NULL;
+    if (resp_parse_request(pp, buf_head(&r->data), buf_used(&r->data), &req) != RESP_OK ||
+        req.argc < 3) {
+        refused = "-ERR ferry: the call could not be read again\r\n";
+    } else if (mp_timeout(&req.argv[req.argc - 1], &t) != 0) {
+        refused = "-ERR timeout is not a float or out of range\r\n";
+    } else if (t < 0) {
+        refused = "-ERR timeout is negative\r\n";
+    }
+    if (refused != NULL) {
+        resp_parser_free(pp);
+        f->session_ops->answer_str(s, r, refused); /* as a node answers it */
+        return;
+    }
+    r->s = s;
+    r->sent_ns = uv_hrtime();
+    request_set_state(r, REQ_SENT);
+    s->inflight++;
+    s->flight_link = NULL; /* in flight off any link */
+
+    multipop *mp = xcalloc(1, sizeof(*mp));
+    mp->f = f;
+    mp->r = r;
+    mp->resume = resume;
+    mp->sid = s->id;
+    mp->proto = s->proto;
+    buf_init(&mp->try_reply);
+    uv_timer_init(f->loop, &mp->timer);
+    mp->timer.data = mp;
+    const char *name = r->cmd->name;
+    mp->kind = strcmp(name, "blpop") == 0      ? MP_LEFT
+               : strcmp(name, "brpop") == 0    ? MP_RIGHT
+               : strcmp(name, "bzpopmin") == 0 ? MP_ZMIN
+                                               : MP_ZMAX;
+    {
+        mp->deadline = t > 0 ? uv_now(f->loop) + (uint64_t)(t * 1000.0 + 0.5) : 0;
+        if (mp->deadline == uv_now(f->loop)) {
+            mp->deadline++; /* under a millisecond: not forever */
+        }
+        mp->nkeys = (int)req.argc - 2;
+        mp->key = xcalloc((size_t)mp->nkeys, sizeof(*mp->key));
+        mp->klen = xcalloc((size_t)mp->nkeys, sizeof(*mp->klen));
+        mp->kslot = xcalloc((size_t)mp->nkeys, sizeof(*mp->kslot));
+        mp->g = xcalloc((size_t)mp->nkeys, sizeof(*mp->g));
+        for (int i = 0; i < mp->nkeys; i++) {
+            const resp_arg *a = &req.argv[i + 1];
+            mp->key[i] = xmalloc(a->len > 0 ? a->len : 1);
+            memcpy(mp->key[i], a->ptr, a->len);
+            mp->klen[i] = a->len;
+            mp->kslot[i] = slot_of_key(a->ptr, a->len);
+            int gi = 0;
+            while (gi < mp->ngroups && mp->g[gi].slot != mp->kslot[i]) {
+                gi++;
+            }
+            if (gi == mp->ngroups) {
+                mp->g[gi].slot = mp->kslot[i];
+                mp->g[gi].keys = xcalloc((size_t)mp->nkeys, sizeof(int));
+                buf_init(&mp->g[gi].reply);
+                mp->ngroups++;
+            }
+            mp->g[gi].keys[mp->g[gi].nkeys++] = i;
+        }
+        log_debug("client %llu: %s over %d key(s) in %d slot(s)", (unsigned long long)s->id,
+                  bpop_name[mp->kind], mp->nkeys, mp->ngroups);
+    }
+    resp_parser_free(pp);
+    mp_wake(mp, 0); /* answered from the loop, never inside the dispatch */
+}
