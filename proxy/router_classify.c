@@ -426,11 +426,17 @@ static int classify_slot(ferry *f, request *r, const resp_request *req)
     case RT_SELECT:
         later = r->arg != 0;
         break;
+    case RT_MULTI:
+    case RT_EXEC:
+    case RT_DISCARD:
+    case RT_WATCH:
+    case RT_UNWATCH:
+        break; /* pinned to the slot of WATCH's keys or the first keys inside (tx.c) */
     case RT_CLIENT:
         later = r->arg != CL_ID && r->arg != CL_INFO;
         break;
     default:
-        later = 1; /* blocking calls, scripts, transactions, pub/sub, connection state */
+        later = 1; /* blocking calls, pub/sub, connection state */
         break;
     }
     if (!later && cmd->first_key == 0 &&
