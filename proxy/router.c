@@ -715,6 +715,8 @@ static int dispatch_one(session *s, request *r)
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
             router_lend(s, up);
+        } else if (s->tx_deferred) {
+            tx_on_lend(s, s->dlink); /* cluster mode: the MULTI ferry answered goes first */
         }
         target = s->dlink;
     } else {

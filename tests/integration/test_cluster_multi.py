@@ -122,11 +122,22 @@ class ClusterMultiTest(unittest.TestCase):
                 self.assertEqual(pipelined(s, ['MULTI'], ['PING'], ['ECHO', 'e'], ['EXEC']),
                                  ['OK', 'QUEUED', 'QUEUED', ['PONG', 'e']])
                 self.assertEqual(pipelined(s, ['MULTI'], ['EXEC']), ['OK', []])
+                # transactions back to back, pipelined, on one shard then another:
+                # each MULTI goes to its own first key's shard, none runs outside
+                ms = self.cluster.masters()
+                ka, kb = key_on(self.cluster, ms[0], 'tx1c'), key_on(self.cluster, ms[1], 'tx1c')
+                got = pipelined(s, ['MULTI'], ['SET', ka, '1'], ['EXEC'],
+                                ['MULTI'], ['SET', ka, '2'], ['DISCARD'],
+                                ['MULTI'], ['SET', kb, '3'], ['EXEC'],
+                                ['MULTI'], ['INCR', ka], ['EXEC'], ['MGET', ka])
+                self.assertEqual(got, ['OK', 'QUEUED', ['OK'], 'OK', 'QUEUED', 'OK',
+                                       'OK', 'QUEUED', ['OK'], 'OK', 'QUEUED', [2], ['2']])
             finally:
                 s.close()
             self.assertEqual(self.node_get(k), 'v')
         finally:
             c.close()
+        self.assertEqual((self.node_get(ka), self.node_get(kb)), ('2', '3'))
 
     def test_2_a_key_of_another_slot_aborts_exec(self):
         self.cluster.wait_consistent()
@@ -239,7 +250,8 @@ class ClusterMultiTest(unittest.TestCase):
         self.assertEqual(out['errors'], [], out)
         self.assertEqual((out['added'], out['children'], out['parents'], out['twice']),
                          (flows, flows * children, flows, 0), out)
-        self.assertEqual(sorted(out['sums']), [sum(range(children))] * flows, out)
+        self.assertEqual(out['sums'], [sum(range(children))] * flows, out)
+        self.assertEqual(out['counts'].get('completed'), flows, out)
         owner = self.cluster.master_of(self.cluster.keyslot('{flow}'))
         n = self.node_client(owner)
         try:

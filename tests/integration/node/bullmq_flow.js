@@ -65,7 +65,12 @@ async function main() {
             await producer.add({ name: 'flow', queueName: 'flows', data: { flow: f }, children: kidsOf });
             added++;
         }
-        await waitFor(async () => parents.size >= flows || errors.length > 0, GIVE_UP_MS, 'the flows');
+        await waitFor(async () => sums.length >= flows || errors.length > 0, GIVE_UP_MS, 'the flows');
+        await waitFor(
+            async () => (await parentsQueue.getJobCounts('completed')).completed >= flows,
+            GIVE_UP_MS,
+            'the flows completed',
+        );
         counts = await parentsQueue.getJobCounts('completed', 'failed', 'waiting', 'active', 'waiting-children');
     } catch (e) {
         errors.push('run: ' + e.message);
