@@ -171,6 +171,15 @@ class ClusterMultiTest(unittest.TestCase):
                 self.assertEqual(str(got[2]), str(cross.exception), got)
                 self.assertEqual(got[3], 'QUEUED')
                 self.assertEqual(str(got[4]), EXECABORT, got)
+            # a command Redis refuses before the first key (a keyless one goes
+            # to any master; the transaction then moves to its key's shard):
+            # EXEC still aborts, as on one node
+            for port in masters:
+                k = key_on(self.cluster, port, 'tx2m')
+                got = pipelined(s, ['MULTI'], ['ECHO'], ['SET', k, 'x'], ['EXEC'], ['EXISTS', k])
+                self.assertEqual(got[0], 'OK')
+                self.assertIn('wrong number of arguments', str(got[1]))
+                self.assertEqual((got[2], str(got[3]), got[4]), ('QUEUED', EXECABORT, 0), got)
             # the connection serves on, outside any transaction
             self.assertEqual(pipelined(s, ['SET', b, 'after'], ['GET', a]), ['OK', None])
         finally:
