@@ -14,6 +14,8 @@ node-timeout 2 s), one cluster and one ferry for the class:
      after WATCH is refused with CROSSSLOT; DISCARD runs nothing.
   4. BullMQ's FlowProducer (MULTI/EXEC) with a {hash-tagged} prefix: every
      flow's children and parent processed once.
+  5. The pinned slot moves to another master inside MULTI: MOVED is
+     followed, the transaction rebuilt there, never seen by the client.
   z. kill -9 of the pinned shard's master between MULTI and EXEC: the
      transaction is rebuilt on the promoted replica and EXEC runs it there
      once; a watched one ends in nil (a watch conflict), as in Sentinel mode.
@@ -160,6 +162,13 @@ class ClusterMultiTest(unittest.TestCase):
             raw.close()
         self.assertTrue(str(got[2]).startswith('MOVED'), got)
         self.assertEqual(str(got[3]), EXECABORT)
+        # (a node serving both slots queues both; its EXEC says CROSSSLOT)
+        raw = socket.create_connection(('127.0.0.1', masters[0]), timeout=10)
+        try:
+            got = pipelined(raw, ['MULTI'], ['SET', a, 'x'], ['SET', same_node, 'x'], ['EXEC'])
+        finally:
+            raw.close()
+        self.assertEqual((got[1], got[2], str(got[3])), ('QUEUED', 'QUEUED', str(cross.exception)))
         s = self.ferry.raw(timeout=10)
         try:
             for k in (a, b, same_node):
@@ -265,6 +274,49 @@ class ClusterMultiTest(unittest.TestCase):
         n = self.node_client(owner)
         try:
             self.assertGreater(len(n.keys('{flow}:flows:*')), flows)
+        finally:
+            n.close()
+
+    def test_5_a_slot_moved_inside_a_transaction(self):
+        """The pinned slot moves to another master between two commands of
+        the transaction: the old master answers MOVED (and aborts it there);
+        ferry rebuilds the transaction on the new master, the client sees
+        no redirect."""
+        self.cluster.wait_consistent()
+        src, dst = self.cluster.masters()[:2]
+        k = None
+        for i in range(10000):
+            cand = key_on(self.cluster, src, 'tx5:%d' % i)
+            slot = self.cluster.keyslot(cand)
+            if self.cluster.command(src, 'CLUSTER', 'COUNTKEYSINSLOT', slot) == 0:
+                k = cand
+                break
+        self.assertIsNotNone(k)
+        ids = {v['port']: v['id'] for v in self.cluster.nodes_view(src)}
+        # a ferry that asks for the map only when told (MOVED), not every 200 ms
+        f = start_ferry(self.cluster, refresh_ms=60000)
+        wait_served(f)
+        s = f.raw(timeout=30)
+        try:
+            self.assertEqual(pipelined(s, ['MULTI'], ['SET', k, '1']), ['OK', 'QUEUED'])
+            # the (empty) slot goes to dst, as the end of a migration does
+            self.cluster.command(dst, 'CLUSTER', 'SETSLOT', slot, 'IMPORTING', ids[src])
+            self.cluster.command(src, 'CLUSTER', 'SETSLOT', slot, 'MIGRATING', ids[dst])
+            others = [m for m in self.cluster.masters() if m not in (src, dst)]
+            for port in (dst, src):
+                self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'NODE', ids[dst])
+            # ferry's map is stale: src answers MOVED
+            self.assertEqual(pipelined(s, ['INCR', k], ['EXEC']), ['QUEUED', ['OK', 2]])
+            self.assertEqual(stats(f)['cluster']['moved_followed'], 1)
+            for port in others:
+                self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'NODE', ids[dst])
+            self.cluster.wait_consistent()
+        finally:
+            s.close()
+            f.stop()
+        n = self.node_client(dst)
+        try:
+            self.assertEqual(_s(n.get(k)), '2')
         finally:
             n.close()
 
