@@ -231,8 +231,7 @@ void tx_on_send(session *s, request *r, int ack)
         /* The transaction's slot: WATCH's keys, or the first keys inside
          * MULTI (a keyless command before them went along). */
         s->tx_pin = r->slot + 1;
-        log_debug("client %llu: transaction pinned to slot %d", (unsigned long long)s->id,
-                  r->slot);
+        log_debug("client %llu: transaction pinned to slot %d", (unsigned long long)s->id, r->slot);
     }
     switch (r->route) {
     case RT_MULTI:
