@@ -18,7 +18,8 @@ node-timeout 2 s), one cluster and one ferry for the class:
      followed, the transaction rebuilt there, never seen by the client.
   z. kill -9 of the pinned shard's master between MULTI and EXEC: the
      transaction is rebuilt on the promoted replica and EXEC runs it there
-     once; a watched one ends in nil (a watch conflict), as in Sentinel mode.
+     once; a watched one ends in nil (a watch conflict), as in Sentinel mode;
+     a command answered -TRYAGAIN past the hold bound aborts its EXEC.
 
 Run:  python3 -m unittest test_cluster_multi -v        (about 40 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
@@ -34,7 +35,7 @@ import unittest
 import redis
 
 import harness
-from harness import ClusterTopology, wait_until
+from harness import ClusterTopology, Ferry
 from test_cluster_route import _s, start_ferry, stats, wait_served
 
 EXECABORT = 'EXECABORT Transaction discarded because of previous errors.'
@@ -328,9 +329,16 @@ class ClusterMultiTest(unittest.TestCase):
         c = self.ferry.client(socket_timeout=60)
         c.delete(tag + 'a', tag + 'n', tag + 'w')
         c.close()
+        # a second ferry whose hold bound ends before the shard has a master
+        short = Ferry(None, wait='port', conf={
+            'workers': 1, 'upstream': {'hold_timeout_ms': 300},
+            'cluster': {'nodes': [self.cluster.seeds()[0]], 'refresh_interval_ms': 200}})
+        wait_served(short)
+        quick = short.raw(timeout=60)
         plain = self.ferry.raw(timeout=60)
         watched = self.ferry.raw(timeout=60)
         try:
+            self.assertEqual(pipelined(quick, ['MULTI']), ['OK'])
             self.assertEqual(pipelined(plain, ['MULTI'], ['SET', tag + 'a', 'v'],
                                        ['INCR', tag + 'n']), ['OK', 'QUEUED', 'QUEUED'])
             self.assertEqual(pipelined(watched, ['WATCH', tag + 'w'], ['MULTI'],
@@ -341,6 +349,11 @@ class ClusterMultiTest(unittest.TestCase):
             # transaction is rebuilt on the promoted replica and run once there
             for argv in (['EXEC'], ['GET', tag + 'n']):
                 harness.resp_send(plain, argv)
+            # past the hold bound: -TRYAGAIN for that command, and EXEC aborts
+            # (it must not run what was queued without it)
+            got = pipelined(quick, ['SET', tag + 'q', 'v'], ['EXEC'])
+            self.assertTrue(str(got[0]).startswith('TRYAGAIN'), got)
+            self.assertEqual(str(got[1]), EXECABORT, got)
             promoted = self.cluster.wait_promoted(victim)
             self.assertEqual([_s(harness.resp_read_reply(plain, timeout=60)) for _ in '12'],
                              [['OK', 1], '1'])
@@ -350,9 +363,12 @@ class ClusterMultiTest(unittest.TestCase):
         finally:
             plain.close()
             watched.close()
+            quick.close()
+            short.stop()
         n = self.node_client(promoted)
         try:
-            self.assertEqual(_s(n.mget(tag + 'a', tag + 'n', tag + 'w')), ['v', '1', None])
+            self.assertEqual(_s(n.mget(tag + 'a', tag + 'n', tag + 'w', tag + 'q')),
+                             ['v', '1', None, None])
         finally:
             n.close()
 
