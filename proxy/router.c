@@ -580,7 +580,7 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    if (tx_crossslot(s, r) || tx_answer(s, r) || tx_open_deferred(s, r)) {
+    if (tx_crossslot(s, r) || tx_answer(s, r) || tx_cluster_answer(s, r)) {
         return DISPATCH_DONE; /* cluster mode: a key of another slot, a MULTI with no slot yet */
     }
     if (s->tx == TX_NONE && s->tunnel == TUN_NONE && upstream_down(up) && standin_answer(s, r, 0)) {

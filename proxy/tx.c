@@ -431,8 +431,14 @@ int tx_crossslot(session *s, request *r)
     return 1;
 }
 
-int tx_open_deferred(session *s, request *r)
+int tx_cluster_answer(session *s, request *r)
 {
+    if (s->f->cluster != NULL && r->route == RT_WATCH && tx_in_multi(s)) {
+        /* Redis' answer (the transaction goes on); sent, it would reach a
+         * node that may not serve the key and answers MOVED instead. */
+        s->f->session_ops->answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
+        return 1;
+    }
     if (s->f->cluster == NULL || r->route != RT_MULTI || s->tx != TX_NONE) {
         return 0;
     }

@@ -48,8 +48,9 @@ int tx_route_slot(const session *s, const request *r, int *where_dlink);
  * -CROSSSLOT (inside MULTI, EXEC then aborts). Returns 1 when answered. */
 int tx_crossslot(session *s, request *r);
 /* Cluster mode: MULTI with no slot yet is answered by ferry and sent with
- * the first command (returns 1 when r is answered). */
-int tx_open_deferred(session *s, request *r);
+ * the first command; WATCH inside MULTI gets Redis' error from ferry.
+ * Returns 1 when r is answered. */
+int tx_cluster_answer(session *s, request *r);
 /* Cluster mode: the transaction leaves its link for another shard's: it
  * is rebuilt there (a WATCH is lost). Returns 1 when the link carried
  * one (it must be closed, not pooled). */

@@ -242,15 +242,18 @@ class ClusterMultiTest(unittest.TestCase):
             self.assertTrue(str(got[1]).startswith('CROSSSLOT'), got)
             self.assertTrue(str(got[2]).startswith('CROSSSLOT'), got)
             self.assertEqual(got[3:], ['OK', None], got)
-            # misuse answered as a node answers it (k's master, asked directly)
-            misuse = (['EXEC'], ['DISCARD'], ['MULTI'], ['MULTI'], ['WATCH', k], ['GET', k],
-                      ['EXEC'], ['UNWATCH'])
-            node = socket.create_connection(('127.0.0.1', masters[1]), timeout=10)
-            try:
-                want = [str(x) for x in pipelined(node, *misuse)]
-            finally:
-                node.close()
-            self.assertEqual([str(x) for x in pipelined(s, *misuse)], want)
+            # misuse answered as a node answers it (the key's master, asked
+            # directly), whichever master ferry's MULTI went to first
+            for port in masters:
+                mk = key_on(self.cluster, port, 'tx3m')
+                misuse = (['EXEC'], ['DISCARD'], ['MULTI'], ['MULTI'], ['WATCH', mk],
+                          ['GET', mk], ['EXEC'], ['UNWATCH'])
+                node = socket.create_connection(('127.0.0.1', port), timeout=10)
+                try:
+                    want = [str(x) for x in pipelined(node, *misuse)]
+                finally:
+                    node.close()
+                self.assertEqual([str(x) for x in pipelined(s, *misuse)], want)
             # DISCARD: nothing ran
             got = pipelined(s, ['MULTI'], ['SET', k, 'discarded'], ['DISCARD'], ['GET', k])
             self.assertEqual(got, ['OK', 'QUEUED', 'OK', 'mine'])
