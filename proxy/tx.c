@@ -286,15 +286,15 @@ int tx_queue(session *s, request *r)
 
 void tx_on_reply(session *s, request *r, const char *p, size_t n)
 {
-    if (s->f->cluster != NULL && (r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '-' &&
-        tx_in_multi(s)) {
-        /* Redis refused it and will abort EXEC; a transaction moved to
-         * another shard or rebuilt there must abort too. */
+    int open = s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
+               s->tx == TX_EXEC_SENT_WATCHED;
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '-' && open) {
+        /* Redis refused it and aborts EXEC: so must the transaction
+         * rebuilt on another link (after a failover; cluster mode: moved
+         * to its first key's shard), which lacks it. */
         s->tx_dirty = 1;
     }
-    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
-        (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
-         s->tx == TX_EXEC_SENT_WATCHED)) {
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && open) {
         /* Queued by Redis (EXEC may be on its way already): kept, so a
          * transaction whose link breaks is rebuilt with every command. */
         buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));

@@ -215,3 +215,29 @@ class TryagainInsideMultiTest(unittest.TestCase):
         self.assertEqual((c.get('edge:ta'), c.get('edge:tb')), (None, None))
         send_all(s, ['MULTI'], ['INCR', 'edge:ta'], ['EXEC'])
         self.assertEqual(replies(s, 3), ['OK', 'QUEUED', [1]])
+
+    def test_a_refused_command_still_aborts_a_rebuilt_transaction(self):
+        # Redis refused a command of the open MULTI (wrong arity): its EXEC
+        # would abort. The master is lost and the transaction rebuilt on the
+        # next one from the commands Redis had queued: EXEC must still
+        # abort. Before: it ran the rest there (INCR applied).
+        r = RedisServer()
+        self.addCleanup(r.stop)
+        f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 20000}})
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        send_all(s, ['DEL', 'edge:tr'], ['MULTI'], ['INCR', 'edge:tr'], ['ECHO'])
+        got = replies(s, 4)
+        self.assertEqual(got[:3], [0, 'OK', 'QUEUED'])
+        self.assertIn('wrong number of arguments', str(got[3]))
+        r.kill()
+        r.restart()
+        c = f.client(socket_timeout=10)
+        self.addCleanup(c.close)
+        wait_until(lambda: c.set('edge:probe', '1'), timeout=20, interval=0.1,
+                   msg='ferry serving the restarted master')
+        resp_send(s, ['EXEC'])
+        aborted = resp_read_reply(s, timeout=10)
+        self.assertTrue(str(aborted).startswith('EXECABORT'), aborted)
+        self.assertIsNone(c.get('edge:tr'))
