@@ -284,6 +284,10 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
     f->stats.requests_tryagain++;
     if (r->route == RT_MULTI) {
         tx_on_multi_refused(s, r);
+    } else if (tx_in_multi(s)) {
+        /* Not queued: EXEC must not run the transaction without it (it
+         * aborts, as Redis' EXEC after a refused command). */
+        s->tx_dirty = 1;
     }
     s->f->session_ops->answer_str(s, r, line);
 }

@@ -456,12 +456,17 @@ static void acl_accepted(session *s, request *r)
 /* The master view r goes to: in cluster mode the one serving its slot
  * (any UP one for a keyless command); until a map names it, the view
  * without a master, where it waits. */
-static upstream *route_view(ferry *f, const request *r)
+static upstream *route_view(session *s, const request *r)
 {
+    ferry *f = s->f;
     if (f->cluster != NULL) {
-        /* A broadcast goes to the masters that have not replied, in turn. */
+        /* A broadcast goes to the masters that have not replied, in turn;
+         * a transaction's commands to its slot (tx.c). */
+        int at_dlink;
+        int slot = tx_route_slot(s, r, &at_dlink);
         upstream *up = r->bc != NULL ? clustermap_unseen(f->cluster, r->bc->seen)
-                                     : clustermap_route(f->cluster, r->slot);
+                       : at_dlink    ? s->dlink->up
+                                     : clustermap_route(f->cluster, slot);
         if (up != NULL) {
             return up;
         }
@@ -525,7 +530,7 @@ static int dispatch_one(session *s, request *r)
         f->session_ops->answer(s, r, buf_head(&r->bc->reply), buf_used(&r->bc->reply));
         return DISPATCH_DONE;
     }
-    upstream *up = r->ask != NULL ? r->ask : route_view(f, r);
+    upstream *up = r->ask != NULL ? r->ask : route_view(s, r);
     if (subscribed && s->proto == 3 && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
         f->session_ops->answer_str(s, r,
                                    "-ERR ferry: cluster mode: a subscribed RESP3 connection runs "
@@ -643,8 +648,8 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    if (tx_answer(s, r)) {
-        return DISPATCH_DONE;
+    if (tx_crossslot(s, r) || tx_answer(s, r) || tx_cluster_answer(s, r)) {
+        return DISPATCH_DONE; /* cluster mode: a key of another slot, a MULTI with no slot yet */
     }
     if (s->tx == TX_NONE && s->tunnel == TUN_NONE && r->bc == NULL && upstream_down(up) &&
         standin_answer(s, r, 0)) {
@@ -658,7 +663,8 @@ static int dispatch_one(session *s, request *r)
         if (s->inflight > 0 && s->flight_link == s->dlink) {
             return DISPATCH_WAIT;
         }
-        upstream_return(up, s, 1, "its client moved to another shard");
+        /* A transaction there moves: closed, rebuilt here (tx.c). */
+        upstream_return(up, s, !tx_on_move(s), "its client moved to another shard");
     }
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->epoch != up->epoch) {
         /* Lent by a master ferry has let go of (a blocked call draining). */
@@ -786,6 +792,8 @@ static int dispatch_one(session *s, request *r)
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
             router_lend(s, up);
+        } else if (s->tx_deferred) {
+            tx_on_lend(s, s->dlink); /* cluster mode: the MULTI ferry answered goes first */
         }
         target = s->dlink;
     } else {
@@ -1047,6 +1055,12 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         guard_again(s, r, gv);
         return;
     }
+    if (tx_refused_by_cluster(s, r, p, n)) {
+        /* A command of a transaction refused by the cluster (CLUSTERDOWN,
+         * MOVED...): the node aborted it; it is rebuilt on a new link. */
+        router_on_refused(s, r, via, REFUSAL_REDIRECT, p, n);
+        return;
+    }
     if (r->bc != NULL && s->f->cluster != NULL) {
         if (broadcast_on_reply(s, r, p, n)) {
             return;
@@ -1245,6 +1259,13 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
         tx_on_link_lost(s);
     }
     requeue(s, r);
+    if (f->cluster != NULL && (r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) &&
+        s->dlink != NULL && s->dlink == l) {
+        /* The node aborted the transaction (a refused EXEC ends it, a
+         * refused command dooms it): what is still in flight on its link
+         * comes back, and the transaction is rebuilt on a new one. */
+        upstream_return(f->up, s, 0, "the cluster refused a command of its transaction");
+    }
     if (log_enabled(LOG_DEBUG)) {
         char text[160];
         link_error_text(p, n, text, sizeof(text));

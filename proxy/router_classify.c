@@ -490,11 +490,17 @@ static int classify_slot(session *s, request *r, const resp_request *req)
     case RT_SELECT:
         later = r->arg != 0;
         break;
+    case RT_MULTI:
+    case RT_EXEC:
+    case RT_DISCARD:
+    case RT_WATCH:
+    case RT_UNWATCH:
+        break; /* pinned to the slot of WATCH's keys or the first keys inside (tx.c) */
     case RT_CLIENT:
         later = r->arg != CL_ID && r->arg != CL_INFO;
         break;
     default:
-        later = 1; /* transactions, MONITOR, connection state */
+        later = 1; /* MONITOR, connection state */
         break;
     }
     if (!later && cmd->first_key == 0 && (cmd->flags & CMD_F_WRITE)) {

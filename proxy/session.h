@@ -89,6 +89,12 @@ typedef struct session {
     buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
     int tx_writes;             /* one of them may write: EXEC is a write */
     int tx_dirty;              /* ferry refused a command inside it: EXEC gets -EXECABORT */
+    int tx_pin;                /* cluster mode: 1 + the slot its transaction is pinned to
+                                  (WATCH's key, or the first key inside MULTI); 0: none yet */
+    int tx_deferred;           /* cluster mode: its MULTI, answered by ferry, is sent with
+                                  the first command on the link of that command's shard */
+    int tx_spoiled;            /* cluster mode: the cluster refused a rebuilt command: the
+                                  transaction on its link is aborted, rebuilt on another */
     int multi_refused;         /* cluster mode: ferry refused its MULTI: what follows is
                                   refused too, until EXEC (-EXECABORT) or DISCARD */
     int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */

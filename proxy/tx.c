@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clustermap.h"
 #include "link.h"
 #include "log.h"
 
@@ -33,7 +34,7 @@ static const char *tx_name(tx_state st)
 void tx_set(session *s, tx_state st)
 {
     static const unsigned legal[] = {
-        [TX_NONE] = 1u << TX_WATCHING | 1u << TX_MULTI,
+        [TX_NONE] = 1u << TX_WATCHING | 1u << TX_MULTI | 1u << TX_MULTI_REBUILD, /* cluster */
         [TX_WATCHING] = 1u << TX_WATCH_LOST | 1u << TX_MULTI_WATCHING,
         [TX_WATCH_LOST] = 1u << TX_MULTI_WATCH_LOST,
         [TX_MULTI] = 1u << TX_MULTI_REBUILD | 1u << TX_EXEC_SENT,
@@ -52,6 +53,9 @@ void tx_set(session *s, tx_state st)
     if (st == TX_NONE) {
         s->tx_writes = 0;
         s->tx_dirty = 0;
+        s->tx_pin = 0;
+        s->tx_deferred = 0;
+        s->tx_spoiled = 0;
         buf_clear(&s->tx_log);
         buf_shrink(&s->tx_log, 4096);
     }
@@ -222,6 +226,13 @@ int tx_must_wait(const session *s, const request *r)
 
 void tx_on_send(session *s, request *r, int ack)
 {
+    if (s->f->cluster != NULL && s->tx_pin == 0 && r->slot >= 0 &&
+        (tx_in_multi(s) ? r->route != RT_WATCH : r->route == RT_WATCH)) {
+        /* The transaction's slot: WATCH's keys, or the first keys inside
+         * MULTI (a keyless command before them went along). */
+        s->tx_pin = r->slot + 1;
+        log_debug("client %llu: transaction pinned to slot %d", (unsigned long long)s->id, r->slot);
+    }
     switch (r->route) {
     case RT_MULTI:
         if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
@@ -275,9 +286,15 @@ int tx_queue(session *s, request *r)
 
 void tx_on_reply(session *s, request *r, const char *p, size_t n)
 {
-    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' &&
-        (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
-         s->tx == TX_EXEC_SENT_WATCHED)) {
+    int open = s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING || s->tx == TX_EXEC_SENT ||
+               s->tx == TX_EXEC_SENT_WATCHED;
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '-' && open) {
+        /* Redis refused it and aborts EXEC: so must the transaction
+         * rebuilt on another link (after a failover; cluster mode: moved
+         * to its first key's shard), which lacks it. */
+        s->tx_dirty = 1;
+    }
+    if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && open) {
         /* Queued by Redis (EXEC may be on its way already): kept, so a
          * transaction whose link breaks is rebuilt with every command. */
         buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
@@ -313,6 +330,12 @@ void tx_on_link_lost(session *s)
  * had its +QUEUED already). */
 static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
 {
+    session *s = l->owner;
+    if (s != NULL && s->f->cluster != NULL && link_reply_refusal(reply, len) == REFUSAL_REDIRECT) {
+        /* CLUSTERDOWN, TRYAGAIN, MOVED: the node aborts the transaction;
+         * its EXEC is refused and the transaction rebuilt again. */
+        s->tx_spoiled = 1;
+    }
     if (len > 0 && reply[0] == '-') {
         char why[200];
         link_error_text(reply, len, why, sizeof(why));
@@ -332,6 +355,15 @@ void tx_on_lend(session *s, link *l)
     link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
     size_t n = link_internal_each(l, &s->tx_log, tx_rebuilt_cb);
     tx_set(s, TX_MULTI);
+    s->tx_spoiled = 0;
+    if (s->tx_deferred) {
+        /* Cluster mode: opened (or moved to its first key's shard), not
+         * rebuilt after a failure. */
+        s->tx_deferred = 0;
+        log_debug("client %llu: transaction opened on link %llu (%zu command(s) queued before)",
+                  (unsigned long long)s->id, (unsigned long long)l->id, n);
+        return;
+    }
     s->f->stats.transactions_rebuilt++;
     log_info("client %llu: transaction rebuilt on link %llu (%zu command(s) queued again)",
              (unsigned long long)s->id, (unsigned long long)l->id, n);
@@ -341,4 +373,95 @@ void tx_forget(session *s)
 {
     tx_set(s, TX_NONE);
     buf_free(&s->tx_log);
+}
+
+/* ---------------------------------------------------------- cluster mode
+ *
+ * A transaction lives on one node: it is pinned to the slot of WATCH's
+ * keys or of the first keys inside MULTI. MULTI alone is answered by
+ * ferry and sent with the first command, on the link of that command's
+ * shard; keyless commands before any key go to any master, and the
+ * transaction moves (closed there, rebuilt from its log) when its first
+ * key lives elsewhere. */
+
+/* The states in which s's next requests belong to its transaction. */
+static int tx_holds_slot(const session *s)
+{
+    switch (s->tx) {
+    case TX_WATCHING:
+    case TX_WATCH_LOST:
+    case TX_MULTI:
+    case TX_MULTI_WATCHING:
+    case TX_MULTI_REBUILD:
+    case TX_MULTI_WATCH_LOST:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int tx_route_slot(const session *s, const request *r, int *where_dlink)
+{
+    *where_dlink = 0;
+    if (!tx_holds_slot(s)) {
+        return r->slot;
+    }
+    if (s->tx_pin > 0) {
+        return s->tx_pin - 1;
+    }
+    if (r->slot >= 0 && r->route != RT_WATCH) {
+        return r->slot; /* its first key: the transaction goes there */
+    }
+    *where_dlink = s->dlink != NULL; /* keyless: where it is already */
+    return -1;
+}
+
+int tx_crossslot(session *s, request *r)
+{
+    if (s->f->cluster == NULL || s->tx_pin == 0 || r->slot < 0 || r->slot == s->tx_pin - 1 ||
+        !tx_holds_slot(s) || (r->route == RT_WATCH && tx_in_multi(s))) {
+        return 0;
+    }
+    if (tx_in_multi(s)) {
+        s->tx_dirty = 1; /* EXEC aborts, as a node's EXEC after a refusal */
+    }
+    clustermap_count_crossslot(s->f->cluster);
+    s->f->session_ops->answer_str(s, r,
+                                  "-CROSSSLOT Keys in request don't hash to the same slot\r\n");
+    return 1;
+}
+
+int tx_cluster_answer(session *s, request *r)
+{
+    if (s->f->cluster != NULL && r->route == RT_WATCH && tx_in_multi(s)) {
+        /* Redis' answer (the transaction goes on); sent, it would reach a
+         * node that may not serve the key and answers MOVED instead. */
+        s->f->session_ops->answer_str(s, r, "-ERR WATCH inside MULTI is not allowed\r\n");
+        return 1;
+    }
+    if (s->f->cluster == NULL || r->route != RT_MULTI || s->tx != TX_NONE) {
+        return 0;
+    }
+    tx_set(s, TX_MULTI_REBUILD); /* an empty log: MULTI goes with the first command */
+    s->tx_deferred = 1;
+    s->f->session_ops->answer_str(s, r, "+OK\r\n");
+    return 1;
+}
+
+int tx_on_move(session *s)
+{
+    int carried = s->tx != TX_NONE;
+    if (carried && s->tx_pin == 0) {
+        s->tx_deferred = 1; /* to its first key's shard: not a failure */
+    }
+    tx_on_link_lost(s);
+    return carried;
+}
+
+int tx_refused_by_cluster(const session *s, const request *r, const char *p, size_t n)
+{
+    if (s->f->cluster == NULL || !((r->flags & REQ_F_TXLOG) || r->route == RT_EXEC)) {
+        return 0;
+    }
+    return link_reply_refusal(p, n) == REFUSAL_REDIRECT || (r->route == RT_EXEC && s->tx_spoiled);
 }

@@ -40,6 +40,25 @@ void tx_on_reply(session *s, request *r, const char *p, size_t n);
 void tx_on_link_lost(session *s);
 /* s is lent a new dedicated link l: a MULTI being rebuilt is sent on it. */
 void tx_on_lend(session *s, struct link *l);
+/* Cluster mode: the slot r goes to while s is in a transaction (the one
+ * it is pinned to, or r's own, which pins it); *where_dlink set: r is
+ * keyless and goes where the transaction's link is. */
+int tx_route_slot(const session *s, const request *r, int *where_dlink);
+/* Cluster mode: r's keys are not in the transaction's slot: answered
+ * -CROSSSLOT (inside MULTI, EXEC then aborts). Returns 1 when answered. */
+int tx_crossslot(session *s, request *r);
+/* Cluster mode: MULTI with no slot yet is answered by ferry and sent with
+ * the first command; WATCH inside MULTI gets Redis' error from ferry.
+ * Returns 1 when r is answered. */
+int tx_cluster_answer(session *s, request *r);
+/* Cluster mode: the transaction leaves its link for another shard's: it
+ * is rebuilt there (a WATCH is lost). Returns 1 when the link carried
+ * one (it must be closed, not pooled). */
+int tx_on_move(session *s);
+/* Cluster mode: the cluster refused r, a command of the transaction
+ * (CLUSTERDOWN, TRYAGAIN, MOVED, or EXEC after a rebuilt command was
+ * refused): nothing of it applies. */
+int tx_refused_by_cluster(const session *s, const request *r, const char *p, size_t n);
 /* The session is closing. */
 void tx_forget(session *s);
 

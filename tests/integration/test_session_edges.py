@@ -182,3 +182,62 @@ class RefusedConnectTest(unittest.TestCase):
 
 if __name__ == '__main__':
     unittest.main()
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class TryagainInsideMultiTest(unittest.TestCase):
+    def test_a_command_past_the_hold_bound_aborts_exec(self):
+        # A command of an open MULTI that ferry answers -TRYAGAIN (no master
+        # within hold_timeout_ms) was never queued: EXEC must abort, as
+        # Redis' EXEC does after a refused command. Before: the transaction
+        # was rebuilt on the master that came back without it and EXEC ran
+        # the rest (INCR applied, SET missing).
+        r = RedisServer()
+        self.addCleanup(r.stop)
+        f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 500}})
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        send_all(s, ['DEL', 'edge:ta', 'edge:tb'], ['MULTI'], ['INCR', 'edge:ta'])
+        self.assertEqual(replies(s, 3), [0, 'OK', 'QUEUED'])
+        r.kill()
+        resp_send(s, ['SET', 'edge:tb', '1'])
+        refused = resp_read_reply(s, timeout=10)
+        self.assertTrue(str(refused).startswith('TRYAGAIN'), refused)
+        r.restart()
+        c = f.client(socket_timeout=10)
+        self.addCleanup(c.close)
+        wait_until(lambda: c.set('edge:probe', '1'), timeout=20, interval=0.1,
+                   msg='ferry serving the restarted master')
+        resp_send(s, ['EXEC'])
+        aborted = resp_read_reply(s, timeout=10)
+        self.assertTrue(str(aborted).startswith('EXECABORT'), aborted)
+        self.assertEqual((c.get('edge:ta'), c.get('edge:tb')), (None, None))
+        send_all(s, ['MULTI'], ['INCR', 'edge:ta'], ['EXEC'])
+        self.assertEqual(replies(s, 3), ['OK', 'QUEUED', [1]])
+
+    def test_a_refused_command_still_aborts_a_rebuilt_transaction(self):
+        # Redis refused a command of the open MULTI (wrong arity): its EXEC
+        # would abort. The master is lost and the transaction rebuilt on the
+        # next one from the commands Redis had queued: EXEC must still
+        # abort. Before: it ran the rest there (INCR applied).
+        r = RedisServer()
+        self.addCleanup(r.stop)
+        f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 20000}})
+        self.addCleanup(f.stop)
+        s = connect(f)
+        self.addCleanup(s.close)
+        send_all(s, ['DEL', 'edge:tr'], ['MULTI'], ['INCR', 'edge:tr'], ['ECHO'])
+        got = replies(s, 4)
+        self.assertEqual(got[:3], [0, 'OK', 'QUEUED'])
+        self.assertIn('wrong number of arguments', str(got[3]))
+        r.kill()
+        r.restart()
+        c = f.client(socket_timeout=10)
+        self.addCleanup(c.close)
+        wait_until(lambda: c.set('edge:probe', '1'), timeout=20, interval=0.1,
+                   msg='ferry serving the restarted master')
+        resp_send(s, ['EXEC'])
+        aborted = resp_read_reply(s, timeout=10)
+        self.assertTrue(str(aborted).startswith('EXECABORT'), aborted)
+        self.assertIsNone(c.get('edge:tr'))
