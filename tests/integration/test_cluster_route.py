@@ -785,17 +785,17 @@ class ClusterRouteConfigTest(unittest.TestCase):
         return Ferry.check_config(path)
 
     def test_refused_with_cluster(self):
-        for text, words in (('workers: 4\n', 'workers must be 1 with cluster'),
-                            ('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
+        for text, words in (('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
                             ('client:\n  auth: redis\n', 'client.auth redis is refused'),
                             ('queues:\n  - keys: [q]\n    max_length: 10\n',
                              'no queue guards yet')):
             rc, out = self.check(text)
             self.assertEqual(rc, 1, (text, out))
             self.assertIn(words, out, text)
-        rc, out = self.check('workers: 1\n')
-        self.assertEqual(rc, 0, out)
-        self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
+        for workers in ('workers: 1\n', 'workers: 4\n'):
+            rc, out = self.check(workers)
+            self.assertEqual(rc, 0, out)
+            self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
 
 
 if __name__ == '__main__':
