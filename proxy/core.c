@@ -501,8 +501,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     f->up = upstream_new(f);                /* with Sentinel: connects once told of a master */
     if (cfg->has_cluster) {
         /* Its shards' views follow the maps the main loop sends. */
-        f->cluster =
-            clustermap_new_follower(f, &core_cluster_ops, workers_main_ctx(wk)->cluster);
+        f->cluster = clustermap_new_follower(f, &core_cluster_ops, workers_main_ctx(wk)->cluster);
     }
     if (f->up == NULL) {
         close_everything(f);
