@@ -481,13 +481,13 @@ clustermap *clustermap_new(ferry *f, const clustermap_ops *ops)
     return cm;
 }
 
-clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *main)
+clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *leader)
 {
     clustermap *cm = xcalloc(1, sizeof(*cm));
     cm->f = f;
     cm->ops = ops;
     cm->snap = snap_new(); /* no shard until the first map comes */
-    cm->board = main != NULL ? main->board : NULL;
+    cm->board = leader != NULL ? leader->board : NULL;
     return cm;
 }
 

@@ -34,9 +34,9 @@ typedef struct clustermap_ops {
  * at once). */
 clustermap *clustermap_new(ferry *f, const clustermap_ops *ops);
 /* Another loop (a worker of workers: N): no source of its own; its master
- * views, one per shard with their own links, follow the maps main (the
+ * views, one per shard with their own links, follow the maps leader (the
  * main loop's clustermap) sends it (clustermap_apply). */
-clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *main);
+clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *leader);
 /* Another loop: a map the main loop sent; the loop takes over the
  * reference (an older or equal gen is dropped). */
 void clustermap_apply(clustermap *cm, clustermap_snap *snap);
