@@ -987,11 +987,6 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
             }
         }
         /* What the first routing step does not do yet (docs/cluster.md). */
-        if (cfg->workers != 1) {
-            return conf_key_error(ctx, "workers", 1,
-                                  "cluster mode serves on one event loop for now: workers must "
-                                  "be 1 with cluster");
-        }
         if (cfg->fallback_path != NULL) {
             return conf_key_error(ctx, "fallback.path", 1,
                                   "cluster mode has no fallback store yet: remove fallback.path "

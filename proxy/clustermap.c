@@ -7,6 +7,7 @@
  * slot_up[], which a MOVED corrects until the next map. */
 #include "clustermap.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,9 +19,38 @@
 
 #define CLUSTERMAP_MAX_VIEWS (SLOTMAP_MAX_SHARDS * 2) /* master views kept */
 
+struct clustermap_snap {
+    atomic_int refs; /* loops holding it */
+    uint64_t gen;    /* 1, 2, ... in the order the main loop learned them */
+    slotmap m;
+};
+
+/* One loop's per-shard figures, as of its last publish. */
+typedef struct loop_shard_fig {
+    int shard; /* its first slot (the label) */
+    uint64_t routed, held, moved, asked, links;
+} loop_shard_fig;
+
+typedef struct loop_fig {
+    int n; /* shards in fig[] */
+    loop_shard_fig fig[SLOTMAP_MAX_SHARDS];
+    uint64_t moved, asked, crossslot, splits, tryagain, clusterdown;
+} loop_fig;
+
+/* Every other loop's figures (the main loop's clustermap owns it). */
+typedef struct clustermap_board {
+    uv_mutex_t lock; /* guards loops[] */
+    int nloops;      /* loops[1..nloops) are the workers' */
+    loop_fig *loops;
+} clustermap_board;
+
 struct clustermap {
     ferry *f;
-    cluster_source *cs;                    /* the topology source */
+    const clustermap_ops *ops;             /* the owner's */
+    cluster_source *cs;                    /* the topology source (main loop only) */
+    clustermap_snap *snap;                 /* another loop: the map it follows */
+    uint64_t gen;                          /* the map's gen (main loop: of the last sent) */
+    clustermap_board *board;               /* every loop's figures (the main loop's) */
     upstream *views[CLUSTERMAP_MAX_VIEWS]; /* every master view made */
     int nviews;
     upstream *by_shard[SLOTMAP_MAX_SHARDS]; /* the view of each shard of the last map */
@@ -30,6 +60,13 @@ struct clustermap {
     uint64_t splits;                        /* requests split across slots (split.c) */
     uint64_t tryagain, clusterdown;         /* refusals held and sent again */
 };
+
+/* The map the router follows: the source's on the main loop, the last
+ * snapshot sent on another. */
+static const slotmap *map_of(const clustermap *cm)
+{
+    return cm->cs != NULL ? cluster_map(cm->cs) : &cm->snap->m;
+}
 
 /* ==== the JSON document ==== */
 
@@ -81,8 +118,8 @@ static int first_slot(const slotmap *m, int i)
     return -1;
 }
 
-/* Requests held now for lack of the master of view up: those in the held
- * heap that route there (cluster mode runs one loop: the heap is all). */
+/* Requests held now for lack of the master of view up: those in this
+ * loop's held heap that route there. */
 static uint64_t held_for(const clustermap *cm, const upstream *up)
 {
     uint64_t n = 0;
@@ -97,9 +134,34 @@ static uint64_t held_for(const clustermap *cm, const upstream *up)
     return n;
 }
 
+/* Main loop: the other loops' figures of shard v->shard added to v's. */
+static void add_others(const clustermap *cm, clustermap_shard_view *v)
+{
+    clustermap_board *b = cm->cs != NULL ? cm->board : NULL;
+    if (b == NULL) {
+        return;
+    }
+    uv_mutex_lock(&b->lock);
+    for (int l = 1; l < b->nloops; l++) {
+        const loop_fig *lf = &b->loops[l];
+        for (int i = 0; i < lf->n; i++) {
+            const loop_shard_fig *x = &lf->fig[i];
+            if (x->shard == v->shard) {
+                v->routed += x->routed;
+                v->held += x->held;
+                v->moved += x->moved;
+                v->asked += x->asked;
+                v->links += x->links;
+                break;
+            }
+        }
+    }
+    uv_mutex_unlock(&b->lock);
+}
+
 int clustermap_nshards(const clustermap *cm)
 {
-    return cluster_map(cm->cs)->nshards;
+    return map_of(cm)->nshards;
 }
 
 const upstream *clustermap_view(const clustermap *cm, int i)
@@ -109,7 +171,7 @@ const upstream *clustermap_view(const clustermap *cm, int i)
 
 void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v)
 {
-    const slotmap *m = cluster_map(cm->cs);
+    const slotmap *m = map_of(cm);
     const slotmap_shard *sh = &m->shards[i];
     const upstream *up = i < cm->nshards ? cm->by_shard[i] : NULL;
     memset(v, 0, sizeof(*v));
@@ -142,12 +204,14 @@ void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shar
     v->longest_ms = up->longest_switch_ms;
     v->last_reason = up->switches > 0 ? up->last_reason : "";
     v->aof_ok = up->aof_ok != 0;
+    add_others(cm, v);
 }
 
 void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
 {
-    const slotmap *m = cluster_map(cm->cs);
-    const cluster_counts *k = cluster_get_counts(cm->cs);
+    const slotmap *m = map_of(cm);
+    static const cluster_counts none;
+    const cluster_counts *k = cm->cs != NULL ? cluster_get_counts(cm->cs) : &none;
     memset(t, 0, sizeof(*t));
     t->shards = (uint64_t)m->nshards;
     for (int i = 0; i < m->nshards && i < cm->nshards; i++) {
@@ -166,12 +230,25 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->splits = cm->splits;
     t->tryagain = cm->tryagain;
     t->clusterdown = cm->clusterdown;
+    clustermap_board *b = cm->board;
+    if (b != NULL) {
+        uv_mutex_lock(&b->lock);
+        for (int l = 1; l < b->nloops; l++) {
+            t->moved_followed += b->loops[l].moved;
+            t->ask_followed += b->loops[l].asked;
+            t->crossslot += b->loops[l].crossslot;
+            t->splits += b->loops[l].splits;
+            t->tryagain += b->loops[l].tryagain;
+            t->clusterdown += b->loops[l].clusterdown;
+        }
+        uv_mutex_unlock(&b->lock);
+    }
     t->last_error = k->last_error;
 }
 
 void clustermap_json(const clustermap *cm, buf *b)
 {
-    const slotmap *m = cluster_map(cm->cs);
+    const slotmap *m = map_of(cm);
     uint64_t now = uv_now(cm->f->loop);
     clustermap_totals t;
     char tmp[640];
@@ -292,9 +369,9 @@ static void nudge_channel_set(upstream *up, int slot)
     }
 }
 
-static void on_map(void *data, const slotmap *m, int moved)
+/* Every shard of m gets a master view of this loop. */
+static void apply_map(clustermap *cm, const slotmap *m)
 {
-    clustermap *cm = data;
     upstream *claim[SLOTMAP_MAX_SHARDS];
     int taken[CLUSTERMAP_MAX_VIEWS];
     memset(taken, 0, sizeof(taken));
@@ -359,22 +436,139 @@ static void on_map(void *data, const slotmap *m, int moved)
     memcpy(cm->by_shard, claim, sizeof(claim[0]) * (size_t)m->nshards);
     cm->nshards = m->nshards;
     cm->f->wake_pending = 1; /* requests held for a shard may go now */
-    log_info("cluster: map of %d shard(s), %d slot(s) served, %d moved", m->nshards,
-             slotmap_covered(m), moved);
 }
 
-clustermap *clustermap_new(ferry *f)
+static clustermap_snap *snap_new(void)
 {
-    static const cluster_ops ops = {.on_map = on_map};
+    clustermap_snap *snap = xmalloc(sizeof(*snap));
+    atomic_init(&snap->refs, 1);
+    snap->gen = 0;
+    slotmap_init(&snap->m);
+    return snap;
+}
+
+clustermap_snap *clustermap_snap_hold(clustermap_snap *snap)
+{
+    atomic_fetch_add(&snap->refs, 1);
+    return snap;
+}
+
+void clustermap_snap_release(clustermap_snap *snap)
+{
+    if (snap != NULL && atomic_fetch_sub(&snap->refs, 1) == 1) {
+        free(snap);
+    }
+}
+
+uint64_t clustermap_gen(const clustermap *cm)
+{
+    return cm->gen;
+}
+
+/* Main loop: the source's map changed. */
+static void on_map(void *data, const slotmap *m, int moved)
+{
+    clustermap *cm = data;
+    apply_map(cm, m);
+    cm->gen++;
+    log_info("cluster: map of %d shard(s), %d slot(s) served, %d moved", m->nshards,
+             slotmap_covered(m), moved);
+    if (cm->board != NULL && cm->ops != NULL && cm->ops->publish != NULL) {
+        clustermap_snap *snap = snap_new();
+        snap->gen = cm->gen;
+        snap->m = *m;
+        cm->ops->publish(cm->f, snap);
+        clustermap_snap_release(snap);
+    }
+}
+
+void clustermap_apply(clustermap *cm, clustermap_snap *snap)
+{
+    if (cm->cs != NULL || snap->gen <= cm->gen || cm->f->closed) {
+        clustermap_snap_release(snap);
+        return;
+    }
+    clustermap_snap_release(cm->snap);
+    cm->snap = snap;
+    cm->gen = snap->gen;
+    apply_map(cm, &snap->m);
+    log_debug("cluster: loop %d follows map %llu of %d shard(s)", cm->f->worker_index,
+              (unsigned long long)snap->gen, snap->m.nshards);
+}
+
+/* Ask the source for the map: this loop's, or the main loop's. */
+static void refresh_source(clustermap *cm, const char *why)
+{
+    if (cm->cs != NULL) {
+        cluster_refresh(cm->cs, why);
+    } else if (cm->ops != NULL && cm->ops->refresh != NULL && !cm->f->closed) {
+        cm->ops->refresh(cm->f, why);
+    }
+}
+
+clustermap *clustermap_new(ferry *f, const clustermap_ops *ops)
+{
+    static const cluster_ops src_ops = {.on_map = on_map};
     clustermap *cm = xcalloc(1, sizeof(*cm));
     cm->f = f;
-    cm->cs = cluster_new(f->loop, f->cfg, f->tls != NULL ? f->tls->redis : NULL, &ops, cm);
+    cm->ops = ops;
+    if (f->cfg->workers > 1) {
+        cm->board = xcalloc(1, sizeof(*cm->board));
+        uv_mutex_init(&cm->board->lock);
+        cm->board->nloops = f->cfg->workers;
+        cm->board->loops = xcalloc((size_t)f->cfg->workers, sizeof(loop_fig));
+    }
+    cm->cs = cluster_new(f->loop, f->cfg, f->tls != NULL ? f->tls->redis : NULL, &src_ops, cm);
     return cm;
+}
+
+clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *leader)
+{
+    clustermap *cm = xcalloc(1, sizeof(*cm));
+    cm->f = f;
+    cm->ops = ops;
+    cm->snap = snap_new(); /* no shard until the first map comes */
+    cm->board = leader != NULL ? leader->board : NULL;
+    return cm;
+}
+
+void clustermap_publish(clustermap *cm)
+{
+    clustermap_board *b = cm->board;
+    int l = cm->f->worker_index;
+    if (cm->cs != NULL || b == NULL || l <= 0 || l >= b->nloops) {
+        return;
+    }
+    /* Gathered first, copied under the lock. */
+    loop_fig *mine = xcalloc(1, sizeof(*mine));
+    const slotmap *m = map_of(cm);
+    for (int i = 0; i < m->nshards && i < cm->nshards; i++) {
+        const upstream *up = cm->by_shard[i];
+        loop_shard_fig *x = &mine->fig[mine->n++];
+        x->shard = first_slot(m, i);
+        if (up != NULL) {
+            x->routed = up->routed;
+            x->held = held_for(cm, up);
+            x->moved = up->moved;
+            x->asked = up->asked;
+            x->links = (uint64_t)up->nlinks;
+        }
+    }
+    mine->moved = cm->moved;
+    mine->asked = cm->asked;
+    mine->crossslot = cm->crossslot;
+    mine->splits = cm->splits;
+    mine->tryagain = cm->tryagain;
+    mine->clusterdown = cm->clusterdown;
+    uv_mutex_lock(&b->lock);
+    b->loops[l] = *mine;
+    uv_mutex_unlock(&b->lock);
+    free(mine);
 }
 
 void clustermap_tick(clustermap *cm, uint64_t now)
 {
-    if (!cm->f->closed) {
+    if (!cm->f->closed && cm->cs != NULL) {
         cluster_tick(cm->cs, now);
     }
     for (int i = 0; i < cm->nviews; i++) {
@@ -417,7 +611,7 @@ void clustermap_moved(clustermap *cm, upstream *from, int slot, const char *host
     cm->slot_up[slot] = up;
     char why[400];
     snprintf(why, sizeof(why), "MOVED %d %s", slot, name);
-    cluster_refresh(cm->cs, why);
+    refresh_source(cm, why);
 }
 
 upstream *clustermap_ask(clustermap *cm, upstream *from, const char *host, int port)
@@ -468,7 +662,7 @@ void clustermap_mark_seen(const clustermap *cm, const upstream *up, unsigned cha
 
 int clustermap_first_slot(const clustermap *cm, int slot)
 {
-    const slotmap *m = cluster_map(cm->cs);
+    const slotmap *m = map_of(cm);
     if (slot < 0 || slot >= CLUSTER_SLOTS || m->owner[slot] < 0) {
         return -1;
     }
@@ -481,7 +675,7 @@ int clustermap_first_slot(const clustermap *cm, int slot)
 
 int clustermap_next_first_slot(const clustermap *cm, int slot)
 {
-    const slotmap *m = cluster_map(cm->cs);
+    const slotmap *m = map_of(cm);
     unsigned char seen[SLOTMAP_MAX_SHARDS] = {0};
     for (int s = 0; s < CLUSTER_SLOTS; s++) {
         int o = m->owner[s];
@@ -517,7 +711,7 @@ void clustermap_count_held(clustermap *cm, int tryagain)
 
 void clustermap_refresh(clustermap *cm, const char *why)
 {
-    cluster_refresh(cm->cs, why);
+    refresh_source(cm, why);
 }
 
 int clustermap_not_up(const clustermap *cm, char *first, size_t len)
@@ -553,6 +747,12 @@ void clustermap_free(clustermap *cm)
     cluster_free(cm->cs);
     for (int i = 0; i < cm->nviews; i++) {
         upstream_free(cm->views[i]);
+    }
+    clustermap_snap_release(cm->snap);
+    if (cm->cs != NULL && cm->board != NULL) { /* the main loop's, freed after the workers' */
+        uv_mutex_destroy(&cm->board->lock);
+        free(cm->board->loops);
+        free(cm->board);
     }
     free(cm);
 }

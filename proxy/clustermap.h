@@ -13,8 +13,41 @@
 struct upstream;
 typedef struct clustermap clustermap;
 
-/* Start following the cluster of f->cfg (the first round starts at once). */
-clustermap *clustermap_new(ferry *f);
+/* A slot map as the main loop learned it, for the other loops (workers: N):
+ * immutable once made, shared by every loop it is sent to (one copy per
+ * change of the map, whatever N), freed by the last loop to let go of it.
+ * gen numbers the maps the main loop sent, 1, 2, ... */
+typedef struct clustermap_snap clustermap_snap;
+
+/* What a clustermap asks of its owner (core fills it): it calls nothing
+ * above it by name. */
+typedef struct clustermap_ops {
+    /* Main loop: a new map for the other loops; snap is borrowed for the
+     * call (clustermap_snap_hold for each loop it is sent to). */
+    void (*publish)(ferry *f, clustermap_snap *snap);
+    /* Another loop: ask the main loop's source for the map now (a MOVED, a
+     * CLUSTERDOWN, a shard's master lost); why is borrowed. */
+    void (*refresh)(ferry *f, const char *why);
+} clustermap_ops;
+
+/* Main loop: start following the cluster of f->cfg (the first round starts
+ * at once). */
+clustermap *clustermap_new(ferry *f, const clustermap_ops *ops);
+/* Another loop (a worker of workers: N): no source of its own; its master
+ * views, one per shard with their own links, follow the maps leader (the
+ * main loop's clustermap) sends it (clustermap_apply). */
+clustermap *clustermap_new_follower(ferry *f, const clustermap_ops *ops, clustermap *leader);
+/* Another loop: a map the main loop sent; the loop takes over the
+ * reference (an older or equal gen is dropped). */
+void clustermap_apply(clustermap *cm, clustermap_snap *snap);
+clustermap_snap *clustermap_snap_hold(clustermap_snap *snap);
+void clustermap_snap_release(clustermap_snap *snap); /* accepts NULL */
+/* The gen of the map cm follows (main loop: of the last map it sent), 0
+ * before the first. */
+uint64_t clustermap_gen(const clustermap *cm);
+/* Another loop: publish its per-shard figures for the main loop's stats
+ * port (on its tick, and when the stats port asks). */
+void clustermap_publish(clustermap *cm);
 /* Periodic: the source's rounds and every shard's master view. */
 void clustermap_tick(clustermap *cm, uint64_t now);
 /* The master view serving slot (0..16383), or, for -1 (a keyless
@@ -86,11 +119,14 @@ typedef struct clustermap_shard_view {
 int clustermap_nshards(const clustermap *cm);
 /* The master view of shard i (0 <= i < clustermap_nshards), NULL if none. */
 const struct upstream *clustermap_view(const clustermap *cm, int i);
-/* Shard i (0 <= i < clustermap_nshards) into *v; now is uv_now(). */
+/* Shard i (0 <= i < clustermap_nshards) into *v; now is uv_now(). On the
+ * main loop with workers: N, routed, held, moved, asked and links are every
+ * loop's summed (each as of its last publish); the state, switches and
+ * their times are the main loop's view's (every loop follows the same map). */
 void clustermap_shard(const clustermap *cm, int i, uint64_t now, clustermap_shard_view *v);
 
 /* The whole cluster for the stats port: the map source's counts and the
- * redirects followed. */
+ * redirects followed (every loop's). */
 typedef struct clustermap_totals {
     uint64_t shards;         /* shards in the map */
     uint64_t shards_up;      /* of them, with their master UP */

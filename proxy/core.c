@@ -301,6 +301,60 @@ static const link_ops core_link_ops = {
 };
 
 /* What workers asks of the modules above it. */
+/* ---- cluster mode with workers: N (clustermap.h) ---- */
+
+/* A worker loop: a map the main loop sent (arg holds a reference). */
+static void cluster_map_on_loop(ferry *f, void *arg)
+{
+    if (f != NULL && f->cluster != NULL) {
+        clustermap_apply(f->cluster, arg);
+    } else {
+        clustermap_snap_release(arg);
+    }
+}
+
+/* Main loop: a new map to every worker loop, in their mailboxes' order. */
+static void core_cluster_publish(ferry *f, clustermap_snap *snap)
+{
+    for (int i = 1; i < workers_loops(f); i++) {
+        clustermap_snap_hold(snap);
+        if (workers_call(f, i, cluster_map_on_loop, snap) != 0) {
+            clustermap_snap_release(snap); /* that loop reads no more */
+        }
+    }
+}
+
+/* The main loop: a worker asked for the map (arg: why, allocated). */
+static void cluster_refresh_on_main(ferry *f, void *arg)
+{
+    if (f != NULL && f->cluster != NULL) {
+        clustermap_refresh(f->cluster, arg);
+    }
+    free(arg);
+}
+
+/* A worker loop: ask the main loop's source for the map now. */
+static void core_cluster_refresh(ferry *f, const char *why)
+{
+    char *copy = xstrdup(why);
+    if (workers_call(f, 0, cluster_refresh_on_main, copy) != 0) {
+        free(copy); /* the main loop reads no more: ferry is stopping */
+    }
+}
+
+static const clustermap_ops core_cluster_ops = {
+    .publish = core_cluster_publish,
+    .refresh = core_cluster_refresh,
+};
+
+/* A worker loop publishes its figures: its shards' too. */
+static void core_publish(ferry *f)
+{
+    if (f->cluster != NULL) {
+        clustermap_publish(f->cluster);
+    }
+}
+
 static const workers_ops core_workers_ops = {
     .init = core_init_worker,
     .close = core_close,
@@ -319,6 +373,7 @@ static const workers_ops core_workers_ops = {
     .hand_clients = takeover_worker_hand,
     .hand_abort = takeover_worker_abort,
     .adopt = takeover_adopt,
+    .publish = core_publish,
 };
 
 /* What the outage reports to the router. */
@@ -444,6 +499,10 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     f->id_step = (uint64_t)cfg->workers;
     f->next_id = base_id + (uint64_t)index; /* ids base + index + k * workers, k >= 1 */
     f->up = upstream_new(f);                /* with Sentinel: connects once told of a master */
+    if (cfg->has_cluster) {
+        /* Its shards' views follow the maps the main loop sends. */
+        f->cluster = clustermap_new_follower(f, &core_cluster_ops, workers_main_ctx(wk)->cluster);
+    }
     if (f->up == NULL) {
         close_everything(f);
         uv_run(loop, UV_RUN_DEFAULT);
@@ -484,6 +543,11 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
         f->up = upstream_new(f); /* a master name resolves later, off the loop */
         rc = f->up == NULL ? FERRY_ECONFIG : 0;
     }
+    if (rc == 0 && cfg->has_cluster) {
+        /* f->up stays without a master: what has no shard waits there.
+         * Before the workers: theirs publish on its board. */
+        f->cluster = clustermap_new(f, &core_cluster_ops);
+    }
     if (rc == 0) {
         rc = workers_start(f); /* no worker is left running if it fails */
     }
@@ -495,10 +559,6 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
     }
     if (cfg->has_sentinel) {
         f->sentinel = sentinel_new(f);
-    }
-    if (cfg->has_cluster) {
-        /* f->up stays without a master: what has no shard waits there. */
-        f->cluster = clustermap_new(f);
     }
     queues_open(f);
     lease_open(f);

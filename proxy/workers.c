@@ -796,6 +796,9 @@ static void publish(ferry *f, worker *w, uint64_t gen)
         mem_exchange(f);
     }
     view_of(f, &v);
+    if (f->workers_ops->publish != NULL) {
+        f->workers_ops->publish(f); /* before the gen below says it is done */
+    }
     uv_mutex_lock(&w->lock);
     *w->pub = f->stats;
     w->view = v;

@@ -60,6 +60,9 @@ typedef struct workers_ops {
     void (*hand_clients)(ferry *f, struct tk_relay *relay);
     void (*hand_abort)(ferry *f);
     int (*adopt)(ferry *f, int fd, char *frame, size_t len);
+    /* A worker loop publishes its figures (its tick, the stats port's
+     * request): what the modules above publish beside them. */
+    void (*publish)(ferry *f);
 } workers_ops;
 
 /* Main loop, at the end of core_init: start cfg->workers - 1 worker loops,

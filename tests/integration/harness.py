@@ -330,9 +330,8 @@ def _merge(base, over):
 
 
 def _needs_one_loop(c, extra_yaml):
-    """The test sets workers itself (in extra YAML), or ferry fronts a Redis
-    Cluster (one event loop for now: ferry refuses workers with cluster)."""
-    return bool(re.search(r'^workers\s*:', extra_yaml or '', re.M)) or bool(c.get('cluster'))
+    """The test sets workers itself (in extra YAML)."""
+    return bool(re.search(r'^workers\s*:', extra_yaml or '', re.M))
 
 
 def _port_of(addr):

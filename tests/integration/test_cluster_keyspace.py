@@ -26,8 +26,8 @@ answered as one server holding every master's keys would:
     master) and, once the replica is promoted, ends with every key.
 
 Run:  python3 -m unittest test_cluster_keyspace -v        (about 40 s)
-Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
-loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); FERRY_TEST_WORKERS=4 runs
+its ferry with 4 event loops.
 """
 import json
 import time
@@ -48,7 +48,6 @@ MAX_CALLS = 1000  # a scan of 340 keys with COUNT 10 takes far fewer
 
 def start_ferry(cluster):
     return Ferry(None, wait='port', conf={
-        'workers': 1,
         'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': 200,
                     'timeout_ms': 1000},
         'upstream': {'hold_timeout_ms': 30000}})

@@ -27,8 +27,8 @@ ClusterTopology: 3 masters + 3 replicas, node-timeout 2 s):
     replica with the same label, one switch and a time since it.
 
 Run:  python3 -m unittest test_cluster_ops -v        (about 40 s)
-Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
-loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); FERRY_TEST_WORKERS=4 runs
+its ferry with 4 event loops.
 """
 import json
 import os
@@ -90,7 +90,6 @@ def key_for(slot, prefix='k'):
 
 def start_ferry(cluster, refresh_ms):
     return Ferry(None, wait='port', conf={
-        'workers': 1,
         'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
                     'timeout_ms': 1000},
         'upstream': {'hold_timeout_ms': 30000}})

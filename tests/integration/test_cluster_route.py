@@ -28,8 +28,8 @@ ClusterTopology, node-timeout 2 s), one cluster and one ferry per class:
      (NOSCRIPT, as the node says); redis-py's Script loads it again.
 
 Run:  python3 -m unittest test_cluster_route -v        (about 55 s)
-Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
-loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); FERRY_TEST_WORKERS=4 runs
+its ferry with 4 event loops.
 """
 import hashlib
 import json
@@ -82,8 +82,7 @@ def stats(f):
 
 
 def start_ferry(cluster, refresh_ms=REFRESH_MS, replicas_ack=None):
-    conf = {'workers': 1,
-            'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
+    conf = {'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': refresh_ms,
                         'timeout_ms': 1000},
             'upstream': {'hold_timeout_ms': HOLD_MS}}
     if replicas_ack is not None:
@@ -777,17 +776,17 @@ class ClusterRouteConfigTest(unittest.TestCase):
         return Ferry.check_config(path)
 
     def test_refused_with_cluster(self):
-        for text, words in (('workers: 4\n', 'workers must be 1 with cluster'),
-                            ('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
+        for text, words in (('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
                             ('client:\n  auth: redis\n', 'client.auth redis is refused'),
                             ('queues:\n  - keys: [q]\n    max_length: 10\n',
                              'no queue guards yet')):
             rc, out = self.check(text)
             self.assertEqual(rc, 1, (text, out))
             self.assertIn(words, out, text)
-        rc, out = self.check('workers: 1\n')
-        self.assertEqual(rc, 0, out)
-        self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
+        for workers in ('workers: 1\n', 'workers: 4\n'):
+            rc, out = self.check(workers)
+            self.assertEqual(rc, 0, out)
+            self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
 
 
 if __name__ == '__main__':
