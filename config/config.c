@@ -992,11 +992,6 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                   "cluster mode serves on one event loop for now: workers must "
                                   "be 1 with cluster");
         }
-        if (cfg->fallback_path != NULL) {
-            return conf_key_error(ctx, "fallback.path", 1,
-                                  "cluster mode has no fallback store yet: remove fallback.path "
-                                  "with cluster");
-        }
         if (cfg->client_auth == CLIENT_AUTH_REDIS) {
             return conf_key_error(ctx, "client.auth", 1,
                                   "cluster mode does not check clients with Redis ACL users yet: "

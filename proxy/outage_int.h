@@ -37,6 +37,7 @@ typedef struct replay_group {
     int64_t last_id; /* highest row id of the key in this round */
     size_t rows;
     int status; /* 0 pending, 1 applied, -1 refused */
+    int slot;   /* cluster mode: the key's slot (its marker hash's) */
 } replay_group;
 
 typedef enum replay_state {
@@ -62,7 +63,11 @@ struct outage {
     int remote;             /* a worker's view: the main loop runs its store operations */
     ferry *main_ctx;        /* remote: the main loop's context */
     list_node remote_ops;   /* remote: operations waiting for their result */
-    char marker[512];       /* the marker hash's name in Redis */
+    char marker[512];       /* the marker hash's name in Redis (cluster mode: its part
+                               after the slot's hash tag, see replay.c) */
+    uint32_t *slot_tag;     /* cluster mode: per slot, the number whose decimal
+                               digits, as a hash tag, hash to that slot */
+    struct upstream *round_up; /* the master view the round is sent to */
     replay_state rstate;    /* see replay_state */
     uint64_t round;         /* generation of the current round */
     uint64_t round_started; /* uv_now() */
@@ -73,6 +78,7 @@ struct outage {
     size_t deletes_left;    /* deletes in flight */
     int64_t cursor;         /* read rows after this id (rows of refused keys stay) */
     uint64_t pass;          /* passes over the store (the cursor back at 0) */
+    int pass_applied;       /* cluster mode: a round of this pass applied rows */
     replay_key *skipped;    /* keys whose rows wait for the next pass */
     replay_key *held;       /* keys with rows taken by pops (their replies unwritten) */
     uint64_t next_round_ms; /* back-off after a failed round */
@@ -92,5 +98,9 @@ struct outage {
 void outage_wake_loops(ferry *f);
 /* replay.c: free the keys the replay holds back (at close). */
 void replay_free_keys(struct outage *o);
+/* replay.c: cluster mode: the per-slot hash tags of the markers. */
+void replay_cluster_init(struct outage *o);
+/* outage.c: the master view serving r (cluster mode: its slot's). */
+struct upstream *outage_view(ferry *f, const request *r);
 
 #endif

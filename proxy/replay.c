@@ -40,6 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "slot.h"
+#include "clustermap.h"
 #include "fallback.h"
 #include "link.h"
 #include "log.h"
@@ -52,6 +54,7 @@
 #define REPLAY_BACKOFF_MIN_MS 100
 #define REPLAY_BACKOFF_MAX_MS 10000
 #define REPLAY_TAKEN_WAIT_MS 1000 /* longest a key waits for its taken rows' replies */
+#define REPLAY_IDLE_PASS_MS 1000  /* cluster mode: after a pass that applied nothing */
 
 /* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
  * ARGV[1] the last row id of this group, then id, kind, member, score per
@@ -78,6 +81,39 @@ static const char replay_script[] =
     "return n\n";
 
 static void replay_next(struct outage *o);
+
+void replay_cluster_init(struct outage *o)
+{
+    /* The smallest number whose decimal digits hash to each slot: the same
+     * in every ferry and after every restart, so a marker is found again. */
+    size_t left = CLUSTER_SLOTS;
+    char num[16];
+    o->slot_tag = xcalloc(CLUSTER_SLOTS, sizeof(*o->slot_tag));
+    unsigned char *seen = xcalloc(CLUSTER_SLOTS, 1);
+    for (uint32_t n = 0; left > 0 && n < 100000000u; n++) {
+        int len = snprintf(num, sizeof(num), "%u", n);
+        int slot = slot_crc16(num, (size_t)len) & (CLUSTER_SLOTS - 1);
+        if (!seen[slot]) {
+            seen[slot] = 1;
+            o->slot_tag[slot] = n;
+            left--;
+        }
+    }
+    free(seen);
+}
+
+/* The marker hash of a key's slot: Sentinel and fixed mode, the one hash
+ * (o->marker); cluster mode, one per slot, its hash tag hashing to the
+ * slot, so the script's two keys are on one node and the marker moves with
+ * its slot in a reshard. */
+static void marker_name(const struct outage *o, int slot, char *out, size_t len)
+{
+    if (o->slot_tag == NULL || slot < 0) {
+        snprintf(out, len, "%s", o->marker);
+    } else {
+        snprintf(out, len, "ferry:fallback:{%u}%s", o->slot_tag[slot], o->marker);
+    }
+}
 
 static refused_key *refused_find(struct outage *o, const char *key, size_t len)
 {
@@ -136,6 +172,7 @@ void replay_free_keys(struct outage *o)
 static void pass_restart(struct outage *o)
 {
     o->cursor = 0;
+    o->pass_applied = 0;
     keys_drop_older(&o->skipped, UINT64_MAX);
     keys_drop_older(&o->held, o->pass);
     o->pass++;
@@ -246,6 +283,14 @@ static void script_done(link *l, request *r, const char *reply, size_t len)
         char why[300];
         uint64_t now = uv_now(l->f->loop);
         link_error_text(reply, len, why, sizeof(why));
+        if (l->f->cluster != NULL &&
+            (strncmp(why, "MOVED", 5) == 0 || strncmp(why, "ASK", 3) == 0 ||
+             strncmp(why, "CLUSTERDOWN", 11) == 0 || strncmp(why, "TRYAGAIN", 8) == 0)) {
+            /* The key's slot moves or its shard is failing: its rows go to
+             * the owner the map names next time (a key's marker moves with
+             * its slot). */
+            clustermap_refresh(l->f->cluster, "a node redirected a fallback replay script");
+        }
         g->status = -1;
         o->replay_errors++;
         refused_key *k = refused_find(o, g->key, g->keylen);
@@ -268,6 +313,7 @@ static void script_done(link *l, request *r, const char *reply, size_t len)
                   why, (unsigned long long)k->backoff_ms);
     } else {
         g->status = 1;
+        o->pass_applied = 1;
     }
 }
 
@@ -379,11 +425,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
 {
     struct outage *o = arg;
     ferry *f = o->f;
-    upstream *up = f->up;
+    upstream *up = f->cluster != NULL ? NULL : f->up;
     uint64_t now = uv_now(f->loop);
-    link *l = upstream_shared(up, NULL, 0, 2);
+    link *l = up != NULL ? upstream_shared(up, NULL, 0, 2) : NULL;
 
-    if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
+    if (status < 0 || (f->cluster == NULL && (l == NULL || up->epoch != o->round_epoch))) {
         round_fail(o, status < 0 ? errstr : "no master");
         return;
     }
@@ -394,8 +440,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
                      (unsigned long long)o->replayed);
             o->announced = 0;
         }
+        /* Cluster mode: a pass that applied nothing (every key's shard
+         * down) is not started again at once. */
+        int idle = f->cluster != NULL && !o->pass_applied;
         pass_restart(o); /* start over: refused keys' rows, once their back-off ends */
-        o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS;
+        o->next_round_ms = now + (idle ? REPLAY_IDLE_PASS_MS : REPLAY_BACKOFF_MIN_MS);
         return;
     }
     o->cursor = res->items[res->nitems - 1].id;
@@ -434,6 +483,37 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
                      REPLAY_TAKEN_WAIT_MS);
         }
     }
+    if (f->cluster != NULL) {
+        /* One shard per round (its link carries the scripts and the WAIT):
+         * the shard of the first key to go whose master is UP; the other
+         * keys wait for the next pass, as skipped ones do. A key goes to
+         * its slot's master in the map now (a moved key: its new owner). */
+        for (size_t i = 0; i < res->nitems; i++) {
+            const fallback_item *it = &res->items[i];
+            if (skip[i]) {
+                continue;
+            }
+            upstream *v = clustermap_route(f->cluster, slot_of_key(it->key, it->keylen));
+            if (up == NULL && v != NULL && v->state == UP_UP &&
+                (l = upstream_shared(v, NULL, 0, 2)) != NULL) {
+                up = v;
+            }
+            if (v != NULL && v == up) {
+                continue;
+            }
+            if (key_find(o->skipped, it->key, it->keylen) == NULL) {
+                key_add(&o->skipped, it->key, it->keylen, now)->pass = o->pass;
+            }
+            for (size_t j = i; j < res->nitems; j++) {
+                const fallback_item *o2 = &res->items[j];
+                if (o2->keylen == it->keylen && memcmp(o2->key, it->key, it->keylen) == 0) {
+                    skip[j] = 1;
+                }
+            }
+        }
+        o->round_up = up;
+        o->round_epoch = up != NULL ? up->epoch : 0;
+    }
     for (size_t i = 0; i < res->nitems; i++) {
         const fallback_item *it = &res->items[i];
         if (skip[i]) {
@@ -456,6 +536,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
             ng->key = xmalloc(it->keylen + 1);
             memcpy(ng->key, it->key, it->keylen);
             ng->keylen = it->keylen;
+            ng->slot = f->cluster != NULL ? slot_of_key(it->key, it->keylen) : -1;
         }
         o->groups[g].last_id = it->id;
         o->groups[g].rows++;
@@ -481,7 +562,9 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         buf_append_bulk(&b, "EVAL", 4);
         buf_append_bulk(&b, replay_script, sizeof(replay_script) - 1);
         buf_append_bulk(&b, "2", 1);
-        buf_append_bulk(&b, o->marker, strlen(o->marker));
+        char marker[600];
+        marker_name(o, grp->slot, marker, sizeof(marker));
+        buf_append_bulk(&b, marker, strlen(marker));
         buf_append_bulk(&b, grp->key, grp->keylen);
         snprintf(num, sizeof(num), "%lld", (long long)grp->last_id);
         buf_append_bulk(&b, num, strlen(num));
@@ -515,21 +598,24 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
 static void replay_next(struct outage *o)
 {
     ferry *f = o->f;
-    upstream *up = f->up;
+    /* Cluster mode: some shard's master is UP (read_done picks the round's). */
+    upstream *up = f->cluster != NULL ? clustermap_route(f->cluster, -1) : f->up;
     uint64_t now = uv_now(f->loop);
-    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || atomic_load(&o->sh->pending_ops) > 0 ||
-        fallback_rows(o->fb) == 0 || now < o->next_round_ms ||
-        upstream_shared(up, NULL, 0, 2) == NULL) {
+    if (o->rstate != REPLAY_IDLE || up == NULL || up->state != UP_UP ||
+        atomic_load(&o->sh->pending_ops) > 0 || fallback_rows(o->fb) == 0 ||
+        now < o->next_round_ms || upstream_shared(up, NULL, 0, 2) == NULL) {
         return;
     }
     o->round++;
     o->round_started = now;
+    o->round_up = up;
     o->round_epoch = up->epoch;
     o->rstate = REPLAY_READING;
     if (!o->announced) {
         o->announced = 1;
         log_info("fallback replay: %llu row(s) pending, replaying to %s",
-                 (unsigned long long)fallback_rows(o->fb), upstream_name(up));
+                 (unsigned long long)fallback_rows(o->fb),
+                 f->cluster != NULL ? "the masters of their keys' slots" : upstream_name(up));
     }
     fallback_read(o->fb, o->cursor, REPLAY_BATCH, read_done, o);
 }
@@ -541,7 +627,8 @@ void outage_tick(ferry *f, uint64_t now)
         return; /* the main loop replays */
     }
     if (o->rstate == REPLAY_APPLYING &&
-        (f->up->epoch != o->round_epoch || now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
+        ((o->round_up != NULL && o->round_up->epoch != o->round_epoch) ||
+         now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
         /* The link carrying the round broke: its scripts are idempotent
          * (the marker), so the rows are simply read and sent again. */
         round_fail(o, "the link to the master changed during the round");

@@ -786,7 +786,6 @@ class ClusterRouteConfigTest(unittest.TestCase):
 
     def test_refused_with_cluster(self):
         for text, words in (('workers: 4\n', 'workers must be 1 with cluster'),
-                            ('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
                             ('client:\n  auth: redis\n', 'client.auth redis is refused'),
                             ('queues:\n  - keys: [q]\n    max_length: 10\n',
                              'no queue guards yet')):
