@@ -283,15 +283,24 @@ static void script_done(link *l, request *r, const char *reply, size_t len)
         char why[300];
         uint64_t now = uv_now(l->f->loop);
         link_error_text(reply, len, why, sizeof(why));
-        if (l->f->cluster != NULL &&
-            (strncmp(why, "MOVED", 5) == 0 || strncmp(why, "ASK", 3) == 0 ||
-             strncmp(why, "CLUSTERDOWN", 11) == 0 || strncmp(why, "TRYAGAIN", 8) == 0)) {
-            /* The key's slot moves or its shard is failing: its rows go to
-             * the owner the map names next time (a key's marker moves with
-             * its slot). */
-            clustermap_refresh(l->f->cluster, "a node redirected a fallback replay script");
-        }
         g->status = -1;
+        if (l->f->cluster != NULL &&
+            (strncmp(why, "MOVED ", 6) == 0 || strncmp(why, "ASK ", 4) == 0 ||
+             strncmp(why, "CLUSTERDOWN", 11) == 0 || strncmp(why, "TRYAGAIN", 8) == 0)) {
+            /* Not the key's fault: its slot moves, or the node does not
+             * serve it yet (a restarted master before the cluster is ok).
+             * Its rows stay and go, at the next pass, to the master the map
+             * names then (a key's marker moves with its slot); until then
+             * its later rows must wait too. */
+            if (key_find(o->skipped, g->key, g->keylen) == NULL) {
+                key_add(&o->skipped, g->key, g->keylen, now)->pass = o->pass;
+            }
+            clustermap_refresh(l->f->cluster, "a node redirected a fallback replay script");
+            log_warn("fallback replay: %zu row(s) of key '%.*s' not applied: %s; retried at the "
+                     "next pass",
+                     g->rows, (int)(g->keylen < 100 ? g->keylen : 100), g->key, why);
+            return;
+        }
         o->replay_errors++;
         refused_key *k = refused_find(o, g->key, g->keylen);
         if (k == NULL) {
