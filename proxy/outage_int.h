@@ -30,6 +30,16 @@ typedef struct replay_key {
     struct replay_key *next;
 } replay_key;
 
+/* A master view's replicas confirming the replay's rounds (replay.c);
+ * one per view (cluster mode: per shard), made at its first round. */
+typedef struct replay_short {
+    const struct upstream *up;
+    uint64_t since; /* rounds confirmed by replicas_ack but not by every
+                       replica since (0: the last one was) */
+    int logged;     /* the end of that wait was logged */
+    struct replay_short *next;
+} replay_short;
+
 /* One key's rows in a replay round. */
 typedef struct replay_group {
     char *key;
@@ -84,9 +94,7 @@ struct outage {
     uint64_t next_round_ms; /* back-off after a failed round */
     int round_need;         /* replicas the round's WAIT asks for (replay.c) */
     int round_all;          /* replicas attached to the master at the round */
-    uint64_t short_since;   /* rounds confirmed by replicas_ack but not by every
-                               replica since (0: the last one was) */
-    int short_logged;       /* the end of that wait was logged */
+    struct replay_short *shorts; /* per master view (cluster mode: per shard) */
     refused_key *refused;   /* keys in back-off */
     uint64_t replayed;      /* rows replayed since start */
     uint64_t replay_errors; /* refusals and failed rounds */

@@ -165,6 +165,27 @@ void replay_free_keys(struct outage *o)
 {
     keys_drop_older(&o->skipped, UINT64_MAX);
     keys_drop_older(&o->held, UINT64_MAX);
+    while (o->shorts != NULL) {
+        replay_short *sh = o->shorts;
+        o->shorts = sh->next;
+        free(sh);
+    }
+}
+
+/* The replicas' record of up (made at its first round; views live until
+ * ferry closes). */
+static replay_short *short_of(struct outage *o, const upstream *up)
+{
+    for (replay_short *sh = o->shorts; sh != NULL; sh = sh->next) {
+        if (sh->up == up) {
+            return sh;
+        }
+    }
+    replay_short *sh = xcalloc(1, sizeof(*sh));
+    sh->up = up;
+    sh->next = o->shorts;
+    o->shorts = sh;
+    return sh;
 }
 
 /* A new pass over the store: from the first row, no key skipped; keys not
@@ -346,7 +367,7 @@ static void round_end_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
     if (acked >= o->round_need) {
         if (acked >= o->round_all) {
-            o->short_since = 0; /* every replica again */
+            short_of(o, l->up)->since = 0; /* every replica again */
         }
         round_finish(o, 1);
         return;
@@ -356,8 +377,9 @@ static void round_end_done(link *l, request *r, const char *reply, size_t len)
          * replica lacks it: the rows stay until it has them. */
         char why[128];
         uint64_t now = uv_now(l->f->loop);
-        if (o->short_since == 0) {
-            o->short_since = now;
+        replay_short *sh = short_of(o, l->up);
+        if (sh->since == 0) {
+            sh->since = now;
         }
         snprintf(why, sizeof(why), "confirmed by %lld of the master's %d replica(s)", acked,
                  o->round_need);
@@ -407,19 +429,20 @@ static void round_info_done(link *l, request *r, const char *reply, size_t len)
     uint64_t now = uv_now(l->f->loop);
     o->round_all = all > need ? all : need;
     o->round_need = o->round_all;
-    if (o->short_since != 0 && now - o->short_since >= l->f->cfg->replicas_ack_hold_ms &&
+    replay_short *sh = short_of(o, l->up);
+    if (sh->since != 0 && now - sh->since >= l->f->cfg->replicas_ack_hold_ms &&
         o->round_all > need) {
         /* until a WAIT finds every replica caught up again */
-        if (!o->short_logged) {
-            o->short_logged = 1;
+        if (!sh->logged) {
+            sh->logged = 1;
             log_warn("fallback replay: %d replica(s) of the master confirmed no round for %llu ms: "
                      "rows are deleted once %d confirm them, until every replica does again",
-                     o->round_all - need, (unsigned long long)(now - o->short_since), need);
+                     o->round_all - need, (unsigned long long)(now - sh->since), need);
         }
         o->round_need = need;
     }
-    if (o->short_since == 0) {
-        o->short_logged = 0;
+    if (sh->since == 0) {
+        sh->logged = 0;
     }
     char n[16], t[24];
     snprintf(n, sizeof(n), "%d", o->round_need);
