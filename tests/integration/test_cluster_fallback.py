@@ -18,6 +18,11 @@ once one shard has no master, and the other shards could not be served).
        held before, the store empty; the marker hash of each key lies in
        the key's slot; a push after the replay lands after the replayed
        rows.
+    2. A key's slot moved while it had rows: ferry stopped with rows of a
+       key of a shard without any master pending, the shard's nodes
+       restarted and the key's slot resharded to another shard; the new
+       ferry replays the rows to the new owner, after what the key held
+       there (moved with the slot), its marker in that slot there.
 
 Run:  python3 -m unittest test_cluster_fallback -v        (about 40 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
@@ -64,12 +69,13 @@ class ClusterFallbackTest(unittest.TestCase):
                                       redis_conf={'cluster-require-full-coverage': 'no'})
         try:
             cls.path = os.path.join(harness._mkdtemp('ferry-cluster-fallback-'), 'fb.db')
-            cls.ferry = Ferry(None, wait='port', conf={
+            cls.conf = {
                 'workers': 1,
                 'cluster': {'nodes': cls.cluster.seeds(), 'refresh_interval_ms': 200,
                             'timeout_ms': 1000},
                 'upstream': {'hold_timeout_ms': 30000},
-                'fallback': {'path': cls.path, 'after_ms': AFTER_MS}})
+                'fallback': {'path': cls.path, 'after_ms': AFTER_MS}}
+            cls.ferry = Ferry(None, wait='port', conf=cls.conf)
         except BaseException:
             cls.cluster.stop()
             raise
@@ -184,6 +190,47 @@ class ClusterFallbackTest(unittest.TestCase):
         st = stats(self.ferry)['fallback']
         self.assertEqual(st['fallback_replay_errors'], 0,
                          [l for l in self.ferry.log().splitlines() if 'replay' in l])
+
+    def test_2_rows_of_a_key_whose_slot_moved_go_to_its_new_owner(self):
+        owners = self.cluster.wait_consistent()
+        wait_until(lambda: len(self.shards_up()) == 3, timeout=20, interval=0.1,
+                   msg='every shard UP in ferry')
+        victim = owners[0]
+        target = min(set(owners.values()) - {victim})
+        replica = wait_until(lambda: (self.cluster.replicas_of(victim) or [None])[0],
+                             timeout=20, interval=0.1, msg='a replica of %d known' % victim)
+        # the lowest slot of the shard: the first one a reshard moves
+        low = min(sl for sl, p in owners.items() if p == victim)
+        key = next('mv:%d' % i for i in range(1000000) if keyslot('mv:%d' % i) == low)
+        c = self.ferry.client(socket_timeout=30)
+        self.assertEqual(c.rpush(key, 'm0'), 1)
+        self.cluster.node_by_port(replica).kill()
+        self.cluster.kill_master(victim)
+        for i in range(1, 4):
+            self.assertEqual(c.rpush(key, 'm%d' % i), i, 'the store answers its own part')
+        c.close()
+        # ferry stops with the rows pending; the shard comes back and the
+        # key's slot moves to another shard before ferry starts again
+        self.ferry.stop()
+        self.cluster.node_by_port(victim).start()
+        self.cluster.node_by_port(replica).start()
+        self.cluster.wait_consistent(timeout=60)
+        owners = self.cluster.reshard(victim, target, 1)
+        self.assertEqual(owners[low], target, 'the reshard moved the key\'s slot')
+        type(self).ferry = Ferry(None, wait='port', conf=self.conf)
+        wait_until(lambda: stats(self.ferry)['fallback']['fallback_pending'] == 0, timeout=30,
+                   interval=0.1, msg='the store replayed')
+        d = self.cluster.node_by_port(target).client()
+        self.addCleanup(d.close)
+        self.assertEqual(d.lrange(key, 0, -1), ['m0', 'm1', 'm2', 'm3'],
+                         'replayed to the new owner, after what it held')
+        markers = [m for m in d.scan_iter(match='ferry:fallback:*') if d.hexists(m, key)]
+        self.assertEqual(len(markers), 1, markers)
+        self.assertEqual(keyslot(markers[0]), low)
+        v = self.cluster.node_by_port(victim).client()
+        self.addCleanup(v.close)
+        self.assertFalse([m for m in v.scan_iter(match='ferry:fallback:*')
+                          if v.hexists(m, key)], 'no marker for the key on its old owner')
 
 
 if __name__ == '__main__':
