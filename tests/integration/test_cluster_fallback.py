@@ -119,6 +119,14 @@ class ClusterFallbackTest(unittest.TestCase):
         self.assertEqual(c.zadd(qz, {'m1': 1, 'm2': 2, 'm3': 3}), 3)
         self.assertEqual(c.rpush(q3, 'x1', 'x2', 'x3'), 3)
         self.assertGreaterEqual(stats(self.ferry)['fallback']['fallback_pending'], 13)
+        with urllib.request.urlopen('http://127.0.0.1:%d/healthz' % self.ferry.stats_port,
+                                    timeout=5) as r:
+            body = r.read().decode()
+        self.assertRegex(body, r'^OK: 2 of 3 shard\(s\) UP; DEGRADED')
+        self.assertRegex(body, r'\nshard 0 \(master 127\.0\.0\.1:%d, \d+ slot\(s\)\): DOWN '
+                         % victim)
+        self.assertRegex(body, r'\nfallback store: taking the queue writes of the shard\(s\) '
+                               r'DOWN, 1[3-9] row\(s\) pending\n')
 
         # the other shards are served by Redis meanwhile, not held
         for k, p in zip(other_keys, others):
