@@ -24,7 +24,7 @@ once one shard has no master, and the other shards could not be served).
        ferry replays the rows to the new owner, after what the key held
        there (moved with the slot), its marker in that slot there.
 
-Run:  python3 -m unittest test_cluster_fallback -v        (about 40 s)
+Run:  python3 -m unittest test_cluster_fallback -v        (about 20 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); cluster mode runs one event
 loop (workers: 1), so FERRY_TEST_WORKERS is not applied here.
 """
@@ -133,7 +133,7 @@ class ClusterFallbackTest(unittest.TestCase):
             t = time.monotonic()
             self.assertEqual(c.rpush(k, 'o1', 'o2'), 2)
             self.assertEqual(c.lpop(k), 'o1')
-            self.assertLess(time.monotonic() - t, 2.0, 'shard %d held' % p)
+            self.assertLess(time.monotonic() - t, 5.0, 'shard %d held' % p)
             direct = self.cluster.node_by_port(p).client()
             self.assertEqual(direct.lrange(k, 0, -1), ['o2'], 'written on its master')
             direct.close()
