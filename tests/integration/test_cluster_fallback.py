@@ -16,8 +16,9 @@ once one shard has no master, and the other shards could not be served).
        the failed one. Once the two nodes are restarted, the rows are
        replayed to the shard's master: each once, in order after what Redis
        held before, the store empty; the marker hash of each key lies in
-       the key's slot; a push after the replay lands after the replayed
-       rows.
+       the key's slot; the replay's rounds waited for the shard's replica
+       (durability.replicas_ack 1: WAIT on the restarted master); a push
+       after the replay lands after the replayed rows.
     2. A key's slot moved while it had rows: ferry stopped with rows of a
        key of a shard without any master pending, the shard's nodes
        restarted and the key's slot resharded to another shard; the new
@@ -74,6 +75,9 @@ class ClusterFallbackTest(unittest.TestCase):
                 'cluster': {'nodes': cls.cluster.seeds(), 'refresh_interval_ms': 200,
                             'timeout_ms': 1000},
                 'upstream': {'hold_timeout_ms': 30000},
+                # the replay's rounds wait for the shard's replica (WAIT on
+                # its master's link), as every write does
+                'durability': {'replicas_ack': 1},
                 'fallback': {'path': cls.path, 'after_ms': AFTER_MS}}
             cls.ferry = Ferry(None, wait='port', conf=cls.conf)
         except BaseException:
@@ -192,6 +196,9 @@ class ClusterFallbackTest(unittest.TestCase):
         for k in (q1, q2, q3, qz):
             self.assertIn(k, marked)
             self.assertEqual(keyslot(marked[k]), keyslot(k), (k, marked[k]))
+        # the restarted master ran the replay's WAIT for its replica (no
+        # client write reached it since its restart)
+        self.assertGreater(d.info('commandstats').get('cmdstat_wait', {}).get('calls', 0), 0)
         # new writes land after the replayed rows
         self.assertEqual(c.rpush(q1, 'after'), 7)
         self.assertEqual(d.lrange(q1, -2, -1), ['r5', 'after'])
