@@ -986,12 +986,7 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                       "not a unix socket");
             }
         }
-        /* What the first routing step does not do yet (docs/cluster.md). */
-        if (cfg->fallback_path != NULL) {
-            return conf_key_error(ctx, "fallback.path", 1,
-                                  "cluster mode has no fallback store yet: remove fallback.path "
-                                  "with cluster");
-        }
+        /* What cluster mode does not do yet (docs/cluster.md). */
         if (cfg->client_auth == CLIENT_AUTH_REDIS) {
             return conf_key_error(ctx, "client.auth", 1,
                                   "cluster mode does not check clients with Redis ACL users yet: "

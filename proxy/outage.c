@@ -43,6 +43,7 @@
 #include <strings.h>
 #include <sys/time.h>
 
+#include "clustermap.h"
 #include "fallback.h"
 #include "glob.h"
 #include "link.h"
@@ -234,7 +235,13 @@ int outage_open(ferry *f)
     if (uv_os_gethostname(host, &hlen) != 0) {
         snprintf(host, sizeof(host), "localhost");
     }
-    snprintf(o->marker, sizeof(o->marker), "ferry:fallback:%s:%s", host, cfg->fallback_path);
+    if (cfg->has_cluster) {
+        /* One marker hash per slot: "ferry:fallback:{<tag>}" then this part. */
+        snprintf(o->marker, sizeof(o->marker), ":%s:%s", host, cfg->fallback_path);
+        replay_cluster_init(o);
+    } else {
+        snprintf(o->marker, sizeof(o->marker), "ferry:fallback:%s:%s", host, cfg->fallback_path);
+    }
     f->outage = o;
     log_info("fallback store %s open: %llu row(s) pending replay", cfg->fallback_path,
              (unsigned long long)fallback_rows(o->fb));
@@ -313,6 +320,7 @@ void outage_close(ferry *f)
         free(k);
     }
     replay_free_keys(o);
+    free(o->slot_tag);
     free(o);
 }
 
@@ -469,7 +477,8 @@ static void confirm_done(void *arg, int status, const char *errstr, const fallba
                   errstr);
         return;
     }
-    if (res->count > 0 && f->outage != NULL && f->up != NULL && f->up->state == UP_UP) {
+    if (res->count > 0 && f->outage != NULL &&
+        (f->cluster != NULL || (f->up != NULL && f->up->state == UP_UP))) {
         outage_wake_loops(f);
     }
 }
@@ -1002,11 +1011,17 @@ int outage_dispatch(session *s, request *r)
     return rc;
 }
 
+upstream *outage_view(ferry *f, const request *r)
+{
+    upstream *up = f->cluster != NULL && r != NULL ? clustermap_route(f->cluster, r->slot) : NULL;
+    return up != NULL ? up : f->up;
+}
+
 int outage_waits(ferry *f, const request *r)
 {
     struct outage *o = f->outage;
-    upstream *up = f->up;
-    return o != NULL && up->state == UP_DOWN &&
+    upstream *up = outage_view(f, r);
+    return o != NULL && up != NULL && up->state == UP_DOWN &&
            uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms &&
            (r->flags & REQ_F_BLOCKING) && f->cfg->fallback_serve_pops && r->cmd != NULL &&
            (strcmp(r->cmd->name, "blpop") == 0 || strcmp(r->cmd->name, "brpop") == 0 ||

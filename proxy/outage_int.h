@@ -30,6 +30,16 @@ typedef struct replay_key {
     struct replay_key *next;
 } replay_key;
 
+/* A master view's replicas confirming the replay's rounds (replay.c);
+ * one per view (cluster mode: per shard), made at its first round. */
+typedef struct replay_short {
+    const struct upstream *up;
+    uint64_t since; /* rounds confirmed by replicas_ack but not by every
+                       replica since (0: the last one was) */
+    int logged;     /* the end of that wait was logged */
+    struct replay_short *next;
+} replay_short;
+
 /* One key's rows in a replay round. */
 typedef struct replay_group {
     char *key;
@@ -37,6 +47,7 @@ typedef struct replay_group {
     int64_t last_id; /* highest row id of the key in this round */
     size_t rows;
     int status; /* 0 pending, 1 applied, -1 refused */
+    int slot;   /* cluster mode: the key's slot (its marker hash's) */
 } replay_group;
 
 typedef enum replay_state {
@@ -56,41 +67,48 @@ typedef struct outage_shared {
 } outage_shared;
 
 struct outage {
-    ferry *f;               /* context */
-    fallback *fb;           /* the store (NULL in a worker's view) */
-    outage_shared *sh;      /* shared with the other loops */
-    int remote;             /* a worker's view: the main loop runs its store operations */
-    ferry *main_ctx;        /* remote: the main loop's context */
-    list_node remote_ops;   /* remote: operations waiting for their result */
-    char marker[512];       /* the marker hash's name in Redis */
-    replay_state rstate;    /* see replay_state */
-    uint64_t round;         /* generation of the current round */
-    uint64_t round_started; /* uv_now() */
-    uint64_t round_epoch;   /* master epoch the round was sent on */
-    replay_group *groups;   /* the round's keys */
+    ferry *f;                  /* context */
+    fallback *fb;              /* the store (NULL in a worker's view) */
+    outage_shared *sh;         /* shared with the other loops */
+    int remote;                /* a worker's view: the main loop runs its store operations */
+    ferry *main_ctx;           /* remote: the main loop's context */
+    list_node remote_ops;      /* remote: operations waiting for their result */
+    char marker[512];          /* the marker hash's name in Redis (cluster mode: its part
+                                  after the slot's hash tag, see replay.c) */
+    uint32_t *slot_tag;        /* cluster mode: per slot, the number whose decimal
+                                  digits, as a hash tag, hash to that slot */
+    struct upstream *round_up; /* the master view the round is sent to */
+    replay_state rstate;       /* see replay_state */
+    uint64_t round;            /* generation of the current round */
+    uint64_t round_started;    /* uv_now() */
+    uint64_t round_epoch;      /* master epoch the round was sent on */
+    replay_group *groups;      /* the round's keys */
     size_t ngroups;
     size_t gcap;
-    size_t deletes_left;    /* deletes in flight */
-    int64_t cursor;         /* read rows after this id (rows of refused keys stay) */
-    uint64_t pass;          /* passes over the store (the cursor back at 0) */
-    replay_key *skipped;    /* keys whose rows wait for the next pass */
-    replay_key *held;       /* keys with rows taken by pops (their replies unwritten) */
-    uint64_t next_round_ms; /* back-off after a failed round */
-    int round_need;         /* replicas the round's WAIT asks for (replay.c) */
-    int round_all;          /* replicas attached to the master at the round */
-    uint64_t short_since;   /* rounds confirmed by replicas_ack but not by every
-                               replica since (0: the last one was) */
-    int short_logged;       /* the end of that wait was logged */
-    refused_key *refused;   /* keys in back-off */
-    uint64_t replayed;      /* rows replayed since start */
-    uint64_t replay_errors; /* refusals and failed rounds */
-    uint64_t store_errors;  /* client writes the store could not take */
-    int announced;          /* the replay was logged (reset once the store is empty) */
+    size_t deletes_left;         /* deletes in flight */
+    int64_t cursor;              /* read rows after this id (rows of refused keys stay) */
+    uint64_t pass;               /* passes over the store (the cursor back at 0) */
+    int pass_applied;            /* cluster mode: a round of this pass applied rows */
+    replay_key *skipped;         /* keys whose rows wait for the next pass */
+    replay_key *held;            /* keys with rows taken by pops (their replies unwritten) */
+    uint64_t next_round_ms;      /* back-off after a failed round */
+    int round_need;              /* replicas the round's WAIT asks for (replay.c) */
+    int round_all;               /* replicas attached to the master at the round */
+    struct replay_short *shorts; /* per master view (cluster mode: per shard) */
+    refused_key *refused;        /* keys in back-off */
+    uint64_t replayed;           /* rows replayed since start */
+    uint64_t replay_errors;      /* refusals and failed rounds */
+    uint64_t store_errors;       /* client writes the store could not take */
+    int announced;               /* the replay was logged (reset once the store is empty) */
 };
 
 /* outage.c: blocked pops on every loop may be served now. */
 void outage_wake_loops(ferry *f);
 /* replay.c: free the keys the replay holds back (at close). */
 void replay_free_keys(struct outage *o);
+/* replay.c: cluster mode: the per-slot hash tags of the markers. */
+void replay_cluster_init(struct outage *o);
+/* outage.c: the master view serving r (cluster mode: its slot's). */
+struct upstream *outage_view(ferry *f, const request *r);
 
 #endif

@@ -34,12 +34,25 @@
  * queue), usually within milliseconds, and the key is replayed after. A key
  * held for REPLAY_TAKEN_WAIT_MS is replayed with its taken rows: never
  * lost, and the consumer that may still get them is counted
- * (fallback_replayed_taken) and logged. */
+ * (fallback_replayed_taken) and logged.
+ *
+ * Cluster mode: one store for the whole cluster; a row's slot is its key's.
+ * A round goes to one shard's master (the shard of the first key of the
+ * batch whose master is UP), the batch's other keys are skipped for the
+ * pass, and each key goes to the master serving its slot in the map now
+ * (a key moved while it had rows: its new owner). The marker is one hash
+ * per slot whose hash tag hashes to that slot (marker_name): a node runs a
+ * script only on keys of one slot, and a reshard moves the marker with the
+ * slot's keys. A script answered MOVED, ASK, CLUSTERDOWN or TRYAGAIN
+ * applied nothing: its key waits for the next pass and the map is asked
+ * again. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "slot.h"
+#include "clustermap.h"
 #include "fallback.h"
 #include "link.h"
 #include "log.h"
@@ -52,6 +65,7 @@
 #define REPLAY_BACKOFF_MIN_MS 100
 #define REPLAY_BACKOFF_MAX_MS 10000
 #define REPLAY_TAKEN_WAIT_MS 1000 /* longest a key waits for its taken rows' replies */
+#define REPLAY_IDLE_PASS_MS 1000  /* cluster mode: after a pass that applied nothing */
 
 /* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
  * ARGV[1] the last row id of this group, then id, kind, member, score per
@@ -78,6 +92,44 @@ static const char replay_script[] =
     "return n\n";
 
 static void replay_next(struct outage *o);
+
+void replay_cluster_init(struct outage *o)
+{
+    /* The smallest number whose decimal digits hash to each slot: the same
+     * in every ferry and after every restart, so a marker is found again. */
+    size_t left = CLUSTER_SLOTS;
+    char num[16];
+    o->slot_tag = xcalloc(CLUSTER_SLOTS, sizeof(*o->slot_tag));
+    unsigned char *seen = xcalloc(CLUSTER_SLOTS, 1);
+    for (uint32_t n = 0; left > 0 && n < 100000000u; n++) {
+        int len = snprintf(num, sizeof(num), "%u", n);
+        int slot = slot_crc16(num, (size_t)len) & (CLUSTER_SLOTS - 1);
+        if (!seen[slot]) {
+            seen[slot] = 1;
+            o->slot_tag[slot] = n;
+            left--;
+        }
+    }
+    free(seen);
+    if (left > 0) {
+        /* not expected (the last slot is found below 110 000): those
+         * slots' scripts are refused (CROSSSLOT) and retried, nothing lost */
+        log_error("fallback store: no marker hash tag found for %zu slot(s)", left);
+    }
+}
+
+/* The marker hash of a key's slot: Sentinel and fixed mode, the one hash
+ * (o->marker); cluster mode, one per slot, its hash tag hashing to the
+ * slot, so the script's two keys are on one node and the marker moves with
+ * its slot in a reshard. */
+static void marker_name(const struct outage *o, int slot, char *out, size_t len)
+{
+    if (o->slot_tag == NULL || slot < 0) {
+        snprintf(out, len, "%s", o->marker);
+    } else {
+        snprintf(out, len, "ferry:fallback:{%u}%s", o->slot_tag[slot], o->marker);
+    }
+}
 
 static refused_key *refused_find(struct outage *o, const char *key, size_t len)
 {
@@ -129,6 +181,27 @@ void replay_free_keys(struct outage *o)
 {
     keys_drop_older(&o->skipped, UINT64_MAX);
     keys_drop_older(&o->held, UINT64_MAX);
+    while (o->shorts != NULL) {
+        replay_short *sh = o->shorts;
+        o->shorts = sh->next;
+        free(sh);
+    }
+}
+
+/* The replicas' record of up (made at its first round; views live until
+ * ferry closes). */
+static replay_short *short_of(struct outage *o, const upstream *up)
+{
+    for (replay_short *sh = o->shorts; sh != NULL; sh = sh->next) {
+        if (sh->up == up) {
+            return sh;
+        }
+    }
+    replay_short *sh = xcalloc(1, sizeof(*sh));
+    sh->up = up;
+    sh->next = o->shorts;
+    o->shorts = sh;
+    return sh;
 }
 
 /* A new pass over the store: from the first row, no key skipped; keys not
@@ -136,6 +209,7 @@ void replay_free_keys(struct outage *o)
 static void pass_restart(struct outage *o)
 {
     o->cursor = 0;
+    o->pass_applied = 0;
     keys_drop_older(&o->skipped, UINT64_MAX);
     keys_drop_older(&o->held, o->pass);
     o->pass++;
@@ -247,6 +321,23 @@ static void script_done(link *l, request *r, const char *reply, size_t len)
         uint64_t now = uv_now(l->f->loop);
         link_error_text(reply, len, why, sizeof(why));
         g->status = -1;
+        if (l->f->cluster != NULL &&
+            (strncmp(why, "MOVED ", 6) == 0 || strncmp(why, "ASK ", 4) == 0 ||
+             strncmp(why, "CLUSTERDOWN", 11) == 0 || strncmp(why, "TRYAGAIN", 8) == 0)) {
+            /* Not the key's fault: its slot moves, or the node does not
+             * serve it yet (a restarted master before the cluster is ok).
+             * Its rows stay and go, at the next pass, to the master the map
+             * names then (a key's marker moves with its slot); until then
+             * its later rows must wait too. */
+            if (key_find(o->skipped, g->key, g->keylen) == NULL) {
+                key_add(&o->skipped, g->key, g->keylen, now)->pass = o->pass;
+            }
+            clustermap_refresh(l->f->cluster, "a node redirected a fallback replay script");
+            log_warn("fallback replay: %zu row(s) of key '%.*s' not applied: %s; retried at the "
+                     "next pass",
+                     g->rows, (int)(g->keylen < 100 ? g->keylen : 100), g->key, why);
+            return;
+        }
         o->replay_errors++;
         refused_key *k = refused_find(o, g->key, g->keylen);
         if (k == NULL) {
@@ -268,6 +359,7 @@ static void script_done(link *l, request *r, const char *reply, size_t len)
                   why, (unsigned long long)k->backoff_ms);
     } else {
         g->status = 1;
+        o->pass_applied = 1;
     }
 }
 
@@ -291,7 +383,7 @@ static void round_end_done(link *l, request *r, const char *reply, size_t len)
     freeReplyObject(rr);
     if (acked >= o->round_need) {
         if (acked >= o->round_all) {
-            o->short_since = 0; /* every replica again */
+            short_of(o, l->up)->since = 0; /* every replica again */
         }
         round_finish(o, 1);
         return;
@@ -301,8 +393,9 @@ static void round_end_done(link *l, request *r, const char *reply, size_t len)
          * replica lacks it: the rows stay until it has them. */
         char why[128];
         uint64_t now = uv_now(l->f->loop);
-        if (o->short_since == 0) {
-            o->short_since = now;
+        replay_short *sh = short_of(o, l->up);
+        if (sh->since == 0) {
+            sh->since = now;
         }
         snprintf(why, sizeof(why), "confirmed by %lld of the master's %d replica(s)", acked,
                  o->round_need);
@@ -352,19 +445,20 @@ static void round_info_done(link *l, request *r, const char *reply, size_t len)
     uint64_t now = uv_now(l->f->loop);
     o->round_all = all > need ? all : need;
     o->round_need = o->round_all;
-    if (o->short_since != 0 && now - o->short_since >= l->f->cfg->replicas_ack_hold_ms &&
+    replay_short *sh = short_of(o, l->up);
+    if (sh->since != 0 && now - sh->since >= l->f->cfg->replicas_ack_hold_ms &&
         o->round_all > need) {
         /* until a WAIT finds every replica caught up again */
-        if (!o->short_logged) {
-            o->short_logged = 1;
+        if (!sh->logged) {
+            sh->logged = 1;
             log_warn("fallback replay: %d replica(s) of the master confirmed no round for %llu ms: "
                      "rows are deleted once %d confirm them, until every replica does again",
-                     o->round_all - need, (unsigned long long)(now - o->short_since), need);
+                     o->round_all - need, (unsigned long long)(now - sh->since), need);
         }
         o->round_need = need;
     }
-    if (o->short_since == 0) {
-        o->short_logged = 0;
+    if (sh->since == 0) {
+        sh->logged = 0;
     }
     char n[16], t[24];
     snprintf(n, sizeof(n), "%d", o->round_need);
@@ -379,11 +473,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
 {
     struct outage *o = arg;
     ferry *f = o->f;
-    upstream *up = f->up;
+    upstream *up = f->cluster != NULL ? NULL : f->up;
     uint64_t now = uv_now(f->loop);
-    link *l = upstream_shared(up, NULL, 0, 2);
+    link *l = up != NULL ? upstream_shared(up, NULL, 0, 2) : NULL;
 
-    if (status < 0 || l == NULL || up->epoch != o->round_epoch) {
+    if (status < 0 || (f->cluster == NULL && (l == NULL || up->epoch != o->round_epoch))) {
         round_fail(o, status < 0 ? errstr : "no master");
         return;
     }
@@ -394,8 +488,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
                      (unsigned long long)o->replayed);
             o->announced = 0;
         }
+        /* Cluster mode: a pass that applied nothing (every key's shard
+         * down) is not started again at once. */
+        int idle = f->cluster != NULL && !o->pass_applied;
         pass_restart(o); /* start over: refused keys' rows, once their back-off ends */
-        o->next_round_ms = now + REPLAY_BACKOFF_MIN_MS;
+        o->next_round_ms = now + (idle ? REPLAY_IDLE_PASS_MS : REPLAY_BACKOFF_MIN_MS);
         return;
     }
     o->cursor = res->items[res->nitems - 1].id;
@@ -434,6 +531,37 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
                      REPLAY_TAKEN_WAIT_MS);
         }
     }
+    if (f->cluster != NULL) {
+        /* One shard per round (its link carries the scripts and the WAIT):
+         * the shard of the first key to go whose master is UP; the other
+         * keys wait for the next pass, as skipped ones do. A key goes to
+         * its slot's master in the map now (a moved key: its new owner). */
+        for (size_t i = 0; i < res->nitems; i++) {
+            const fallback_item *it = &res->items[i];
+            if (skip[i]) {
+                continue;
+            }
+            upstream *v = clustermap_route(f->cluster, slot_of_key(it->key, it->keylen));
+            if (up == NULL && v != NULL && v->state == UP_UP &&
+                (l = upstream_shared(v, NULL, 0, 2)) != NULL) {
+                up = v;
+            }
+            if (v != NULL && v == up) {
+                continue;
+            }
+            if (key_find(o->skipped, it->key, it->keylen) == NULL) {
+                key_add(&o->skipped, it->key, it->keylen, now)->pass = o->pass;
+            }
+            for (size_t j = i; j < res->nitems; j++) {
+                const fallback_item *o2 = &res->items[j];
+                if (o2->keylen == it->keylen && memcmp(o2->key, it->key, it->keylen) == 0) {
+                    skip[j] = 1;
+                }
+            }
+        }
+        o->round_up = up;
+        o->round_epoch = up != NULL ? up->epoch : 0;
+    }
     for (size_t i = 0; i < res->nitems; i++) {
         const fallback_item *it = &res->items[i];
         if (skip[i]) {
@@ -456,6 +584,7 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
             ng->key = xmalloc(it->keylen + 1);
             memcpy(ng->key, it->key, it->keylen);
             ng->keylen = it->keylen;
+            ng->slot = f->cluster != NULL ? slot_of_key(it->key, it->keylen) : -1;
         }
         o->groups[g].last_id = it->id;
         o->groups[g].rows++;
@@ -481,7 +610,9 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         buf_append_bulk(&b, "EVAL", 4);
         buf_append_bulk(&b, replay_script, sizeof(replay_script) - 1);
         buf_append_bulk(&b, "2", 1);
-        buf_append_bulk(&b, o->marker, strlen(o->marker));
+        char marker[600];
+        marker_name(o, grp->slot, marker, sizeof(marker));
+        buf_append_bulk(&b, marker, strlen(marker));
         buf_append_bulk(&b, grp->key, grp->keylen);
         snprintf(num, sizeof(num), "%lld", (long long)grp->last_id);
         buf_append_bulk(&b, num, strlen(num));
@@ -515,21 +646,24 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
 static void replay_next(struct outage *o)
 {
     ferry *f = o->f;
-    upstream *up = f->up;
+    /* Cluster mode: some shard's master is UP (read_done picks the round's). */
+    upstream *up = f->cluster != NULL ? clustermap_route(f->cluster, -1) : f->up;
     uint64_t now = uv_now(f->loop);
-    if (o->rstate != REPLAY_IDLE || up->state != UP_UP || atomic_load(&o->sh->pending_ops) > 0 ||
-        fallback_rows(o->fb) == 0 || now < o->next_round_ms ||
-        upstream_shared(up, NULL, 0, 2) == NULL) {
+    if (o->rstate != REPLAY_IDLE || up == NULL || up->state != UP_UP ||
+        atomic_load(&o->sh->pending_ops) > 0 || fallback_rows(o->fb) == 0 ||
+        now < o->next_round_ms || upstream_shared(up, NULL, 0, 2) == NULL) {
         return;
     }
     o->round++;
     o->round_started = now;
+    o->round_up = up;
     o->round_epoch = up->epoch;
     o->rstate = REPLAY_READING;
     if (!o->announced) {
         o->announced = 1;
         log_info("fallback replay: %llu row(s) pending, replaying to %s",
-                 (unsigned long long)fallback_rows(o->fb), upstream_name(up));
+                 (unsigned long long)fallback_rows(o->fb),
+                 f->cluster != NULL ? "the masters of their keys' slots" : upstream_name(up));
     }
     fallback_read(o->fb, o->cursor, REPLAY_BATCH, read_done, o);
 }
@@ -541,7 +675,8 @@ void outage_tick(ferry *f, uint64_t now)
         return; /* the main loop replays */
     }
     if (o->rstate == REPLAY_APPLYING &&
-        (f->up->epoch != o->round_epoch || now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
+        ((o->round_up != NULL && o->round_up->epoch != o->round_epoch) ||
+         now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
         /* The link carrying the round broke: its scripts are idempotent
          * (the marker), so the rows are simply read and sent again. */
         round_fail(o, "the link to the master changed during the round");

@@ -476,9 +476,9 @@ static upstream *route_view(session *s, const request *r)
 
 /* The fallback store would serve s's next request (no master): a pop's data
  * awaiting a verdict is delivered undecided rather than held behind it. */
-static int verdict_store_serves(session *s)
+static int verdict_store_serves(session *s, upstream *up)
 {
-    return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(s->f->up);
+    return s->f->outage != NULL && s->tx == TX_NONE && s->ident == NULL && upstream_down(up);
 }
 
 /* A split request's part to send now (split.h): its bytes in r->data (the
@@ -557,7 +557,7 @@ static int dispatch_one(session *s, request *r)
          * once the next master is read (before it is UP), deliver that reply
          * if the master has the write, else send it again. */
         int data = request_verdict_data(r);
-        int v = fence_verdict(up, r, up->state == UP_UP || (data && verdict_store_serves(s)));
+        int v = fence_verdict(up, r, up->state == UP_UP || (data && verdict_store_serves(s, up)));
         if (v < 0 && data) {
             return DISPATCH_DOWN; /* its data held until the next master is read */
         }

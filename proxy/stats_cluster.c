@@ -8,6 +8,7 @@
 
 #include "clustermap.h"
 #include "ferry.h"
+#include "outage.h"
 #include "stats_int.h"
 
 typedef struct cstat_desc {
@@ -318,10 +319,22 @@ int stats_cluster_healthz(ferry *f, buf *body)
         stats_printf(body, "DOWN: no shard's master is UP (%d shard(s))\n", n);
         code = 503;
     }
+    int down = 0;
     for (int s = 0; s < n; s++) {
         if (!views[s].up) {
             shard_line(body, &views[s]);
         }
+        down += strcmp(views[s].state, "DOWN") == 0;
+    }
+    if (f->outage != NULL && up < n) {
+        /* The store takes the queue writes of the shards DOWN (cluster.md). */
+        ferry_stats st;
+        memset(&st, 0, sizeof(st));
+        outage_stats(f, &st);
+        stats_printf(body, "fallback store: %s, %llu row(s) pending%s\n",
+                     down > 0 ? "taking the queue writes of the shard(s) DOWN" : "standing by",
+                     (unsigned long long)st.fallback_pending,
+                     st.fallback_commit_errors > 0 ? ", commit errors seen (see log)" : "");
     }
     free(views);
     return code;

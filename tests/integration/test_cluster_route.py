@@ -776,14 +776,13 @@ class ClusterRouteConfigTest(unittest.TestCase):
         return Ferry.check_config(path)
 
     def test_refused_with_cluster(self):
-        for text, words in (('fallback:\n  path: /tmp/x.db\n', 'no fallback store yet'),
-                            ('client:\n  auth: redis\n', 'client.auth redis is refused'),
+        for text, words in (('client:\n  auth: redis\n', 'client.auth redis is refused'),
                             ('queues:\n  - keys: [q]\n    max_length: 10\n',
                              'no queue guards yet')):
             rc, out = self.check(text)
             self.assertEqual(rc, 1, (text, out))
             self.assertIn(words, out, text)
-        for workers in ('workers: 1\n', 'workers: 4\n'):
+        for workers in ('workers: 1\n', 'workers: 4\n', 'fallback:\n  path: /tmp/x.db\n'):
             rc, out = self.check(workers)
             self.assertEqual(rc, 0, out)
             self.assertIn('cluster mode: commands whose keys share one slot are routed', out)
