@@ -488,7 +488,16 @@ static int classify_slot(session *s, request *r, const resp_request *req)
         later = cmd->first_key <= 0;
         break;
     case RT_SELECT:
-        later = r->arg != 0;
+        if (r->arg != 0) {
+            /* a cluster has database 0 only (a node answers SELECT is not allowed) */
+            set_error(r,
+                      "-ERR ferry: cluster mode: SELECT of a database other than 0 is not served: "
+                      "ferry presents the cluster as one server, and a cluster has database 0 "
+                      "only\r\n%s",
+                      "");
+            f->stats.commands_denied++;
+            return 1;
+        }
         break;
     case RT_MULTI:
     case RT_EXEC:
