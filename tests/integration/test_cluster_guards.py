@@ -16,10 +16,15 @@ script touches only the pushed key, so it runs on that key's slot master.
        (NOSCRIPT answered by EVAL, never surfaced).
     4. on_full: block: a push to a full list on one shard is held until a
        consumer pops, and lands in order; a push on another shard flows.
+  ClusterBoundedQueueFailoverTest (a cluster of its own: it is harmed):
+    kill -9 of a bounded key's master while four producers push to it:
+    held, then applied on the promoted replica (its links are sent SCRIPT
+    LOAD first); only -QFULL refusals, no acknowledged push lost, the list
+    ends at exactly its bound.
   ClusterGuardsConfigTest: `ferry -t` with cluster: accepts max_length and
     on_full, refuses a queues entry with processing (leases) naming it.
 
-Run:  python3 -m unittest test_cluster_guards -v        (about 30 s)
+Run:  python3 -m unittest test_cluster_guards -v        (about 45 s)
 """
 import json
 import os
@@ -225,6 +230,87 @@ class ClusterBoundedQueueTest(unittest.TestCase):
         self.assertFalse(t.is_alive())
         self.assertEqual(popped, ['i0', 'i1', 's0', 's1', 's2'])
         self.assertEqual(stats(self.ferry)['queues']['queues'][2]['refused_full'], 0)
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class ClusterBoundedQueueFailoverTest(unittest.TestCase):
+    """kill -9 of the master of a bounded key's shard while producers push
+    to it: the pushes are held and go on on the promoted replica (which has
+    not seen ferry's guard script), no error but -QFULL, every acknowledged
+    push is there, the list never passes its bound."""
+
+    BOUND = 60
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        try:
+            cls.owners = cls.cluster.wait_consistent()
+            cls.ferry = Ferry(None, wait='port', conf={
+                'cluster': {'nodes': [cls.cluster.seeds()[0]], 'timeout_ms': 1000},
+                'upstream': {'hold_timeout_ms': 30000}},
+                extra_yaml=queues_yaml([{'keys': 'cf:*', 'max_length': cls.BOUND}]))
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.cluster.stop()
+
+    def test_kill_master_mid_pushes(self):
+        # durability.replicas_ack unset: 0 in cluster mode (one replica per
+        # master, none left after the failover), as test_cluster_route's kill
+        victim = sorted(set(self.owners.values()))[-1]
+        key = next('cf:q:%d' % i for i in range(1000000)
+                   if self.owners[keyslot('cf:q:%d' % i)] == victim)
+        acked, refused, other, over = [], [], [], []
+        lock = threading.Lock()
+        started = threading.Event()
+
+        def producer(n):
+            c = self.ferry.client(socket_timeout=40)
+            refusals, i = 0, 0
+            while refusals < 3 and i < 2 * self.BOUND:  # bounded
+                item = 'p%d-%d' % (n, i)
+                i += 1
+                try:
+                    length = c.rpush(key, item)
+                    with lock:
+                        acked.append(item)
+                        if length > self.BOUND:
+                            over.append(length)
+                        if len(acked) >= self.BOUND // 3:
+                            started.set()
+                except redis.ResponseError as e:
+                    with lock:
+                        if str(e) == qfull(key, self.BOUND, self.BOUND):
+                            refused.append(item)
+                        else:
+                            other.append(str(e))
+                    refusals += 1
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            self.assertTrue(started.wait(30), 'pushes flowing before the kill')
+            self.cluster.kill_master(victim)
+            new = self.cluster.wait_promoted(victim)
+        finally:
+            for t in threads:
+                t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads), 'producers hung')
+        self.assertEqual(other, [])
+        self.assertEqual(over, [])
+        items = self.cluster.node_by_port(new).client().lrange(key, 0, -1)
+        self.assertLessEqual(len(items), self.BOUND)
+        self.assertEqual(len(items), self.BOUND)  # the producers ran until refused
+        self.assertEqual(set(acked) - set(items), set(), 'acknowledged pushes lost')
+        self.assertEqual(len(refused), 4 * 3)
+        self.assertEqual(set(refused) & set(items), set())
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
