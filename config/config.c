@@ -992,10 +992,13 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                   "cluster mode does not check clients with Redis ACL users yet: "
                                   "client.auth redis is refused with cluster");
         }
-        if (cfg->nqueues > 0) {
-            return conf_key_error(ctx, "queues", 1,
-                                  "cluster mode has no queue guards yet: remove queues with "
-                                  "cluster");
+        for (int i = 0; i < cfg->nqueues; i++) {
+            if (cfg->queues[i].processing != NULL) {
+                return conf_key_error(ctx, "queues", 1,
+                                      "cluster mode has no leases yet: a queues entry with "
+                                      "processing is refused with cluster (max_length and "
+                                      "on_full work)");
+            }
         }
     }
     if (cfg->nlisten == 0 && cfg->nlisten_tls == 0) {
