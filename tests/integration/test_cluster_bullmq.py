@@ -102,6 +102,7 @@ class ClusterBullMQTest(unittest.TestCase):
             c.delete(key)
             c.xadd(key, {'n': '0'})
             self.assertEqual(len(c.xread({key: '0'})), 1)  # not blocking: by slot
+            self.assertTrue(c.client_setname('ev-reader'))
             got = {}
 
             def reader():
@@ -115,7 +116,10 @@ class ClusterBullMQTest(unittest.TestCase):
                 node = self.cluster.node_by_port(
                     self.cluster.master_of(self.cluster.keyslot(key))).client(socket_timeout=5)
                 try:
-                    blocked = node.info('clients')['blocked_clients'] >= 1
+                    # blocked on the slot's master, on a link carrying the
+                    # client's name (ferry set it there)
+                    blocked = any(r.get('name') == 'ev-reader' and r.get('cmd') == 'xread'
+                                  for r in node.client_list())
                 finally:
                     node.close()
                 if not blocked:
