@@ -10,6 +10,8 @@ Queue.getWorkers need, checked against a real 3 masters + 3 replicas cluster
      two slots refused with a node's CROSSSLOT.
   4. BullMQ with a {hash-tagged} prefix: a QueueEvents receives 'completed'
      for every job a Worker processed, and Queue.getWorkers() lists it.
+  z. kill -9 of the master under an XREAD BLOCK: sent again to the promoted
+     replica, woken by an XADD through ferry after the failover.
 
 Run:  python3 -m unittest test_cluster_bullmq -v        (about 30 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1).
@@ -199,6 +201,60 @@ class ClusterBullMQTest(unittest.TestCase):
         self.assertTrue(out['workers'], out)
         self.assertTrue(all(w.startswith('{bullev}:') and w.endswith(':w:w-ferry')
                             for w in out['workers']), out)
+
+    def test_z_xread_block_across_a_failover_of_its_shard(self):
+        """Last: it kills a master. An XREAD BLOCK waiting on the killed
+        master's slot is sent again to the promoted replica with the time it
+        has left, and an XADD through ferry after the failover wakes it."""
+        self.cluster.wait_consistent()
+        key = 'ev:{fo}'
+        victim = self.cluster.master_of(self.cluster.keyslot(key))
+        c = self.ferry.client(socket_timeout=60)
+        w = self.ferry.client(socket_timeout=60)
+        try:
+            c.delete(key)
+            c.xadd(key, {'n': '0'})
+            got = {}
+
+            def reader():
+                try:
+                    got['r'] = c.xread({key: '$'}, block=40000)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    got['e'] = e
+            t = threading.Thread(target=reader)
+            t.start()
+            node = self.cluster.node_by_port(victim).client(socket_timeout=5)
+            try:
+                deadline = time.monotonic() + 10
+                while (time.monotonic() < deadline and
+                       node.info('clients')['blocked_clients'] < 1):
+                    time.sleep(0.05)
+                self.assertGreaterEqual(node.info('clients')['blocked_clients'], 1)
+            finally:
+                node.close()
+            self.cluster.kill_master(victim)
+            new = self.cluster.wait_promoted(victim, timeout=30)
+            # the call blocks again on the promoted master, then an XADD wakes it
+            node = self.cluster.node_by_port(new).client(socket_timeout=5)
+            try:
+                deadline = time.monotonic() + 30
+                while (time.monotonic() < deadline and
+                       node.info('clients')['blocked_clients'] < 1):
+                    time.sleep(0.05)
+                self.assertGreaterEqual(node.info('clients')['blocked_clients'], 1,
+                                        'XREAD BLOCK not sent again to the promoted master')
+            finally:
+                node.close()
+            self.assertTrue(w.xadd(key, {'n': 'after'}))
+            t.join(40)
+            self.assertFalse(t.is_alive(), 'XREAD BLOCK never woken')
+            self.assertNotIn('e', got, got)
+            r = got['r']
+            self.assertEqual(_s(r[0][0]), key, r)
+            self.assertEqual(_s(r[0][1][0][1]), {'n': 'after'}, (r, new))
+        finally:
+            c.close()
+            w.close()
 
 
 if __name__ == '__main__':
