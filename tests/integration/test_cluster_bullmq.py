@@ -92,6 +92,14 @@ class ClusterBullMQTest(unittest.TestCase):
             c.delete(key)
             self.assertIsNone(c.blpop([key], timeout=0.2))
             self.assertEqual(_s(c.client_getname()), 'ferry-two')
+            # inside MULTI: ferry's answer aborts the transaction, nothing runs
+            c.delete('tx:{n}')
+            p = c.pipeline(transaction=True)
+            p.set('tx:{n}', 1)
+            p.execute_command('CLIENT', 'SETNAME', 'in-tx')
+            with self.assertRaises(redis.ResponseError):
+                p.execute()
+            self.assertIsNone(c.get('tx:{n}'))
         finally:
             c.close()
             other.close()
