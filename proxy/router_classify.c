@@ -12,6 +12,7 @@
 #include "acl.h"
 #include "broadcast.h"
 #include "clients.h"
+#include "cluster_conn.h"
 #include "clustermap.h"
 #include "keyspace.h"
 #include "log.h"
@@ -438,6 +439,19 @@ static int classify_slot(session *s, request *r, const resp_request *req)
         }
         return 0;
     }
+    if (cluster_client_name(s, r, req)) {
+        return 1; /* CLIENT SETNAME/GETNAME: ferry keeps the name (cluster_conn.c) */
+    }
+    int ms = cluster_movable_slot(cmd, req);
+    if (ms == MOVABLE_CROSS) {
+        set_error(r, "-CROSSSLOT Keys in request don't hash to the same slot\r\n%s", "");
+        clustermap_count_crossslot(f->cluster);
+        return 1;
+    }
+    if (ms != MOVABLE_NONE) {
+        r->slot = ms; /* XREAD, XREADGROUP, BLMPOP...: by slot, blocking or not */
+        return 0;
+    }
     int bk = r->route == RT_SHARED ? broadcast_kind_of(cmd) : BCAST_NONE;
     if (bk == BCAST_INFO) {
         /* INFO with its keyspace section: summed over every master; other
@@ -506,7 +520,7 @@ static int classify_slot(session *s, request *r, const resp_request *req)
     case RT_UNWATCH:
         break; /* pinned to the slot of WATCH's keys or the first keys inside (tx.c) */
     case RT_CLIENT:
-        later = r->arg != CL_ID && r->arg != CL_INFO;
+        later = r->arg != CL_ID && r->arg != CL_INFO && r->arg != CL_LIST;
         break;
     default:
         later = 1; /* MONITOR, connection state */

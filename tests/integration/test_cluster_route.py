@@ -333,7 +333,7 @@ class ClusterRouteTest(KillUnderLoad, unittest.TestCase):
             c.execute_command('MSETNX', a, '1', b, '2')
         self.assertTrue(str(want.exception).startswith('CROSSSLOT'), str(want.exception))
         self.assertEqual(str(got.exception), str(want.exception))
-        for argv in (['XREAD', 'BLOCK', '10', 'STREAMS', 'q:0', '0'], ['SCRIPT', 'KILL'],
+        for argv in (['CLIENT', 'TRACKING', 'ON'], ['SCRIPT', 'KILL'],
                      ['CLUSTER', 'INFO'], ['SORT', 'q:0'], ['SELECT', '2']):
             with self.assertRaises(redis.ResponseError) as e:
                 c.execute_command(*argv)
