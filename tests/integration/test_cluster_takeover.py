@@ -6,7 +6,10 @@ listening sockets and the clients of the running one.
      on queue keys of every shard, each on one connection it keeps: the
      script restarts ferry; 0 client errors, 0 acknowledged pushes lost
      (popped, or still in the queues after the run), every client still on
-     its own socket, and the process serving them is the new one.
+     its own socket, and the process serving them is the new one. A client
+     blocked in `BRPOP k 0` meanwhile gets the next item pushed after the
+     takeover on its own socket; a subscribed client is closed (cluster
+     mode does not hand a subscription over).
 
 One cluster (3 masters + 3 replicas) and one ferry for the class.
 
@@ -135,6 +138,18 @@ class ClusterTakeoverTest(unittest.TestCase):
             f.write('%d\n' % ferry.pid)
         old_pid = ferry.pid
 
+        # A client blocked with no timeout (its call is cancelled on its
+        # shard's master and re-issued by the new process) and a
+        # subscribed one (closed: cluster mode does not hand it over).
+        blk = redis.Connection(host='127.0.0.1', port=ferry.port, socket_timeout=30)
+        blk.connect()
+        blk_name = blk._sock.getsockname()
+        blk.send_command('BRPOP', 'ctk:blk', 0)
+        sub = redis.Connection(host='127.0.0.1', port=ferry.port, socket_timeout=10)
+        sub.connect()
+        sub.send_command('SUBSCRIBE', 'ctk:ch')
+        self.assertEqual(sub.read_response()[0], b'subscribe')
+
         producers = [Producer(ferry, 'p%d' % i, keys[i::2]) for i in range(2)]
         consumers = [Consumer(ferry, 'c%d' % i, keys[i::2]) for i in range(2)]
         workers = producers + consumers
@@ -178,6 +193,16 @@ class ClusterTakeoverTest(unittest.TestCase):
             self.assertTrue(w.still_connected(), '%s lost its connection' % w.name)
         log = ferry.log()
         self.assertIn('handed over to the new process', log)
+        with self.subTest(check='the blocked client gets the next item on its own socket'):
+            c = ferry.client(socket_timeout=5)
+            c.lpush('ctk:blk', 'x')
+            c.close()
+            self.assertEqual(blk.read_response(), [b'ctk:blk', b'x'])
+            self.assertEqual(blk._sock.getsockname(), blk_name)
+        with self.subTest(check='a subscribed client is closed, not left dangling'):
+            with self.assertRaises(redis.ConnectionError):
+                sub.read_response()
+            self.assertIn('cluster mode: a subscribed client cannot be handed over', log)
 
         acked = [v for p in producers for v in p.done]
         popped = [v for cns in consumers for v in cns.done]
