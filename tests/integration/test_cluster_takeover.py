@@ -14,7 +14,8 @@ listening sockets and the clients of the running one.
 One cluster (3 masters + 3 replicas) and one ferry for the class.
 
 Run:  python3 -m unittest test_cluster_takeover -v
-Ferry-only (skipped with FERRY_TEST_DIRECT=1); workers: 1.
+Ferry-only (skipped with FERRY_TEST_DIRECT=1); workers: FERRY_TEST_WORKERS
+(default 1).
 """
 import os
 import shutil
@@ -32,6 +33,7 @@ from test_cluster_split import spread_keys
 from test_takeover import PidProc, read_pid, run_script
 
 HOLD_MS = 20000
+WORKERS = int(os.environ.get('FERRY_TEST_WORKERS', '1'))
 RUN_BEFORE = 1.0   # s of load before the takeover
 RUN_AFTER = 1.5    # s of load after it
 
@@ -101,7 +103,7 @@ class ClusterTakeoverTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix='ferry-ctakeover-')
         cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
         try:
-            conf = {'workers': 1,
+            conf = {'workers': WORKERS,
                     'cluster': {'nodes': [cls.cluster.seeds()[0]], 'refresh_interval_ms': 200,
                                 'timeout_ms': 1000},
                     'upstream': {'hold_timeout_ms': HOLD_MS},
