@@ -10,6 +10,8 @@ listening sockets and the clients of the running one.
      blocked in `BRPOP k 0` meanwhile gets the next item pushed after the
      takeover on its own socket; a subscribed client is closed (cluster
      mode does not hand a subscription over).
+  b. A transaction pinned to a slot, open when the takeover starts, goes
+     on until EXEC; its client is then handed over on its own socket.
 
 One cluster (3 masters + 3 replicas) and one ferry for the class.
 
@@ -222,6 +224,52 @@ class ClusterTakeoverTest(unittest.TestCase):
         self.assertEqual(lost, [])
         self.assertEqual(dup, 0)
         self.assertEqual(set(popped + left) - set(acked), set())
+
+    def test_transaction_goes_on_until_exec(self):
+        """A transaction pinned to a slot (MULTI open when the takeover
+        starts) goes on in the old process until EXEC, then its client is
+        handed over and serves a transaction pinned to another slot."""
+        ferry = self.ferry
+        pidfile = os.path.join(self.tmp, 'ferry.pid')
+        with open(pidfile, 'w') as f:
+            f.write('%d\n' % ferry.pid)
+        old_pid = ferry.pid
+        tx = redis.Connection(host='127.0.0.1', port=ferry.port, socket_timeout=30)
+        tx.connect()
+        name = tx._sock.getsockname()
+
+        def call(*args):
+            tx.send_command(*args)
+            return tx.read_response()
+
+        self.assertEqual(call('MULTI'), b'OK')
+        self.assertEqual(call('SET', '{ctkA}x', 'before'), b'QUEUED')
+        out = {}
+        script = threading.Thread(target=lambda: out.update(zip(('rc', 'out'), run_script(
+            ['--ferry', '--ferry-instance', '%s:%s' % (ferry.config_path, pidfile),
+             '--ferry-bin', FERRY_BIN, '--step-timeout', '30']))), daemon=True)
+        mark = 'the new process accepts; handing over'
+        seen = ferry.log().count(mark)
+        script.start()
+        wait_until(lambda: ferry.log().count(mark) > seen,
+                   timeout=20, interval=0.05, msg='the old process handing over')
+        # Still the old process: the transaction reads on.
+        self.assertEqual(call('SET', '{ctkA}y', 'during'), b'QUEUED')
+        self.assertEqual(call('EXEC'), [b'OK', b'OK'])
+        script.join(60)
+        self.assertFalse(script.is_alive())
+        new_pid = read_pid(pidfile)
+        if new_pid != old_pid:
+            ferry.proc, ferry.pid = PidProc(new_pid), new_pid
+        self.assertEqual(out.get('rc'), 0, out.get('out', ''))
+        self.assertNotEqual(new_pid, old_pid)
+        # Handed over with no pin: a transaction on another slot.
+        self.assertEqual(call('MULTI'), b'OK')
+        self.assertEqual(call('SET', '{ctkB}z', 'after'), b'QUEUED')
+        self.assertEqual(call('GET', '{ctkB}z'), b'QUEUED')
+        self.assertEqual(call('EXEC'), [b'OK', b'after'])
+        self.assertEqual(call('MGET', '{ctkA}x', '{ctkA}y'), [b'before', b'during'])
+        self.assertEqual(tx._sock.getsockname(), name)
 
 
 if __name__ == '__main__':
