@@ -158,14 +158,6 @@ int main(int argc, char **argv)
     }
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
 
-    if (cfg.has_cluster && takeover_path != NULL) {
-        log_error("cluster mode: a takeover is not supported yet");
-        log_close();
-        tls_roles_free(&roles);
-        config_free(&cfg);
-        return EXIT_RUNTIME;
-    }
-
     struct takeover *tk = NULL;
     if (takeover_path != NULL) {
         tk = takeover_connect(takeover_path, TAKEOVER_HANDSHAKE_MS, err, sizeof(err));

@@ -71,6 +71,7 @@
 #include <unistd.h>
 #undef link
 
+#include "clustermap.h"
 #include "core.h"
 #include "log.h"
 #include "outage.h"
@@ -449,6 +450,12 @@ int takeover_store_free(const ferry *f)
 static int tk_all_up(ferry *f)
 {
     worker_view views[CONFIG_MAX_WORKERS];
+    if (f->cluster != NULL) {
+        /* Cluster mode: every shard of the map has its master view UP. */
+        char first[128];
+        return clustermap_nshards(f->cluster) > 0 &&
+               clustermap_not_up(f->cluster, first, sizeof(first)) == 0;
+    }
     if (f->up == NULL || f->up->state != UP_UP) {
         return 0;
     }

@@ -43,6 +43,7 @@ typedef struct tk_inherited {
 typedef struct tk_cancel {
     uint64_t sid;       /* the session */
     uint64_t lid;       /* the dedicated link the call is on */
+    struct upstream *up; /* the master view that link belongs to (cluster: its shard's) */
     long long redis_id; /* that link's CLIENT ID */
     request *call;      /* copy of the call, to re-issue (owned) */
     uint64_t since;     /* uv_now() when the cancel began */

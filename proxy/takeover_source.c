@@ -217,13 +217,13 @@ static session *tk_session_find(ferry *f, uint64_t id)
     return NULL;
 }
 
-static link *tk_link_find(ferry *f, uint64_t id)
+static link *tk_link_find(upstream *up, uint64_t id)
 {
     list_node *n;
-    if (f->up == NULL) {
+    if (up == NULL) {
         return NULL;
     }
-    list_foreach(n, &f->up->links)
+    list_foreach(n, &up->links)
     {
         link *l = list_entry(n, link, node);
         if (l->id == id) {
@@ -318,7 +318,7 @@ static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
         char why[160];
         link_error_text(p, n, why, sizeof(why));
         log_warn("takeover: CLIENT UNBLOCK refused (%s): closing the blocked call's link", why);
-        link *l = tk_link_find(sh->f, c->lid);
+        link *l = tk_link_find(c->up, c->lid);
         c->done = 1;
         if (l != NULL) {
             link_close(l, "blocked call cancelled for a takeover");
@@ -331,9 +331,11 @@ static void tk_unblock_done(link *sh, request *r, const char *p, size_t n)
 
 static void tk_ask_unblock(takeover *tk, tk_cancel *c, uint64_t now)
 {
-    ferry *f = tk->f;
-    /* RESP2: the answer (:1 / :0) reads the same in both protocols. */
-    link *sh = f->up != NULL ? upstream_shared(f->up, &f->up->self, c->sid, 2) : NULL;
+    (void)tk;
+    /* RESP2: the answer (:1 / :0) reads the same in both protocols. Asked
+     * on the master view the call's link belongs to (cluster mode: the
+     * shard the call blocks on). */
+    link *sh = c->up != NULL ? upstream_shared(c->up, &c->up->self, c->sid, 2) : NULL;
     if (sh == NULL) {
         c->next_try = now + TAKEOVER_UNBLOCK_RETRY_MS;
         return;
@@ -524,7 +526,7 @@ static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
 {
     link *l = s->dlink;
     if (l->state != LINK_READY || l->redis_id <= 0 ||
-        upstream_shared(tk->f->up, &tk->f->up->self, s->id, 2) == NULL) {
+        upstream_shared(l->up, &l->up->self, s->id, 2) == NULL) {
         /* No way to ask Redis: closing the link (session_close) cancels it,
          * as when a client leaves. */
         return tk_hand(tk, s, r);
@@ -537,6 +539,7 @@ static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
     memset(c, 0, sizeof(*c));
     c->sid = s->id;
     c->lid = l->id;
+    c->up = l->up;
     c->redis_id = l->redis_id;
     c->call = tk_copy_call(tk->f, r);
     c->since = now;
@@ -584,6 +587,24 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         } else {
             log_info("client %llu %s: ferry restarted (takeover): a MONITOR or CLIENT REPLY "
                      "stream cannot be handed over: closed once its output is written",
+                     (unsigned long long)s->id, s->peer);
+            session_set_state(s, SESSION_QUITTING); /* closed once written */
+        }
+        return 0;
+    }
+    if (s->f->cluster != NULL && s->tunnel != TUN_NONE) {
+        /* Cluster mode: a subscribed client's channels live on the node
+         * its pub/sub is homed on (its shard channels on their slot's
+         * master); the new process does not rebuild that home from what
+         * it is handed, so the client is closed, as a MONITOR is, once its
+         * output is written (it subscribes again on its new connection). */
+        tk->closed++;
+        if (outq_len(&s->out) == 0) {
+            session_close(s, "ferry restarted (takeover): cluster mode: a subscribed client "
+                             "cannot be handed over");
+        } else {
+            log_info("client %llu %s: ferry restarted (takeover): cluster mode: a subscribed "
+                     "client cannot be handed over: closed once its output is written",
                      (unsigned long long)s->id, s->peer);
             session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
@@ -697,7 +718,7 @@ static void tk_cancel_tick(takeover *tk, uint64_t now)
         }
         session *s = tk_session_find(f, c->sid);
         if (s == NULL || now - c->since >= TAKEOVER_CANCEL_TIMEOUT_MS) {
-            link *l = tk_link_find(f, c->lid);
+            link *l = tk_link_find(c->up, c->lid);
             if (s != NULL) {
                 log_warn("takeover: client %llu: CLIENT UNBLOCK unanswered for %d ms: closing "
                          "its link",
