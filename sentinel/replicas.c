@@ -353,8 +353,7 @@ static void learn_addr(replicas *rs, const char *ip, int p, uint64_t now)
 
 static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
 {
-    learn_addr(rs, sconn_reply_field(e, "ip"), sconn_parse_port(sconn_reply_field(e, "port")),
-               now);
+    learn_addr(rs, sconn_reply_field(e, "ip"), sconn_parse_port(sconn_reply_field(e, "port")), now);
 }
 
 /* -------------------------------------------------------------- interface */
