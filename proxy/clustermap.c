@@ -4,7 +4,9 @@
  * address, else the view that served the shard's slots before (its master
  * failed over: the view is pointed at the promoted replica, as Sentinel
  * points the one view at a new master), else a new view. The router reads
- * slot_up[], which a MOVED corrects until the next map. */
+ * slot_up[], which a MOVED corrects until the next map. The main loop also
+ * feeds every shard's replicas of the map to a replicas table (replicas.h),
+ * which enforces durability on them as Sentinel mode does. */
 #include "clustermap.h"
 
 #include <stdatomic.h>
@@ -14,6 +16,7 @@
 
 #include "cluster.h"
 #include "log.h"
+#include "replicas.h"
 #include "tls.h"
 #include "upstream.h"
 
@@ -48,6 +51,7 @@ struct clustermap {
     ferry *f;
     const clustermap_ops *ops;             /* the owner's */
     cluster_source *cs;                    /* the topology source (main loop only) */
+    replicas *reps;                        /* durability on the replicas (main loop only) */
     clustermap_snap *snap;                 /* another loop: the map it follows */
     uint64_t gen;                          /* the map's gen (main loop: of the last sent) */
     clustermap_board *board;               /* every loop's figures (the main loop's) */
@@ -519,6 +523,7 @@ clustermap *clustermap_new(ferry *f, const clustermap_ops *ops)
         cm->board->loops = xcalloc((size_t)f->cfg->workers, sizeof(loop_fig));
     }
     cm->cs = cluster_new(f->loop, f->cfg, f->tls != NULL ? f->tls->redis : NULL, &src_ops, cm);
+    cm->reps = replicas_new(f, "the cluster map");
     return cm;
 }
 
@@ -566,10 +571,30 @@ void clustermap_publish(clustermap *cm)
     free(mine);
 }
 
+/* Main loop: every replica of the map, to the replicas table, once a list
+ * period (a replica promoted, or gone from the map, is dropped after a
+ * while; its shard's master view checks it as a master). */
+static void list_replicas(clustermap *cm, uint64_t now)
+{
+    const slotmap *m = map_of(cm);
+    if (m->nshards == 0 || !replicas_list_due(cm->reps, now)) {
+        return;
+    }
+    for (int i = 0; i < m->nshards; i++) {
+        const slotmap_shard *sh = &m->shards[i];
+        for (int r = 0; r < sh->nreplicas; r++) {
+            replicas_learn_addr(cm->reps, sh->replicas[r].host, sh->replicas[r].port, now);
+        }
+    }
+    replicas_listed(cm->reps, now);
+}
+
 void clustermap_tick(clustermap *cm, uint64_t now)
 {
     if (!cm->f->closed && cm->cs != NULL) {
         cluster_tick(cm->cs, now);
+        list_replicas(cm, now);
+        replicas_tick(cm->reps, now);
     }
     for (int i = 0; i < cm->nviews; i++) {
         upstream_tick(cm->views[i], now);
@@ -731,9 +756,15 @@ int clustermap_not_up(const clustermap *cm, char *first, size_t len)
     return n;
 }
 
+const replicas *clustermap_replicas(const clustermap *cm)
+{
+    return cm != NULL ? cm->reps : NULL;
+}
+
 void clustermap_close(clustermap *cm)
 {
     cluster_close(cm->cs);
+    replicas_close(cm->reps);
     for (int i = 0; i < cm->nviews; i++) {
         upstream_close(cm->views[i]);
     }
@@ -745,6 +776,7 @@ void clustermap_free(clustermap *cm)
         return;
     }
     cluster_free(cm->cs);
+    replicas_free(cm->reps);
     for (int i = 0; i < cm->nviews; i++) {
         upstream_free(cm->views[i]);
     }

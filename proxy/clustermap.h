@@ -149,6 +149,10 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t);
 /* "mode":"cluster","routing":true,"cluster":{...} for the stats JSON. */
 void clustermap_json(const clustermap *cm, buf *b);
 /* Close the source and every shard's links; free after a loop turn. */
+/* Main loop: the replicas whose durability it enforces (replicas.h), NULL
+ * on another loop. */
+struct replicas;
+const struct replicas *clustermap_replicas(const clustermap *cm);
 void clustermap_close(clustermap *cm);
 void clustermap_free(clustermap *cm); /* accepts NULL */
 

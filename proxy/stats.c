@@ -291,6 +291,16 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     stats_tls(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
+    if (f->sentinel == NULL && f->cluster != NULL) {
+        const replicas *rs = clustermap_replicas(f->cluster);
+        st->replicas_known = (uint64_t)replicas_count(rs);
+        st->replicas = st->replicas_known;
+        for (int i = 0; i < replicas_count(rs); i++) {
+            replica_view v;
+            replicas_get(rs, i, &v);
+            st->replicas_enforced += (uint64_t)(v.enforced != 0);
+        }
+    }
     if (f->sentinel != NULL) {
         const replicas *rs = sentinel_replicas(f->sentinel);
         st->sentinels_known = (uint64_t)sentinel_known(f->sentinel);
@@ -353,7 +363,9 @@ static void json_histogram(buf *b, const stats_histogram *h)
 /* The replicas whose durability ferry enforces, one object each. */
 static void json_replicas(ferry *f, buf *b)
 {
-    const replicas *rs = f->sentinel != NULL ? sentinel_replicas(f->sentinel) : NULL;
+    const replicas *rs = f->sentinel != NULL  ? sentinel_replicas(f->sentinel)
+                         : f->cluster != NULL ? clustermap_replicas(f->cluster)
+                                              : NULL;
     uint64_t now = uv_now(f->loop);
     uv_timeval64_t tv;
     if (uv_gettimeofday(&tv) != 0) {

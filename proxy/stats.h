@@ -245,7 +245,8 @@ typedef enum stat_type {
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \
     X(durability, replicas_known, GAUGE, "ferry_durability_replicas_known",                        \
-      "replicas Sentinel lists, whose durability ferry enforces too (live)")                       \
+      "replicas Sentinel (or the cluster map) lists, whose durability ferry enforces too "         \
+      "(live)")                                                                                    \
     X(durability, replicas_enforced, GAUGE, "ferry_durability_replicas_enforced",                  \
       "of those, replicas with the settings asserted and INFO persistence trusted (live)")         \
     X(durability, replicas, NODES, "",                                                             \

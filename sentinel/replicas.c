@@ -1,4 +1,5 @@
-/* replicas.c - durability on the replicas Sentinel lists. Each replica has
+/* replicas.c - durability on the replicas Sentinel (or the cluster map)
+ * lists. Each replica has
  * one connection (sconn.c) and goes through enforcement rounds:
  *
  *   AUTH (redis credentials)   on connect
@@ -69,6 +70,7 @@ typedef struct replica {
 
 struct replicas {
     ferry *f;                     /* context */
+    const char *source;           /* who lists them, for logs */
     replica *nodes[REPLICAS_MAX]; /* followed replicas */
     int n;                        /* entries in nodes */
     uint64_t next_list_ms;        /* next SENTINEL REPLICAS */
@@ -306,8 +308,8 @@ static void replica_connect(replica *rp, uint64_t now)
 static void replica_drop(replicas *rs, int i)
 {
     replica *rp = rs->nodes[i];
-    log_info("durability: replica %s is no longer listed by Sentinel; not followed any more",
-             rp->addr);
+    log_info("durability: replica %s is no longer listed by %s; not followed any more", rp->addr,
+             rs->source);
     if (rp->c != NULL) {
         sconn_close(rp->c, "no longer listed"); /* calls on_state at once; no callback after */
     }
@@ -315,10 +317,8 @@ static void replica_drop(replicas *rs, int i)
     rs->nodes[i] = rs->nodes[--rs->n];
 }
 
-static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
+static void learn_addr(replicas *rs, const char *ip, int p, uint64_t now)
 {
-    const char *ip = sconn_reply_field(e, "ip");
-    int p = sconn_parse_port(sconn_reply_field(e, "port"));
     struct sockaddr_storage sa;
     if (ip == NULL || p < 0 || strlen(ip) > 63 || server_numeric_addr(ip, p, &sa) != 0) {
         return;
@@ -347,17 +347,38 @@ static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
     rp->backoff_ms = REPLICA_BACKOFF_MIN_MS;
     snprintf(rp->last_error, sizeof(rp->last_error), "not checked yet");
     rs->nodes[rs->n++] = rp;
-    log_info("durability: following replica %s (listed by Sentinel)", addr);
+    log_info("durability: following replica %s (listed by %s)", addr, rs->source);
     replica_connect(rp, now);
+}
+
+static void learn_one(replicas *rs, const redisReply *e, uint64_t now)
+{
+    learn_addr(rs, sconn_reply_field(e, "ip"), sconn_parse_port(sconn_reply_field(e, "port")), now);
 }
 
 /* -------------------------------------------------------------- interface */
 
-replicas *replicas_new(ferry *f)
+replicas *replicas_new(ferry *f, const char *source)
 {
     replicas *rs = xcalloc(1, sizeof(*rs));
     rs->f = f;
+    rs->source = source;
     return rs;
+}
+
+void replicas_learn_addr(replicas *rs, const char *ip, int port, uint64_t now)
+{
+    if (rs == NULL || rs->closing) {
+        return;
+    }
+    learn_addr(rs, ip, port, now);
+}
+
+void replicas_listed(replicas *rs, uint64_t now)
+{
+    if (rs != NULL && !rs->closing) {
+        rs->last_answer_ms = now;
+    }
 }
 
 int replicas_list_due(replicas *rs, uint64_t now)

@@ -820,7 +820,7 @@ sentinel_client *sentinel_new(ferry *f)
         node_open(sc->nodes[i], 1, now);
     }
     sc->next_round_ms = now; /* ask as soon as connections are up */
-    sc->replicas = replicas_new(f);
+    sc->replicas = replicas_new(f, "Sentinel");
     return sc;
 }
 
