@@ -28,6 +28,8 @@ const port = parseInt(process.argv[2], 10);
 const clientName = process.argv[3];
 const prefix = process.argv[4] || 'compat';
 const only = process.argv.slice(5);
+// COMPAT_HASH_TAG=1 (a cluster): each check's keys in one slot, `{prefix:check}`
+const hashTag = process.env.COMPAT_HASH_TAG === '1';
 
 // The 1 MiB value of the binary check: every byte value, CR LF and NUL
 // included, in an order with no short period. test_compat.py builds the same.
@@ -464,7 +466,7 @@ async function main() {
             continue;
         }
         try {
-            results[name] = await withDeadline(checks[name](prefix + ':' + name), CHECK_TIMEOUT_MS,
+            results[name] = await withDeadline(checks[name](hashTag ? '{' + prefix + ':' + name + '}' : prefix + ':' + name), CHECK_TIMEOUT_MS,
                 'check ' + name);
         } catch (e) {
             results[name] = { error: String(e && e.message ? e.message : e) };
