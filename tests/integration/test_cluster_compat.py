@@ -188,7 +188,26 @@ class ProtocolPipelineCluster(ProtocolClusterMode, test_protocol.TestPipeline):
 
 
 class ProtocolDeniedCluster(ProtocolClusterMode, test_protocol.TestDenied):
-    pass
+    def test_allowed_admin_commands(self):
+        # as in the other modes (CONFIG SET now reaches every master), but
+        # CLIENT LIST: a node lists only its own clients, and ferry refuses
+        # it in cluster mode for now (docs/cluster.md)
+        s = self.raw()
+        self.direct.config_set('maxmemory-policy', 'allkeys-lru')
+        self.assertEqual(self.call(s, 'CONFIG', 'GET', 'appendfsync'), ['appendfsync', 'always'])
+        self.assertEqual(self.call(s, 'CONFIG', 'SET', 'maxmemory-policy', 'noeviction'), 'OK')
+        self.assertEqual(self.direct.config_get('maxmemory-policy')['maxmemory-policy'],
+                         'noeviction')
+        self.assertEqual(self.call(s, 'SET', 'enc', 'hello'), 'OK')
+        self.assertEqual(self.call(s, 'OBJECT', 'ENCODING', 'enc'), 'embstr')
+        self.assertEqual(self.call(s, 'HSET', 'ench', 'f', 'v'), 1)
+        self.assertEqual(self.call(s, 'OBJECT', 'ENCODING', 'ench'), 'listpack')
+        self.assertErr(self.call(s, 'CLIENT', 'LIST'),
+                       'ERR ferry: cluster mode: CLIENT LIST is not routed yet')
+        self.assertEqual(self.call(s, 'FUNCTION', 'LIST'), [])
+        self.assertEqual(self.call(s, 'FLUSHALL'), 'OK')
+        self.assertEqual(self.call(s, 'DBSIZE'), 0)
+        self.assertEqual(self.direct.dbsize(), 0)
 
 
 class ProtocolAuthCluster(ProtocolClusterMode, test_protocol.TestAuth):
