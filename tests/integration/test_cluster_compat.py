@@ -231,6 +231,8 @@ class CompatClusterMode(ClusterOnce):
 
     def setUp(self):
         super().setUp()
+        # the node driver counts blocked clients on every master directly
+        self.NODE_PORTS = self.cluster.masters()
         self.ferry = start_cluster_ferry(self.cluster)
         self.addCleanup(self.ferry.stop)
 

@@ -539,7 +539,8 @@ class CompatChecks:
         try:
             skip = getattr(self, 'SKIP_CHECKS', {})
             only = [c for c in CHECK_NAMES if c not in skip] if skip else []
-            env = dict(os.environ, COMPAT_HASH_TAG='1' if getattr(self, 'HASH_TAG', False) else '')
+            env = dict(os.environ, COMPAT_HASH_TAG='1' if getattr(self, 'HASH_TAG', False) else '',
+                       COMPAT_NODE_PORTS=','.join(str(p) for p in getattr(self, 'NODE_PORTS', ())))
             p = subprocess.run([self.node, NODE_DRIVER, str(self.ferry.port), client,
                                 key_prefix(self)] + only, env=env,
                                capture_output=True, text=True, timeout=NODE_TIMEOUT, cwd=HERE)
