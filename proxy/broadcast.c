@@ -14,7 +14,7 @@ broadcast_kind broadcast_kind_of(const command *cmd)
 {
     static const char *const first[] = {"script|load",     "script|flush",   "function|load",
                                         "function|delete", "function|flush", "function|restore",
-                                        "flushall",        "flushdb"};
+                                        "flushall",        "flushdb",        "config|set"};
     static const struct {
         const char *name;
         broadcast_kind kind;

@@ -45,6 +45,8 @@ static void test_kinds(void **state)
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "DELETE")), BCAST_FIRST);
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "FLUSH")), BCAST_FIRST);
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "RESTORE")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("CONFIG", "SET")), BCAST_FIRST);
+    assert_int_equal(broadcast_kind_of(lookup("CONFIG", "GET")), BCAST_NONE);
     /* read on one master, or about the script running on one node */
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "LIST")), BCAST_NONE);
     assert_int_equal(broadcast_kind_of(lookup("FUNCTION", "DUMP")), BCAST_NONE);

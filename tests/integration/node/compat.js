@@ -17,6 +17,7 @@
 
 const crypto = require('crypto');
 
+const net = require('net');
 const { waitFor, blockedClients, nodeRedisOptions, ioredisOptions } = require('./common');
 
 const CHECK_TIMEOUT_MS = 10000; // one check; through a healthy ferry it takes ms
@@ -28,6 +29,8 @@ const port = parseInt(process.argv[2], 10);
 const clientName = process.argv[3];
 const prefix = process.argv[4] || 'compat';
 const only = process.argv.slice(5);
+// COMPAT_HASH_TAG=1 (a cluster): each check's keys in one slot, `{prefix:check}`
+const hashTag = process.env.COMPAT_HASH_TAG === '1';
 
 // The 1 MiB value of the binary check: every byte value, CR LF and NUL
 // included, in an order with no short period. test_compat.py builds the same.
@@ -53,11 +56,44 @@ const sha256 = (buf) => crypto.createHash('sha256').update(buf).digest('hex');
 // Starts the blocking call block() (a promise), waits until Redis counts one
 // more blocked client (INFO through `other`), then runs push(). Returns
 // [what push answered, what the blocking call answered].
+// COMPAT_NODE_PORTS=p1,p2... (a cluster): blocked clients are counted on
+// these nodes directly and summed (ferry's INFO clients is one master's).
+const nodePorts = (process.env.COMPAT_NODE_PORTS || '').split(',').filter((p) => p).map(Number);
+
+function nodeBlocked(port) {
+    return new Promise((resolve, reject) => {
+        const s = net.connect(port, '127.0.0.1');
+        let buf = '';
+        s.setTimeout(5000, () => { s.destroy(); reject(new Error('INFO clients on ' + port)); });
+        s.on('error', reject);
+        s.on('connect', () => s.write('*2\r\n$4\r\nINFO\r\n$7\r\nclients\r\n'));
+        s.on('data', (d) => {
+            buf += d;
+            const m = /blocked_clients:(\d+)\r\n/.exec(buf);
+            if (m) {
+                s.destroy();
+                resolve(parseInt(m[1], 10));
+            }
+        });
+    });
+}
+
+async function countBlocked(other) {
+    if (!nodePorts.length) {
+        return blockedClients(other);
+    }
+    let n = 0;
+    for (const p of nodePorts) {
+        n += await nodeBlocked(p);
+    }
+    return n;
+}
+
 async function blockThenPush(other, block, push) {
-    const base = await blockedClients(other);
+    const base = await countBlocked(other);
     const pending = block();
     pending.catch(() => {}); // judged below
-    await waitFor(async () => (await blockedClients(other)) > base,
+    await waitFor(async () => (await countBlocked(other)) > base,
         CHECK_TIMEOUT_MS / 2, 'the blocking call to block in Redis');
     const pushed = await push();
     return [pushed, await pending];
@@ -464,7 +500,7 @@ async function main() {
             continue;
         }
         try {
-            results[name] = await withDeadline(checks[name](prefix + ':' + name), CHECK_TIMEOUT_MS,
+            results[name] = await withDeadline(checks[name](hashTag ? '{' + prefix + ':' + name + '}' : prefix + ':' + name), CHECK_TIMEOUT_MS,
                 'check ' + name);
         } catch (e) {
             results[name] = { error: String(e && e.message ? e.message : e) };
