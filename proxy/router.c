@@ -531,11 +531,13 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     upstream *up = r->ask != NULL ? r->ask : route_view(s, r);
-    if (subscribed && s->proto == 3 && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
+    if (subscribed && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
+        /* RESP2 too, also once it unsubscribed from everything: its bytes
+         * go through to that master, which would answer MOVED. */
         f->session_ops->answer_str(s, r,
-                                   "-ERR ferry: cluster mode: a subscribed RESP3 connection runs "
+                                   "-ERR ferry: cluster mode: a connection that subscribed runs "
                                    "commands on the master its subscriptions live on; keys of "
-                                   "another shard on another connection\r\n");
+                                   "another shard on another connection, or after RESET\r\n");
         return DISPATCH_DONE;
     }
     if (subscribed) {

@@ -155,7 +155,43 @@ class ProtocolClusterMode(ClusterOnce):
 
 
 class ProtocolPubSubCluster(ProtocolClusterMode, test_protocol.TestPubSub):
-    pass
+
+    def setUp(self):
+        super().setUp()
+        # The master a subscription lives on (ferry's choice, seen on the
+        # nodes), and keys of its slots and of another master's.
+        s = self.raw()
+        self.assertEqual(self.call(s, 'SUBSCRIBE', 'home-probe'), ['subscribe', 'home-probe', 1])
+        home = []
+
+        def found():
+            home[:] = [p for p in self.cluster.masters()
+                       if self.cluster.node_by_port(p).client(socket_timeout=5)
+                       .pubsub_numsub('home-probe')[0][1] == 1]
+            return len(home) == 1
+        wait_until(found, timeout=10, msg='the subscription on one master')
+        s.close()
+        keys = ['after-sub{%d}' % i for i in range(64)]
+        self.AFTER_SUB_KEY = next(k for k in keys if self.cluster.master_of(
+            key_slot(k.encode())) == home[0])
+        self.OTHER_KEY = next(k for k in keys if self.cluster.master_of(
+            key_slot(k.encode())) != home[0])
+
+    def test_unsubscribed_connection_keys_of_another_shard(self):
+        """A RESP2 connection that subscribed and then unsubscribed from
+        everything stays on the master its subscriptions lived on: a key of
+        another shard gets ferry's error, never the node's MOVED; after
+        RESET it is routed by slot again."""
+        other = self.OTHER_KEY
+        s = self.raw()
+        self.assertEqual(self.call(s, 'SUBSCRIBE', 'ch1'), ['subscribe', 'ch1', 1])
+        self.assertEqual(self.call(s, 'UNSUBSCRIBE'), ['unsubscribe', 'ch1', 0])
+        self.assertErr(self.call(s, 'SET', other, 'v'),
+                       'ERR ferry: cluster mode: a connection that subscribed')
+        self.assertEqual(self.call(s, 'SET', self.AFTER_SUB_KEY, 'w'), 'OK')
+        self.assertEqual(self.call(s, 'RESET'), 'RESET')
+        self.assertEqual(self.call(s, 'SET', other, 'v'), 'OK')
+        self.assertEqual(self.call(s, 'GET', other), 'v')
 
 
 class ProtocolTransactionsCluster(ProtocolClusterMode, test_protocol.TestTransactions):

@@ -154,6 +154,8 @@ class Base(unittest.TestCase):
 # ---------------------------------------------------------------- pub/sub
 
 class TestPubSub(Base):
+    AFTER_SUB_KEY = 'after-sub'  # a key the connection writes once unsubscribed
+
     def test_subscribe_publish_unsubscribe(self):
         sub = self.raw()        # SUBSCRIBE ch1 ch2
         psub = self.raw()       # PSUBSCRIBE ch*
@@ -201,8 +203,8 @@ class TestPubSub(Base):
 
         # back to normal mode on the same connections
         self.assertEqual(self.call(sub, 'PING'), 'PONG')
-        self.assertEqual(self.call(sub, 'SET', 'after-sub', 'v'), 'OK')
-        self.assertEqual(self.call(sub, 'GET', 'after-sub'), 'v')
+        self.assertEqual(self.call(sub, 'SET', self.AFTER_SUB_KEY, 'v'), 'OK')
+        self.assertEqual(self.call(sub, 'GET', self.AFTER_SUB_KEY), 'v')
         self.assertEqual(self.call(psub, 'PING'), 'PONG')
 
     def test_unsubscribe_when_not_subscribed(self):
