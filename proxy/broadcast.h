@@ -23,15 +23,15 @@
 
 /* How the masters' replies make the client's. */
 typedef enum broadcast_kind {
-    BCAST_NONE = 0,  /* not a broadcast */
-    BCAST_FIRST,     /* the first master's reply, or the first error */
-    BCAST_AND,       /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
-    BCAST_CONCAT,    /* KEYS: every master's array, joined */
-    BCAST_SUM,       /* DBSIZE, PUBSUB NUMPAT: the sum of every master's integer */
-    BCAST_ANY,       /* RANDOMKEY: the first master's reply that is not nil */
-    BCAST_INFO,      /* INFO: the first master's, its Keyspace section summed */
-    BCAST_UNION,     /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
-    BCAST_SUM_PAIRS  /* PUBSUB NUMSUB, SHARDNUMSUB: name, count pairs, counts summed */
+    BCAST_NONE = 0, /* not a broadcast */
+    BCAST_FIRST,    /* the first master's reply, or the first error */
+    BCAST_AND,      /* SCRIPT EXISTS: an array of 0/1, AND of every master's */
+    BCAST_CONCAT,   /* KEYS: every master's array, joined */
+    BCAST_SUM,      /* DBSIZE, PUBSUB NUMPAT: the sum of every master's integer */
+    BCAST_ANY,      /* RANDOMKEY: the first master's reply that is not nil */
+    BCAST_INFO,     /* INFO: the first master's, its Keyspace section summed */
+    BCAST_UNION,    /* PUBSUB CHANNELS, SHARDCHANNELS: every master's names, once each */
+    BCAST_SUM_PAIRS /* PUBSUB NUMSUB, SHARDNUMSUB: name, count pairs, counts summed */
 } broadcast_kind;
 
 /* INFO's keyspace section summed: per db (0..BCAST_DBS-1), each field

@@ -41,15 +41,15 @@ typedef struct tk_inherited {
 
 /* A session whose blocked call is being cancelled on Redis. */
 typedef struct tk_cancel {
-    uint64_t sid;       /* the session */
-    uint64_t lid;       /* the dedicated link the call is on */
+    uint64_t sid;        /* the session */
+    uint64_t lid;        /* the dedicated link the call is on */
     struct upstream *up; /* the master view that link belongs to (cluster: its shard's) */
-    long long redis_id; /* that link's CLIENT ID */
-    request *call;      /* copy of the call, to re-issue (owned) */
-    uint64_t since;     /* uv_now() when the cancel began */
-    uint64_t next_try;  /* when to send CLIENT UNBLOCK (again) */
-    int asking;         /* a CLIENT UNBLOCK is in flight */
-    int done;           /* Redis let go of it without popping: hand it over */
+    long long redis_id;  /* that link's CLIENT ID */
+    request *call;       /* copy of the call, to re-issue (owned) */
+    uint64_t since;      /* uv_now() when the cancel began */
+    uint64_t next_try;   /* when to send CLIENT UNBLOCK (again) */
+    int asking;          /* a CLIENT UNBLOCK is in flight */
+    int done;            /* Redis let go of it without popping: hand it over */
 } tk_cancel;
 
 /* A session a worker handed over: its frame and a copy of its socket. */

@@ -40,13 +40,13 @@ static int key_slot(const char *k)
 static void test_xread(void **state)
 {
     (void)state;
-    const char *one[] = {"XREAD", "COUNT", "2", "BLOCK", "0", "STREAMS", "s{a}", "t{a}", "0", "$",
-                         NULL};
+    const char *one[] = {"XREAD", "COUNT", "2", "BLOCK", "0", "STREAMS",
+                         "s{a}",  "t{a}",  "0", "$",     NULL};
     assert_int_equal(slot_of(one), key_slot("{a}"));
     const char *plain[] = {"xread", "streams", "s", "0", NULL};
     assert_int_equal(slot_of(plain), key_slot("s"));
-    const char *group[] = {"XREADGROUP", "GROUP", "streams", "c", "NOACK", "BLOCK", "10",
-                           "STREAMS", "q{b}", ">", NULL};
+    const char *group[] = {"XREADGROUP", "GROUP",   "streams", "c", "NOACK", "BLOCK",
+                           "10",         "STREAMS", "q{b}",    ">", NULL};
     assert_int_equal(slot_of(group), key_slot("q{b}"));
     const char *cross[] = {"XREAD", "STREAMS", "a", "b", "0", "0", NULL};
     assert_true(key_slot("a") != key_slot("b"));
