@@ -67,6 +67,10 @@ class ClusterDurabilityTest(unittest.TestCase):
         try:
             for n in cls.cluster.nodes:   # the cluster starts without durability
                 assert not durable(cls.cluster, n.port), n.port
+            # a node's view names every replica's master only after gossip
+            wait_until(lambda: sum(len(cls.cluster.replicas_of(m))
+                                   for m in cls.cluster.masters()) == 3,
+                       timeout=30, interval=0.1, msg='every replica in the cluster view')
             cls.ferry = Ferry(None, wait='port', conf={
                 'cluster': {'nodes': [cls.cluster.seeds()[0]], 'refresh_interval_ms': 500,
                             'timeout_ms': 1000},
