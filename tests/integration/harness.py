@@ -1323,6 +1323,14 @@ class ClusterTopology:
                 raise AssertionError('redis-cli --cluster create failed (%d):\n%s' % (
                     p.returncode, p.stdout.decode(errors='replace')[-3000:]))
             self.wait_consistent(timeout=self.READY_TIMEOUT)
+            # every node's view names each replica's master only after
+            # gossip: tests read replicas_of() from the first node's view
+            want = masters * replicas
+            wait_until(lambda: all(sum(1 for v in self.nodes_view(n.port)
+                                       if v['master'] is not None) == want
+                                   for n in self.nodes),
+                       timeout=self.READY_TIMEOUT, interval=0.05,
+                       msg='every node knowing the %d replica(s)' % want)
         except BaseException:
             self.stop()
             raise
