@@ -998,6 +998,21 @@ static void guard_again(session *s, request *r, guard_verdict v)
     requeue(s, r);
 }
 
+/* r goes on to its next master (a broadcast's next one, a split's next
+ * part): its hold, refusals and retries start again there, and it is sent
+ * at once when nothing else of s is in flight, not at the next wake-up. */
+static void next_step(session *s, request *r)
+{
+    r->retries = 0;
+    r->refusals = 0;
+    r->flags &= ~REQ_F_REFUSED;
+    note_flight_done(s);
+    requeue(s, r);
+    if (s->inflight == 0) {
+        router_dispatch(s);
+    }
+}
+
 /* A command every master runs (cluster mode: SCRIPT LOAD...) answered by
  * one of them: its reply is folded in; then r is sent to the next master
  * that has not replied, unless a master refused it (its error is the
@@ -1012,15 +1027,7 @@ static int broadcast_on_reply(session *s, request *r, const char *p, size_t n)
     if (!more || clustermap_unseen(s->f->cluster, b->seen) == NULL) {
         return 0;
     }
-    /* To a new master: its hold, refusals and retries start again. */
-    r->retries = 0;
-    r->refusals = 0;
-    r->flags &= ~REQ_F_REFUSED;
-    note_flight_done(s);
-    requeue(s, r);
-    if (s->inflight == 0) {
-        router_dispatch(s); /* at once, not at the next wake-up */
-    }
+    next_step(s, r);
     return 1;
 }
 
@@ -1033,15 +1040,7 @@ static int split_on_reply(session *s, request *r, const char *p, size_t n)
     if (!more) {
         return 0;
     }
-    /* To another slot's master: its hold, refusals and retries start again. */
-    r->retries = 0;
-    r->refusals = 0;
-    r->flags &= ~REQ_F_REFUSED;
-    note_flight_done(s);
-    requeue(s, r);
-    if (s->inflight == 0) {
-        router_dispatch(s);
-    }
+    next_step(s, r);
     return 1;
 }
 

@@ -252,6 +252,15 @@ static void stats_tls(ferry *f, ferry_stats *st)
     }
 }
 
+/* The replicas whose durability ferry enforces: the ones Sentinel lists, or
+ * the cluster map's; NULL in fixed mode. */
+static const replicas *enforced_replicas(ferry *f)
+{
+    return f->sentinel != NULL  ? sentinel_replicas(f->sentinel)
+           : f->cluster != NULL ? clustermap_replicas(f->cluster)
+                                : NULL;
+}
+
 /* f->stats plus the live values, computed now from the context. */
 static void stats_snapshot(ferry *f, ferry_stats *st)
 {
@@ -291,8 +300,8 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
     stats_tls(f, st);
     st->sentinels_configured = (uint64_t)f->cfg->nsentinels;
     outage_stats(f, st);
-    if (f->sentinel == NULL && f->cluster != NULL) {
-        const replicas *rs = clustermap_replicas(f->cluster);
+    const replicas *rs = enforced_replicas(f);
+    if (rs != NULL) {
         st->replicas_known = (uint64_t)replicas_count(rs);
         st->replicas = st->replicas_known;
         for (int i = 0; i < replicas_count(rs); i++) {
@@ -302,16 +311,8 @@ static void stats_snapshot(ferry *f, ferry_stats *st)
         }
     }
     if (f->sentinel != NULL) {
-        const replicas *rs = sentinel_replicas(f->sentinel);
         st->sentinels_known = (uint64_t)sentinel_known(f->sentinel);
         st->sentinels_reachable = (uint64_t)sentinel_reachable(f->sentinel);
-        st->replicas_known = (uint64_t)replicas_count(rs);
-        st->replicas = st->replicas_known;
-        for (int i = 0; i < replicas_count(rs); i++) {
-            replica_view v;
-            replicas_get(rs, i, &v);
-            st->replicas_enforced += (uint64_t)(v.enforced != 0);
-        }
         st->sentinel_quorum_ok = (uint64_t)sentinel_quorum_ok(f->sentinel);
     }
     queue_sampler_view qv;
@@ -363,9 +364,7 @@ static void json_histogram(buf *b, const stats_histogram *h)
 /* The replicas whose durability ferry enforces, one object each. */
 static void json_replicas(ferry *f, buf *b)
 {
-    const replicas *rs = f->sentinel != NULL  ? sentinel_replicas(f->sentinel)
-                         : f->cluster != NULL ? clustermap_replicas(f->cluster)
-                                              : NULL;
+    const replicas *rs = enforced_replicas(f);
     uint64_t now = uv_now(f->loop);
     uv_timeval64_t tv;
     if (uv_gettimeofday(&tv) != 0) {
