@@ -224,13 +224,51 @@ class RQPatternFailoverTest(unittest.TestCase):
                     time.sleep(0.1)
             raise AssertionError('cannot read rq:finished from the master')
 
+        series = []
+
         def rate(label):
             d0, t0 = finished(), time.monotonic()
-            time.sleep(PATTERN_WINDOW)
+            del series[:]
+            while time.monotonic() - t0 < PATTERN_WINDOW:
+                time.sleep(min(1.0, max(0.0, t0 + PATTERN_WINDOW - time.monotonic())))
+                series.append((round(time.monotonic() - t0, 1), finished()))
             d1, dt = finished(), time.monotonic() - t0
             print('[rq pattern %s] %.1f jobs/s over %.1f s' % (label, (d1 - d0) / dt, dt),
                   flush=True)
             return (d1 - d0) / dt
+
+        def diag():
+            """What a slow window looked like: finished per second, each node's
+            role and count, ferry's master view, the workers' last lines."""
+            lines = ['finished per second: %r' % series]
+            for r in topo.redis:
+                if not r.running():
+                    lines.append('node %d: not running' % r.port)
+                    continue
+                try:
+                    cl = r.client(socket_timeout=1)
+                    info = cl.info('replication')
+                    lines.append('node %d: %s master_port=%s link=%s slaves=%s finished=%s' % (
+                        r.port, info.get('role'), info.get('master_port'),
+                        info.get('master_link_status'), info.get('connected_slaves'),
+                        cl.zcard('rq:finished')))
+                except Exception as e:  # noqa: BLE001 - a diagnostic only
+                    lines.append('node %d: %r' % (r.port, e))
+            lines.append('sentinels: %r' % (topo.sentinel_views(),))
+            try:
+                st = stats_json(f.stats_port)
+                lines.append('ferry: %r %r' % (st.get('upstream'), st.get('durability')))
+            except Exception as e:  # noqa: BLE001
+                lines.append('ferry stats: %r' % (e,))
+            for _, out in procs:
+                try:
+                    tail = open(out).read().splitlines()[-3:]
+                except OSError:
+                    tail = []
+                lines.append('%s: %r' % (os.path.basename(out), tail))
+            lines += [ln for ln in f.log().splitlines()
+                      if 'master' in ln and 'WAIT' not in ln and 'DEBUG' not in ln][-40:]
+            return '\n'.join(lines)
 
         wait_until(lambda: finished() >= 30, timeout=60, interval=0.2, msg='jobs to finish')
         before = rate('before the kill')
@@ -258,10 +296,11 @@ class RQPatternFailoverTest(unittest.TestCase):
         print('[rq pattern] %d of %d writes took %d ms or more after the failover; '
               '%d nudges' % (slow, PATTERN_PROBES, STALL_S * 1000, nudges), flush=True)
         self.assertLessEqual(slow, PATTERN_PROBES // 100,
-                             'writes held by a replica\'s delayed ACK after the failover')
+                             'writes held by a replica\'s delayed ACK after the failover\n%s'
+                             % diag())
         self.assertGreaterEqual(after, before * (1 - MAX_DROP),
                                 '%.1f jobs/s before the kill -9 and %.1f after (more than %d %% '
-                                'slower)\n%s' % (before, after, MAX_DROP * 100, f.log()[-3000:]))
+                                'slower)\n%s' % (before, after, MAX_DROP * 100, diag()))
 
 
 if __name__ == '__main__':
