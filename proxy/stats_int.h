@@ -1,6 +1,6 @@
-/* stats_int.h - shared inside the stats module (stats.c, stats_cluster.c,
- * stats_out.c): output helpers, and what cluster mode adds to the stats
- * port. */
+/* stats_int.h - shared inside the stats module (stats.c, stats_port.c,
+ * stats_cluster.c, stats_out.c): output helpers, the snapshot, and what
+ * cluster mode adds to the stats port. */
 #ifndef FERRY_STATS_INT_H
 #define FERRY_STATS_INT_H
 
@@ -9,6 +9,9 @@
 
 #include "buf.h"
 #include "stats.h"
+
+/* stats.c: every figure of f now (what /stats, /metrics and the page show). */
+void stats_take(struct ferry *f, ferry_stats *st);
 
 /* stats_out.c: printf onto b (grows it). */
 void stats_printf(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
