@@ -26,6 +26,7 @@ its ferry with 4 event loops.
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import threading
@@ -34,12 +35,18 @@ import unittest
 
 import harness
 from harness import ClusterTopology
+from test_stats import stats_json
 from test_cluster_route import start_ferry, wait_served
 
 PREFIX = '{bull}'
 BEFORE_KILL = 150      # jobs processed before the kill
 AFTER_FAILOVER = 150   # jobs processed after the promotion, before stopping
 FLOW_TIMEOUT = 30.0
+# What a Worker says when ferry sent its moveToFinished again after the
+# master died with the reply (at-least-once: a write whose outcome is unknown
+# is sent again) and the promoted replica had the first one already: the job
+# is completed, its lock gone.
+RERUN = re.compile(r'^worker \d+: Missing lock for job (\S+)\. moveToFinished$')
 RESULT_TIMEOUT = 90.0
 
 
@@ -113,7 +120,11 @@ class BullMQThroughAKill:
     the master holding the queue's keys and returns a function that waits for
     its successor and returns (its RedisServer, a label for the report)."""
 
+    def retried_unknown(self):
+        return stats_json(self.ferry.stats_port)['errors']['requests_retried_unknown']
+
     def bullmq_through_a_kill(self, kill, mode):
+        unknown0 = self.retried_unknown()
         run = NodeRun(self.ferry.port)
         stderr = ''
         try:
@@ -140,23 +151,38 @@ class BullMQThroughAKill:
             cmds = c.info('commandstats')
         finally:
             c.close()
+        unknown = self.retried_unknown() - unknown0
+        reruns = [e for e in out.get('errors', []) if RERUN.match(e)]
+        others = [e for e in out.get('errors', []) if not RERUN.match(e)]
         evals = cmds.get('cmdstat_eval', {}).get('calls', 0)
         evalshas = cmds.get('cmdstat_evalsha', {}).get('calls', 0)
         print('\nBullMQ %s through ferry (%s, workers %s), kill -9 of the master, %s after '
               '%.1f s (at the kill %r, at the promotion %r): added %s, processed %s, '
-              'duplicates %d, missing %s, errors %d, longest gap: adds %s ms, '
-              'completions %s ms; completed in Redis %s, QueueEvents completed %s, '
+              'duplicates %d, missing %s, errors %d (of which %d a moveToFinished sent '
+              'again, of %d writes ferry sent again with an unknown outcome), longest gap: '
+              'adds %s ms, completions %s ms; completed in Redis %s, QueueEvents completed %s, '
               'stalled %d, drained in %s ms; the new master answered NOSCRIPT %d times, '
               'ran EVAL %d, EVALSHA %d' % (
                   PREFIX, mode, harness.WORKERS or '1', label, t_promoted - t_kill, at_kill,
                   promoted, out.get('added'), out.get('processed'),
                   len(out.get('duplicates', [])), out.get('missing_count'),
-                  len(out.get('errors', [])), out.get('gap_add_ms'), out.get('gap_done_ms'),
+                  len(out.get('errors', [])), len(reruns), unknown,
+                  out.get('gap_add_ms'), out.get('gap_done_ms'),
                   out.get('redis_completed'), out.get('events_completed'),
                   len(out.get('stalled', [])), out.get('drain_ms'), noscript, evals, evalshas))
-        diag = '%r\nnode stderr: %s\nferry log:\n%s' % (out, stderr[-2000:],
+        shown = {k: v for k, v in out.items() if k != 'acked_ids'}
+        diag = '%r\nnode stderr: %s\nferry log:\n%s' % (shown, stderr[-2000:],
                                                         self.ferry.log()[-4000:])
-        self.assertEqual(out['errors'], [], diag)
+        # no error, but for a moveToFinished ferry sent again (a write whose
+        # reply was lost with the master, counted in requests_retried_unknown)
+        # that the promoted replica had applied already: BullMQ's 'error' for
+        # a job that is completed once (checked below), at most one per such
+        # write (as test_cluster_split's DEL counts)
+        self.assertEqual(others, [], diag)
+        self.assertLessEqual(len(reruns), unknown, diag)
+        acked_ids = set(out.get('acked_ids', []))
+        for e in reruns:
+            self.assertIn(RERUN.match(e).group(1), acked_ids, diag)
         self.assertGreater(out['added'], at_kill['added'], diag)
         # every acknowledged job processed, exactly once
         self.assertEqual(out['missing_count'], 0, diag)

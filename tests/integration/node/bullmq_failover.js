@@ -170,6 +170,7 @@ async function main() {
         redis_completed_twice: [...redisSet.values()].filter((c) => c > 1).length,
         redis_missing: [...acked.keys()].filter((n) => !redisSet.has(n)).length,
         distinct_ids: new Set(acked.values()).size,
+        acked_ids: [...acked.values()],
         counts,
         events_completed: eventIds.size,
         stalled,
