@@ -47,7 +47,7 @@ FLOW_TIMEOUT = 30.0
 # is sent again) and the promoted replica had the first one already: the job
 # is completed, its lock gone.
 RERUN = re.compile(r'^worker \d+: Missing lock for job (\S+)\. moveToFinished$')
-RESULT_TIMEOUT = 90.0
+RESULT_TIMEOUT = 130.0   # the node script's drain bound (100 s) and its closing
 
 
 class NodeRun:

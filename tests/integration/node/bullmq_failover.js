@@ -10,7 +10,7 @@
 //
 // While running it prints a progress line every 100 ms:
 //   {"progress": {"added": A, "processed": P}}
-// On a line "stop" on stdin the producers stop; it then waits (up to 60 s)
+// On a line "stop" on stdin the producers stop; it then waits (up to 100 s)
 // until every acknowledged job was processed and nothing is left waiting or
 // active, and prints one JSON line with the accounting: jobs added, their
 // completions counted by number (processed, distinct, duplicates, missing),
@@ -26,7 +26,11 @@ const { Queue, QueueEvents, Worker } = require('bullmq');
 
 const { sleep, waitFor } = require('./common');
 
-const DRAIN_MS = 60000;
+// A moveToActive sent again after the kill (its reply lost, the first one on
+// the promoted replica) leaves a job active with nobody's lock: BullMQ's
+// stalled check moves it back after lockDuration + stalledInterval (30 s +
+// 30 s by default), so the drain waits longer than that.
+const DRAIN_MS = 100000;
 const BULK = 5;
 const PROGRESS_MS = 100;
 
