@@ -109,7 +109,7 @@ struct leases {
     char *unreg[MAX_UNREG]; /* cluster mode: lists whose SADD did not land yet */
     size_t unreglen[MAX_UNREG];
     int nunreg;
-    char reg[256];     /* the processing list this loop last put in the registry */
+    char reg[256]; /* the processing list this loop last put in the registry */
     size_t reglen;
     uint64_t reg_at; /* uv_now() then */
 };
@@ -530,9 +530,8 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
          * closed with what is queued on it): the lease goes on a shared
          * link (cluster mode: of the processing list's slot). An ack that
          * gets there first leaves nothing to lease. */
-        l = s->f->cluster != NULL
-                ? key_link(s->f, av[2], al[2], s->ident, s->id, s->proto)
-                : upstream_shared(s->f->up, s->ident, s->id, s->proto);
+        l = s->f->cluster != NULL ? key_link(s->f, av[2], al[2], s->ident, s->id, s->proto)
+                                  : upstream_shared(s->f->up, s->ident, s->id, s->proto);
     }
     if (l == NULL || l->state != LINK_READY) {
         return; /* the expiry leases it when it finds it */
@@ -664,9 +663,8 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
                  * queue's slot. */
                 const char *argv[4] = {"ZADD", PAUSED, rr->element[i + 1]->str,
                                        rr->element[i]->str};
-                link *pl = l->f->cluster != NULL
-                               ? key_link(l->f, PAUSED, strlen(PAUSED), NULL, 0, 2)
-                               : l;
+                link *pl =
+                    l->f->cluster != NULL ? key_link(l->f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
                 if (pl != NULL) {
                     link_internal(pl, argv, 4, NULL, 0);
                 }

@@ -67,8 +67,8 @@ struct queues {
     uint64_t next_round_ms;
     int active;
     uint64_t passes, keys_probed;
-    int shard;              /* cluster mode: first slot of the shard SCAN is on, -1 none yet */
-    int skipped;            /* cluster mode: a shard was passed over in this glob's pass */
+    int shard;               /* cluster mode: first slot of the shard SCAN is on, -1 none yet */
+    int skipped;             /* cluster mode: a shard was passed over in this glob's pass */
     const upstream *scanned; /* cluster mode: the master view of the last SCAN */
 };
 
@@ -401,8 +401,8 @@ static void scan_done(link *l, request *r, const char *reply, size_t len)
         probe_pending(qs, l);
     } else {
         log_warn("queue depths: SCAN on %s failed: %.*s",
-                 l->f->cluster != NULL ? l->up->name : l->f->up->name,
-                 (int)(len > 120 ? 120 : len), reply);
+                 l->f->cluster != NULL ? l->up->name : l->f->up->name, (int)(len > 120 ? 120 : len),
+                 reply);
     }
     if (rr != NULL) {
         freeReplyObject(rr);
