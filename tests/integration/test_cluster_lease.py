@@ -13,6 +13,10 @@ each lease script to that slot's master.
        slot, and the move is refused with a node's CROSSSLOT.
     3. Queue depths: keys of every shard are sampled on their master and
        appear in /stats with their lengths; a deleted one leaves.
+    4. A client that hangs up holding leases on every shard: its items are
+       back at once (lease_expire_on_disconnect), each on its own master.
+    5. consumer_backoff: a consumer paused by its queue's shard (the paused
+       set lives on another shard) has its pops held; another is not.
   ClusterLeaseFailoverTest (a cluster of its own: it is harmed):
     kill -9 of the master of the shard that holds an item's lease and the
     registry of processing lists: a lease on another shard runs out (from
@@ -95,7 +99,11 @@ class ClusterLeaseTest(ClusterCase):
         cls.start([{'keys': '{lq*}', 'processing': '"{key}:processing"', 'lease_ms': LEASE_MS,
                     'max_attempts': 2, 'lease_expire_on_disconnect': 'false'},
                    {'keys': 'ju:*', 'processing': '"{key}:processing"'},
-                   {'keys': '{dq*}'}],
+                   {'keys': '{dq*}'},
+                   {'keys': '{dc*}', 'processing': '"{key}:processing"', 'lease_ms': 30000},
+                   {'keys': '{bo*}', 'processing': '"{key}:processing"', 'lease_ms': 300,
+                    'max_attempts': 100,
+                    'consumer_backoff': '{after_failures: 2, pause_ms: 1500}'}],
                   'queue_depths: {interval_ms: 100, keys_per_round: 50}\n')
 
     def test_1_lease_ack_expiry_dead_letter_on_every_shard(self):
@@ -169,6 +177,57 @@ class ClusterLeaseTest(ClusterCase):
         c.delete(gone)
         wait_until(lambda: gone not in lengths(), timeout=15, interval=0.1,
                    msg='a deleted key leaves')
+
+
+    def test_4_disconnect_expires_on_every_shard(self):
+        keys = {port: self.tagged_on(port, 'dc') for port in self.masters()}
+        c = self.ferry.client(socket_timeout=10)
+        for q in keys.values():
+            self.assertEqual(c.rpush(q, *['%s-%d' % (q, i) for i in range(5)]), 5)
+        w = self.ferry.client(socket_timeout=10)
+        for port, q in keys.items():
+            for _ in range(5):
+                self.assertIsNotNone(w.rpoplpush(q, q + ':processing'))
+            m = self.node(port)
+            wait_until(lambda: m.zcard(lkey('leases', q, q + ':processing')) == 5, timeout=5,
+                       interval=0.02, msg='5 leases on %d' % port)
+        w.connection_pool.disconnect()  # the socket closes
+        t0 = time.monotonic()
+        for port, q in keys.items():
+            m = self.node(port)
+            wait_until(lambda: m.llen(q) == 5 and m.llen(q + ':processing') == 0, timeout=10,
+                       interval=0.05, msg='the items of %s back at once' % q)
+            self.assertEqual(m.hget(lkey('attempts', q, q + ':processing'), q + '-0'), '2:R')
+        self.assertLess(time.monotonic() - t0, 10)  # lease_ms is 30 s
+
+    def test_5_consumer_backoff_across_shards(self):
+        # the paused set's own slot is on another shard than the queue's
+        paused_at = self.owners[keyslot('ferry:consumers:paused')]
+        port = next(p for p in self.masters() if p != paused_at)
+        q = self.tagged_on(port, 'bo')
+        proc = q + ':processing'
+        m = self.node(port)
+        w1, w2 = self.ferry.client(socket_timeout=10), self.ferry.client(socket_timeout=10)
+        w1.client_setname('w1')
+        w2.client_setname('w2')
+        self.assertEqual(w2.rpush(q, *['j%d' % i for i in range(6)]), 6)
+        for _ in range(2):
+            self.assertIsNotNone(w1.rpoplpush(q, proc))
+            wait_until(lambda: m.llen(proc) == 0, timeout=5, interval=0.02,
+                       msg='the lease expired')
+        pm = self.node(paused_at)
+        wait_until(lambda: pm.zscore('ferry:consumers:paused', 'w1') is not None, timeout=5,
+                   interval=0.02, msg='w1 paused')
+        wait_until(lambda: stats(self.ferry)['queues']['consumers_paused'] == 1, timeout=5,
+                   interval=0.02, msg='ferry knows w1 is paused')
+        t0 = time.monotonic()
+        self.assertIsNotNone(w2.rpoplpush(q, proc))
+        self.assertLess(time.monotonic() - t0, 0.5)  # w2 is not paused
+        t0 = time.monotonic()
+        self.assertIsNotNone(w1.rpoplpush(q, proc))
+        self.assertGreater(time.monotonic() - t0, 0.5)  # held until the pause ends
+        self.assertIn("consumer 'w1' paused for 1500 ms after 2 expired leases",
+                      self.ferry.log())
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
