@@ -103,7 +103,7 @@ class ClusterLeaseTest(ClusterCase):
                    {'keys': '{dc*}', 'processing': '"{key}:processing"', 'lease_ms': 30000},
                    {'keys': '{bo*}', 'processing': '"{key}:processing"', 'lease_ms': 300,
                     'max_attempts': 100,
-                    'consumer_backoff': '{after_failures: 2, pause_ms: 1500}'}],
+                    'consumer_backoff': '{after_failures: 2, pause_ms: 3000}'}],
                   'queue_depths: {interval_ms: 100, keys_per_round: 50}\n')
 
     def test_1_lease_ack_expiry_dead_letter_on_every_shard(self):
@@ -223,10 +223,13 @@ class ClusterLeaseTest(ClusterCase):
         t0 = time.monotonic()
         self.assertIsNotNone(w2.rpoplpush(q, proc))
         self.assertLess(time.monotonic() - t0, 0.5)  # w2 is not paused
+        # Every loop reads the paused set every 200 ms (workers: N; only the
+        # main loop's is on /stats): give w1's loop that long.
+        time.sleep(0.5)
         t0 = time.monotonic()
         self.assertIsNotNone(w1.rpoplpush(q, proc))
-        self.assertGreater(time.monotonic() - t0, 0.5)  # held until the pause ends
-        self.assertIn("consumer 'w1' paused for 1500 ms after 2 expired leases",
+        self.assertGreater(time.monotonic() - t0, 1.0)  # held until the pause ends
+        self.assertIn("consumer 'w1' paused for 3000 ms after 2 expired leases",
                       self.ferry.log())
 
 
