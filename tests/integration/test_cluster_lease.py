@@ -17,6 +17,8 @@ each lease script to that slot's master.
        back at once (lease_expire_on_disconnect), each on its own master.
     5. consumer_backoff: a consumer paused by its queue's shard (the paused
        set lives on another shard) has its pops held; another is not.
+    6. ferry --queues lists the queue keys of every shard with their
+       processing lists, open leases and dead letters.
   ClusterLeaseFailoverTest (a cluster of its own: it is harmed):
     kill -9 of the master of the shard that holds an item's lease and the
     registry of processing lists: a lease on another shard runs out (from
@@ -30,6 +32,7 @@ Run:  python3 -m unittest test_cluster_lease -v        (about 45 s)
 """
 import json
 import os
+import subprocess
 import time
 import unittest
 import urllib.request
@@ -231,6 +234,26 @@ class ClusterLeaseTest(ClusterCase):
         self.assertGreater(time.monotonic() - t0, 1.0)  # held until the pause ends
         self.assertIn("consumer 'w1' paused for 3000 ms after 2 expired leases",
                       self.ferry.log())
+
+    def test_6_queues_report_of_every_shard(self):
+        keys = {port: self.tagged_on(port, 'dc9_') for port in self.masters()}  # lease 30 s
+        c = self.ferry.client(socket_timeout=10)
+        for q in keys.values():
+            self.assertEqual(c.rpush(q, 'a', 'b', 'c'), 3)
+            self.assertEqual(c.rpoplpush(q, q + ':processing'), 'c')
+        for port, q in keys.items():
+            wait_until(lambda: self.node(port).zcard(lkey('leases', q, q + ':processing')) == 1,
+                       timeout=5, interval=0.02, msg='lease on %d' % port)
+        run = subprocess.run([harness.FERRY_BIN, '--queues', '-c', self.ferry.config_path],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        lines = run.stdout.splitlines()
+        self.assertIn('queues[3] keys={dc*} max_length=0 on_full=refuse '
+                      'processing={key}:processing lease_ms=30000 max_attempts=5 '
+                      'dead_letter={key}:dead', lines)
+        for q in keys.values():
+            self.assertIn('  %s length=2 processing=1 leases_open=1 dead=0' % q, lines)
+        self.assertTrue(lines[-1].startswith('consumers paused:'), run.stdout)
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
