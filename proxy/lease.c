@@ -109,7 +109,8 @@ struct leases {
     char *unreg[MAX_UNREG]; /* cluster mode: lists whose SADD did not land yet */
     size_t unreglen[MAX_UNREG];
     int nunreg;
-    char reg[256]; /* the processing list this loop last put in the registry */
+    uint64_t refused_log_ms; /* cluster mode: uv_now() an expiry refusal was last logged */
+    char reg[256];           /* the processing list this loop last put in the registry */
     size_t reglen;
     uint64_t reg_at; /* uv_now() then */
 };
@@ -699,7 +700,15 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
             }
         }
     } else if (rr->type == REDIS_REPLY_ERROR) {
-        log_warn("leases: expiry refused by Redis: %.*s", (int)(len > 160 ? 160 : len), reply);
+        /* Cluster mode: a shard failing answers every round (CLUSTERDOWN,
+         * TRYAGAIN...): once a second is enough. */
+        uint64_t now = uv_now(l->f->loop);
+        if (l->f->cluster == NULL || ls == NULL || now >= ls->refused_log_ms + 1000) {
+            if (ls != NULL) {
+                ls->refused_log_ms = now;
+            }
+            log_warn("leases: expiry refused by Redis: %.*s", (int)(len > 160 ? 160 : len), reply);
+        }
     }
     freeReplyObject(rr);
 }
