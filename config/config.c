@@ -992,12 +992,21 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                   "cluster mode does not check clients with Redis ACL users yet: "
                                   "client.auth redis is refused with cluster");
         }
+        /* Leases: a queue's processing list and dead letter must be in the
+         * queue key's slot; with nothing but '}' before {key}, a queue key's
+         * hash tag is theirs too (docs/cluster.md "Leases"). */
         for (int i = 0; i < cfg->nqueues; i++) {
-            if (cfg->queues[i].processing != NULL) {
-                return conf_key_error(ctx, "queues", 1,
-                                      "cluster mode has no leases yet: a queues entry with "
-                                      "processing is refused with cluster (max_length and "
-                                      "on_full work)");
+            const char *tpl[2] = {cfg->queues[i].processing, cfg->queues[i].dead_letter};
+            const char *name[2] = {"processing", "dead_letter"};
+            for (int t = 0; t < 2 && cfg->queues[i].processing != NULL; t++) {
+                const char *at = tpl[t] != NULL ? strstr(tpl[t], "{key}") : NULL;
+                if (at != NULL && memchr(tpl[t], '{', (size_t)(at - tpl[t])) != NULL) {
+                    snprintf(buf, sizeof(buf),
+                             "queues[%d].%s: with cluster, no '{' may come before {key} (the "
+                             "list must share the queue key's hash tag, so its slot)",
+                             i, name[t]);
+                    return conf_key_error(ctx, "queues", 1, buf);
+                }
             }
         }
     }

@@ -23,7 +23,17 @@
  * queue it was taken from with its attempt count raised, or past
  * max_attempts into dead_letter; the lease goes in the same step, so each
  * lease is expired once, whichever ferry runs it and across a failover
- * (the script's effects are replicated as one). */
+ * (the script's effects are replicated as one).
+ *
+ * Cluster mode. Every key a script touches is in the queue key's slot
+ * (config.c refuses templates that would move the processing list or the
+ * dead letter out of it), so each call goes to the shared link of that
+ * slot's master: the lease and the ack with the move and the LREM they
+ * follow, each expiry call to the master of its processing list's slot,
+ * with the lock of its queue's tag there. The registry and the paused
+ * consumers are one key each, on their own slot's master; the expiry
+ * keeps the registry's last members, and runs on them while that master
+ * is not up (a shard failing stops the expiry of its own lists only). */
 #include "lease.h"
 
 #include <hiredis/hiredis.h>
@@ -33,9 +43,11 @@
 #include <strings.h>
 
 #include "clients.h"
+#include "clustermap.h"
 #include "link.h"
 #include "log.h"
 #include "queues.h"
+#include "slot.h"
 #include "tx.h"
 #include "upstream.h"
 
@@ -45,6 +57,7 @@
 #define MAX_PAUSED 64 /* paused consumers a loop keeps */
 #define PAUSE_POLL_MS 200
 #define MAX_ARGS 8
+#define MAX_UNREG 64 /* cluster mode: processing lists a loop still has to register */
 
 /* The scripts (lease_take.lua, lease_ack.lua, lease_expire.lua), embedded
  * with their SHA-1s: sent as EVALSHA after SCRIPT LOAD on each link, as EVAL
@@ -90,7 +103,14 @@ struct leases {
     uint64_t round;    /* rounds started */
     int in_flight;     /* replies the round awaits */
     int logged_other;  /* another ferry holds the lock (logged once) */
-    char reg[256];     /* the processing list this loop last put in the registry */
+    char **known;      /* cluster mode: the registry's members as last read */
+    size_t *knownlen;  /* their lengths */
+    size_t nknown;
+    char *unreg[MAX_UNREG]; /* cluster mode: lists whose SADD did not land yet */
+    size_t unreglen[MAX_UNREG];
+    int nunreg;
+    uint64_t refused_log_ms; /* cluster mode: uv_now() an expiry refusal was last logged */
+    char reg[256];           /* the processing list this loop last put in the registry */
     size_t reglen;
     uint64_t reg_at; /* uv_now() then */
 };
@@ -143,6 +163,16 @@ static void script_head(buf *b, link *l, lease_script w, size_t nargs, int eval)
 static int is_noscript(const char *reply, size_t len)
 {
     return reply != NULL && len >= 9 && memcmp(reply, "-NOSCRIPT", 9) == 0;
+}
+
+/* A ready shared link to the master serving key's slot (cluster mode) or
+ * to the master; NULL while there is none. */
+static link *key_link(ferry *f, const char *key, size_t klen, ident *id, uint64_t hint, int proto)
+{
+    upstream *up =
+        f->cluster != NULL ? clustermap_route(f->cluster, slot_of_key(key, klen)) : f->up;
+    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, id, hint, proto) : NULL;
+    return l != NULL && l->state == LINK_READY ? l : NULL;
 }
 
 /* r, ferry's own EVALSHA of script w, found no script (SCRIPT FLUSH): sent
@@ -331,6 +361,60 @@ static int is_move(const command *cmd)
 
 /* ------------------------------------------------------------ recording */
 
+/* Cluster mode: p to register again (a loop's tick does). */
+static void unreg_add(struct leases *ls, const char *p, size_t plen)
+{
+    for (int i = 0; i < ls->nunreg; i++) {
+        if (ls->unreglen[i] == plen && memcmp(ls->unreg[i], p, plen) == 0) {
+            return;
+        }
+    }
+    if (ls->nunreg == MAX_UNREG) {
+        log_warn("leases: %d processing lists wait for the registry's master; %.*s is "
+                 "registered at its next lease",
+                 MAX_UNREG, (int)(plen > 200 ? 200 : plen), p);
+        return;
+    }
+    ls->unreg[ls->nunreg] = xmalloc(plen + 1);
+    memcpy(ls->unreg[ls->nunreg], p, plen);
+    ls->unreglen[ls->nunreg++] = plen;
+}
+
+static void cluster_register(ferry *f, const char *p, size_t plen);
+
+/* Cluster mode: the registry's SADD answered (NULL: its link was lost). */
+static void unreg_done(link *l, request *r, const char *reply, size_t len)
+{
+    const char *av[MAX_ARGS];
+    size_t al[MAX_ARGS];
+    (void)len;
+    if (l->f->leases != NULL && (reply == NULL || reply[0] != ':') && args_of(r, av, al) == 3) {
+        unreg_add(l->f->leases, av[2], al[2]);
+    }
+}
+
+/* Cluster mode: SADD p to the registry on its slot's master, kept to send
+ * again until that master took it (its master down, the link lost, MOVED:
+ * the registry is the only way the expiry learns of p). */
+static void cluster_register(ferry *f, const char *p, size_t plen)
+{
+    link *l = key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2);
+    if (l == NULL) {
+        if (f->leases != NULL) {
+            unreg_add(f->leases, p, plen);
+        }
+        return;
+    }
+    buf b;
+    buf_init(&b);
+    buf_append_count(&b, '*', 3);
+    buf_append_bulk(&b, "SADD", 4);
+    buf_append_bulk(&b, REGISTRY, strlen(REGISTRY));
+    buf_append_bulk(&b, p, plen);
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), unreg_done, 0);
+    buf_free(&b);
+}
+
 /* Processing list p goes in the registry the expiry reads, before its first
  * lease (SADD on l, ahead of the lease script; again after a second, or
  * for another list: the registry stays right if someone deletes it). The
@@ -341,6 +425,17 @@ static void lease_register(struct leases *ls, link *l, const char *p, size_t ple
     uint64_t now = uv_now(l->f->loop);
     if (ls != NULL && plen == ls->reglen && memcmp(p, ls->reg, plen) == 0 &&
         now < ls->reg_at + 1000) {
+        return;
+    }
+    if (l->f->cluster != NULL) {
+        /* The registry's own slot: another master, as a rule, so not
+         * ordered with the lease: kept until Redis took it (below). */
+        cluster_register(l->f, p, plen);
+        if (ls != NULL && plen <= sizeof(ls->reg)) {
+            memcpy(ls->reg, p, plen);
+            ls->reglen = plen;
+            ls->reg_at = now;
+        }
         return;
     }
     buf b;
@@ -427,18 +522,20 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
         tx_in_multi(s)) {
         return;
     }
-    if (l == NULL || l->kind != LINK_SHARED) {
-        /* A blocking move's dedicated link goes back to its pool now (or is
-         * closed with what is queued on it): the lease goes on a shared
-         * link. An ack that gets there first leaves nothing to lease. */
-        l = upstream_shared(s->f->up, s->ident, s->id, s->proto);
-    }
-    if (l == NULL || l->state != LINK_READY) {
-        return; /* the expiry leases it when it finds it */
-    }
     size_t argc = args_of(r, av, al);
     if (argc < 3) {
         return;
+    }
+    if (l == NULL || l->kind != LINK_SHARED) {
+        /* A blocking move's dedicated link goes back to its pool now (or is
+         * closed with what is queued on it): the lease goes on a shared
+         * link (cluster mode: of the processing list's slot). An ack that
+         * gets there first leaves nothing to lease. */
+        l = s->f->cluster != NULL ? key_link(s->f, av[2], al[2], s->ident, s->id, s->proto)
+                                  : upstream_shared(s->f->up, s->ident, s->id, s->proto);
+    }
+    if (l == NULL || l->state != LINK_READY) {
+        return; /* the expiry leases it when it finds it */
     }
     int e = entry_of_processing(cfg, av[2], al[2], &q, &qlen);
     if (e < 0 || qlen != al[1] || memcmp(q, av[1], qlen) != 0) {
@@ -567,7 +664,11 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
                  * queue's slot. */
                 const char *argv[4] = {"ZADD", PAUSED, rr->element[i + 1]->str,
                                        rr->element[i]->str};
-                link_internal(l, argv, 4, NULL, 0);
+                link *pl =
+                    l->f->cluster != NULL ? key_link(l->f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
+                if (pl != NULL) {
+                    link_internal(pl, argv, 4, NULL, 0);
+                }
                 log_warn("leases: consumer '%.*s' paused for %llu ms after %llu expired leases "
                          "in a row (queues[%d].consumer_backoff)",
                          (int)(rr->element[i]->len > 120 ? 120 : rr->element[i]->len),
@@ -599,7 +700,15 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
             }
         }
     } else if (rr->type == REDIS_REPLY_ERROR) {
-        log_warn("leases: expiry refused by Redis: %.*s", (int)(len > 160 ? 160 : len), reply);
+        /* Cluster mode: a shard failing answers every round (CLUSTERDOWN,
+         * TRYAGAIN...): once a second is enough. */
+        uint64_t now = uv_now(l->f->loop);
+        if (l->f->cluster == NULL || ls == NULL || now >= ls->refused_log_ms + 1000) {
+            if (ls != NULL) {
+                ls->refused_log_ms = now;
+            }
+            log_warn("leases: expiry refused by Redis: %.*s", (int)(len > 160 ? 160 : len), reply);
+        }
     }
     freeReplyObject(rr);
 }
@@ -688,36 +797,83 @@ static void expire_call(link *l, int e, const char *p, size_t plen, const char *
     buf_free(&attempts);
 }
 
+/* A round's expiry call for each processing list names[i] (lengths
+ * lens[i]): on l, or in cluster mode on the master of its slot (a list
+ * whose shard has no master now waits for the next round). */
+static void expire_lists(ferry *f, link *l, char *const *names, const size_t *lens, size_t n)
+{
+    struct leases *ls = f->leases;
+    const config *cfg = f->cfg;
+    for (size_t i = 0; i < n; i++) {
+        const char *q;
+        size_t qlen;
+        char dead[1024];
+        int e = entry_of_processing(cfg, names[i], lens[i], &q, &qlen);
+        if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
+            continue;
+        }
+        link *to = f->cluster != NULL ? key_link(f, names[i], lens[i], NULL, 0, 2) : l;
+        if (to == NULL) {
+            continue;
+        }
+        ls->in_flight++;
+        expire_call(to, e, names[i], lens[i], q, qlen, dead, NULL, NULL, NULL, 0, expire_done);
+    }
+}
+
+static void forget_known(struct leases *ls)
+{
+    for (size_t i = 0; i < ls->nknown; i++) {
+        free(ls->known[i]);
+    }
+    free(ls->known);
+    free(ls->knownlen);
+    ls->known = NULL;
+    ls->knownlen = NULL;
+    ls->nknown = 0;
+}
+
 static void registry_done(link *l, request *r, const char *reply, size_t len)
 {
-    struct leases *ls = l->f->leases;
-    const config *cfg = l->f->cfg;
+    ferry *f = l->f;
+    struct leases *ls = f->leases;
     (void)r;
     if (ls == NULL) {
         return;
     }
     round_reply(ls);
     if (reply == NULL || l->state != LINK_READY) {
+        if (f->cluster != NULL && !f->stopping) {
+            expire_lists(f, NULL, ls->known, ls->knownlen, ls->nknown);
+        }
         return;
     }
     redisReply *rr = link_parse_reply(reply, len);
     if (rr == NULL) {
         return;
     }
-    for (size_t i = 0; rr->type == REDIS_REPLY_ARRAY && i < rr->elements; i++) {
-        const redisReply *p = rr->element[i];
-        const char *q;
-        size_t qlen;
-        char dead[1024];
-        if (p->type != REDIS_REPLY_STRING) {
-            continue;
+    if (rr->type == REDIS_REPLY_ARRAY) {
+        size_t n = 0;
+        char **names = xcalloc(rr->elements + 1, sizeof(*names));
+        size_t *lens = xcalloc(rr->elements + 1, sizeof(*lens));
+        for (size_t i = 0; i < rr->elements; i++) {
+            const redisReply *p = rr->element[i];
+            if (p->type == REDIS_REPLY_STRING) {
+                names[n] = xmalloc(p->len + 1);
+                memcpy(names[n], p->str, p->len);
+                names[n][p->len] = '\0';
+                lens[n++] = p->len;
+            }
         }
-        int e = entry_of_processing(cfg, p->str, p->len, &q, &qlen);
-        if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
-            continue;
+        expire_lists(f, l, names, lens, n);
+        /* Cluster mode: kept for rounds while the registry's master is not up. */
+        forget_known(ls);
+        ls->known = names;
+        ls->knownlen = lens;
+        ls->nknown = n;
+        if (f->cluster == NULL) {
+            forget_known(ls);
         }
-        ls->in_flight++;
-        expire_call(l, e, p->str, p->len, q, qlen, dead, NULL, NULL, NULL, 0, expire_done);
     }
     freeReplyObject(rr);
 }
@@ -730,11 +886,12 @@ void lease_client_gone(session *s)
     if (h == NULL) {
         return;
     }
-    link *l = NULL;
-    if (f->leases != NULL && !f->stopping && f->up != NULL && f->up->state == UP_UP) {
+    link *l = NULL; /* cluster mode: each processing list's own master, below */
+    int cluster = f->cluster != NULL;
+    if (f->leases != NULL && !f->stopping && !cluster && f->up != NULL && f->up->state == UP_UP) {
         l = upstream_shared(f->up, s->ident, s->id, s->proto);
     }
-    if (l == NULL || l->state != LINK_READY) {
+    if (f->leases == NULL || f->stopping || (!cluster && (l == NULL || l->state != LINK_READY))) {
         if (h->n > 0) {
             log_info("leases: client %llu %s left holding %zu lease(s); no master to expire them "
                      "now: their deadline does",
@@ -768,11 +925,21 @@ void lease_client_gone(session *s)
                 n++;
             }
         }
-        log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
-                  (unsigned long long)s->id, s->peer, n,
-                  (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
-        expire_call(l, e, first->bytes, first->plen, q, qlen, dead,
-                    first->bytes + first->plen + first->ilen, it, il, n, gone_done);
+        link *to = f->cluster != NULL
+                       ? key_link(f, first->bytes, first->plen, s->ident, s->id, s->proto)
+                       : l;
+        if (to != NULL) {
+            log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
+                      (unsigned long long)s->id, s->peer, n,
+                      (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
+            expire_call(to, e, first->bytes, first->plen, q, qlen, dead,
+                        first->bytes + first->plen + first->ilen, it, il, n, gone_done);
+        } else {
+            log_info("leases: client %llu %s left holding %zu lease(s) of %.*s; no master to "
+                     "expire them now: their deadline does",
+                     (unsigned long long)s->id, s->peer, n,
+                     (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
+        }
         /* Those n go: the same matches, dropped from the end. */
         char *pkey = xmalloc(first->plen + first->wlen + 1);
         size_t plen = first->plen, wlen = first->wlen;
@@ -873,28 +1040,58 @@ size_t lease_npaused(const ferry *f, uint64_t now)
 void lease_tick(ferry *f, uint64_t now)
 {
     struct leases *ls = f->leases;
-    upstream *up = f->up;
-    if (ls == NULL || f->stopping || up == NULL || up->state != UP_UP) {
+    link *l = NULL;
+    if (ls == NULL || f->stopping) {
         return;
     }
-    link *l = upstream_shared(up, NULL, 0, 2);
-    if (l == NULL || l->state != LINK_READY) {
-        return;
+    if (f->cluster == NULL) {
+        upstream *up = f->up;
+        if (up == NULL || up->state != UP_UP) {
+            return;
+        }
+        l = upstream_shared(up, NULL, 0, 2);
+        if (l == NULL || l->state != LINK_READY) {
+            return;
+        }
     }
-    if (ls->backoff && !ls->poll_in_flight && now >= ls->next_poll_ms) {
+    if (f->cluster != NULL && ls->nunreg > 0 &&
+        key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) != NULL) {
+        int n = ls->nunreg;
+        char *names[MAX_UNREG];
+        size_t lens[MAX_UNREG];
+        memcpy(names, ls->unreg, sizeof(names[0]) * (size_t)n);
+        memcpy(lens, ls->unreglen, sizeof(lens[0]) * (size_t)n);
+        ls->nunreg = 0;
+        for (int i = 0; i < n; i++) {
+            cluster_register(f, names[i], lens[i]);
+            free(names[i]);
+        }
+    }
+    /* Cluster mode: the paused set and the registry each on their slot's master. */
+    link *pl = f->cluster != NULL ? key_link(f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
+    if (ls->backoff && pl != NULL && !ls->poll_in_flight && now >= ls->next_poll_ms) {
         const char *argv[4] = {"EVAL", paused_lua, "1", PAUSED};
         ls->next_poll_ms = now + PAUSE_POLL_MS;
         ls->poll_in_flight = 1;
-        link_internal_sure(l, argv, 4, paused_done, 0);
+        link_internal_sure(pl, argv, 4, paused_done, 0);
     }
     if (!ls->expires || ls->in_flight > 0 || now < ls->next_ms) {
         return;
     }
+    link *rl = f->cluster != NULL ? key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) : l;
+    if (rl == NULL && ls->nknown == 0) {
+        return;
+    }
     ls->next_ms = now + ls->interval;
     ls->round++;
+    if (rl == NULL) {
+        /* The registry's master is not up: the lists it named last time. */
+        expire_lists(f, NULL, ls->known, ls->knownlen, ls->nknown);
+        return;
+    }
     const char *argv[2] = {"SMEMBERS", REGISTRY};
     ls->in_flight++;
-    link_internal_sure(l, argv, 2, registry_done, 0);
+    link_internal_sure(rl, argv, 2, registry_done, 0);
 }
 
 void lease_open(ferry *f)
@@ -931,6 +1128,12 @@ void lease_open(ferry *f)
 
 void lease_free(ferry *f)
 {
+    if (f->leases != NULL) {
+        forget_known(f->leases);
+        for (int i = 0; i < f->leases->nunreg; i++) {
+            free(f->leases->unreg[i]);
+        }
+    }
     free(f->leases);
     f->leases = NULL;
 }

@@ -16,7 +16,14 @@
  * SCAN did not name in the pass are gone and are dropped. The master is
  * never asked for more than one SCAN and keys_per_round TYPE and length
  * calls a round; a lost link or a switch ends the round (its replies are
- * dropped) and the next one starts over on the new master. */
+ * dropped) and the next one starts over on the new master.
+ *
+ * Cluster mode: a glob's pass is a SCAN of every shard's master in turn
+ * (in the order of their first slots), and each TYPE and length call goes
+ * to the master of its key's slot. A shard whose master is not up is
+ * passed over in that pass, and then no key of the glob is dropped at its
+ * end (they may be on that shard); a shard's master that changed starts
+ * its SCAN over. */
 #include "queues.h"
 
 #include <hiredis/hiredis.h>
@@ -24,9 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clustermap.h"
 #include "glob.h"
 #include "link.h"
 #include "log.h"
+#include "slot.h"
 #include "upstream.h"
 
 #define ROUND_SHIFT 24 /* request->arg: round << ROUND_SHIFT | index in the batch */
@@ -58,6 +67,9 @@ struct queues {
     uint64_t next_round_ms;
     int active;
     uint64_t passes, keys_probed;
+    int shard;               /* cluster mode: first slot of the shard SCAN is on, -1 none yet */
+    int skipped;             /* cluster mode: a shard was passed over in this glob's pass */
+    const upstream *scanned; /* cluster mode: the master view of the last SCAN */
 };
 
 /* ---------------------------------------------------------------- counting */
@@ -205,12 +217,13 @@ static void end_pass(struct queues *qs)
 {
     const config *cfg = qs->f->cfg;
     int q = qs->cur_q, g = qs->cur_g;
-    for (size_t i = qs->nkeys; i-- > 0;) {
+    for (size_t i = qs->nkeys; i-- > 0 && !qs->skipped;) {
         qkey *k = &qs->keys[i];
         if (k->queue == q && k->glob == g && k->seen_pass != qs->gpass[q][g]) {
             drop_key(qs, k);
         }
     }
+    qs->skipped = 0;
     qs->gpass[q][g]++;
     snprintf(qs->cursor, sizeof(qs->cursor), "0");
     if (++qs->cur_g >= cfg->queues[q].nkeys) {
@@ -229,12 +242,20 @@ static void reply_arrived(struct queues *qs)
     }
 }
 
-/* Is this reply of the round in flight, on the master it began on? */
+/* Is this reply of the round in flight, on the master it began on (cluster
+ * mode: a TYPE or length from any master; a SCAN checks its own)? */
 static struct queues *round_of(link *l, request *r, const char *reply)
 {
     struct queues *qs = l->f->queues;
     if (qs == NULL || (uint64_t)r->arg >> ROUND_SHIFT != (qs->round & 0xffffffffu)) {
         return NULL;
+    }
+    if (l->f->cluster != NULL) {
+        if (reply == NULL) {
+            reply_arrived(qs);
+            return NULL;
+        }
+        return qs;
     }
     if (reply == NULL || l->f->up == NULL || l->f->up->epoch != qs->round_epoch) {
         reply_arrived(qs); /* lost or stale: the round ends without it */
@@ -293,7 +314,17 @@ static void type_done(link *l, request *r, const char *reply, size_t len)
     reply_arrived(qs);
 }
 
-/* Ask TYPE of up to keys_per_round pending keys. */
+/* Cluster mode: a ready shared link to the master of key's slot, or NULL. */
+static link *key_link(ferry *f, const char *key)
+{
+    upstream *up = clustermap_route(f->cluster, slot_of_key(key, strlen(key)));
+    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
+    return l != NULL && l->state == LINK_READY ? l : NULL;
+}
+
+/* Ask TYPE of up to keys_per_round pending keys (on l; cluster mode: each
+ * on its slot's master, a key whose master is not up waits for its next
+ * SCAN). */
 static void probe_pending(struct queues *qs, link *l)
 {
     size_t n = qs->npending;
@@ -314,16 +345,40 @@ static void probe_pending(struct queues *qs, link *l)
     qs->npending -= n;
     for (size_t i = 0; i < n; i++) {
         const char *argv[2] = {"TYPE", qs->batch[i]};
+        link *to = qs->f->cluster != NULL ? key_link(qs->f, qs->batch[i]) : l;
+        if (to == NULL) {
+            continue;
+        }
         qs->in_flight++;
-        link_internal_sure(l, argv, 2, type_done,
+        link_internal_sure(to, argv, 2, type_done,
                            (long long)((qs->round & 0xffffffffu) << ROUND_SHIFT | i));
     }
+}
+
+/* Cluster mode: the SCAN of the current shard is over; the next shard, or
+ * after the last one the end of the glob's pass. */
+static void next_shard(struct queues *qs)
+{
+    int next = clustermap_next_first_slot(qs->f->cluster, qs->shard);
+    snprintf(qs->cursor, sizeof(qs->cursor), "0");
+    qs->scanned = NULL;
+    if (next < 0) {
+        end_pass(qs);
+        next = clustermap_next_first_slot(qs->f->cluster, -1);
+    }
+    qs->shard = next;
 }
 
 static void scan_done(link *l, request *r, const char *reply, size_t len)
 {
     struct queues *qs = round_of(l, r, reply);
     if (qs == NULL) {
+        return;
+    }
+    if (l->f->cluster != NULL && (l->up != qs->scanned || l->up->epoch != qs->round_epoch)) {
+        snprintf(qs->cursor, sizeof(qs->cursor), "0"); /* a new master: its SCAN starts over */
+        qs->scanned = NULL;
+        reply_arrived(qs);
         return;
     }
     redisReply *rr = link_parse_reply(reply, len);
@@ -337,12 +392,17 @@ static void scan_done(link *l, request *r, const char *reply, size_t len)
         }
         snprintf(qs->cursor, sizeof(qs->cursor), "%s", rr->element[0]->str);
         if (strcmp(qs->cursor, "0") == 0) {
-            end_pass(qs);
+            if (l->f->cluster != NULL) {
+                next_shard(qs);
+            } else {
+                end_pass(qs);
+            }
         }
         probe_pending(qs, l);
     } else {
-        log_warn("queue depths: SCAN on %s failed: %.*s", l->f->up->name,
-                 (int)(len > 120 ? 120 : len), reply);
+        log_warn("queue depths: SCAN on %s failed: %.*s",
+                 l->f->cluster != NULL ? l->up->name : l->f->up->name, (int)(len > 120 ? 120 : len),
+                 reply);
     }
     if (rr != NULL) {
         freeReplyObject(rr);
@@ -356,7 +416,31 @@ static void start_round(struct queues *qs, link *l)
     const config *cfg = qs->f->cfg;
     char count[24];
     qs->round++;
-    qs->round_epoch = qs->f->up->epoch;
+    if (qs->f->cluster != NULL) {
+        if (qs->npending > 0) {
+            probe_pending(qs, NULL);
+            return;
+        }
+        if (qs->shard < 0) {
+            qs->shard = clustermap_next_first_slot(qs->f->cluster, -1);
+        }
+        upstream *up = qs->shard >= 0 ? clustermap_route(qs->f->cluster, qs->shard) : NULL;
+        l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
+        if (l == NULL || l->state != LINK_READY) {
+            if (qs->shard >= 0) {
+                qs->skipped = 1; /* no master now: passed over, its keys kept */
+                next_shard(qs);
+            }
+            return;
+        }
+        if (up != qs->scanned || up->epoch != qs->round_epoch) {
+            snprintf(qs->cursor, sizeof(qs->cursor), "0");
+        }
+        qs->scanned = up;
+        qs->round_epoch = up->epoch;
+    } else {
+        qs->round_epoch = qs->f->up->epoch;
+    }
     if (qs->npending > 0) {
         probe_pending(qs, l);
         return;
@@ -373,6 +457,21 @@ void queues_tick(ferry *f, uint64_t now)
 {
     struct queues *qs = f->queues;
     upstream *up = f->up;
+    if (qs != NULL && !f->stopping && f->cluster != NULL) {
+        /* Cluster mode: while any master is up; each call finds its own. */
+        upstream *any = clustermap_route(f->cluster, -1);
+        int usable = any != NULL && any->state == UP_UP;
+        if (usable != qs->active) {
+            qs->active = usable;
+            log_info("queue depths: sampling %s",
+                     usable ? "runs on the cluster's masters" : "paused (no master)");
+        }
+        if (usable && qs->in_flight == 0 && now >= qs->next_round_ms) {
+            qs->next_round_ms = now + f->cfg->queue_depths_interval_ms;
+            start_round(qs, NULL);
+        }
+        return;
+    }
     if (qs == NULL || f->stopping || up == NULL) {
         return;
     }
@@ -406,6 +505,7 @@ void queues_open(ferry *f)
     }
     struct queues *qs = xcalloc(1, sizeof(*qs));
     qs->f = f;
+    qs->shard = -1;
     snprintf(qs->cursor, sizeof(qs->cursor), "0");
     f->queues = qs;
 }

@@ -3,7 +3,12 @@
  * GET-MASTER-ADDR-BY-NAME). Per entry of queues:, the keys its globs match
  * (SCAN MATCH, at most MAX_KEYS per glob) that are lists, each with its
  * length and, with leases, its processing list's length, its open leases
- * and its dead letter's length; then the consumers paused now. */
+ * and its dead letter's length; then the consumers paused now.
+ *
+ * Cluster mode: the masters CLUSTER SLOTS names on the first seed node that
+ * answers; each glob is scanned on every master, and each key's figures are
+ * read where SCAN found it (a lease's keys are in its queue's slot); the
+ * paused consumers from the master serving their key. */
 #include "queues_report.h"
 
 #include <hiredis/hiredis.h>
@@ -16,6 +21,7 @@
 
 #define MAX_KEYS 10000 /* keys listed per glob */
 #define TIMEOUT_S 2
+#define MAX_MASTERS 64
 
 static redisContext *connect_to(const config_addr *a)
 {
@@ -140,12 +146,9 @@ static void one_key(redisContext *c, const config_queue *q, const char *key, siz
     fputc('\n', out);
 }
 
-int queues_report(const config *cfg, FILE *out, char *err, size_t errlen)
+/* The report of every queues entry, with the keys found on the n masters cs. */
+static int report(redisContext **cs, int n, const config *cfg, FILE *out, char *err, size_t errlen)
 {
-    redisContext *c = master(cfg, err, errlen);
-    if (c == NULL) {
-        return -1;
-    }
     for (int i = 0; i < cfg->nqueues; i++) {
         const config_queue *q = &cfg->queues[i];
         fprintf(out, "queues[%d] keys=", i);
@@ -161,35 +164,46 @@ int queues_report(const config *cfg, FILE *out, char *err, size_t errlen)
         }
         fputc('\n', out);
         for (int g = 0; g < q->nkeys; g++) {
-            char cursor[32] = "0";
             size_t seen = 0;
-            do {
-                redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, q->keys[g]);
-                if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-                    snprintf(err, errlen, "SCAN failed: %s",
-                             r != NULL && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
-                    if (r != NULL) {
-                        freeReplyObject(r);
+            for (int m = 0; m < n && seen < MAX_KEYS; m++) {
+                redisContext *c = cs[m];
+                char cursor[32] = "0";
+                do {
+                    redisReply *r =
+                        redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, q->keys[g]);
+                    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+                        snprintf(err, errlen, "SCAN failed: %s",
+                                 r != NULL && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
+                        if (r != NULL) {
+                            freeReplyObject(r);
+                        }
+                        return -1;
                     }
-                    redisFree(c);
-                    return -1;
-                }
-                snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
-                for (size_t k = 0; k < r->element[1]->elements && seen < MAX_KEYS; k++, seen++) {
-                    const redisReply *key = r->element[1]->element[k];
-                    one_key(c, q, key->str, key->len, out);
-                }
-                freeReplyObject(r);
-            } while (strcmp(cursor, "0") != 0 && seen < MAX_KEYS);
+                    snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+                    for (size_t k = 0; k < r->element[1]->elements && seen < MAX_KEYS;
+                         k++, seen++) {
+                        const redisReply *key = r->element[1]->element[k];
+                        one_key(c, q, key->str, key->len, out);
+                    }
+                    freeReplyObject(r);
+                } while (strcmp(cursor, "0") != 0 && seen < MAX_KEYS);
+            }
         }
     }
-    redisReply *p =
-        redisCommand(c, "EVAL %s 1 ferry:consumers:paused",
-                     "local t = redis.call('TIME') "
-                     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
-                     "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'WITHSCORES') "
-                     "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end "
-                     "return r");
+    /* The paused set: from the master serving its key (others answer MOVED). */
+    redisReply *p = NULL;
+    for (int m = 0; m < n && (p == NULL || p->type != REDIS_REPLY_ARRAY); m++) {
+        if (p != NULL) {
+            freeReplyObject(p);
+        }
+        p = redisCommand(cs[m], "EVAL %s 1 ferry:consumers:paused",
+                         "local t = redis.call('TIME') "
+                         "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
+                         "local r = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', "
+                         "'WITHSCORES') "
+                         "for i = 2, #r, 2 do r[i] = tostring(tonumber(r[i]) - now) end "
+                         "return r");
+    }
     fprintf(out, "consumers paused:");
     for (size_t i = 0; p != NULL && p->type == REDIS_REPLY_ARRAY && i + 1 < p->elements; i += 2) {
         fprintf(out, " %s (%s ms left)", p->element[i]->str, p->element[i + 1]->str);
@@ -198,6 +212,85 @@ int queues_report(const config *cfg, FILE *out, char *err, size_t errlen)
     if (p != NULL) {
         freeReplyObject(p);
     }
-    redisFree(c);
     return 0;
+}
+
+/* Cluster mode: a connection to each master CLUSTER SLOTS names on the
+ * first seed node that answers; returns how many (0: err is set). */
+static int cluster_masters(const config *cfg, redisContext **cs, char *err, size_t errlen)
+{
+    int n = 0;
+    snprintf(err, errlen, "no node of cluster.nodes answered CLUSTER SLOTS");
+    for (int i = 0; i < cfg->ncluster_nodes && n == 0; i++) {
+        redisContext *seed = connect_to(&cfg->cluster_nodes[i]);
+        redisReply *r = NULL;
+        if (seed != NULL && seed->err == 0 &&
+            auth(seed, cfg->redis_username, cfg->redis_password) == 0) {
+            r = redisCommand(seed, "CLUSTER SLOTS");
+        }
+        for (size_t j = 0; r != NULL && r->type == REDIS_REPLY_ARRAY && j < r->elements; j++) {
+            const redisReply *range = r->element[j];
+            if (range->type != REDIS_REPLY_ARRAY || range->elements < 3 ||
+                range->element[2]->type != REDIS_REPLY_ARRAY || range->element[2]->elements < 2 ||
+                range->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+                range->element[2]->element[1]->type != REDIS_REPLY_INTEGER) {
+                continue;
+            }
+            config_addr a;
+            memset(&a, 0, sizeof(a));
+            snprintf(a.host, sizeof(a.host), "%s", range->element[2]->element[0]->str);
+            if (a.host[0] == '\0') {
+                snprintf(a.host, sizeof(a.host), "%s", cfg->cluster_nodes[i].host);
+            }
+            a.port = (int)range->element[2]->element[1]->integer;
+            int dup = 0;
+            for (int k = 0; k < n; k++) {
+                dup |= strcmp(cs[k]->tcp.host, a.host) == 0 && cs[k]->tcp.port == a.port;
+            }
+            if (dup || n == MAX_MASTERS) {
+                continue;
+            }
+            redisContext *c = connect_to(&a);
+            if (c == NULL || c->err != 0 ||
+                auth(c, cfg->redis_username, cfg->redis_password) != 0) {
+                snprintf(err, errlen, "cannot use the master %s:%d: %s", a.host, a.port,
+                         c != NULL && c->err != 0 ? c->errstr : "refused redis.password");
+                if (c != NULL) {
+                    redisFree(c);
+                }
+                for (int k = 0; k < n; k++) {
+                    redisFree(cs[k]);
+                }
+                n = 0;
+                break;
+            }
+            cs[n++] = c;
+        }
+        if (r != NULL) {
+            freeReplyObject(r);
+        }
+        if (seed != NULL) {
+            redisFree(seed);
+        }
+    }
+    return n;
+}
+
+int queues_report(const config *cfg, FILE *out, char *err, size_t errlen)
+{
+    redisContext *cs[MAX_MASTERS];
+    int n = 0;
+    if (cfg->has_cluster) {
+        n = cluster_masters(cfg, cs, err, errlen);
+    } else if ((cs[0] = master(cfg, err, errlen)) != NULL) {
+        n = 1;
+    }
+    if (n == 0) {
+        return -1;
+    }
+    int rc = report(cs, n, cfg, out, err, errlen);
+    for (int i = 0; i < n; i++) {
+        redisFree(cs[i]);
+    }
+    return rc;
 }

@@ -779,8 +779,8 @@ class ClusterRouteConfigTest(unittest.TestCase):
 
     def test_refused_with_cluster(self):
         for text, words in (('client:\n  auth: redis\n', 'client.auth redis is refused'),
-                            ('queues:\n  - keys: [q]\n    processing: "{key}:p"\n',
-                             'cluster mode has no leases yet')):
+                            ('queues:\n  - keys: [q]\n    processing: "{p}{key}"\n',
+                             "no '{' may come before {key}")):
             rc, out = self.check(text)
             self.assertEqual(rc, 1, (text, out))
             self.assertIn(words, out, text)

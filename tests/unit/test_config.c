@@ -964,6 +964,12 @@ static void test_errors_semantic(void **state)
          "t.yml:2:10: ", "a cluster node is a host:port"},
         {"cluster:\n  nodes: [1.2.3.4:7000]\n  refresh_interval_ms: 0\n",
          "t.yml:3:", "refresh_interval_ms"},
+        /* Leases with cluster: no '{' before {key} (docs/cluster.md "Leases"). */
+        {"cluster: {nodes: [1.2.3.4:7000]}\nqueues: [{keys: a, processing: \"{p}{key}\"}]\n",
+         "t.yml:1:1: ", "queues[0].processing: with cluster, no '{' may come before {key}"},
+        {"cluster: {nodes: [1.2.3.4:7000]}\n"
+         "queues: [{keys: a, processing: \"{key}:p\", dead_letter: \"d{x}:{key}\"}]\n",
+         "t.yml:1:1: ", "queues[0].dead_letter: with cluster, no '{' may come before {key}"},
 
         {"listen: 127.0.0.1:6380\nsentinel:\n  addresses: [1.2.3.4:26379]\n",
          "t.yml:2:1: ", "sentinel.master must be set"},
