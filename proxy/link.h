@@ -93,6 +93,8 @@ typedef struct link {
     size_t tls_batch[LINK_TLS_INFLIGHT];
     int tls_nbatch;
     int lease_scripts; /* the leases' SCRIPT LOADs were queued on it (lease.c) */
+    void *script_marks; /* scripts.c: the remembered scripts its server was given (plain
+                           memory, freed with the link) */
 } link;
 
 /* Open a link of this kind to up's current target speaking RESP proto (2 or
