@@ -494,7 +494,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
                      uint64_t base_id)
 {
     core_setup(f, loop, cfg);
-    f->tls = workers_main_ctx(wk)->tls; /* the contexts are every loop's */
+    f->tls = workers_main_ctx(wk)->tls;         /* the contexts are every loop's */
     f->scripts = workers_main_ctx(wk)->scripts; /* one memory for every loop */
     f->workers = wk;
     f->worker_index = index;
