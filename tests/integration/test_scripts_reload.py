@@ -9,8 +9,8 @@ socket or with redis-py's execute_command: no library falls back to EVAL.
     1. SCRIPT FLUSH on the master itself: an EVALSHA through ferry on a
        connection whose link had the script, and on a fresh one, answers
        the script's result; /stats counts the SCRIPT LOADs ferry sent.
-    2. An EVALSHA of a sha nobody loaded gets -NOSCRIPT, as from Redis.
-    3. kill -9 of the master: after the failover, EVALSHA of a script
+       An EVALSHA of a sha nobody loaded gets -NOSCRIPT, as from Redis.
+    2. kill -9 of the master: after the failover, EVALSHA of a script
        loaded with SCRIPT LOAD and of one run with EVAL answer their
        results; a pipeline of EVALSHA, SET, GET, EVALSHA_RO... on a raw
        socket gets every reply in order, each the right one.
@@ -89,8 +89,7 @@ class SentinelScriptsTest(unittest.TestCase):
             after['noscript_resent'] - before['noscript_resent']), flush=True)
         self.assertGreater(after['scripts_reloaded'], before['scripts_reloaded'])
         self.assertEqual(self.topo.master().client().script_exists(sha), [True])
-
-    def test_2_unknown_sha_is_noscript(self):
+        # A sha nobody loaded: Redis' NOSCRIPT, as without ferry.
         s = self.ferry.raw()
         try:
             reply = ask(s, 'EVALSHA', 'f' * 40, '0')
@@ -100,7 +99,7 @@ class SentinelScriptsTest(unittest.TestCase):
         finally:
             s.close()
 
-    def test_3_kill9_master(self):
+    def test_2_kill9_master(self):
         c = self.ferry.client()
         sha_incr = c.execute_command('SCRIPT', 'LOAD', INCR)
         sha_read = c.execute_command('SCRIPT', 'LOAD', READ)
