@@ -113,19 +113,6 @@ void scripts_free(scripts *m)
     free(m);
 }
 
-void scripts_size(scripts *m, size_t *count, size_t *bytes)
-{
-    *count = 0;
-    *bytes = 0;
-    if (m == NULL) {
-        return;
-    }
-    uv_mutex_lock(&m->lock);
-    *count = m->count;
-    *bytes = m->bytes;
-    uv_mutex_unlock(&m->lock);
-}
-
 void scripts_sha1_hex(const char *p, size_t n, char out[41])
 {
     static const char hex[] = "0123456789abcdef";
@@ -252,7 +239,7 @@ static void grow(scripts *m)
  * bound. Returns 1 when it is remembered. */
 static int remember(scripts *m, const char sha[41], const char *body, size_t n)
 {
-    if (m == NULL || n > m->max_bytes) {
+    if (m == NULL || m->max_bytes == 0 || n > m->max_bytes) {
         return 0;
     }
     uv_mutex_lock(&m->lock);
@@ -443,8 +430,8 @@ typedef enum script_kind {
 static script_kind kind_of(const request *r)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : NULL;
-    if (name == NULL || (r->flags & REQ_F_INTERNAL)) {
-        return SK_NONE;
+    if (name == NULL || (name[0] != 'e' && name[0] != 's') || (r->flags & REQ_F_INTERNAL)) {
+        return SK_NONE; /* the common case, at the cost of one comparison */
     }
     if (strcmp(name, "evalsha") == 0 || strcmp(name, "evalsha_ro") == 0) {
         return SK_EVALSHA;

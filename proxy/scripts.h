@@ -22,8 +22,6 @@ typedef struct scripts scripts;
 /* A memory bounded to max_bytes of bodies (0: it remembers nothing). */
 scripts *scripts_new(size_t max_bytes);
 void scripts_free(scripts *m);
-/* What it holds now (the stats port): scripts and bytes of their bodies. */
-void scripts_size(scripts *m, size_t *count, size_t *bytes);
 
 /* The SHA1 of n bytes at p, as Redis names a script: 40 lowercase hex
  * digits and a NUL in out. */
