@@ -14,6 +14,8 @@ socket or with redis-py's execute_command: no library falls back to EVAL.
        loaded with SCRIPT LOAD and of one run with EVAL answer their
        results; a pipeline of EVALSHA, SET, GET, EVALSHA_RO... on a raw
        socket gets every reply in order, each the right one.
+  FixedScriptsTest (a fixed master): the master restarted (its script cache
+    empty): EVALSHA answers; SCRIPT FLUSH through ferry forgets the script.
   ClusterScriptsTest (ClusterTopology: 3 masters + 3 replicas, one ferry):
     SCRIPT LOAD through ferry, kill -9 of a master: an EVALSHA on a key of
     that shard answers the script's result once its replica is promoted.
@@ -28,7 +30,8 @@ import urllib.request
 import redis
 
 import harness
-from harness import (ClusterTopology, Ferry, RespError, SentinelTopology, resp_encode,
+from harness import (ClusterTopology, Ferry, RedisServer, RespError, SentinelTopology,
+                     resp_encode,
                      resp_read_reply, resp_send, wait_until)
 
 INCR = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
@@ -136,6 +139,37 @@ class SentinelScriptsTest(unittest.TestCase):
         self.assertTrue(str(got[5]).startswith('NOSCRIPT'), got[5])
         self.assertEqual(got[6:], [b'echo:z', b'a'])
         self.assertEqual(new.client().get('k9:p'), '11')
+
+
+@unittest.skipIf(harness.DIRECT, 'ferry-only: Redis itself answers NOSCRIPT')
+class FixedScriptsTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = RedisServer()
+        try:
+            cls.ferry = Ferry(cls.redis, conf={'upstream': {'hold_timeout_ms': 20000}})
+        except BaseException:
+            cls.redis.kill()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.redis.kill()
+
+    def test_master_restarted(self):
+        c = self.ferry.client()
+        sha = c.execute_command('SCRIPT', 'LOAD', INCR)
+        self.assertEqual(c.execute_command('EVALSHA', sha, 1, 'fx:n', 1), 1)
+        self.redis.restart()
+        self.assertEqual(self.redis.client().script_exists(sha), [False])
+        # ferry enforces appendfsync always: the INCRBY before the kill is kept.
+        self.assertEqual(c.execute_command('EVALSHA', sha, 1, 'fx:n', 2), 3)
+        # SCRIPT FLUSH through ferry forgets it: Redis' NOSCRIPT again.
+        self.assertTrue(c.execute_command('SCRIPT', 'FLUSH'))
+        with self.assertRaises(redis.exceptions.NoScriptError):
+            c.execute_command('EVALSHA', sha, 1, 'fx:n', 2)
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only: Redis itself answers NOSCRIPT')
