@@ -17,7 +17,9 @@ socket or with redis-py's execute_command: no library falls back to EVAL.
   FixedScriptsTest (a fixed master): the master restarted (its script cache
     empty): EVALSHA answers; SCRIPT FLUSH through ferry forgets the script.
   ClusterScriptsTest (ClusterTopology: 3 masters + 3 replicas, one ferry):
-    SCRIPT LOAD through ferry, kill -9 of a master: an EVALSHA on a key of
+    1. 5 slots resharded to a master flushed behind ferry's back: an
+       EVALSHA on a key of a moved slot answers the script's result.
+    2. SCRIPT LOAD through ferry, kill -9 of a master: an EVALSHA on a key of
     that shard answers the script's result once its replica is promoted.
 
 Run:  python3 -m unittest test_scripts_reload -v        (about 40 s)
@@ -31,8 +33,8 @@ import redis
 
 import harness
 from harness import (ClusterTopology, Ferry, RedisServer, RespError, SentinelTopology,
-                     resp_encode,
-                     resp_read_reply, resp_send, wait_until)
+                     resp_encode, resp_read_reply, resp_send, wait_until)
+from test_queue_guards import keyslot
 
 INCR = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 ECHO = "return 'echo:' .. ARGV[1]"
@@ -192,10 +194,27 @@ class ClusterScriptsTest(unittest.TestCase):
         cls.ferry.stop()
         cls.cluster.stop()
 
-    def test_kill9_master_then_evalsha(self):
+    def setUp(self):
         wait_until(lambda: (lambda d: len(d['cluster']['shards']) == 3 and all(
             sh['up'] for sh in d['cluster']['shards']))(stats(self.ferry)),
             timeout=20, interval=0.1, msg='every shard UP in ferry')
+
+    def test_1_slots_moved_to_a_master_that_lacks_the_script(self):
+        c = self.ferry.client(socket_timeout=30)
+        sha = c.execute_command('SCRIPT', 'LOAD', INCR)
+        a, b = self.cluster.masters()[:2]
+        before = self.cluster.wait_consistent()
+        # b loses its scripts behind ferry's back (as a master added later,
+        # or restarted, has none), then gets slots of a.
+        self.cluster.node_by_port(b).client().script_flush()
+        after = self.cluster.reshard(a, b, 5)
+        moved = {sl for sl, p in after.items() if p == b and before.get(sl) == a}
+        self.assertTrue(moved)
+        key = next(k for k in ('rs:%d' % i for i in range(1000000)) if keyslot(k) in moved)
+        self.assertEqual(c.execute_command('EVALSHA', sha, 1, key, 4), 4)
+        self.assertEqual(self.cluster.node_by_port(b).client().script_exists(sha), [True])
+
+    def test_2_kill9_master_then_evalsha(self):
         c = self.ferry.client(socket_timeout=30)
         sha = c.execute_command('SCRIPT', 'LOAD', INCR)
         self.assertEqual(sha, sha1(INCR))
