@@ -453,6 +453,17 @@ const conf_entry conf_table[] = {
      CONF_FIELD(max_memory),
      .min = 0,
      .max = CONF_SIZE_MAX},
+    {.key = "scripts",
+     .doc = "the Lua scripts ferry remembers to load on a server that lacks them",
+     .type = CONF_SECTION},
+    {.key = "scripts.remember_max_bytes",
+     .doc = "bytes of script bodies (SCRIPT LOAD, EVAL) ferry remembers, least recently used "
+            "dropped past it, to load them on a new or flushed master ahead of an EVALSHA; "
+            "0: none",
+     .type = CONF_SIZE,
+     CONF_FIELD(scripts_remember_max_bytes),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
 
     {.key = "upstream", .doc = "links from ferry to the master", .type = CONF_SECTION},
     {.key = "upstream.shared_links",
@@ -1092,6 +1103,7 @@ void config_defaults(config *cfg)
     cfg->pubsub_output_limit.soft = (size_t)8 << 20;
     cfg->pubsub_output_limit.soft_seconds = 60;
     cfg->max_memory = 0;
+    cfg->scripts_remember_max_bytes = (size_t)8 << 20;
     cfg->shared_links = 1;
     cfg->workers = 1;
     cfg->pool_idle = 16;

@@ -152,6 +152,9 @@ typedef struct config {
     /* limits: ferry as a whole */
     size_t max_memory; /* limits.max_memory (0 = none): bytes held for clients */
 
+    /* scripts: what ferry remembers of the clients' Lua scripts (scripts.c) */
+    size_t scripts_remember_max_bytes; /* scripts.remember_max_bytes (8mb; 0 = none) */
+
     /* workers: event loops, each with its own clients and links to the master */
     int workers; /* workers (1; "auto" = cores - 1, at most CONFIG_AUTO_WORKERS) */
 

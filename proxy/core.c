@@ -23,6 +23,7 @@
 #include "shard.h"
 #include "session.h"
 #include "takeover.h"
+#include "scripts.h"
 #include "tls.h"
 #include "upstream.h"
 #include "workers.h"
@@ -493,7 +494,8 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
                      uint64_t base_id)
 {
     core_setup(f, loop, cfg);
-    f->tls = workers_main_ctx(wk)->tls; /* the contexts are every loop's */
+    f->tls = workers_main_ctx(wk)->tls;         /* the contexts are every loop's */
+    f->scripts = workers_main_ctx(wk)->scripts; /* one memory for every loop */
     f->workers = wk;
     f->worker_index = index;
     f->id_step = (uint64_t)cfg->workers;
@@ -518,6 +520,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
 {
     core_setup(f, loop, cfg);
     f->tls = roles;
+    f->scripts = scripts_new(cfg->scripts_remember_max_bytes);
     f->takeover = tk;
     raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);
@@ -588,6 +591,10 @@ void core_release(ferry *f)
     stats_free(f);
     queues_free(f);
     lease_free(f);
+    if (f->worker_index == 0) {
+        scripts_free(f->scripts); /* the workers' loops have ended (workers_join) */
+    }
+    f->scripts = NULL;
     core_free_buffers(f);
     takeover_free(f);
 }

@@ -88,6 +88,9 @@ enum {
                   whether it has it (fence.c) */
 #define REQ_F_LEASE_ACK (1u << 13)  /* an LREM sent as the leases' ack script (lease.c) */
 #define REQ_F_LEASE_EVAL (1u << 14) /* Redis lacked the ack script: sent as EVAL from now on */
+#define REQ_F_SCRIPT_AGAIN                                                                         \
+    (1u << 15) /* an EVALSHA answered NOSCRIPT, sent again with its script loaded ahead            \
+                  (scripts.c): once only */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its
@@ -200,6 +203,8 @@ typedef struct ferry {
     struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
                                        the expiry on the main loop; NULL if no queues:
                                        entry has processing */
+    struct scripts *scripts;        /* scripts.c: the scripts clients loaded, one memory
+                                       for every loop (created by the main loop's) */
     struct queues *queues;          /* queue depths sampler (queues.c), main loop, NULL if
                                        no queues: are configured */
     /* Upward calls of the lower modules, set by core at start-up: they call

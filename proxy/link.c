@@ -902,5 +902,6 @@ static void link_close_cb(uv_handle_t *h)
     outq_free(&l->out);
     buf_free(&l->in);
     buf_free(&l->gate);
+    free(l->script_marks);
     free(l);
 }

@@ -44,6 +44,7 @@
 #include "outage.h"
 #include "router_int.h"
 #include "router_pubsub.h"
+#include "scripts.h"
 #include "split.h"
 #include "standin.h"
 #include "tx.h"
@@ -866,6 +867,9 @@ static int dispatch_one(session *s, request *r)
          * it, Redis would queue the WAIT in the client's transaction. */
         fence_wait(target);
     }
+    /* An EVALSHA of a script this link's server was not given: its SCRIPT
+     * LOAD goes right ahead of it (scripts.c), before an ASKING. */
+    scripts_ahead(s, r, target);
     if (r->ask != NULL) {
         /* The node a slot is migrating to serves this one command after
          * ASKING, on the same link, right before it. */
@@ -1047,6 +1051,10 @@ static int split_on_reply(session *s, request *r, const char *p, size_t n)
 void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
+    if (scripts_on_reply(s, r, via, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* the EVALSHA again, its script loaded ahead */
+        return;
+    }
     if (lease_noscript(r, p, n)) {
         guard_again(s, r, GUARD_RESEND); /* the ack again, as EVAL */
         return;

@@ -131,6 +131,13 @@ typedef enum stat_type {
       "open MULTI transactions rebuilt on a new link after a lost one")                            \
     X(errors, transactions_watch_lost, COUNTER, "ferry_transactions_watch_lost_total",             \
       "EXEC answered with the null reply because the WATCH was lost with its link")                \
+    X(errors, scripts_reloaded, COUNTER, "ferry_scripts_reloaded_total",                           \
+      "SCRIPT LOADs of a remembered script ferry sent ahead of an EVALSHA on a link that "         \
+      "had not carried it (once per link and script; a promoted master's links, a flushed "        \
+      "server's)")                                                                                 \
+    X(errors, noscript_resent, COUNTER, "ferry_noscript_resent_total",                             \
+      "EVALSHAs answered NOSCRIPT that ferry sent again with their script loaded ahead "           \
+      "(the client never saw that NOSCRIPT)")                                                      \
     X(errors, requests_tryagain, COUNTER, "ferry_requests_tryagain_total",                         \
       "requests answered -TRYAGAIN (no master, or Redis refusing, for hold_timeout_ms; hold "      \
       "buffer full)")                                                                              \
