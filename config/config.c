@@ -987,11 +987,6 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
             }
         }
         /* What cluster mode does not do yet (docs/cluster.md). */
-        if (cfg->client_auth == CLIENT_AUTH_REDIS) {
-            return conf_key_error(ctx, "client.auth", 1,
-                                  "cluster mode does not check clients with Redis ACL users yet: "
-                                  "client.auth redis is refused with cluster");
-        }
         for (int i = 0; i < cfg->nqueues; i++) {
             if (cfg->queues[i].processing != NULL) {
                 return conf_key_error(ctx, "queues", 1,
