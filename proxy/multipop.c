@@ -100,8 +100,8 @@ typedef struct multipop {
                        ferry's own; held, with its identities on other views (held[]) */
     ident **held;
     int nheld;
-    int refs;       /* commands out (each has a ticket) */
-    int closing;    /* the timer handle is closing: freed in its callback */
+    int refs;    /* commands out (each has a ticket) */
+    int closing; /* the timer handle is closing: freed in its callback */
     uv_timer_t timer;
 } multipop;
 

@@ -112,7 +112,8 @@ typedef struct session {
                                   the master view that checked its AUTH */
     struct ident **ident_on;   /* cluster mode: the same user on the other shards' master
                                   views it sent to, each held (acl.c) */
-    int nident_on, ident_on_cap;
+    int nident_on;             /* entries in ident_on */
+    int ident_on_cap;          /* its room */
     int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
     int reading;               /* uv_read_start active */
     int fresh;                 /* accepted on a plain listener, nothing read yet: its first

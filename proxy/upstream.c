@@ -469,7 +469,8 @@ void upstream_ident_rejected(link *l, const char *why)
         list_foreach_safe(n, t, &up->f->sessions)
         {
             session *s = list_entry(n, session, node);
-            if (s->ident != NULL && s->ident->user != NULL && strcmp(s->ident->user, id->user) == 0) {
+            if (s->ident != NULL && s->ident->user != NULL &&
+                strcmp(s->ident->user, id->user) == 0) {
                 /* (cluster mode: its user on any shard's master view) */
                 up->f->shard_ops->close_session(s, reason);
             }
@@ -598,7 +599,8 @@ void upstream_put_back(link *l, const char *why)
 
 link *upstream_lend(upstream *up, session *s)
 {
-    link *l = pool_take(up, s->ident != NULL ? upstream_ident_on(up, s->ident) : &up->self, s->proto);
+    link *l =
+        pool_take(up, s->ident != NULL ? upstream_ident_on(up, s->ident) : &up->self, s->proto);
     if (l == NULL) {
         return NULL;
     }
