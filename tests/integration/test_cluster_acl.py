@@ -12,6 +12,9 @@ and replicas (ACL users are per node: a promoted replica must know them).
      what the masters list for it; SCAN through ferry lists what the
      masters list for the user.
   3. A wrong password, or an unknown user, is refused with Redis' words.
+     Pub/sub as the user: its channels only. With durability.replicas_ack
+     the user's writes are confirmed by WAIT on the user's links; a user
+     who may not run WAIT is refused at AUTH, as in Sentinel mode.
   4. kill -9 of one master under the user's writes on keys of every shard:
      0 errors, every acknowledged write on the promoted replica.
 
@@ -29,15 +32,18 @@ from harness import ClusterTopology, Ferry, RespError, resp_read_reply, resp_sen
 
 HOLD_MS = 30000
 TIMEOUT = 30
-USERS = (('app', 'apass', ['~app:*', '+@all', '-keys']),
-         ('lister', 'lpass', ['~app:*', '+@all']))
+USERS = (('app', 'apass', ['~app:*', '&app:*', '+@all', '-keys']),
+         ('lister', 'lpass', ['~app:*', '+@all']),
+         ('nw', 'npass', ['~app:*', '+@all', '-wait']))
 
 
-def start_ferry(cluster):
+def start_ferry(cluster, replicas_ack=None):
     conf = {'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': 200,
                         'timeout_ms': 1000},
             'upstream': {'hold_timeout_ms': HOLD_MS},
             'client': {'auth': 'redis'}}
+    if replicas_ack is not None:
+        conf['durability'] = {'replicas_ack': replicas_ack}
     return Ferry(None, wait='port', conf=conf)
 
 
@@ -228,6 +234,56 @@ class ClusterAclTest(unittest.TestCase):
             if cursor == b'0':
                 break
         self.assertEqual(got, want)
+
+    def test_pubsub_as_user(self):
+        port = self.cluster.masters()[0]
+        sub = self.login()
+        self.assertEqual(sub.call('SUBSCRIBE', 'app:ch'), [b'subscribe', b'app:ch', 1])
+        pub = self.login()
+        got = {}
+
+        def publish_seen():
+            self.assertIsInstance(pub.call('PUBLISH', 'app:ch', 'hello'), int)
+            sub.s.settimeout(0.5)
+            try:
+                got['m'] = resp_read_reply(sub.s, 0.5)
+            except (socket.timeout, TimeoutError):
+                return False
+            finally:
+                sub.s.settimeout(TIMEOUT)
+            return True
+        wait_until(publish_seen, timeout=20, interval=0.1, msg='the message through ferry')
+        self.assertEqual(got['m'], [b'message', b'app:ch', b'hello'])
+        other = self.login()
+        said = self.node(port, 'app', 'apass').call('SUBSCRIBE', 'other:ch')
+        self.assertIsInstance(said, RespError)
+        self.assertEqual(other.call('SUBSCRIBE', 'other:ch'), said)
+        self.assertEqual(pub.call('PUBLISH', 'other:ch', 'x'),
+                         self.node(port, 'app', 'apass').call('PUBLISH', 'other:ch', 'x'))
+
+    def test_wait_on_user_links(self):
+        f = start_ferry(self.cluster, replicas_ack=1)
+        self.addCleanup(f.stop)
+        c = Conn(f.port)
+        self.addCleanup(c.close)
+        wait_until(lambda: c.call('AUTH', 'app', 'apass') == 'OK', timeout=30, interval=0.2,
+                   msg='ferry checking user app')
+        per = keys_by_master(self.cluster, 'app:wait:', 1)
+
+        def waits():
+            return sum(self.cluster.node_by_port(p).client().info('commandstats')
+                       .get('cmdstat_wait', {}).get('calls', 0) for p in per)
+        before = waits()
+        for port, (k,) in per.items():
+            self.assertEqual(c.call('SET', k, 'w'), 'OK')
+            self.assertEqual(self.node(port).call('GET', k), b'w')
+        self.assertGreaterEqual(waits() - before, len(per))
+        # a user who may not run WAIT is refused at AUTH, with ferry's words
+        n = Conn(f.port)
+        self.addCleanup(n.close)
+        said = n.call('AUTH', 'nw', 'npass')
+        self.assertIsInstance(said, RespError)
+        self.assertTrue(str(said).startswith("NOPERM ferry: user 'nw' may not run WAIT"), said)
 
     def test_wrong_password(self):
         port = self.cluster.masters()[0]
