@@ -15,8 +15,10 @@ and replicas (ACL users are per node: a promoted replica must know them).
      Pub/sub as the user: its channels only. With durability.replicas_ack
      the user's writes are confirmed by WAIT on the user's links; a user
      who may not run WAIT is refused at AUTH, as in Sentinel mode.
-  4. kill -9 of one master under the user's writes on keys of every shard:
-     0 errors, every acknowledged write on the promoted replica.
+  4. kill -9 of the master that checks AUTH (slot 0's), then of another,
+     under the user's writes on keys of every shard, a new client
+     authenticating during each: 0 errors, every acknowledged write on the
+     promoted replicas.
 
 Run:  python3 -m unittest test_cluster_acl -v        (about 40 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); FERRY_TEST_WORKERS=4 runs
@@ -317,13 +319,16 @@ class ClusterAclFailoverTest(unittest.TestCase):
         cls.cluster.stop()
 
     def test_kill_master_user_writes_resume(self):
+        """kill -9 of the master of slot 0 (the shard ferry checks AUTH on
+        first: the users' links of the AUTH check are on it), then of
+        another shard's master, under the user's writes on every shard; a
+        new client authenticates during each failover."""
         per = keys_by_master(self.cluster, 'app:f:', 3)
         keys = [k for ks in per.values() for k in ks]
-        victim = self.cluster.masters()[-1]
         stop = threading.Event()
         lock = threading.Lock()
         errors, pushed = [], []
-        after_kill = {}  # key -> acknowledged pushes after the kill
+        since = {}  # key -> acknowledged pushes since the last kill
 
         def user_client():
             return self.ferry.client(username='app', password='apass',
@@ -333,7 +338,6 @@ class ClusterAclFailoverTest(unittest.TestCase):
         wait_until(lambda: all(c.delete(k) >= 0 for k in keys), timeout=30, interval=0.2,
                    msg='ferry serving user app on every shard')
         c.close()
-        killed = threading.Event()
 
         def producer(idx):
             cl = user_client()
@@ -351,8 +355,7 @@ class ClusterAclFailoverTest(unittest.TestCase):
                         return
                     with lock:
                         pushed.append((k, v))
-                        if killed.is_set():
-                            after_kill[k] = after_kill.get(k, 0) + 1
+                        since[k] = since.get(k, 0) + 1
                     time.sleep(0.005)
             finally:
                 cl.close()
@@ -360,23 +363,29 @@ class ClusterAclFailoverTest(unittest.TestCase):
         threads = [threading.Thread(target=producer, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
+        owners = dict(per)
         try:
             wait_until(lambda: len(pushed) >= 100 or errors, timeout=30, interval=0.05,
                        msg='pushes before the kill')
-            self.cluster.kill_master(victim)
-            killed.set()
-            promoted = self.cluster.wait_promoted(victim)
-            # the user's writes on the failed shard resume on the promoted replica
-            wait_until(lambda: errors or all(after_kill.get(k, 0) >= 5 for k in per[victim]),
-                       timeout=HOLD_MS / 1000, interval=0.05,
-                       msg="the user's writes on the failed shard resuming")
+            for victim in (self.cluster.master_of(0), self.cluster.master_of(16383)):
+                with lock:
+                    since.clear()
+                self.cluster.kill_master(victim)
+                # a new client authenticates meanwhile (checked by an UP master)
+                late = user_client()
+                self.assertTrue(late.ping())
+                late.close()
+                promoted = self.cluster.wait_promoted(victim)
+                owners[promoted] = owners.pop(victim)
+                # the user's writes on the failed shard resume on the promoted replica
+                wait_until(lambda: errors or all(since.get(k, 0) >= 5 for k in owners[promoted]),
+                           timeout=HOLD_MS / 1000, interval=0.05,
+                           msg="the user's writes on the failed shard resuming")
         finally:
             stop.set()
             for t in threads:
                 t.join(HOLD_MS / 1000 + 15)
         self.assertEqual(errors, [])
-        owners = dict(per)
-        owners[promoted] = owners.pop(victim)
         lost = []
         for port, ks in owners.items():
             n = self.cluster.node_by_port(port).client(socket_timeout=5)
@@ -385,6 +394,8 @@ class ClusterAclFailoverTest(unittest.TestCase):
                 lost += [(k, v) for (pk, v) in pushed if pk == k and v not in have]
             n.close()
         self.assertEqual(lost, [], '%d of %d acknowledged pushes lost' % (len(lost), len(pushed)))
+        print('\n  %d acknowledged pushes as user app, 0 errors, %d lost, two masters killed'
+              % (len(pushed), len(lost)))
 
 
 if __name__ == '__main__':
