@@ -14,7 +14,8 @@ and replicas (ACL users are per node: a promoted replica must know them).
   3. A wrong password, or an unknown user, is refused with Redis' words.
      Pub/sub as the user: its channels only. With durability.replicas_ack
      the user's writes are confirmed by WAIT on the user's links; a user
-     who may not run WAIT is refused at AUTH, as in Sentinel mode.
+     who may not run WAIT is refused at AUTH, as in Sentinel mode. A
+     takeover hands the user's client over: it goes on as the user.
   4. kill -9 of the master that checks AUTH (slot 0's), then of another,
      under the user's writes on keys of every shard, a new client
      authenticating during each: 0 errors, every acknowledged write on the
@@ -24,13 +25,18 @@ Run:  python3 -m unittest test_cluster_acl -v        (about 40 s)
 Ferry-only (skipped with FERRY_TEST_DIRECT=1); FERRY_TEST_WORKERS=4 runs
 its ferry with 4 event loops.
 """
+import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 import time
 import unittest
 
 import harness
 from harness import ClusterTopology, Ferry, RespError, resp_read_reply, resp_send, wait_until
+from test_takeover import spawn_takeover
 
 HOLD_MS = 30000
 TIMEOUT = 30
@@ -39,13 +45,15 @@ USERS = (('app', 'apass', ['~app:*', '&app:*', '+@all', '-keys']),
          ('nw', 'npass', ['~app:*', '+@all', '-wait']))
 
 
-def start_ferry(cluster, replicas_ack=None):
+def start_ferry(cluster, replicas_ack=None, takeover=None):
     conf = {'cluster': {'nodes': [cluster.seeds()[0]], 'refresh_interval_ms': 200,
                         'timeout_ms': 1000},
             'upstream': {'hold_timeout_ms': HOLD_MS},
             'client': {'auth': 'redis'}}
     if replicas_ack is not None:
         conf['durability'] = {'replicas_ack': replicas_ack}
+    if takeover is not None:
+        conf['takeover'] = {'socket': takeover}
     return Ferry(None, wait='port', conf=conf)
 
 
@@ -286,6 +294,36 @@ class ClusterAclTest(unittest.TestCase):
         said = n.call('AUTH', 'nw', 'npass')
         self.assertIsInstance(said, RespError)
         self.assertTrue(str(said).startswith("NOPERM ferry: user 'nw' may not run WAIT"), said)
+
+    def test_takeover_keeps_the_user(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-cacl-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock = os.path.join(tmp, 'takeover.sock')
+        f = start_ferry(self.cluster, takeover=sock)
+        self.addCleanup(f.stop)
+        c = Conn(f.port)
+        self.addCleanup(c.close)
+        wait_until(lambda: c.call('AUTH', 'app', 'apass') == 'OK', timeout=30, interval=0.2,
+                   msg='ferry checking user app')
+        per = keys_by_master(self.cluster, 'app:tk:', 1)
+        other = keys_by_master(self.cluster, 'other:tk:', 1)
+        for port, (k,) in per.items():
+            self.assertEqual(c.call('SET', k, 'before'), 'OK')
+        new = spawn_takeover(f.config_path, sock, f.out_path)
+        old = f.proc
+        try:
+            old_rc = old.wait(30)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        f.proc, f.pid = new, new.pid  # the harness stops the new one
+        self.assertEqual(old_rc, 0, f.log()[-3000:])
+        # the same connection, served by the new process, as the same user
+        for port, (k,) in per.items():
+            self.assertEqual(c.call('SET', k, 'after'), 'OK')
+            self.assertEqual(self.node(port).call('GET', k), b'after')
+        for port, (k,) in other.items():
+            self.assertEqual(c.call('SET', k, 'x'), self.node_says(k, 'SET', k, 'x'))
+        self.assertIsNone(new.poll())
 
     def test_wrong_password(self):
         port = self.cluster.masters()[0]
