@@ -245,6 +245,31 @@ class ClusterAclTest(unittest.TestCase):
                 break
         self.assertEqual(got, want)
 
+    def test_priority_pop_blocks_as_user(self):
+        """Every key empty: one blocking pop per shard, as the user; the
+        first item wins and the other pops are cancelled (their ids from
+        HELLO, which the user may run: no CLIENT ID refused)."""
+        per = keys_by_master(self.cluster, 'app:pp:', 1)
+        ports = sorted(per)
+        keys = [per[p][0] for p in ports]
+        for port, k in zip(ports, keys):
+            self.node(port).call('DEL', k)
+        c = self.login()
+
+        def blocked_as_app(port):
+            lst = self.node(port).call('CLIENT', 'LIST').decode()
+            return [ln for ln in lst.splitlines() if 'cmd=brpop' in ln and ' user=app ' in ln]
+        resp_send(c.s, ['BRPOP'] + keys + ['10'])
+        wait_until(lambda: all(blocked_as_app(p) for p in ports), timeout=10, interval=0.05,
+                   msg='a BRPOP blocked as app on every master')
+        self.node(ports[1]).call('RPUSH', keys[1], 'won')
+        self.assertEqual(resp_read_reply(c.s, TIMEOUT), [keys[1].encode(), b'won'])
+        wait_until(lambda: not any(blocked_as_app(p) for p in ports), timeout=10,
+                   interval=0.05, msg='the other pops cancelled')
+        for port, k in zip(ports, keys):
+            self.assertEqual(self.node(port).call('LLEN', k), 0)
+        self.assertNotIn('CLIENT ID refused', self.ferry.log())
+
     def test_pubsub_as_user(self):
         port = self.cluster.masters()[0]
         sub = self.login()
