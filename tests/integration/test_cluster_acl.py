@@ -16,6 +16,8 @@ and replicas (ACL users are per node: a promoted replica must know them).
      the user's writes are confirmed by WAIT on the user's links; a user
      who may not run WAIT is refused at AUTH, as in Sentinel mode. A
      takeover hands the user's client over: it goes on as the user.
+     A user missing on one shard's nodes: its client is closed when that
+     shard's node refuses it (ferry logs why), nothing written there.
   4. kill -9 of the master that checks AUTH (slot 0's), then of another,
      under the user's writes on keys of every shard, a new client
      authenticating during each: 0 errors, every acknowledged write on the
@@ -349,6 +351,28 @@ class ClusterAclTest(unittest.TestCase):
         for port, (k,) in other.items():
             self.assertEqual(c.call('SET', k, 'x'), self.node_says(k, 'SET', k, 'x'))
         self.assertIsNone(new.poll())
+
+    def test_user_missing_on_a_shard(self):
+        """A user an operator made on some nodes only: its client is closed
+        when a node of its shard refuses the user (as Redis closes a
+        deleted user's connections), and ferry's log says why."""
+        missing = self.cluster.master_of(16383)
+        self.assertNotEqual(missing, self.cluster.master_of(0))
+        skip = [missing] + self.cluster.replicas_of(missing)
+        for n in self.cluster.running():
+            if n.port not in skip:
+                self.cluster.command(n.port, 'ACL', 'SETUSER', 'half', 'reset', 'on', '>hpass',
+                                     '~app:*', '+@all')
+        c = self.login('half', 'hpass')
+        k0 = keys_by_master(self.cluster, 'app:half:', 1)[self.cluster.master_of(0)][0]
+        self.assertEqual(c.call('SET', k0, 1), 'OK')
+        k1 = keys_by_master(self.cluster, 'app:half:', 1)[missing][0]
+        with self.assertRaises((ConnectionError, OSError)):
+            got = c.call('SET', k1, 1)
+            self.fail('answered %r' % (got,))
+        wait_until(lambda: "Redis refuses the credentials of user 'half'" in self.ferry.log(),
+                   timeout=10, interval=0.1, msg="ferry's log naming user half")
+        self.assertEqual(self.node(missing).call('EXISTS', k1), 0)
 
     def test_wrong_password(self):
         port = self.cluster.masters()[0]
