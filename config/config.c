@@ -997,12 +997,6 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
                                       "not a unix socket");
             }
         }
-        /* What cluster mode does not do yet (docs/cluster.md). */
-        if (cfg->client_auth == CLIENT_AUTH_REDIS) {
-            return conf_key_error(ctx, "client.auth", 1,
-                                  "cluster mode does not check clients with Redis ACL users yet: "
-                                  "client.auth redis is refused with cluster");
-        }
         /* Leases: a queue's processing list and dead letter must be in the
          * queue key's slot; with nothing but '}' before {key}, a queue key's
          * hash tag is theirs too (docs/cluster.md "Leases"). */

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clustermap.h"
 #include "link.h"
 #include "log.h"
 #include "upstream.h"
@@ -85,10 +86,52 @@ static int ident_usable(ferry *f, ident *id, const char *pass, size_t plen)
     return 1;
 }
 
+/* The master view that checks a client's AUTH: f->up; in cluster mode the
+ * first shard's master view that is UP (every master knows the users: ACL
+ * users are made on every node), else the first shard's, where the check
+ * waits (none while no map is known: f->up, without a master). */
+static upstream *check_view(ferry *f)
+{
+    upstream *up = f->cluster != NULL ? clustermap_route(f->cluster, -1) : NULL;
+    return up != NULL ? up : f->up;
+}
+
+/* s lets go of its user's identities on the other shards' views. */
+static void forget_ident_on(session *s)
+{
+    for (int i = 0; i < s->nident_on; i++) {
+        upstream_ident_release(s->ident_on[i]->up, s->ident_on[i]);
+    }
+    s->nident_on = 0;
+}
+
+ident *acl_ident(session *s, upstream *up)
+{
+    if (s->ident == NULL) {
+        return NULL;
+    }
+    ident *id = upstream_ident_on(up, s->ident);
+    if (id == s->ident) {
+        return id;
+    }
+    for (int i = 0; i < s->nident_on; i++) {
+        if (s->ident_on[i] == id) {
+            return id;
+        }
+    }
+    if (s->nident_on == s->ident_on_cap) {
+        s->ident_on_cap = s->ident_on_cap > 0 ? s->ident_on_cap * 2 : 4;
+        s->ident_on = xrealloc(s->ident_on, (size_t)s->ident_on_cap * sizeof(*s->ident_on));
+    }
+    upstream_ident_hold(id);
+    s->ident_on[s->nident_on++] = id;
+    return id;
+}
+
 int acl_dispatch(session *s, request *r)
 {
     ferry *f = s->f;
-    upstream *up = f->up;
+    upstream *up = check_view(f);
 
     if (s->inflight > 0) {
         return ACL_WAIT; /* as whom the earlier requests run must not change under them */
@@ -137,7 +180,7 @@ int acl_dispatch(session *s, request *r)
 
 int acl_on_reply(session *s, request *r, link *l, const char *p, size_t n)
 {
-    upstream *up = s->f->up;
+    upstream *up = l->up; /* the view that checked it */
     ident *id = l->who;
 
     if (n == 0 || id->user == NULL) {
@@ -184,7 +227,7 @@ int acl_on_reply(session *s, request *r, link *l, const char *p, size_t n)
     wipe(r);
     if (s->ident != id) {
         upstream_ident_hold(id);
-        upstream_ident_release(up, s->ident);
+        acl_forget(s);
         s->ident = id;
     }
     s->authed = 1;
@@ -195,8 +238,9 @@ int acl_on_reply(session *s, request *r, link *l, const char *p, size_t n)
 
 void acl_forget(session *s)
 {
+    forget_ident_on(s);
     if (s->ident != NULL) {
-        upstream_ident_release(s->f->up, s->ident);
+        upstream_ident_release(s->ident->up, s->ident);
         s->ident = NULL;
     }
 }
@@ -229,7 +273,7 @@ int acl_adopt(session *s, const session_import *im, char *why, size_t whylen)
      * open, or opening, with it); a new one is created with the password
      * the old process's links were opened with, and its links are opened
      * when the session needs them, as after a failover. */
-    ident *id = upstream_ident(f->up, im->user, im->nuser, im->pass, im->npass);
+    ident *id = upstream_ident(check_view(f), im->user, im->nuser, im->pass, im->npass);
     if (!ident_usable(f, id, im->pass, im->npass)) {
         snprintf(why, whylen,
                  "taken over as Redis user '%s', whose credentials Redis refuses on a new link: "
@@ -238,7 +282,7 @@ int acl_adopt(session *s, const session_import *im, char *why, size_t whylen)
         return -1;
     }
     upstream_ident_hold(id);
-    upstream_ident_release(f->up, s->ident);
+    acl_forget(s);
     s->ident = id;
     return 0;
 }

@@ -34,6 +34,10 @@ int acl_on_reply(session *s, request *r, struct link *l, const char *p, size_t n
  * -1 with why filled when it cannot be carried (the caller closes it): the
  * user is refused by Redis, or this configuration's client.auth differs. */
 int acl_adopt(session *s, const session_import *im, char *why, size_t whylen);
+/* The identity s runs as on master view up: NULL (ferry's own) when s is
+ * no Redis user's; in cluster mode its user's identity on that shard's view
+ * (made with the password Redis accepted, held until acl_forget). */
+struct ident *acl_ident(session *s, struct upstream *up);
 /* The session leaves its user (RESET, close). */
 void acl_forget(session *s);
 

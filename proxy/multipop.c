@@ -96,8 +96,12 @@ typedef struct multipop {
     mp_group *g;
     int ngroups;
     mp_item *items; /* taken for nobody, to put back */
-    int refs;       /* commands out (each has a ticket) */
-    int closing;    /* the timer handle is closing: freed in its callback */
+    ident *who;     /* client.auth redis: the client's user (its pops run as it), NULL:
+                       ferry's own; held, with its identities on other views (held[]) */
+    ident **held;
+    int nheld;
+    int refs;    /* commands out (each has a ticket) */
+    int closing; /* the timer handle is closing: freed in its callback */
     uv_timer_t timer;
 } multipop;
 
@@ -111,7 +115,45 @@ typedef struct mp_ticket {
 static void mp_step(multipop *mp);
 static void mp_done(link *l, request *q, const char *p, size_t n);
 
+/* The connection id in HELLO's answer (a map or a flat array whose key
+ * "id" is followed by an integer), 0 if none. */
+static long long hello_id(const char *p, size_t n)
+{
+    static const char key[] = "\r\n$2\r\nid\r\n:";
+    const size_t klen = sizeof(key) - 1;
+    for (size_t i = 0; i + klen < n; i++) {
+        if (memcmp(p + i, key, klen) == 0) {
+            return strtoll(p + i + klen, NULL, 10);
+        }
+    }
+    return 0;
+}
+
 /* --------------------------------------------------------------- helpers */
+
+/* Who the call's pops run as on view up: the client's Redis user
+ * (client.auth redis), on every shard, so a pop reaches no key its ACL
+ * forbids; NULL: ferry's own. CLIENT UNBLOCK and the push back of an item
+ * taken for nobody are ferry's own (the user took the item). */
+static ident *mp_who(multipop *mp, upstream *up)
+{
+    if (mp->who == NULL) {
+        return NULL;
+    }
+    ident *id = upstream_ident_on(up, mp->who);
+    if (id == mp->who) {
+        return id;
+    }
+    for (int i = 0; i < mp->nheld; i++) {
+        if (mp->held[i] == id) {
+            return id;
+        }
+    }
+    mp->held = xrealloc(mp->held, (size_t)(mp->nheld + 1) * sizeof(*mp->held));
+    upstream_ident_hold(id);
+    mp->held[mp->nheld++] = id;
+    return id;
+}
 
 int multipop_handles(const command *cmd)
 {
@@ -261,6 +303,8 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
     case OP_ID:
         if (p != NULL && n > 1 && p[0] == ':') {
             mp->g[t->group].redis_id = strtoll(p + 1, NULL, 10);
+        } else if (p != NULL && n > 1 && (p[0] == '*' || p[0] == '%') && hello_id(p, n) > 0) {
+            mp->g[t->group].redis_id = hello_id(p, n); /* a user's HELLO */
         } else if (p != NULL) {
             mp->g[t->group].no_unblock = 1; /* no id: its link is closed to cancel */
             char why[200];
@@ -493,7 +537,7 @@ static void mp_try(multipop *mp, uint64_t now)
     }
     int k = mp->next;
     upstream *up = mp_target(mp, mp->kslot[k], mp->try_ask);
-    link *l = up != NULL ? upstream_shared(up, NULL, mp->sid, mp->proto) : NULL;
+    link *l = up != NULL ? upstream_shared(up, mp_who(mp, up), mp->sid, mp->proto) : NULL;
     if (l == NULL) {
         if (mp->hold_since == 0) {
             mp->hold_since = now;
@@ -602,7 +646,7 @@ static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
         snprintf(timeout, sizeof(timeout), "%.3f", (double)(mp->deadline - now) / 1000.0);
     }
     if (g->l == NULL) {
-        g->l = upstream_borrow(up, mp->proto);
+        g->l = upstream_borrow_as(up, mp_who(mp, up), mp->proto);
         if (g->l == NULL) {
             g->retry_at = now + MP_RETRY_MS;
             return;
@@ -612,8 +656,14 @@ static void mp_send_pop(multipop *mp, int gi, upstream *up, uint64_t now)
     if (g->redis_id <= 0) {
         buf id;
         buf_init(&id);
+        /* HELLO (no argument) for a user, who may not run CLIENT ID. */
         static const char *const argv[] = {"CLIENT", "ID"};
-        buf_append_argv(&id, 2, argv);
+        static const char *const hello[] = {"HELLO"};
+        if (mp->who != NULL) {
+            buf_append_argv(&id, 1, hello);
+        } else {
+            buf_append_argv(&id, 2, argv);
+        }
         mp_send(mp, g->l, OP_ID, gi, NULL, &id);
         buf_free(&id);
     }
@@ -852,6 +902,14 @@ static void mp_closed(uv_handle_t *h)
         free(it);
     }
     buf_free(&mp->try_reply);
+    /* (ferry closing: the views and their identities are freed with it) */
+    for (int i = 0; i < mp->nheld && !mp->f->closed; i++) {
+        upstream_ident_release(mp->held[i]->up, mp->held[i]);
+    }
+    free(mp->held);
+    if (mp->who != NULL && !mp->f->closed) {
+        upstream_ident_release(mp->who->up, mp->who);
+    }
     free(mp);
 }
 
@@ -979,6 +1037,10 @@ void multipop_start(session *s, request *r, void (*resume)(session *s))
     mp->resume = resume;
     mp->sid = s->id;
     mp->proto = s->proto;
+    if (s->ident != NULL) {
+        mp->who = s->ident;
+        upstream_ident_hold(mp->who);
+    }
     buf_init(&mp->try_reply);
     uv_timer_init(f->loop, &mp->timer);
     mp->timer.data = mp;

@@ -359,6 +359,7 @@ static void sticky_accepted(session *s, request *r)
  * being rebuilt. NULL when no master is UP. */
 static link *router_lend(session *s, upstream *up)
 {
+    acl_ident(s, up); /* s holds its user's identity on up (cluster mode) */
     link *l = upstream_lend(up, s);
     if (l == NULL) {
         return NULL;
@@ -439,7 +440,7 @@ static int dispatch_acl(session *s, request *r)
  * is the new user's, with the client's settings restored on it). */
 static void acl_accepted(session *s, request *r)
 {
-    if (s->dlink != NULL && s->dlink->who != s->ident) {
+    if (s->dlink != NULL && s->dlink->who != acl_ident(s, s->dlink->up)) {
         int flush = s->tracking && s->proto == 3;
         upstream_return(s->f->up, s, 0, "its client authenticated as another user");
         if (flush) {
@@ -800,7 +801,7 @@ static int dispatch_one(session *s, request *r)
         }
         target = s->dlink;
     } else {
-        target = upstream_shared(up, s->ident, s->id, s->proto);
+        target = upstream_shared(up, acl_ident(s, up), s->id, s->proto);
     }
     if (target == NULL) {
         return DISPATCH_DOWN;

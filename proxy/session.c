@@ -402,6 +402,7 @@ static void session_close_cb(uv_handle_t *h)
     outq_free(&s->out);
     sub_sets_free(s->subs);
     buf_free(&s->sticky_log);
+    free(s->ident_on); /* its identities were let go (acl_forget) */
     free(s);
 }
 

@@ -108,7 +108,12 @@ typedef struct session {
     size_t ps_sunsub_owed;     /* cluster mode: sunsubscribe replies its own SUNSUBSCRIBEs
                                   are still owed (any other is a node dropping a channel) */
     int authed;                /* AUTH accepted (or no password configured) */
-    struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c) */
+    struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c), on
+                                  the master view that checked its AUTH */
+    struct ident **ident_on;   /* cluster mode: the same user on the other shards' master
+                                  views it sent to, each held (acl.c) */
+    int nident_on;             /* entries in ident_on */
+    int ident_on_cap;          /* its room */
     int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
     int reading;               /* uv_read_start active */
     int fresh;                 /* accepted on a plain listener, nothing read yet: its first

@@ -159,6 +159,7 @@ upstream *upstream_new(ferry *f)
     list_init(&up->self.pool[0]);
     list_init(&up->self.pool[1]);
     list_init(&up->self.node);
+    up->self.up = up;
     list_init(&up->idents);
     up->nshared = f->cfg->shared_links;
     if (up->nshared < 1) {
@@ -388,6 +389,7 @@ ident *upstream_ident(upstream *up, const char *user, size_t ulen, const char *p
         return id;
     }
     id = xcalloc(1, sizeof(*id));
+    id->up = up;
     id->user = xstrndup(user, ulen);
     upstream_ident_set_pass(id, pass, plen);
     list_init(&id->pool[0]);
@@ -395,6 +397,26 @@ ident *upstream_ident(upstream *up, const char *user, size_t ulen, const char *p
     id->idle_since_ms = uv_now(up->f->loop);
     list_add_tail(&up->idents, &id->node);
     log_info("upstream: links for Redis user '%s' opened on demand", id->user);
+    return id;
+}
+
+ident *upstream_ident_on(upstream *up, ident *anchor)
+{
+    if (anchor == NULL || anchor->user == NULL || anchor->up == up) {
+        return anchor;
+    }
+    size_t plen = anchor->pass != NULL ? strlen(anchor->pass) : 0;
+    ident *id = upstream_ident(up, anchor->user, strlen(anchor->user), anchor->pass, plen);
+    if (id->pass != NULL && anchor->pass != NULL && strcmp(id->pass, anchor->pass) != 0) {
+        /* Another client of the user authenticated with another password
+         * since: the one Redis accepted last opens this view's links. */
+        upstream_ident_set_pass(id, anchor->pass, plen);
+        if (id->rejected) {
+            id->rejected = 0;
+            id->next_open_ms = 0;
+            id->idle_since_ms = uv_now(up->f->loop);
+        }
+    }
     return id;
 }
 
@@ -447,7 +469,9 @@ void upstream_ident_rejected(link *l, const char *why)
         list_foreach_safe(n, t, &up->f->sessions)
         {
             session *s = list_entry(n, session, node);
-            if (s->ident == id) {
+            if (s->ident != NULL && s->ident->user != NULL &&
+                strcmp(s->ident->user, id->user) == 0) {
+                /* (cluster mode: its user on any shard's master view) */
                 up->f->shard_ops->close_session(s, reason);
             }
         }
@@ -562,6 +586,11 @@ link *upstream_borrow(upstream *up, int proto)
     return pool_take(up, &up->self, proto);
 }
 
+link *upstream_borrow_as(upstream *up, ident *id, int proto)
+{
+    return pool_take(up, id != NULL ? id : &up->self, proto);
+}
+
 void upstream_put_back(link *l, const char *why)
 {
     ferry_assert(l->owner == NULL && l->kind == LINK_DEDICATED);
@@ -570,7 +599,8 @@ void upstream_put_back(link *l, const char *why)
 
 link *upstream_lend(upstream *up, session *s)
 {
-    link *l = pool_take(up, s->ident != NULL ? s->ident : &up->self, s->proto);
+    link *l =
+        pool_take(up, s->ident != NULL ? upstream_ident_on(up, s->ident) : &up->self, s->proto);
     if (l == NULL) {
         return NULL;
     }

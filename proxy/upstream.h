@@ -20,6 +20,7 @@ struct session;
  * ACL user clients authenticated as (client.auth redis). Links never change
  * identity, so users share no connection with each other or with ferry. */
 typedef struct ident {
+    struct upstream *up;    /* the master view whose links these are */
     char *user;             /* Redis user name; NULL: ferry's own credentials */
     char *pass;             /* the user's password Redis last accepted (wiped when freed) */
     link *shared[2][64];    /* shared links by protocol (RESP2, RESP3) and slot */
@@ -149,6 +150,9 @@ void upstream_return(upstream *up, struct session *s, int may_pool, const char *
  * mode's priority pop across slots): from the pool of ferry's identity or
  * new, speaking proto. NULL when no master is UP. */
 link *upstream_borrow(upstream *up, int proto);
+/* The same, of identity id (NULL: ferry's own; client.auth redis: a
+ * client's user, whose pops then run as the user). */
+link *upstream_borrow_as(upstream *up, ident *id, int proto);
 /* A link from upstream_borrow is idle again: pooled when it is clean,
  * closed (with why) otherwise (a call still in flight on it). */
 void upstream_put_back(link *l, const char *why);
@@ -160,6 +164,12 @@ void upstream_detach(link *l, const char *reason);
 /* client.auth redis: the identity of Redis user 'user' (created with pass,
  * its links opened on demand, when it is not known yet). Never NULL. */
 ident *upstream_ident(upstream *up, const char *user, size_t ulen, const char *pass, size_t plen);
+/* The identity of anchor's user on view up: anchor on its own view (NULL:
+ * ferry's own). Cluster mode has a master view per shard, each with its own
+ * users and links: there it is that view's identity of the same user, made
+ * when unknown, and given anchor's password (the one Redis last accepted
+ * for a client of the user) when it differs. Never NULL for a user. */
+ident *upstream_ident_on(upstream *up, ident *anchor);
 /* A session authenticated as id (hold) or no longer (release; may be NULL). */
 void upstream_ident_hold(ident *id);
 void upstream_ident_release(upstream *up, ident *id);

@@ -1293,7 +1293,8 @@ class ClusterTopology:
     .nodes (RedisServer list) .node_by_port(p) .seeds() .master_of(slot)
     .masters() .replicas_of(port) .kill_master(port) -> its replica ports
     .wait_promoted(old_port) -> new master port .reshard(from_port, to_port, n)
-    .wait_consistent() .keyslot(key) .shards(port) .nodes_view(port)"""
+    .wait_consistent() .keyslot(key) .shards(port) .nodes_view(port)
+    .acl_setuser(*args) (on every node)"""
 
     READY_TIMEOUT = 30.0
 
@@ -1441,6 +1442,14 @@ class ClusterTopology:
         except AssertionError as e:
             raise AssertionError('%s; last: %r\n%s' % (e, state.get('last'),
                                                         self.logs())) from None
+
+    def acl_setuser(self, *args):
+        """ACL SETUSER args on every running node, masters and replicas (ACL
+        users are per node: a promoted replica must know them), kept in each
+        node's config file (CONFIG REWRITE) for a restarted node."""
+        for n in self.running():
+            self.command(n.port, 'ACL', 'SETUSER', *args)
+            self.command(n.port, 'CONFIG', 'REWRITE')
 
     # ---- faults and changes
 
