@@ -37,7 +37,8 @@ slots (CROSSSLOT); ferry serves the call as one server would:
      promoted replica and a push there wakes it.
 
 Run:  python3 -m unittest test_cluster_priority_pop -v        (about 60 s)
-Ferry-only; cluster mode runs one event loop (workers: 1).
+Ferry-only; the first ferry runs one event loop (workers: 1), the one with
+replicas_ack as many as FERRY_TEST_WORKERS says.
 """
 import json
 import re
@@ -177,9 +178,11 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
                     'upstream': {'hold_timeout_ms': HOLD_MS}}
             cls.ferry = Ferry(None, wait='port', conf=conf)
             # the same cluster behind a ferry with durability.replicas_ack 1
+            # (workers: FERRY_TEST_WORKERS, one loop unless set)
             cls.ack = None
-            cls.ack = Ferry(None, wait='port', conf=dict(
-                conf, durability={'replicas_ack': 1, 'replicas_ack_hold_ms': 20000}))
+            ack_conf = {k: v for k, v in conf.items() if k != 'workers'}
+            ack_conf['durability'] = {'replicas_ack': 1, 'replicas_ack_hold_ms': 20000}
+            cls.ack = Ferry(None, wait='port', conf=ack_conf)
             for f in (cls.ferry, cls.ack):
                 c = f.client(socket_timeout=5)
                 try:
