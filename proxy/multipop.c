@@ -129,7 +129,7 @@ typedef struct multipop {
 typedef struct mp_ticket {
     multipop *mp;
     int op;
-    int group;     /* OP_ID, OP_POP, OP_UNBLOCK: the group */
+    int group;     /* OP_ID, OP_POP, OP_UNBLOCK, OP_ACK: the group (OP_ACK: -1 none) */
     mp_item *item; /* OP_PUSH, OP_ACK of a put-back */
     mp_ack *ack;   /* OP_ACK */
 } mp_ticket;
@@ -286,6 +286,11 @@ static void mp_ack_done(void *arg, fence_outcome out, long long acked)
     t->ack->state = ACK_DONE;
     t->ack->out = out;
     t->ack->acked = acked;
+    if (out == FENCE_LOST && t->group >= 0) {
+        /* Its group's link is closing (freed before the step runs). */
+        mp->g[t->group].l = NULL;
+        mp->g[t->group].redis_id = 0;
+    }
     mp_item *it = t->item;
     if (it != NULL) {
         it->out = 0;
@@ -312,7 +317,7 @@ static void mp_ack_done(void *arg, fence_outcome out, long long acked)
  * (a pop that took an item, a put-back), its outcome in *ack. Sent from
  * the reply's callback: the link that carried the write may be gone by
  * the step. Returns 1 if it is out. */
-static int mp_ack_start(multipop *mp, link *l, mp_ack *ack, mp_item *item)
+static int mp_ack_start(multipop *mp, link *l, mp_ack *ack, int group, mp_item *item)
 {
     if (l == NULL || l->up->replicas_ack <= 0 || l->state == LINK_CLOSING || mp->f->closed) {
         ack->state = ACK_NONE;
@@ -321,6 +326,7 @@ static int mp_ack_start(multipop *mp, link *l, mp_ack *ack, mp_item *item)
     mp_ticket *t = xcalloc(1, sizeof(*t));
     t->mp = mp;
     t->op = OP_ACK;
+    t->group = group;
     t->item = item;
     t->ack = ack;
     ack->state = ACK_OUT;
@@ -342,7 +348,7 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         buf_clear(&mp->try_reply);
         buf_append(&mp->try_reply, p, n);
         if (mp_carries_item(p, n)) {
-            mp_ack_start(mp, l, &mp->try_ack, NULL);
+            mp_ack_start(mp, l, &mp->try_ack, -1, NULL);
         }
         break;
     case OP_ID:
@@ -364,7 +370,7 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         buf_clear(&g->reply);
         buf_append(&g->reply, p, n);
         if (mp_carries_item(p, n)) {
-            mp_ack_start(mp, l, &g->ack, NULL);
+            mp_ack_start(mp, l, &g->ack, t->group, NULL);
         }
         break;
     }
@@ -390,7 +396,7 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         it->out = 0;
         if (p != NULL && n > 0 && p[0] == ':') {
             mp->f->stats.multipop_put_back++;
-            if (mp_ack_start(mp, l, &it->ack, it)) {
+            if (mp_ack_start(mp, l, &it->ack, -1, it)) {
                 it->out = 1; /* back once its WAIT answers */
             } else {
                 it->back = 1; /* dropped by the step */
