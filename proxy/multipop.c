@@ -4,7 +4,9 @@
  * One context per call. Replies of the links only record what they
  * carried and wake the call's timer; every step (sending, answering,
  * cancelling, pushing back, closing links) is taken from the timer, never
- * inside a link's own callback. The context lives until every command it
+ * inside a link's own callback (but the replicas_ack WAIT behind a write,
+ * which goes on that very link at once: the link may be gone by the
+ * step). The context lives until every command it
  * sent has answered (or its link was lost) and every item taken for
  * nobody is back.
  *
