@@ -287,14 +287,25 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.assertEqual(self.c.llen(mid), 0)
 
     def test_3_race_every_item_popped_once(self):
-        (a, b, _), ports = self.three('race')
-        rounds = 150
+        self.race(self.ferry, 'race', 150)
+
+    def test_3b_race_with_replicas_ack(self):
+        # the same race through the ferry with replicas_ack 1: items put
+        # back with a WAIT behind each, every item still popped once
+        before = counters(self.ack)
+        self.race(self.ack, 'racew', 60)
+        after = counters(self.ack)
+        self.assertGreater(after['multipop_calls'], before['multipop_calls'])
+        print('  %d put back' % (after['multipop_put_back'] - before['multipop_put_back']))
+
+    def race(self, ferry, prefix, rounds):
+        (a, b, _), ports = self.three(prefix)
         popped, errors = [], []
         lock = threading.Lock()
         stop = threading.Event()
 
         def consumer():
-            cl = self.ferry.client(socket_timeout=20)
+            cl = ferry.client(socket_timeout=20)
             try:
                 while True:
                     try:
@@ -314,7 +325,7 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         for t in threads:
             t.start()
         pushed = []
-        p = self.ferry.client(socket_timeout=20)
+        p = ferry.client(socket_timeout=20)
         try:
             for i in range(rounds):
                 # both consumers blocked on both shards, then an item on each
@@ -340,9 +351,9 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.assertEqual(left, [])
         self.assertEqual(len(popped), len(set(popped)), 'an item popped twice')
         self.assertEqual(sorted(popped), sorted(pushed))
-        back = len(re.findall(r'taken by a cancelled pop goes back', self.ferry.log()))
+        back = len(re.findall(r'taken by a cancelled pop goes back', ferry.log()))
         print('\n  race: %d rounds, %d items popped once each; %d taken by a cancelled pop '
-              'went back' % (rounds, len(popped), back))
+              'went back (in this ferry\'s life)' % (rounds, len(popped), back))
 
     def test_4_timeouts_as_redis(self):
         (a, b, c), _ = self.three('tmo')
