@@ -20,6 +20,7 @@
  * is read once per master (INFO replication on the probe link). */
 #include "fence.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -655,6 +656,82 @@ static void fence_send_wait(link *l, int fence)
 void fence_wait(link *l)
 {
     fence_send_wait(l, 0);
+}
+
+/* A fence_confirm in flight. */
+typedef struct fence_confirm_ctx {
+    fence_confirm_cb cb;
+    void *arg;
+    uint64_t since; /* its first WAIT was sent */
+} fence_confirm_ctx;
+
+static void confirm_done(link *l, request *w, const char *reply, size_t len);
+
+static void confirm_send(link *l, fence_confirm_ctx *c)
+{
+    char n[16], timeout[24];
+    snprintf(n, sizeof(n), "%d", l->up->replicas_ack);
+    snprintf(timeout, sizeof(timeout), "%llu",
+             (unsigned long long)l->f->cfg->replicas_ack_timeout_ms);
+    const char *argv[] = {"WAIT", n, timeout};
+    link_internal_sure(l, argv, 3, confirm_done, (long long)(intptr_t)c);
+    if (l->nwaits++ == 0) {
+        l->wait_sent_ms = uv_now(l->f->loop);
+    }
+    nudge_arm(l->up, WAIT_NUDGE_MS);
+}
+
+void fence_confirm(link *l, fence_confirm_cb cb, void *arg)
+{
+    fence_confirm_ctx *c = xcalloc(1, sizeof(*c));
+    c->cb = cb;
+    c->arg = arg;
+    c->since = uv_now(l->f->loop);
+    confirm_send(l, c);
+}
+
+static void confirm_done(link *l, request *w, const char *reply, size_t len)
+{
+    fence_confirm_ctx *c = (fence_confirm_ctx *)(intptr_t)w->arg;
+    long long need = l->up->replicas_ack;
+    long long acked = -1;
+    fence_outcome o;
+
+    l->nwaits--;
+    if (reply == NULL) {
+        o = FENCE_LOST;
+    } else if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_warn("link %llu: Redis refused ferry's WAIT: %s", (unsigned long long)l->id, why);
+        o = FENCE_UNCONFIRMED; /* asking again cannot help */
+    } else {
+        redisReply *rr = link_parse_reply(reply, len);
+        if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
+            acked = rr->integer;
+        }
+        freeReplyObject(rr);
+        uint64_t waited = uv_now(l->f->loop) - c->since;
+        if (acked >= need) {
+            o = FENCE_CONFIRMED;
+        } else if (waited < l->f->cfg->replicas_ack_hold_ms && l->state == LINK_READY) {
+            /* Replicas reattach after a failover: ask again, as for a
+             * client's write (wait_done). */
+            log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",
+                      (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+            confirm_send(l, c);
+            return;
+        } else {
+            log_warn("link %llu: WAIT %lld: only %lld replica(s) confirmed within %llu ms",
+                     (unsigned long long)l->id, need, acked, (unsigned long long)waited);
+            o = FENCE_UNCONFIRMED;
+        }
+    }
+    if (reply != NULL && l->need_wait && l->state == LINK_READY && l->nwaits == 0) {
+        fence_wait(l); /* client writes sent while this WAIT was in flight */
+    }
+    c->cb(c->arg, o, acked < 0 ? 0 : acked);
+    free(c);
 }
 
 /* A null reply: nothing was written (a pop that timed out or found

@@ -45,6 +45,20 @@ void fence_verdicts_free(struct upstream *up);
 /* Queue one WAIT for every acknowledged write sent since the last one. */
 void fence_wait(link *l);
 
+/* How a fence_confirm ended. */
+typedef enum fence_outcome {
+    FENCE_CONFIRMED = 0, /* durability.replicas_ack replicas have it */
+    FENCE_UNCONFIRMED,   /* fewer within durability.replicas_ack_hold_ms, or Redis refused WAIT */
+    FENCE_LOST           /* l was lost before its WAIT answered: the outcome is unknown */
+} fence_outcome;
+typedef void (*fence_confirm_cb)(void *arg, fence_outcome o, long long acked);
+/* With durability.replicas_ack: a WAIT on l for what ferry's own commands
+ * sent on it so far wrote (internal commands, whose replies fence_hold
+ * does not keep: the priority pop across slots, its put-backs). Asked
+ * again while fewer replicas confirm, as long as wait_done would ask again
+ * for a client's write; cb is called once, from l's reply or its close. */
+void fence_confirm(link *l, fence_confirm_cb cb, void *arg);
+
 /* Stop the late-WAIT nudge of up for good (ferry is stopping). */
 void fence_nudge_close(struct upstream *up);
 /* A reply arrived for r: if it must wait for replicas (durability.replicas_ack,

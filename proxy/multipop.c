@@ -4,9 +4,21 @@
  * One context per call. Replies of the links only record what they
  * carried and wake the call's timer; every step (sending, answering,
  * cancelling, pushing back, closing links) is taken from the timer, never
- * inside a link's own callback. The context lives until every command it
+ * inside a link's own callback (but the replicas_ack WAIT behind a write,
+ * which goes on that very link at once: the link may be gone by the
+ * step). The context lives until every command it
  * sent has answered (or its link was lost) and every item taken for
- * nobody is back. */
+ * nobody is back.
+ *
+ * durability.replicas_ack (as for a single-slot pop, fence.c): a reply
+ * that took an item out of Redis is followed by a WAIT on the link that
+ * carried it, and so is each put-back. The client's item is held until
+ * the WAIT confirms it, then delivered; unconfirmed (fewer replicas within
+ * durability.replicas_ack_hold_ms, WAIT refused, the link lost) it is
+ * delivered all the same: data taken out of Redis is never replaced by an
+ * error. A put-back unconfirmed is left where it is (logged); one whose
+ * link was lost before its WAIT answered is pushed again (at least once,
+ * as a push lost with its link). */
 #include "multipop.h"
 
 #include <math.h>
@@ -17,6 +29,7 @@
 #include <strings.h>
 
 #include "clustermap.h"
+#include "fence.h"
 #include "link.h"
 #include "log.h"
 #include "resp.h"
@@ -33,7 +46,16 @@ typedef enum mp_kind { MP_LEFT = 0, MP_RIGHT, MP_ZMIN, MP_ZMAX } mp_kind;
 typedef enum mp_phase { MP_TRY = 0, MP_BLOCK, MP_DONE } mp_phase;
 
 /* What a reply answers (a ticket's op). */
-enum { OP_TRY = 0, OP_ID, OP_POP, OP_UNBLOCK, OP_PUSH };
+enum { OP_TRY = 0, OP_ID, OP_POP, OP_UNBLOCK, OP_PUSH, OP_ACK };
+
+/* The replicas_ack WAIT behind a pop that took an item, or a put-back. */
+enum { ACK_NONE = 0, ACK_OUT, ACK_DONE };
+typedef struct mp_ack {
+    int state;         /* ACK_* */
+    fence_outcome out; /* ACK_DONE: how it ended */
+    long long acked;   /* ACK_DONE: replicas that confirmed */
+    int need;          /* replicas it asks for (its shard's replicas_ack) */
+} mp_ack;
 
 /* An item taken for nobody, to put back. */
 typedef struct mp_item {
@@ -47,6 +69,7 @@ typedef struct mp_item {
     uint64_t retry_at;    /* not pushed again before */
     struct upstream *ask; /* an ASK named this node: pushed there once */
     char why[160];        /* why its last push failed */
+    mp_ack ack;           /* the WAIT behind its push */
     struct mp_item *next;
 } mp_item;
 
@@ -64,6 +87,7 @@ typedef struct mp_group {
     int no_unblock;     /* Redis refused CLIENT ID or UNBLOCK: cancelled by closing */
     uint64_t retry_at;  /* not sent (or unblocked) again before */
     upstream *ask;      /* an ASK named this node: sent there once */
+    mp_ack ack;         /* the WAIT behind its pop's item: its link is kept until it answers */
     /* Its pop's last reply, recorded by the link's callback; read by the
      * step: 0 none, else what came. */
     int got;
@@ -93,6 +117,9 @@ typedef struct multipop {
     uint64_t try_at;   /* TRY: not asked again before */
     upstream *try_ask; /* TRY: an ASK named this node: asked there once */
     upstream *try_up;  /* TRY: the view its pop went to */
+    mp_ack try_ack;    /* TRY: the WAIT behind the pop that took an item */
+    mp_ack *held_ack;  /* the client's item waits for this WAIT; NULL none */
+    buf held_reply;    /* that item's reply */
     mp_group *g;
     int ngroups;
     mp_item *items; /* taken for nobody, to put back */
@@ -108,8 +135,9 @@ typedef struct multipop {
 typedef struct mp_ticket {
     multipop *mp;
     int op;
-    int group;     /* OP_ID, OP_POP, OP_UNBLOCK: the group */
-    mp_item *item; /* OP_PUSH */
+    int group;     /* OP_ID, OP_POP, OP_UNBLOCK, OP_ACK: the group (OP_ACK: -1 none) */
+    mp_item *item; /* OP_PUSH, OP_ACK of a put-back */
+    mp_ack *ack;   /* OP_ACK */
 } mp_ticket;
 
 static void mp_step(multipop *mp);
@@ -287,9 +315,73 @@ static void mp_send(multipop *mp, link *l, int op, int group, mp_item *item, con
 
 /* ---------------------------------------------------------------- replies */
 
+/* A reply that took an item out of Redis (not nil, not empty, no error). */
+static int mp_carries_item(const char *p, size_t n)
+{
+    return p != NULL && n > 0 && p[0] != '-' && !starts(p, n, "$-1\r\n") &&
+           !starts(p, n, "*-1\r\n") && !starts(p, n, "_\r\n") && !starts(p, n, "*0\r\n");
+}
+
+static void mp_ack_done(void *arg, fence_outcome out, long long acked)
+{
+    mp_ticket *t = arg;
+    multipop *mp = t->mp;
+    mp->refs--;
+    t->ack->state = ACK_DONE;
+    t->ack->out = out;
+    t->ack->acked = acked;
+    if (out == FENCE_LOST && t->group >= 0) {
+        /* Its group's link is closing (freed before the step runs). */
+        mp->g[t->group].l = NULL;
+        mp->g[t->group].redis_id = 0;
+    }
+    mp_item *it = t->item;
+    if (it != NULL) {
+        it->out = 0;
+        if (out == FENCE_LOST) {
+            /* Applied on a master whose link is gone: pushed again (at
+             * least once), as a push lost with its link. */
+            snprintf(it->why, sizeof(it->why), "its link was lost before its WAIT answered");
+            it->retry_at = uv_now(mp->f->loop) + MP_RETRY_MS;
+        } else {
+            if (out == FENCE_UNCONFIRMED) {
+                mp->f->stats.multipop_unconfirmed++;
+                log_warn("priority pop: an item put back to key %.*s is confirmed by %lld of %d "
+                         "replica(s) (durability.replicas_ack)",
+                         (int)mp->klen[it->key], mp->key[it->key], acked, t->ack->need);
+            }
+            it->back = 1; /* dropped by the step */
+        }
+    }
+    free(t);
+    mp_wake(mp, 0);
+}
+
+/* With durability.replicas_ack on l's shard: a WAIT behind what l carried
+ * (a pop that took an item, a put-back), its outcome in *ack. Sent from
+ * the reply's callback: the link that carried the write may be gone by
+ * the step. Returns 1 if it is out. */
+static int mp_ack_start(multipop *mp, link *l, mp_ack *ack, int group, mp_item *item)
+{
+    if (l == NULL || l->up->replicas_ack <= 0 || l->state == LINK_CLOSING || mp->f->closed) {
+        ack->state = ACK_NONE;
+        return 0;
+    }
+    mp_ticket *t = xcalloc(1, sizeof(*t));
+    t->mp = mp;
+    t->op = OP_ACK;
+    t->group = group;
+    t->item = item;
+    t->ack = ack;
+    ack->state = ACK_OUT;
+    ack->need = l->up->replicas_ack;
+    mp->refs++;
+    fence_confirm(l, mp_ack_done, t);
+    return 1;
+}
+
 static void mp_done(link *l, request *q, const char *p, size_t n)
 {
-    (void)l;
     mp_ticket *t = (mp_ticket *)(intptr_t)q->arg;
     multipop *mp = t->mp;
     mp->refs--;
@@ -299,6 +391,9 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         mp->try_got = p == NULL ? GOT_LOST : GOT_REPLY;
         buf_clear(&mp->try_reply);
         buf_append(&mp->try_reply, p, n);
+        if (mp_carries_item(p, n)) {
+            mp_ack_start(mp, l, &mp->try_ack, -1, NULL);
+        }
         break;
     case OP_ID:
         if (p != NULL && n > 1 && p[0] == ':') {
@@ -320,6 +415,9 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         g->got = p == NULL ? GOT_LOST : GOT_REPLY;
         buf_clear(&g->reply);
         buf_append(&g->reply, p, n);
+        if (mp_carries_item(p, n)) {
+            mp_ack_start(mp, l, &g->ack, t->group, NULL);
+        }
         break;
     }
     case OP_UNBLOCK: {
@@ -343,7 +441,12 @@ static void mp_done(link *l, request *q, const char *p, size_t n)
         mp_item *it = t->item;
         it->out = 0;
         if (p != NULL && n > 0 && p[0] == ':') {
-            it->back = 1; /* dropped by the step */
+            mp->f->stats.multipop_put_back++;
+            if (mp_ack_start(mp, l, &it->ack, -1, it)) {
+                it->out = 1; /* back once its WAIT answers */
+            } else {
+                it->back = 1; /* dropped by the step */
+            }
         } else {
             /* Lost with its link (applied or not: sent again, at least
              * once), refused for now (sent again), or refused for good
@@ -397,14 +500,57 @@ static void mp_answer_str(multipop *mp, const char *text)
     mp_answer(mp, text, strlen(text));
 }
 
-/* The call is still waiting for its answer and its client is there. */
+/* The call is still waiting for its answer (no item held for it) and
+ * its client is there. */
 static int mp_waiting(multipop *mp)
 {
     if (mp->r != NULL && mp->r->s == NULL) {
         request_free(mp->f, mp->r); /* its client left: nobody to pop for */
         mp->r = NULL;
     }
-    return mp->r != NULL;
+    return mp->r != NULL && mp->held_ack == NULL;
+}
+
+/* The client's item p[0..n): answered now, or, while ack is out (the WAIT
+ * behind the pop that took it), held until it answers (mp_release). */
+static void mp_answer_item(multipop *mp, const char *p, size_t n, mp_ack *ack)
+{
+    if (ack->state == ACK_NONE) {
+        mp_answer(mp, p, n);
+        return;
+    }
+    buf_clear(&mp->held_reply);
+    buf_append(&mp->held_reply, p, n);
+    mp->held_ack = ack;
+}
+
+/* The held item goes to the client once its WAIT answered (force: now,
+ * ferry is closing). Confirmed or not, it is delivered: taken out of
+ * Redis, it is never replaced by an error. */
+static void mp_release(multipop *mp, int force)
+{
+    mp_ack *ack = mp->held_ack;
+    if (ack == NULL || (ack->state == ACK_OUT && !force)) {
+        return;
+    }
+    if (ack->state != ACK_DONE || ack->out != FENCE_CONFIRMED) {
+        mp->f->stats.replies_unconfirmed++;
+        mp->f->stats.multipop_unconfirmed++;
+        log_warn("priority pop: releasing an item although %lld of %d replica(s) confirmed it%s",
+                 ack->state == ACK_DONE ? ack->acked : 0, ack->need,
+                 ack->state != ACK_DONE   ? " (ferry closing)"
+                 : ack->out == FENCE_LOST ? " (its link was lost)"
+                                          : "");
+    }
+    mp->held_ack = NULL;
+    if (mp->r != NULL && mp->r->s != NULL) {
+        mp_answer(mp, buf_head(&mp->held_reply), buf_used(&mp->held_reply));
+    } else if (mp->r != NULL) {
+        request_free(mp->f, mp->r); /* its client left meanwhile */
+        mp->r = NULL;
+    }
+    buf_free(&mp->held_reply);
+    buf_init(&mp->held_reply);
 }
 
 static void mp_keep_item(multipop *mp, int key, const char *val, size_t nval, const char *score,
@@ -495,7 +641,7 @@ static void mp_try_reply(multipop *mp)
     }
     if (item) {
         if (mp_waiting(mp)) {
-            mp_answer(mp, buf_head(&out), buf_used(&out));
+            mp_answer_item(mp, buf_head(&out), buf_used(&out), &mp->try_ack);
         } else if (mp->kind == MP_ZMIN || mp->kind == MP_ZMAX) {
             mp_keep_item(mp, k, rep->element[0]->str, rep->element[0]->len, rep->element[1]->str,
                          rep->element[1]->len);
@@ -569,6 +715,9 @@ static void mp_try(multipop *mp, uint64_t now)
  * end the next borrower's call), else closed. */
 static void mp_close_link(multipop *mp, mp_group *g, int reuse, const char *why)
 {
+    if (g->ack.state == ACK_OUT && !mp->f->closed) {
+        return; /* the WAIT behind its item first: closed once it answered */
+    }
     if (g->l != NULL) {
         link *l = g->l;
         g->l = NULL;
@@ -612,7 +761,7 @@ static void mp_pop_reply(multipop *mp, int gi, uint64_t now)
                rep->element[1]->type == REDIS_REPLY_STRING;
     g->finished = 1;
     if (item && mp_waiting(mp)) {
-        mp_answer(mp, p, n); /* the first item wins: as Redis gave it */
+        mp_answer_item(mp, p, n, &g->ack); /* the first item wins: as Redis gave it */
     } else if (item) {
         int k = mp_key_index(mp, g, rep->element[0]->str, rep->element[0]->len);
         if (k < 0) {
@@ -910,6 +1059,7 @@ static void mp_closed(uv_handle_t *h)
     if (mp->who != NULL && !mp->f->closed) {
         upstream_ident_release(mp->who->up, mp->who);
     }
+    buf_free(&mp->held_reply);
     free(mp);
 }
 
@@ -933,6 +1083,7 @@ static void mp_abandon(multipop *mp)
         free(it->val);
         free(it);
     }
+    mp_release(mp, 1); /* an item taken for the client goes to it */
     if (mp_waiting(mp)) {
         mp_answer_str(mp, "-ERR ferry: stopping\r\n");
     }
@@ -968,6 +1119,7 @@ static void mp_step(multipop *mp)
     if (mp->phase == MP_BLOCK) {
         mp_block(mp, now);
     }
+    mp_release(mp, 0);
     int items = mp_put_back(mp, now);
     if (mp->phase == MP_DONE) {
         for (int i = 0; i < mp->ngroups; i++) {
@@ -1042,6 +1194,7 @@ void multipop_start(session *s, request *r, void (*resume)(session *s))
         upstream_ident_hold(mp->who);
     }
     buf_init(&mp->try_reply);
+    buf_init(&mp->held_reply);
     uv_timer_init(f->loop, &mp->timer);
     mp->timer.data = mp;
     const char *name = r->cmd->name;
@@ -1081,5 +1234,6 @@ void multipop_start(session *s, request *r, void (*resume)(session *s))
                   bpop_name[mp->kind], mp->nkeys, mp->ngroups);
     }
     resp_parser_free(pp);
+    f->stats.multipop_calls++;
     mp_wake(mp, 0); /* answered from the loop, never inside the dispatch */
 }

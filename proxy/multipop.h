@@ -16,6 +16,11 @@
  *      BRPOP, LPUSH after a BLPOP, ZADD with its score after a BZPOP*):
  *      one item per call, nothing popped for nobody.
  *
+ * With durability.replicas_ack, the pop that took the client's item and
+ * each put-back are followed by a WAIT on the link that carried them; the
+ * item is held until it answers (delivered unconfirmed past
+ * durability.replicas_ack_hold_ms: never replaced by an error).
+ *
  * Every pop all empty until the timeout: the null reply, as Redis. A pop
  * whose link is lost (a failover of its shard) is sent again with the
  * time it has left once its slot has a master. The router hands a request

@@ -24,17 +24,29 @@ slots (CROSSSLOT); ferry serves the call as one server would:
      by closing their links.
   8. a slot in migration: ASK followed (ASKING + the pop on the node it
      names), for the non-blocking pops and the blocking ones.
-  7. a failover of a shard while blocked: the pop is sent again to the
+  8b-8d. durability.replicas_ack 1 (a second ferry on the same cluster):
+     the pop that took the client's item is followed by a WAIT on the
+     link that carried it (the node's MONITOR), the item held until a
+     replica confirmed it (the replica asleep: the reply waits); an item
+     a cancelled pop took is put back and a WAIT follows the put-back;
+     the counters multipop_calls, multipop_put_back; a kill -9 of one
+     shard's master while consumers block on keys of two shards: no
+     acknowledged item lost, none popped twice, every pop on the other
+     shard followed by a WAIT (INFO commandstats).
+  9. a failover of a shard while blocked: the pop is sent again to the
      promoted replica and a push there wakes it.
 
-Run:  python3 -m unittest test_cluster_priority_pop -v        (about 40 s)
-Ferry-only; cluster mode runs one event loop (workers: 1).
+Run:  python3 -m unittest test_cluster_priority_pop -v        (about 60 s)
+Ferry-only; the first ferry runs one event loop (workers: 1), the one with
+replicas_ack as many as FERRY_TEST_WORKERS says.
 """
+import json
 import re
 import socket
 import threading
 import time
 import unittest
+import urllib.request
 
 import redis
 
@@ -72,6 +84,87 @@ def blocked_on(cluster, ports):
     return sum(int(cluster.command(p, 'INFO', 'clients')['blocked_clients']) for p in ports)
 
 
+def counters(f):
+    """ferry's commands section of the stats (multipop_* counters)."""
+    with urllib.request.urlopen('http://127.0.0.1:%d/stats' % f.stats_port, timeout=5) as r:
+        return json.load(r)['commands']
+
+
+def replica_llen(port, key):
+    """LLEN of key read on the replica on port (READONLY)."""
+    s = socket.create_connection(('127.0.0.1', port), timeout=5)
+    try:
+        s.sendall(harness.resp_encode('READONLY') + harness.resp_encode('LLEN', key))
+        harness.resp_read_reply(s)
+        return harness.resp_read_reply(s)
+    finally:
+        s.close()
+
+
+def waits_on(cluster, port):
+    """WAIT commands the node on port ran so far (INFO commandstats)."""
+    st = cluster.command(port, 'INFO', 'commandstats').get('cmdstat_wait')
+    return int(st['calls']) if st else 0
+
+
+class Monitor:
+    """MONITOR of one node, read on a thread: (client address, argv)."""
+    LINE = re.compile(r'^\+[0-9.]+ \[\d+ ([^\]]+)\] (.*)$')
+    ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, port):
+        self.s = socket.create_connection(('127.0.0.1', port), timeout=5)
+        self.s.sendall(b'MONITOR\r\n')
+        self.buf = b''
+        while b'\r\n' not in self.buf:
+            self.buf += self.s.recv(4096)
+        head, self.buf = self.buf.split(b'\r\n', 1)
+        assert head == b'+OK', head
+        self.seen = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.s.settimeout(0.1)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stopped.is_set():
+            try:
+                data = self.s.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            self.buf += data
+            while b'\r\n' in self.buf:
+                line, self.buf = self.buf.split(b'\r\n', 1)
+                m = self.LINE.match(line.decode(errors='replace'))
+                if m:
+                    with self.lock:
+                        self.seen.append((m.group(1), self.ARG.findall(m.group(2))))
+
+    def commands(self):
+        with self.lock:
+            return list(self.seen)
+
+    def followed_by_wait(self, name, key):
+        """The clients that sent name (a command of key) and a WAIT after it."""
+        seen = self.commands()
+        out = []
+        for i, (addr, argv) in enumerate(seen):
+            if argv and argv[0].upper() == name and key in argv[1:]:
+                if any(a == addr and v and v[0].upper() == 'WAIT' for a, v in seen[i + 1:]):
+                    out.append(addr)
+        return out
+
+    def close(self):
+        self.stopped.set()
+        self.t.join(timeout=5)
+        self.s.close()
+
+
 @unittest.skipIf(harness.DIRECT, 'ferry-only: a node refuses keys of several slots')
 class PriorityPopAcrossSlotsTest(unittest.TestCase):
 
@@ -84,22 +177,36 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
                                 'timeout_ms': 1000},
                     'upstream': {'hold_timeout_ms': HOLD_MS}}
             cls.ferry = Ferry(None, wait='port', conf=conf)
-            c = cls.ferry.client(socket_timeout=5)
-            try:
-                wait_until(lambda: all(c.set('probe:{%s}' % t, 1) for t in 'abc'),
-                           timeout=20, interval=0.1, msg='ferry serving the cluster')
-            finally:
-                c.close()
+            # the same cluster behind a ferry with durability.replicas_ack 1
+            # (workers: FERRY_TEST_WORKERS, one loop unless set)
+            cls.ack = None
+            ack_conf = {k: v for k, v in conf.items() if k != 'workers'}
+            ack_conf['durability'] = {'replicas_ack': 1, 'replicas_ack_hold_ms': 20000}
+            cls.ack = Ferry(None, wait='port', conf=ack_conf)
+            for f in (cls.ferry, cls.ack):
+                c = f.client(socket_timeout=5)
+                try:
+                    wait_until(lambda: all(c.set('probe:{%s}' % t, 1) for t in 'abc'),
+                               timeout=20, interval=0.1, msg='ferry serving the cluster')
+                finally:
+                    c.close()
         except BaseException:
+            for f in (getattr(cls, 'ferry', None), getattr(cls, 'ack', None)):
+                if f is not None:
+                    f.stop()
             cls.cluster.stop()
             raise
 
     @classmethod
     def tearDownClass(cls):
         rc = cls.ferry.stop()
+        rc_ack = cls.ack.stop()
         cls.cluster.stop()
         if rc != 0:
             raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
+        if rc_ack != 0:
+            raise AssertionError('ferry (replicas_ack) exited %r:\n%s' % (
+                rc_ack, cls.ack.log()[-3000:]))
 
     def setUp(self):
         self.cluster.wait_consistent()
@@ -180,14 +287,25 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.assertEqual(self.c.llen(mid), 0)
 
     def test_3_race_every_item_popped_once(self):
-        (a, b, _), ports = self.three('race')
-        rounds = 150
+        self.race(self.ferry, 'race', 150)
+
+    def test_3b_race_with_replicas_ack(self):
+        # the same race through the ferry with replicas_ack 1: items put
+        # back with a WAIT behind each, every item still popped once
+        before = counters(self.ack)
+        self.race(self.ack, 'racew', 60)
+        after = counters(self.ack)
+        self.assertGreater(after['multipop_calls'], before['multipop_calls'])
+        print('  %d put back' % (after['multipop_put_back'] - before['multipop_put_back']))
+
+    def race(self, ferry, prefix, rounds):
+        (a, b, _), ports = self.three(prefix)
         popped, errors = [], []
         lock = threading.Lock()
         stop = threading.Event()
 
         def consumer():
-            cl = self.ferry.client(socket_timeout=20)
+            cl = ferry.client(socket_timeout=20)
             try:
                 while True:
                     try:
@@ -207,7 +325,7 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         for t in threads:
             t.start()
         pushed = []
-        p = self.ferry.client(socket_timeout=20)
+        p = ferry.client(socket_timeout=20)
         try:
             for i in range(rounds):
                 # both consumers blocked on both shards, then an item on each
@@ -233,9 +351,9 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.assertEqual(left, [])
         self.assertEqual(len(popped), len(set(popped)), 'an item popped twice')
         self.assertEqual(sorted(popped), sorted(pushed))
-        back = len(re.findall(r'taken by a cancelled pop goes back', self.ferry.log()))
+        back = len(re.findall(r'taken by a cancelled pop goes back', ferry.log()))
         print('\n  race: %d rounds, %d items popped once each; %d taken by a cancelled pop '
-              'went back' % (rounds, len(popped), back))
+              'went back (in this ferry\'s life)' % (rounds, len(popped), back))
 
     def test_4_timeouts_as_redis(self):
         (a, b, c), _ = self.three('tmo')
@@ -438,6 +556,200 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
             for port in (src, dst):
                 self.cluster.command(port, 'CLUSTER', 'SETSLOT', slot, 'STABLE')
             self.cluster.wait_consistent()
+
+    # ---- durability.replicas_ack 1: the WAITs of the priority pop
+
+    def test_8b_replicas_ack_wait_after_the_winning_pop(self):
+        (high, mid, low), ports = self.three('ackw')
+        ca = self.ack.client(socket_timeout=30)
+        before = counters(self.ack)
+        mons = [Monitor(p) for p in ports]
+        try:
+            # a non-blocking pop takes mid's item (pushed on the node itself:
+            # no write of ferry's own on that master but the pop)
+            self.cluster.command(ports[1], 'LPUSH', mid, 'm1')
+            self.assertEqual(_s(ca.brpop([high, mid, low], timeout=0)), [mid, 'm1'])
+            wait_until(lambda: mons[1].followed_by_wait('RPOP', mid), timeout=5,
+                       msg='a WAIT behind the RPOP that took the item, on its link')
+            # blocked on every shard: the blocking pop that took low's item
+            got = {}
+
+            def consumer():
+                cl = self.ack.client(socket_timeout=30)
+                try:
+                    got['v'] = _s(cl.brpop([high, mid, low], timeout=0))
+                finally:
+                    cl.close()
+            held = blocked_on(self.cluster, ports)
+            t = threading.Thread(target=consumer)
+            t.start()
+            wait_until(lambda: blocked_on(self.cluster, ports) >= held + 3, timeout=5,
+                       msg='the call blocked on every shard')
+            self.cluster.command(ports[2], 'LPUSH', low, 'l1')
+            t.join(timeout=15)
+            self.assertEqual(got.get('v'), [low, 'l1'])
+            wait_until(lambda: mons[2].followed_by_wait('BRPOP', low), timeout=5,
+                       msg='a WAIT behind the BRPOP that took the item, on its link')
+            # the item is held until a replica has it: mid's replica asleep,
+            # the reply waits for it to wake
+            rep = self.cluster.replicas_of(ports[1])[0]
+            self.cluster.command(ports[1], 'LPUSH', mid, 'm2')
+            wait_until(lambda: replica_llen(rep, mid) == 1, timeout=5,
+                       msg='the replica has the item')
+            sleeper = socket.create_connection(('127.0.0.1', rep), timeout=5)
+            try:
+                sleeper.sendall(b'DEBUG SLEEP 1.5\r\n')
+                t0 = time.monotonic()
+                self.assertEqual(_s(ca.brpop([high, mid, low], timeout=0)), [mid, 'm2'])
+                took = time.monotonic() - t0
+                self.assertEqual(harness.resp_read_reply(sleeper, timeout=10), 'OK')
+            finally:
+                sleeper.close()
+            self.assertGreater(took, 1.0, 'the item was not held for its WAIT')
+            print('\n  replicas_ack: the item held %.2f s for the sleeping replica' % took)
+            # a pop whose keys share a slot is not the priority pop
+            self.assertIsNone(ca.brpop([mid], timeout=0.1))
+            after = counters(self.ack)
+            self.assertEqual(after['multipop_calls'] - before['multipop_calls'], 3)
+            self.assertEqual(after['multipop_unconfirmed'], before['multipop_unconfirmed'])
+        finally:
+            for m in mons:
+                m.close()
+            ca.close()
+
+    def test_8c_replicas_ack_wait_after_a_put_back(self):
+        # made to happen: a's master sleeps while b's item wins; when it
+        # wakes, the push to a (in the same read as the sleep) is served to
+        # the pop ferry is cancelling: that item goes back, then a WAIT
+        (a, b, _), ports = self.three('ackb')
+        before = counters(self.ack)
+        mon = Monitor(ports[0])
+        got = {}
+
+        def consumer():
+            cl = self.ack.client(socket_timeout=30)
+            try:
+                got['v'] = _s(cl.brpop([a, b], timeout=0))
+            finally:
+                cl.close()
+        try:
+            held = blocked_on(self.cluster, ports[:2])
+            t = threading.Thread(target=consumer)
+            t.start()
+            wait_until(lambda: blocked_on(self.cluster, ports[:2]) >= held + 2, timeout=5,
+                       msg='the call blocked on both shards')
+            sleeper = socket.create_connection(('127.0.0.1', ports[0]), timeout=5)
+            try:
+                sleeper.sendall(('DEBUG SLEEP 0.5\r\nLPUSH %s x\r\n' % a).encode())
+                self.cluster.command(ports[1], 'LPUSH', b, 'y')
+                t.join(timeout=15)
+                self.assertEqual(got.get('v'), [b, 'y'])
+                self.assertEqual(harness.resp_read_reply(sleeper, timeout=10), 'OK')
+                self.assertEqual(harness.resp_read_reply(sleeper, timeout=10), 1)
+            finally:
+                sleeper.close()
+            wait_until(lambda: counters(self.ack)['multipop_put_back'] >
+                       before['multipop_put_back'], timeout=10, msg='the item put back')
+            wait_until(lambda: mon.followed_by_wait('RPUSH', a), timeout=5,
+                       msg='a WAIT behind the put-back, on its link')
+            self.assertEqual(_s(self.c.lrange(a, 0, -1)), ['x'])
+            self.assertEqual(self.c.llen(b), 0)
+            after = counters(self.ack)
+            self.assertEqual(after['multipop_put_back'] - before['multipop_put_back'], 1)
+            self.assertEqual(after['multipop_calls'] - before['multipop_calls'], 1)
+            self.assertEqual(after['multipop_unconfirmed'], before['multipop_unconfirmed'])
+        finally:
+            mon.close()
+            self.c.delete(a)
+
+    def test_8d_replicas_ack_kill_master_while_blocked_on_two_shards(self):
+        (a, b, _), ports = self.three('ackk')
+        victim, other = ports[0], ports[1]
+        waits0 = waits_on(self.cluster, other)
+        stop = threading.Event()
+        lock = threading.Lock()
+        errors, pushed, popped = [], [], []
+
+        def consumer():
+            cl = self.ack.client(socket_timeout=HOLD_MS / 1000 + 10)
+            try:
+                while not stop.is_set() or len(popped) < len(pushed):
+                    try:
+                        v = cl.brpop([a, b], timeout=0.5)
+                    except Exception as e:
+                        with lock:
+                            errors.append('pop: %r' % e)
+                        return
+                    if v is not None:
+                        with lock:
+                            popped.append(tuple(_s(v)))
+                    elif stop.is_set():
+                        return
+            finally:
+                cl.close()
+
+        def producer():
+            cl = self.ack.client(socket_timeout=HOLD_MS / 1000 + 10)
+            n = 0
+            try:
+                while not stop.is_set():
+                    k = (a, b)[n % 2]
+                    v = 'v%d' % n
+                    n += 1
+                    try:
+                        cl.lpush(k, v)
+                    except Exception as e:
+                        with lock:
+                            errors.append('push %s: %r' % (k, e))
+                        return
+                    with lock:
+                        pushed.append((k, v))
+                    time.sleep(0.01)
+            finally:
+                cl.close()
+        threads = [threading.Thread(target=consumer) for _ in range(4)]
+        threads.append(threading.Thread(target=producer))
+        for t in threads:
+            t.start()
+        new = None
+        try:
+            wait_until(lambda: errors or len(popped) >= 40, timeout=20, msg='items flowing')
+            self.cluster.kill_master(victim)
+            new = self.cluster.wait_promoted(victim)
+            # back at once, as a replica of the promoted one: writes to its
+            # shard wait for it (replicas_ack 1, replicas_ack_hold_ms)
+            self.cluster.node_by_port(victim).start()
+            mark = len(pushed)
+            wait_until(lambda: errors or (any(k == a for k, _ in pushed[mark:]) and
+                                          len(popped) >= mark + 10), timeout=HOLD_MS / 1000,
+                       msg='items of both shards flowing after the failover')
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=HOLD_MS / 1000 + 20)
+            if victim not in [n.port for n in self.cluster.running()]:
+                self.cluster.node_by_port(victim).start()  # for the tests after
+        self.cluster.wait_consistent()
+        self.assertEqual(errors, [])
+        left = [(a, v) for v in _s(self.c.lrange(a, 0, -1))] + \
+               [(b, v) for v in _s(self.c.lrange(b, 0, -1))]
+        twice = sorted(p for p in set(popped) if popped.count(p) > 1)
+        lost = [p for p in pushed if p not in set(popped) | set(left)]
+        pops_b = sum(1 for k, _ in popped if k == b)
+        pushes_b = sum(1 for k, _ in pushed if k == b)
+        waits = waits_on(self.cluster, other) - waits0
+        print('\n  replicas_ack, kill -9 of %d (promoted %d): %d pushes, %d pops, %d left, '
+              '%d lost, %d popped twice; %d WAITs on the other shard for %d pushes and %d pops'
+              % (victim, new, len(pushed), len(popped), len(left), len(lost), len(twice),
+                 waits, pushes_b, pops_b))
+        self.assertEqual(lost, [], 'acknowledged items lost')
+        self.assertEqual(twice, [], 'items popped twice')
+        self.assertEqual(left, [])
+        # each push and each pop on the other shard was followed by its WAIT
+        self.assertGreaterEqual(waits, pushes_b + pops_b)
+        self.cluster.wait_consistent()
+        wait_until(lambda: self.cluster.replicas_of(new) == [victim], timeout=30,
+                   msg='the old master back as a replica')
 
     def test_9_failover_while_blocked(self):
         (a, b, c), ports = self.three('fo')
