@@ -114,13 +114,13 @@ typedef enum stat_type {
       "requests refused (deny list, CONFIG SET of enforced settings)")                             \
     X(commands, multipop_calls, COUNTER, "ferry_multipop_calls_total",                             \
       "blocking pops (BLPOP, BRPOP, BZPOPMIN, BZPOPMAX) over keys of several slots served as "     \
-      "one call: the priority pop across slots (0 outside cluster mode)")                                    \
+      "one call: the priority pop across slots (0 outside cluster mode)")                          \
     X(commands, multipop_put_back, COUNTER, "ferry_multipop_put_back_total",                       \
       "items a cancelled pop of such a call took anyway, pushed back to the end they came from "   \
-      "(0 outside cluster mode)")                                                                            \
+      "(0 outside cluster mode)")                                                                  \
     X(commands, multipop_unconfirmed, COUNTER, "ferry_multipop_unconfirmed_total",                 \
       "of such calls, items delivered and put-backs left although fewer than "                     \
-      "durability.replicas_ack replicas confirmed them (0 outside cluster mode)")                            \
+      "durability.replicas_ack replicas confirmed them (0 outside cluster mode)")                  \
                                                                                                    \
     X(errors, protocol_errors, COUNTER, "ferry_protocol_errors_total",                             \
       "clients closed for malformed input or an oversized query")                                  \
