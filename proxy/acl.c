@@ -87,8 +87,8 @@ static int ident_usable(ferry *f, ident *id, const char *pass, size_t plen)
 }
 
 /* The master view that checks a client's AUTH: f->up; in cluster mode the
- * first shard's master view that is UP (every master knows the users: ACL
- * users are made on every node), else the first shard's, where the check
+ * UP shard's master view with the lowest slots (every master knows the
+ * users: ACL users are made on every node), else slot 0's, where the check
  * waits (none while no map is known: f->up, without a master). */
 static upstream *check_view(ferry *f)
 {

@@ -59,6 +59,7 @@ struct clustermap {
     int nviews;
     upstream *by_shard[SLOTMAP_MAX_SHARDS]; /* the view of each shard of the last map */
     int nshards;                            /* shards in the last map */
+    int by_slot[SLOTMAP_MAX_SHARDS];        /* shard indexes in the order of their first slot */
     upstream *slot_up[CLUSTER_SLOTS];       /* the view serving each slot, NULL none */
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
     uint64_t splits;                        /* requests split across slots (split.c) */
@@ -439,6 +440,19 @@ static void apply_map(clustermap *cm, const slotmap *m)
     }
     memcpy(cm->by_shard, claim, sizeof(claim[0]) * (size_t)m->nshards);
     cm->nshards = m->nshards;
+    /* A map's shards come in the order a node lists them (CLUSTER SHARDS
+     * walks its node table), which differs between nodes and refreshes:
+     * "the first shard" means the one with the lowest slots. */
+    for (int i = 0; i < m->nshards; i++) {
+        if (first[i] < 0) {
+            first[i] = CLUSTER_SLOTS; /* a master without slots: last */
+        }
+        int j = i;
+        for (; j > 0 && first[cm->by_slot[j - 1]] > first[i]; j--) {
+            cm->by_slot[j] = cm->by_slot[j - 1];
+        }
+        cm->by_slot[j] = i;
+    }
     cm->f->wake_pending = 1; /* requests held for a shard may go now */
 }
 
@@ -607,11 +621,12 @@ upstream *clustermap_route(clustermap *cm, int slot)
         return cm->slot_up[slot];
     }
     for (int i = 0; i < cm->nshards; i++) {
-        if (cm->by_shard[i] != NULL && cm->by_shard[i]->state == UP_UP) {
-            return cm->by_shard[i];
+        upstream *up = cm->by_shard[cm->by_slot[i]];
+        if (up != NULL && up->state == UP_UP) {
+            return up;
         }
     }
-    return cm->nshards > 0 ? cm->by_shard[0] : NULL;
+    return cm->nshards > 0 ? cm->by_shard[cm->by_slot[0]] : NULL;
 }
 
 void clustermap_moved(clustermap *cm, upstream *from, int slot, const char *host, int port)

@@ -51,7 +51,8 @@ void clustermap_publish(clustermap *cm);
 /* Periodic: the source's rounds and every shard's master view. */
 void clustermap_tick(clustermap *cm, uint64_t now);
 /* The master view serving slot (0..16383), or, for -1 (a keyless
- * command), one that is UP (else any); NULL while no shard is known. */
+ * command), of the shards whose view is UP the one with the lowest slots
+ * (else that of the lowest slots); NULL while no shard is known. */
 struct upstream *clustermap_route(clustermap *cm, int slot);
 /* A node (of view from, NULL if unknown) answered MOVED slot host:port:
  * the slot is served there from now on (a master view is made for a node

@@ -38,6 +38,7 @@ import unittest
 
 import harness
 from harness import ClusterTopology, Ferry, RespError, resp_read_reply, resp_send, wait_until
+from test_cluster_keyspace import wait_all_up
 from test_takeover import spawn_takeover
 
 HOLD_MS = 30000
@@ -363,6 +364,9 @@ class ClusterAclTest(unittest.TestCase):
             if n.port not in skip:
                 self.cluster.command(n.port, 'ACL', 'SETUSER', 'half', 'reset', 'on', '>hpass',
                                      '~app:*', '+@all')
+        # AUTH is checked on the UP shard with the lowest slots: slot 0's,
+        # once every shard is UP.
+        wait_all_up(self.ferry)
         c = self.login('half', 'hpass')
         k0 = keys_by_master(self.cluster, 'app:half:', 1)[self.cluster.master_of(0)][0]
         self.assertEqual(c.call('SET', k0, 1), 'OK')
