@@ -30,6 +30,7 @@
 
 #include "link.h"
 #include "log.h"
+#include "resp.h"
 #include "queues.h"
 #include "tx.h"
 
@@ -46,31 +47,10 @@ typedef struct push_view {
     size_t nvalues;   /* how many */
 } push_view;
 
-/* Read "<c><digits>\r\n" at *pp; returns the number or -1. */
-static long long read_header(const char **pp, const char *end, char c)
-{
-    const char *p = *pp;
-    long long v = 0;
-    if (p >= end || *p != c) {
-        return -1;
-    }
-    for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
-        v = v * 10 + (*p - '0');
-        if (v > (1ll << 40)) {
-            return -1;
-        }
-    }
-    if (end - p < 2 || p[0] != '\r' || p[1] != '\n') {
-        return -1;
-    }
-    *pp = p + 2;
-    return v;
-}
-
 /* One $bulk at *pp: its bytes in *s, *n. */
 static int read_bulk(const char **pp, const char *end, const char **s, size_t *n)
 {
-    long long len = read_header(pp, end, '$');
+    long long len = resp_read_header(pp, end, '$');
     if (len < 0 || end - *pp < len + 2) {
         return -1;
     }
@@ -96,7 +76,7 @@ static int guarded_queue(const ferry *f, const request *r, push_view *v)
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
     const char *name;
     size_t nlen;
-    long long argc = read_header(&p, end, '*');
+    long long argc = resp_read_header(&p, end, '*');
     if (argc < 3 || read_bulk(&p, end, &name, &nlen) != 0 ||
         read_bulk(&p, end, &v->key, &v->klen) != 0) {
         return -1; /* Redis answers the arity error of a push with no value */

@@ -719,3 +719,23 @@ int resp_scan_reply(resp_scanner *s, const char *buf, size_t len, size_t *reply_
     s->need = 0;
     return RESP_OK;
 }
+
+long long resp_read_header(const char **pp, const char *end, char c)
+{
+    const char *p = *pp;
+    long long v = 0;
+    if (p >= end || *p != c) {
+        return -1;
+    }
+    for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
+        v = v * 10 + (*p - '0');
+        if (v > (1ll << 40)) {
+            return -1;
+        }
+    }
+    if (end - p < 2 || p[0] != '\r' || p[1] != '\n') {
+        return -1;
+    }
+    *pp = p + 2;
+    return v;
+}

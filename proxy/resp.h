@@ -71,6 +71,11 @@ const char *resp_parser_error(const resp_parser *p); /* "" when none */
  * 20 nines are refused. Returns 0 (*out set) or -1. */
 int resp_arg_ll(const resp_arg *a, long long *out);
 
+/* A multibulk or bulk header "<c><digits>\r\n" at *pp (before end): the
+ * number, *pp moved past it; -1 (*pp kept) if it is not one or is over
+ * 2^40. For ferry's own reading of requests it already parsed. */
+long long resp_read_header(const char **pp, const char *end, char c);
+
 /* Reply scanner: frames one complete reply (RESP2, and RESP3 types for later)
  * without building objects; the bytes are forwarded as Redis sent them.
  * State is a position and a count of pending elements: no allocation. */

@@ -40,6 +40,7 @@
 
 #include "link.h"
 #include "log.h"
+#include "resp.h"
 #include "session.h"
 #include "tx.h"
 
@@ -378,37 +379,16 @@ static void mark(link *l, uint64_t gen, uint64_t key)
 
 /* ------------------------------------------------------------ requests */
 
-/* Read "<c><digits>\r\n" at *pp; returns the number or -1. */
-static long long read_header(const char **pp, const char *end, char c)
-{
-    const char *p = *pp;
-    long long v = 0;
-    if (p >= end || *p != c) {
-        return -1;
-    }
-    for (p++; p < end && *p >= '0' && *p <= '9'; p++) {
-        v = v * 10 + (*p - '0');
-        if (v > (1ll << 40)) {
-            return -1;
-        }
-    }
-    if (end - p < 2 || p[0] != '\r' || p[1] != '\n') {
-        return -1;
-    }
-    *pp = p + 2;
-    return v;
-}
-
 /* The argument at index i (0: the command's name) of r's multibulk. */
 static int arg_at(const request *r, int i, const char **s, size_t *n)
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
-    long long argc = read_header(&p, end, '*');
+    long long argc = resp_read_header(&p, end, '*');
     if (argc <= i) {
         return -1;
     }
     for (int j = 0; j <= i; j++) {
-        long long len = read_header(&p, end, '$');
+        long long len = resp_read_header(&p, end, '$');
         if (len < 0 || end - p < len + 2) {
             return -1;
         }
