@@ -577,7 +577,7 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         up->heir_second = end != NULL && end != second && *end == '\0' ? s : -1;
         up->heir_epoch = up->epoch;
         verdicts_run(up);
-        redo_decide(up, replid_of_epoch); /* sent again by fence_link_verified */
+        redo_decide(up, id, replid_of_epoch); /* sent again by fence_link_verified */
     }
     redo_confirmed(up, replicas_min);
     if (up->replid_epoch == up->epoch && strcmp(up->replid, id) == 0) {

@@ -319,15 +319,15 @@ void redo_confirmed(upstream *up, long long min_offset)
 
 /* ------------------------------------------------------- after a failover */
 
-void redo_decide(upstream *up, const char *(*replid_of)(const upstream *up,
-                                                        unsigned long long epoch))
+void redo_decide(upstream *up, const char *heir_replid,
+                 const char *(*replid_of)(const upstream *up, unsigned long long epoch))
 {
     redo *rd = up->redo;
     if (rd == NULL) {
         return;
     }
     bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
-    size_t applied = 0, resend = 0, ambiguous = 0;
+    size_t applied = 0, resend = 0, ambiguous = 0, nohistory = 0;
     redo_entry *prev = NULL, *e = rd->head;
     while (e != NULL) {
         redo_entry *next = e->next;
@@ -337,7 +337,25 @@ void redo_decide(upstream *up, const char *(*replid_of)(const upstream *up,
             continue;
         }
         const char *id = replid_of(up, e->epoch);
-        bracket b = {id, id != NULL, e->lo, e->hi};
+        if (id != NULL && heir_replid != NULL && strcmp(id, heir_replid) == 0) {
+            /* The same history goes on (the same node again): it has it. */
+            applied++;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        if (id == NULL || h.replid2 == NULL || strcmp(id, h.replid2) != 0) {
+            /* No history shared with the master that acknowledged it: a
+             * node restarted from its AOF (every acknowledged push is in the
+             * AOF of the master that acknowledged it), or a replication id
+             * not learned. Nothing to compare: not sent again. */
+            up->f->stats.redo_no_history++;
+            nohistory++;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        bracket b = {id, 1, e->lo, e->hi};
         bracket_verdict v = bracket_decide(&b, &h);
         if (v == BRACKET_APPLIED) {
             applied++;
@@ -355,10 +373,12 @@ void redo_decide(upstream *up, const char *(*replid_of)(const upstream *up,
         prev = e;
         e = next;
     }
-    if (applied + resend > 0) {
+    if (applied + resend + nohistory > 0) {
         log_info("%sredo: %zu acknowledged push(es) of the old master: %zu on the new master "
-                 "(it holds its stream up to %lld), %zu to send again (%zu it may have)",
-                 up->tag, applied + resend, applied, up->heir_second - 1, resend, ambiguous);
+                 "(it holds its stream up to %lld), %zu to send again (%zu it may have), %zu "
+                 "of another history (not sent again)",
+                 up->tag, applied + resend + nohistory, applied, up->heir_second - 1, resend,
+                 ambiguous, nohistory);
     }
 }
 

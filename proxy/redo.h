@@ -32,11 +32,13 @@ void redo_confirmed(struct upstream *up, long long min_offset);
 int redo_watching(const struct upstream *up);
 
 /* The new master's heir info is in up (heir_replid2, heir_second,
- * heir_epoch): decide every entry of an older master: on it (dropped), not
- * on it or cannot tell (to be sent again, redo_send). replid_of gives the
+ * heir_epoch), heir_replid is its own replication id: decide every entry of
+ * an older master: on it (dropped), not on it or the boundary inside its
+ * bracket (to be sent again, redo_send), of a history it does not share (a
+ * node restarted from its AOF: dropped, counted). replid_of gives the
  * replication id learned for an epoch (NULL unknown). */
-void redo_decide(struct upstream *up, const char *(*replid_of)(const struct upstream *up,
-                                                               unsigned long long epoch));
+void redo_decide(struct upstream *up, const char *heir_replid,
+                 const char *(*replid_of)(const struct upstream *up, unsigned long long epoch));
 
 /* Send on l (a verifying link of ferry's own) what redo_decide left to send
  * again and is not in flight. idle is called (with up) when nothing is in

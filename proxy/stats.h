@@ -250,6 +250,9 @@ typedef enum stat_type {
       "kept pushes sent again to a new master that lacked them (or may have: redo_ambiguous)")     \
     X(durability, redo_ambiguous, COUNTER, "ferry_durability_redo_ambiguous_total",                \
       "of those, pushes the new master's history could not place (sent again: at worst twice)")    \
+    X(durability, redo_no_history, COUNTER, "ferry_durability_redo_no_history_total",              \
+      "kept pushes a new master sharing no replication history with the one that acknowledged "    \
+      "them (a node restarted from its AOF) made undecidable: not sent again")                     \
     X(durability, redo_errors, COUNTER, "ferry_durability_redo_errors_total",                      \
       "kept pushes the new master answered with an error when sent again (logged)")                \
     X(durability, redo_dropped_unprotected, COUNTER,                                               \
