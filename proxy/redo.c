@@ -214,6 +214,16 @@ static void entry_append(upstream *up, redo_entry *e)
     gauges(up, 1, (long long)ENTRY_COST(e));
 }
 
+static void entry_init(redo_entry *e, const link *l, const request *r)
+{
+    e->epoch = l->epoch;
+    e->lo = r->br_lo;
+    e->hi = r->br_hi;
+    e->db = l->db;
+    e->state = REDO_KEPT;
+    e->ambiguous = 0;
+}
+
 void redo_keep(link *l, const request *r, const char *reply, size_t len)
 {
     upstream *up = l->up;
@@ -230,6 +240,18 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len)
         return;
     }
     redo *rd = ctx(up);
+    int xadd = strcmp(r->cmd->name, "xadd") == 0;
+    if (!xadd && cfg->nfallback_keys == 0) {
+        /* Nothing to read in it: its bytes as they are (one allocation,
+         * one copy; r->data holds exactly this request). */
+        size_t n = buf_used(&r->data);
+        redo_entry *e = xmalloc(sizeof(*e) + n);
+        memcpy(e->bytes, buf_head(&r->data), n);
+        e->len = n;
+        entry_init(e, l, r);
+        entry_append(up, e);
+        return;
+    }
     if (rd->parser == NULL) {
         rd->parser = resp_parser_new(NULL);
     }
@@ -245,7 +267,7 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len)
     }
     size_t idi = 0, idlen = 0;
     const char *id = NULL;
-    if (strcmp(r->cmd->name, "xadd") == 0) {
+    if (xadd) {
         idi = xadd_id_index(&req);
         if (idi == 0 || idi >= req.argc) {
             return;
@@ -282,12 +304,7 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len)
         e->len = buf_used(&b);
         buf_free(&b);
     }
-    e->epoch = l->epoch;
-    e->lo = r->br_lo;
-    e->hi = r->br_hi;
-    e->db = l->db;
-    e->state = REDO_KEPT;
-    e->ambiguous = 0;
+    entry_init(e, l, r);
     entry_append(up, e);
 }
 

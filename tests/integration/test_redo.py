@@ -65,6 +65,9 @@ class RedoFailoverTest(unittest.TestCase):
         for i, item in enumerate(pushes):
             # Acknowledged: R1 confirmed it (WAIT 1).
             self.assertEqual(c.rpush('q', item), i + 2)
+        # XADD with "*": sent again with the id its reply carried.
+        sid = c.xadd('s', {'f': 'v'})
+        c.zadd('z', {'m': 1})
         # (Kept: R2's offset is behind them.)
         kept = durability(f).get('redo_kept')
 
@@ -83,13 +86,15 @@ class RedoFailoverTest(unittest.TestCase):
         got = wait_until(items, timeout=30, msg='ferry answers on the new master')
         self.assertEqual(got, ['before'] + pushes)
         self.assertEqual(r2.client().lrange('q', 0, -1), ['before'] + pushes)
-        self.assertGreaterEqual(kept, len(pushes))
+        self.assertEqual([e[0] for e in f.client().xrange('s')], [sid])
+        self.assertEqual(f.client().zrange('z', 0, -1, withscores=True), [('m', 1.0)])
+        self.assertGreaterEqual(kept, len(pushes) + 2)
         d = durability(f)
-        self.assertEqual(d['redo_replayed'], len(pushes), d)
+        self.assertEqual(d['redo_replayed'], len(pushes) + 2, d)
         self.assertEqual(d['redo_errors'], 0, d)
         self.assertLessEqual(d['redo_ambiguous'], d['redo_replayed'], d)
         self.assertEqual(d['redo_kept'], 0, d)
-        self.assertIn('redo: sending %d acknowledged push(es) again' % len(pushes), f.log())
+        self.assertIn('redo: sending %d acknowledged push(es) again' % (len(pushes) + 2), f.log())
 
 
 class RedoRunningTest(unittest.TestCase):
