@@ -513,12 +513,14 @@ static int info_field(const char *info, const char *field, char *out, size_t out
 /* The lowest offset of the replicas INFO replication lists online
  * ("slaveN:ip=..,port=..,state=online,offset=N,lag=.."), -1 if none: a
  * replica still syncing gets the whole data set later and does not count. */
-static long long online_replicas_min(const char *info)
+static long long online_replicas_min(const char *info, int *listed)
 {
     long long min = -1;
+    *listed = 0;
     for (const char *p = info; p != NULL && *p != '\0';) {
         if (strncmp(p, "slave", 5) == 0 && p[5] >= '0' && p[5] <= '9') {
             size_t n = strcspn(p, "\r\n");
+            (*listed)++;
             const char *st = strstr(p, "state=");
             const char *off = strstr(p, "offset=");
             if (st != NULL && off != NULL && (size_t)(st - p) < n && (size_t)(off - p) < n &&
@@ -548,8 +550,9 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     redisReply *rr = link_parse_reply(reply, len);
     char id[64] = "", backlog[8] = "", role[16] = "", id2[64] = "", second[32] = "";
     long long replicas_min = -1;
+    int listed = -1;
     if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
-        replicas_min = online_replicas_min(rr->str);
+        replicas_min = online_replicas_min(rr->str, &listed);
         info_field(rr->str, "role", role, sizeof(role));
         info_field(rr->str, "master_replid", id, sizeof(id));
         info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));
@@ -579,7 +582,7 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         verdicts_run(up);
         redo_decide(up, id, replid_of_epoch); /* sent again by fence_link_verified */
     }
-    redo_confirmed(up, replicas_min);
+    redo_replicas(up, replicas_min, listed);
     if (up->replid_epoch == up->epoch && strcmp(up->replid, id) == 0) {
         return; /* asked again for the replicas' offsets (redo): known */
     }
@@ -599,10 +602,10 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
 
 void fence_learn_replid(upstream *up, link *probe, uint64_t now)
 {
-    /* Once learned, asked again while acknowledged pushes are kept: the
-     * replicas' offsets tell when every one has them (redo.c). */
-    if (up->replicas_ack <= 0 || (up->replid_epoch == up->epoch && !redo_watching(up)) ||
-        up->replid_pending || now < up->replid_next_ms) {
+    /* Once learned, asked again every ping interval: the replicas' offsets
+     * tell when every one has the acknowledged pushes kept, and how many
+     * replicas a WAIT must count for a push not to be kept at all (redo.c). */
+    if (up->replicas_ack <= 0 || up->replid_pending || now < up->replid_next_ms) {
         return;
     }
     static const char *const info[] = {"INFO", "replication"};
@@ -884,7 +887,7 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         buf_init(&r->reply);
         /* Confirmed by replicas_ack replica(s), maybe not by all: a queue
          * push is kept until every replica has it (redo.c). */
-        redo_keep(l, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+        redo_keep(l, r, tmp.data + tmp.pos, tmp.len - tmp.pos, acked);
         l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
         buf_free(&tmp);
     }

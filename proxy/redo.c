@@ -47,6 +47,8 @@ typedef struct redo {
     size_t inflight;           /* REDO_SENDING entries */
     void (*idle)(upstream *up); /* told when inflight falls to 0 */
     resp_parser *parser;        /* reads a push's key and XADD's id */
+    int listed;                 /* replicas the master listed at the last INFO ... */
+    uint64_t listed_epoch;      /* ... of this epoch (0: none read) */
 } redo;
 
 #define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len)
@@ -224,7 +226,7 @@ static void entry_init(redo_entry *e, const link *l, const request *r)
     e->ambiguous = 0;
 }
 
-void redo_keep(link *l, const request *r, const char *reply, size_t len)
+void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked)
 {
     upstream *up = l->up;
     const config *cfg = l->f->cfg;
@@ -240,6 +242,11 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len)
         return;
     }
     redo *rd = ctx(up);
+    if (rd->listed_epoch == l->epoch && rd->listed > 0 && acked >= rd->listed) {
+        /* Its WAIT counted every replica the master listed a moment ago
+         * (INFO replication, every ping interval): nothing to keep. */
+        return;
+    }
     int xadd = strcmp(r->cmd->name, "xadd") == 0;
     if (!xadd && cfg->nfallback_keys == 0) {
         /* Nothing to read in it: its bytes as they are (one allocation,
@@ -310,16 +317,14 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len)
 
 /* -------------------------------------------------------------- confirmed */
 
-int redo_watching(const upstream *up)
+void redo_replicas(upstream *up, long long min_offset, int listed)
 {
-    const redo *rd = up->redo;
-    return rd != NULL && rd->tail != NULL && rd->tail->epoch == up->epoch;
-}
-
-void redo_confirmed(upstream *up, long long min_offset)
-{
-    redo *rd = up->redo;
-    if (rd == NULL || min_offset < 0) {
+    redo *rd = ctx(up);
+    if (listed >= 0) {
+        rd->listed = listed;
+        rd->listed_epoch = up->epoch;
+    }
+    if (min_offset < 0) {
         return;
     }
     redo_entry *prev = NULL, *e = rd->head;

@@ -19,17 +19,15 @@
 
 struct upstream;
 
-/* r's reply (reply, len) was released after its replicas_ack WAIT on l:
- * keep a copy of r if it is a queue push with a known bracket. */
-void redo_keep(link *l, const request *r, const char *reply, size_t len);
+/* r's reply (reply, len) was released after its replicas_ack WAIT on l,
+ * which acked replicas confirmed: keep a copy of r if it is a queue push
+ * with a known bracket that not every replica confirmed. */
+void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked);
 
 /* INFO replication of up's current master: every online replica is at
- * min_offset or past it (-1: none online): drop what they all have. */
-void redo_confirmed(struct upstream *up, long long min_offset);
-
-/* Entries of up's current master are kept: INFO replication is worth
- * asking (fence_learn_replid). */
-int redo_watching(const struct upstream *up);
+ * min_offset or past it (-1: none online): drop what they all have; it
+ * lists listed replicas in any state (-1 unknown). */
+void redo_replicas(struct upstream *up, long long min_offset, int listed);
 
 /* The new master's heir info is in up (heir_replid2, heir_second,
  * heir_epoch), heir_replid is its own replication id: decide every entry of
