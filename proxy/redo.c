@@ -234,10 +234,11 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
         !is_push(r->cmd->name) || !command_listed(cfg, r->cmd->name)) {
         return;
     }
-    if (r->br_hi < 0 || cfg->redo_max_bytes == 0 || l->epoch != up->epoch) {
+    if (r->br_hi < 0 || cfg->redo_max_bytes == 0 ||
+        (l->epoch != up->epoch && up->heir_epoch > l->epoch)) {
         /* No offset after it (ROLE refused, a user's link): no replica's
-         * offset can ever clear it; or an old master's link let go after
-         * the next master was read. */
+         * offset can ever clear it; or an old master's link (a fence)
+         * released it after the next master was read. */
         l->f->stats.redo_dropped_unprotected++;
         return;
     }
