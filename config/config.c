@@ -657,6 +657,15 @@ const conf_entry conf_table[] = {
      CONF_FIELD(replicas_ack_hold_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+    {.key = "durability.redo_max_bytes",
+     .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
+            "XADD) kept until every online replica has them, so they are sent again to a promoted "
+            "replica that lacks them; past it the oldest are dropped (counted "
+            "redo_dropped_unprotected); 0 keeps none",
+     .type = CONF_SIZE,
+     CONF_FIELD(redo_max_bytes),
+     .min = 0,
+     .max = CONF_SIZE_MAX},
     {.key = "durability.enforce_interval_ms",
      .doc = "how often the durability settings are asserted again on every node",
      .type = CONF_DURATION,
@@ -1127,6 +1136,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->replicas_ack_hold_ms = 30000;
+    cfg->redo_max_bytes = (size_t)64 << 20;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");
     cfg->persist_config = 0;

@@ -96,6 +96,8 @@ void stats_add(ferry_stats *dst, const ferry_stats *src)
         dst->queue_dead_lettered[i] += src->queue_dead_lettered[i];
         dst->queue_lease_orphans[i] += src->queue_lease_orphans[i];
     }
+    dst->redo_kept += src->redo_kept; /* gauges of each loop's own redo (redo.c) */
+    dst->redo_kept_bytes += src->redo_kept_bytes;
     if (src->held_bytes_peak > dst->held_bytes_peak) {
         dst->held_bytes_peak = src->held_bytes_peak;
     }

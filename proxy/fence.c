@@ -28,6 +28,7 @@
 #include "bracket.h"
 #include "durable_link.h"
 #include "log.h"
+#include "redo.h"
 #include "router.h"
 #include "session.h"
 #include "upstream.h"
@@ -258,6 +259,15 @@ static const char *past_replid(const upstream *up, uint64_t epoch, int *backlog)
     return NULL;
 }
 
+/* The replication id of the master of epoch, NULL unknown or without a
+ * backlog (redo.c's verdicts). */
+static const char *replid_of_epoch(const upstream *up, unsigned long long epoch)
+{
+    int backlog;
+    const char *id = past_replid(up, (uint64_t)epoch, &backlog);
+    return id != NULL && backlog ? id : NULL;
+}
+
 /* A write answered by l's master is not confirmed and l is lost: keep its
  * reply for the next master's verdict if its bracket can give one (1). */
 static int verdict_keep(link *l, request *r)
@@ -419,11 +429,47 @@ static void enforce_done(link *l, request *r, const char *reply, size_t len)
     fence_link_verified(l);
 }
 
+static void redo_idle(upstream *up);
+
 void fence_link_verified(link *l)
 {
-    if (l->state == LINK_VERIFYING) {
-        link_set_state(l, LINK_READY);
-        upstream_on_verified(l->up, l);
+    if (l->state != LINK_VERIFYING) {
+        return;
+    }
+    /* Acknowledged pushes this master lacks go first, on ferry's own
+     * link; no link of the view carries a client request before they are
+     * answered (redo_idle). */
+    if (l->who->user == NULL && redo_send(l, redo_idle)) {
+        l->redo_wait = 1;
+        return;
+    }
+    l->redo_wait = 0;
+    link_set_state(l, LINK_READY);
+    upstream_on_verified(l->up, l);
+}
+
+/* The pushes sent again are answered: the links that waited go on. */
+static void redo_idle(upstream *up)
+{
+    for (int guard = 0; guard < 1024; guard++) {
+        link *w = NULL;
+        list_node *n;
+        list_foreach(n, &up->links)
+        {
+            link *l = list_entry(n, link, node);
+            if (l->redo_wait && l->state == LINK_VERIFYING) {
+                w = l;
+                break;
+            }
+        }
+        if (w == NULL) {
+            return;
+        }
+        w->redo_wait = 0;
+        fence_link_verified(w);
+        if (w->redo_wait) {
+            return; /* it sends what a lost link left unanswered: wait again */
+        }
     }
 }
 
@@ -465,6 +511,34 @@ static int info_field(const char *info, const char *field, char *out, size_t out
     return 0;
 }
 
+/* The lowest offset of the replicas INFO replication lists online
+ * ("slaveN:ip=..,port=..,state=online,offset=N,lag=.."), -1 if none: a
+ * replica still syncing gets the whole data set later and does not count. */
+static long long online_replicas_min(const char *info, int *listed)
+{
+    long long min = -1;
+    *listed = 0;
+    for (const char *p = info; p != NULL && *p != '\0';) {
+        if (strncmp(p, "slave", 5) == 0 && p[5] >= '0' && p[5] <= '9') {
+            size_t n = strcspn(p, "\r\n");
+            (*listed)++;
+            const char *st = strstr(p, "state=");
+            const char *off = strstr(p, "offset=");
+            if (st != NULL && off != NULL && (size_t)(st - p) < n && (size_t)(off - p) < n &&
+                strncmp(st + 6, "online", 6) == 0) {
+                char *end = NULL;
+                long long o = strtoll(off + 7, &end, 10);
+                if (end != off + 7 && o >= 0 && (min < 0 || o < min)) {
+                    min = o;
+                }
+            }
+        }
+        p = strchr(p, '\n');
+        p = p != NULL ? p + 1 : NULL;
+    }
+    return min;
+}
+
 static void replid_done(link *l, request *r, const char *reply, size_t len)
 {
     upstream *up = l->up;
@@ -476,7 +550,10 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     }
     redisReply *rr = link_parse_reply(reply, len);
     char id[64] = "", backlog[8] = "", role[16] = "", id2[64] = "", second[32] = "";
+    long long replicas_min = -1;
+    int listed = -1;
     if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
+        replicas_min = online_replicas_min(rr->str, &listed);
         info_field(rr->str, "role", role, sizeof(role));
         info_field(rr->str, "master_replid", id, sizeof(id));
         info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));
@@ -504,6 +581,11 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
         up->heir_second = end != NULL && end != second && *end == '\0' ? s : -1;
         up->heir_epoch = up->epoch;
         verdicts_run(up);
+        redo_decide(up, id, replid_of_epoch); /* sent again by fence_link_verified */
+    }
+    redo_replicas(up, replicas_min, listed);
+    if (up->replid_epoch == up->epoch && strcmp(up->replid, id) == 0) {
+        return; /* asked again for the replicas' offsets (redo): known */
     }
     memcpy(up->replid, id, sizeof(up->replid)); /* 40 characters and the NUL: checked above */
     up->repl_backlog = strcmp(backlog, "1") == 0;
@@ -521,8 +603,10 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
 
 void fence_learn_replid(upstream *up, link *probe, uint64_t now)
 {
-    if (up->replicas_ack <= 0 || up->replid_epoch == up->epoch || up->replid_pending ||
-        now < up->replid_next_ms) {
+    /* Once learned, asked again every ping interval: the replicas' offsets
+     * tell when every one has the acknowledged pushes kept, and how many
+     * replicas a WAIT must count for a push not to be kept at all (redo.c). */
+    if (up->replicas_ack <= 0 || up->replid_pending || now < up->replid_next_ms) {
         return;
     }
     static const char *const info[] = {"INFO", "replication"};
@@ -878,6 +962,9 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         }
         buf tmp = r->reply;
         buf_init(&r->reply);
+        /* Confirmed by replicas_ack replica(s), maybe not by all: a queue
+         * push is kept until every replica has it (redo.c). */
+        redo_keep(l, r, tmp.data + tmp.pos, tmp.len - tmp.pos, acked);
         l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
         buf_free(&tmp);
     }

@@ -78,6 +78,8 @@ typedef struct link {
     long long repl_off;         /* the master's replication offset from the last ROLE answered
                                    here, -1 unknown (fence.c: offset brackets) */
     int role_refused;           /* Redis refused ROLE on it: no brackets here */
+    int redo_wait;              /* verified, waiting for the redo's pushes sent again to be
+                                   answered before it carries client requests (fence.c) */
     uint64_t drain_until_ms;    /* DRAINING: then it is closed and the call re-issued */
     int swallow;                /* internal replies to drop in a tunnel (re-subscription) */
     int paused;                 /* not reading: its tunnel's client does not read (link_pause) */

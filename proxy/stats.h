@@ -257,6 +257,24 @@ typedef enum stat_type {
       "the mean width)")                                                                           \
     X(durability, brackets_open, COUNTER, "ferry_durability_brackets_open_total",                  \
       "held write replies given only the offset after them (none read before them on their link)") \
+    X(durability, redo_kept, GAUGE, "ferry_durability_redo_kept",                                  \
+      "acknowledged queue pushes kept until every online replica has them, to be sent again to a " \
+      "promoted replica that lacks them (durability.redo_max_bytes)")                             \
+    X(durability, redo_kept_bytes, GAUGE, "ferry_durability_redo_kept_bytes",                      \
+      "their bytes")                                                                               \
+    X(durability, redo_replayed, COUNTER, "ferry_durability_redo_replayed_total",                  \
+      "kept pushes sent again to a new master that lacked them (or may have: redo_ambiguous)")     \
+    X(durability, redo_ambiguous, COUNTER, "ferry_durability_redo_ambiguous_total",                \
+      "of those, pushes the new master's history could not place (sent again: at worst twice)")    \
+    X(durability, redo_no_history, COUNTER, "ferry_durability_redo_no_history_total",              \
+      "kept pushes a new master sharing no replication history with the one that acknowledged "    \
+      "them (a node restarted from its AOF) made undecidable: not sent again")                     \
+    X(durability, redo_errors, COUNTER, "ferry_durability_redo_errors_total",                      \
+      "kept pushes the new master answered with an error when sent again (logged)")                \
+    X(durability, redo_dropped_unprotected, COUNTER,                                               \
+      "ferry_durability_redo_dropped_unprotected_total",                                           \
+      "acknowledged queue pushes not kept (past durability.redo_max_bytes, or no offset after "    \
+      "them): lost if a replica that lacks them is promoted")                                      \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \

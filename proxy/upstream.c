@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "fence.h"
+#include "redo.h"
 #include "log.h"
 #include "router.h"
 #include "server.h"
@@ -228,6 +229,7 @@ void upstream_free(upstream *up)
         ident_free(list_entry(list_first(&up->idents), ident, node));
     }
     fence_verdicts_free(up);
+    redo_free(up);
     free(up);
 }
 

@@ -1,0 +1,495 @@
+/* redo.c - acknowledged queue pushes kept until every replica has them, and
+ * sent again to a promoted replica that lacks them (redo.h).
+ *
+ * One FIFO per master view, oldest first. An entry is one push as Redis
+ * must run it again (its RESP bytes; an XADD's "*" id replaced by the id
+ * its reply carried, so a redo makes the same entry), its db, the offsets
+ * of its master around it (its bracket, fence.c) and that master's epoch.
+ * Three things remove entries: every online replica of the current master
+ * has the entry's offset (INFO replication, redo_confirmed), the bound
+ * (durability.redo_max_bytes: the oldest go first, counted unprotected),
+ * and a failover's verdict (redo_decide: on the new master, dropped; not on
+ * it or not known, sent again, redo_send, and dropped once it answered). */
+#include "redo.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "bracket.h"
+#include "glob.h"
+#include "log.h"
+#include "upstream.h"
+
+typedef enum redo_state {
+    REDO_KEPT = 0, /* waiting for the replicas (or a failover's verdict) */
+    REDO_RESEND,   /* a failover decided: to be sent again to the new master */
+    REDO_SENDING   /* sent again, its reply not in yet */
+} redo_state;
+
+typedef struct redo_entry {
+    struct redo_entry *next;
+    uint64_t seq;     /* its number in this FIFO (matches a reply to it) */
+    uint64_t epoch;   /* the master epoch it was acknowledged in */
+    long long lo, hi; /* its bracket on that master */
+    int db;           /* the database it was written in */
+    redo_state state; /* see redo_state; changed only by entry_set_state */
+    int ambiguous;    /* the verdict could not place it (sent again all the same) */
+    size_t len;       /* bytes of the command */
+    char bytes[];     /* the command, RESP */
+} redo_entry;
+
+typedef struct redo {
+    redo_entry *head, *tail; /* oldest first */
+    size_t n, bytes;         /* entries and their bytes (what the bound counts) */
+    uint64_t next_seq;
+    size_t inflight;            /* REDO_SENDING entries */
+    void (*idle)(upstream *up); /* told when inflight falls to 0 */
+    resp_parser *parser;        /* reads a push's key and XADD's id */
+    int listed;                 /* replicas the master listed at the last INFO ... */
+    uint64_t listed_epoch;      /* ... of this epoch (0: none read) */
+} redo;
+
+#define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len)
+
+static void entry_set_state(redo_entry *e, redo_state st)
+{
+    e->state = st;
+}
+
+static redo *ctx(upstream *up)
+{
+    if (up->redo == NULL) {
+        up->redo = xcalloc(1, sizeof(redo));
+    }
+    return up->redo;
+}
+
+static void gauges(upstream *up, long long dn, long long dbytes)
+{
+    up->f->stats.redo_kept = (uint64_t)((long long)up->f->stats.redo_kept + dn);
+    up->f->stats.redo_kept_bytes = (uint64_t)((long long)up->f->stats.redo_kept_bytes + dbytes);
+}
+
+/* Unlink e (prev: the entry before it, NULL at the head) and free it. */
+static void entry_drop(upstream *up, redo_entry *prev, redo_entry *e)
+{
+    redo *rd = up->redo;
+    if (prev == NULL) {
+        rd->head = e->next;
+    } else {
+        prev->next = e->next;
+    }
+    if (rd->tail == e) {
+        rd->tail = prev;
+    }
+    if (e->state == REDO_SENDING && rd->inflight > 0) {
+        rd->inflight--;
+    }
+    rd->n--;
+    rd->bytes -= ENTRY_COST(e);
+    gauges(up, -1, -(long long)ENTRY_COST(e));
+    free(e);
+}
+
+/* ------------------------------------------------------------------ keep */
+
+/* A queue push (what the fallback store takes: outage.c), by command. */
+static int is_push(const char *name)
+{
+    return strcmp(name, "lpush") == 0 || strcmp(name, "rpush") == 0 ||
+           strcmp(name, "lpushx") == 0 || strcmp(name, "rpushx") == 0 ||
+           strcmp(name, "zadd") == 0 || strcmp(name, "xadd") == 0;
+}
+
+/* fallback.commands and fallback.keys narrow the queue commands and keys,
+ * as they do for the fallback store (outage.c). */
+static int command_listed(const config *cfg, const char *name)
+{
+    if (cfg->nfallback_commands == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_commands; i++) {
+        if (strcasecmp(cfg->fallback_commands[i], name) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int key_listed(const config *cfg, const char *key, size_t len)
+{
+    if (cfg->nfallback_keys == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_keys; i++) {
+        if (glob_match(cfg->fallback_keys[i], strlen(cfg->fallback_keys[i]), key, len)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int arg_is(const resp_arg *a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
+}
+
+/* XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] id ...:
+ * the index of its id, or 0. */
+static size_t xadd_id_index(const resp_request *req)
+{
+    size_t i = 2;
+    while (i < req->argc) {
+        const resp_arg *a = &req->argv[i];
+        if (arg_is(a, "nomkstream")) {
+            i++;
+        } else if (arg_is(a, "maxlen") || arg_is(a, "minid")) {
+            i++;
+            if (i < req->argc && (arg_is(&req->argv[i], "=") || arg_is(&req->argv[i], "~"))) {
+                i++;
+            }
+            i++; /* the threshold */
+            if (i < req->argc && arg_is(&req->argv[i], "limit")) {
+                i += 2;
+            }
+        } else {
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* The bulk string of a reply (XADD's id), or NULL. */
+static const char *reply_bulk(const char *p, size_t n, size_t *len)
+{
+    if (n < 4 || p[0] != '$') {
+        return NULL;
+    }
+    const char *nl = memchr(p, '\n', n);
+    if (nl == NULL) {
+        return NULL;
+    }
+    long long l = strtoll(p + 1, NULL, 10);
+    size_t head = (size_t)(nl - p) + 1;
+    if (l <= 0 || head + (size_t)l > n) {
+        return NULL;
+    }
+    *len = (size_t)l;
+    return nl + 1;
+}
+
+static void entry_append(upstream *up, redo_entry *e)
+{
+    redo *rd = up->redo;
+    size_t max = up->f->cfg->redo_max_bytes;
+    /* The bound: the oldest kept ones go first (entries being sent again
+     * are left alone: they are on their way). */
+    redo_entry *prev = NULL, *x = rd->head;
+    while (x != NULL && rd->bytes + ENTRY_COST(e) > max) {
+        redo_entry *next = x->next;
+        if (x->state == REDO_KEPT) {
+            up->f->stats.redo_dropped_unprotected++;
+            entry_drop(up, prev, x);
+        } else {
+            prev = x;
+        }
+        x = next;
+    }
+    if (rd->bytes + ENTRY_COST(e) > max) {
+        up->f->stats.redo_dropped_unprotected++;
+        free(e);
+        return;
+    }
+    e->seq = ++rd->next_seq;
+    e->next = NULL;
+    if (rd->tail != NULL) {
+        rd->tail->next = e;
+    } else {
+        rd->head = e;
+    }
+    rd->tail = e;
+    rd->n++;
+    rd->bytes += ENTRY_COST(e);
+    gauges(up, 1, (long long)ENTRY_COST(e));
+}
+
+static void entry_init(redo_entry *e, const link *l, const request *r)
+{
+    e->epoch = l->epoch;
+    e->lo = r->br_lo;
+    e->hi = r->br_hi;
+    e->db = l->db;
+    e->state = REDO_KEPT;
+    e->ambiguous = 0;
+}
+
+void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked)
+{
+    upstream *up = l->up;
+    const config *cfg = l->f->cfg;
+    if (r->cmd == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_TXLOG)) || up->replicas_ack <= 0 ||
+        !is_push(r->cmd->name) || !command_listed(cfg, r->cmd->name)) {
+        return;
+    }
+    if (r->br_hi < 0 || cfg->redo_max_bytes == 0 ||
+        (l->epoch != up->epoch && up->heir_epoch > l->epoch)) {
+        /* No offset after it (ROLE refused, a user's link): no replica's
+         * offset can ever clear it; or an old master's link (a fence)
+         * released it after the next master was read. */
+        l->f->stats.redo_dropped_unprotected++;
+        return;
+    }
+    redo *rd = ctx(up);
+    if (rd->listed_epoch == l->epoch && rd->listed > 0 && acked >= rd->listed) {
+        /* Its WAIT counted every replica the master listed a moment ago
+         * (INFO replication, every ping interval): nothing to keep. */
+        return;
+    }
+    int xadd = strcmp(r->cmd->name, "xadd") == 0;
+    if (!xadd && cfg->nfallback_keys == 0) {
+        /* Nothing to read in it: its bytes as they are (one allocation,
+         * one copy; r->data holds exactly this request). */
+        size_t n = buf_used(&r->data);
+        redo_entry *e = xmalloc(sizeof(*e) + n);
+        memcpy(e->bytes, buf_head(&r->data), n);
+        e->len = n;
+        entry_init(e, l, r);
+        entry_append(up, e);
+        return;
+    }
+    if (rd->parser == NULL) {
+        rd->parser = resp_parser_new(NULL);
+    }
+    resp_parser_reset(rd->parser);
+    resp_request req;
+    const char *p = buf_head(&r->data);
+    size_t n = buf_used(&r->data);
+    if (resp_parse_request(rd->parser, p, n, &req) != RESP_OK || req.argc < 3 || req.is_inline) {
+        return;
+    }
+    if (!key_listed(cfg, req.argv[1].ptr, req.argv[1].len)) {
+        return;
+    }
+    size_t idi = 0, idlen = 0;
+    const char *id = NULL;
+    if (xadd) {
+        idi = xadd_id_index(&req);
+        if (idi == 0 || idi >= req.argc) {
+            return;
+        }
+        if (memchr(req.argv[idi].ptr, '*', req.argv[idi].len) != NULL) {
+            /* "*" (or "ms-*"): the id Redis chose, so a redo makes the same entry. */
+            id = reply_bulk(reply, len, &idlen);
+            if (id == NULL) {
+                return;
+            }
+        } else {
+            idi = 0;
+        }
+    }
+    redo_entry *e;
+    if (id == NULL) {
+        /* The request's bytes as they are (one copy, one allocation). */
+        e = xmalloc(sizeof(*e) + req.len);
+        memcpy(e->bytes, p, req.len);
+        e->len = req.len;
+    } else {
+        buf b;
+        buf_init(&b);
+        buf_append_count(&b, '*', req.argc);
+        for (size_t i = 0; i < req.argc; i++) {
+            if (i == idi) {
+                buf_append_bulk(&b, id, idlen);
+            } else {
+                buf_append_bulk(&b, req.argv[i].ptr, req.argv[i].len);
+            }
+        }
+        e = xmalloc(sizeof(*e) + buf_used(&b));
+        memcpy(e->bytes, buf_head(&b), buf_used(&b));
+        e->len = buf_used(&b);
+        buf_free(&b);
+    }
+    entry_init(e, l, r);
+    entry_append(up, e);
+}
+
+/* -------------------------------------------------------------- confirmed */
+
+void redo_replicas(upstream *up, long long min_offset, int listed)
+{
+    redo *rd = ctx(up);
+    if (listed >= 0) {
+        rd->listed = listed;
+        rd->listed_epoch = up->epoch;
+    }
+    if (min_offset < 0) {
+        return;
+    }
+    redo_entry *prev = NULL, *e = rd->head;
+    while (e != NULL) {
+        redo_entry *next = e->next;
+        if (e->epoch == up->epoch && e->state == REDO_KEPT && e->hi <= min_offset) {
+            entry_drop(up, prev, e);
+        } else {
+            prev = e;
+        }
+        e = next;
+    }
+}
+
+/* ------------------------------------------------------- after a failover */
+
+void redo_decide(upstream *up, const char *heir_replid,
+                 const char *(*replid_of)(const upstream *up, unsigned long long epoch))
+{
+    redo *rd = up->redo;
+    if (rd == NULL) {
+        return;
+    }
+    bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
+    size_t applied = 0, resend = 0, ambiguous = 0, nohistory = 0;
+    redo_entry *prev = NULL, *e = rd->head;
+    while (e != NULL) {
+        redo_entry *next = e->next;
+        if (e->epoch >= up->heir_epoch || e->state != REDO_KEPT) {
+            prev = e;
+            e = next;
+            continue;
+        }
+        const char *id = replid_of(up, e->epoch);
+        if (id != NULL && heir_replid != NULL && strcmp(id, heir_replid) == 0) {
+            /* The same history goes on (the same node again): it has it. */
+            applied++;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        if (id == NULL || h.replid2 == NULL || strcmp(id, h.replid2) != 0) {
+            /* No history shared with the master that acknowledged it: a
+             * node restarted from its AOF (every acknowledged push is in the
+             * AOF of the master that acknowledged it), or a replication id
+             * not learned. Nothing to compare: not sent again. */
+            up->f->stats.redo_no_history++;
+            nohistory++;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        bracket b = {id, 1, e->lo, e->hi};
+        bracket_verdict v = bracket_decide(&b, &h);
+        if (v == BRACKET_APPLIED) {
+            applied++;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        if (v == BRACKET_AMBIGUOUS) {
+            /* At least once: a duplicate rather than a loss. */
+            e->ambiguous = 1;
+            ambiguous++;
+        }
+        resend++;
+        entry_set_state(e, REDO_RESEND);
+        prev = e;
+        e = next;
+    }
+    if (applied + resend + nohistory > 0) {
+        log_info("%sredo: %zu acknowledged push(es) of the old master: %zu on the new master "
+                 "(it holds its stream up to %lld), %zu to send again (%zu it may have), %zu "
+                 "of another history (not sent again)",
+                 up->tag, applied + resend + nohistory, applied, up->heir_second - 1, resend,
+                 ambiguous, nohistory);
+    }
+}
+
+static void resend_done(link *l, request *r, const char *reply, size_t len)
+{
+    upstream *up = l->up;
+    redo *rd = up->redo;
+    if (rd == NULL) {
+        return;
+    }
+    redo_entry *prev = NULL, *e = rd->head;
+    while (e != NULL && e->seq != (uint64_t)r->arg) {
+        prev = e;
+        e = e->next;
+    }
+    if (e == NULL) {
+        return; /* freed meanwhile */
+    }
+    if (reply == NULL || link_reply_not_master(reply, len)) {
+        /* The link was lost, or the node is no master after all: sent
+         * again on the next verified link. */
+        entry_set_state(e, REDO_RESEND);
+        if (rd->inflight > 0 && --rd->inflight == 0 && rd->idle != NULL) {
+            rd->idle(up);
+        }
+        return;
+    }
+    if (len > 0 && reply[0] == '-') {
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        up->f->stats.redo_errors++;
+        log_error("%sredo: the new master refused an acknowledged push sent again: %s", up->tag,
+                  why);
+    } else {
+        up->f->stats.redo_replayed++;
+        up->f->stats.redo_ambiguous += e->ambiguous;
+    }
+    entry_drop(up, prev, e);
+    if (rd->inflight == 0 && rd->idle != NULL) {
+        rd->idle(up);
+    }
+}
+
+int redo_send(link *l, void (*idle)(upstream *up))
+{
+    upstream *up = l->up;
+    redo *rd = up->redo;
+    if (rd == NULL) {
+        return 0;
+    }
+    rd->idle = idle;
+    size_t sent = 0;
+    for (redo_entry *e = rd->head; e != NULL; e = e->next) {
+        if (e->state != REDO_RESEND) {
+            continue;
+        }
+        char db[16];
+        if (e->db != 0) {
+            snprintf(db, sizeof(db), "%d", e->db);
+            const char *const sel[] = {"SELECT", db};
+            link_internal(l, sel, 2, NULL, 0);
+        }
+        link_internal_bytes(l, e->bytes, e->len, resend_done, (long long)e->seq);
+        if (e->db != 0) {
+            const char *const sel0[] = {"SELECT", "0"};
+            link_internal(l, sel0, 2, NULL, 0);
+        }
+        entry_set_state(e, REDO_SENDING);
+        rd->inflight++;
+        sent++;
+    }
+    if (sent > 0) {
+        log_info("%sredo: sending %zu acknowledged push(es) again before any client request",
+                 up->tag, sent);
+    }
+    return rd->inflight > 0;
+}
+
+void redo_free(upstream *up)
+{
+    redo *rd = up->redo;
+    if (rd == NULL) {
+        return;
+    }
+    while (rd->head != NULL) {
+        entry_drop(up, NULL, rd->head);
+    }
+    resp_parser_free(rd->parser);
+    free(rd);
+    up->redo = NULL;
+}

@@ -1,0 +1,50 @@
+/* redo.h - acknowledged queue pushes that not every replica has yet.
+ *
+ * With durability.replicas_ack N, a push is acknowledged once N replicas
+ * confirmed it; another replica may still lack it, and Sentinel may promote
+ * that one (it ranks replicas by an offset up to a second old). Each master
+ * view (upstream) keeps a copy of every acknowledged queue push (LPUSH,
+ * RPUSH, LPUSHX, RPUSHX, ZADD, XADD with the id its reply carried) with its
+ * offset bracket, until every online replica's offset (INFO replication) is
+ * past it. After a failover, the new master's master_replid2 and
+ * second_repl_offset tell which of them it lacks: those are sent to it
+ * again, in order, before the view carries any client request.
+ * Owned by fence.c; calls only the link and the bottom. */
+#ifndef FERRY_REDO_H
+#define FERRY_REDO_H
+
+#include <stddef.h>
+
+#include "link.h"
+
+struct upstream;
+
+/* r's reply (reply, len) was released after its replicas_ack WAIT on l,
+ * which acked replicas confirmed: keep a copy of r if it is a queue push
+ * with a known bracket that not every replica confirmed. */
+void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked);
+
+/* INFO replication of up's current master: every online replica is at
+ * min_offset or past it (-1: none online): drop what they all have; it
+ * lists listed replicas in any state (-1 unknown). */
+void redo_replicas(struct upstream *up, long long min_offset, int listed);
+
+/* The new master's heir info is in up (heir_replid2, heir_second,
+ * heir_epoch), heir_replid is its own replication id: decide every entry of
+ * an older master: on it (dropped), not on it or the boundary inside its
+ * bracket (to be sent again, redo_send), of a history it does not share (a
+ * node restarted from its AOF: dropped, counted). replid_of gives the
+ * replication id learned for an epoch (NULL unknown). */
+void redo_decide(struct upstream *up, const char *heir_replid,
+                 const char *(*replid_of)(const struct upstream *up, unsigned long long epoch));
+
+/* Send on l (a verifying link of ferry's own) what redo_decide left to send
+ * again and is not in flight. idle is called (with up) when nothing is in
+ * flight any more. Returns 1 while something is in flight (the caller
+ * waits for idle before l carries client requests), 0 otherwise. */
+int redo_send(link *l, void (*idle)(struct upstream *up));
+
+/* Free everything up kept (upstream_free). */
+void redo_free(struct upstream *up);
+
+#endif

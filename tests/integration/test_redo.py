@@ -1,0 +1,163 @@
+"""No acknowledged push lost when Sentinel promotes a replica that lacks it.
+
+With durability.replicas_ack 1 (Sentinel mode's default) and two replicas, a
+push is acknowledged once ONE replica confirmed it. If the master dies and
+Sentinel promotes the OTHER replica, which did not have it yet, the push is
+gone (the first replica resyncs from the new master and drops it). ferry
+keeps every acknowledged queue push (its bytes and offset bracket) until
+every online replica's offset is past it; after a failover the new master's
+master_replid2 / second_repl_offset say which of them it lacks, and ferry
+sends those again, in order, before any client request goes there.
+
+RedoFailoverTest makes that deterministic: the second replica (R2) frozen
+with its connection's buffers full (a large value written directly to the
+master), pushes acknowledged by R1 only, the master and R1 killed, R2 thawed:
+Sentinel can promote only R2. Every push must be there exactly once, in order.
+RedoRunningTest: entries are dropped once every replica has them, and the
+bound (durability.redo_max_bytes) drops the oldest, counted, nothing else.
+
+Run: python3 -m unittest test_redo -v  (also with FERRY_TEST_WORKERS=4)
+"""
+import unittest
+
+from failover_load import FAILOVER_CONF
+from harness import Ferry, SentinelTopology, wait_until
+from test_stats import stats_json
+
+BIG = 32 * 1024 * 1024  # more than the loopback socket buffers hold
+
+
+def durability(f):
+    return stats_json(f.stats_port)['durability']
+
+
+def merged_conf(extra):
+    conf = {k: (dict(v) if isinstance(v, dict) else v) for k, v in FAILOVER_CONF.items()}
+    for k, v in extra.items():
+        conf.setdefault(k, {}).update(v)
+    return conf
+
+
+class RedoFailoverTest(unittest.TestCase):
+    def test_push_acked_by_one_replica_survives_promotion_of_the_other(self):
+        # down-after 5 s: writing the large value (appendfsync always) keeps
+        # the master busy a few seconds on a loaded machine; no failover then.
+        topo = SentinelTopology(down_after_ms=5000)
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        r1, r2 = [r for r in topo.redis if r is not master]
+        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
+        self.addCleanup(f.stop)
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush('q', 'before'), 1)
+        # R2 has it (the redo lets it go once both replicas have it).
+        wait_until(lambda: r2.client().lrange('q', 0, -1) == ['before'], timeout=10,
+                   msg='the first push on R2')
+
+        # R2 frozen; a large value fills its connection's buffers, so what
+        # the master writes next stays in the master's own output buffer.
+        r2.sigstop()
+        self.addCleanup(r2.sigcont)
+        mc = master.client(socket_timeout=30)
+        mc.set('filler', 'x' * BIG)
+        pushes = ['w%d' % i for i in range(5)]
+        for i, item in enumerate(pushes):
+            # Acknowledged: R1 confirmed it (WAIT 1).
+            self.assertEqual(c.rpush('q', item), i + 2)
+        # XADD with "*": sent again with the id its reply carried.
+        sid = c.xadd('s', {'f': 'v'})
+        c.zadd('z', {'m': 1})
+        # (Kept: R2's offset is behind them.)
+        kept = durability(f).get('redo_kept')
+
+        old_port = master.port
+        r1.kill()
+        master.kill()
+        r2.sigcont()
+        new_port = topo.wait_failover(old_port, timeout=60)
+        self.assertEqual(new_port, r2.port)
+
+        def items():
+            return f.client(socket_timeout=10).lrange('q', 0, -1)
+        # R2 had only "before"; through ferry, from the first request the
+        # new master carries, every acknowledged push is there, exactly
+        # once, in order.
+        got = wait_until(items, timeout=30, msg='ferry answers on the new master')
+        self.assertEqual(got, ['before'] + pushes)
+        self.assertEqual(r2.client().lrange('q', 0, -1), ['before'] + pushes)
+        self.assertEqual([e[0] for e in f.client().xrange('s')], [sid])
+        self.assertEqual(f.client().zrange('z', 0, -1, withscores=True), [('m', 1.0)])
+        self.assertGreaterEqual(kept, len(pushes) + 2)
+        d = durability(f)
+        self.assertEqual(d['redo_replayed'], len(pushes) + 2, d)
+        self.assertEqual(d['redo_errors'], 0, d)
+        self.assertLessEqual(d['redo_ambiguous'], d['redo_replayed'], d)
+        self.assertEqual(d['redo_kept'], 0, d)
+        self.assertIn('redo: sending %d acknowledged push(es) again' % (len(pushes) + 2), f.log())
+
+
+class RedoRunningTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.topo = SentinelTopology()
+        cls.topo.wait_replicas_synced(cls.topo.master(), 2)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.topo.stop()
+
+    def test_dropped_once_every_replica_has_them(self):
+        f = Ferry(None, conf=FAILOVER_CONF, sentinel=self.topo)
+        self.addCleanup(f.stop)
+        c = f.client()
+        for i in range(200):
+            c.lpush('rq', 'item-%d' % i)
+            c.zadd('rz', {'m%d' % i: i})
+        c.xadd('rs', {'f': 'v'})
+        # A couple of seconds after the writes stop, nothing is kept.
+        wait_until(lambda: durability(f)['redo_kept'] == 0, timeout=10,
+                   msg='the redo empties once both replicas have every push')
+        d = durability(f)
+        self.assertEqual(d['redo_kept_bytes'], 0, d)
+        self.assertEqual(d['redo_dropped_unprotected'], 0, d)
+        self.assertEqual(d['redo_replayed'], 0, d)
+
+    def test_kept_while_a_replica_lags(self):
+        f = Ferry(None, conf=FAILOVER_CONF, sentinel=self.topo)
+        self.addCleanup(f.stop)
+        lagging = [r for r in self.topo.redis if r is not self.topo.master()][1]
+        lagging.sigstop()
+        try:
+            c = f.client()
+            for i in range(20):
+                c.rpush('lag', 'item-%d' % i)
+            # Not every replica has them: kept (R1 alone confirmed).
+            wait_until(lambda: durability(f)['redo_kept'] >= 20, timeout=5,
+                       msg='pushes kept while a replica lags')
+        finally:
+            lagging.sigcont()
+        wait_until(lambda: durability(f)['redo_kept'] == 0, timeout=15,
+                   msg='dropped once the lagging replica caught up')
+
+    def test_bound_counts_unprotected(self):
+        f = Ferry(None, conf=merged_conf({'durability': {'redo_max_bytes': 200}}),
+                  sentinel=self.topo)
+        self.addCleanup(f.stop)
+        c = f.client()
+        lagging = [r for r in self.topo.redis if r is not self.topo.master()][1]
+        lagging.sigstop()
+        try:
+            for i in range(30):
+                self.assertEqual(c.rpush('bound', 'x' * 50), i + 1)
+            d = durability(f)
+            self.assertGreater(d['redo_dropped_unprotected'], 0, d)
+            self.assertLessEqual(d['redo_kept_bytes'], 200, d)
+        finally:
+            lagging.sigcont()
+        self.assertEqual(c.llen('bound'), 30)
+        self.assertEqual(c.ping(), True)
+
+
+if __name__ == '__main__':
+    unittest.main()
