@@ -259,9 +259,8 @@ typedef enum stat_type {
       "held write replies given only the offset after them (none read before them on their link)") \
     X(durability, redo_kept, GAUGE, "ferry_durability_redo_kept",                                  \
       "acknowledged queue pushes kept until every online replica has them, to be sent again to a " \
-      "promoted replica that lacks them (durability.redo_max_bytes)")                             \
-    X(durability, redo_kept_bytes, GAUGE, "ferry_durability_redo_kept_bytes",                      \
-      "their bytes")                                                                               \
+      "promoted replica that lacks them (durability.redo_max_bytes)")                              \
+    X(durability, redo_kept_bytes, GAUGE, "ferry_durability_redo_kept_bytes", "their bytes")       \
     X(durability, redo_replayed, COUNTER, "ferry_durability_redo_replayed_total",                  \
       "kept pushes sent again to a new master that lacked them (or may have: redo_ambiguous)")     \
     X(durability, redo_ambiguous, COUNTER, "ferry_durability_redo_ambiguous_total",                \

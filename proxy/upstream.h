@@ -119,7 +119,7 @@ typedef struct upstream {
     struct bracket_unknown *unknown; /* requests of an older master whose outcome was
                                         unknown, awaiting the next master's verdict (fence.c) */
     size_t nunknown, unknown_cap;
-    struct redo *redo; /* acknowledged queue pushes not on every replica yet (redo.c) */
+    struct redo *redo;      /* acknowledged queue pushes not on every replica yet (redo.c) */
     uint64_t routed;        /* client requests sent to this master (router.c) */
     uint64_t moved, asked;  /* cluster mode: MOVED / ASK it answered, followed (clustermap.c) */
     link *probe;            /* health probe link, NULL while none */
