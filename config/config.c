@@ -1015,11 +1015,11 @@ int conf_semantic(conf_ctx *ctx, config *cfg)
             for (int t = 0; t < 2 && cfg->queues[i].processing != NULL; t++) {
                 const char *at = tpl[t] != NULL ? strstr(tpl[t], "{key}") : NULL;
                 if (at != NULL && memchr(tpl[t], '{', (size_t)(at - tpl[t])) != NULL) {
-                    snprintf(buf, sizeof(buf),
-                             "queues[%d].%s: with cluster, no '{' may come before {key} (the "
-                             "list must share the queue key's hash tag, so its slot)",
-                             i, name[t]);
-                    return conf_key_error(ctx, "queues", 1, buf);
+                    return conf_key_error(ctx, "queues", 1,
+                                          "queues[%d].%s: with cluster, no '{' may come before "
+                                          "{key} (the list must share the queue key's hash tag, "
+                                          "so its slot)",
+                                          i, name[t]);
                 }
             }
         }
