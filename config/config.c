@@ -6,6 +6,7 @@
 
 #include "config.h"
 #include "config_keys.h"
+#include "glob.h"
 #include "log.h"
 
 #include <arpa/inet.h>
@@ -1432,4 +1433,30 @@ void config_describe(FILE *out)
                 guard_keys[i][3], guard_keys[i][4]);
     }
     config_free(&cfg);
+}
+
+int config_fallback_command(const config *cfg, const char *name)
+{
+    if (cfg->nfallback_commands == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_commands; i++) {
+        if (strcasecmp(cfg->fallback_commands[i], name) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int config_fallback_key(const config *cfg, const char *key, size_t len)
+{
+    if (cfg->nfallback_keys == 0) {
+        return 1;
+    }
+    for (int i = 0; i < cfg->nfallback_keys; i++) {
+        if (glob_match(cfg->fallback_keys[i], strlen(cfg->fallback_keys[i]), key, len)) {
+            return 1;
+        }
+    }
+    return 0;
 }

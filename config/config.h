@@ -243,4 +243,10 @@ int config_parse_addr(const char *s, config_addr *out);
 char *config_addr_str(const config_addr *a, char *buf, size_t len);
 void config_free(config *cfg);
 
+/* fallback.commands and fallback.keys: whether the command (name, any
+ * case) and the key are among those the fallback store serves and the redo
+ * keeps (none listed: all). */
+int config_fallback_command(const config *cfg, const char *name);
+int config_fallback_key(const config *cfg, const char *key, size_t len);
+
 #endif

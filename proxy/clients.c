@@ -87,12 +87,6 @@ static void part_back(ferry *f, cl_part *p);
 
 /* ---------------------------------------------------------------- helpers */
 
-static int arg_is(const resp_arg *a, const char *lit)
-{
-    size_t n = strlen(lit);
-    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
-}
-
 static char *arg_dup(const resp_arg *a)
 {
     return xstrndup(a->ptr, a->len);
@@ -100,13 +94,13 @@ static char *arg_dup(const resp_arg *a)
 
 static int type_by_name(const resp_arg *a)
 {
-    if (arg_is(a, "normal")) {
+    if (resp_arg_is(a, "normal")) {
         return CT_NORMAL;
     }
-    if (arg_is(a, "pubsub")) {
+    if (resp_arg_is(a, "pubsub")) {
         return CT_PUBSUB;
     }
-    if (arg_is(a, "master") || arg_is(a, "slave") || arg_is(a, "replica")) {
+    if (resp_arg_is(a, "master") || resp_arg_is(a, "slave") || resp_arg_is(a, "replica")) {
         return CT_NOTHING;
     }
     return CT_ANY;
@@ -174,7 +168,8 @@ static void session_name(const session *c, char *out, size_t len)
     resp_request req;
     out[0] = '\0';
     while (left > 0 && resp_parse_request(p, q, left, &req) == RESP_OK) {
-        if (req.argc == 3 && arg_is(&req.argv[0], "client") && arg_is(&req.argv[1], "setname")) {
+        if (req.argc == 3 && resp_arg_is(&req.argv[0], "client") &&
+            resp_arg_is(&req.argv[1], "setname")) {
             size_t n = req.argv[2].len < len - 1 ? req.argv[2].len : len - 1;
             memcpy(out, req.argv[2].ptr, n);
             out[n] = '\0';
@@ -641,32 +636,32 @@ static int parse_kill(session *s, request *r, const resp_request *req, cl_filter
             s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
             return -1;
         }
-        if (arg_is(opt, "id")) {
+        if (resp_arg_is(opt, "id")) {
             long long v;
             if (resp_arg_ll(val, &v) != 0 || v < 1) {
                 s->f->session_ops->answer_str(s, r, "-ERR client-id should be greater than 0\r\n");
                 return -1;
             }
             fl->id = (uint64_t)v;
-        } else if (arg_is(opt, "type")) {
+        } else if (resp_arg_is(opt, "type")) {
             fl->type = type_by_name(val);
             if (fl->type == CT_ANY) {
                 error_unknown_type(s, r, val);
                 return -1;
             }
-        } else if (arg_is(opt, "addr")) {
+        } else if (resp_arg_is(opt, "addr")) {
             free(fl->addr);
             fl->addr = arg_dup(val);
-        } else if (arg_is(opt, "laddr")) {
+        } else if (resp_arg_is(opt, "laddr")) {
             free(fl->laddr);
             fl->laddr = arg_dup(val);
-        } else if (arg_is(opt, "user")) {
+        } else if (resp_arg_is(opt, "user")) {
             free(fl->user);
             fl->user = arg_dup(val);
-        } else if (arg_is(opt, "skipme")) {
-            if (arg_is(val, "yes")) {
+        } else if (resp_arg_is(opt, "skipme")) {
+            if (resp_arg_is(val, "yes")) {
                 fl->skipme = 1;
-            } else if (arg_is(val, "no")) {
+            } else if (resp_arg_is(val, "no")) {
                 fl->skipme = 0;
             } else {
                 s->f->session_ops->answer_str(s, r, "-ERR syntax error\r\n");
@@ -684,7 +679,7 @@ static int parse_kill(session *s, request *r, const resp_request *req, cl_filter
 static int parse_list(session *s, request *r, const resp_request *req, cl_filter *fl)
 {
     fl->type = CT_ANY;
-    if (req->argc == 4 && arg_is(&req->argv[2], "type")) {
+    if (req->argc == 4 && resp_arg_is(&req->argv[2], "type")) {
         fl->type = type_by_name(&req->argv[3]);
         if (fl->type == CT_ANY) {
             error_unknown_type(s, r, &req->argv[3]);
@@ -692,7 +687,7 @@ static int parse_list(session *s, request *r, const resp_request *req, cl_filter
         }
         return 0;
     }
-    if (req->argc > 3 && arg_is(&req->argv[2], "id")) {
+    if (req->argc > 3 && resp_arg_is(&req->argv[2], "id")) {
         fl->ids = xcalloc(req->argc - 3, sizeof(*fl->ids));
         for (size_t i = 3; i < req->argc; i++) {
             long long v;
@@ -780,9 +775,9 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
     case CL_UNBLOCK: {
         long long id;
         int error = 0;
-        if (req.argc == 4 && arg_is(&req.argv[3], "error")) {
+        if (req.argc == 4 && resp_arg_is(&req.argv[3], "error")) {
             error = 1;
-        } else if (req.argc == 4 && !arg_is(&req.argv[3], "timeout")) {
+        } else if (req.argc == 4 && !resp_arg_is(&req.argv[3], "timeout")) {
             s->f->session_ops->answer_str(
                 s, r, "-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR\r\n");
             break;

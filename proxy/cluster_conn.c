@@ -10,12 +10,6 @@
 #include "router.h"
 #include "slot.h"
 
-static int arg_is(const resp_arg *a, const char *lit)
-{
-    size_t n = strlen(lit);
-    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
-}
-
 /* The slot of argv[first .. first+n), MOVABLE_CROSS for two slots. */
 static int keys_slot(const resp_request *req, size_t first, size_t n)
 {
@@ -36,11 +30,11 @@ static int keys_slot(const resp_request *req, size_t first, size_t n)
 static int streams_slot(const resp_request *req)
 {
     size_t i = 1;
-    while (i < req->argc && !arg_is(&req->argv[i], "streams")) {
-        if (arg_is(&req->argv[i], "group")) {
+    while (i < req->argc && !resp_arg_is(&req->argv[i], "streams")) {
+        if (resp_arg_is(&req->argv[i], "group")) {
             i += 3;
-        } else if (arg_is(&req->argv[i], "count") || arg_is(&req->argv[i], "block") ||
-                   arg_is(&req->argv[i], "claim")) {
+        } else if (resp_arg_is(&req->argv[i], "count") || resp_arg_is(&req->argv[i], "block") ||
+                   resp_arg_is(&req->argv[i], "claim")) {
             i += 2;
         } else {
             i++;
@@ -101,7 +95,8 @@ static void keep_name(session *s, const resp_request *req)
     resp_request o;
     buf_init(&keep);
     while (left > 0 && resp_parse_request(p, q, left, &o) == RESP_OK) {
-        if (!(o.argc >= 2 && arg_is(&o.argv[0], "client") && arg_is(&o.argv[1], "setname"))) {
+        if (!(o.argc >= 2 && resp_arg_is(&o.argv[0], "client") &&
+              resp_arg_is(&o.argv[1], "setname"))) {
             buf_append(&keep, q, o.len);
         }
         q += o.len;

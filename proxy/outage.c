@@ -45,7 +45,6 @@
 
 #include "clustermap.h"
 #include "fallback.h"
-#include "glob.h"
 #include "link.h"
 #include "log.h"
 #include "outage_int.h"
@@ -106,42 +105,6 @@ typedef struct store_op {
 } store_op;
 
 /* ----------------------------------------------------------------- helpers */
-
-/* fallback.commands names the commands the store serves (none: the default
- * set, LPUSH RPUSH ZADD and the pops). */
-static int command_eligible(const ferry *f, const char *name)
-{
-    const config *cfg = f->cfg;
-    if (cfg->nfallback_commands == 0) {
-        return 1;
-    }
-    for (int i = 0; i < cfg->nfallback_commands; i++) {
-        if (strcasecmp(cfg->fallback_commands[i], name) == 0) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static int key_eligible(const ferry *f, const char *key, size_t len)
-{
-    const config *cfg = f->cfg;
-    if (cfg->nfallback_keys == 0) {
-        return 1;
-    }
-    for (int i = 0; i < cfg->nfallback_keys; i++) {
-        if (glob_match(cfg->fallback_keys[i], strlen(cfg->fallback_keys[i]), key, len)) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static int arg_is(const resp_arg *a, const char *lit)
-{
-    size_t n = strlen(lit);
-    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
-}
 
 static int arg_double(const resp_arg *a, double *out)
 {
@@ -832,11 +795,11 @@ static int dispatch_push(session *s, request *r, const resp_request *req, int ki
         /* Options that need the old value are not served; CH is. */
         for (; first < req->argc; first++) {
             const resp_arg *a = &req->argv[first];
-            if (arg_is(a, "nx") || arg_is(a, "xx") || arg_is(a, "gt") || arg_is(a, "lt") ||
-                arg_is(a, "incr")) {
+            if (resp_arg_is(a, "nx") || resp_arg_is(a, "xx") || resp_arg_is(a, "gt") ||
+                resp_arg_is(a, "lt") || resp_arg_is(a, "incr")) {
                 return 0;
             }
-            if (!arg_is(a, "ch")) {
+            if (!resp_arg_is(a, "ch")) {
                 break;
             }
         }
@@ -903,7 +866,7 @@ static int dispatch_pop(session *s, request *r, const resp_request *req, int end
     int eligible = 0;
     for (size_t i = 1; i <= nkeys; i++) {
         const resp_arg *k = &req->argv[i];
-        if (!key_eligible(f, k->ptr, k->len)) {
+        if (!config_fallback_key(f->cfg, k->ptr, k->len)) {
             continue;
         }
         eligible = 1;
@@ -937,18 +900,19 @@ static int dispatch_move(session *s, request *r, const resp_request *req, int bl
     }
     const resp_arg *src = &req->argv[1], *dst = &req->argv[2];
     if (lmove) {
-        if (arg_is(&req->argv[3], "left")) {
+        if (resp_arg_is(&req->argv[3], "left")) {
             end = FB_HEAD;
-        } else if (!arg_is(&req->argv[3], "right")) {
+        } else if (!resp_arg_is(&req->argv[3], "right")) {
             return 0;
         }
-        if (arg_is(&req->argv[4], "right")) {
+        if (resp_arg_is(&req->argv[4], "right")) {
             to = FB_RPUSH;
-        } else if (!arg_is(&req->argv[4], "left")) {
+        } else if (!resp_arg_is(&req->argv[4], "left")) {
             return 0;
         }
     }
-    if (!key_eligible(f, src->ptr, src->len) || !key_eligible(f, dst->ptr, dst->len)) {
+    if (!config_fallback_key(f->cfg, src->ptr, src->len) ||
+        !config_fallback_key(f->cfg, dst->ptr, dst->len)) {
         return 0;
     }
     if (store_key_ready(o, src->ptr, src->len) == 0) {
@@ -990,7 +954,7 @@ int outage_dispatch(session *s, request *r)
     int move = strcmp(name, "lmove") == 0 || strcmp(name, "blmove") == 0           ? 2
                : strcmp(name, "rpoplpush") == 0 || strcmp(name, "brpoplpush") == 0 ? 1
                                                                                    : 0;
-    if ((!push && end < 0 && !move) || !command_eligible(f, name)) {
+    if ((!push && end < 0 && !move) || !config_fallback_command(f->cfg, name)) {
         return 0;
     }
     blocking = name[0] == 'b';
@@ -999,7 +963,7 @@ int outage_dispatch(session *s, request *r)
         return 0;
     }
     if (push) {
-        if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
+        if (req.argc >= 2 && config_fallback_key(f->cfg, req.argv[1].ptr, req.argv[1].len)) {
             rc = dispatch_push(s, r, &req, push);
         }
     } else if (move) {
@@ -1047,7 +1011,7 @@ int outage_blocks(ferry *f, const request *r)
     if (p == NULL) {
         return 0;
     }
-    if (req.argc >= 2 && key_eligible(f, req.argv[1].ptr, req.argv[1].len)) {
+    if (req.argc >= 2 && config_fallback_key(f->cfg, req.argv[1].ptr, req.argv[1].len)) {
         blocked = pending > 0 || store_key_rows(o, req.argv[1].ptr, req.argv[1].len) > 0;
     }
     resp_parser_free(p);

@@ -18,7 +18,6 @@
 #include <strings.h>
 
 #include "bracket.h"
-#include "glob.h"
 #include "log.h"
 #include "upstream.h"
 
@@ -103,40 +102,6 @@ static int is_push(const char *name)
            strcmp(name, "zadd") == 0 || strcmp(name, "xadd") == 0;
 }
 
-/* fallback.commands and fallback.keys narrow the queue commands and keys,
- * as they do for the fallback store (outage.c). */
-static int command_listed(const config *cfg, const char *name)
-{
-    if (cfg->nfallback_commands == 0) {
-        return 1;
-    }
-    for (int i = 0; i < cfg->nfallback_commands; i++) {
-        if (strcasecmp(cfg->fallback_commands[i], name) == 0) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static int key_listed(const config *cfg, const char *key, size_t len)
-{
-    if (cfg->nfallback_keys == 0) {
-        return 1;
-    }
-    for (int i = 0; i < cfg->nfallback_keys; i++) {
-        if (glob_match(cfg->fallback_keys[i], strlen(cfg->fallback_keys[i]), key, len)) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-static int arg_is(const resp_arg *a, const char *lit)
-{
-    size_t n = strlen(lit);
-    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
-}
-
 /* XADD key [NOMKSTREAM] [MAXLEN|MINID [=|~] threshold [LIMIT count]] id ...:
  * the index of its id, or 0. */
 static size_t xadd_id_index(const resp_request *req)
@@ -144,15 +109,16 @@ static size_t xadd_id_index(const resp_request *req)
     size_t i = 2;
     while (i < req->argc) {
         const resp_arg *a = &req->argv[i];
-        if (arg_is(a, "nomkstream")) {
+        if (resp_arg_is(a, "nomkstream")) {
             i++;
-        } else if (arg_is(a, "maxlen") || arg_is(a, "minid")) {
+        } else if (resp_arg_is(a, "maxlen") || resp_arg_is(a, "minid")) {
             i++;
-            if (i < req->argc && (arg_is(&req->argv[i], "=") || arg_is(&req->argv[i], "~"))) {
+            if (i < req->argc &&
+                (resp_arg_is(&req->argv[i], "=") || resp_arg_is(&req->argv[i], "~"))) {
                 i++;
             }
             i++; /* the threshold */
-            if (i < req->argc && arg_is(&req->argv[i], "limit")) {
+            if (i < req->argc && resp_arg_is(&req->argv[i], "limit")) {
                 i += 2;
             }
         } else {
@@ -231,7 +197,7 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
     upstream *up = l->up;
     const config *cfg = l->f->cfg;
     if (r->cmd == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_TXLOG)) || up->replicas_ack <= 0 ||
-        !is_push(r->cmd->name) || !command_listed(cfg, r->cmd->name)) {
+        !is_push(r->cmd->name) || !config_fallback_command(cfg, r->cmd->name)) {
         return;
     }
     if (r->br_hi < 0 || cfg->redo_max_bytes == 0 ||
@@ -270,7 +236,7 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
     if (resp_parse_request(rd->parser, p, n, &req) != RESP_OK || req.argc < 3 || req.is_inline) {
         return;
     }
-    if (!key_listed(cfg, req.argv[1].ptr, req.argv[1].len)) {
+    if (!config_fallback_key(cfg, req.argv[1].ptr, req.argv[1].len)) {
         return;
     }
     size_t idi = 0, idlen = 0;

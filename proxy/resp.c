@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define ARGV_INITIAL_MAX 1024         /* most argv slots reserved from a declared *N */
 #define ARGV_KEEP_MAX 4096            /* larger argv arrays shrink when a request starts */
@@ -738,4 +739,10 @@ long long resp_read_header(const char **pp, const char *end, char c)
     }
     *pp = p + 2;
     return v;
+}
+
+int resp_arg_is(const resp_arg *a, const char *lit)
+{
+    size_t n = strlen(lit);
+    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
 }

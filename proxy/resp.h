@@ -76,6 +76,9 @@ int resp_arg_ll(const resp_arg *a, long long *out);
  * 2^40. For ferry's own reading of requests it already parsed. */
 long long resp_read_header(const char **pp, const char *end, char c);
 
+/* The argument is lit, in any case. */
+int resp_arg_is(const resp_arg *a, const char *lit);
+
 /* Reply scanner: frames one complete reply (RESP2, and RESP3 types for later)
  * without building objects; the bytes are forwarded as Redis sent them.
  * State is a position and a count of pending elements: no allocation. */

@@ -44,12 +44,6 @@ static const struct {
 };
 #define NSECTIONS (sizeof(sections) / sizeof(sections[0]))
 
-static int arg_is(const resp_arg *a, const char *lit)
-{
-    size_t n = strlen(lit);
-    return a->len == n && strncasecmp(a->ptr, lit, n) == 0;
-}
-
 /* One "field:value" line; CR and LF in the value become spaces. */
 static void field(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void field(buf *b, const char *fmt, ...)
@@ -225,11 +219,11 @@ static void answer_info(session *s, request *r, const resp_request *req)
 
     for (size_t i = 1; i < req->argc; i++) {
         const resp_arg *a = &req->argv[i];
-        if (arg_is(a, "default") || arg_is(a, "all") || arg_is(a, "everything")) {
+        if (resp_arg_is(a, "default") || resp_arg_is(a, "all") || resp_arg_is(a, "everything")) {
             any = 1;
         }
         for (size_t k = 0; k < NSECTIONS; k++) {
-            if (arg_is(a, sections[k].name)) {
+            if (resp_arg_is(a, sections[k].name)) {
                 want[k] = 1;
             }
         }
