@@ -658,6 +658,13 @@ const conf_entry conf_table[] = {
      CONF_FIELD(replicas_ack_hold_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+    {.key = "durability.offset_brackets",
+     .doc = "with replicas_ack: a ROLE beside each WAIT gives every write the master's replication "
+            "offsets around it, so after a failover ferry decides whether the new master has it "
+            "(no duplicate) and keeps acknowledged pushes for a promoted replica that lacks them; "
+            "no: unknown outcomes are sent again (at-least-once) and nothing is kept",
+     .type = CONF_BOOL,
+     CONF_FIELD(offset_brackets)},
     {.key = "durability.redo_max_bytes",
      .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
             "XADD) kept until every online replica has them, so they are sent again to a promoted "
@@ -1137,6 +1144,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->replicas_ack_hold_ms = 30000;
+    cfg->offset_brackets = 1;
     cfg->redo_max_bytes = (size_t)64 << 20;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");

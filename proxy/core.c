@@ -287,6 +287,7 @@ static const link_ops core_link_ops = {
     .user_auth_done = fence_user_auth_done,
     .verify = fence_verify,
     .wait = fence_wait,
+    .bracket = fence_bracket_batch,
     .hold = fence_hold,
     .drop_held = fence_drop_held,
     .on_not_master = upstream_on_not_master,

@@ -100,20 +100,37 @@ static long long role_offset(const redisReply *rr)
     return -1;
 }
 
+/* The same from a ROLE reply's bytes, without building it (one per batch of
+ * writes): a master's starts "*3\r\n$6\r\nmaster\r\n:<offset>\r\n". */
+static long long role_reply_offset(const char *p, size_t n)
+{
+    static const char head[] = "*3\r\n$6\r\nmaster\r\n:";
+    size_t h = sizeof(head) - 1;
+    long long off = 0;
+    size_t i = h;
+    if (n < h + 3 || memcmp(p, head, h) != 0) {
+        return -1;
+    }
+    for (; i < n && p[i] >= '0' && p[i] <= '9' && i - h < 19; i++) {
+        off = off * 10 + (p[i] - '0');
+    }
+    return i > h && i + 1 < n && p[i] == '\r' && p[i + 1] == '\n' ? off : -1;
+}
+
 /* A ROLE answered on l with offset off: every reply held on l arrived before
  * it, so off is at or past the end of what each wrote (its hi); later
  * replies get off as their lo. */
 static void bracket_close(link *l, long long off)
 {
-    list_node *n;
     if (off < 0) {
         return;
     }
-    list_foreach(n, &l->held)
-    {
+    /* Replies are held in the order they arrived and each ROLE closes all
+     * before it: the open ones are the tail. */
+    for (list_node *n = l->held.prev; n != &l->held; n = n->prev) {
         request *r = list_entry(n, request, lq);
         if (r->br_hi >= 0) {
-            continue;
+            break;
         }
         r->br_hi = off;
         if (r->br_lo >= 0 && r->br_lo <= off) {
@@ -143,9 +160,7 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
         }
         return;
     }
-    redisReply *rr = link_parse_reply(reply, len);
-    bracket_close(l, role_offset(rr));
-    freeReplyObject(rr);
+    bracket_close(l, role_reply_offset(reply, len));
 }
 
 /* Brackets need ROLE on the link: only on ferry's own links (a link
@@ -153,7 +168,22 @@ static void bracket_role_done(link *l, request *r, const char *reply, size_t len
  * ROLE, and every refusal would land in that user's ACL LOG). */
 static int brackets_on(const link *l)
 {
-    return l->up->replicas_ack > 0 && !l->role_refused && l->who->user == NULL;
+    return l->up->replicas_ack > 0 && l->f->cfg->offset_brackets && !l->role_refused &&
+           l->who->user == NULL;
+}
+
+/* Writes went out while a WAIT is in flight (they wait behind it on Redis,
+ * and their WAIT goes after it answers): a ROLE right behind them, so their
+ * replies arrive with the offset after them even if the master dies before
+ * their WAIT is sent. */
+void fence_bracket_batch(link *l)
+{
+    l->role_due = 0;
+    if (brackets_on(l)) {
+        static const char *const role[] = {"ROLE"};
+        link_internal(l, role, 1, bracket_role_done, 0);
+        l->f->stats.bracket_roles++;
+    }
 }
 
 void fence_bracket_open(link *l)
@@ -719,6 +749,7 @@ static void fence_send_wait(link *l, int fence)
              (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
                                         : l->f->cfg->replicas_ack_timeout_ms));
     const char *argv[] = {"WAIT", n, timeout};
+    l->role_due = 0;
     if (brackets_on(l)) {
         /* The offset after this batch (its brackets' hi); beside the
          * WAIT, not behind it, so no other writes of the wait widen it.

@@ -34,6 +34,7 @@ void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
  * reply held on l has the lower end of its bracket (a shared link has it
  * from the ROLE that verified it; a pooled one from its last WAIT's). */
 void fence_bracket_open(link *l);
+void fence_bracket_batch(link *l);
 
 /* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
  * bracket_verdict, counted) once the next master was read, or with force

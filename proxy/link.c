@@ -536,6 +536,7 @@ void link_send(link *l, request *r)
     link_queue(l, r);
     if (r->flags & REQ_F_ACK) {
         l->need_wait = 1;
+        l->role_due = 1;
     }
 }
 
@@ -544,6 +545,7 @@ void link_send_as(link *l, request *r, const char *p, size_t n)
     link_queue_bytes(l, r, p, n);
     if (r->flags & REQ_F_ACK) {
         l->need_wait = 1;
+        l->role_due = 1;
     }
 }
 
@@ -611,6 +613,8 @@ void link_flush(link *l)
          * flight, later writes wait for the next (a WAIT blocks the link on
          * Redis: never two in a row). */
         l->f->link_ops->wait(l);
+    } else if (l->role_due && l->state != LINK_FENCING) {
+        l->f->link_ops->bracket(l);
     }
     int rc = outq_flush(&l->out, &l->io.s, link_write_cb);
     if (l->out.tls != NULL && l->kind == LINK_SHARED && rc >= 0 && buf_used(&l->out.fill) == 0 &&

@@ -73,6 +73,7 @@ typedef struct link {
     list_node held;             /* REQ_WAITING requests whose replies wait for a WAIT */
     int need_wait;              /* writes sent since the last WAIT (replicas_ack) */
     int nwaits;                 /* WAITs in flight on this link */
+    int role_due;               /* writes sent since the last ROLE (offset brackets) */
     uint64_t held_since_ms;     /* when the oldest held reply arrived */
     uint64_t wait_sent_ms;      /* when the last replicas_ack WAIT was queued */
     long long repl_off;         /* the master's replication offset from the last ROLE answered
@@ -175,6 +176,7 @@ typedef struct link_ops {
     req_done_cb user_auth_done;
     void (*verify)(link *l);
     void (*wait)(link *l);
+    void (*bracket)(link *l); /* writes sent behind a WAIT in flight: their ROLE */
     int (*hold)(link *l, request *r, const char *p, size_t n);
     void (*drop_held)(link *l, const char *reason);
     /* upstream: the link is not on a master, failed, leaves its pool, has

@@ -42,6 +42,7 @@ class Workload:
         self.acked = set()
         self.unknown = set()     # a push without an acknowledging reply
         self.popped = []         # every item a pop returned
+        self.how = {}            # item -> how each copy came out ('rpop', 'brpop' + time)
         self.errors = []
         self.stop = threading.Event()
         self.threads = []
@@ -61,7 +62,11 @@ class Workload:
                         item = 'c%d-%d' % (i, n)
                         n += 1
                         try:
+                            t0 = now()
                             r = c.lpush(q, item)
+                            with self.lock:
+                                self.how.setdefault(item, []).append(
+                                    'lpush sent %.3f got %.3f' % (t0, now()))
                         except Exception:
                             with self.lock:
                                 self.unknown.add(item)
@@ -69,15 +74,21 @@ class Workload:
                         with self.lock:
                             (self.acked if isinstance(r, int) else self.unknown).add(item)
                     elif op < 0.75:
+                        t0 = now()
                         r = c.rpop(q)
                         if r is not None:
                             with self.lock:
                                 self.popped.append(r)
+                                self.how.setdefault(r, []).append(
+                                    'rpop %d sent %.3f got %.3f' % (i, t0, now()))
                     else:
+                        t0 = now()
                         r = c.brpop(q, timeout=BLOCK_S)
                         if r is not None:
                             with self.lock:
                                 self.popped.append(r[1])
+                                self.how.setdefault(r[1], []).append(
+                                    'brpop %d sent %.3f got %.3f' % (i, t0, now()))
                 except Exception as e:  # noqa: BLE001 - recorded, fails the test
                     with self.lock:
                         self.errors.append((i, repr(e)))
@@ -118,6 +129,7 @@ class ExactlyOnceTest(unittest.TestCase):
         time.sleep(RUN_S)
         old_port = topo.master_port()
         acked_before = len(load.acked)
+        t_kill = now()
         topo.master().kill()
         topo.wait_failover(old_port, timeout=30)
         t_rec = now()
@@ -143,6 +155,10 @@ class ExactlyOnceTest(unittest.TestCase):
               % (CLIENTS, len(load.acked), len(load.unknown), len(load.popped), len(drained),
                  len(lost), ntwice, fo['requests_ambiguous'], fo['decided_applied'],
                  fo['decided_not_applied'], len(load.errors)), flush=True)
+        for k in sorted(twice):
+            print('[n11] twice %s: %s; drained %d (kill at %.3f, master announced %.3f)'
+                  % (k, ', '.join(load.how.get(k, [])), drained.count(k), t_kill, t_rec),
+                  flush=True)
         self.assertEqual(lost, [], 'acknowledged pushes never delivered')
         self.assertEqual(strange, set(), 'items nobody pushed')
         self.assertEqual(load.errors, [], 'ferry held the clients across the failover')
