@@ -665,6 +665,13 @@ const conf_entry conf_table[] = {
             "no: unknown outcomes are sent again (at-least-once) and nothing is kept",
      .type = CONF_BOOL,
      CONF_FIELD(offset_brackets)},
+    {.key = "durability.pop_receipts",
+     .doc = "with replicas_ack: a pop (RPOP, LPOP, and BRPOP, BLPOP of one key) of a key "
+            "fallback.keys names is sent as a move into a receipt key of its own, deleted once the "
+            "reply is in; the pop sent again after a failover that lost its reply is answered "
+            "from the receipt if the new master has it: the item is neither lost nor taken twice",
+     .type = CONF_BOOL,
+     CONF_FIELD(pop_receipts)},
     {.key = "durability.redo_max_bytes",
      .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
             "XADD) kept until every online replica has them, so they are sent again to a promoted "
@@ -1145,6 +1152,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->replicas_ack_hold_ms = 30000;
     cfg->offset_brackets = 1;
+    cfg->pop_receipts = 1;
     cfg->redo_max_bytes = (size_t)64 << 20;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");

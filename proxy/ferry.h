@@ -91,6 +91,11 @@ enum {
 #define REQ_F_SCRIPT_AGAIN                                                                         \
     (1u << 15) /* an EVALSHA answered NOSCRIPT, sent again with its script loaded ahead            \
                   (scripts.c): once only */
+#define REQ_F_RCPT (1u << 16)      /* a pop sent with its receipt (receipts.c): r->rcpt */
+#define REQ_F_RCPT_EVAL (1u << 17) /* Redis lacked the receipt script: sent as EVAL from now on */
+#define REQ_F_RCPT_PROBE                                                                           \
+    (1u << 18) /* a blocking pop sent again: the receipt script (no blocking) goes first, the      \
+                  blocking move only if it found nothing */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its
@@ -114,6 +119,7 @@ typedef struct request {
     long long br_lo;      /* the master's replication offset before it, -1 unknown (fence.c) */
     long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
     uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
+    uint64_t rcpt;        /* its pop receipt's number, 0 none (receipts.c) */
     int retries;          /* times re-sent after a lost link */
     int refusals;         /* times Redis refused it without effect (REQ_F_REFUSED) */
     uint64_t retry_at;    /* refused: uv_now() before which it is not sent again */
@@ -181,6 +187,8 @@ typedef struct ferry {
     list_node idle;        /* sessions by last_active_ms, oldest first (idle_timeout_ms) */
     list_node watching;    /* sessions with replies whose writing someone waits for */
     uint64_t next_id;      /* ids for sessions and links: the last one given */
+    uint64_t rcpt_next;    /* pop receipts: the last number given (receipts.c) */
+    char rcpt_token[40];   /* pop receipts: this loop's part of their keys, "" not yet made */
     uint64_t id_step;      /* how far apart this loop's ids are: one per loop, so
                               ids are unique across loops (loop i gives i + k*n) */
     uint64_t started_ms;   /* uv_now() at start */

@@ -47,19 +47,6 @@ typedef struct push_view {
     size_t nvalues;   /* how many */
 } push_view;
 
-/* One $bulk at *pp: its bytes in *s, *n. */
-static int read_bulk(const char **pp, const char *end, const char **s, size_t *n)
-{
-    long long len = resp_read_header(pp, end, '$');
-    if (len < 0 || end - *pp < len + 2) {
-        return -1;
-    }
-    *s = *pp;
-    *n = (size_t)len;
-    *pp += len + 2;
-    return 0;
-}
-
 static int is_push(const command *cmd)
 {
     return cmd != NULL && (strcmp(cmd->name, "lpush") == 0 || strcmp(cmd->name, "rpush") == 0 ||
@@ -77,8 +64,8 @@ static int guarded_queue(const ferry *f, const request *r, push_view *v)
     const char *name;
     size_t nlen;
     long long argc = resp_read_header(&p, end, '*');
-    if (argc < 3 || read_bulk(&p, end, &name, &nlen) != 0 ||
-        read_bulk(&p, end, &v->key, &v->klen) != 0) {
+    if (argc < 3 || resp_read_bulk(&p, end, &name, &nlen) != 0 ||
+        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
         return -1; /* Redis answers the arity error of a push with no value */
     }
     int q = queues_match(cfg, v->key, v->klen);

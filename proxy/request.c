@@ -50,6 +50,7 @@ request *request_new(ferry *f)
     r->retries = 0;
     r->br_lo = -1;
     r->br_hi = -1;
+    r->rcpt = 0;
     r->refusals = 0;
     r->retry_at = 0;
     r->refusal = NULL;

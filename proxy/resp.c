@@ -741,6 +741,19 @@ long long resp_read_header(const char **pp, const char *end, char c)
     return v;
 }
 
+int resp_read_bulk(const char **pp, const char *end, const char **s, size_t *n)
+{
+    const char *p = *pp;
+    long long len = resp_read_header(&p, end, '$');
+    if (len < 0 || end - p < len + 2) {
+        return -1;
+    }
+    *s = p;
+    *n = (size_t)len;
+    *pp = p + len + 2;
+    return 0;
+}
+
 int resp_arg_is(const resp_arg *a, const char *lit)
 {
     size_t n = strlen(lit);

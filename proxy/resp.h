@@ -76,6 +76,10 @@ int resp_arg_ll(const resp_arg *a, long long *out);
  * 2^40. For ferry's own reading of requests it already parsed. */
 long long resp_read_header(const char **pp, const char *end, char c);
 
+/* A bulk "$<n>\r\n<bytes>\r\n" at *pp (before end): its bytes in *s, *n,
+ * *pp moved past it; -1 (*pp kept) if it is not one. */
+int resp_read_bulk(const char **pp, const char *end, const char **s, size_t *n);
+
 /* The argument is lit, in any case. */
 int resp_arg_is(const resp_arg *a, const char *lit);
 

@@ -44,6 +44,7 @@
 #include "outage.h"
 #include "router_int.h"
 #include "router_pubsub.h"
+#include "receipts.h"
 #include "scripts.h"
 #include "split.h"
 #include "standin.h"
@@ -878,7 +879,7 @@ static int dispatch_one(session *s, request *r)
         link_internal(target, asking, 1, NULL, 0);
         r->ask = NULL;
     }
-    if (!guards_send(s, r, target) && !lease_send(s, r, target)) {
+    if (!guards_send(s, r, target) && !lease_send(s, r, target) && !receipts_send(s, r, target)) {
         link_send(target, r);
     }
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
@@ -1065,6 +1066,10 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         guard_again(s, r, gv);
         return;
     }
+    if (receipts_again(s, r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* as EVAL, or the blocking move after its look */
+        return;
+    }
     if (tx_refused_by_cluster(s, r, p, n)) {
         /* A command of a transaction refused by the cluster (CLUSTERDOWN,
          * MOVED...): the node aborted it; it is rebuilt on a new link. */
@@ -1109,6 +1114,10 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
         s->f->session_ops->check_reading(s);
         return;
+    }
+    if (receipts_reply(s, r, via, p, n, &scanned)) {
+        p = buf_head(&scanned); /* a blocking pop's reply as its command gives it */
+        n = buf_used(&scanned);
     }
     lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);

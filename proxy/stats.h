@@ -248,8 +248,8 @@ typedef enum stat_type {
     X(durability, wait_nudges, COUNTER, "ferry_durability_wait_nudges_total",                      \
       "replicas_ack WAITs late past 2 ms that had the master send its replicas a few bytes")       \
     X(durability, bracket_roles, COUNTER, "ferry_durability_bracket_roles_total",                  \
-      "ROLEs pipelined beside a replicas_ack WAIT, reading the master's replication offset "       \
-      "after a batch of writes")                                                                   \
+      "ROLEs pipelined beside a replicas_ack WAIT or behind writes sent while one is in flight, "  \
+      "reading the master's replication offset after a batch of writes")                           \
     X(durability, brackets, COUNTER, "ferry_durability_brackets_total",                            \
       "held write replies given an offset bracket: the master's offset before and after them")     \
     X(durability, bracket_bytes, COUNTER, "ferry_durability_bracket_bytes_total",                  \
@@ -274,6 +274,14 @@ typedef enum stat_type {
       "ferry_durability_redo_dropped_unprotected_total",                                           \
       "acknowledged queue pushes not kept (past durability.redo_max_bytes, or no offset after "    \
       "them): lost if a replica that lacks them is promoted")                                      \
+    X(durability, pop_receipts, COUNTER, "ferry_durability_pop_receipts_total",                    \
+      "pops sent as a move into a receipt key of their own (durability.pop_receipts)")             \
+    X(durability, pop_receipts_resent, COUNTER, "ferry_durability_pop_receipts_resent_total",      \
+      "of those, pops sent again after their link was lost: answered from the receipt when the "   \
+      "new master has it")                                                                         \
+    X(durability, pop_receipts_found, COUNTER, "ferry_durability_pop_receipts_found_total",        \
+      "pops sent again whose receipt held the item the first one took: answered with it, not "     \
+      "popped again (the reply the failover lost)")                                                \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \

@@ -1,0 +1,258 @@
+/* receipts.c - pops that survive the loss of their reply
+ * (durability.pop_receipts).
+ *
+ * A master can die after its replica received a pop and before the pop's
+ * reply reached ferry (Redis writes its replicas' stream and its clients'
+ * replies in the same turn, in no fixed order; a reply behind a large one
+ * waits for later turns). Sent again, the pop takes another item, and the
+ * one the first took is on nobody: lost. Offsets cannot tell (no reply, no
+ * offset after it). So with replicas_ack, a pop of a key fallback.keys
+ * names, on ferry's own links and outside MULTI, is not sent as written:
+ *
+ *   RPOP k / LPOP k         EVALSHA <receipt_pop> 2 k <receipt> RIGHT|LEFT
+ *   BRPOP k t / BLPOP k t   BLMOVE k <receipt> RIGHT|LEFT LEFT t
+ *
+ * The receipt is a key of this one request (ferry:rcpt:<loop>:<n>; in
+ * cluster mode ferry:rcpt:{<k's tag>}:<loop>:<n>, on k's slot): the move
+ * leaves the item there, replicated with the pop itself. Once the reply is
+ * in, the client gets it (a blocking move's reply put back as BRPOP's
+ * [key, item]) and the receipt is deleted. A pop sent again after its link
+ * was lost carries the same receipt: the script answers the receipt's item
+ * if the new master has it ({item}: counted pop_receipts_found), else pops;
+ * a blocking pop sent again is first sent as that script (it cannot block),
+ * then, if it found nothing, as the blocking move with the time it has left.
+ *
+ * The request keeps its original bytes (r->data): the fallback store and a
+ * retry see the client's pop. */
+#include "receipts.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "clustermap.h"
+#include "config.h"
+#include "lease.h"
+#include "log.h"
+#include "resp.h"
+#include "slot.h"
+#include "router.h"
+#include "stats.h"
+#include "tx.h"
+#include "upstream.h"
+
+extern const char ferry_receipt_pop_lua[];
+extern const size_t ferry_receipt_pop_lua_len;
+extern const char ferry_receipt_pop_lua_sha1[];
+
+/* A pop's parts, read from its multibulk bytes. */
+typedef struct pop_view {
+    const char *key, *timeout;
+    size_t klen, tlen;
+    const char *side; /* "LEFT" or "RIGHT" */
+    int blocking;
+} pop_view;
+
+static int pop_of(const ferry *f, const request *r, pop_view *v)
+{
+    const char *name = r->cmd != NULL ? r->cmd->name : "";
+    long long want;
+    if (strcmp(name, "rpop") == 0 || strcmp(name, "lpop") == 0) {
+        want = 2;
+        v->blocking = 0;
+    } else if (strcmp(name, "brpop") == 0 || strcmp(name, "blpop") == 0) {
+        want = 3;
+        v->blocking = 1;
+    } else {
+        return -1;
+    }
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *cmd;
+    size_t clen;
+    if (resp_read_header(&p, end, '*') != want || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
+        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
+        return -1; /* a count, more keys: sent as written */
+    }
+    if (v->blocking && resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0) {
+        return -1;
+    }
+    v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
+    if (f->cluster != NULL) {
+        /* The receipt goes in the key's slot: only where its tag is sure. */
+        const char *tag;
+        size_t tlen = lease_tag(v->key, v->klen, &tag);
+        if (tlen == v->klen && (memchr(v->key, '{', v->klen) || memchr(v->key, '}', v->klen))) {
+            return -1;
+        }
+    }
+    return config_fallback_key(f->cfg, v->key, v->klen) ? 0 : -1;
+}
+
+static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
+{
+    char tail[80];
+    if (f->rcpt_token[0] == '\0') {
+        /* Unique across restarts and loops: the process, a clock, the loop. */
+        snprintf(f->rcpt_token, sizeof(f->rcpt_token), "%x%llx.%d", (unsigned)uv_os_getpid(),
+                 (unsigned long long)(uv_hrtime() / 1000 % 0xffffffffffull), f->worker_index);
+    }
+    buf_append(out, "ferry:rcpt:", 11);
+    if (f->cluster != NULL) {
+        const char *tag;
+        size_t tlen = lease_tag(v->key, v->klen, &tag);
+        buf_append(out, "{", 1);
+        buf_append(out, tag, tlen);
+        buf_append(out, "}:", 2);
+    }
+    int len = snprintf(tail, sizeof(tail), "%s:%llu", f->rcpt_token, (unsigned long long)n);
+    buf_append(out, tail, (size_t)len);
+}
+
+int receipts_send(session *s, request *r, link *l)
+{
+    ferry *f = s->f;
+    pop_view v;
+    if (r->rcpt == 0 &&
+        (!f->cfg->pop_receipts || l->up->replicas_ack <= 0 || l->who->user != NULL ||
+         tx_in_multi(s) || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
+        return 0;
+    }
+    if (pop_of(f, r, &v) != 0) {
+        return 0;
+    }
+    if (r->rcpt == 0) {
+        r->rcpt = ++f->rcpt_next;
+        f->stats.pop_receipts++;
+    } else if (r->retries > 0) {
+        f->stats.pop_receipts_resent++;
+    }
+    buf key, b;
+    buf_init(&key);
+    buf_init(&b);
+    receipt_key(f, &v, r->rcpt, &key);
+    /* A blocking move sent before may have applied: look first. */
+    int script = !v.blocking || (r->flags & REQ_F_RCPT);
+    if (script) {
+        int eval = (r->flags & REQ_F_RCPT_EVAL) != 0;
+        if (!eval && !l->receipt_script) {
+            const char *argv[3] = {"SCRIPT", "LOAD", ferry_receipt_pop_lua};
+            link_internal(l, argv, 3, NULL, 0);
+            l->receipt_script = 1;
+        }
+        buf_append_count(&b, '*', 6);
+        if (eval) {
+            buf_append_bulk(&b, "EVAL", 4);
+            buf_append_bulk(&b, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len);
+        } else {
+            buf_append_bulk(&b, "EVALSHA", 7);
+            buf_append_bulk(&b, ferry_receipt_pop_lua_sha1, strlen(ferry_receipt_pop_lua_sha1));
+        }
+        buf_append_bulk(&b, "2", 1);
+        buf_append_bulk(&b, v.key, v.klen);
+        buf_append_bulk(&b, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b, v.side, strlen(v.side));
+    } else {
+        buf_append_count(&b, '*', 6);
+        buf_append_bulk(&b, "BLMOVE", 6);
+        buf_append_bulk(&b, v.key, v.klen);
+        buf_append_bulk(&b, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b, v.side, strlen(v.side));
+        buf_append_bulk(&b, "LEFT", 4);
+        buf_append_bulk(&b, v.timeout, v.tlen);
+    }
+    r->flags =
+        (r->flags & ~REQ_F_RCPT_PROBE) | REQ_F_RCPT | (v.blocking && script ? REQ_F_RCPT_PROBE : 0);
+    link_send_as(l, r, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    buf_free(&key);
+    return 1;
+}
+
+static int is_null(const char *p, size_t n)
+{
+    return (n == 5 && (memcmp(p, "$-1\r\n", 5) == 0 || memcmp(p, "*-1\r\n", 5) == 0)) ||
+           (n == 3 && memcmp(p, "_\r\n", 3) == 0);
+}
+
+int receipts_again(session *s, request *r, const char *p, size_t n)
+{
+    if (!(r->flags & REQ_F_RCPT)) {
+        return 0;
+    }
+    int script = (r->flags & REQ_F_RCPT_PROBE) || !(r->cmd != NULL && r->cmd->name[0] == 'b');
+    if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
+        log_info("pop receipts: Redis lacked the receipt script; client %llu's pop sent as EVAL",
+                 (unsigned long long)s->id);
+        r->flags |= REQ_F_RCPT_EVAL;
+        return 1;
+    }
+    if ((r->flags & REQ_F_RCPT_PROBE) && is_null(p, n)) {
+        /* No receipt, no item: now the blocking move, with its time left. */
+        r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+        r->flags |= REQ_F_REARM;
+        return 1;
+    }
+    return 0;
+}
+
+/* A ready shared link of ferry's own to the master of key's slot (cluster
+ * mode) or to the master; NULL while there is none. */
+static link *shared_link(ferry *f, const char *key, size_t klen)
+{
+    upstream *up =
+        f->cluster != NULL ? clustermap_route(f->cluster, slot_of_key(key, klen)) : f->up;
+    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
+    return l != NULL && l->state == LINK_READY ? l : NULL;
+}
+
+int receipts_reply(session *s, request *r, link *via, const char *p, size_t n, buf *out)
+{
+    ferry *f = s->f;
+    pop_view v;
+    if (!(r->flags & REQ_F_RCPT) || n == 0 || pop_of(f, r, &v) != 0) {
+        return 0;
+    }
+    const char *item = p;
+    size_t ilen = n;
+    if (n > 4 && memcmp(p, "*1\r\n", 4) == 0) {
+        /* {item}: the receipt held it (the first pop applied, its reply lost). */
+        f->stats.pop_receipts_found++;
+        item = p + 4;
+        ilen = n - 4;
+    }
+    link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
+                   ? via
+                   : shared_link(f, v.key, v.klen);
+    if (item[0] == '$' && !is_null(item, ilen) && to != NULL) {
+        /* The item is on its way to the client: the receipt has served (on
+         * the link the pop went on, or a blocking pop's master's shared
+         * one: the receipt is in the pop's slot). */
+        buf key, del;
+        buf_init(&key);
+        buf_init(&del);
+        receipt_key(f, &v, r->rcpt, &key);
+        buf_append_count(&del, '*', 2);
+        buf_append_bulk(&del, "DEL", 3);
+        buf_append_bulk(&del, buf_head(&key), buf_used(&key));
+        link_internal_bytes(to, buf_head(&del), buf_used(&del), NULL, 0);
+        buf_free(&del);
+        buf_free(&key);
+    }
+    if (!v.blocking) {
+        if (item == p) {
+            return 0;
+        }
+        buf_append(out, item, ilen);
+        return 1;
+    }
+    if (item[0] == '$' && !is_null(item, ilen)) {
+        /* BLMOVE answers the item; BRPOP/BLPOP answer [key, item]. */
+        buf_append_count(out, '*', 2);
+        buf_append_bulk(out, v.key, v.klen);
+        buf_append(out, item, ilen);
+        return 1;
+    }
+    if (ilen == 5 && memcmp(item, "$-1\r\n", 5) == 0) {
+        buf_append(out, "*-1\r\n", 5); /* its timeout, as BRPOP says it in RESP2 */
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,23 @@
+/* receipts.h - pops that survive the loss of their reply (durability.pop_receipts). */
+#ifndef FERRY_RECEIPTS_H
+#define FERRY_RECEIPTS_H
+
+#include "buf.h"
+#include "link.h"
+#include "session.h"
+
+/* Sends r on l as its receipt move if it is a pop that gets one (1);
+ * otherwise nothing is sent (0). */
+int receipts_send(session *s, request *r, link *l);
+
+/* A reply to r that means r must go again (1): Redis lacked the script
+ * (now sent as EVAL), or a blocking pop sent again found no receipt and no
+ * item (now the blocking move, with the time it has left). */
+int receipts_again(session *s, request *r, const char *p, size_t n);
+
+/* r's reply is final: a receipt it left is deleted (on via), and a
+ * blocking pop's reply is put as the client's command answers it (1, in
+ * out); 0: pass p as it is. */
+int receipts_reply(session *s, request *r, link *via, const char *p, size_t n, buf *out);
+
+#endif
