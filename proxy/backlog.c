@@ -346,6 +346,15 @@ void backlog_tick(ferry *f, uint64_t now)
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);
             continue;
+        } else if (r->deadline != 0 && now >= r->deadline && (r->flags & REQ_F_RCPT) &&
+                   now - r->held_since < hold_bound(f, r)) {
+            /* Its receipt move may have applied (the reply lost with its
+             * link): the next master is asked for the receipt first
+             * (receipts.c), within the hold bound, before its timeout
+             * answers. */
+            r->due = r->held_since + hold_bound(f, r);
+            heap_fix(f, r);
+            continue;
         } else if (r->deadline != 0 && now >= r->deadline) {
             /* A blocked call's own timeout ran out while it was held. */
             const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||

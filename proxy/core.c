@@ -17,6 +17,7 @@
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
+#include "receipts.h"
 #include "router.h"
 #include "sentinel.h"
 #include "server.h"
@@ -298,6 +299,7 @@ static const link_ops core_link_ops = {
     .on_reply = router_on_reply,
     .on_refused = router_on_refused,
     .on_lost = router_on_lost,
+    .reshape = receipts_reshape,
     .on_stream = session_on_stream,
     .on_push = session_on_push,
 };

@@ -252,9 +252,9 @@ static void verdicts_run(upstream *up)
 static void unknown_record(link *l, const request *r, long long lo, long long hi, int fate)
 {
     upstream *up = l->up;
-    if (r->s == NULL || (r->flags & REQ_F_INTERNAL) || !(r->flags & REQ_F_WRITE) ||
+    if (r->s == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_RCPT)) || !(r->flags & REQ_F_WRITE) ||
         up->replicas_ack <= 0) {
-        return;
+        return; /* a pop with its receipt: the next master decides it (receipts.c) */
     }
     if (up->nunknown >= UNKNOWN_MAX) {
         l->f->stats.requests_ambiguous++;

@@ -718,7 +718,7 @@ static void link_on_push(link *l, const char *p, size_t n)
 }
 
 /* One complete reply: to the oldest pending request, or down the tunnel. */
-static void link_deliver(link *l, const char *p, size_t n)
+static void link_deliver_as(link *l, const char *p, size_t n)
 {
     if (p[0] == '>') {
         link_on_push(l, p, n);
@@ -775,6 +775,23 @@ static void link_deliver(link *l, const char *p, size_t n)
     } else if (!l->f->link_ops->hold(l, r, p, n)) {
         l->f->link_ops->on_reply(r->s, r, p, n);
     }
+}
+
+/* One complete reply, put first as the client's command answers it when it
+ * went as a receipt pop (receipts.c): whoever takes it sees that shape. */
+static void link_deliver(link *l, const char *p, size_t n)
+{
+    request *r = list_empty(&l->pending) || p[0] == '>'
+                     ? NULL
+                     : list_entry(list_first(&l->pending), request, lq);
+    buf shaped;
+    buf_init(&shaped);
+    if (r != NULL && (r->flags & REQ_F_RCPT) && l->f->link_ops->reshape(l, r, p, n, &shaped)) {
+        p = buf_head(&shaped);
+        n = buf_used(&shaped);
+    }
+    link_deliver_as(l, p, n);
+    buf_free(&shaped);
 }
 
 static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)

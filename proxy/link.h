@@ -193,6 +193,8 @@ typedef struct link_ops {
     void (*on_refused)(struct session *s, request *r, link *l, link_refusal why, const char *p,
                        size_t n);
     void (*on_lost)(struct session *s, request *r, const char *reason);
+    /* receipts: a reply put as the client's command answers it (1, in out). */
+    int (*reshape)(link *l, request *r, const char *p, size_t n, buf *out);
     /* session: bytes of a dedicated link's stream (MONITOR, SUBSCRIBE) and
      * RESP3 pushes, for its owner. */
     void (*on_stream)(struct session *s, const char *p, size_t n);

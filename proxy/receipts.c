@@ -203,56 +203,63 @@ static link *shared_link(ferry *f, const char *key, size_t klen)
     return l != NULL && l->state == LINK_READY ? l : NULL;
 }
 
-int receipts_reply(session *s, request *r, link *via, const char *p, size_t n, buf *out)
+int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
 {
-    ferry *f = s->f;
     pop_view v;
-    if (!(r->flags & REQ_F_RCPT) || n == 0 || pop_of(f, r, &v) != 0) {
+    if (!(r->flags & REQ_F_RCPT) || n == 0 || pop_of(l->f, r, &v) != 0) {
         return 0;
     }
     const char *item = p;
     size_t ilen = n;
     if (n > 4 && memcmp(p, "*1\r\n", 4) == 0) {
         /* {item}: the receipt held it (the first pop applied, its reply lost). */
-        f->stats.pop_receipts_found++;
+        l->f->stats.pop_receipts_found++;
         item = p + 4;
         ilen = n - 4;
     }
-    link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
-                   ? via
-                   : shared_link(f, v.key, v.klen);
-    if (item[0] == '$' && !is_null(item, ilen) && to != NULL) {
-        /* The item is on its way to the client: the receipt has served (on
-         * the link the pop went on, or a blocking pop's master's shared
-         * one: the receipt is in the pop's slot). */
-        buf key, del;
-        buf_init(&key);
-        buf_init(&del);
-        receipt_key(f, &v, r->rcpt, &key);
-        buf_append_count(&del, '*', 2);
-        buf_append_bulk(&del, "DEL", 3);
-        buf_append_bulk(&del, buf_head(&key), buf_used(&key));
-        link_internal_bytes(to, buf_head(&del), buf_used(&del), NULL, 0);
-        buf_free(&del);
-        buf_free(&key);
-    }
-    if (!v.blocking) {
-        if (item == p) {
-            return 0;
-        }
-        buf_append(out, item, ilen);
-        return 1;
-    }
-    if (item[0] == '$' && !is_null(item, ilen)) {
+    if (v.blocking && item[0] == '$' && !is_null(item, ilen)) {
         /* BLMOVE answers the item; BRPOP/BLPOP answer [key, item]. */
         buf_append_count(out, '*', 2);
         buf_append_bulk(out, v.key, v.klen);
         buf_append(out, item, ilen);
         return 1;
     }
-    if (ilen == 5 && memcmp(item, "$-1\r\n", 5) == 0) {
+    if (v.blocking && ilen == 5 && memcmp(item, "$-1\r\n", 5) == 0) {
         buf_append(out, "*-1\r\n", 5); /* its timeout, as BRPOP says it in RESP2 */
         return 1;
     }
+    if (item != p) {
+        buf_append(out, item, ilen);
+        return 1;
+    }
     return 0;
+}
+
+void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
+{
+    pop_view v;
+    if (!(r->flags & REQ_F_RCPT) || n == 0 || is_null(p, n) || p[0] == '-' ||
+        pop_of(f, r, &v) != 0) {
+        return; /* nothing moved: no receipt */
+    }
+    link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
+                   ? via
+                   : shared_link(f, v.key, v.klen);
+    if (to == NULL) {
+        return;
+    }
+    /* The item is on its way to the client: the receipt has served (on the
+     * link the pop went on, or a blocking pop's master's shared one: the
+     * receipt is in the pop's slot). */
+    buf key, del;
+    buf_init(&key);
+    buf_init(&del);
+    receipt_key(f, &v, r->rcpt, &key);
+    buf_append_count(&del, '*', 2);
+    buf_append_bulk(&del, "DEL", 3);
+    buf_append_bulk(&del, buf_head(&key), buf_used(&key));
+    link_internal_bytes(to, buf_head(&del), buf_used(&del), NULL, 0);
+    buf_free(&del);
+    buf_free(&key);
+    r->flags &= ~REQ_F_RCPT;
 }

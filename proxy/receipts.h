@@ -15,9 +15,13 @@ int receipts_send(session *s, request *r, link *l);
  * item (now the blocking move, with the time it has left). */
 int receipts_again(session *s, request *r, const char *p, size_t n);
 
-/* r's reply is final: a receipt it left is deleted (on via), and a
- * blocking pop's reply is put as the client's command answers it (1, in
- * out); 0: pass p as it is. */
-int receipts_reply(session *s, request *r, link *via, const char *p, size_t n, buf *out);
+/* A reply to r as it arrives from Redis, put as the client's command
+ * answers it (1, in out): {item} from a receipt unwrapped, a blocking
+ * move's item as BRPOP's [key, item]; 0: p as it is. */
+int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out);
+
+/* r's reply is final: the receipt it left is deleted (on via, or a shared
+ * link to its master). */
+void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n);
 
 #endif

@@ -197,8 +197,8 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
     upstream *up = l->up;
     const config *cfg = l->f->cfg;
     if (r->cmd == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_TXLOG)) || up->replicas_ack <= 0 ||
-        !cfg->offset_brackets ||
-        !is_push(r->cmd->name) || !config_fallback_command(cfg, r->cmd->name)) {
+        !cfg->offset_brackets || !is_push(r->cmd->name) ||
+        !config_fallback_command(cfg, r->cmd->name)) {
         return;
     }
     if (r->br_hi < 0 || cfg->redo_max_bytes == 0 ||

@@ -557,6 +557,15 @@ static int dispatch_one(session *s, request *r)
     if (!(r->flags & REQ_F_VERDICT) && tx_after_refused_multi(s, r)) {
         return DISPATCH_DONE;
     }
+    if ((r->flags & REQ_F_VERDICT) && (r->flags & REQ_F_RCPT) && up->state == UP_UP) {
+        /* A pop with its receipt, answered by a master lost before a
+         * replica confirmed it: sent again, it answers the item it took if
+         * this master has the pop, else pops here (the item is still here):
+         * Redis decides, not the offsets. With no master up, its data waits
+         * below (delivered if the fallback store serves meanwhile). */
+        r->flags &= ~REQ_F_VERDICT;
+        buf_clear(&r->reply);
+    }
     if (r->flags & REQ_F_VERDICT) {
         /* Its reply came from a master lost before a replica confirmed it:
          * once the next master is read (before it is UP), deliver that reply
@@ -850,11 +859,13 @@ static int dispatch_one(session *s, request *r)
         int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
         r->flags &= ~REQ_F_REARM;
-        if (done != 0) {
+        if (done != 0 && !(r->flags & REQ_F_RCPT)) {
             s->f->session_ops->answer_str(
                 s, r, session_null(s, expired)); /* its time ran out meanwhile */
             return DISPATCH_DONE;
         }
+        /* With its receipt move maybe applied, the look goes first (it does
+         * not block); nothing found, then its time is up (receipts.c). */
     }
     if (f->cluster != NULL && keyspace_is_scan(r)) {
         /* Cluster mode: ferry's SCAN cursor becomes the node's. */
@@ -1115,10 +1126,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         s->f->session_ops->check_reading(s);
         return;
     }
-    if (receipts_reply(s, r, via, p, n, &scanned)) {
-        p = buf_head(&scanned); /* a blocking pop's reply as its command gives it */
-        n = buf_used(&scanned);
-    }
+    receipts_reply(s->f, r, via, p, n);
     lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {

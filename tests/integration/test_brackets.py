@@ -137,12 +137,16 @@ class VerdictTest(unittest.TestCase):
     unwatched EXEC is one write: delivered if the new master has it, else
     the transaction is rebuilt there."""
 
-    def pop_not_on_new_master(self, pop):
+    def pop_not_on_new_master(self, pop, receipts=False):
+        # receipts=False: the pop as written, decided by its bracket; True:
+        # the pop with its receipt (durability.pop_receipts), sent again and
+        # decided by the new master itself (receipts.c).
         topo = SentinelTopology()
         self.addCleanup(topo.stop)
         master = topo.master()
         topo.wait_replicas_synced(master, 2)
-        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
+        f = Ferry(None, conf=merged(FAILOVER_CONF, {'durability': {'pop_receipts': receipts}}),
+                  sentinel=topo)
         self.addCleanup(f.stop)
         s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
         self.addCleanup(s.close)
@@ -182,8 +186,16 @@ class VerdictTest(unittest.TestCase):
         left = new.lrange('pq', 0, -1)
         # Once: the client has item-1 and the new master does not.
         self.assertEqual(left, ['item-2'], 'item-1 delivered and still queued (twice)')
-        fo = stats_json(f.stats_port)['failover']
+        st = stats_json(f.stats_port)
+        fo = st['failover']
         self.assertEqual(fo['duplicates_known'], 0, fo)
+        if receipts:
+            # No verdict: the pop went again with its receipt, which the
+            # new master did not have; it popped there.
+            self.assertGreaterEqual(st['durability']['pop_receipts_resent'], 1, st['durability'])
+            self.assertEqual(st['durability']['pop_receipts_found'], 0, st['durability'])
+            self.assertEqual(held_pops(f), [])
+            return
         # The pop at least (the push's bracket may start before what the
         # replicas hold: ambiguous, sent again all the same).
         self.assertGreaterEqual(fo['decided_not_applied'], 1, fo)
@@ -277,6 +289,12 @@ class VerdictTest(unittest.TestCase):
 
     def test_brpop_not_applied_popped_again(self):
         self.pop_not_on_new_master(['BRPOP', 'pq', '20'])
+
+    def test_rpop_with_receipt_not_applied_popped_again(self):
+        self.pop_not_on_new_master(['RPOP', 'pq'], receipts=True)
+
+    def test_brpop_with_receipt_not_applied_popped_again(self):
+        self.pop_not_on_new_master(['BRPOP', 'pq', '20'], receipts=True)
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
