@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "receipts.h"
 #include "outage.h"
 #include "tx.h"
 #include "upstream.h"
@@ -282,6 +283,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
                  (unsigned long long)(now - since));
     }
     f->stats.requests_tryagain++;
+    receipts_put_back(f, r); /* nothing applied, as -TRYAGAIN says */
     if (r->route == RT_MULTI) {
         tx_on_multi_refused(s, r);
     } else if (tx_in_multi(s)) {
@@ -346,17 +348,11 @@ void backlog_tick(ferry *f, uint64_t now)
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);
             continue;
-        } else if (r->deadline != 0 && now >= r->deadline && (r->flags & REQ_F_RCPT) &&
-                   now - r->held_since < hold_bound(f, r)) {
-            /* Its receipt move may have applied (the reply lost with its
-             * link): the next master is asked for the receipt first
-             * (receipts.c), within the hold bound, before its timeout
-             * answers. */
-            r->due = r->held_since + hold_bound(f, r);
-            heap_fix(f, r);
-            continue;
         } else if (r->deadline != 0 && now >= r->deadline) {
-            /* A blocked call's own timeout ran out while it was held. */
+            /* A blocked call's own timeout ran out while it was held. Had
+             * its receipt move applied (the reply lost with its link), the
+             * item goes back to its queue on the next master (receipts.c). */
+            receipts_put_back(f, r);
             const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||
                                                      strcmp(r->cmd->name, "brpoplpush") == 0)
                                       ? "$-1\r\n"

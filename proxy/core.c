@@ -151,6 +151,7 @@ static void tick_cb(uv_timer_t *h)
     outage_tick(f, now);
     queues_tick(f, now);
     lease_tick(f, now);
+    receipts_tick(f);
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
@@ -594,6 +595,7 @@ void core_release(ferry *f)
     stats_free(f);
     queues_free(f);
     lease_free(f);
+    receipts_free(f);
     if (f->worker_index == 0) {
         scripts_free(f->scripts); /* the workers' loops have ended (workers_join) */
     }

@@ -208,6 +208,7 @@ typedef struct ferry {
                                        last tick (limits.max_memory) */
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
+    struct receipts *receipts;      /* receipts.c: receipts to put back, NULL none */
     struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
                                        the expiry on the main loop; NULL if no queues:
                                        entry has processing */

@@ -22,11 +22,19 @@
  * a blocking pop sent again is first sent as that script (it cannot block),
  * then, if it found nothing, as the blocking move with the time it has left.
  *
+ * A pop ferry answers itself after its move may have applied (its timeout
+ * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
+ * its queue, at the end it came from, on the next master: undone.
+ *
+ * Database 0 only: ferry's shared links stay in it (another database's
+ * session has its own link), and the receipt's DEL or put-back goes on them.
+ *
  * The request keeps its original bytes (r->data): the fallback store and a
  * retry see the client's pop. */
 #include "receipts.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "clustermap.h"
@@ -112,7 +120,7 @@ int receipts_send(session *s, request *r, link *l)
     pop_view v;
     if (r->rcpt == 0 &&
         (!f->cfg->pop_receipts || l->up->replicas_ack <= 0 || l->who->user != NULL ||
-         tx_in_multi(s) || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
+         tx_in_multi(s) || s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
         return 0;
     }
     if (pop_of(f, r, &v) != 0) {
@@ -262,4 +270,108 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
     buf_free(&del);
     buf_free(&key);
     r->flags &= ~REQ_F_RCPT;
+}
+
+/* ------------------------------------------------------------ put back */
+
+#define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
+
+typedef struct put_back {
+    buf move; /* LMOVE <receipt> <key> LEFT <side>, as sent */
+    char *key;
+    size_t klen;
+} put_back;
+
+struct receipts {
+    put_back *pb;
+    size_t n, cap;
+};
+
+static void put_back_send(ferry *f, put_back *b)
+{
+    link *l = shared_link(f, b->key, b->klen);
+    if (l != NULL) {
+        link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
+        f->stats.pop_receipts_put_back++;
+        buf_free(&b->move);
+        free(b->key);
+        b->key = NULL;
+    }
+}
+
+void receipts_put_back(ferry *f, request *r)
+{
+    pop_view v;
+    if (!(r->flags & REQ_F_RCPT) || pop_of(f, r, &v) != 0) {
+        return;
+    }
+    r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+    struct receipts *rc = f->receipts;
+    if (rc == NULL) {
+        rc = f->receipts = xcalloc(1, sizeof(*rc));
+    }
+    if (rc->n == PUT_BACK_MAX) {
+        log_warn("pop receipts: %d receipts wait for a master to be put back: the oldest "
+                 "(its item in %s) is left there",
+                 PUT_BACK_MAX, "ferry:rcpt:...");
+        buf_free(&rc->pb[0].move);
+        free(rc->pb[0].key);
+        memmove(rc->pb, rc->pb + 1, (rc->n - 1) * sizeof(*rc->pb));
+        rc->n--;
+    }
+    if (rc->n == rc->cap) {
+        rc->cap = rc->cap ? rc->cap * 2 : 16;
+        rc->pb = xrealloc(rc->pb, rc->cap * sizeof(*rc->pb));
+    }
+    put_back *b = &rc->pb[rc->n];
+    buf key;
+    buf_init(&key);
+    buf_init(&b->move);
+    receipt_key(f, &v, r->rcpt, &key);
+    /* Back to the end it was taken from: the queue as it was. */
+    buf_append_count(&b->move, '*', 5);
+    buf_append_bulk(&b->move, "LMOVE", 5);
+    buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+    buf_append_bulk(&b->move, v.key, v.klen);
+    buf_append_bulk(&b->move, "LEFT", 4);
+    buf_append_bulk(&b->move, v.side, strlen(v.side));
+    buf_free(&key);
+    b->key = xmalloc(v.klen + 1);
+    memcpy(b->key, v.key, v.klen);
+    b->klen = v.klen;
+    put_back_send(f, b);
+    if (b->key != NULL) {
+        rc->n++; /* no master now: at a tick once there is one */
+    }
+}
+
+void receipts_tick(ferry *f)
+{
+    struct receipts *rc = f->receipts;
+    size_t keep = 0;
+    if (rc == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < rc->n; i++) {
+        put_back_send(f, &rc->pb[i]);
+        if (rc->pb[i].key != NULL) {
+            rc->pb[keep++] = rc->pb[i];
+        }
+    }
+    rc->n = keep;
+}
+
+void receipts_free(ferry *f)
+{
+    struct receipts *rc = f->receipts;
+    if (rc == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < rc->n; i++) {
+        buf_free(&rc->pb[i].move);
+        free(rc->pb[i].key);
+    }
+    free(rc->pb);
+    free(rc);
+    f->receipts = NULL;
 }

@@ -24,4 +24,12 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out);
  * link to its master). */
 void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n);
 
+/* r, a pop with its receipt, is answered by ferry itself (its timeout ran
+ * out while held, -TRYAGAIN): had its move applied, the item goes back to
+ * the end of its queue it came from (LMOVE from the receipt), now or, with
+ * no master, at a tick once there is one. */
+void receipts_put_back(ferry *f, request *r);
+void receipts_tick(ferry *f);
+void receipts_free(ferry *f);
+
 #endif

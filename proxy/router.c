@@ -859,13 +859,12 @@ static int dispatch_one(session *s, request *r)
         int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
         r->flags &= ~REQ_F_REARM;
-        if (done != 0 && !(r->flags & REQ_F_RCPT)) {
+        if (done != 0) {
+            receipts_put_back(f, r); /* a receipt move it may have made: undone */
             s->f->session_ops->answer_str(
                 s, r, session_null(s, expired)); /* its time ran out meanwhile */
             return DISPATCH_DONE;
         }
-        /* With its receipt move maybe applied, the look goes first (it does
-         * not block); nothing found, then its time is up (receipts.c). */
     }
     if (f->cluster != NULL && keyspace_is_scan(r)) {
         /* Cluster mode: ferry's SCAN cursor becomes the node's. */

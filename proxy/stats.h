@@ -282,6 +282,9 @@ typedef enum stat_type {
     X(durability, pop_receipts_found, COUNTER, "ferry_durability_pop_receipts_found_total",        \
       "pops sent again whose receipt held the item the first one took: answered with it, not "     \
       "popped again (the reply the failover lost)")                                                \
+    X(durability, pop_receipts_put_back, COUNTER, "ferry_durability_pop_receipts_put_back_total",  \
+      "pops with a receipt answered by ferry itself (their timeout while held, -TRYAGAIN) whose "  \
+      "receipt is moved back to its queue: the item is there again if the first move applied")     \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \
