@@ -106,10 +106,13 @@ class Pending:
 
 
 def blocked_ids(server, cmd):
-    """Redis' ids of the connections blocked in cmd (CLIENT LIST)."""
+    """Redis' ids of the connections blocked in cmd (CLIENT LIST). A pop
+    with its receipt is blocked in BLMOVE (receipts.c): blpop/brpop count
+    it."""
+    names = (cmd, 'blmove') if cmd in ('blpop', 'brpop') else (cmd,)
     out = []
     for c in server.client(socket_timeout=5).client_list():
-        if c.get('cmd') == cmd and 'b' in c.get('flags', ''):
+        if c.get('cmd') in names and 'b' in c.get('flags', ''):
             out.append(c['id'])
     return out
 
