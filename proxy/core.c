@@ -46,6 +46,7 @@ static void flush_cb(uv_prepare_t *h)
             f->wake_pending = 0;
             backlog_wake_all(f);
         }
+        receipts_flush(f);
         while (!list_empty(&f->dirty_links)) {
             list_node *n = list_first(&f->dirty_links);
             link *l = list_entry(n, link, dirty_node);

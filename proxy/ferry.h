@@ -94,8 +94,8 @@ enum {
 #define REQ_F_RCPT (1u << 16)      /* a pop sent with its receipt (receipts.c): r->rcpt */
 #define REQ_F_RCPT_EVAL (1u << 17) /* Redis lacked the receipt script: sent as EVAL from now on */
 #define REQ_F_RCPT_PROBE                                                                           \
-    (1u << 18) /* a blocking pop sent again: the receipt script (no blocking) goes first, the      \
-                  blocking move only if it found nothing */
+    (1u << 18) /* a pop sent again: as the receipt script, which answers the receipt's item if     \
+                  the first move applied (a blocking one's move follows if it found nothing) */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its

@@ -9,18 +9,19 @@
  * offset after it). So with replicas_ack, a pop of a key fallback.keys
  * names, on ferry's own links and outside MULTI, is not sent as written:
  *
- *   RPOP k / LPOP k         EVALSHA <receipt_pop> 2 k <receipt> RIGHT|LEFT
+ *   RPOP k / LPOP k         LMOVE k <receipt> RIGHT|LEFT LEFT
  *   BRPOP k t / BLPOP k t   BLMOVE k <receipt> RIGHT|LEFT LEFT t
  *
  * The receipt is a key of this one request (ferry:rcpt:<loop>:<n>; in
  * cluster mode ferry:rcpt:{<k's tag>}:<loop>:<n>, on k's slot): the move
  * leaves the item there, replicated with the pop itself. Once the reply is
  * in, the client gets it (a blocking move's reply put back as BRPOP's
- * [key, item]) and the receipt is deleted. A pop sent again after its link
- * was lost carries the same receipt: the script answers the receipt's item
- * if the new master has it ({item}: counted pop_receipts_found), else pops;
- * a blocking pop sent again is first sent as that script (it cannot block),
- * then, if it found nothing, as the blocking move with the time it has left.
+ * [key, item]) and the receipt is deleted (one DEL per loop turn for all
+ * served in it; per receipt in cluster mode, where they span slots). A pop sent again after its
+ * link was lost carries the same receipt and goes as the receipt script (receipt_pop.lua): the
+ * receipt's item if the new master has it ({item}: counted pop_receipts_found), else the move; a
+ * blocking pop's script cannot block: if it found nothing, the blocking move follows with the time
+ * left.
  *
  * A pop ferry answers itself after its move may have applied (its timeout
  * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
@@ -136,8 +137,8 @@ int receipts_send(session *s, request *r, link *l)
     buf_init(&key);
     buf_init(&b);
     receipt_key(f, &v, r->rcpt, &key);
-    /* A blocking move sent before may have applied: look first. */
-    int script = !v.blocking || (r->flags & REQ_F_RCPT);
+    /* Sent before, its move may have applied: the script looks first. */
+    int script = (r->flags & REQ_F_RCPT) != 0;
     if (script) {
         int eval = (r->flags & REQ_F_RCPT_EVAL) != 0;
         if (!eval && !l->receipt_script) {
@@ -158,16 +159,18 @@ int receipts_send(session *s, request *r, link *l)
         buf_append_bulk(&b, buf_head(&key), buf_used(&key));
         buf_append_bulk(&b, v.side, strlen(v.side));
     } else {
-        buf_append_count(&b, '*', 6);
-        buf_append_bulk(&b, "BLMOVE", 6);
+        /* The first send: Redis' own move, as cheap as the pop. */
+        buf_append_count(&b, '*', v.blocking ? 6 : 5);
+        buf_append_bulk(&b, v.blocking ? "BLMOVE" : "LMOVE", v.blocking ? 6 : 5);
         buf_append_bulk(&b, v.key, v.klen);
         buf_append_bulk(&b, buf_head(&key), buf_used(&key));
         buf_append_bulk(&b, v.side, strlen(v.side));
         buf_append_bulk(&b, "LEFT", 4);
-        buf_append_bulk(&b, v.timeout, v.tlen);
+        if (v.blocking) {
+            buf_append_bulk(&b, v.timeout, v.tlen);
+        }
     }
-    r->flags =
-        (r->flags & ~REQ_F_RCPT_PROBE) | REQ_F_RCPT | (v.blocking && script ? REQ_F_RCPT_PROBE : 0);
+    r->flags = (r->flags & ~REQ_F_RCPT_PROBE) | REQ_F_RCPT | (script ? REQ_F_RCPT_PROBE : 0);
     link_send_as(l, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
     buf_free(&key);
@@ -185,20 +188,65 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     if (!(r->flags & REQ_F_RCPT)) {
         return 0;
     }
-    int script = (r->flags & REQ_F_RCPT_PROBE) || !(r->cmd != NULL && r->cmd->name[0] == 'b');
+    int script = (r->flags & REQ_F_RCPT_PROBE) != 0;
+    int blocking = r->cmd != NULL && r->cmd->name[0] == 'b';
     if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
         log_info("pop receipts: Redis lacked the receipt script; client %llu's pop sent as EVAL",
                  (unsigned long long)s->id);
         r->flags |= REQ_F_RCPT_EVAL;
         return 1;
     }
-    if ((r->flags & REQ_F_RCPT_PROBE) && is_null(p, n)) {
+    if (script && blocking && is_null(p, n)) {
         /* No receipt, no item: now the blocking move, with its time left. */
         r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
         r->flags |= REQ_F_REARM;
         return 1;
     }
     return 0;
+}
+
+#define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
+
+typedef struct put_back {
+    buf move; /* LMOVE <receipt> <key> LEFT <side>, as sent */
+    char *key;
+    size_t klen;
+} put_back;
+
+struct receipts {
+    put_back *pb; /* receipts to put back, oldest first */
+    size_t n, cap;
+    buf dels; /* receipts served this turn, as DEL's arguments (not in cluster mode) */
+    size_t ndels;
+};
+
+static struct receipts *receipts_of(ferry *f)
+{
+    if (f->receipts == NULL) {
+        f->receipts = xcalloc(1, sizeof(*f->receipts));
+        buf_init(&f->receipts->dels);
+    }
+    return f->receipts;
+}
+
+void receipts_flush(ferry *f)
+{
+    struct receipts *rc = f->receipts;
+    if (rc == NULL || rc->ndels == 0) {
+        return;
+    }
+    link *l = f->up != NULL && f->up->state == UP_UP ? upstream_shared(f->up, NULL, 0, 2) : NULL;
+    if (l != NULL && l->state == LINK_READY) {
+        buf del;
+        buf_init(&del);
+        buf_append_count(&del, '*', rc->ndels + 1);
+        buf_append_bulk(&del, "DEL", 3);
+        buf_append(&del, buf_head(&rc->dels), buf_used(&rc->dels));
+        link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
+        buf_free(&del);
+    }
+    buf_clear(&rc->dels);
+    rc->ndels = 0;
 }
 
 /* A ready shared link of ferry's own to the master of key's slot (cluster
@@ -250,6 +298,18 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
         pop_of(f, r, &v) != 0) {
         return; /* nothing moved: no receipt */
     }
+    if (f->cluster == NULL) {
+        /* One DEL for every receipt served this turn (receipts_flush). */
+        struct receipts *rc = receipts_of(f);
+        buf key;
+        buf_init(&key);
+        receipt_key(f, &v, r->rcpt, &key);
+        buf_append_bulk(&rc->dels, buf_head(&key), buf_used(&key));
+        rc->ndels++;
+        buf_free(&key);
+        r->flags &= ~REQ_F_RCPT;
+        return;
+    }
     link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
                    ? via
                    : shared_link(f, v.key, v.klen);
@@ -274,19 +334,6 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 
 /* ------------------------------------------------------------ put back */
 
-#define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
-
-typedef struct put_back {
-    buf move; /* LMOVE <receipt> <key> LEFT <side>, as sent */
-    char *key;
-    size_t klen;
-} put_back;
-
-struct receipts {
-    put_back *pb;
-    size_t n, cap;
-};
-
 static void put_back_send(ferry *f, put_back *b)
 {
     link *l = shared_link(f, b->key, b->klen);
@@ -306,10 +353,7 @@ void receipts_put_back(ferry *f, request *r)
         return;
     }
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
-    struct receipts *rc = f->receipts;
-    if (rc == NULL) {
-        rc = f->receipts = xcalloc(1, sizeof(*rc));
-    }
+    struct receipts *rc = receipts_of(f);
     if (rc->n == PUT_BACK_MAX) {
         log_warn("pop receipts: %d receipts wait for a master to be put back: the oldest "
                  "(its item in %s) is left there",
@@ -372,6 +416,7 @@ void receipts_free(ferry *f)
         free(rc->pb[i].key);
     }
     free(rc->pb);
+    buf_free(&rc->dels);
     free(rc);
     f->receipts = NULL;
 }

@@ -30,6 +30,8 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n);
  * no master, at a tick once there is one. */
 void receipts_put_back(ferry *f, request *r);
 void receipts_tick(ferry *f);
+/* The receipts served this turn deleted, in one DEL (before the links flush). */
+void receipts_flush(ferry *f);
 void receipts_free(ferry *f);
 
 #endif
