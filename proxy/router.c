@@ -723,7 +723,19 @@ static int dispatch_one(session *s, request *r)
             if (s->inflight > 0 && s->flight_link != NULL) {
                 return DISPATCH_WAIT;
             }
+            /* A pop sent before with its receipt, now served by the store:
+             * the move it may have made on the lost master goes back to its
+             * queue once a master is up (a copy: the store answers r). */
+            request was = {.cmd = r->cmd, .flags = r->flags, .rcpt = r->rcpt};
+            buf_init(&was.data);
+            if (r->flags & REQ_F_RCPT) {
+                buf_append(&was.data, buf_head(&r->data), buf_used(&r->data));
+            }
             int rc = outage_dispatch(s, r);
+            if (rc == 1) {
+                receipts_put_back(f, &was);
+            }
+            buf_free(&was.data);
             if (rc != 0) {
                 return rc == 1 ? DISPATCH_DONE : DISPATCH_DOWN;
             }
