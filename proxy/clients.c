@@ -77,11 +77,15 @@ typedef struct cl_job {
 /* A job's work on one loop. */
 typedef struct cl_part {
     cl_job *job;
-    buf out;         /* LIST: lines of this loop's clients */
-    long long count; /* KILL, UNBLOCK */
-    int kill_self;   /* KILL */
-    uint64_t seq;    /* UNBLOCK: the blocked call asked about (its seq) */
+    buf out;              /* LIST: lines of this loop's clients */
+    long long count;      /* KILL, UNBLOCK */
+    int kill_self;        /* KILL */
+    uint64_t seq;         /* UNBLOCK: the blocked call asked about (its seq) */
+    uint64_t since;       /* UNBLOCK: uv_now() when first put off (0: never) */
+    struct cl_part *next; /* UNBLOCK: in f->unblock_later while put off */
 } cl_part;
+
+#define UNBLOCK_LATER_MS 1000 /* how long an UNBLOCK waits for its link's id */
 
 static void part_back(ferry *f, cl_part *p);
 
@@ -450,6 +454,19 @@ static void run_unblock(ferry *f, cl_part *p)
     }
     link *l = br->link;
     link *sh = upstream_shared(f->up, &f->up->self, c->id, 2);
+    uint64_t now = uv_now(f->loop);
+    if (br->state == REQ_SENT && l != NULL && l == c->dlink && l->redis_id <= 0 &&
+        l->state == LINK_READY && (p->since == 0 || now - p->since < UNBLOCK_LATER_MS)) {
+        /* Blocked on a link whose HELLO reply (its Redis id) this loop has
+         * not read yet (both were ready in one turn, the asker's first):
+         * asked again at the next tick (clients_tick). */
+        if (p->since == 0) {
+            p->since = now;
+        }
+        p->next = f->unblock_later;
+        f->unblock_later = p;
+        return;
+    }
     if (br->state != REQ_SENT || l == NULL || l != c->dlink || l->redis_id <= 0 ||
         l->state != LINK_READY || sh == NULL) {
         part_back(f, p); /* served already, or nowhere Redis could unblock it */
@@ -805,5 +822,28 @@ void clients_dispatch(session *s, request *r, void (*resume)(session *s))
     if (job != NULL) {
         job->resume = resume;
         job_start(s, r, job);
+    }
+}
+
+void clients_tick(ferry *f)
+{
+    cl_part *p = f->unblock_later;
+    f->unblock_later = NULL;
+    while (p != NULL) {
+        cl_part *next = p->next;
+        p->next = NULL;
+        run_unblock(f, p);
+        p = next;
+    }
+}
+
+void clients_free(ferry *f)
+{
+    cl_part *p = f->unblock_later;
+    f->unblock_later = NULL;
+    while (p != NULL) {
+        cl_part *next = p->next;
+        part_back(f, p); /* answered with what it has: 0 */
+        p = next;
     }
 }

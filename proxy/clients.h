@@ -22,4 +22,9 @@ void clients_session_name(const session *c, char *out, size_t len);
  * called once it is, so what s sent after it goes on). */
 void clients_dispatch(session *s, request *r, void (*resume)(session *s));
 
+/* CLIENT UNBLOCKs put off until their link's Redis id is known: asked
+ * again (each tick), or answered 0 when the loop stops. */
+void clients_tick(ferry *f);
+void clients_free(ferry *f);
+
 #endif

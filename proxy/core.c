@@ -17,6 +17,7 @@
 #include "log.h"
 #include "outage.h"
 #include "queues.h"
+#include "clients.h"
 #include "receipts.h"
 #include "router.h"
 #include "sentinel.h"
@@ -153,6 +154,7 @@ static void tick_cb(uv_timer_t *h)
     queues_tick(f, now);
     lease_tick(f, now);
     receipts_tick(f);
+    clients_tick(f);
     backlog_tick(f, now);
     session_tick(f, now);
     takeover_tick(f, now);
@@ -597,6 +599,7 @@ void core_release(ferry *f)
     queues_free(f);
     lease_free(f);
     receipts_free(f);
+    clients_free(f);
     if (f->worker_index == 0) {
         scripts_free(f->scripts); /* the workers' loops have ended (workers_join) */
     }

@@ -209,6 +209,7 @@ typedef struct ferry {
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
     struct receipts *receipts;      /* receipts.c: receipts to put back, NULL none */
+    struct cl_part *unblock_later;  /* clients.c: CLIENT UNBLOCKs put off to the next tick */
     struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
                                        the expiry on the main loop; NULL if no queues:
                                        entry has processing */
