@@ -88,20 +88,9 @@ static int reply_is_busy(const char *reply, size_t len)
            (len == 5 || reply[5] == ' ' || reply[5] == '\r');
 }
 
-/* The master's replication offset from a ROLE reply (a master's: its
- * second element), or -1. */
-static long long role_offset(const redisReply *rr)
-{
-    if (rr != NULL && rr->type == REDIS_REPLY_ARRAY && rr->elements >= 2 &&
-        rr->element[0]->type == REDIS_REPLY_STRING && strcmp(rr->element[0]->str, "master") == 0 &&
-        rr->element[1]->type == REDIS_REPLY_INTEGER && rr->element[1]->integer >= 0) {
-        return rr->element[1]->integer;
-    }
-    return -1;
-}
-
-/* The same from a ROLE reply's bytes, without building it (one per batch of
- * writes): a master's starts "*3\r\n$6\r\nmaster\r\n:<offset>\r\n". */
+/* The master's replication offset from a ROLE reply's bytes, or -1: a
+ * master's starts "*3\r\n$6\r\nmaster\r\n:<offset>\r\n" (read without building
+ * the reply: one per batch of writes). */
 static long long role_reply_offset(const char *p, size_t n)
 {
     static const char head[] = "*3\r\n$6\r\nmaster\r\n:";
@@ -176,22 +165,26 @@ static int brackets_on(const link *l)
  * and their WAIT goes after it answers): a ROLE right behind them, so their
  * replies arrive with the offset after them even if the master dies before
  * their WAIT is sent. */
+/* A ROLE for the offset at this point of l's stream (bracket_role_done). */
+static void bracket_role(link *l)
+{
+    static const char *const role[] = {"ROLE"};
+    link_internal(l, role, 1, bracket_role_done, 0);
+    l->f->stats.bracket_roles++;
+}
+
 void fence_bracket_batch(link *l)
 {
     l->role_due = 0;
     if (brackets_on(l)) {
-        static const char *const role[] = {"ROLE"};
-        link_internal(l, role, 1, bracket_role_done, 0);
-        l->f->stats.bracket_roles++;
+        bracket_role(l);
     }
 }
 
 void fence_bracket_open(link *l)
 {
     if (brackets_on(l) && l->repl_off < 0) {
-        static const char *const role[] = {"ROLE"};
-        link_internal(l, role, 1, bracket_role_done, 0);
-        l->f->stats.bracket_roles++;
+        bracket_role(l);
     }
 }
 
@@ -383,8 +376,8 @@ static void role_done(link *l, request *r, const char *reply, size_t len)
     } else if (rr != NULL && rr->type == REDIS_REPLY_ERROR) {
         snprintf(role, sizeof(role), "error");
     }
-    bracket_close(l, role_offset(rr));
     freeReplyObject(rr);
+    bracket_close(l, role_reply_offset(reply, len));
     if (strcmp(role, "master") == 0) {
         if (l->state == LINK_VERIFYING) {
             if (up->replicas_ack > 0 && up->heir_epoch != up->epoch) {
@@ -755,9 +748,7 @@ static void fence_send_wait(link *l, int fence)
          * WAIT, not behind it, so no other writes of the wait widen it.
          * Before a fence WAIT too: an old master that still answers (a
          * planned failover) closes the brackets of what it holds. */
-        static const char *const role[] = {"ROLE"};
-        link_internal(l, role, 1, bracket_role_done, 0);
-        l->f->stats.bracket_roles++;
+        bracket_role(l);
     }
     link_internal(l, argv, 3, wait_done, fence ? FENCE_ARG : 0);
     l->nwaits++;
