@@ -803,3 +803,12 @@ void clustermap_free(clustermap *cm)
     }
     free(cm);
 }
+
+link *clustermap_key_link(ferry *f, const char *key, size_t klen, ident *id, uint64_t hint,
+                          int proto)
+{
+    upstream *up =
+        f->cluster != NULL ? clustermap_route(f->cluster, slot_of_key(key, klen)) : f->up;
+    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, id, hint, proto) : NULL;
+    return l != NULL && l->state == LINK_READY ? l : NULL;
+}

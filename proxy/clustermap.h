@@ -11,6 +11,7 @@
 #include "ferry.h"
 
 struct upstream;
+struct ident;
 typedef struct clustermap clustermap;
 
 /* A slot map as the main loop learned it, for the other loops (workers: N):
@@ -54,6 +55,11 @@ void clustermap_tick(clustermap *cm, uint64_t now);
  * command), of the shards whose view is UP the one with the lowest slots
  * (else that of the lowest slots); NULL while no shard is known. */
 struct upstream *clustermap_route(clustermap *cm, int slot);
+/* A ready shared link to the master serving key's slot (cluster mode) or
+ * to f's master, as identity id (NULL: ferry's own); NULL while there is
+ * none. */
+struct link *clustermap_key_link(ferry *f, const char *key, size_t klen, struct ident *id,
+                                 uint64_t hint, int proto);
 /* A node (of view from, NULL if unknown) answered MOVED slot host:port:
  * the slot is served there from now on (a master view is made for a node
  * not seen yet) and the map is asked again. */

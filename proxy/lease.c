@@ -47,7 +47,6 @@
 #include "link.h"
 #include "log.h"
 #include "queues.h"
-#include "slot.h"
 #include "tx.h"
 #include "upstream.h"
 
@@ -163,16 +162,6 @@ static void script_head(buf *b, link *l, lease_script w, size_t nargs, int eval)
 static int is_noscript(const char *reply, size_t len)
 {
     return reply != NULL && len >= 9 && memcmp(reply, "-NOSCRIPT", 9) == 0;
-}
-
-/* A ready shared link to the master serving key's slot (cluster mode) or
- * to the master; NULL while there is none. */
-static link *key_link(ferry *f, const char *key, size_t klen, ident *id, uint64_t hint, int proto)
-{
-    upstream *up =
-        f->cluster != NULL ? clustermap_route(f->cluster, slot_of_key(key, klen)) : f->up;
-    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, id, hint, proto) : NULL;
-    return l != NULL && l->state == LINK_READY ? l : NULL;
 }
 
 /* r, ferry's own EVALSHA of script w, found no script (SCRIPT FLUSH): sent
@@ -398,7 +387,7 @@ static void unreg_done(link *l, request *r, const char *reply, size_t len)
  * the registry is the only way the expiry learns of p). */
 static void cluster_register(ferry *f, const char *p, size_t plen)
 {
-    link *l = key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2);
+    link *l = clustermap_key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2);
     if (l == NULL) {
         if (f->leases != NULL) {
             unreg_add(f->leases, p, plen);
@@ -531,8 +520,9 @@ void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
          * closed with what is queued on it): the lease goes on a shared
          * link (cluster mode: of the processing list's slot). An ack that
          * gets there first leaves nothing to lease. */
-        l = s->f->cluster != NULL ? key_link(s->f, av[2], al[2], s->ident, s->id, s->proto)
-                                  : upstream_shared(s->f->up, s->ident, s->id, s->proto);
+        l = s->f->cluster != NULL
+                ? clustermap_key_link(s->f, av[2], al[2], s->ident, s->id, s->proto)
+                : upstream_shared(s->f->up, s->ident, s->id, s->proto);
     }
     if (l == NULL || l->state != LINK_READY) {
         return; /* the expiry leases it when it finds it */
@@ -664,8 +654,9 @@ static void expire_result(link *l, int e, const char *reply, size_t len)
                  * queue's slot. */
                 const char *argv[4] = {"ZADD", PAUSED, rr->element[i + 1]->str,
                                        rr->element[i]->str};
-                link *pl =
-                    l->f->cluster != NULL ? key_link(l->f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
+                link *pl = l->f->cluster != NULL
+                               ? clustermap_key_link(l->f, PAUSED, strlen(PAUSED), NULL, 0, 2)
+                               : l;
                 if (pl != NULL) {
                     link_internal(pl, argv, 4, NULL, 0);
                 }
@@ -812,7 +803,7 @@ static void expire_lists(ferry *f, link *l, char *const *names, const size_t *le
         if (e < 0 || apply(cfg->queues[e].dead_letter, q, qlen, dead, sizeof(dead)) == 0) {
             continue;
         }
-        link *to = f->cluster != NULL ? key_link(f, names[i], lens[i], NULL, 0, 2) : l;
+        link *to = f->cluster != NULL ? clustermap_key_link(f, names[i], lens[i], NULL, 0, 2) : l;
         if (to == NULL) {
             continue;
         }
@@ -925,9 +916,9 @@ void lease_client_gone(session *s)
                 n++;
             }
         }
-        link *to = f->cluster != NULL
-                       ? key_link(f, first->bytes, first->plen, s->ident, s->id, s->proto)
-                       : l;
+        link *to = f->cluster != NULL ? clustermap_key_link(f, first->bytes, first->plen, s->ident,
+                                                            s->id, s->proto)
+                                      : l;
         if (to != NULL) {
             log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
                       (unsigned long long)s->id, s->peer, n,
@@ -1055,7 +1046,7 @@ void lease_tick(ferry *f, uint64_t now)
         }
     }
     if (f->cluster != NULL && ls->nunreg > 0 &&
-        key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) != NULL) {
+        clustermap_key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) != NULL) {
         int n = ls->nunreg;
         char *names[MAX_UNREG];
         size_t lens[MAX_UNREG];
@@ -1068,7 +1059,7 @@ void lease_tick(ferry *f, uint64_t now)
         }
     }
     /* Cluster mode: the paused set and the registry each on their slot's master. */
-    link *pl = f->cluster != NULL ? key_link(f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
+    link *pl = f->cluster != NULL ? clustermap_key_link(f, PAUSED, strlen(PAUSED), NULL, 0, 2) : l;
     if (ls->backoff && pl != NULL && !ls->poll_in_flight && now >= ls->next_poll_ms) {
         const char *argv[4] = {"EVAL", paused_lua, "1", PAUSED};
         ls->next_poll_ms = now + PAUSE_POLL_MS;
@@ -1078,7 +1069,8 @@ void lease_tick(ferry *f, uint64_t now)
     if (!ls->expires || ls->in_flight > 0 || now < ls->next_ms) {
         return;
     }
-    link *rl = f->cluster != NULL ? key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) : l;
+    link *rl =
+        f->cluster != NULL ? clustermap_key_link(f, REGISTRY, strlen(REGISTRY), NULL, 0, 2) : l;
     if (rl == NULL && ls->nknown == 0) {
         return;
     }

@@ -43,7 +43,6 @@
 #include "lease.h"
 #include "log.h"
 #include "resp.h"
-#include "slot.h"
 #include "router.h"
 #include "stats.h"
 #include "tx.h"
@@ -60,6 +59,12 @@ typedef struct pop_view {
     const char *side; /* "LEFT" or "RIGHT" */
     int blocking;
 } pop_view;
+
+/* BRPOP or BLPOP (of r's pops, the blocking ones start with b). */
+static int blocking_pop(const request *r)
+{
+    return r->cmd != NULL && r->cmd->name[0] == 'b';
+}
 
 static int pop_of(const ferry *f, const request *r, pop_view *v)
 {
@@ -189,7 +194,7 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
         return 0;
     }
     int script = (r->flags & REQ_F_RCPT_PROBE) != 0;
-    int blocking = r->cmd != NULL && r->cmd->name[0] == 'b';
+    int blocking = blocking_pop(r);
     if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
         log_info("pop receipts: Redis lacked the receipt script; client %llu's pop sent as EVAL",
                  (unsigned long long)s->id);
@@ -235,8 +240,8 @@ void receipts_flush(ferry *f)
     if (rc == NULL || rc->ndels == 0) {
         return;
     }
-    link *l = f->up != NULL && f->up->state == UP_UP ? upstream_shared(f->up, NULL, 0, 2) : NULL;
-    if (l != NULL && l->state == LINK_READY) {
+    link *l = clustermap_key_link(f, "", 0, NULL, 0, 2); /* not in cluster mode: the master */
+    if (l != NULL) {
         buf del;
         buf_init(&del);
         buf_append_count(&del, '*', rc->ndels + 1);
@@ -249,20 +254,14 @@ void receipts_flush(ferry *f)
     rc->ndels = 0;
 }
 
-/* A ready shared link of ferry's own to the master of key's slot (cluster
- * mode) or to the master; NULL while there is none. */
-static link *shared_link(ferry *f, const char *key, size_t klen)
-{
-    upstream *up =
-        f->cluster != NULL ? clustermap_route(f->cluster, slot_of_key(key, klen)) : f->up;
-    link *l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
-    return l != NULL && l->state == LINK_READY ? l : NULL;
-}
-
 int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
 {
     pop_view v;
-    if (!(r->flags & REQ_F_RCPT) || n == 0 || pop_of(l->f, r, &v) != 0) {
+    int blocking = blocking_pop(r);
+    if (!(r->flags & REQ_F_RCPT) || n == 0 || (!blocking && !(n > 4 && p[0] == '*'))) {
+        return 0; /* a pop's own move answers as the pop: nothing to put */
+    }
+    if (pop_of(l->f, r, &v) != 0) {
         return 0;
     }
     const char *item = p;
@@ -312,7 +311,7 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
     }
     link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
                    ? via
-                   : shared_link(f, v.key, v.klen);
+                   : clustermap_key_link(f, v.key, v.klen, NULL, 0, 2);
     if (to == NULL) {
         return;
     }
@@ -336,7 +335,7 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 
 static void put_back_send(ferry *f, put_back *b)
 {
-    link *l = shared_link(f, b->key, b->klen);
+    link *l = clustermap_key_link(f, b->key, b->klen, NULL, 0, 2);
     if (l != NULL) {
         link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
         f->stats.pop_receipts_put_back++;
