@@ -102,7 +102,7 @@ static int pop_of(const ferry *f, const request *r, pop_view *v)
 
 static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
 {
-    char tail[80];
+    char tail[24];
     if (f->rcpt_token[0] == '\0') {
         /* Unique across restarts and loops: the process, a clock, the loop. */
         snprintf(f->rcpt_token, sizeof(f->rcpt_token), "%x%llx.%d", (unsigned)uv_os_getpid(),
@@ -116,8 +116,14 @@ static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
         buf_append(out, tag, tlen);
         buf_append(out, "}:", 2);
     }
-    int len = snprintf(tail, sizeof(tail), "%s:%llu", f->rcpt_token, (unsigned long long)n);
-    buf_append(out, tail, (size_t)len);
+    buf_append_str(out, f->rcpt_token);
+    char *p = tail + sizeof(tail);
+    do {
+        *--p = (char)('0' + n % 10);
+        n /= 10;
+    } while (n != 0);
+    *--p = ':';
+    buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
 }
 
 int receipts_send(session *s, request *r, link *l)
