@@ -17,17 +17,9 @@ import socket
 import statistics
 import time
 
-from harness import RedisServer, wait_until
+from harness import RedisServer, resp_encode as enc, wait_until
 
 BATCH = 800  # -P 16 -c 50 in flight
-
-
-def enc(*args):
-    out = [b'*%d\r\n' % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b'$%d\r\n%s\r\n' % (len(a), a))
-    return b''.join(out)
 
 
 class Conn:
