@@ -50,8 +50,14 @@ typedef struct conf_entry {
     const char *doc;                  /* one line for the reference (--describe-config) */
 } conf_entry;
 
-/* The keys (config.c). */
+/* The keys (config.c), conf_table_len of them. */
 extern const conf_entry conf_table[];
+extern const size_t conf_table_len;
+
+/* Checks of a string value the reference names (config.c): a word, a unix
+ * socket path. */
+const char *conf_check_word(char *value);
+const char *conf_check_sockpath(char *value);
 
 /* Index of a dotted key in conf_table, or -1. */
 int conf_find(const char *key);
