@@ -96,19 +96,24 @@ void buf_append_str(buf *b, const char *s)
     buf_append(b, s, strlen(s));
 }
 
-void buf_append_count(buf *b, char type, size_t n)
+char *buf_digits(char *end, unsigned long long n)
 {
-    /* Digits written backwards: this header goes before every argument
-     * ferry builds (a receipt's move has six), where snprintf showed up
-     * in profiles. */
-    char hdr[32];
-    char *p = hdr + sizeof(hdr);
-    *--p = '\n';
-    *--p = '\r';
     do {
-        *--p = (char)('0' + n % 10);
+        *--end = (char)('0' + n % 10);
         n /= 10;
     } while (n != 0);
+    return end;
+}
+
+void buf_append_count(buf *b, char type, size_t n)
+{
+    /* Not snprintf: this header goes before every argument ferry builds (a
+     * receipt's move has six), where snprintf showed up in profiles. */
+    char hdr[32];
+    char *end = hdr + sizeof(hdr) - 2;
+    end[0] = '\r';
+    end[1] = '\n';
+    char *p = buf_digits(end, n);
     *--p = type;
     buf_append(b, p, (size_t)(hdr + sizeof(hdr) - p));
 }

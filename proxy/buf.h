@@ -40,6 +40,9 @@ void buf_append_str(buf *b, const char *s);
 /* RESP encoding: "<type><n>\r\n" (type '*' or '$'), one bulk string, and a
  * whole command from NUL-terminated arguments. */
 void buf_append_count(buf *b, char type, size_t n);
+/* n's decimal digits written backwards, ending just before end; returns
+ * where they start (room: 20 bytes). */
+char *buf_digits(char *end, unsigned long long n);
 void buf_append_bulk(buf *b, const void *p, size_t n);
 void buf_append_argv(buf *b, int argc, const char *const *argv);
 /* Consume n bytes from the front; resets to empty when all are consumed. */

@@ -161,10 +161,6 @@ static int brackets_on(const link *l)
            l->who->user == NULL;
 }
 
-/* Writes went out while a WAIT is in flight (they wait behind it on Redis,
- * and their WAIT goes after it answers): a ROLE right behind them, so their
- * replies arrive with the offset after them even if the master dies before
- * their WAIT is sent. */
 /* A ROLE for the offset at this point of l's stream (bracket_role_done). */
 static void bracket_role(link *l)
 {
@@ -173,6 +169,10 @@ static void bracket_role(link *l)
     l->f->stats.bracket_roles++;
 }
 
+/* Writes went out while a WAIT is in flight (they wait behind it on Redis,
+ * and their WAIT goes after it answers): a ROLE right behind them, so their
+ * replies arrive with the offset after them even if the master dies before
+ * their WAIT is sent. */
 void fence_bracket_batch(link *l)
 {
     l->role_due = 0;

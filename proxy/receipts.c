@@ -117,11 +117,7 @@ static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
         buf_append(out, "}:", 2);
     }
     buf_append_str(out, f->rcpt_token);
-    char *p = tail + sizeof(tail);
-    do {
-        *--p = (char)('0' + n % 10);
-        n /= 10;
-    } while (n != 0);
+    char *p = buf_digits(tail + sizeof(tail), n);
     *--p = ':';
     buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
 }
