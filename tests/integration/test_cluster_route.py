@@ -117,8 +117,8 @@ class KillUnderLoad:
         """exact: durability.replicas_ack is on (offset brackets, pop
         receipts per shard): no pop proven not applied delivered, and every
         duplicate explained by a counted ambiguous case. Odd consumers pop
-        with BRPOP, even ones with RPOP. Returns (lost, duplicates, failover
-        stats)."""
+        with BRPOP, even ones with RPOP. Returns (lost, duplicates, ferry's
+        stats after the run)."""
         self.cluster.wait_consistent()
         keys = queue_keys(self.cluster)
         owners = {k: self.cluster.master_of(self.cluster.keyslot(k)) for k in keys}
@@ -260,10 +260,12 @@ class KillUnderLoad:
         for p in popped + [(k, v) for k in keys for v in left[k]]:
             seen[p] = seen.get(p, 0) + 1
         dups = {p: n for p, n in seen.items() if n > 1}
-        fo = stats(self.ferry)['failover']
+        ndup = sum(n - 1 for n in dups.values())
+        st = stats(self.ferry)
+        fo = st['failover']
         if exact:
             self.assertEqual(fo['duplicates_known'], 0, 'a pop proven not applied was delivered')
-            self.assertLessEqual(sum(n - 1 for n in dups.values()), fo['requests_ambiguous'],
+            self.assertLessEqual(ndup, fo['requests_ambiguous'],
                                  'a duplicate no ambiguous case explains: %r' % sorted(dups)[:10])
         print('\nkill -9 of master %d: promoted %d after %.1f s; %d pushes, %d pops, 0 lost; '
               'longest gap of a client on the other shards\' keys: %s; of the clients on '
@@ -284,7 +286,7 @@ class KillUnderLoad:
         # promotion time.
         self.assertLess(max(wgap.values()), promoted_s - 1.0,
                         'the other shards stalled with the failed one')
-        return len(lost), sum(n - 1 for n in dups.values()), fo
+        return len(lost), ndup, st
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
@@ -788,8 +790,8 @@ class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
             if k > 0:
                 self.tearDownClass()
                 self.setUpClass()
-            lost, ndup, fo = self.kill_master_under_load(producers=4, consumers=4, exact=True)
-            st = stats(self.ferry)
+            lost, ndup, st = self.kill_master_under_load(producers=4, consumers=4, exact=True)
+            fo = st['failover']
             row = (k + 1, lost, ndup, fo['decided_applied'], fo['decided_not_applied'],
                    fo['requests_ambiguous'], st['durability']['pop_receipts'],
                    st['durability']['pop_receipts_found'])
