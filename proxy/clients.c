@@ -584,12 +584,14 @@ static void part_merge(ferry *f, void *arg)
     }
 }
 
-/* On the part's loop: send p back to the asking loop. */
+/* On the part's loop f: send p back to the asking loop (merged there,
+ * never on this thread). f NULL: that loop stopped before p ran. */
 static void part_back(ferry *f, cl_part *p)
 {
     cl_job *job = p->job;
-    (void)f;
-    if (workers_call(job->origin, job->origin_index, part_merge, p) != 0) {
+    int rc = f != NULL ? workers_call(f, job->origin_index, part_merge, p)
+                       : workers_post(job->origin, job->origin_index, part_merge, p);
+    if (rc != 0) {
         buf_free(&p->out);
         free(p); /* the asking loop stopped: nothing to answer */
     }

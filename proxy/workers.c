@@ -703,12 +703,17 @@ int workers_loop_of(const ferry *f, uint64_t id)
 
 int workers_call(ferry *f, int index, workers_fn fn, void *arg)
 {
-    workers *wk = f->workers;
-    if (wk == NULL || index == f->worker_index) {
+    if (f->workers == NULL || index == f->worker_index) {
         fn(f, arg);
         return 0;
     }
-    if (index < 0 || index >= wk->n) {
+    return workers_post(f, index, fn, arg);
+}
+
+int workers_post(const ferry *any, int index, workers_fn fn, void *arg)
+{
+    workers *wk = any->workers;
+    if (wk == NULL || index < 0 || index >= wk->n) {
         return -1;
     }
     if (index == 0) {

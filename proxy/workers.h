@@ -118,11 +118,15 @@ void workers_wake(ferry *f);
 /* Calls between loops (CLIENT LIST/KILL/UNBLOCK reach every client).
  * fn runs on loop index's thread with that loop's context, or with NULL
  * when that loop stopped reading before it ran (fn then only frees or
- * answers what arg holds). Any loop may call any loop; a call to its own
- * loop runs at once. Returns 0, or -1 when that loop reads no more (fn is
+ * answers what arg holds). f is the calling thread's own loop: a call to
+ * it runs at once. Returns 0, or -1 when that loop reads no more (fn is
  * not called; arg stays the caller's). */
 typedef void (*workers_fn)(ferry *f, void *arg);
 int workers_call(ferry *f, int index, workers_fn fn, void *arg);
+/* The same, never at once, from a thread that has no loop context of its
+ * own (a call told NULL): any is any loop's context, of which only the
+ * shared workers are read. -1 with one loop. */
+int workers_post(const ferry *any, int index, workers_fn fn, void *arg);
 /* Loops running clients: 1 with workers: 1. */
 int workers_loops(const ferry *f);
 /* The loop whose ferry_next_id gave id (loop i gives ids i + k * loops). */

@@ -329,6 +329,54 @@ class StoreClientUnblock(unittest.TestCase):
         self._store('ERROR')
 
 
+@unittest.skipIf(DIRECT, 'plain Redis has one thread')
+class ClientJobsAcrossLoops(unittest.TestCase):
+    """CLIENT LIST / KILL from clients on four loops at once: each answer
+    is put together on the asking client's loop from every loop's part,
+    complete, and comes back (a part merged on the wrong thread once lost
+    counts and left the asker waiting for ever)."""
+
+    def setUp(self):
+        self.redis = RedisServer()
+        self.addCleanup(self.redis.stop)
+        self.ferry = Ferry(self.redis, conf={'workers': 4})
+        self.addCleanup(self.ferry.stop)
+
+    def test_concurrent_lists_are_whole(self):
+        import threading
+        conns = [Conn(self.ferry) for _ in range(8)]
+        for c in conns:
+            self.addCleanup(c.close)
+        ids = {c.call('CLIENT', 'ID') for c in conns}
+        bad = []
+
+        def worker(c):
+            try:
+                for _ in range(300):
+                    got = {int(d['id']) for d in lines_of(c.call('CLIENT', 'LIST', timeout=5.0))}
+                    if got != ids:
+                        bad.append(sorted(got ^ ids))
+                        return
+            except Exception as e:  # a timeout or a garbled answer
+                bad.append(repr(e)[:300])
+                return
+        threads = [threading.Thread(target=worker, args=(c,)) for c in conns]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertFalse(any(t.is_alive() for t in threads))
+        self.assertEqual(bad, [])
+        # Kills from every loop at once: each victim closed, each count 1.
+        victims = [Conn(self.ferry) for _ in range(8)]
+        vids = [v.call('CLIENT', 'ID') for v in victims]
+        for c, vid in zip(conns, vids):
+            c.send('CLIENT', 'KILL', 'ID', vid)
+        self.assertEqual([c.read(5.0) for c in conns], [1] * 8)
+        self.assertTrue(all(v.closed() for v in victims))
+        self.assertEqual(conns[0].call('PING'), 'PONG')
+
+
 load_tests = sentinel_first
 
 if __name__ == '__main__':
