@@ -149,8 +149,11 @@ static uint64_t hold_bound(const ferry *f, const request *r)
 static uint64_t held_due(const ferry *f, const request *r)
 {
     uint64_t due = r->held_since + hold_bound(f, r);
-    if (request_verdict_data(r)) {
-        return due; /* its data is delivered at the latest then, not a timeout's null */
+    if (request_verdict_data(r) || (r->flags & REQ_F_XSENT)) {
+        /* Its data is delivered at the latest then, not a timeout's null
+         * (an XREADGROUP sent before: the next master's pending list says
+         * what it took, xreads.c). */
+        return due;
     }
     return r->deadline != 0 && r->deadline < due ? r->deadline : due;
 }
@@ -348,7 +351,7 @@ void backlog_tick(ferry *f, uint64_t now)
             r->due = held_due(f, r); /* held again since it joined */
             heap_fix(f, r);
             continue;
-        } else if (r->deadline != 0 && now >= r->deadline) {
+        } else if (r->deadline != 0 && now >= r->deadline && !(r->flags & REQ_F_XSENT)) {
             /* A blocked call's own timeout ran out while it was held. Had
              * its receipt move applied (the reply lost with its link), the
              * item goes back to its queue on the next master (receipts.c). */

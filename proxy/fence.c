@@ -245,9 +245,11 @@ static void verdicts_run(upstream *up)
 static void unknown_record(link *l, const request *r, long long lo, long long hi, int fate)
 {
     upstream *up = l->up;
-    if (r->s == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_RCPT)) || !(r->flags & REQ_F_WRITE) ||
-        up->replicas_ack <= 0) {
-        return; /* a pop with its receipt: the next master decides it (receipts.c) */
+    if (r->s == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_RCPT | REQ_F_XSENT)) ||
+        !(r->flags & REQ_F_WRITE) || up->replicas_ack <= 0) {
+        /* a pop with its receipt, a '>' read: the next master decides it
+         * (receipts.c, xreads.c) */
+        return;
     }
     if (up->nunknown >= UNKNOWN_MAX) {
         l->f->stats.requests_ambiguous++;

@@ -96,6 +96,10 @@ enum {
 #define REQ_F_RCPT_PROBE                                                                           \
     (1u << 18) /* a pop sent again: as the receipt script, which answers the receipt's item if     \
                   the first move applied (a blocking one's move follows if it found nothing) */
+#define REQ_F_XSENT                                                                                \
+    (1u << 19) /* an XREADGROUP with a '>' id went out: sent again, it looks first (xreads.c) */
+#define REQ_F_XLOOK                                                                                \
+    (1u << 20) /* sent as its look: the consumer's pending entries after those it was handed */
 
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its

@@ -51,6 +51,7 @@
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
+#include "xreads.h"
 
 #define ROUTER_MAX_RETRIES 3
 
@@ -332,12 +333,15 @@ static int dispatch_one(session *s, request *r)
     if (!(r->flags & REQ_F_VERDICT) && tx_after_refused_multi(s, r)) {
         return DISPATCH_DONE;
     }
-    if ((r->flags & REQ_F_VERDICT) && (r->flags & REQ_F_RCPT) && up->state == UP_UP) {
+    if ((r->flags & REQ_F_VERDICT) && (r->flags & (REQ_F_RCPT | REQ_F_XSENT)) &&
+        up->state == UP_UP) {
         /* A pop with its receipt, answered by a master lost before a
          * replica confirmed it: sent again, it answers the item it took if
          * this master has the pop, else pops here (the item is still here):
-         * Redis decides, not the offsets. With no master up, its data waits
-         * below (delivered if the fallback store serves meanwhile). */
+         * Redis decides, not the offsets. The same for an XREADGROUP '>'
+         * read: sent again, it looks first for the entries it took in the
+         * consumer's pending list (xreads.c). With no master up, its data
+         * waits below (delivered if the fallback store serves meanwhile). */
         r->flags &= ~REQ_F_VERDICT;
         buf_clear(&r->reply);
     }
@@ -646,7 +650,9 @@ static int dispatch_one(session *s, request *r)
         int done = request_rearm_blocking(r, uv_now(f->loop), &expired);
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
         r->flags &= ~REQ_F_REARM;
-        if (done != 0) {
+        if (done != 0 && !(r->flags & REQ_F_XSENT)) {
+            /* (A '>' read sent before still looks for what it took: its
+             * null comes after a look that found nothing, xreads.c.) */
             receipts_put_back(f, r); /* a receipt move it may have made: undone */
             s->f->session_ops->answer_str(
                 s, r, session_null(s, expired)); /* its time ran out meanwhile */
@@ -676,7 +682,8 @@ static int dispatch_one(session *s, request *r)
         link_internal(target, asking, 1, NULL, 0);
         r->ask = NULL;
     }
-    if (!guards_send(s, r, target) && !lease_send(s, r, target) && !receipts_send(s, r, target)) {
+    if (!guards_send(s, r, target) && !lease_send(s, r, target) && !receipts_send(s, r, target) &&
+        !xreads_send(s, r, target)) {
         link_send(target, r);
     }
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
@@ -867,6 +874,10 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         guard_again(s, r, GUARD_RESEND); /* as EVAL, or the blocking move after its look */
         return;
     }
+    if (xreads_again(s, r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* the '>' read, after a look that found nothing */
+        return;
+    }
     if (tx_refused_by_cluster(s, r, p, n)) {
         /* A command of a transaction refused by the cluster (CLUSTERDOWN,
          * MOVED...): the node aborted it; it is rebuilt on a new link. */
@@ -915,6 +926,12 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
     receipts_reply(s->f, r, via, p, n);
     lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
+    buf looked; /* a look's reply as the '>' read answers it */
+    buf_init(&looked);
+    if (xreads_reply(s, r, p, n, &looked)) {
+        p = buf_head(&looked);
+        n = buf_used(&looked);
+    }
     if (r->route == RT_STICKY && n > 0 && p[0] == '+') {
         router_sticky_accepted(s, r);
     }
@@ -926,6 +943,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         }
     }
     s->f->session_ops->answer(s, r, p, n);
+    buf_free(&looked);
     buf_free(&scanned);
     s->f->session_ops->flush_answered(s);
     if (s->inflight == 0) {

@@ -22,6 +22,7 @@
 #include "tls.h"
 #include "upstream.h"
 #include "workers.h"
+#include "xreads.h"
 
 #define SESSION_READ_CHUNK (16 * 1024)
 #define CLIENT_KEEPALIVE_S 300
@@ -402,6 +403,7 @@ static void session_close_cb(uv_handle_t *h)
     outq_free(&s->out);
     sub_sets_free(s->subs);
     buf_free(&s->sticky_log);
+    xreads_forget(s);
     free(s->ident_on); /* its identities were let go (acl_forget) */
     free(s);
 }

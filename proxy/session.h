@@ -129,6 +129,7 @@ typedef struct session {
                                   is sent until it is answered (guards.c) */
     buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
     struct lease_held *leases_held; /* leases it took and has not acked (lease.c); NULL: none */
+    struct xread_marks *xmarks;     /* the entry ids its XREADGROUPs were handed (xreads.c) */
 } session;
 
 /* What the router and its helpers (router.c, tx.c, acl.c, clients.c,

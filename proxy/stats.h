@@ -285,6 +285,12 @@ typedef enum stat_type {
     X(durability, pop_receipts_put_back, COUNTER, "ferry_durability_pop_receipts_put_back_total",  \
       "pops with a receipt answered by ferry itself (their timeout while held, -TRYAGAIN) whose "  \
       "receipt is moved back to its queue: the item is there again if the first move applied")     \
+    X(durability, stream_reads_looked, COUNTER, "ferry_durability_stream_reads_looked_total",      \
+      "XREADGROUP '>' reads sent again (their reply lost with a link, or refused) that first "     \
+      "read the consumer's pending entries after the ones it was handed")                          \
+    X(durability, stream_reads_found, COUNTER, "ferry_durability_stream_reads_found_total",        \
+      "of those, reads answered with the entries found there: the first read's, whose reply "      \
+      "the failover lost (not read again past them)")                                              \
     X(durability, replicas_ack, GAUGE, "ferry_durability_replicas_ack",                            \
       "replicas that must confirm a write (WAIT) before its reply is released: "                   \
       "durability.replicas_ack as resolved (live)")                                                \
