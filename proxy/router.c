@@ -345,6 +345,11 @@ static int dispatch_one(session *s, request *r)
         r->flags &= ~REQ_F_VERDICT;
         buf_clear(&r->reply);
     }
+    if ((r->flags & REQ_F_XSENT) && request_verdict_data(r)) {
+        /* Entries a '>' read took: its look decides once a master is up,
+         * not the offsets (the fallback store serves no stream). */
+        return DISPATCH_DOWN;
+    }
     if (r->flags & REQ_F_VERDICT) {
         /* Its reply came from a master lost before a replica confirmed it:
          * once the next master is read (before it is UP), deliver that reply
