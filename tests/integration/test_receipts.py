@@ -16,19 +16,18 @@ has the first pop's item under it, and the client gets that item.
 The same for an XREADGROUP '>' read, whose receipt is the consumer's
 pending list (xreads.c): without the look, the read sent again took 3-0
 and 2-0 stayed pending for a consumer that never got it (checked on a
-build without it); with it, the client gets 2-0.
+build without it); with it, the client gets 2-0. The look itself, in each
+mode and without a failover: test_xreads.
 
 Run: python3 -m unittest test_receipts -v
 """
 import os
-import socket
 import threading
 import time
 import unittest
 
 from failover_load import FAILOVER_CONF, current_master
-from harness import (DIRECT, Ferry, RedisServer, SentinelTopology, resp_encode, resp_read_reply,
-                     wait_until)
+from harness import DIRECT, Ferry, SentinelTopology, wait_until
 from test_stats import stats_json
 
 BIG = int(os.environ.get('RECEIPT_BIG_MB', '32')) << 20  # the reply the pop's waits behind
@@ -154,88 +153,6 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_blocking_xreadgroup_reply_lost_with_the_master(self):
         self.scenario('bxread')
-
-
-
-def _raw_call(sock, *args, timeout=10.0):
-    sock.sendall(resp_encode(*args))
-    return resp_read_reply(sock, timeout)
-
-
-@unittest.skipIf(DIRECT, 'ferry only')
-class StreamReadLookTest(unittest.TestCase):
-    """An XREADGROUP '>' read sent again looks first at the consumer's
-    pending entries after the ones its client was handed (xreads.c), made
-    here without a failover: Redis refuses the first send (READONLY: nothing
-    applied) and entries were handed to the consumer behind
-    ferry's back (as a read whose reply was lost would leave them)."""
-
-    def setUp(self):
-        self.redis = RedisServer()
-        self.addCleanup(self.redis.stop)
-        self.ferry = Ferry(self.redis)
-        self.addCleanup(self.ferry.stop)
-        self.rc = self.redis.client()
-        with socket.socket() as probe:  # a port nothing listens on
-            probe.bind(('127.0.0.1', 0))
-            self.dead_port = probe.getsockname()[1]
-        for k in ('s1', 's2'):
-            for i in range(1, 4):
-                self.rc.xadd(k, {'n': '%s.%d' % (k, i)}, id='%d-0' % i)
-            self.rc.xgroup_create(k, 'g', id='0')
-
-    def refused_then_sent(self, sock, *args):
-        """args sent through ferry while its Redis is a replica (READONLY:
-        nothing applied, ferry holds the call), then a master again: the
-        reply."""
-        dead = self.dead_port
-        self.rc.replicaof('127.0.0.1', dead)
-        self.addCleanup(self.rc.replicaof, 'NO', 'ONE')
-        before = self.refusals()
-        sock.sendall(resp_encode(*args))
-        wait_until(lambda: self.refusals() > before, timeout=10, msg='Redis never refused the read')
-        self.rc.replicaof('NO', 'ONE')
-        return resp_read_reply(sock, 20.0)
-
-    def refusals(self):
-        stat = self.rc.info('errorstats').get('errorstat_READONLY', 'count=0')
-        return int(stat.split('=')[1]) if isinstance(stat, str) else stat['count']
-
-    def check(self, proto):
-        sock = self.ferry.raw()
-        self.addCleanup(sock.close)
-        if proto == 3:
-            _raw_call(sock, 'HELLO', '3')
-        read = ['XREADGROUP', 'GROUP', 'g', 'c', 'COUNT', '1', 'STREAMS']
-        first = _raw_call(sock, *read, 's1', '>')
-        self.assertEqual(self.pairs(first), [(b's1', [b'1-0'])])
-        # Handed to c behind ferry's back: 2-0 of s1, pending, never seen.
-        self.rc.xreadgroup('g', 'c', {'s1': '>'}, count=1)
-        got = self.refused_then_sent(sock, *read, 's1', 's2', '>', '>')
-        # The look found 2-0 (after 1-0, the mark): that is the answer; s2,
-        # where it found nothing, is left out as a '>' read leaves it out.
-        self.assertEqual(self.pairs(got), [(b's1', [b'2-0'])])
-        self.assertEqual(self.rc.xinfo_groups('s2')[0]['last-delivered-id'], '0-0')
-        # Nothing left to find: the look finds nothing, the read goes.
-        got = self.refused_then_sent(sock, *read, 's1', 's2', '>', '>')
-        self.assertEqual(self.pairs(got), [(b's1', [b'3-0']), (b's2', [b'1-0'])])
-        d = stats_json(self.ferry.stats_port)['durability']
-        self.assertEqual((d['stream_reads_looked'], d['stream_reads_found']), (2, 1))
-        # The consumer's pending entries: every one handed out once.
-        self.assertEqual(self.rc.xpending('s1', 'g')['pending'], 3)
-        self.assertEqual(self.rc.xpending('s2', 'g')['pending'], 1)
-
-    @staticmethod
-    def pairs(reply):
-        """[(stream, [ids])] from a RESP2 array or a RESP3 map."""
-        items = reply.items() if isinstance(reply, dict) else reply
-        return [(k, [e[0] for e in entries]) for k, entries in items]
-
-    def test_look_resp2(self):
-        self.check(2)
-
-    def test_look_resp3(self):
-        self.check(3)
 
 if __name__ == '__main__':
     unittest.main()
