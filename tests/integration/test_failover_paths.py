@@ -501,6 +501,9 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
             self.assertTrue(c.xgroup_create('s', StreamLoad.GROUP, id='0', mkstream=True))
         topo, ferry, res = self.kill9_under_load(
             lambda f: StreamLoad(f, 'xread', key='s', **self.load_kw()), setup)
+        d = stats_json(ferry.stats_port)['durability']
+        print('[a6] reads sent again: %d, answered from the pending list: %d' % (
+            d['stream_reads_looked'], d['stream_reads_found']), flush=True)
         with self.subTest(check='no entry handed out and never received (PEL empty)'):
             m = current_master(topo).client(socket_timeout=5)
             pending = m.xpending('s', StreamLoad.GROUP)
