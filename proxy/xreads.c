@@ -38,7 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "log.h"
 #include "resp.h"
@@ -60,14 +59,9 @@ struct xread_marks {
     uint64_t clock;
 };
 
-typedef struct xarg {
-    const char *p;
-    size_t n;
-} xarg;
-
 /* An XREADGROUP's arguments, read as Redis 7.0 reads them. */
 typedef struct xview {
-    xarg *argv;
+    resp_arg *argv;
     size_t argc;
     size_t keys;  /* index of the first stream key */
     size_t nkeys; /* streams */
@@ -79,11 +73,6 @@ typedef struct xview {
 static int is_xreadgroup(const request *r)
 {
     return r->cmd != NULL && strcmp(r->cmd->name, "xreadgroup") == 0;
-}
-
-static int arg_is(const xarg *a, const char *lit)
-{
-    return a->n == strlen(lit) && strncasecmp(a->p, lit, a->n) == 0;
 }
 
 static void view_free(xview *v)
@@ -104,7 +93,7 @@ static int view_of(const request *r, xview *v)
     }
     v->argv = xcalloc((size_t)argc, sizeof(*v->argv));
     for (long long i = 0; i < argc; i++) {
-        if (resp_read_bulk(&p, end, &v->argv[i].p, &v->argv[i].n) != 0) {
+        if (resp_read_bulk(&p, end, &v->argv[i].ptr, &v->argv[i].len) != 0) {
             view_free(v);
             return -1;
         }
@@ -112,19 +101,19 @@ static int view_of(const request *r, xview *v)
     v->argc = (size_t)argc;
     for (size_t i = 1; i < v->argc; i++) {
         size_t more = v->argc - i - 1;
-        if ((arg_is(&v->argv[i], "block") || arg_is(&v->argv[i], "count")) && more > 0) {
+        if ((resp_arg_is(&v->argv[i], "block") || resp_arg_is(&v->argv[i], "count")) && more > 0) {
             i++;
-        } else if (arg_is(&v->argv[i], "streams") && more > 0) {
+        } else if (resp_arg_is(&v->argv[i], "streams") && more > 0) {
             if (more % 2 != 0) {
                 break;
             }
             v->keys = i + 1;
             v->nkeys = more / 2;
             break;
-        } else if (arg_is(&v->argv[i], "group") && more >= 2) {
+        } else if (resp_arg_is(&v->argv[i], "group") && more >= 2) {
             v->group = (int)i + 1;
             i += 2;
-        } else if (arg_is(&v->argv[i], "noack")) {
+        } else if (resp_arg_is(&v->argv[i], "noack")) {
             v->noack = 1;
         } else {
             break;
@@ -135,8 +124,8 @@ static int view_of(const request *r, xview *v)
         return -1;
     }
     for (size_t k = 0; k < v->nkeys; k++) {
-        const xarg *id = &v->argv[v->keys + v->nkeys + k];
-        v->any_new |= id->n == 1 && id->p[0] == '>';
+        const resp_arg *id = &v->argv[v->keys + v->nkeys + k];
+        v->any_new |= id->len == 1 && id->ptr[0] == '>';
     }
     return 0;
 }
@@ -146,13 +135,13 @@ static int view_of(const request *r, xview *v)
 static void mark_name(const session *s, const xview *v, const char *stream, size_t slen, buf *out)
 {
     char head[64];
-    const xarg *g = &v->argv[v->group], *c = &v->argv[v->group + 1];
-    int hn = snprintf(head, sizeof(head), "%d:%zu:", s->db, g->n);
+    const resp_arg *g = &v->argv[v->group], *c = &v->argv[v->group + 1];
+    int hn = snprintf(head, sizeof(head), "%d:%zu:", s->db, g->len);
     buf_append(out, head, (size_t)hn);
-    buf_append(out, g->p, g->n);
-    hn = snprintf(head, sizeof(head), "%zu:", c->n);
+    buf_append(out, g->ptr, g->len);
+    hn = snprintf(head, sizeof(head), "%zu:", c->len);
     buf_append(out, head, (size_t)hn);
-    buf_append(out, c->p, c->n);
+    buf_append(out, c->ptr, c->len);
     buf_append(out, stream, slen);
 }
 
@@ -259,14 +248,14 @@ int xreads_send(session *s, request *r, link *l)
     buf_init(&name);
     buf_append_count(&look, '*', v.argc);
     for (size_t i = 0; i < v.argc; i++) {
-        const xarg *a = &v.argv[i];
-        if (i < v.keys + v.nkeys || !(a->n == 1 && a->p[0] == '>')) {
-            buf_append_bulk(&look, a->p, a->n);
+        const resp_arg *a = &v.argv[i];
+        if (i < v.keys + v.nkeys || !(a->len == 1 && a->ptr[0] == '>')) {
+            buf_append_bulk(&look, a->ptr, a->len);
             continue;
         }
-        const xarg *key = &v.argv[i - v.nkeys];
+        const resp_arg *key = &v.argv[i - v.nkeys];
         buf_clear(&name);
-        mark_name(s, &v, key->p, key->n, &name);
+        mark_name(s, &v, key->ptr, key->len, &name);
         const xmark *x = mark_find(s, &name);
         char id[48];
         int n = x != NULL ? snprintf(id, sizeof(id), "%llu-%llu", (unsigned long long)x->ms,
