@@ -412,10 +412,25 @@ class AccountingChecks:
         text = '\nsentinel views: %r; redis ports %r' % (views, [r.port for r in topo.redis])
         if res is not None:
             text += '\n' + res.summary('diag')
-        lines = [ln for ln in ferry.log().splitlines() if ' DEBUG ' not in ln
-                 and not re.search(r'client \d+ .*closed: client closed', ln)]
+        for r in topo.redis:
+            try:
+                info = r.client(socket_timeout=1).info('replication')
+                text += '\nredis %d: role %s, connected_slaves %s, min_slaves_good_slaves %s, ' \
+                        'master_link_status %s' % (r.port, info.get('role'),
+                                                   info.get('connected_slaves'),
+                                                   info.get('min_slaves_good_slaves'),
+                                                   info.get('master_link_status'))
+            except Exception as e:  # noqa: BLE001 - a dead node says why
+                text += '\nredis %d: %r' % (r.port, e)
+        log = ferry.log().splitlines()
+        # A blocking pop's link released every second fills the tail: left out.
+        lines = [ln for ln in log if ' DEBUG ' not in ln
+                 and not re.search(r'client \d+ .*closed: client closed', ln)
+                 and 'released with connection state' not in ln]
         text += '\n--- ferry log (%s), last non-debug lines ---\n%s' % (
             ferry.log_path, '\n'.join(lines[-60:]))
+        debug = [ln for ln in log if ' DEBUG ' in ln and ('refused' in ln or 'WAIT' in ln)]
+        text += '\n--- its last refusals and WAITs ---\n%s' % '\n'.join(debug[-25:])
         out = ferry.output()
         if out.strip():
             text += '\n--- ferry stdout/stderr ---\n' + out[-2000:]

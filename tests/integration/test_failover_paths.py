@@ -683,7 +683,8 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
                    msg='the demoted master %d to replicate from %d' % (old.port, new_port))
         t_attached = now()
         self.assertIsNotNone(load.wait_service(t_attached, timeout=15), 'no ack after the '
-                             'old master became a replica%s' % self.diag(topo, ferry))
+                             'old master became a replica; last client errors %r%s'
+                             % (load.errors[-5:], self.diag(topo, ferry)))
         time.sleep(1.0)
         res = load.finish(lambda: current_master(topo))
         print('\n' + res.summary('%s: planned failover, one replica' % tag), flush=True)
