@@ -27,27 +27,13 @@ static int keys_slot(const resp_request *req, size_t first, size_t n)
 /* XREAD [COUNT n] [BLOCK ms] STREAMS k... id... and XREADGROUP GROUP g c
  * [COUNT n] [BLOCK ms] [NOACK] [CLAIM ms] STREAMS k... id...: the keys are
  * the first half of what follows STREAMS. */
-static int streams_slot(const resp_request *req)
+static int streams_slot(const resp_request *req, int group)
 {
-    size_t i = 1;
-    while (i < req->argc && !resp_arg_is(&req->argv[i], "streams")) {
-        if (resp_arg_is(&req->argv[i], "group")) {
-            i += 3;
-        } else if (resp_arg_is(&req->argv[i], "count") || resp_arg_is(&req->argv[i], "block") ||
-                   resp_arg_is(&req->argv[i], "claim")) {
-            i += 2;
-        } else {
-            i++;
-        }
-    }
-    if (i >= req->argc) {
-        return -1;
-    }
-    size_t rest = req->argc - i - 1;
-    if (rest == 0 || rest % 2 != 0) {
+    xread_args x;
+    if (command_xread_args(group, req->argc, req->argv, &x) != 0) {
         return -1; /* Redis answers the error */
     }
-    return keys_slot(req, i + 1, rest / 2);
+    return keys_slot(req, x.keys, x.nkeys);
 }
 
 /* numkeys at argv[at], the keys after it (BLMPOP, BZMPOP, LMPOP, ZMPOP). */
@@ -67,7 +53,7 @@ int cluster_movable_slot(const command *cmd, const resp_request *req)
         return MOVABLE_NONE;
     }
     if (strcmp(cmd->name, "xread") == 0 || strcmp(cmd->name, "xreadgroup") == 0) {
-        return streams_slot(req);
+        return streams_slot(req, cmd->name[5] == 'g');
     }
     if (strcmp(cmd->name, "blmpop") == 0 || strcmp(cmd->name, "bzmpop") == 0) {
         return numkeys_slot(req, 2);

@@ -6,6 +6,7 @@
 #include "command_table.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #define FNV_PRIME 16777619u /* 32-bit FNV-1a, as scripts/gen-commands */
 
@@ -124,45 +125,40 @@ const command *command_table(size_t *count)
     return command_entries;
 }
 
-/* True if arg[0..len) equals the lowercase word, in any case. */
-static int arg_is(const char *arg, size_t len, const char *word)
+int command_xread_args(int group, size_t argc, const resp_arg *argv, xread_args *out)
 {
-    size_t i = 0;
-    for (; i < len; i++) {
-        if (word[i] == '\0' || lower_ascii((unsigned char)arg[i]) != (unsigned char)word[i]) {
-            return 0;
-        }
-    }
-    return word[i] == '\0';
-}
-
-/* Parses XREAD/XREADGROUP options the way Redis 7.0 does (xreadCommand) up to
- * STREAMS: blocks only with a BLOCK option; option values are skipped, so a
- * group or consumer named "block" does not count. A request Redis rejects
- * with a syntax error does not block. */
-static int xread_blocks(int group, size_t argc, const char *const *argv, const size_t *lens)
-{
+    memset(out, 0, sizeof(*out));
     for (size_t i = 1; i < argc; i++) {
         size_t more = argc - i - 1;
-        if (arg_is(argv[i], lens[i], "block") && more > 0) {
-            return 1;
-        } else if (arg_is(argv[i], lens[i], "count") && more > 0) {
+        const resp_arg *a = &argv[i];
+        if (resp_arg_is(a, "block") && more > 0) {
+            out->block = 1;
             i++;
-        } else if (arg_is(argv[i], lens[i], "streams") && more > 0) {
+        } else if (resp_arg_is(a, "count") && more > 0) {
+            i++;
+        } else if (resp_arg_is(a, "streams") && more > 0) {
+            if (more % 2 != 0 || (group && out->group == 0)) {
+                return -1;
+            }
+            out->keys = i + 1;
+            out->nkeys = more / 2;
             return 0;
-        } else if (group && arg_is(argv[i], lens[i], "group") && more >= 2) {
+        } else if (group && resp_arg_is(a, "group") && more >= 2) {
+            out->group = i + 1;
             i += 2;
-        } else if (group && arg_is(argv[i], lens[i], "noack")) {
-            continue;
+        } else if (group && resp_arg_is(a, "noack")) {
+            out->noack = 1;
+        } else if (group && resp_arg_is(a, "claim") && more > 0) {
+            out->claim = 1; /* Redis 8.4: CLAIM min-idle-time */
+            i++;
         } else {
-            return 0;
+            return -1;
         }
     }
-    return 0;
+    return -1;
 }
 
-int command_is_blocking(const command *cmd, size_t argc, const char *const *argv,
-                        const size_t *lens)
+int command_is_blocking(const command *cmd, size_t argc, const resp_arg *argv)
 {
     if (cmd == NULL || cmd->cls != CMD_BLOCKING) {
         return 0;
@@ -170,10 +166,11 @@ int command_is_blocking(const command *cmd, size_t argc, const char *const *argv
     if (cmd->name[0] == 'x') {
         int group = compare_name(cmd->name, (const unsigned char *)"xreadgroup", 10) == 0;
         if (group || compare_name(cmd->name, (const unsigned char *)"xread", 5) == 0) {
-            if (argv == NULL || lens == NULL) {
-                return 0;
-            }
-            return xread_blocks(group, argc, argv, lens);
+            /* Blocks only with BLOCK: option values are skipped, so a group
+             * or consumer named "block" does not count, and a request Redis
+             * refuses does not block. */
+            xread_args x;
+            return argv != NULL && command_xread_args(group, argc, argv, &x) == 0 && x.block;
         }
     }
     return 1;

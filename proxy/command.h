@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "resp.h"
+
 /* How ferry routes a command (see DESIGN.md "Upstream links"). */
 typedef enum command_class {
     CMD_STATELESS = 0, /* shared pipelined link */
@@ -64,8 +66,24 @@ const command *command_table(size_t *count);
 const char *command_redis_version(void);
 /* True if this request blocks on the server: the CMD_BLOCKING class, plus
  * XREAD/XREADGROUP only when they carry BLOCK. */
-int command_is_blocking(const command *cmd, size_t argc, const char *const *argv,
-                        const size_t *lens);
+int command_is_blocking(const command *cmd, size_t argc, const resp_arg *argv);
+
+/* An XREAD or XREADGROUP, read as Redis reads it: options (BLOCK, COUNT;
+ * XREADGROUP also GROUP, NOACK and CLAIM) up to STREAMS, then as many ids as
+ * keys. Indexes are into argv. */
+typedef struct xread_args {
+    size_t keys;  /* the first stream key */
+    size_t nkeys; /* stream keys (as many ids follow them) */
+    size_t group; /* XREADGROUP: the group name, the consumer after it; 0 for XREAD */
+    int block;    /* a BLOCK option */
+    int noack;    /* a NOACK option */
+    int claim;    /* a CLAIM option (Redis 8.4) */
+} xread_args;
+
+/* Reads argv (argv[0] XREAD, or XREADGROUP if group) into *out: 0, or -1
+ * where Redis answers a syntax error (an unknown option, no STREAMS, keys
+ * and ids unbalanced, XREADGROUP without GROUP). */
+int command_xread_args(int group, size_t argc, const resp_arg *argv, xread_args *out);
 const char *command_class_name(command_class cls);
 
 #endif

@@ -252,11 +252,7 @@ static int classify_route(session *s, request *r, const resp_request *req)
     }
     switch (cmd->cls) {
     case CMD_BLOCKING:
-        for (size_t i = 0; i < argc; i++) {
-            f->av[i] = argv[i].ptr;
-            f->al[i] = argv[i].len;
-        }
-        if (command_is_blocking(cmd, argc, f->av, f->al)) {
+        if (command_is_blocking(cmd, argc, argv)) {
             r->route = RT_BLOCKING;
             r->flags |= REQ_F_BLOCKING;
         }

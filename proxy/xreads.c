@@ -59,15 +59,12 @@ struct xread_marks {
     uint64_t clock;
 };
 
-/* An XREADGROUP's arguments, read as Redis 7.0 reads them. */
+/* An XREADGROUP's arguments (command_xread_args), and whether some id is '>'. */
 typedef struct xview {
     resp_arg *argv;
     size_t argc;
-    size_t keys;  /* index of the first stream key */
-    size_t nkeys; /* streams */
-    int group;    /* index of the group name (the consumer follows) */
-    int noack;
-    int any_new; /* some id is '>' */
+    xread_args x;
+    int any_new;
 } xview;
 
 static int is_xreadgroup(const request *r)
@@ -87,7 +84,6 @@ static int view_of(const request *r, xview *v)
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
     long long argc = resp_read_header(&p, end, '*');
     memset(v, 0, sizeof(*v));
-    v->group = -1;
     if (argc < 7 || argc > 1 << 20) {
         return -1;
     }
@@ -99,32 +95,14 @@ static int view_of(const request *r, xview *v)
         }
     }
     v->argc = (size_t)argc;
-    for (size_t i = 1; i < v->argc; i++) {
-        size_t more = v->argc - i - 1;
-        if ((resp_arg_is(&v->argv[i], "block") || resp_arg_is(&v->argv[i], "count")) && more > 0) {
-            i++;
-        } else if (resp_arg_is(&v->argv[i], "streams") && more > 0) {
-            if (more % 2 != 0) {
-                break;
-            }
-            v->keys = i + 1;
-            v->nkeys = more / 2;
-            break;
-        } else if (resp_arg_is(&v->argv[i], "group") && more >= 2) {
-            v->group = (int)i + 1;
-            i += 2;
-        } else if (resp_arg_is(&v->argv[i], "noack")) {
-            v->noack = 1;
-        } else {
-            break;
-        }
-    }
-    if (v->keys == 0 || v->group < 0) {
+    if (command_xread_args(1, v->argc, v->argv, &v->x) != 0 || v->x.claim) {
+        /* (A read that claims idle entries of other consumers is not
+         * looked at: what it took is not after one mark.) */
         view_free(v);
         return -1;
     }
-    for (size_t k = 0; k < v->nkeys; k++) {
-        const resp_arg *id = &v->argv[v->keys + v->nkeys + k];
+    for (size_t k = 0; k < v->x.nkeys; k++) {
+        const resp_arg *id = &v->argv[v->x.keys + v->x.nkeys + k];
         v->any_new |= id->len == 1 && id->ptr[0] == '>';
     }
     return 0;
@@ -135,7 +113,7 @@ static int view_of(const request *r, xview *v)
 static void mark_name(const session *s, const xview *v, const char *stream, size_t slen, buf *out)
 {
     char head[64];
-    const resp_arg *g = &v->argv[v->group], *c = &v->argv[v->group + 1];
+    const resp_arg *g = &v->argv[v->x.group], *c = &v->argv[v->x.group + 1];
     int hn = snprintf(head, sizeof(head), "%d:%zu:", s->db, g->len);
     buf_append(out, head, (size_t)hn);
     buf_append(out, g->ptr, g->len);
@@ -233,7 +211,7 @@ int xreads_send(session *s, request *r, link *l)
     }
     if (!(r->flags & REQ_F_XSENT)) {
         if (view_of(r, &v) == 0) {
-            if (v.any_new && !v.noack) {
+            if (v.any_new && !v.x.noack) {
                 r->flags |= REQ_F_XSENT; /* sent again, it looks first */
             }
             view_free(&v);
@@ -249,11 +227,11 @@ int xreads_send(session *s, request *r, link *l)
     buf_append_count(&look, '*', v.argc);
     for (size_t i = 0; i < v.argc; i++) {
         const resp_arg *a = &v.argv[i];
-        if (i < v.keys + v.nkeys || !(a->len == 1 && a->ptr[0] == '>')) {
+        if (i < v.x.keys + v.x.nkeys || !(a->len == 1 && a->ptr[0] == '>')) {
             buf_append_bulk(&look, a->ptr, a->len);
             continue;
         }
-        const resp_arg *key = &v.argv[i - v.nkeys];
+        const resp_arg *key = &v.argv[i - v.x.nkeys];
         buf_clear(&name);
         mark_name(s, &v, key->ptr, key->len, &name);
         const xmark *x = mark_find(s, &name);

@@ -56,7 +56,12 @@ static int blocking_line(const char *line)
     split(&req, line);
     const command *cmd = command_lookup_argv(req.argc, req.argv, req.lens);
     assert_non_null(cmd);
-    return command_is_blocking(cmd, req.argc, req.argv, req.lens);
+    resp_arg args[MAX_ARGS];
+    for (size_t i = 0; i < req.argc; i++) {
+        args[i].ptr = req.argv[i];
+        args[i].len = req.lens[i];
+    }
+    return command_is_blocking(cmd, req.argc, args);
 }
 
 static void test_lookup_any_case(void **state)
@@ -308,7 +313,7 @@ static void test_blocking(void **state)
     assert_false(blocking_line("get k"));
     assert_false(blocking_line("wait 1 0"));
     assert_false(blocking_line("subscribe c"));
-    assert_false(command_is_blocking(NULL, 0, NULL, NULL));
+    assert_false(command_is_blocking(NULL, 0, NULL));
 
     assert_false(blocking_line("xread streams s 0"));
     assert_false(blocking_line("XREAD COUNT 10 STREAMS s 0"));
@@ -325,6 +330,62 @@ static void test_blocking(void **state)
     assert_false(blocking_line("xreadgroup group block c streams s >"));
     assert_false(blocking_line("xreadgroup group g block streams s >"));
     assert_false(blocking_line("xreadgroup group g c streams block >"));
+    assert_true(blocking_line("xreadgroup group g c claim 100 block 0 streams s >"));
+    assert_false(blocking_line("xread claim 100 block 0 streams s $")); /* XREADGROUP only */
+    assert_false(blocking_line("xreadgroup block 0 streams s >"));      /* no GROUP */
+    assert_false(blocking_line("xread block 0 streams a b $"));         /* unbalanced */
+}
+
+/* line split into resp_args; command_xread_args on them. */
+static int xread_line(const char *line, xread_args *x)
+{
+    request req;
+    split(&req, line);
+    resp_arg args[MAX_ARGS];
+    for (size_t i = 0; i < req.argc; i++) {
+        args[i].ptr = req.argv[i];
+        args[i].len = req.lens[i];
+    }
+    return command_xread_args(req.argc > 0 && req.lens[0] == 10, req.argc, args, x);
+}
+
+static void test_xread_args(void **state)
+{
+    (void)state;
+    xread_args x;
+    assert_int_equal(xread_line("xread count 2 streams a b 0 $", &x), 0);
+    assert_int_equal(x.keys, 4);
+    assert_int_equal(x.nkeys, 2);
+    assert_int_equal(x.group, 0);
+    assert_false(x.block);
+
+    assert_int_equal(xread_line("XREADGROUP GROUP g c NOACK BLOCK 5 STREAMS s >", &x), 0);
+    assert_int_equal(x.group, 2);
+    assert_int_equal(x.keys, 8);
+    assert_int_equal(x.nkeys, 1);
+    assert_true(x.block);
+    assert_true(x.noack);
+    assert_false(x.claim);
+
+    assert_int_equal(xread_line("xreadgroup group g c claim 10 streams s t > >", &x), 0);
+    assert_true(x.claim);
+    assert_int_equal(x.keys, 7);
+    assert_int_equal(x.nkeys, 2);
+
+    /* Option values are skipped unread (Redis checks them): a stream
+     * named "streams", a group named "block". */
+    assert_int_equal(xread_line("xread block 1 streams streams 0", &x), 0);
+    assert_int_equal(x.keys, 4);
+    assert_false(xread_line("xreadgroup group block c streams s >", &x));
+    assert_false(x.block);
+    /* What Redis refuses. */
+    assert_int_equal(xread_line("xread streams s", &x), -1);
+    assert_int_equal(xread_line("xread count 1", &x), -1);
+    assert_int_equal(xread_line("xread noack streams s 0", &x), -1);
+    assert_int_equal(xread_line("xreadgroup streams s >", &x), -1);
+    assert_int_equal(xread_line("xreadgroup group g streams s >", &x), -1);
+    assert_int_equal(xread_line("xread bogus 1 streams s 0", &x), -1);
+    assert_int_equal(xread_line("xread", &x), -1);
 }
 
 int main(void)
@@ -338,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_known_entries),
         cmocka_unit_test(test_classes),
         cmocka_unit_test(test_blocking),
+        cmocka_unit_test(test_xread_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
