@@ -123,8 +123,15 @@ class BullMQThroughAKill:
     def retried_unknown(self):
         return stats_json(self.ferry.stats_port)['errors']['requests_retried_unknown']
 
+    def verdicts(self):
+        """ferry's failover verdicts so far: decided applied, decided not
+        applied, ambiguous (docs/stats.md; none without replicas_ack)."""
+        fo = stats_json(self.ferry.stats_port)['failover']
+        return (fo['decided_applied'], fo['decided_not_applied'], fo['requests_ambiguous'])
+
     def bullmq_through_a_kill(self, kill, mode):
         unknown0 = self.retried_unknown()
+        verdicts0 = self.verdicts()
         run = NodeRun(self.ferry.port)
         stderr = ''
         try:
@@ -152,6 +159,9 @@ class BullMQThroughAKill:
         finally:
             c.close()
         unknown = self.retried_unknown() - unknown0
+        verdicts = [b - a for a, b in zip(verdicts0, self.verdicts())]
+        print('\n[%s] verdicts: decided applied %d, decided not applied %d, ambiguous %d'
+              % (mode, verdicts[0], verdicts[1], verdicts[2]), flush=True)
         reruns = [e for e in out.get('errors', []) if RERUN.match(e)]
         others = [e for e in out.get('errors', []) if not RERUN.match(e)]
         evals = cmds.get('cmdstat_eval', {}).get('calls', 0)
@@ -171,8 +181,11 @@ class BullMQThroughAKill:
                   out.get('redis_completed'), out.get('events_completed'),
                   len(out.get('stalled', [])), out.get('drain_ms'), noscript, evals, evalshas))
         shown = {k: v for k, v in out.items() if k != 'acked_ids'}
-        diag = '%r\nnode stderr: %s\nferry log:\n%s' % (shown, stderr[-2000:],
-                                                        self.ferry.log()[-4000:])
+        # what ferry decided for each request the kill left unknown (fence.c)
+        decided = [ln for ln in self.ferry.log().splitlines()
+                   if 'unknown outcome (' in ln or ' unconfirmed ' in ln]
+        diag = '%r\nverdicts %r\nnode stderr: %s\nferry verdict lines:\n%s\nferry log:\n%s' % (
+            shown, verdicts, stderr[-2000:], '\n'.join(decided[-40:]), self.ferry.log()[-4000:])
         # no error, but for a moveToFinished ferry sent again (a write whose
         # reply was lost with the master, counted in requests_retried_unknown)
         # that the promoted replica had applied already: BullMQ's 'error' for
