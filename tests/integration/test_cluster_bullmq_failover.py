@@ -47,6 +47,9 @@ FLOW_TIMEOUT = 30.0
 # is sent again) and the promoted replica had the first one already: the job
 # is completed, its lock gone.
 RERUN = re.compile(r'^worker \d+: Missing lock for job (\S+)\. moveToFinished$')
+BULK = 5   # jobs per Queue.addBulk in node/bullmq_failover.js
+# A job handed out twice: its first holder's finish finds the second's lock.
+TWICE = re.compile(r'^worker \d+: Lock mismatch for job (\S+)\. Cmd moveToFinished from active$')
 RESULT_TIMEOUT = 130.0   # the node script's drain bound (100 s) and its closing
 
 
@@ -162,8 +165,10 @@ class BullMQThroughAKill:
         verdicts = [b - a for a, b in zip(verdicts0, self.verdicts())]
         print('\n[%s] verdicts: decided applied %d, decided not applied %d, ambiguous %d'
               % (mode, verdicts[0], verdicts[1], verdicts[2]), flush=True)
+        twice_ids = set(out.get('duplicate_ids', []))
         reruns = [e for e in out.get('errors', []) if RERUN.match(e)]
-        others = [e for e in out.get('errors', []) if not RERUN.match(e)]
+        others = [e for e in out.get('errors', []) if not RERUN.match(e) and
+                  not (TWICE.match(e) and TWICE.match(e).group(1) in twice_ids)]
         evals = cmds.get('cmdstat_eval', {}).get('calls', 0)
         evalshas = cmds.get('cmdstat_evalsha', {}).get('calls', 0)
         print('\nBullMQ %s through ferry (%s, workers %s), kill -9 of the master, %s after '
@@ -197,15 +202,22 @@ class BullMQThroughAKill:
         for e in reruns:
             self.assertIn(RERUN.match(e).group(1), acked_ids, diag)
         self.assertGreater(out['added'], at_kill['added'], diag)
-        # every acknowledged job processed, exactly once
+        # every acknowledged job processed; twice only where ferry counted an
+        # ambiguous verdict (issue 17's rule, README's retry policy): a script
+        # in flight at the kill, unanswered, sent again while the promoted
+        # replica may hold it. A moveToActive's first job is left active with
+        # nobody's lock and handed out again after BullMQ's stalled check; an
+        # addBulk adds its jobs twice. One such call: at most BULK jobs twice.
+        twice_bound = BULK * verdicts[2]
         self.assertEqual(out['missing_count'], 0, diag)
-        self.assertEqual(out['duplicates'], [], diag)
-        self.assertEqual(out['duplicate_ids'], [], diag)
-        self.assertEqual(out['distinct_ids'], out['added'], diag)
-        self.assertEqual(out['processed'], out['distinct'], diag)
-        # the completed set in Redis: each acknowledged job once
+        self.assertLessEqual(len(out['duplicates']), twice_bound, diag)
+        self.assertLessEqual(len(out['duplicate_ids']), twice_bound, diag)
+        self.assertLessEqual(out['processed'] - out['distinct'], twice_bound, diag)
+        self.assertGreaterEqual(out['distinct_ids'], out['added'], diag)
+        self.assertLessEqual(out['distinct_ids'] - out['added'], twice_bound, diag)
+        # the completed set in Redis: each acknowledged job (twice as above)
         self.assertEqual(out['redis_missing'], 0, diag)
-        self.assertEqual(out['redis_completed_twice'], 0, diag)
+        self.assertLessEqual(out['redis_completed_twice'], twice_bound, diag)
         # nothing stuck
         counts = out['counts']
         self.assertEqual((counts.get('waiting'), counts.get('active'), counts.get('failed')),
@@ -219,9 +231,14 @@ class BullMQThroughAKill:
 class ClusterBullMQFailoverTest(BullMQThroughAKill, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.cluster = ClusterTopology(masters=3, replicas=1, node_timeout_ms=2000)
+        # What ferry promises across a kill -9 (every acknowledged call on the
+        # promoted replica, decided by its offsets) needs durability.replicas_ack:
+        # without it (cluster mode's default, 0) a moveToActive answered by the
+        # killed master and never replicated hands its job out twice, as Redis
+        # Cluster alone would. Two replicas: the promoted one still has one.
+        cls.cluster = ClusterTopology(masters=3, replicas=2, node_timeout_ms=2000)
         try:
-            cls.ferry = start_ferry(cls.cluster)
+            cls.ferry = start_ferry(cls.cluster, replicas_ack=1)
             wait_served(cls.ferry)
         except BaseException:
             cls.cluster.stop()
