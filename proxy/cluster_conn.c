@@ -53,7 +53,7 @@ int cluster_movable_slot(const command *cmd, const resp_request *req)
         return MOVABLE_NONE;
     }
     if (strcmp(cmd->name, "xread") == 0 || strcmp(cmd->name, "xreadgroup") == 0) {
-        return streams_slot(req, cmd->name[5] == 'g');
+        return streams_slot(req, strcmp(cmd->name, "xreadgroup") == 0);
     }
     if (strcmp(cmd->name, "blmpop") == 0 || strcmp(cmd->name, "bzmpop") == 0) {
         return numkeys_slot(req, 2);

@@ -441,7 +441,7 @@ static buf *link_out(link *l)
 static void link_queue_bytes(link *l, request *r, const char *p, size_t n)
 {
     buf_append(link_out(l), p, n);
-    if (r->flags & REQ_F_WRITE) {
+    if (l->out.tls != NULL && (r->flags & REQ_F_WRITE)) {
         l->tls_write_waits = 1; /* a write command, or a script that may write */
     }
     request_set_state(r, REQ_SENT);

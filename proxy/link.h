@@ -96,7 +96,7 @@ typedef struct link {
      * flight, oldest first, and how many are in flight (link_flush). */
     size_t tls_batch[LINK_TLS_INFLIGHT];
     int tls_nbatch;
-    int tls_write_waits; /* a write is queued and not yet written (link_flush) */
+    int tls_write_waits; /* TLS: a write is queued and not yet written (link_flush) */
     int lease_scripts;   /* the leases' SCRIPT LOADs were queued on it (lease.c) */
     void *script_marks;  /* scripts.c: the remembered scripts its server was given (plain
                             memory, freed with the link) */
