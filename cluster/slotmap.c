@@ -141,6 +141,33 @@ static int same_node(const slotmap_node *a, const slotmap_node *b)
     return a->port == b->port && strcmp(a->host, b->host) == 0;
 }
 
+/* Nodes list a shard's replicas in the order each learned them, which
+ * differs between nodes: kept in one order (id, else address) so that two
+ * nodes' same view is the same map. */
+static int node_cmp(const slotmap_node *a, const slotmap_node *b)
+{
+    int c = strcmp(a->id, b->id);
+    if (c == 0) {
+        c = strcmp(a->host, b->host);
+    }
+    return c != 0 ? c : (a->port > b->port) - (a->port < b->port);
+}
+
+static void sort_replicas(slotmap *m)
+{
+    for (int k = 0; k < m->nshards; k++) {
+        slotmap_shard *s = &m->shards[k];
+        for (int i = 1; i < s->nreplicas; i++) {
+            slotmap_node x = s->replicas[i];
+            int j = i;
+            for (; j > 0 && node_cmp(&s->replicas[j - 1], &x) > 0; j--) {
+                s->replicas[j] = s->replicas[j - 1];
+            }
+            s->replicas[j] = x;
+        }
+    }
+}
+
 /* Assign slots [lo, hi] to shard k; -1 (err) when one has an owner. */
 static int assign(slotmap *m, int k, long long lo, long long hi, char *err, size_t errlen)
 {
@@ -301,6 +328,7 @@ int slotmap_from_shards(slotmap *m, const redisReply *r, int tls, char *err, siz
             }
         }
     }
+    sort_replicas(m);
     return 0;
 
 bad_shape:
@@ -396,6 +424,7 @@ int slotmap_from_slots(slotmap *m, const redisReply *r, char *err, size_t errlen
             return -1;
         }
     }
+    sort_replicas(m);
     return 0;
 }
 

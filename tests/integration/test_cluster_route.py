@@ -780,6 +780,31 @@ class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
         if rc != 0:  # a clean stop (and, under ASan, no report)
             raise AssertionError('ferry exited %r:\n%s' % (rc, cls.ferry.log()[-3000:]))
 
+    def test_a_settled_cluster_is_one_map(self):
+        # Nodes list a master's replicas in the order each learned them; a
+        # settled cluster of 2 replicas per master must not make a new map
+        # (sent to every loop) at every answer: some run of 5 refresh rounds
+        # changes nothing.
+        self.cluster.wait_consistent()
+
+        def cluster_stats():
+            with urllib.request.urlopen('http://127.0.0.1:%d/stats' % self.ferry.stats_port,
+                                        timeout=5) as r:
+                return json.loads(r.read())['cluster']
+        first = cluster_stats()
+        deadline = time.monotonic() + 20
+        start = first
+        while True:
+            now = cluster_stats()
+            if now['rounds'] >= start['rounds'] + 5:
+                if now['changes'] == start['changes']:
+                    break
+                start = now
+            self.assertLess(time.monotonic(), deadline,
+                            'the map changed in every 5 rounds: %d changes in %d rounds' %
+                            (now['changes'] - first['changes'], now['rounds'] - first['rounds']))
+            time.sleep(0.05)
+
     def test_kill_master_under_load_replicas_ack(self):
         # 4 producers + 4 consumers (RPOP and BRPOP: pop receipts), every
         # item once. CLUSTER_KILL9_RUNS=20 repeats it on fresh clusters and

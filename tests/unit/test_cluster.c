@@ -725,6 +725,53 @@ static void test_merge_epoch_rule(void **state)
 
 /* Random replies built from the shapes above with random damage: the
  * parsers answer 0 or -1 and never read out of bounds (ASan, valgrind). */
+/* One shard (all slots on node 0) with replicas 3 and 4 listed in the
+ * order given. */
+static slotmap *two_replicas(int first, int second)
+{
+    rb b = {.n = 0};
+    char err[200] = "";
+    slotmap *m = malloc(sizeof(*m));
+    rb_put(&b, "*1\r\n*4\r\n");
+    rb_bulk(&b, "slots");
+    rb_put(&b, "*2\r\n:0\r\n:16383\r\n");
+    rb_bulk(&b, "nodes");
+    rb_put(&b, "*3\r\n");
+    shards_node(&b, 0, 7000, "master", "online");
+    shards_node(&b, first, 7000 + first, "replica", "online");
+    shards_node(&b, second, 7000 + second, "replica", "online");
+    redisReply *r = parse(b.s, b.n);
+    assert_int_equal(slotmap_from_shards(m, r, 0, err, sizeof(err)), 0);
+    freeReplyObject(r);
+    return m;
+}
+
+/* Nodes list a master's replicas in the order each learned them: the same
+ * replicas in another order are the same map, not a change (each change
+ * goes to every loop of ferry). */
+static void test_replica_order_is_no_change(void **state)
+{
+    (void)state;
+    slotmap *cur = malloc(sizeof(*cur));
+    slotmap *a = two_replicas(3, 4), *b = two_replicas(4, 3);
+    int changed = -1;
+    slotmap_init(cur);
+    assert_int_equal(slotmap_merge(cur, a, &changed), CLUSTER_SLOTS);
+    assert_int_equal(changed, 1);
+    assert_int_equal(slotmap_merge(cur, b, &changed), 0);
+    assert_int_equal(changed, 0);
+    assert_int_equal(cur->shards[0].nreplicas, 2);
+    assert_int_equal(cur->shards[0].replicas[0].port, 7003);
+    assert_int_equal(cur->shards[0].replicas[1].port, 7004);
+    /* a replica's health is news */
+    b->shards[0].replicas[1].health = SLOTMAP_FAILED;
+    assert_int_equal(slotmap_merge(cur, b, &changed), 0);
+    assert_int_equal(changed, 1);
+    free(a);
+    free(b);
+    free(cur);
+}
+
 static void test_random_replies(void **state)
 {
     (void)state;
@@ -1158,6 +1205,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_nodes_parse),
         cmocka_unit_test(test_set_epochs),
         cmocka_unit_test(test_merge_epoch_rule),
+        cmocka_unit_test(test_replica_order_is_no_change),
         cmocka_unit_test(test_random_replies),
         cmocka_unit_test(test_real_replies_agree),
         cmocka_unit_test(test_source_learns_and_closes_clean),
