@@ -32,4 +32,10 @@ typedef struct bracket_heir {
 bracket_verdict bracket_decide(const bracket *b, const bracket_heir *h);
 const char *bracket_verdict_name(bracket_verdict v);
 
+/* What becomes of a request's held reply on verdict v: delivered (1) or
+ * dropped and the request sent again (0). data: the reply carries data;
+ * script: EVAL, EVALSHA or FCALL, whose data may be a pop's item or an
+ * add's new id (ferry cannot tell). */
+int bracket_delivers(bracket_verdict v, int data, int script);
+
 #endif

@@ -181,6 +181,24 @@ void fence_bracket_batch(link *l)
     }
 }
 
+/* A script's reply may be data it took out (a pop) or data it made (an
+ * add's new id): ferry cannot tell, so an ambiguous one is sent again
+ * (fence_verdict_delivers), and to keep that rare its bracket is its own:
+ * a ROLE pipelined right before it runs on Redis right before it (Redis
+ * runs a connection's pipelined commands back to back; a replica's offset
+ * moves only at a command's end, at EXEC for a script's MULTI), so lo is
+ * the offset before its first byte and hi, from the ROLE behind it, the
+ * offset after its last unless other commands came between. Without it lo
+ * was the ROLE behind the link's last batch, and every other connection's
+ * writes since then widened the bracket: measured, a BullMQ add sent at a
+ * kill -9 had a 3.4 KB bracket the boundary fell into. */
+void fence_bracket_lead(link *l, const request *r)
+{
+    if (r->route == RT_SCRIPT && (r->flags & REQ_F_ACK) && brackets_on(l)) {
+        bracket_role(l);
+    }
+}
+
 void fence_bracket_open(link *l)
 {
     if (brackets_on(l) && l->repl_off < 0) {
@@ -323,6 +341,7 @@ int fence_verdict(upstream *up, const request *r, int force)
         v = bracket_decide(&b, &h);
     }
     int data = request_verdict_data(r);
+    int script = r->route == RT_SCRIPT;
     if (v == BRACKET_APPLIED) {
         up->f->stats.decided_applied++;
     } else if (v == BRACKET_NOT_APPLIED) {
@@ -331,23 +350,35 @@ int fence_verdict(upstream *up, const request *r, int force)
         up->f->stats.requests_ambiguous++;
     }
     const char *fate;
-    if (data) {
+    if (data && !script) {
         /* A pop's data: delivered unless proven not popped on the next
          * master, where the item still is: then popped again there. */
         fate = v == BRACKET_NOT_APPLIED ? " (its data dropped, the pop sent again)"
                                         : " (its data delivered)";
+    } else if (script) {
+        fate = v == BRACKET_APPLIED ? " (its reply delivered, not sent again)"
+                                    : " (its reply dropped, sent again)";
     } else {
         fate = v == BRACKET_APPLIED ? " (its reply delivered, not sent again)" : " (sent again)";
     }
     uint64_t now = uv_hrtime();
     log_info("%sunconfirmed %s: bracket %lld..%lld, next master holds up to %lld: %s%s "
              "(sent %llu ms ago)",
-             up->tag, data ? "pop" : "write", r->br_lo, r->br_hi, up->heir_second - 1,
-             bracket_verdict_name(v), fate,
+             up->tag,
+             script ? "script"
+             : data ? "pop"
+                    : "write",
+             r->br_lo, r->br_hi, up->heir_second - 1, bracket_verdict_name(v), fate,
              (unsigned long long)(r->sent_ns != 0 && now >= r->sent_ns
                                       ? (now - r->sent_ns) / 1000000
                                       : 0));
     return (int)v;
+}
+
+int fence_verdict_delivers(const request *r, int v)
+{
+    int data = request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
+    return bracket_delivers((bracket_verdict)v, data, r->route == RT_SCRIPT);
 }
 
 void fence_verdicts_free(upstream *up)
@@ -937,7 +968,8 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
             continue;
         }
         if (acked < need && (r->flags & REQ_F_WRITE) &&
-            reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
+            reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
+            !(fence && r->route == RT_SCRIPT)) {
             if (fence && verdict_keep(l, r)) {
                 /* Its data stays with it until the next master is read:
                  * delivered, unless the pop is proven not applied there
@@ -1019,8 +1051,10 @@ void fence_drop_held(link *l, const char *reason)
             /* Taken out of Redis: its data stays with it until the next
              * master says whether the pop is there (fence_verdict). */
             l->f->shard_ops->on_lost(r->s, r, reason);
-        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply))) {
-            /* Taken out of Redis already: deliver it, never pop again. */
+        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
+                   r->route != RT_SCRIPT) {
+            /* Taken out of Redis already: deliver it, never pop again. (A
+             * script's data may be an add's id: sent again, as a write.) */
             l->f->stats.replies_unconfirmed++;
             unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
             buf tmp = r->reply;

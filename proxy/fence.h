@@ -35,11 +35,17 @@ void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
  * from the ROLE that verified it; a pooled one from its last WAIT's). */
 void fence_bracket_open(link *l);
 void fence_bracket_batch(link *l);
+/* r, a script that may write, goes on l next: with brackets on, a ROLE
+ * right ahead of it, so its bracket is its own (see fence.c). */
+void fence_bracket_lead(link *l, const request *r);
 
 /* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
  * bracket_verdict, counted) once the next master was read, or with force
  * (no better will come); -1 not yet. */
 int fence_verdict(struct upstream *up, const request *r, int force);
+/* Whether r's held reply is delivered (1) or r is sent again (0) on
+ * verdict v (bracket_delivers). */
+int fence_verdict_delivers(const request *r, int v);
 /* Free the records of requests awaiting a verdict (upstream_free). */
 void fence_verdicts_free(struct upstream *up);
 

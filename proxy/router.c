@@ -361,7 +361,7 @@ static int dispatch_one(session *s, request *r)
         }
         if (v >= 0) {
             r->flags &= ~REQ_F_VERDICT;
-            if (v == BRACKET_APPLIED || (data && v == BRACKET_AMBIGUOUS)) {
+            if (fence_verdict_delivers(r, v)) {
                 if (r->route == RT_EXEC) {
                     tx_forget(s); /* it ran: nothing to rebuild */
                 }
@@ -678,7 +678,9 @@ static int dispatch_one(session *s, request *r)
         fence_wait(target);
     }
     /* An EVALSHA of a script this link's server was not given: its SCRIPT
-     * LOAD goes right ahead of it (scripts.c), before an ASKING. */
+     * LOAD goes right ahead of it (scripts.c), before an ASKING; a ROLE for
+     * its bracket before both (nothing they do is replicated). */
+    fence_bracket_lead(target, r);
     scripts_ahead(s, r, target);
     if (r->ask != NULL) {
         /* The node a slot is migrating to serves this one command after

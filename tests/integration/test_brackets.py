@@ -251,6 +251,68 @@ class VerdictTest(unittest.TestCase):
         else:
             self.assertGreaterEqual(fo['decided_applied'], 1, fo)
 
+    # An add as queue libraries write it (BullMQ's add script): a new id
+    # from a counter, the job under it, and the id as its reply: data to
+    # ferry, yet made by the write, not taken out of Redis.
+    ADD = ("local id = redis.call('INCR', KEYS[1]) "
+           "redis.call('RPUSH', KEYS[2], id) return tostring(id)")
+
+    def test_script_data_not_on_new_master_sent_again(self):
+        # A script's reply may be a pop's item or an add's new id; ferry
+        # cannot tell them apart, so a script's held reply is delivered only
+        # if the new master has the script's writes, and never unconfirmed
+        # on an ambiguous verdict. The script's bracket is its own (a ROLE
+        # right ahead of it): here it starts past everything the replicas
+        # hold, though its link's last ROLE came before writes they do
+        # hold (with that ROLE as its start the bracket straddled the
+        # boundary, and the add's id was delivered while the new master
+        # never ran it: acknowledged, then lost, its id given to the next
+        # add). Sent again on the new master, the add runs there once and
+        # its reply names a job the new master has.
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
+        self.addCleanup(f.stop)
+        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
+        self.addCleanup(s.close)
+        w = socket.create_connection(('127.0.0.1', f.port), timeout=30)
+        self.addCleanup(w.close)
+        keys = ['2', '{q}:id', '{q}:jobs']
+        resp_send(s, ['EVAL', self.ADD] + keys)
+        self.assertEqual(resp_read_reply(s), b'1')  # confirmed by a replica
+        resp_send(s, ['SCRIPT', 'LOAD', self.ADD])
+        sha = resp_read_reply(s)
+        # Writes of another connection after the add's last ROLE, confirmed:
+        # the replicas hold them.
+        for i in range(5):
+            resp_send(w, ['LPUSH', 'other', 'x' * 200])
+            self.assertEqual(resp_read_reply(w), i + 1)
+        replicas = [r for r in topo.redis if r is not master]
+        for r in replicas:
+            r.sigstop()
+        self.addCleanup(lambda: [r.sigcont() for r in replicas])
+        mc = master.client()
+        mc.execute_command('CLIENT', 'KILL', 'TYPE', 'replica')
+        resp_send(s, ['EVALSHA', sha] + keys)
+        wait_until(lambda: mc.get('{q}:id') == '2', timeout=5, msg='the add ran on the master')
+        old_port = master.port
+        master.kill()
+        for r in replicas:
+            r.sigcont()
+        topo.wait_failover(old_port, timeout=30)
+
+        got = resp_read_reply(s, timeout=30)
+        new = topo.master().client()
+        jobs = new.lrange('{q}:jobs', 0, -1)
+        self.assertIn(got.decode() if isinstance(got, bytes) else got, jobs,
+                      'the add acknowledged with id %r is not on the new master (%r)' % (got, jobs))
+        self.assertEqual(jobs, ['1', '2'], jobs)
+        fo = stats_json(f.stats_port)['failover']
+        self.assertGreaterEqual(fo['decided_not_applied'], 1, fo)
+        self.assertEqual(fo['duplicates_known'], 0, fo)
+
     def test_pop_data_delivered_when_no_master_comes(self):
         # No sentinel left to promote anyone: the verdict never comes. The
         # pop's data is delivered at the hold bound, never -TRYAGAIN.

@@ -155,9 +155,29 @@ static void test_bracket_null_inputs(void **state)
     assert_string_equal(bracket_verdict_name(BRACKET_AMBIGUOUS), "ambiguous");
 }
 
+static void test_delivers_by_verdict_and_kind(void **state)
+{
+    (void)state;
+    /* Applied: the reply, never sent again, whatever it carries. */
+    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 0, 0), 1);
+    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 1, 0), 1);
+    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 1, 1), 1);
+    /* Not applied: sent again (a pop's item is still there). */
+    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 0, 0), 0);
+    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 1, 0), 0);
+    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 1, 1), 0);
+    /* Ambiguous: a pop's data delivered; a write sent again; a script's
+     * data sent again (it may be an add's id, not an item taken out). */
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 1, 0), 1);
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 0, 0), 0);
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 1, 1), 0);
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 0, 1), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_delivers_by_verdict_and_kind),
         cmocka_unit_test(test_bracket_below_boundary_applied),
         cmocka_unit_test(test_bracket_ends_on_boundary_applied),
         cmocka_unit_test(test_bracket_ends_one_past_boundary_ambiguous),
