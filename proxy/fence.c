@@ -181,24 +181,6 @@ void fence_bracket_batch(link *l)
     }
 }
 
-/* A script's reply may be data it took out (a pop) or data it made (an
- * add's new id): ferry cannot tell, so an ambiguous one is sent again
- * (fence_verdict_delivers), and to keep that rare its bracket is its own:
- * a ROLE pipelined right before it runs on Redis right before it (Redis
- * runs a connection's pipelined commands back to back; a replica's offset
- * moves only at a command's end, at EXEC for a script's MULTI), so lo is
- * the offset before its first byte and hi, from the ROLE behind it, the
- * offset after its last unless other commands came between. Without it lo
- * was the ROLE behind the link's last batch, and every other connection's
- * writes since then widened the bracket: measured, a BullMQ add sent at a
- * kill -9 had a 3.4 KB bracket the boundary fell into. */
-void fence_bracket_lead(link *l, const request *r)
-{
-    if (r->route == RT_SCRIPT && (r->flags & REQ_F_ACK) && brackets_on(l)) {
-        bracket_role(l);
-    }
-}
-
 void fence_bracket_open(link *l)
 {
     if (brackets_on(l) && l->repl_off < 0) {

@@ -35,9 +35,6 @@ void fence_learn_replid(struct upstream *up, link *probe, uint64_t now);
  * from the ROLE that verified it; a pooled one from its last WAIT's). */
 void fence_bracket_open(link *l);
 void fence_bracket_batch(link *l);
-/* r, a script that may write, goes on l next: with brackets on, a ROLE
- * right ahead of it, so its bracket is its own (see fence.c). */
-void fence_bracket_lead(link *l, const request *r);
 
 /* r (REQ_F_VERDICT) is about to go to a master: its verdict (a
  * bracket_verdict, counted) once the next master was read, or with force

@@ -678,9 +678,7 @@ static int dispatch_one(session *s, request *r)
         fence_wait(target);
     }
     /* An EVALSHA of a script this link's server was not given: its SCRIPT
-     * LOAD goes right ahead of it (scripts.c), before an ASKING; a ROLE for
-     * its bracket before both (nothing they do is replicated). */
-    fence_bracket_lead(target, r);
+     * LOAD goes right ahead of it (scripts.c), before an ASKING. */
     scripts_ahead(s, r, target);
     if (r->ask != NULL) {
         /* The node a slot is migrating to serves this one command after
