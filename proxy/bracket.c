@@ -65,16 +65,17 @@ bracket_verdict bracket_decide(const bracket *b, const bracket_heir *h)
 }
 
 /* Applied: it is there, never again. Not applied: again (a pop's item is
- * still there). Ambiguous: a pop's data is delivered (sent again, a pop
+ * still there). Ambiguous: a pop's item is delivered (sent again, the pop
  * could take a second item and the first would be lost); anything else is
- * sent again (at least once: a duplicate rather than a loss), a script's
- * data too: delivered, an add's id the next master lacks would be an
- * acknowledged job lost; sent again, an add is at worst there twice, and a
- * script that moves an item (a queue's reliable pop, BullMQ's
- * moveToActive) leaves it where the queue's own recovery finds it. */
-int bracket_delivers(bracket_verdict v, int data, int script)
+ * sent again (at least once: a duplicate rather than a loss), a write's
+ * data reply too: delivered, an add's id (XADD, a queue library's add
+ * script) that the next master lacks would be an acknowledged job lost;
+ * sent again, it is at worst there twice, and a script that moves an item
+ * (a reliable-queue pop, BullMQ's moveToActive) leaves it where the
+ * queue's own recovery finds it. */
+int bracket_delivers(bracket_verdict v, int taken)
 {
-    return v == BRACKET_APPLIED || (v == BRACKET_AMBIGUOUS && data && !script);
+    return v == BRACKET_APPLIED || (v == BRACKET_AMBIGUOUS && taken);
 }
 
 const char *bracket_verdict_name(bracket_verdict v)

@@ -33,9 +33,9 @@ bracket_verdict bracket_decide(const bracket *b, const bracket_heir *h);
 const char *bracket_verdict_name(bracket_verdict v);
 
 /* What becomes of a request's held reply on verdict v: delivered (1) or
- * dropped and the request sent again (0). data: the reply carries data;
- * script: EVAL, EVALSHA or FCALL, whose data may be a pop's item or an
- * add's new id (ferry cannot tell). */
-int bracket_delivers(bracket_verdict v, int data, int script);
+ * dropped and the request sent again (0). taken: the reply carries data the
+ * request took out of Redis (a pop's item), not data a write made (XADD's
+ * id) nor a script's return value (either: ferry cannot tell). */
+int bracket_delivers(bracket_verdict v, int taken);
 
 #endif

@@ -176,6 +176,23 @@ int command_is_blocking(const command *cmd, size_t argc, const resp_arg *argv)
     return 1;
 }
 
+int command_takes_out(const command *cmd)
+{
+    static const char *const names[] = {
+        "lpop",       "rpop",   "blpop",  "brpop",   "lmove",      "blmove",   "rpoplpush",
+        "brpoplpush", "lmpop",  "blmpop", "zpopmin", "zpopmax",    "bzpopmin", "bzpopmax",
+        "zmpop",      "bzmpop", "spop",   "getdel",  "xreadgroup", "xclaim",   "xautoclaim"};
+    if (cmd == NULL) {
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(cmd->name, names[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 const char *command_class_name(command_class cls)
 {
     switch (cls) {

@@ -67,6 +67,11 @@ const char *command_redis_version(void);
 /* True if this request blocks on the server: the CMD_BLOCKING class, plus
  * XREAD/XREADGROUP only when they carry BLOCK. */
 int command_is_blocking(const command *cmd, size_t argc, const resp_arg *argv);
+/* True if a data reply of this command is something it took out of Redis
+ * (a pop, a move, GETDEL, a consumer group's read or claim): sent twice, a
+ * second item is taken. Other writes answer data they made (XADD's id,
+ * SET ... GET's old value, INCRBYFLOAT) or, a script, either. */
+int command_takes_out(const command *cmd);
 
 /* An XREAD or XREADGROUP, read as Redis reads it: options (BLOCK, COUNT;
  * XREADGROUP also GROUP, NOACK and CLAIM) up to STREAMS, then as many ids as

@@ -322,8 +322,8 @@ int fence_verdict(upstream *up, const request *r, int force)
         bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
         v = bracket_decide(&b, &h);
     }
-    int data = request_verdict_data(r);
-    int script = r->route == RT_SCRIPT;
+    int data = request_verdict_data(r); /* a pop's item */
+    int made = !data && request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
     if (v == BRACKET_APPLIED) {
         up->f->stats.decided_applied++;
     } else if (v == BRACKET_NOT_APPLIED) {
@@ -332,12 +332,13 @@ int fence_verdict(upstream *up, const request *r, int force)
         up->f->stats.requests_ambiguous++;
     }
     const char *fate;
-    if (data && !script) {
+    if (data) {
         /* A pop's data: delivered unless proven not popped on the next
          * master, where the item still is: then popped again there. */
         fate = v == BRACKET_NOT_APPLIED ? " (its data dropped, the pop sent again)"
                                         : " (its data delivered)";
-    } else if (script) {
+    } else if (made) {
+        /* A write's data (XADD's id, a script's value): as any write. */
         fate = v == BRACKET_APPLIED ? " (its reply delivered, not sent again)"
                                     : " (its reply dropped, sent again)";
     } else {
@@ -347,9 +348,9 @@ int fence_verdict(upstream *up, const request *r, int force)
     log_info("%sunconfirmed %s: bracket %lld..%lld, next master holds up to %lld: %s%s "
              "(sent %llu ms ago)",
              up->tag,
-             script ? "script"
-             : data ? "pop"
-                    : "write",
+             r->route == RT_SCRIPT ? "script"
+             : data                ? "pop"
+                                   : "write",
              r->br_lo, r->br_hi, up->heir_second - 1, bracket_verdict_name(v), fate,
              (unsigned long long)(r->sent_ns != 0 && now >= r->sent_ns
                                       ? (now - r->sent_ns) / 1000000
@@ -359,8 +360,7 @@ int fence_verdict(upstream *up, const request *r, int force)
 
 int fence_verdict_delivers(const request *r, int v)
 {
-    int data = request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
-    return bracket_delivers((bracket_verdict)v, data, r->route == RT_SCRIPT);
+    return bracket_delivers((bracket_verdict)v, request_verdict_data(r));
 }
 
 void fence_verdicts_free(upstream *up)
@@ -951,7 +951,7 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         }
         if (acked < need && (r->flags & REQ_F_WRITE) &&
             reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
-            !(fence && r->route == RT_SCRIPT)) {
+            (!fence || command_takes_out(r->cmd))) {
             if (fence && verdict_keep(l, r)) {
                 /* Its data stays with it until the next master is read:
                  * delivered, unless the pop is proven not applied there
@@ -1034,9 +1034,10 @@ void fence_drop_held(link *l, const char *reason)
              * master says whether the pop is there (fence_verdict). */
             l->f->shard_ops->on_lost(r->s, r, reason);
         } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
-                   r->route != RT_SCRIPT) {
+                   command_takes_out(r->cmd)) {
             /* Taken out of Redis already: deliver it, never pop again. (A
-             * script's data may be an add's id: sent again, as a write.) */
+             * write's data, an XADD's id, a script's return value: sent
+             * again, as any write.) */
             l->f->stats.replies_unconfirmed++;
             unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_DELIVERED);
             buf tmp = r->reply;

@@ -273,9 +273,10 @@ int request_reply_is_data(const request *r, const char *p, size_t n);
 /* r awaits the next master's verdict (REQ_F_VERDICT) with data it took out
  * of the lost master kept in r->reply: that data is delivered, never
  * replaced by an error or a timeout, unless the verdict proves the pop was
- * not applied (then it is sent again). A script's reply is not such data
- * here: it may be an add's new id as well as an item (bracket_delivers);
- * it waits for its verdict as a write does. */
+ * not applied (then it is sent again). Only a command that takes data
+ * out (command_takes_out) has such data: another write's data reply (XADD's
+ * id, a script's return value, which may be an add's new id) waits for its
+ * verdict as any write does (bracket_delivers). */
 int request_verdict_data(const request *r);
 
 #endif

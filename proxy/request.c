@@ -9,7 +9,6 @@
 #include "broadcast.h"
 #include "split.h"
 #include "ferry.h"
-#include "router.h"
 #include "session.h"
 
 #define REQ_FREE_MAX 1024   /* recycled request objects kept */
@@ -233,6 +232,6 @@ int request_reply_is_data(const request *r, const char *p, size_t n)
 
 int request_verdict_data(const request *r)
 {
-    return (r->flags & REQ_F_VERDICT) && r->route != RT_SCRIPT &&
+    return (r->flags & REQ_F_VERDICT) && command_takes_out(r->cmd) &&
            request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
 }

@@ -259,16 +259,48 @@ class VerdictTest(unittest.TestCase):
 
     def test_script_data_not_on_new_master_sent_again(self):
         # A script's reply may be a pop's item or an add's new id; ferry
-        # cannot tell them apart, so a script's held reply is delivered only
-        # if the new master has the script's writes: on an ambiguous verdict
-        # it is sent again, as a write. Here the add's bracket straddles
-        # the boundary (its lower end is its link's last ROLE, and writes of
-        # another connection since then reached the replicas; its upper
-        # end is past them): ambiguous. Delivered, as a pop's data is, the
-        # add's id was acknowledged while the new master never ran it (the
-        # job lost, its id given to the next add: BullMQ through ferry in
-        # cluster mode, 1 run in 60). Sent again, it runs on the new master
-        # once and its reply names a job the new master has.
+        # cannot tell them apart, so a script is decided as any write.
+        def first(s):
+            resp_send(s, ['EVAL', self.ADD, '2', '{q}:id', '{q}:jobs'])
+            self.assertEqual(resp_read_reply(s), b'1')
+            resp_send(s, ['SCRIPT', 'LOAD', self.ADD])
+            return ['EVALSHA', resp_read_reply(s), '2', '{q}:id', '{q}:jobs']
+
+        def on_new(new, got):
+            jobs = new.lrange('{q}:jobs', 0, -1)
+            self.assertIn(got.decode(), jobs,
+                          'the add acknowledged with id %r is not on the new master (%r)' %
+                          (got, jobs))
+            self.assertEqual(jobs, ['1', '2'], jobs)
+
+        self.made_data_across_kill(first, lambda mc: mc.get('{q}:id') == '2', on_new, 'script')
+
+    def test_xadd_id_not_on_new_master_sent_again(self):
+        # XADD's reply is data it made (the entry's id), not an item taken out.
+        def first(s):
+            resp_send(s, ['XADD', '{q}:s', '*', 'n', '1'])
+            self.assertIsInstance(resp_read_reply(s), bytes)
+            return ['XADD', '{q}:s', '*', 'n', '2']
+
+        def on_new(new, got):
+            ids = [i for i, _ in new.xrange('{q}:s')]
+            self.assertIn(got.decode(), ids,
+                          'the XADD acknowledged with id %r is not on the new master (%r)' %
+                          (got, ids))
+            self.assertEqual(len(ids), 2, ids)
+
+        self.made_data_across_kill(first, lambda mc: mc.xlen('{q}:s') == 2, on_new, 'write')
+
+    def made_data_across_kill(self, first, ran, on_new, kind):
+        # A write whose reply is data it made, answered by a master killed
+        # before a replica had it, its bracket straddling the boundary: its
+        # lower end is its link's last ROLE, and writes the replicas hold
+        # came after it (made here on the master directly); its upper end
+        # is past them. Ambiguous. Delivered, as a pop's item is, the reply
+        # named a job the new master never had (an acknowledged add lost,
+        # its id given to the next add: BullMQ through ferry in cluster
+        # mode, 1 run in 60). Sent again, it runs on the new master once
+        # and its reply names what the new master has.
         topo = SentinelTopology()
         self.addCleanup(topo.stop)
         master = topo.master()
@@ -277,26 +309,18 @@ class VerdictTest(unittest.TestCase):
         self.addCleanup(f.stop)
         s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
         self.addCleanup(s.close)
-        w = socket.create_connection(('127.0.0.1', f.port), timeout=30)
-        self.addCleanup(w.close)
-        keys = ['2', '{q}:id', '{q}:jobs']
-        resp_send(s, ['EVAL', self.ADD] + keys)
-        self.assertEqual(resp_read_reply(s), b'1')  # confirmed by a replica
-        resp_send(s, ['SCRIPT', 'LOAD', self.ADD])
-        sha = resp_read_reply(s)
-        # Writes of another connection after the add's last ROLE, confirmed:
-        # the replicas hold them.
-        for i in range(5):
-            resp_send(w, ['LPUSH', 'other', 'x' * 200])
-            self.assertEqual(resp_read_reply(w), i + 1)
+        again = first(s)  # confirmed by a replica: its link's ROLE answered
+        mc = master.client()
+        for _ in range(5):
+            mc.lpush('other', 'x' * 200)
+        self.assertEqual(mc.execute_command('WAIT', 2, 10000), 2)  # the replicas hold them
         replicas = [r for r in topo.redis if r is not master]
         for r in replicas:
             r.sigstop()
         self.addCleanup(lambda: [r.sigcont() for r in replicas])
-        mc = master.client()
         mc.execute_command('CLIENT', 'KILL', 'TYPE', 'replica')
-        resp_send(s, ['EVALSHA', sha] + keys)
-        wait_until(lambda: mc.get('{q}:id') == '2', timeout=5, msg='the add ran on the master')
+        resp_send(s, again)
+        wait_until(lambda: ran(mc), timeout=5, msg='the write ran on the master')
         old_port = master.port
         master.kill()
         for r in replicas:
@@ -304,15 +328,12 @@ class VerdictTest(unittest.TestCase):
         topo.wait_failover(old_port, timeout=30)
 
         got = resp_read_reply(s, timeout=30)
-        new = topo.master().client()
-        jobs = new.lrange('{q}:jobs', 0, -1)
-        self.assertIn(got.decode() if isinstance(got, bytes) else got, jobs,
-                      'the add acknowledged with id %r is not on the new master (%r)' % (got, jobs))
-        self.assertEqual(jobs, ['1', '2'], jobs)
+        self.assertIsInstance(got, bytes, got)
+        on_new(topo.master().client(), got)
         fo = stats_json(f.stats_port)['failover']
         self.assertGreaterEqual(fo['requests_ambiguous'], 1, fo)
         with open(f.log_path, errors='replace') as fh:
-            said = [ln for ln in fh if 'unconfirmed script:' in ln]
+            said = [ln for ln in fh if 'unconfirmed %s:' % kind in ln]
         self.assertTrue(any('ambiguous (its reply dropped, sent again)' in ln for ln in said), said)
 
     def test_pop_data_delivered_when_no_master_comes(self):

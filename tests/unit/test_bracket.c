@@ -10,6 +10,9 @@
 #include <cmocka.h>
 
 #include "bracket.h"
+#include "command.h"
+
+#include <string.h>
 
 #define OLD "3f1c9b7de0a24c6f8b5e1d2a9c0f7e6b5a4d3c2b"
 #define OTHER "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b"
@@ -159,25 +162,43 @@ static void test_delivers_by_verdict_and_kind(void **state)
 {
     (void)state;
     /* Applied: the reply, never sent again, whatever it carries. */
-    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 0, 0), 1);
-    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 1, 0), 1);
-    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 1, 1), 1);
+    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 0), 1);
+    assert_int_equal(bracket_delivers(BRACKET_APPLIED, 1), 1);
     /* Not applied: sent again (a pop's item is still there). */
-    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 0, 0), 0);
-    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 1, 0), 0);
-    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 1, 1), 0);
-    /* Ambiguous: a pop's data delivered; a write sent again; a script's
-     * data sent again (it may be an add's id, not an item taken out). */
-    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 1, 0), 1);
-    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 0, 0), 0);
-    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 1, 1), 0);
-    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 0, 1), 0);
+    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 0), 0);
+    assert_int_equal(bracket_delivers(BRACKET_NOT_APPLIED, 1), 0);
+    /* Ambiguous: a pop's item delivered; any other reply (an ack, XADD's
+     * id, a script's value: data a write made) sent again. */
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 1), 1);
+    assert_int_equal(bracket_delivers(BRACKET_AMBIGUOUS, 0), 0);
+}
+
+static void test_takes_out_by_command(void **state)
+{
+    (void)state;
+    static const char *const out[] = {"rpop",      "lpop",       "brpop",     "blmove",
+                                      "rpoplpush", "zpopmin",    "lmpop",     "spop",
+                                      "getdel",    "xreadgroup", "xautoclaim"};
+    static const char *const made[] = {"xadd",    "set",   "getset", "incrbyfloat", "eval",
+                                       "evalsha", "fcall", "lpush",  "exec",        "lrange"};
+    for (size_t i = 0; i < sizeof(out) / sizeof(out[0]); i++) {
+        const command *c = command_lookup(out[i], strlen(out[i]));
+        assert_non_null(c);
+        assert_true(command_takes_out(c));
+    }
+    for (size_t i = 0; i < sizeof(made) / sizeof(made[0]); i++) {
+        const command *c = command_lookup(made[i], strlen(made[i]));
+        assert_non_null(c);
+        assert_false(command_takes_out(c));
+    }
+    assert_false(command_takes_out(NULL));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delivers_by_verdict_and_kind),
+        cmocka_unit_test(test_takes_out_by_command),
         cmocka_unit_test(test_bracket_below_boundary_applied),
         cmocka_unit_test(test_bracket_ends_on_boundary_applied),
         cmocka_unit_test(test_bracket_ends_one_past_boundary_ambiguous),
