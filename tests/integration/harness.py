@@ -922,6 +922,12 @@ class SentinelServer:
             _register(self)
             try:
                 _wait_up(self.proc, self._up, 'redis-sentinel PING on port %d' % self.port)
+                # TILT: a sentinel whose timer ran more than 2 s late (its
+                # config file's fsync behind the appendfsync-always Redis
+                # nodes of a busy test machine) stops acting for 30 s, and a
+                # failover asked then waited 30 s (seen once: +try-failover
+                # to +elected-leader 29.6 s apart). 1 s here.
+                self.command('SENTINEL', 'DEBUG', 'tilt-period', 1000)
                 self._started_once = True
                 return self
             except AssertionError as e:
