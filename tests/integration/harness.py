@@ -926,7 +926,8 @@ class SentinelServer:
                 # config file's fsync behind the appendfsync-always Redis
                 # nodes of a busy test machine) stops acting for 30 s, and a
                 # failover asked then waited 30 s (seen once: +try-failover
-                # to +elected-leader 29.6 s apart). 1 s here.
+                # to +elected-leader 29.6 s apart: TILT's 30 s is the only
+                # wait that long in a forced failover). 1 s here.
                 self.command('SENTINEL', 'DEBUG', 'tilt-period', 1000)
                 self._started_once = True
                 return self
