@@ -137,6 +137,19 @@ class VerdictTest(unittest.TestCase):
     unwatched EXEC is one write: delivered if the new master has it, else
     the transaction is rebuilt there."""
 
+    def ferry_on_sentinel(self, conf=FAILOVER_CONF):
+        """A Sentinel topology with its replicas in sync, ferry in front and
+        one raw client connection: (topo, master, ferry, socket)."""
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        f = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(f.stop)
+        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
+        self.addCleanup(s.close)
+        return topo, master, f, s
+
     def pop_not_on_new_master(self, pop, receipts=False):
         # receipts=False: the pop as written, decided by its bracket; True:
         # the pop with its receipt (durability.pop_receipts), sent again and
@@ -216,14 +229,7 @@ class VerdictTest(unittest.TestCase):
         self.exec_across_kill(cut=True)
 
     def exec_across_kill(self, cut):
-        topo = SentinelTopology()
-        self.addCleanup(topo.stop)
-        master = topo.master()
-        topo.wait_replicas_synced(master, 2)
-        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
-        self.addCleanup(f.stop)
-        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
-        self.addCleanup(s.close)
+        topo, master, f, s = self.ferry_on_sentinel()
         replicas = [r for r in topo.redis if r is not master]
         for r in replicas:
             r.sigstop()
@@ -301,14 +307,7 @@ class VerdictTest(unittest.TestCase):
         # its id given to the next add: BullMQ through ferry in cluster
         # mode, 1 run in 60). Sent again, it runs on the new master once
         # and its reply names what the new master has.
-        topo = SentinelTopology()
-        self.addCleanup(topo.stop)
-        master = topo.master()
-        topo.wait_replicas_synced(master, 2)
-        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
-        self.addCleanup(f.stop)
-        s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
-        self.addCleanup(s.close)
+        topo, master, f, s = self.ferry_on_sentinel()
         again = first(s)  # confirmed by a replica: its link's ROLE answered
         mc = master.client()
         for _ in range(5):
