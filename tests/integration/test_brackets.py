@@ -41,13 +41,6 @@ RUNS = max(1, int(os.environ.get('BRACKET_RUNS', '3')))
 PRE_FAULT = 3.0      # s of load before the kill
 POST_RECOVERY = 2.0  # s of load after the new master is announced
 
-# The verdict tests hold requests across one failover and check where they
-# landed, not the hold bound: held up to 30 s (wait_failover's bound), not
-# FAILOVER_CONF's 10 s, which a Sentinel failover retried after a split vote
-# (2 x failover_timeout, 10 s) outlasts (seen once in a CI run: the push
-# answered "TRYAGAIN ferry: no master for 10035 ms").
-VERDICT_CONF = merged(FAILOVER_CONF, {'upstream': {'hold_timeout_ms': 30000}})
-
 NPUSH = 300     # LPUSHes sent through ferry
 PIPELINE = 10   # sent per write on one connection, so batches hold several replies
 
@@ -144,7 +137,7 @@ class VerdictTest(unittest.TestCase):
     unwatched EXEC is one write: delivered if the new master has it, else
     the transaction is rebuilt there."""
 
-    def ferry_on_sentinel(self, conf=VERDICT_CONF):
+    def ferry_on_sentinel(self, conf=FAILOVER_CONF):
         """A Sentinel topology with its replicas in sync, ferry in front and
         one raw client connection: (topo, master, ferry, socket)."""
         topo = SentinelTopology()
@@ -165,7 +158,7 @@ class VerdictTest(unittest.TestCase):
         self.addCleanup(topo.stop)
         master = topo.master()
         topo.wait_replicas_synced(master, 2)
-        f = Ferry(None, conf=merged(VERDICT_CONF, {'durability': {'pop_receipts': receipts}}),
+        f = Ferry(None, conf=merged(FAILOVER_CONF, {'durability': {'pop_receipts': receipts}}),
                   sentinel=topo)
         self.addCleanup(f.stop)
         s = socket.create_connection(('127.0.0.1', f.port), timeout=30)
