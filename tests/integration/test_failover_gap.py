@@ -1,6 +1,6 @@
 """A planned failover (SENTINEL FAILOVER) under 4 producers + 4 consumers,
 Sentinel mode, replicas_ack 1: ferry's longest write gap must end within
-100 ms of the moment a replica can confirm writes on the new master.
+300 ms of the moment a replica can confirm writes on the new master.
 
 With replicas_ack 1 no write can be acknowledged before a replica of the new
 master confirms it, so that moment bounds every proxy. It is taken here as
@@ -41,7 +41,11 @@ from harness import Ferry, SentinelTopology
 RUNS = max(1, int(os.environ.get('GAP_RUNS', '3')))
 PRE_FAULT = 3.0        # s of load before the failover
 POST_RECOVERY = 3.0    # s of load after it
-OVER_MS = 100          # the gap may end this long after a replica can confirm
+# The gap may end this long after a replica can confirm. What it tells
+# apart: writes resumed by ferry's GETACK nudge (a WAIT unanswered 50 ms)
+# from writes waiting for Redis' own once-a-second ACK (up to ~900 ms before
+# the nudge). 100 ms was passed by 141 ms once in a CI run on 2 busy cores.
+OVER_MS = 300
 POLL_S = 0.003
 
 FERRY_CONF = FAILOVER_CONF  # replicas_ack 1, as test_failover
