@@ -318,8 +318,14 @@ class VerdictTest(unittest.TestCase):
             r.sigstop()
         self.addCleanup(lambda: [r.sigcont() for r in replicas])
         mc.execute_command('CLIENT', 'KILL', 'TYPE', 'replica')
+        closed = stats_json(f.stats_port)['durability']['brackets']
         resp_send(s, again)
         wait_until(lambda: ran(mc), timeout=5, msg='the write ran on the master')
+        # Its reply in ferry's hands (held for the WAIT the cut replicas
+        # never answer), its bracket closed by the ROLE behind it: the
+        # verdict decides it, not the retry of a request left unanswered.
+        wait_until(lambda: stats_json(f.stats_port)['durability']['brackets'] > closed,
+                   timeout=5, msg="the write's reply held with its bracket")
         old_port = master.port
         master.kill()
         for r in replicas:
