@@ -1028,13 +1028,13 @@ void fence_drop_held(link *l, const char *reason)
         r->link = NULL;
         if (r->s == NULL) {
             request_free(l->f, r);
-        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
-                   verdict_keep(l, r)) {
-            /* Taken out of Redis: its data stays with it until the next
-             * master says whether the pop is there (fence_verdict). */
+        } else if (verdict_keep(l, r)) {
+            /* Its reply stays with it until the next master is read
+             * (fence_verdict): a pop's data delivered unless the pop is
+             * proven not there, anything else sent again unless proven
+             * applied. */
             l->f->shard_ops->on_lost(r->s, r, reason);
-        } else if (reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) &&
-                   command_takes_out(r->cmd)) {
+        } else if (request_reply_taken(r)) {
             /* Taken out of Redis already: deliver it, never pop again. (A
              * write's data, an XADD's id, a script's return value: sent
              * again, as any write.) */
@@ -1044,8 +1044,6 @@ void fence_drop_held(link *l, const char *reason)
             buf_init(&r->reply);
             l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
             buf_free(&tmp);
-        } else if (verdict_keep(l, r)) {
-            l->f->shard_ops->on_lost(r->s, r, reason); /* its reply stays with it */
         } else {
             unknown_record(l, r, r->br_lo, r->br_hi, UNKNOWN_RESENT);
             buf_clear(&r->reply);

@@ -270,6 +270,9 @@ int request_rearm_blocking(request *r, uint64_t now, const char **expired);
  * script's return value), as opposed to a mere acknowledgement (+OK, an
  * integer). EXEC's array acknowledges the writes it ran. */
 int request_reply_is_data(const request *r, const char *p, size_t n);
+/* r's reply (r->reply) carries data r took out of Redis: a data reply of a
+ * command_takes_out command (a pop's item, not XADD's id). */
+int request_reply_taken(const request *r);
 /* r awaits the next master's verdict (REQ_F_VERDICT) with data it took out
  * of the lost master kept in r->reply: that data is delivered, never
  * replaced by an error or a timeout, unless the verdict proves the pop was

@@ -230,8 +230,13 @@ int request_reply_is_data(const request *r, const char *p, size_t n)
     return p[0] == '$' || p[0] == '*' || p[0] == '%' || p[0] == '~' || p[0] == '=';
 }
 
+int request_reply_taken(const request *r)
+{
+    return command_takes_out(r->cmd) &&
+           request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
+}
+
 int request_verdict_data(const request *r)
 {
-    return (r->flags & REQ_F_VERDICT) && command_takes_out(r->cmd) &&
-           request_reply_is_data(r, buf_head(&r->reply), buf_used(&r->reply));
+    return (r->flags & REQ_F_VERDICT) && request_reply_taken(r);
 }
