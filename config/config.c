@@ -670,6 +670,13 @@ const conf_entry conf_table[] = {
             "from the receipt if the new master has it: the item is neither lost nor taken twice",
      .type = CONF_BOOL,
      CONF_FIELD(pop_receipts)},
+    {.key = "durability.push_receipts",
+     .doc = "with replicas_ack: a push (LPUSH, RPUSH, LPUSHX, RPUSHX) to a key fallback.keys names "
+            "is sent as a script that also keeps its reply under a receipt key of its own, "
+            "deleted once the reply is in; the push sent again after a failover that lost its "
+            "reply is answered from the receipt if the new master has it: never pushed twice",
+     .type = CONF_BOOL,
+     CONF_FIELD(push_receipts)},
     {.key = "durability.redo_max_bytes",
      .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
             "XADD) kept until every online replica has them, so they are sent again to a promoted "
@@ -1152,6 +1159,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack_hold_ms = 30000;
     cfg->offset_brackets = 1;
     cfg->pop_receipts = 1;
+    cfg->push_receipts = 1;
     cfg->redo_max_bytes = (size_t)64 << 20;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");

@@ -217,6 +217,7 @@ typedef struct config {
     uint64_t replicas_ack_hold_ms;    /* durability.replicas_ack_hold_ms (30000) */
     int offset_brackets;              /* durability.offset_brackets (1): ROLE beside WAIT */
     int pop_receipts;                 /* durability.pop_receipts (1): pops leave a receipt */
+    int push_receipts;                /* durability.push_receipts (1): pushes leave a receipt */
     size_t redo_max_bytes;            /* durability.redo_max_bytes (64mb) */
     uint64_t enforce_interval_ms;     /* durability.enforce_interval_ms (5000):
                                          how often the checks are re-run */

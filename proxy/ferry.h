@@ -91,7 +91,7 @@ enum {
 #define REQ_F_SCRIPT_AGAIN                                                                         \
     (1u << 15) /* an EVALSHA answered NOSCRIPT, sent again with its script loaded ahead            \
                   (scripts.c): once only */
-#define REQ_F_RCPT (1u << 16)      /* a pop sent with its receipt (receipts.c): r->rcpt */
+#define REQ_F_RCPT (1u << 16)      /* a pop or push sent with its receipt (receipts.c): r->rcpt */
 #define REQ_F_RCPT_EVAL (1u << 17) /* Redis lacked the receipt script: sent as EVAL from now on */
 #define REQ_F_RCPT_PROBE                                                                           \
     (1u << 18) /* a pop sent again: as the receipt script, which answers the receipt's item if     \
@@ -123,7 +123,7 @@ typedef struct request {
     long long br_lo;      /* the master's replication offset before it, -1 unknown (fence.c) */
     long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
     uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
-    uint64_t rcpt;        /* its pop receipt's number, 0 none (receipts.c) */
+    uint64_t rcpt;        /* its receipt's number, 0 none (receipts.c) */
     int retries;          /* times re-sent after a lost link */
     int refusals;         /* times Redis refused it without effect (REQ_F_REFUSED) */
     uint64_t retry_at;    /* refused: uv_now() before which it is not sent again */

@@ -1,5 +1,5 @@
-/* receipts.c - pops that survive the loss of their reply
- * (durability.pop_receipts).
+/* receipts.c - pops and pushes that survive the loss of their reply
+ * (durability.pop_receipts, durability.push_receipts).
  *
  * A master can die after its replica received a pop and before the pop's
  * reply reached ferry (Redis writes its replicas' stream and its clients'
@@ -27,6 +27,16 @@
  * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
  * its queue, at the end it came from, on the next master: undone.
  *
+ * A push (LPUSH, RPUSH, LPUSHX, RPUSHX of a key fallback.keys names) dies
+ * the same way: sent and unanswered when the master died, the promoted
+ * replica may have it, and sent again it would be there twice. So it goes,
+ * every time, as the push receipt script (receipt_push.lua): the push and
+ * its reply (the list's length) kept under its receipt in one step; the
+ * push sent again answers that length ({length}: push_receipts_found) if
+ * the new master has the receipt, else pushes. Its receipt is deleted as a
+ * pop's. A push ferry answers itself (-TRYAGAIN, the fallback store) has
+ * nothing put back: the client was told it may not have applied.
+ *
  * Database 0 only: ferry's shared links stay in it (another database's
  * session has its own link), and the receipt's DEL or put-back goes on them.
  *
@@ -51,13 +61,19 @@
 extern const char ferry_receipt_pop_lua[];
 extern const size_t ferry_receipt_pop_lua_len;
 extern const char ferry_receipt_pop_lua_sha1[];
+extern const char ferry_receipt_push_lua[];
+extern const size_t ferry_receipt_push_lua_len;
+extern const char ferry_receipt_push_lua_sha1[];
 
-/* A pop's parts, read from its multibulk bytes. */
+/* A pop's or a push's parts, read from its multibulk bytes. */
 typedef struct pop_view {
     const char *key, *timeout;
     size_t klen, tlen;
-    const char *side; /* "LEFT" or "RIGHT" */
+    const char *side; /* a pop: "LEFT" or "RIGHT" */
     int blocking;
+    const char *push;     /* a push: "LPUSH", "RPUSH", "LPUSHX" or "RPUSHX"; NULL a pop */
+    const char *values;   /* a push: its values, as bulk strings */
+    size_t vlen, nvalues; /* their bytes and how many */
 } pop_view;
 
 /* BRPOP or BLPOP (of r's pops, the blocking ones start with b). */
@@ -66,29 +82,57 @@ static int blocking_pop(const request *r)
     return r->cmd != NULL && r->cmd->name[0] == 'b';
 }
 
+/* The push r is (LPUSH, RPUSH, LPUSHX, RPUSHX: as the script names it), or NULL. */
+static const char *push_of(const request *r)
+{
+    static const char *const pushes[][2] = {
+        {"lpush", "LPUSH"}, {"rpush", "RPUSH"}, {"lpushx", "LPUSHX"}, {"rpushx", "RPUSHX"}};
+    const char *name = r->cmd != NULL ? r->cmd->name : "";
+    for (size_t i = 0; i < sizeof(pushes) / sizeof(pushes[0]); i++) {
+        if (strcmp(name, pushes[i][0]) == 0) {
+            return pushes[i][1];
+        }
+    }
+    return NULL;
+}
+
 static int pop_of(const ferry *f, const request *r, pop_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
-    long long want;
-    if (strcmp(name, "rpop") == 0 || strcmp(name, "lpop") == 0) {
-        want = 2;
-        v->blocking = 0;
-    } else if (strcmp(name, "brpop") == 0 || strcmp(name, "blpop") == 0) {
-        want = 3;
-        v->blocking = 1;
-    } else {
-        return -1;
-    }
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *cmd;
     size_t clen;
-    if (resp_read_header(&p, end, '*') != want || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
-        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
-        return -1; /* a count, more keys: sent as written */
+    long long want, argc;
+    v->push = push_of(r);
+    if (v->push != NULL) {
+        if ((argc = resp_read_header(&p, end, '*')) < 3 ||
+            resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
+            resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
+            return -1;
+        }
+        v->values = p;
+        v->vlen = (size_t)(end - p);
+        v->nvalues = (size_t)argc - 2;
+        v->blocking = 0;
+        v->side = NULL;
+    } else {
+        if (strcmp(name, "rpop") == 0 || strcmp(name, "lpop") == 0) {
+            want = 2;
+            v->blocking = 0;
+        } else if (strcmp(name, "brpop") == 0 || strcmp(name, "blpop") == 0) {
+            want = 3;
+            v->blocking = 1;
+        } else {
+            return -1;
+        }
+        if (resp_read_header(&p, end, '*') != want || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
+            resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
+            return -1; /* a count, more keys: sent as written */
+        }
+        if (v->blocking && resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0) {
+            return -1;
+        }
+        v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
     }
-    if (v->blocking && resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0) {
-        return -1;
-    }
-    v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
     if (f->cluster != NULL) {
         /* The receipt goes in the key's slot: only where its tag is sure. */
         const char *tag;
@@ -122,45 +166,71 @@ static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
     buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
 }
 
+/* A script on l: its SCRIPT LOAD queued once per link (bit: which one),
+ * then EVALSHA; EVAL once Redis said it lacked it. Its head, in b. */
+static void script_head(link *l, request *r, int bit, const char *lua, size_t lua_len,
+                        const char *sha1, size_t argc, buf *b)
+{
+    int eval = (r->flags & REQ_F_RCPT_EVAL) != 0;
+    if (!eval && !(l->receipt_script & bit)) {
+        const char *argv[3] = {"SCRIPT", "LOAD", lua};
+        link_internal(l, argv, 3, NULL, 0);
+        l->receipt_script |= bit;
+    }
+    buf_append_count(b, '*', argc);
+    if (eval) {
+        buf_append_bulk(b, "EVAL", 4);
+        buf_append_bulk(b, lua, lua_len);
+    } else {
+        buf_append_bulk(b, "EVALSHA", 7);
+        buf_append_bulk(b, sha1, strlen(sha1));
+    }
+}
+
 int receipts_send(session *s, request *r, link *l)
 {
     ferry *f = s->f;
     pop_view v;
-    if (r->rcpt == 0 &&
-        (!f->cfg->pop_receipts || l->up->replicas_ack <= 0 || l->who->user != NULL ||
-         tx_in_multi(s) || s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
+    if (r->rcpt == 0 && (l->up->replicas_ack <= 0 || l->who->user != NULL || tx_in_multi(s) ||
+                         s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
         return 0;
     }
-    if (pop_of(f, r, &v) != 0) {
+    if (pop_of(f, r, &v) != 0 ||
+        (r->rcpt == 0 && !(v.push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
         return 0;
     }
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
-        f->stats.pop_receipts++;
+        if (v.push != NULL) {
+            f->stats.push_receipts++;
+        } else {
+            f->stats.pop_receipts++;
+        }
     } else if (r->retries > 0) {
-        f->stats.pop_receipts_resent++;
+        if (v.push != NULL) {
+            f->stats.push_receipts_resent++;
+        } else {
+            f->stats.pop_receipts_resent++;
+        }
     }
     buf key, b;
     buf_init(&key);
     buf_init(&b);
     receipt_key(f, &v, r->rcpt, &key);
-    /* Sent before, its move may have applied: the script looks first. */
-    int script = (r->flags & REQ_F_RCPT) != 0;
-    if (script) {
-        int eval = (r->flags & REQ_F_RCPT_EVAL) != 0;
-        if (!eval && !l->receipt_script) {
-            const char *argv[3] = {"SCRIPT", "LOAD", ferry_receipt_pop_lua};
-            link_internal(l, argv, 3, NULL, 0);
-            l->receipt_script = 1;
-        }
-        buf_append_count(&b, '*', 6);
-        if (eval) {
-            buf_append_bulk(&b, "EVAL", 4);
-            buf_append_bulk(&b, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len);
-        } else {
-            buf_append_bulk(&b, "EVALSHA", 7);
-            buf_append_bulk(&b, ferry_receipt_pop_lua_sha1, strlen(ferry_receipt_pop_lua_sha1));
-        }
+    /* A pop sent before, its move may have applied: the script looks
+     * first. A push is always the script (its reply kept in the receipt). */
+    int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL;
+    if (v.push != NULL) {
+        script_head(l, r, 2, ferry_receipt_push_lua, ferry_receipt_push_lua_len,
+                    ferry_receipt_push_lua_sha1, 6 + v.nvalues, &b);
+        buf_append_bulk(&b, "2", 1);
+        buf_append_bulk(&b, v.key, v.klen);
+        buf_append_bulk(&b, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b, v.push, strlen(v.push));
+        buf_append(&b, v.values, v.vlen);
+    } else if (script) {
+        script_head(l, r, 1, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len,
+                    ferry_receipt_pop_lua_sha1, 6, &b);
         buf_append_bulk(&b, "2", 1);
         buf_append_bulk(&b, v.key, v.klen);
         buf_append_bulk(&b, buf_head(&key), buf_used(&key));
@@ -198,8 +268,8 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     int script = (r->flags & REQ_F_RCPT_PROBE) != 0;
     int blocking = blocking_pop(r);
     if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
-        log_info("pop receipts: Redis lacked the receipt script; client %llu's pop sent as EVAL",
-                 (unsigned long long)s->id);
+        log_info("receipts: Redis lacked the receipt script; client %llu's %s sent as EVAL",
+                 (unsigned long long)s->id, push_of(r) != NULL ? "push" : "pop");
         r->flags |= REQ_F_RCPT_EVAL;
         return 1;
     }
@@ -269,8 +339,13 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     const char *item = p;
     size_t ilen = n;
     if (n > 4 && memcmp(p, "*1\r\n", 4) == 0) {
-        /* {item}: the receipt held it (the first pop applied, its reply lost). */
-        l->f->stats.pop_receipts_found++;
+        /* {item}: the receipt held it (the first pop applied, its reply
+         * lost); {length}: a push's, the same way. */
+        if (v.push != NULL) {
+            l->f->stats.push_receipts_found++;
+        } else {
+            l->f->stats.pop_receipts_found++;
+        }
         item = p + 4;
         ilen = n - 4;
     }
@@ -354,6 +429,9 @@ void receipts_put_back(ferry *f, request *r)
         return;
     }
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+    if (v.push != NULL) {
+        return; /* a push has nothing to put back (see the file's head) */
+    }
     struct receipts *rc = receipts_of(f);
     if (rc->n == PUT_BACK_MAX) {
         log_warn("pop receipts: %d receipts wait for a master to be put back: the oldest "

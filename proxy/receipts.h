@@ -1,4 +1,4 @@
-/* receipts.h - pops that survive the loss of their reply (durability.pop_receipts). */
+/* receipts.h - pops and pushes that survive the loss of their reply (durability.*_receipts). */
 #ifndef FERRY_RECEIPTS_H
 #define FERRY_RECEIPTS_H
 
@@ -6,7 +6,7 @@
 #include "link.h"
 #include "session.h"
 
-/* Sends r on l as its receipt move if it is a pop that gets one (1);
+/* Sends r on l as its receipt move or script if it is a pop or push that gets one (1);
  * otherwise nothing is sent (0). */
 int receipts_send(session *s, request *r, link *l);
 

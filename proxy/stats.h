@@ -285,6 +285,15 @@ typedef enum stat_type {
     X(durability, pop_receipts_put_back, COUNTER, "ferry_durability_pop_receipts_put_back_total",  \
       "pops with a receipt answered by ferry itself (their timeout while held, -TRYAGAIN) whose "  \
       "receipt is moved back to its queue: the item is there again if the first move applied")     \
+    X(durability, push_receipts, COUNTER, "ferry_durability_push_receipts_total",                  \
+      "pushes sent as a script that keeps their reply under a receipt key "                        \
+      "(durability.push_receipts)")                                                                \
+    X(durability, push_receipts_resent, COUNTER, "ferry_durability_push_receipts_resent_total",    \
+      "of those, pushes sent again after their link was lost: answered from the receipt when the " \
+      "new master has it")                                                                         \
+    X(durability, push_receipts_found, COUNTER, "ferry_durability_push_receipts_found_total",      \
+      "pushes sent again whose receipt held the first one's reply: answered with it, not pushed "  \
+      "again (the reply the failover lost)")                                                       \
     X(durability, stream_reads_looked, COUNTER, "ferry_durability_stream_reads_looked_total",      \
       "XREADGROUP '>' reads sent again (their reply lost with a link, or refused) that first "     \
       "read the consumer's pending entries after the ones it was handed")                          \

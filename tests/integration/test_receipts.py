@@ -19,6 +19,11 @@ and 2-0 stayed pending for a consumer that never got it (checked on a
 build without it); with it, the client gets 2-0. The look itself, in each
 mode and without a failover: test_xreads.
 
+The same for a push (durability.push_receipts): without its receipt the push
+sent again was on the new master twice (checked with push_receipts off:
+['i4', 'i4', 'i1', 'i2', 'i3']); with it, once, and its reply is the length
+the first push left (4), kept in the receipt.
+
 Run: python3 -m unittest test_receipts -v
 """
 import os
@@ -36,8 +41,8 @@ ATTEMPTS = 4  # the freeze must fall while the pop's reply is still in the maste
 
 @unittest.skipIf(DIRECT, 'ferry only')
 class LostPopReplyTest(unittest.TestCase):
-    """kind: 'pop' (RPOP), 'bpop' (BRPOP), 'xread' (XREADGROUP ... >) or
-    'bxread' (the same with BLOCK)."""
+    """kind: 'pop' (RPOP), 'bpop' (BRPOP), 'xread' (XREADGROUP ... >),
+    'bxread' (the same with BLOCK) or 'push' (LPUSH)."""
 
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
@@ -83,6 +88,8 @@ class LostPopReplyTest(unittest.TestCase):
             p.get('big')     # ...then the large one the pop's reply waits behind
             if stream:
                 p.xreadgroup('g', 'c', {'s': '>'}, count=1, block=20000 if blocking else None)
+            elif kind == 'push':
+                p.lpush('q', 'i4')
             elif blocking:
                 p.brpop('q', timeout=20)
             else:
@@ -95,6 +102,8 @@ class LostPopReplyTest(unittest.TestCase):
         t.start()
 
         def applied():
+            if kind == 'push':
+                return rc.llen('q') == 4
             return pending(rc) == 2 if stream else rc.llen('q') == 2
         deadline = time.monotonic() + 10
         while not applied() and time.monotonic() < deadline:
@@ -106,6 +115,8 @@ class LostPopReplyTest(unittest.TestCase):
         topo.wait_failover(old_port, timeout=30)
         t.join(60)
         self.assertFalse(t.is_alive(), 'the pipeline never finished')
+        if 'e' in out:
+            print('[receipts] %s: %s' % (kind, out['e']), flush=True)
         self.assertNotIn('e', out, 'ferry held the client across the failover')
         res = out['r']
         self.assertEqual(res[0], BIG)
@@ -120,6 +131,15 @@ class LostPopReplyTest(unittest.TestCase):
             self.assertEqual((info['pending'], info['last-delivered-id']), (2, '2-0'))
             self.assertGreaterEqual(d['stream_reads_looked'], 1)
             return d['stream_reads_found']
+        if kind == 'push':
+            # Pushed once, answered with the length the first push left.
+            self.assertEqual(nm.lrange('q', 0, -1), ['i4', 'i1', 'i2', 'i3'],
+                             'the push sent again pushed a second time')
+            self.assertEqual(res[2], 4)
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            self.assertGreaterEqual(d['push_receipts'], 1)
+            return d['push_receipts_found']
         popped = res[2][1] if blocking else res[2]
         # The first pop's item, once: neither lost nor left in the queue.
         self.assertEqual(popped, 'i3', 'the pop sent again took another item')
@@ -146,6 +166,9 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
+
+    def test_lpush_reply_lost_with_the_master(self):
+        self.scenario('push')
 
     def test_xreadgroup_reply_lost_with_the_master(self):
         """The consumer's pending list is the read's receipt (xreads.c)."""

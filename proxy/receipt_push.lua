@@ -1,0 +1,25 @@
+-- receipt_push.lua - a push that leaves its reply under a receipt key, so
+-- that the same push sent again after a failover (its reply lost with the
+-- master, the push itself on the promoted replica) is answered with the
+-- first one's reply instead of pushing its values a second time.
+-- KEYS[1] the list, KEYS[2] the receipt (one per request, ferry deletes it
+-- once the reply reached the client); ARGV[1] the push (LPUSH, RPUSH,
+-- LPUSHX or RPUSHX), ARGV[2..] its values. Answers as the push would (the
+-- list's length, or the error), or {length} when the receipt already held
+-- it (ferry answers the length).
+local n = redis.call('GET', KEYS[2])
+if n then
+  return {tonumber(n)}
+end
+local i, last = 2, #ARGV
+repeat
+  -- In pieces: unpack has a limit; pushing values in turn is the push.
+  local j = math.min(i + 999, last)
+  n = redis.pcall(ARGV[1], KEYS[1], unpack(ARGV, i, j))
+  if type(n) == 'table' then
+    return n
+  end
+  i = j + 1
+until i > last
+redis.call('SET', KEYS[2], n, 'PX', 3600000)
+return n
