@@ -282,4 +282,16 @@ int request_reply_taken(const request *r);
  * verdict as any write does (bracket_delivers). */
 int request_verdict_data(const request *r);
 
+/* The parts of a push's multibulk bytes: its key and the values after it. */
+typedef struct push_view {
+    const char *key;  /* the key's bytes */
+    size_t klen;      /* its length */
+    const char *tail; /* the encoded values (each a $bulk), to the end */
+    size_t tlen;      /* their length */
+    size_t nvalues;   /* how many */
+} push_view;
+/* r is a push (LPUSH, RPUSH, LPUSHX, RPUSHX) with a key and values: 0,
+ * its parts in *v; else -1 (Redis answers the arity error of one without). */
+int request_push_view(const request *r, push_view *v);
+
 #endif

@@ -38,43 +38,17 @@ extern const char ferry_guard_push_lua[];
 extern const size_t ferry_guard_push_lua_len;
 extern const char ferry_guard_push_lua_sha1[];
 
-/* The parts of a push's multibulk bytes: its key and the values after it. */
-typedef struct push_view {
-    const char *key;  /* the key's bytes */
-    size_t klen;      /* its length */
-    const char *tail; /* the encoded values (each a $bulk), to the end */
-    size_t tlen;      /* their length */
-    size_t nvalues;   /* how many */
-} push_view;
-
-static int is_push(const command *cmd)
-{
-    return cmd != NULL && (strcmp(cmd->name, "lpush") == 0 || strcmp(cmd->name, "rpush") == 0 ||
-                           strcmp(cmd->name, "lpushx") == 0 || strcmp(cmd->name, "rpushx") == 0);
-}
-
 /* The bounded queue entry r pushes to (its parts in *v), or -1. */
 static int guarded_queue(const ferry *f, const request *r, push_view *v)
 {
     const config *cfg = f->cfg;
-    if (cfg->nqueues == 0 || !is_push(r->cmd) || r->route != RT_SHARED) {
+    if (cfg->nqueues == 0 || r->route != RT_SHARED || request_push_view(r, v) != 0) {
         return -1;
-    }
-    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
-    const char *name;
-    size_t nlen;
-    long long argc = resp_read_header(&p, end, '*');
-    if (argc < 3 || resp_read_bulk(&p, end, &name, &nlen) != 0 ||
-        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
-        return -1; /* Redis answers the arity error of a push with no value */
     }
     int q = queues_match(cfg, v->key, v->klen);
     if (q < 0 || cfg->queues[q].max_length == 0) {
         return -1;
     }
-    v->tail = p;
-    v->tlen = (size_t)(end - p);
-    v->nvalues = (size_t)argc - 2;
     return q;
 }
 

@@ -3,15 +3,19 @@
 -- master, the push itself on the promoted replica) is answered with the
 -- first one's reply instead of pushing its values a second time.
 -- KEYS[1] the list, KEYS[2] the receipt (one per request, ferry deletes it
--- once the reply reached the client); ARGV[1] the push (LPUSH, RPUSH,
--- LPUSHX or RPUSHX), ARGV[2..] its values. Answers as the push would (the
--- list's length, or the error), or {length} when the receipt already held
--- it (ferry answers the length).
-local n = redis.call('GET', KEYS[2])
-if n then
-  return {tonumber(n)}
+-- once the reply reached the client); ARGV[1] the push (lpush, rpush,
+-- lpushx or rpushx); ARGV[2] '1' when it was sent before (look first),
+-- else '0'; ARGV[3..] its values. Answers as the push would (the list's
+-- length, or the error), or {length} when the receipt already held it
+-- (ferry answers the length).
+local n
+if ARGV[2] == '1' then
+  n = redis.call('GET', KEYS[2])
+  if n then
+    return {tonumber(n)}
+  end
 end
-local i, last = 2, #ARGV
+local i, last = 3, #ARGV
 repeat
   -- In pieces: unpack has a limit; pushing values in turn is the push.
   local j = math.min(i + 999, last)
@@ -21,5 +25,5 @@ repeat
   end
   i = j + 1
 until i > last
-redis.call('SET', KEYS[2], n, 'PX', 3600000)
+redis.call('SET', KEYS[2], n)
 return n

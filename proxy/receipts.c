@@ -71,7 +71,7 @@ typedef struct pop_view {
     size_t klen, tlen;
     const char *side; /* a pop: "LEFT" or "RIGHT" */
     int blocking;
-    const char *push;     /* a push: "LPUSH", "RPUSH", "LPUSHX" or "RPUSHX"; NULL a pop */
+    const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx); NULL a pop */
     const char *values;   /* a push: its values, as bulk strings */
     size_t vlen, nvalues; /* their bytes and how many */
 } pop_view;
@@ -82,36 +82,21 @@ static int blocking_pop(const request *r)
     return r->cmd != NULL && r->cmd->name[0] == 'b';
 }
 
-/* The push r is (LPUSH, RPUSH, LPUSHX, RPUSHX: as the script names it), or NULL. */
-static const char *push_of(const request *r)
-{
-    static const char *const pushes[][2] = {
-        {"lpush", "LPUSH"}, {"rpush", "RPUSH"}, {"lpushx", "LPUSHX"}, {"rpushx", "RPUSHX"}};
-    const char *name = r->cmd != NULL ? r->cmd->name : "";
-    for (size_t i = 0; i < sizeof(pushes) / sizeof(pushes[0]); i++) {
-        if (strcmp(name, pushes[i][0]) == 0) {
-            return pushes[i][1];
-        }
-    }
-    return NULL;
-}
-
 static int pop_of(const ferry *f, const request *r, pop_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *cmd;
     size_t clen;
-    long long want, argc;
-    v->push = push_of(r);
-    if (v->push != NULL) {
-        if ((argc = resp_read_header(&p, end, '*')) < 3 ||
-            resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
-            resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
-            return -1;
-        }
-        v->values = p;
-        v->vlen = (size_t)(end - p);
-        v->nvalues = (size_t)argc - 2;
+    long long want;
+    push_view pv;
+    v->push = NULL;
+    if (request_push_view(r, &pv) == 0) {
+        v->push = name; /* as the script calls it */
+        v->key = pv.key;
+        v->klen = pv.klen;
+        v->values = pv.tail;
+        v->vlen = pv.tlen;
+        v->nvalues = pv.nvalues;
         v->blocking = 0;
         v->side = NULL;
     } else {
@@ -218,15 +203,18 @@ int receipts_send(session *s, request *r, link *l)
     buf_init(&b);
     receipt_key(f, &v, r->rcpt, &key);
     /* A pop sent before, its move may have applied: the script looks
-     * first. A push is always the script (its reply kept in the receipt). */
+     * first. A push is always the script (its reply kept in the receipt),
+     * which looks first only if it was sent before. */
     int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL;
     if (v.push != NULL) {
         script_head(l, r, 2, ferry_receipt_push_lua, ferry_receipt_push_lua_len,
-                    ferry_receipt_push_lua_sha1, 6 + v.nvalues, &b);
+                    ferry_receipt_push_lua_sha1, 7 + v.nvalues, &b);
         buf_append_bulk(&b, "2", 1);
         buf_append_bulk(&b, v.key, v.klen);
         buf_append_bulk(&b, buf_head(&key), buf_used(&key));
         buf_append_bulk(&b, v.push, strlen(v.push));
+        /* Sent before: it may have applied, the script looks first. */
+        buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
         buf_append(&b, v.values, v.vlen);
     } else if (script) {
         script_head(l, r, 1, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len,
@@ -269,7 +257,7 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     int blocking = blocking_pop(r);
     if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
         log_info("receipts: Redis lacked the receipt script; client %llu's %s sent as EVAL",
-                 (unsigned long long)s->id, push_of(r) != NULL ? "push" : "pop");
+                 (unsigned long long)s->id, strstr(r->cmd->name, "push") != NULL ? "push" : "pop");
         r->flags |= REQ_F_RCPT_EVAL;
         return 1;
     }

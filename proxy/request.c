@@ -240,3 +240,25 @@ int request_verdict_data(const request *r)
 {
     return (r->flags & REQ_F_VERDICT) && request_reply_taken(r);
 }
+
+int request_push_view(const request *r, push_view *v)
+{
+    const command *cmd = r->cmd;
+    if (cmd == NULL ||
+        (strcmp(cmd->name, "lpush") != 0 && strcmp(cmd->name, "rpush") != 0 &&
+         strcmp(cmd->name, "lpushx") != 0 && strcmp(cmd->name, "rpushx") != 0)) {
+        return -1;
+    }
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    const char *name;
+    size_t nlen;
+    long long argc = resp_read_header(&p, end, '*');
+    if (argc < 3 || resp_read_bulk(&p, end, &name, &nlen) != 0 ||
+        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
+        return -1;
+    }
+    v->tail = p;
+    v->tlen = (size_t)(end - p);
+    v->nvalues = (size_t)argc - 2;
+    return 0;
+}

@@ -380,6 +380,9 @@ static int dispatch_one(session *s, request *r)
                     tmp = r->sp->reply;
                     buf_init(&r->sp->reply);
                 }
+                /* A receipt's command the offsets proved applied (decided
+                 * before this master was up): its receipt served too. */
+                receipts_reply(f, r, NULL, buf_head(&tmp), buf_used(&tmp));
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
                 buf_free(&tmp);
                 return DISPATCH_DONE;

@@ -806,7 +806,8 @@ class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
             time.sleep(0.05)
 
     def test_kill_master_under_load_replicas_ack(self):
-        # 4 producers + 4 consumers (RPOP and BRPOP: pop receipts), every
+        # 4 producers + 4 consumers (LPUSH: push receipts; RPOP and BRPOP:
+        # pop receipts), every
         # item once. CLUSTER_KILL9_RUNS=20 repeats it on fresh clusters and
         # prints the table (issue: exactly once, cluster mode).
         runs = max(1, int(os.environ.get('CLUSTER_KILL9_RUNS', '1')))
@@ -819,17 +820,21 @@ class ClusterDurableFailoverTest(KillUnderLoad, unittest.TestCase):
             fo = st['failover']
             row = (k + 1, lost, ndup, fo['decided_applied'], fo['decided_not_applied'],
                    fo['requests_ambiguous'], st['durability']['pop_receipts'],
-                   st['durability']['pop_receipts_found'])
+                   st['durability']['pop_receipts_found'], st['durability']['push_receipts'],
+                   st['durability']['push_receipts_found'])
             table.append(row)
             print('[cluster kill9 run %d] lost %d, duplicates %d; decided applied %d, not '
-                  'applied %d, ambiguous %d; pop receipts %d, found %d' % row, flush=True)
+                  'applied %d, ambiguous %d; pop receipts %d, found %d; push receipts %d, '
+                  'found %d' % row, flush=True)
             # the pushes waited for a replica: the masters ran ferry's WAITs
             waits = sum(n.client().info('commandstats').get('cmdstat_wait', {}).get('calls', 0)
                         for n in self.cluster.running())
             self.assertGreater(waits, 0)
             self.assertGreater(row[6], 0, 'pops went with receipts')
+            self.assertGreater(row[8], 0, 'pushes went with receipts')
         if runs > 1:
-            print('[cluster kill9] run lost dups applied not_applied ambiguous receipts found')
+            print('[cluster kill9] run lost dups applied not_applied ambiguous pop_receipts found '
+                  'push_receipts found')
             for row in table:
                 print(' '.join(str(x) for x in row))
 

@@ -1,7 +1,8 @@
 /* test_bracket.c - unit tests for proxy/bracket.c: the verdict on each side
  * of the new master's boundary (second_repl_offset - 1, the last byte of the
  * old stream it holds) and on it, a replication id that does not match, a
- * master without a backlog, and a bracket whose end is not known. */
+ * master without a backlog, and a bracket whose end is not known; which
+ * commands take data out, and a push's parts (a push's receipt, receipts.c). */
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 
 #include "bracket.h"
 #include "command.h"
+#include "ferry.h"
 
 #include <string.h>
 
@@ -194,11 +196,47 @@ static void test_takes_out_by_command(void **state)
     assert_false(command_takes_out(NULL));
 }
 
+/* r as a client's command: its bytes and its table entry. */
+static void as_command(request *r, const char *name, const char *bytes)
+{
+    memset(r, 0, sizeof(*r));
+    buf_init(&r->data);
+    buf_append(&r->data, bytes, strlen(bytes));
+    r->cmd = command_lookup(name, strlen(name));
+    assert_non_null(r->cmd);
+}
+
+static void test_push_view(void **state)
+{
+    (void)state;
+    request r;
+    push_view v;
+    as_command(&r, "rpush", "*4\r\n$5\r\nRPUSH\r\n$1\r\nq\r\n$2\r\nv1\r\n$3\r\nv22\r\n");
+    assert_int_equal(request_push_view(&r, &v), 0);
+    assert_int_equal(v.klen, 1);
+    assert_memory_equal(v.key, "q", 1);
+    assert_int_equal(v.nvalues, 2);
+    assert_int_equal(v.tlen, strlen("$2\r\nv1\r\n$3\r\nv22\r\n"));
+    assert_memory_equal(v.tail, "$2\r\nv1\r\n", 8);
+    buf_free(&r.data);
+    /* No value: Redis answers its arity error, nothing to view. */
+    as_command(&r, "lpushx", "*2\r\n$6\r\nLPUSHX\r\n$1\r\nq\r\n");
+    assert_int_equal(request_push_view(&r, &v), -1);
+    buf_free(&r.data);
+    /* Not a push. */
+    as_command(&r, "lpos", "*3\r\n$4\r\nLPOS\r\n$1\r\nq\r\n$1\r\nv\r\n");
+    assert_int_equal(request_push_view(&r, &v), -1);
+    buf_free(&r.data);
+    r.cmd = NULL;
+    assert_int_equal(request_push_view(&r, &v), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delivers_by_verdict_and_kind),
         cmocka_unit_test(test_takes_out_by_command),
+        cmocka_unit_test(test_push_view),
         cmocka_unit_test(test_bracket_below_boundary_applied),
         cmocka_unit_test(test_bracket_ends_on_boundary_applied),
         cmocka_unit_test(test_bracket_ends_one_past_boundary_ambiguous),
