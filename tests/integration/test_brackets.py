@@ -411,14 +411,17 @@ class BracketFailoverTest(AccountingChecks, unittest.TestCase):
             time.sleep(POST_RECOVERY)
             res = load.finish(lambda: current_master(topo))
             res.t_fault, res.t_recovered = t_fault, t_rec
-            fo = stats_json(ferry.stats_port)['failover']
+            st = stats_json(ferry.stats_port)
+            fo, du = st['failover'], st['durability']
             ndup = sum(n - 1 for n in res.duplicates.values())
             row = (k + 1, len(res.lost), ndup, fo['duplicates_known'], fo['decided_applied'],
                    fo['decided_not_applied'], fo['requests_ambiguous'],
                    sentinel_config_epoch(topo))
             table.append(row)
             print('[%s run %d] lost %d, duplicates %d, predicted %d; decided applied %d, '
-                  'not applied %d, ambiguous %d (config epoch %d)' % ((name,) + row), flush=True)
+                  'not applied %d, ambiguous %d (config epoch %d); receipts found: pushes %d, '
+                  'pops %d' % ((name,) + row + (du['push_receipts_found'],
+                                                du['pop_receipts_found'])), flush=True)
             self.check_accounting(res, topo, ferry)
             pops = held_pops(ferry)
             if pops:
