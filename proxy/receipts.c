@@ -66,7 +66,7 @@ extern const size_t ferry_receipt_push_lua_len;
 extern const char ferry_receipt_push_lua_sha1[];
 
 /* A pop's or a push's parts, read from its multibulk bytes. */
-typedef struct pop_view {
+typedef struct rcpt_view {
     const char *key, *timeout;
     size_t klen, tlen;
     const char *side; /* a pop: "LEFT" or "RIGHT" */
@@ -74,7 +74,7 @@ typedef struct pop_view {
     const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx); NULL a pop */
     const char *values;   /* a push: its values, as bulk strings */
     size_t vlen, nvalues; /* their bytes and how many */
-} pop_view;
+} rcpt_view;
 
 /* BRPOP or BLPOP (of r's pops, the blocking ones start with b). */
 static int blocking_pop(const request *r)
@@ -82,7 +82,7 @@ static int blocking_pop(const request *r)
     return r->cmd != NULL && r->cmd->name[0] == 'b';
 }
 
-static int pop_of(const ferry *f, const request *r, pop_view *v)
+static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *cmd;
@@ -129,7 +129,7 @@ static int pop_of(const ferry *f, const request *r, pop_view *v)
     return config_fallback_key(f->cfg, v->key, v->klen) ? 0 : -1;
 }
 
-static void receipt_key(ferry *f, const pop_view *v, uint64_t n, buf *out)
+static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
 {
     char tail[24];
     if (f->rcpt_token[0] == '\0') {
@@ -175,12 +175,12 @@ static void script_head(link *l, request *r, int bit, const char *lua, size_t lu
 int receipts_send(session *s, request *r, link *l)
 {
     ferry *f = s->f;
-    pop_view v;
+    rcpt_view v;
     if (r->rcpt == 0 && (l->up->replicas_ack <= 0 || l->who->user != NULL || tx_in_multi(s) ||
                          s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
         return 0;
     }
-    if (pop_of(f, r, &v) != 0 ||
+    if (rcpt_of(f, r, &v) != 0 ||
         (r->rcpt == 0 && !(v.push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
         return 0;
     }
@@ -316,12 +316,12 @@ void receipts_flush(ferry *f)
 
 int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
 {
-    pop_view v;
+    rcpt_view v;
     int blocking = blocking_pop(r);
     if (!(r->flags & REQ_F_RCPT) || n == 0 || (!blocking && !(n > 4 && p[0] == '*'))) {
         return 0; /* a pop's own move answers as the pop: nothing to put */
     }
-    if (pop_of(l->f, r, &v) != 0) {
+    if (rcpt_of(l->f, r, &v) != 0) {
         return 0;
     }
     const char *item = p;
@@ -357,9 +357,9 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
 
 void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 {
-    pop_view v;
+    rcpt_view v;
     if (!(r->flags & REQ_F_RCPT) || n == 0 || is_null(p, n) || p[0] == '-' ||
-        pop_of(f, r, &v) != 0) {
+        rcpt_of(f, r, &v) != 0) {
         return; /* nothing moved: no receipt */
     }
     if (f->cluster == NULL) {
@@ -412,8 +412,8 @@ static void put_back_send(ferry *f, put_back *b)
 
 void receipts_put_back(ferry *f, request *r)
 {
-    pop_view v;
-    if (!(r->flags & REQ_F_RCPT) || pop_of(f, r, &v) != 0) {
+    rcpt_view v;
+    if (!(r->flags & REQ_F_RCPT) || rcpt_of(f, r, &v) != 0) {
         return;
     }
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
