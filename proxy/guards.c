@@ -5,7 +5,11 @@
  * wrote it but as the guard script (guard_push.lua, embedded with its
  * SHA-1 at build time):
  *
- *   EVALSHA <sha1> 1 <key> <max_length> <push> <values...>
+ *   EVALSHA <sha1> 1 <key> <max_length> <push> - <values...>
+ *
+ * or, with the push's receipt (receipts.c, durability.push_receipts),
+ *
+ *   EVALSHA <sha1> 2 <key> <receipt> <max_length> <push> 0|1 <values...>
  *
  * The script reads LLEN and applies the push, or nothing, in one atomic
  * step: either Redis' own reply to the push (the new length) or
@@ -32,6 +36,7 @@
 #include "log.h"
 #include "resp.h"
 #include "queues.h"
+#include "receipts.h"
 #include "tx.h"
 
 extern const char ferry_guard_push_lua[];
@@ -86,9 +91,12 @@ int guards_send(session *s, request *r, link *l)
         link_internal(l, argv, 3, NULL, 0);
         l->guard_script = 1;
     }
-    buf b;
+    buf b, key;
     buf_init(&b);
-    buf_append_count(&b, '*', v.nvalues + 6);
+    buf_init(&key);
+    int before = 0;
+    int rcpt = receipts_guarded_push(s, r, l, &key, &before);
+    buf_append_count(&b, '*', v.nvalues + (rcpt ? 8 : 7));
     if (eval) {
         buf_append_bulk(&b, "EVAL", 4);
         buf_append_bulk(&b, ferry_guard_push_lua, ferry_guard_push_lua_len);
@@ -96,12 +104,18 @@ int guards_send(session *s, request *r, link *l)
         buf_append_bulk(&b, "EVALSHA", 7);
         buf_append_bulk(&b, ferry_guard_push_lua_sha1, strlen(ferry_guard_push_lua_sha1));
     }
-    buf_append_bulk(&b, "1", 1);
+    buf_append_bulk(&b, rcpt ? "2" : "1", 1);
     buf_append_bulk(&b, v.key, v.klen);
+    if (rcpt) {
+        buf_append_bulk(&b, buf_head(&key), buf_used(&key));
+    }
     int n = snprintf(num, sizeof(num), "%llu", (unsigned long long)cq->max_length);
     buf_append_bulk(&b, num, (size_t)n);
     buf_append_bulk(&b, r->cmd->name, strlen(r->cmd->name));
+    /* With a receipt sent before, the script looks for it first. */
+    buf_append_bulk(&b, rcpt ? (before ? "1" : "0") : "-", 1);
     buf_append(&b, v.tail, v.tlen);
+    buf_free(&key);
     r->flags |= REQ_F_GUARD;
     r->arg = q;
     if (cq->on_full == ON_FULL_BLOCK) {

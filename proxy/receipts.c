@@ -172,36 +172,58 @@ static void script_head(link *l, request *r, int bit, const char *lua, size_t lu
     }
 }
 
-int receipts_send(session *s, request *r, link *l)
+/* Whether r gets a receipt on l (1: its parts in *v, its key appended to
+ * key, counted), else 0. */
+static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key)
 {
     ferry *f = s->f;
-    rcpt_view v;
     if (r->rcpt == 0 && (l->up->replicas_ack <= 0 || l->who->user != NULL || tx_in_multi(s) ||
                          s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
         return 0;
     }
-    if (rcpt_of(f, r, &v) != 0 ||
-        (r->rcpt == 0 && !(v.push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
+    if (rcpt_of(f, r, v) != 0 ||
+        (r->rcpt == 0 && !(v->push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
         return 0;
     }
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
-        if (v.push != NULL) {
+        if (v->push != NULL) {
             f->stats.push_receipts++;
         } else {
             f->stats.pop_receipts++;
         }
     } else if (r->retries > 0) {
-        if (v.push != NULL) {
+        if (v->push != NULL) {
             f->stats.push_receipts_resent++;
         } else {
             f->stats.pop_receipts_resent++;
         }
     }
+    receipt_key(f, v, r->rcpt, key);
+    return 1;
+}
+
+int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before)
+{
+    rcpt_view v;
+    if (!receipt_claim(s, r, l, &v, key) || v.push == NULL) {
+        return 0;
+    }
+    *before = (r->flags & REQ_F_RCPT) != 0;
+    r->flags |= REQ_F_RCPT | REQ_F_RCPT_PROBE;
+    return 1;
+}
+
+int receipts_send(session *s, request *r, link *l)
+{
+    rcpt_view v;
     buf key, b;
     buf_init(&key);
+    if (!receipt_claim(s, r, l, &v, &key)) {
+        buf_free(&key);
+        return 0;
+    }
     buf_init(&b);
-    receipt_key(f, &v, r->rcpt, &key);
     /* A pop sent before, its move may have applied: the script looks
      * first. A push is always the script (its reply kept in the receipt),
      * which looks first only if it was sent before. */

@@ -10,6 +10,11 @@
  * otherwise nothing is sent (0). */
 int receipts_send(session *s, request *r, link *l);
 
+/* r, a push to a bounded queue about to go as the guard script
+ * (guards.c): 1 if it carries a receipt (its key appended to key; *before:
+ * it went with it before, so the script looks first), else 0. */
+int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before);
+
 /* A reply to r that means r must go again (1): Redis lacked the script
  * (now sent as EVAL), or a blocking pop sent again found no receipt and no
  * item (now the blocking move, with the time it has left). */

@@ -42,7 +42,8 @@ ATTEMPTS = 4  # the freeze must fall while the pop's reply is still in the maste
 @unittest.skipIf(DIRECT, 'ferry only')
 class LostPopReplyTest(unittest.TestCase):
     """kind: 'pop' (RPOP), 'bpop' (BRPOP), 'xread' (XREADGROUP ... >),
-    'bxread' (the same with BLOCK) or 'push' (LPUSH)."""
+    'bxread' (the same with BLOCK), 'push' (LPUSH) or 'gpush' (LPUSH to a
+    bounded queue: queues max_length)."""
 
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
@@ -53,7 +54,12 @@ class LostPopReplyTest(unittest.TestCase):
         # them whole, however loaded the machine is.
         topo = SentinelTopology(redis_conf={'client-output-buffer-limit': 'replica 0 0 0'})
         self.addCleanup(topo.stop)
-        f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
+        conf = dict(FAILOVER_CONF)
+        if kind == 'gpush':
+            # A bounded queue: the push goes as the guard's script, which
+            # keeps the receipt as well (guard_push.lua).
+            conf['queues'] = [{'keys': 'q', 'max_length': 100}]
+        f = Ferry(None, conf=conf, sentinel=topo)
         self.addCleanup(f.stop)
         m = topo.master()
         mc = m.client(socket_timeout=30)
@@ -88,7 +94,7 @@ class LostPopReplyTest(unittest.TestCase):
             p.get('big')     # ...then the large one the pop's reply waits behind
             if stream:
                 p.xreadgroup('g', 'c', {'s': '>'}, count=1, block=20000 if blocking else None)
-            elif kind == 'push':
+            elif kind in ('push', 'gpush'):
                 p.lpush('q', 'i4')
             elif blocking:
                 p.brpop('q', timeout=20)
@@ -102,7 +108,7 @@ class LostPopReplyTest(unittest.TestCase):
         t.start()
 
         def applied():
-            if kind == 'push':
+            if kind in ('push', 'gpush'):
                 return rc.llen('q') == 4
             return pending(rc) == 2 if stream else rc.llen('q') == 2
         deadline = time.monotonic() + 10
@@ -131,7 +137,7 @@ class LostPopReplyTest(unittest.TestCase):
             self.assertEqual((info['pending'], info['last-delivered-id']), (2, '2-0'))
             self.assertGreaterEqual(d['stream_reads_looked'], 1)
             return d['stream_reads_found']
-        if kind == 'push':
+        if kind in ('push', 'gpush'):
             # Pushed once, answered with the length the first push left.
             self.assertEqual(nm.lrange('q', 0, -1), ['i4', 'i1', 'i2', 'i3'],
                              'the push sent again pushed a second time')
@@ -169,6 +175,9 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_lpush_reply_lost_with_the_master(self):
         self.scenario('push')
+
+    def test_bounded_queue_lpush_reply_lost_with_the_master(self):
+        self.scenario('gpush')
 
     def test_xreadgroup_reply_lost_with_the_master(self):
         """The consumer's pending list is the read's receipt (xreads.c)."""
