@@ -671,8 +671,8 @@ const conf_entry conf_table[] = {
      .type = CONF_BOOL,
      CONF_FIELD(pop_receipts)},
     {.key = "durability.push_receipts",
-     .doc = "with replicas_ack: a push (LPUSH, RPUSH, LPUSHX, RPUSHX) to a key fallback.keys names "
-            "is sent as a script that also keeps its reply under a receipt key of its own, "
+     .doc = "with replicas_ack: a push (LPUSH, RPUSH, LPUSHX, RPUSHX, XADD) to a key fallback.keys "
+            "names is sent as a script that also keeps its reply under a receipt key of its own, "
             "deleted once the reply is in; the push sent again after a failover that lost its "
             "reply is answered from the receipt if the new master has it: never pushed twice",
      .type = CONF_BOOL,

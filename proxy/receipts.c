@@ -27,12 +27,12 @@
  * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
  * its queue, at the end it came from, on the next master: undone.
  *
- * A push (LPUSH, RPUSH, LPUSHX, RPUSHX of a key fallback.keys names) dies
+ * A push (LPUSH, RPUSH, LPUSHX, RPUSHX, XADD of a key fallback.keys names) dies
  * the same way: sent and unanswered when the master died, the promoted
  * replica may have it, and sent again it would be there twice. So it goes,
  * every time, as the push receipt script (receipt_push.lua): the push and
- * its reply (the list's length) kept under its receipt in one step; the
- * push sent again answers that length ({length}: push_receipts_found) if
+ * its reply (the list's length, XADD's id) kept under its receipt in one
+ * step; the push sent again answers that reply ({reply}: push_receipts_found) if
  * the new master has the receipt, else pushes. Its receipt is deleted as a
  * pop's. A push ferry answers itself (-TRYAGAIN, the fallback store) has
  * nothing put back: the client was told it may not have applied.
@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "clustermap.h"
 #include "config.h"
@@ -71,8 +72,8 @@ typedef struct rcpt_view {
     size_t klen, tlen;
     const char *side; /* a pop: "LEFT" or "RIGHT" */
     int blocking;
-    const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx); NULL a pop */
-    const char *values;   /* a push: its values, as bulk strings */
+    const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx, xadd); NULL a pop */
+    const char *values;   /* a push: its values (XADD: all after the key), as bulk strings */
     size_t vlen, nvalues; /* their bytes and how many */
 } rcpt_view;
 
@@ -80,6 +81,31 @@ typedef struct rcpt_view {
 static int blocking_pop(const request *r)
 {
     return r->cmd != NULL && r->cmd->name[0] == 'b';
+}
+
+#define XADD_ARGS_MAX 7000 /* inside the script: Lua's unpack takes about 8 000 */
+
+/* An XADD's key and the arguments after it (*v; 0), unless it has
+ * NOMKSTREAM (its null reply has no receipt to keep) or too many (-1). */
+static int xadd_of(const request *r, push_view *v)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a;
+    size_t alen;
+    long long argc = resp_read_header(&p, end, '*');
+    if (argc < 5 || argc - 2 > XADD_ARGS_MAX || resp_read_bulk(&p, end, &a, &alen) != 0 ||
+        resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
+        return -1;
+    }
+    v->tail = p;
+    v->tlen = (size_t)(end - p);
+    v->nvalues = (size_t)argc - 2;
+    for (long long i = 2; i < argc; i++) {
+        if (resp_read_bulk(&p, end, &a, &alen) != 0 ||
+            (alen == 10 && strncasecmp(a, "nomkstream", 10) == 0)) {
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
@@ -90,7 +116,7 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     long long want;
     push_view pv;
     v->push = NULL;
-    if (request_push_view(r, &pv) == 0) {
+    if (strcmp(name, "xadd") == 0 ? xadd_of(r, &pv) == 0 : request_push_view(r, &pv) == 0) {
         v->push = name; /* as the script calls it */
         v->key = pv.key;
         v->klen = pv.klen;

@@ -244,9 +244,8 @@ int request_verdict_data(const request *r)
 int request_push_view(const request *r, push_view *v)
 {
     const command *cmd = r->cmd;
-    if (cmd == NULL ||
-        (strcmp(cmd->name, "lpush") != 0 && strcmp(cmd->name, "rpush") != 0 &&
-         strcmp(cmd->name, "lpushx") != 0 && strcmp(cmd->name, "rpushx") != 0)) {
+    if (cmd == NULL || (strcmp(cmd->name, "lpush") != 0 && strcmp(cmd->name, "rpush") != 0 &&
+                        strcmp(cmd->name, "lpushx") != 0 && strcmp(cmd->name, "rpushx") != 0)) {
         return -1;
     }
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);

@@ -283,6 +283,8 @@ class VerdictTest(unittest.TestCase):
 
     def test_xadd_id_not_on_new_master_sent_again(self):
         # XADD's reply is data it made (the entry's id), not an item taken out.
+        # Without its receipt (durability.push_receipts: false), decided by
+        # its bracket (with it: test_receipts, decided by the new master).
         def first(s):
             resp_send(s, ['XADD', '{q}:s', '*', 'n', '1'])
             self.assertIsInstance(resp_read_reply(s), bytes)
@@ -295,9 +297,11 @@ class VerdictTest(unittest.TestCase):
                           (got, ids))
             self.assertEqual(len(ids), 2, ids)
 
-        self.made_data_across_kill(first, lambda mc: mc.xlen('{q}:s') == 2, on_new, 'write')
+        no_receipts = merged(FAILOVER_CONF, {'durability': {'push_receipts': False}})
+        self.made_data_across_kill(first, lambda mc: mc.xlen('{q}:s') == 2, on_new, 'write',
+                                   conf=no_receipts)
 
-    def made_data_across_kill(self, first, ran, on_new, kind):
+    def made_data_across_kill(self, first, ran, on_new, kind, conf=FAILOVER_CONF):
         # A write whose reply is data it made, answered by a master killed
         # before a replica had it, its bracket straddling the boundary: its
         # lower end is its link's last ROLE, and writes the replicas hold
@@ -307,7 +311,7 @@ class VerdictTest(unittest.TestCase):
         # its id given to the next add: BullMQ through ferry in cluster
         # mode, 1 run in 60). Sent again, it runs on the new master once
         # and its reply names what the new master has.
-        topo, master, f, s = self.ferry_on_sentinel()
+        topo, master, f, s = self.ferry_on_sentinel(conf)
         again = first(s)  # confirmed by a replica: its link's ROLE answered
         mc = master.client()
         for _ in range(5):

@@ -42,8 +42,8 @@ ATTEMPTS = 4  # the freeze must fall while the pop's reply is still in the maste
 @unittest.skipIf(DIRECT, 'ferry only')
 class LostPopReplyTest(unittest.TestCase):
     """kind: 'pop' (RPOP), 'bpop' (BRPOP), 'xread' (XREADGROUP ... >),
-    'bxread' (the same with BLOCK), 'push' (LPUSH) or 'gpush' (LPUSH to a
-    bounded queue: queues max_length)."""
+    'bxread' (the same with BLOCK), 'push' (LPUSH), 'gpush' (LPUSH to a
+    bounded queue: queues max_length) or 'xadd' (XADD, its id made by Redis)."""
 
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
@@ -96,6 +96,8 @@ class LostPopReplyTest(unittest.TestCase):
                 p.xreadgroup('g', 'c', {'s': '>'}, count=1, block=20000 if blocking else None)
             elif kind in ('push', 'gpush'):
                 p.lpush('q', 'i4')
+            elif kind == 'xadd':
+                p.xadd('s', {'n': 'e5'})
             elif blocking:
                 p.brpop('q', timeout=20)
             else:
@@ -110,6 +112,8 @@ class LostPopReplyTest(unittest.TestCase):
         def applied():
             if kind in ('push', 'gpush'):
                 return rc.llen('q') == 4
+            if kind == 'xadd':
+                return rc.xlen('s') == 5
             return pending(rc) == 2 if stream else rc.llen('q') == 2
         deadline = time.monotonic() + 10
         while not applied() and time.monotonic() < deadline:
@@ -137,6 +141,15 @@ class LostPopReplyTest(unittest.TestCase):
             self.assertEqual((info['pending'], info['last-delivered-id']), (2, '2-0'))
             self.assertGreaterEqual(d['stream_reads_looked'], 1)
             return d['stream_reads_found']
+        if kind == 'xadd':
+            # Added once, answered with the id the first XADD gave.
+            entries = nm.xrange('s')
+            self.assertEqual([e[1]['n'] for e in entries], ['e1', 'e2', 'e3', 'e4', 'e5'],
+                             'the XADD sent again added a second entry')
+            self.assertEqual(res[2], entries[-1][0])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['push_receipts_found']
         if kind in ('push', 'gpush'):
             # Pushed once, answered with the length the first push left.
             self.assertEqual(nm.lrange('q', 0, -1), ['i4', 'i1', 'i2', 'i3'],
@@ -178,6 +191,9 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_bounded_queue_lpush_reply_lost_with_the_master(self):
         self.scenario('gpush')
+
+    def test_xadd_reply_lost_with_the_master(self):
+        self.scenario('xadd')
 
     def test_xreadgroup_reply_lost_with_the_master(self):
         """The consumer's pending list is the read's receipt (xreads.c)."""
