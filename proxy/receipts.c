@@ -65,6 +65,8 @@ extern const char ferry_receipt_pop_lua_sha1[];
 extern const char ferry_receipt_push_lua[];
 extern const size_t ferry_receipt_push_lua_len;
 extern const char ferry_receipt_push_lua_sha1[];
+extern const char ferry_receipt_tx_lua[];
+extern const size_t ferry_receipt_tx_lua_len;
 
 /* A pop's or a push's parts, read from its multibulk bytes. */
 typedef struct rcpt_view {
@@ -116,6 +118,13 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     long long want;
     push_view pv;
     v->push = NULL;
+    if (r->route == RT_EXEC) {
+        /* A transaction sent as the receipt script (receipts_tx_send). */
+        memset(v, 0, sizeof(*v));
+        v->push = "exec";
+        v->key = "";
+        return f->cluster == NULL ? 0 : -1;
+    }
     if (strcmp(name, "xadd") == 0 ? xadd_of(r, &pv) == 0 : request_push_view(r, &pv) == 0) {
         v->push = name; /* as the script calls it */
         v->key = pv.key;
@@ -211,19 +220,12 @@ static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key
         (r->rcpt == 0 && !(v->push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
         return 0;
     }
+    int push = v->push != NULL;
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
-        if (v->push != NULL) {
-            f->stats.push_receipts++;
-        } else {
-            f->stats.pop_receipts++;
-        }
+        (*(push ? &f->stats.push_receipts : &f->stats.pop_receipts))++;
     } else if (r->retries > 0) {
-        if (v->push != NULL) {
-            f->stats.push_receipts_resent++;
-        } else {
-            f->stats.pop_receipts_resent++;
-        }
+        (*(push ? &f->stats.push_receipts_resent : &f->stats.pop_receipts_resent))++;
     }
     receipt_key(f, v, r->rcpt, key);
     return 1;
@@ -240,10 +242,15 @@ int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before
     return 1;
 }
 
+static int receipts_tx_send(session *s, request *r, link *l);
+
 int receipts_send(session *s, request *r, link *l)
 {
     rcpt_view v;
     buf key, b;
+    if (r->route == RT_EXEC) {
+        return receipts_tx_send(s, r, l);
+    }
     buf_init(&key);
     if (!receipt_claim(s, r, l, &v, &key)) {
         buf_free(&key);
@@ -326,11 +333,23 @@ typedef struct put_back {
     size_t klen;
 } put_back;
 
+#define RECENT_MAX 16384 /* receipts a generation keeps to delete again on a next master */
+#define RECENT_MS 10000  /* a generation's span */
+
 struct receipts {
     put_back *pb; /* receipts to put back, oldest first */
     size_t n, cap;
     buf dels; /* receipts served this turn, as DEL's arguments (not in cluster mode) */
     size_t ndels;
+    /* Receipts deleted lately ([0] since recent_at, [1] the span before),
+     * as DEL's arguments: a DEL sent to a master in its last moments may
+     * not have reached its replicas, so the next master may still hold the
+     * receipt; they are deleted there again (del_epoch: the master's epoch
+     * the DELs went to). A receipt key is never used twice: a late DEL
+     * deletes nothing else. */
+    buf recent[2];
+    size_t nrecent[2];
+    uint64_t recent_at, del_epoch;
 };
 
 static struct receipts *receipts_of(ferry *f)
@@ -338,8 +357,43 @@ static struct receipts *receipts_of(ferry *f)
     if (f->receipts == NULL) {
         f->receipts = xcalloc(1, sizeof(*f->receipts));
         buf_init(&f->receipts->dels);
+        buf_init(&f->receipts->recent[0]);
+        buf_init(&f->receipts->recent[1]);
     }
     return f->receipts;
+}
+
+static void send_del(link *l, const buf *keys, size_t n)
+{
+    buf del;
+    buf_init(&del);
+    buf_append_count(&del, '*', n + 1);
+    buf_append_bulk(&del, "DEL", 3);
+    buf_append(&del, buf_head(keys), buf_used(keys));
+    link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
+    buf_free(&del);
+}
+
+/* l, the master, is a new one: the receipts deleted lately on the one
+ * before are deleted here too. */
+static void recent_again(ferry *f, struct receipts *rc, link *l)
+{
+    if (rc->del_epoch == l->epoch) {
+        return;
+    }
+    size_t n = rc->nrecent[0] + rc->nrecent[1];
+    if (rc->del_epoch != 0 && n > 0) {
+        for (int g = 1; g >= 0; g--) {
+            if (rc->nrecent[g] > 0) {
+                send_del(l, &rc->recent[g], rc->nrecent[g]);
+            }
+        }
+        f->stats.receipts_deleted_again += n;
+        log_info("receipts: %zu receipt(s) deleted lately on the master before deleted again on "
+                 "this one (a DEL may have died with that master)",
+                 n);
+    }
+    rc->del_epoch = l->epoch;
 }
 
 void receipts_flush(ferry *f)
@@ -349,23 +403,188 @@ void receipts_flush(ferry *f)
         return;
     }
     link *l = clustermap_key_link(f, "", 0, NULL, 0, 2); /* not in cluster mode: the master */
-    if (l != NULL) {
-        buf del;
-        buf_init(&del);
-        buf_append_count(&del, '*', rc->ndels + 1);
-        buf_append_bulk(&del, "DEL", 3);
-        buf_append(&del, buf_head(&rc->dels), buf_used(&rc->dels));
-        link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
-        buf_free(&del);
+    if (l == NULL) {
+        return; /* kept for the next master */
     }
+    recent_again(f, rc, l);
+    send_del(l, &rc->dels, rc->ndels);
+    uint64_t now = uv_now(f->loop);
+    if (now - rc->recent_at >= RECENT_MS || rc->nrecent[0] + rc->ndels > RECENT_MAX) {
+        buf t = rc->recent[1];
+        rc->recent[1] = rc->recent[0];
+        rc->nrecent[1] = rc->nrecent[0];
+        rc->recent[0] = t;
+        buf_clear(&rc->recent[0]);
+        rc->nrecent[0] = 0;
+        rc->recent_at = now;
+    }
+    buf_append(&rc->recent[0], buf_head(&rc->dels), buf_used(&rc->dels));
+    rc->nrecent[0] += rc->ndels;
     buf_clear(&rc->dels);
     rc->ndels = 0;
+}
+
+/* ------------------------------------------------------- transactions
+ *
+ * A transaction with a push of a queue (RQ's enqueue: MULTI, HSET, RPUSH,
+ * EXEC) dies the same way: EXEC sent and unanswered when the master died,
+ * the promoted replica may have it all, and rebuilt and sent again it would
+ * push twice. Redis keeps no reply of a transaction, and nothing inside
+ * MULTI can see another command's reply; a script can. So a transaction
+ * whose every command answers the same in RESP2 and RESP3 and fits a Lua
+ * number (the list below), unwatched, on ferry's own user, db 0, outside
+ * cluster mode, with a push of a key fallback.keys names, goes at EXEC as
+ *
+ *   DISCARD                               (the MULTI Redis queued: dropped)
+ *   EVAL <receipt_tx> 1 <receipt> 0|1 <argc> <arg>... <argc> <arg>...
+ *
+ * the commands (kept as they were sent: s->tx_cmds) run in turn in one
+ * step, EXEC's reply kept under the receipt. What Redis refuses at queue
+ * time (which aborts EXEC) it refuses the script for too, whole: a replica,
+ * no good replicas, no memory (a write script); a wrong number of
+ * arguments is caught here (EXEC goes as written). Sent again (its link
+ * lost: the transaction rebuilt, then EXEC again), the script looks first
+ * and answers the kept reply if the new master has the receipt. It is sent
+ * whole each time (EVAL): no NOSCRIPT can reach a transaction. */
+
+#define TXR_OTHER 1u     /* a command the script does not take: EXEC as written */
+#define TXR_PUSH 2u      /* a push of a key fallback.keys names */
+#define TX_ARGS_MAX 7000 /* a command's arguments: Lua's unpack takes about 8 000 */
+
+/* Commands the script runs as EXEC would: replies of integers within 2^53
+ * (counts, lengths, 0 or 1), status, bulk strings or null, the same in both
+ * protocols (no INCR: its integer can pass a Lua number; no map, double or
+ * set replies). */
+static int tx_takes(const char *name)
+{
+    static const char *const names[] = {
+        "lpush",     "rpush",   "lpushx", "rpushx", "hset",      "hmset",   "hsetnx",
+        "hdel",      "sadd",    "srem",   "zrem",   "set",       "setex",   "psetex",
+        "setnx",     "del",     "unlink", "exists", "expire",    "pexpire", "expireat",
+        "pexpireat", "persist", "lrem",   "ltrim",  "xadd",      "get",     "hget",
+        "llen",      "hlen",    "scard",  "zcard",  "sismember", "hexists"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strcmp(name, names[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void receipts_tx_note(session *s, const request *r)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
+    push_view pv;
+    if ((s->tx_rcpt & TXR_OTHER) || r->seq <= s->tx_noted) {
+        return; /* (a command sent again after a lost link is noted already) */
+    }
+    s->tx_noted = r->seq;
+    long long argc = resp_read_header(&p, end, '*');
+    int arity = r->cmd != NULL ? r->cmd->arity : 0;
+    if (!s->f->cfg->push_receipts || r->cmd == NULL || !tx_takes(r->cmd->name) ||
+        argc > TX_ARGS_MAX || (arity > 0 ? argc != arity : argc < -arity)) {
+        s->tx_rcpt |= TXR_OTHER;
+        buf_free(&s->tx_cmds);
+        return;
+    }
+    if (request_push_view(r, &pv) == 0 && config_fallback_key(s->f->cfg, pv.key, pv.klen)) {
+        s->tx_rcpt |= TXR_PUSH;
+    }
+    buf_append(&s->tx_cmds, buf_head(&r->data), buf_used(&r->data));
+}
+
+static int receipts_tx_send(session *s, request *r, link *l)
+{
+    ferry *f = s->f;
+    if (s->tx != TX_EXEC_SENT || s->tx_rcpt != TXR_PUSH || f->cluster != NULL || s->db != 0 ||
+        s->ident != NULL || l->up->replicas_ack <= 0 || l->who->user != NULL) {
+        return 0;
+    }
+    /* The script's arguments, from the commands as they were queued. */
+    buf args, b, key;
+    size_t argc = 0;
+    const char *p = buf_head(&s->tx_cmds), *end = p + buf_used(&s->tx_cmds);
+    buf_init(&args);
+    while (p < end) {
+        long long n = resp_read_header(&p, end, '*');
+        const char *start = p, *a;
+        size_t alen;
+        char num[24];
+        for (long long i = 0; i < n; i++) {
+            if (resp_read_bulk(&p, end, &a, &alen) != 0) {
+                n = -1;
+                break;
+            }
+        }
+        if (n <= 0) {
+            buf_free(&args);
+            return 0; /* (never: ferry wrote these) EXEC as written */
+        }
+        buf_append_bulk(&args, num, (size_t)snprintf(num, sizeof(num), "%lld", n));
+        buf_append(&args, start, (size_t)(p - start));
+        argc += 1 + (size_t)n;
+    }
+    if (r->rcpt == 0) {
+        r->rcpt = ++f->rcpt_next;
+        f->stats.transaction_receipts++;
+    } else if (r->retries > 0 || (r->flags & REQ_F_RCPT)) {
+        f->stats.transaction_receipts_resent++;
+    }
+    rcpt_view v;
+    buf_init(&key);
+    buf_init(&b);
+    rcpt_of(f, r, &v);
+    receipt_key(f, &v, r->rcpt, &key);
+    /* Redis' MULTI ends here; the script follows, whole (EVAL). */
+    static const char *const discard[] = {"DISCARD"};
+    link_internal(l, discard, 1, NULL, 0);
+    r->flags |= REQ_F_RCPT_EVAL;
+    script_head(l, r, 4, ferry_receipt_tx_lua, ferry_receipt_tx_lua_len, NULL, 5 + argc, &b);
+    buf_append_bulk(&b, "1", 1);
+    buf_append_bulk(&b, buf_head(&key), buf_used(&key));
+    buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
+    buf_append(&b, buf_head(&args), buf_used(&args));
+    r->flags |= REQ_F_RCPT | REQ_F_RCPT_PROBE;
+    link_send_as(l, r, buf_head(&b), buf_used(&b));
+    buf_free(&b);
+    buf_free(&key);
+    buf_free(&args);
+    return 1;
+}
+
+/* The script's reply as EXEC's: {replies} or {replies, 1} (the receipt
+ * held them) unwrapped; the script refused whole (no memory, no good
+ * replicas, busy) in Redis' words for an EXEC it refuses. A master that
+ * turned replica (READONLY...) is left as it is: the router sends the
+ * transaction to the next master, as it does a refused command of it. */
+static int tx_reshape(ferry *f, const char *p, size_t n, buf *out)
+{
+    static const char abort_head[] = "-EXECABORT Transaction discarded because of: ";
+    link_refusal why = link_reply_refusal(p, n);
+    if (n > 1 && p[0] == '-' && (why == REFUSAL_NONE || why == REFUSAL_NOREPLICAS)) {
+        buf_append(out, abort_head, sizeof(abort_head) - 1);
+        buf_append(out, p + 1, n - 1);
+        return 1;
+    }
+    if (n > 8 && memcmp(p, "*2\r\n", 4) == 0 && memcmp(p + n - 4, ":1\r\n", 4) == 0) {
+        f->stats.transaction_receipts_found++;
+        buf_append(out, p + 4, n - 8);
+        return 1;
+    }
+    if (n > 4 && memcmp(p, "*1\r\n", 4) == 0) {
+        buf_append(out, p + 4, n - 4);
+        return 1;
+    }
+    return 0;
 }
 
 int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
 {
     rcpt_view v;
     int blocking = blocking_pop(r);
+    if ((r->flags & REQ_F_RCPT) && r->route == RT_EXEC) {
+        return tx_reshape(l->f, p, n, out);
+    }
     if (!(r->flags & REQ_F_RCPT) || n == 0 || (!blocking && !(n > 4 && p[0] == '*'))) {
         return 0; /* a pop's own move answers as the pop: nothing to put */
     }
@@ -511,6 +730,12 @@ void receipts_tick(ferry *f)
     if (rc == NULL) {
         return;
     }
+    if (f->cluster == NULL && rc->del_epoch != 0) {
+        link *l = clustermap_key_link(f, "", 0, NULL, 0, 2);
+        if (l != NULL) {
+            recent_again(f, rc, l);
+        }
+    }
     for (size_t i = 0; i < rc->n; i++) {
         put_back_send(f, &rc->pb[i]);
         if (rc->pb[i].key != NULL) {
@@ -532,6 +757,8 @@ void receipts_free(ferry *f)
     }
     free(rc->pb);
     buf_free(&rc->dels);
+    buf_free(&rc->recent[0]);
+    buf_free(&rc->recent[1]);
     free(rc);
     f->receipts = NULL;
 }

@@ -15,6 +15,10 @@ int receipts_send(session *s, request *r, link *l);
  * it went with it before, so the script looks first), else 0. */
 int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before);
 
+/* r, a command queued in its session's MULTI: noted for whether the
+ * transaction can go as the receipt script at EXEC (receipts.c). */
+void receipts_tx_note(session *s, const request *r);
+
 /* A reply to r that means r must go again (1): Redis lacked the script
  * (now sent as EVAL), or a blocking pop sent again found no receipt and no
  * item (now the blocking move, with the time it has left). */

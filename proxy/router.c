@@ -599,13 +599,20 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_WAIT; /* the tunnel starts once everything before is answered */
     }
     link *target;
+    int ahead = tx_precedes(s, r); /* sent before the MULTI rebuilt: goes ahead of it */
     if (dedicated) {
         if (s->dlink == NULL) {
             if (s->inflight > 0) {
                 return DISPATCH_WAIT; /* never in flight on two links: ordering */
             }
+            if (ahead && s->tx == TX_MULTI_REBUILD) {
+                s->tx_deferred = TX_DEFER_BEHIND;
+            }
             router_lend(s, up);
-        } else if (s->tx_deferred) {
+        } else if (s->tx_deferred && !ahead) {
+            if (s->tx_deferred == TX_DEFER_BEHIND) {
+                s->tx_deferred = 0; /* rebuilt now, behind them */
+            }
             tx_on_lend(s, s->dlink); /* cluster mode: the MULTI ferry answered goes first */
         }
         target = s->dlink;
@@ -648,8 +655,10 @@ static int dispatch_one(session *s, request *r)
     }
     /* A command queued in a MULTI is covered by the WAIT after EXEC; any
      * other write gets its own. */
-    if (!tx_queue(s, r) && (r->flags & REQ_F_WRITE) && up->replicas_ack > 0 &&
-        r->route != RT_EXEC && !tx_in_multi(s)) {
+    if (tx_queue(s, r)) {
+        receipts_tx_note(s, r);
+    } else if ((r->flags & REQ_F_WRITE) && up->replicas_ack > 0 && r->route != RT_EXEC &&
+               (!tx_in_multi(s) || ahead)) {
         r->flags |= REQ_F_ACK;
     }
     if (r->flags & REQ_F_REARM) {

@@ -95,6 +95,12 @@ typedef struct session {
                                   the first command on the link of that command's shard */
     int tx_spoiled;            /* cluster mode: the cluster refused a rebuilt command: the
                                   transaction on its link is aborted, rebuilt on another */
+    unsigned tx_rcpt;          /* what its open MULTI holds, for a receipt at EXEC
+                                  (receipts_tx_note: a push of a queue, or a command the
+                                  receipt script does not take) */
+    buf tx_cmds;               /* its commands as sent, while they may go as that script */
+    uint64_t tx_noted;         /* the last of them noted there (its seq) */
+    uint64_t tx_seq;           /* the seq of the MULTI that opened its transaction */
     int multi_refused;         /* cluster mode: ferry refused its MULTI: what follows is
                                   refused too, until EXEC (-EXECABORT) or DISCARD */
     int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */

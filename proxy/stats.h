@@ -294,6 +294,21 @@ typedef enum stat_type {
     X(durability, push_receipts_found, COUNTER, "ferry_durability_push_receipts_found_total",      \
       "pushes sent again whose receipt held the first one's reply: answered with it, not pushed "  \
       "again (the reply the failover lost)")                                                       \
+    X(durability, transaction_receipts, COUNTER, "ferry_durability_transaction_receipts_total",    \
+      "transactions with a push of a queue sent at EXEC as a script that keeps EXEC's reply "      \
+      "under a receipt key (durability.push_receipts)")                                            \
+    X(durability, transaction_receipts_resent, COUNTER,                                            \
+      "ferry_durability_transaction_receipts_resent_total",                                        \
+      "of those, transactions sent again after their link was lost: answered from the receipt "    \
+      "when the new master has it")                                                                \
+    X(durability, transaction_receipts_found, COUNTER,                                             \
+      "ferry_durability_transaction_receipts_found_total",                                         \
+      "transactions sent again whose receipt held the first one's reply: answered with it, not "   \
+      "run again")                                                                                 \
+    X(durability, receipts_deleted_again, COUNTER,                                                 \
+      "ferry_durability_receipts_deleted_again_total",                                             \
+      "receipts deleted on a master in its last seconds, deleted again on the next one (their "    \
+      "DEL may have died with the first)")                                                         \
     X(durability, stream_reads_looked, COUNTER, "ferry_durability_stream_reads_looked_total",      \
       "XREADGROUP '>' reads sent again (their reply lost with a link, or refused) that first "     \
       "read the consumer's pending entries after the ones it was handed")                          \

@@ -56,6 +56,10 @@ void tx_set(session *s, tx_state st)
         s->tx_pin = 0;
         s->tx_deferred = 0;
         s->tx_spoiled = 0;
+        s->tx_rcpt = 0;
+        s->tx_noted = 0;
+        s->tx_seq = 0;
+        buf_free(&s->tx_cmds);
         buf_clear(&s->tx_log);
         buf_shrink(&s->tx_log, 4096);
     }
@@ -70,6 +74,11 @@ int router_holds_state(const session *s)
 int router_multi_open(const session *s)
 {
     return s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING;
+}
+
+int tx_precedes(const session *s, const request *r)
+{
+    return (s->tx == TX_MULTI_REBUILD || s->tx == TX_MULTI_WATCH_LOST) && r->seq < s->tx_seq;
 }
 
 int tx_in_multi(const session *s)
@@ -188,7 +197,7 @@ int tx_answer(session *s, request *r)
             s, r, "-EXECABORT Transaction discarded because of previous errors.\r\n");
         return 1;
     }
-    if (s->tx == TX_MULTI_WATCH_LOST) {
+    if (s->tx == TX_MULTI_WATCH_LOST && !tx_precedes(s, r)) {
         answer_watch_lost(s, r);
         return 1;
     }
@@ -237,6 +246,7 @@ void tx_on_send(session *s, request *r, int ack)
     case RT_MULTI:
         if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
             tx_set(s, s->tx == TX_NONE ? TX_MULTI : TX_MULTI_WATCHING);
+            s->tx_seq = r->seq;
         }
         break;
     case RT_EXEC:
@@ -273,8 +283,8 @@ void tx_on_send(session *s, request *r, int ack)
 
 int tx_queue(session *s, request *r)
 {
-    if (!tx_in_multi(s) || r->route == RT_MULTI || r->route == RT_EXEC || r->route == RT_DISCARD ||
-        r->route == RT_WATCH) {
+    if (!tx_in_multi(s) || tx_precedes(s, r) || r->route == RT_MULTI || r->route == RT_EXEC ||
+        r->route == RT_DISCARD || r->route == RT_WATCH) {
         return 0;
     }
     r->flags |= REQ_F_TXLOG; /* queued: kept to rebuild the transaction */
@@ -349,7 +359,7 @@ static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
 void tx_on_lend(session *s, link *l)
 {
     static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
-    if (s->tx != TX_MULTI_REBUILD) {
+    if (s->tx != TX_MULTI_REBUILD || s->tx_deferred == TX_DEFER_BEHIND) {
         return;
     }
     link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
@@ -443,6 +453,7 @@ int tx_cluster_answer(session *s, request *r)
         return 0;
     }
     tx_set(s, TX_MULTI_REBUILD); /* an empty log: MULTI goes with the first command */
+    s->tx_seq = r->seq;
     s->tx_deferred = 1;
     s->f->session_ops->answer_str(s, r, "+OK\r\n");
     return 1;

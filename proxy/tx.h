@@ -14,6 +14,15 @@ struct link;
 void tx_set(session *s, tx_state st);
 /* MULTI was given and neither EXEC nor DISCARD yet, whatever its link. */
 int tx_in_multi(const session *s);
+
+/* r was sent before the MULTI of s's transaction, which its link's loss
+ * left to rebuild (or to end in a watch conflict): sent again, it goes
+ * ahead of the rebuilt MULTI, outside the transaction. */
+int tx_precedes(const session *s, const request *r);
+
+/* s->tx_deferred: the rebuilt MULTI waits behind requests sent before it
+ * (tx_precedes); 1 is cluster mode's MULTI answered by ferry. */
+#define TX_DEFER_BEHIND 2
 /* ferry refused r itself (RT_ERROR): inside a MULTI, EXEC aborts. */
 void tx_on_refused_locally(session *s, request *r);
 /* ferry answered MULTI r itself with an error: what follows is refused

@@ -24,6 +24,12 @@ sent again was on the new master twice (checked with push_receipts off:
 ['i4', 'i4', 'i1', 'i2', 'i3']); with it, once, and its reply is the length
 the first push left (4), kept in the receipt.
 
+The same for a transaction with a push (RQ's enqueue: MULTI, HSET, RPUSH,
+EXEC), which goes as the transaction receipt script. Without its receipt
+the transaction rebuilt and sent again ran twice (checked with
+push_receipts off: ['i1', 'i2', 'i3', 'i4', 'i4'], HSET answered 0); with
+it, once, answered with the first run's replies.
+
 Run: python3 -m unittest test_receipts -v
 """
 import os
@@ -32,7 +38,8 @@ import time
 import unittest
 
 from failover_load import FAILOVER_CONF, current_master
-from harness import DIRECT, Ferry, SentinelTopology, wait_until
+from harness import (DIRECT, Ferry, SentinelTopology, resp_encode, resp_read_reply, resp_send,
+                     wait_until)
 from test_stats import stats_json
 
 BIG = int(os.environ.get('RECEIPT_BIG_MB', '32')) << 20  # the reply the pop's waits behind
@@ -43,7 +50,8 @@ ATTEMPTS = 4  # the freeze must fall while the pop's reply is still in the maste
 class LostPopReplyTest(unittest.TestCase):
     """kind: 'pop' (RPOP), 'bpop' (BRPOP), 'xread' (XREADGROUP ... >),
     'bxread' (the same with BLOCK), 'push' (LPUSH), 'gpush' (LPUSH to a
-    bounded queue: queues max_length) or 'xadd' (XADD, its id made by Redis)."""
+    bounded queue: queues max_length), 'xadd' (XADD, its id made by Redis) or
+    'tx' (MULTI, HSET, RPUSH, EXEC)."""
 
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
@@ -86,12 +94,28 @@ class LostPopReplyTest(unittest.TestCase):
             # Pinned to a dedicated link: the GET and the blocking call go
             # on the same connection, in order.
             c.client_setname('pinned')
+        if kind == 'tx':
+            sk = f.raw(timeout=60)
+            self.addCleanup(sk.close)
+            resp_send(sk, resp_encode('CLIENT', 'SETNAME', 'pinned'))  # as above
+            self.assertEqual(resp_read_reply(sk), 'OK')
         out = {}
 
         def run():
             p = c.pipeline(transaction=False)
             p.strlen('big')  # a small reply, so the client reads little...
             p.get('big')     # ...then the large one the pop's reply waits behind
+            if kind == 'tx':
+                # RQ's enqueue, pipelined behind the large reply (raw: a
+                # client library would wrap the whole pipeline in MULTI).
+                cmds = [['STRLEN', 'big'], ['GET', 'big'], ['MULTI'],
+                        ['HSET', 'job:1', 'status', 'queued'], ['RPUSH', 'q', 'i4'], ['EXEC']]
+                try:
+                    resp_send(sk, b''.join(resp_encode(cmd) for cmd in cmds))
+                    out['r'] = [resp_read_reply(sk, timeout=60) for _ in cmds]
+                except Exception as e:  # noqa: BLE001 - fails the test below
+                    out['e'] = repr(e)
+                return
             if stream:
                 p.xreadgroup('g', 'c', {'s': '>'}, count=1, block=20000 if blocking else None)
             elif kind in ('push', 'gpush'):
@@ -110,6 +134,8 @@ class LostPopReplyTest(unittest.TestCase):
         t.start()
 
         def applied():
+            if kind == 'tx':
+                return rc.llen('q') == 4
             if kind in ('push', 'gpush'):
                 return rc.llen('q') == 4
             if kind == 'xadd':
@@ -133,6 +159,15 @@ class LostPopReplyTest(unittest.TestCase):
         self.assertEqual(len(res[1]), BIG)
         nm = current_master(topo).client(socket_timeout=10)
         d = stats_json(f.stats_port)['durability']
+        if kind == 'tx':
+            # Run once, answered with the first run's replies (HSET's 1).
+            self.assertEqual(nm.lrange('q', 0, -1), ['i1', 'i2', 'i3', 'i4'],
+                             'the transaction sent again ran a second time')
+            self.assertEqual(res[2:], ['OK', 'QUEUED', 'QUEUED', [1, 4]])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            self.assertGreaterEqual(d['transaction_receipts'], 1)
+            return d['transaction_receipts_found']
         if stream:
             # The entry the first read took, once: not 3-0 read past it.
             self.assertEqual(res[2], [['s', [('2-0', {'n': 'e2'})]]],
@@ -191,6 +226,9 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_bounded_queue_lpush_reply_lost_with_the_master(self):
         self.scenario('gpush')
+
+    def test_transaction_reply_lost_with_the_master(self):
+        self.scenario('tx')
 
     def test_xadd_reply_lost_with_the_master(self):
         self.scenario('xadd')

@@ -73,6 +73,52 @@ class TransactionChecks:
         c = self.master().client(db=1)
         self.assertEqual((c.get(k + ':c'), c.get(k + ':d')), ('1', '2'))
 
+    def ahead_of_multi(self, watched):
+        """A request pipelined ahead of a transaction, unanswered when the
+        link carrying them is lost (its large reply still on the way): sent
+        again, it must go ahead of the rebuilt MULTI, not inside it. It was
+        sent after the MULTI ferry rebuilt first: GET answered +QUEUED, and
+        ran inside the transaction (or, watched, was answered +QUEUED by
+        ferry itself)."""
+        k = key_prefix(self)
+        big = 'x' * (16 << 20)
+        self.master().client(db=1).set(k + ':big', big)
+        happened = 0
+        for attempt in range(6):
+            s = self.session()
+            name = 'ahead%d' % attempt
+            resp_send(s, ['CLIENT', 'SETNAME', name])  # sticky: the link is found by it
+            self.assertEqual(resp_read_reply(s), 'OK')
+            cmds = ([['WATCH', k + ':w']] if watched else []) + [
+                ['GET', k + ':big'], ['MULTI'], ['SET', k + ':t', str(attempt)], ['EXEC']]
+            before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
+            send_all(s, *cmds)
+            mc = self.master().client()
+            for c in mc.client_list():
+                if c.get('name') == name:
+                    mc.client_kill_filter(_id=c['id'])
+            got = replies(s, len(cmds), timeout=30)
+            retried = stats_json(self.ferry.stats_port)['errors']['requests_retried'] > before
+            happened += retried
+            got = [len(x) if isinstance(x, bytes) and len(x) == len(big) else x for x in got]
+            exec_reply = got[-1]
+            self.assertEqual(got[:-1], (['OK'] if watched else []) + [len(big), 'OK', 'QUEUED'],
+                             self.diag())
+            # Watched, a transaction whose link was lost ends in a watch
+            # conflict (null); else it ran, once rebuilt if need be.
+            self.assertIn(exec_reply, (['OK'], None) if watched else (['OK'],), self.diag())
+            if retried and not watched:
+                self.assertEqual(self.master().client(db=1).get(k + ':t'), str(attempt))
+            if happened:
+                break
+        self.assertTrue(happened, 'never lost the link while the large reply was on its way')
+
+    def test_request_ahead_of_a_transaction_lost_with_its_link(self):
+        self.ahead_of_multi(watched=False)
+
+    def test_request_ahead_of_a_watched_transaction_lost_with_its_link(self):
+        self.ahead_of_multi(watched=True)
+
 
 @unittest.skipIf(DIRECT, 'ferry only')
 class SentinelTransactions(SentinelMode, TransactionChecks, unittest.TestCase):
