@@ -674,7 +674,9 @@ const conf_entry conf_table[] = {
      .doc = "with replicas_ack: a push (LPUSH, RPUSH, LPUSHX, RPUSHX, XADD) to a key fallback.keys "
             "names is sent as a script that also keeps its reply under a receipt key of its own, "
             "deleted once the reply is in; the push sent again after a failover that lost its "
-            "reply is answered from the receipt if the new master has it: never pushed twice",
+            "reply is answered from the receipt if the new master has it: never pushed twice. A "
+            "transaction with such a push (RQ's enqueue) goes at EXEC as one script the same way "
+            "(docs/failover.md)",
      .type = CONF_BOOL,
      CONF_FIELD(push_receipts)},
     {.key = "durability.redo_max_bytes",
