@@ -246,9 +246,9 @@ static void unknown_record(link *l, const request *r, long long lo, long long hi
 {
     upstream *up = l->up;
     if (r->s == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_RCPT | REQ_F_XSENT)) ||
-        !(r->flags & REQ_F_WRITE) || up->replicas_ack <= 0) {
-        /* a pop with its receipt, a '>' read: the next master decides it
-         * (receipts.c, xreads.c) */
+        !(r->flags & REQ_F_WRITE) || up->replicas_ack <= 0 || SESSION_TX_RECEIPTED(r->s, r)) {
+        /* a pop or push with its receipt, a transaction with one, a '>'
+         * read: the next master decides it (receipts.c, xreads.c) */
         return;
     }
     if (up->nunknown >= UNKNOWN_MAX) {

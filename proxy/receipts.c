@@ -471,6 +471,15 @@ static int tx_takes(const char *name)
     return 0;
 }
 
+/* Whether s's transaction goes (or went) with its receipt: its EXEC is
+ * decided by it, whatever the offsets say. */
+static int tx_covered(const session *s)
+{
+    const ferry *f = s->f;
+    return s->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && f->cluster == NULL && s->db == 0 &&
+           s->ident == NULL && f->up != NULL && f->up->replicas_ack > 0;
+}
+
 void receipts_tx_note(session *s, const request *r)
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
@@ -484,6 +493,7 @@ void receipts_tx_note(session *s, const request *r)
     if (!s->f->cfg->push_receipts || r->cmd == NULL || !tx_takes(r->cmd->name) ||
         argc > TX_ARGS_MAX || (arity > 0 ? argc != arity : argc < -arity)) {
         s->tx_rcpt |= TXR_OTHER;
+        s->tx_receipted = 0;
         buf_free(&s->tx_cmds);
         return;
     }
@@ -491,13 +501,14 @@ void receipts_tx_note(session *s, const request *r)
         s->tx_rcpt |= TXR_PUSH;
     }
     buf_append(&s->tx_cmds, buf_head(&r->data), buf_used(&r->data));
+    s->tx_receipted = tx_covered(s);
 }
 
 static int receipts_tx_send(session *s, request *r, link *l)
 {
     ferry *f = s->f;
-    if (s->tx != TX_EXEC_SENT || s->tx_rcpt != TXR_PUSH || f->cluster != NULL || s->db != 0 ||
-        s->ident != NULL || l->up->replicas_ack <= 0 || l->who->user != NULL) {
+    if (s->tx != TX_EXEC_SENT || !tx_covered(s) || l->up->replicas_ack <= 0 ||
+        l->who->user != NULL) {
         return 0;
     }
     /* The script's arguments, from the commands as they were queued. */

@@ -1149,7 +1149,9 @@ void router_on_lost(session *s, request *r, const char *reason)
                   (data || !(r->flags & REQ_F_BLOCKING)) && r->retries < ROUTER_MAX_RETRIES;
 
     if ((r->flags & REQ_F_VERDICT) && !verdict) {
-        f->stats.requests_ambiguous++; /* sent again undecided (a transaction...) */
+        if (!SESSION_TX_RECEIPTED(s, r)) {
+            f->stats.requests_ambiguous++; /* sent again undecided (a transaction...) */
+        }
         if (data) {
             /* Data is never replaced by an error nor popped twice here. */
             r->flags &= ~REQ_F_VERDICT;

@@ -100,6 +100,8 @@ typedef struct session {
                                   receipt script does not take) */
     buf tx_cmds;               /* its commands as sent, while they may go as that script */
     uint64_t tx_noted;         /* the last of them noted there (its seq) */
+    int tx_receipted;          /* its transaction goes with its receipt at EXEC (receipts.c):
+                                  decided by it, not by offsets (SESSION_TX_RECEIPTED) */
     uint64_t tx_seq;           /* the seq of the MULTI that opened its transaction */
     int multi_refused;         /* cluster mode: ferry refused its MULTI: what follows is
                                   refused too, until EXEC (-EXECABORT) or DISCARD */
@@ -232,5 +234,11 @@ int session_over_memory(const ferry *f);
 void session_tick(ferry *f, uint64_t now);
 /* Graceful stop: stop reading; close sessions with nothing in flight. */
 void session_stop_all(ferry *f, int force);
+
+/* r, part of s's transaction (MULTI, a queued command, EXEC), is decided by
+ * the transaction's receipt (receipts.c), not by offsets: not ambiguous. */
+#define SESSION_TX_RECEIPTED(s, r)                                                                 \
+    ((s) != NULL && (s)->tx_receipted &&                                                           \
+     (((r)->flags & REQ_F_TXLOG) || (r)->route == RT_MULTI || (r)->route == RT_EXEC))
 
 #endif

@@ -57,6 +57,7 @@ void tx_set(session *s, tx_state st)
         s->tx_deferred = 0;
         s->tx_spoiled = 0;
         s->tx_rcpt = 0;
+        s->tx_receipted = 0;
         s->tx_noted = 0;
         s->tx_seq = 0;
         buf_free(&s->tx_cmds);

@@ -1,19 +1,20 @@
 """The notes' exactly-once test (N11): 500 concurrent clients through ferry
-randomly LPUSH, RPOP and BRPOP on 4 queues, every push logged; the master is
+randomly LPUSH, RPOP and BRPOP on 4 queues (half the pushes inside a
+transaction with the job's hash, as RQ enqueues), every push logged; the master is
 killed (kill -9) mid-run in Sentinel mode; the queues are drained. Every
 acknowledged push must come out exactly once.
 
 What holds (docs/failover.md, "When a duplicate can still happen"): 0 lost
-and 0 twice. Every command of this test carries a receipt (a push's reply or
-a pop's item kept in Redis in the same step, durability.push_receipts and
-pop_receipts), so whatever the kill leaves unknown is decided by the new
+and 0 twice. Every command of this test carries a receipt (a push's reply, a
+transaction's replies or a pop's item kept in Redis in the same step,
+durability.push_receipts and pop_receipts), so whatever the kill leaves unknown is decided by the new
 master: nothing is ambiguous. Before push receipts a push sent and
 unanswered at the kill, which the promoted replica had, was sent again and
 came out twice (2 in 1 of 3 runs). The figures are printed:
 
     [n11] clients 500, pushes acked A (unknown U), popped P, drained D:
           lost L, twice T, ambiguous X; applied Y, not applied Z;
-          client errors E; receipts found: pushes F1, pops F2
+          client errors E; receipts found: pushes F1, transactions F3, pops F2
 
 Run: python3 -m unittest test_exactly_once -v
      N11_CLIENTS=200 N11_RUN_S=4 python3 -m unittest test_exactly_once -v
@@ -66,10 +67,19 @@ class Workload:
                         n += 1
                         try:
                             t0 = now()
-                            r = c.lpush(q, item)
+                            if op < 0.25:
+                                # RQ's enqueue: the job and its id's push in
+                                # one transaction (its own receipt).
+                                p = c.pipeline(transaction=True)
+                                p.hset('n11:job:' + item, 'status', 'queued')
+                                p.lpush(q, item)
+                                r = p.execute()[1]
+                            else:
+                                r = c.lpush(q, item)
                             with self.lock:
                                 self.how.setdefault(item, []).append(
-                                    'lpush sent %.3f got %.3f' % (t0, now()))
+                                    '%s sent %.3f got %.3f'
+                                    % ('multi' if op < 0.25 else 'lpush', t0, now()))
                         except Exception:
                             with self.lock:
                                 self.unknown.add(item)
@@ -156,11 +166,11 @@ class ExactlyOnceTest(unittest.TestCase):
         fo, du = st['failover'], st['durability']
         print('[n11] clients %d, pushes acked %d (unknown %d), popped %d, drained %d: lost %d, '
               'twice %d, ambiguous %d; applied %d, not applied %d; client errors %d; '
-              'receipts found: pushes %d, pops %d'
+              'receipts found: pushes %d, transactions %d, pops %d'
               % (CLIENTS, len(load.acked), len(load.unknown), len(load.popped), len(drained),
                  len(lost), ntwice, fo['requests_ambiguous'], fo['decided_applied'],
                  fo['decided_not_applied'], len(load.errors), du['push_receipts_found'],
-                 du['pop_receipts_found']), flush=True)
+                 du['transaction_receipts_found'], du['pop_receipts_found']), flush=True)
         for k in sorted(twice):
             print('[n11] twice %s: %s; drained %d (kill at %.3f, master announced %.3f)'
                   % (k, ', '.join(load.how.get(k, [])), drained.count(k), t_kill, t_rec),
@@ -170,7 +180,9 @@ class ExactlyOnceTest(unittest.TestCase):
         self.assertEqual(load.errors, [], 'ferry held the clients across the failover')
         self.assertEqual(fo['duplicates_known'], 0, 'a pop proven not applied was delivered')
         self.assertEqual(twice, {}, 'delivered twice')
-        self.assertGreater(du['push_receipts'], len(load.acked) // 2, 'pushes without receipts')
+        self.assertGreater(du['push_receipts'] + du['transaction_receipts'], len(load.acked) // 2,
+                           'pushes without receipts')
+        self.assertGreater(du['transaction_receipts'], 0, 'no transaction with its receipt')
         self.assertGreater(len(load.acked), CLIENTS, 'too little load to mean anything')
 
 
