@@ -476,8 +476,10 @@ static int tx_takes(const char *name)
 static int tx_covered(const session *s)
 {
     const ferry *f = s->f;
+    /* (A CLIENT TRACKING session's EXEC goes as written: its reads are
+     * tracked on its link either way, but that path is not tested.) */
     return s->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && f->cluster == NULL && s->db == 0 &&
-           s->ident == NULL && f->up != NULL && f->up->replicas_ack > 0;
+           s->ident == NULL && !s->tracking && f->up != NULL && f->up->replicas_ack > 0;
 }
 
 void receipts_tx_note(session *s, const request *r)
