@@ -202,6 +202,13 @@ int tx_answer(session *s, request *r)
         answer_watch_lost(s, r);
         return 1;
     }
+    if (s->tx == TX_MULTI_WATCH_LOST && r->route == RT_WATCH) {
+        /* Its own WATCH, sent again ahead of the lost transaction: the
+         * watch is lost anyway (EXEC answers the conflict); sent, it would
+         * stay on the link for whoever has it next. */
+        s->f->session_ops->answer_str(s, r, "+OK\r\n");
+        return 1;
+    }
     if (s->tx == TX_WATCH_LOST) {
         if (r->route == RT_MULTI) {
             tx_set(s, TX_MULTI_WATCH_LOST);

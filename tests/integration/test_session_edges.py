@@ -79,7 +79,7 @@ class TransactionChecks:
         again, it must go ahead of the rebuilt MULTI, not inside it. It was
         sent after the MULTI ferry rebuilt first: GET answered +QUEUED, and
         ran inside the transaction (or, watched, was answered +QUEUED by
-        ferry itself)."""
+        ferry itself, and the WATCH behind it answered an error)."""
         k = key_prefix(self)
         big = 'x' * (16 << 20)
         self.master().client(db=1).set(k + ':big', big)
@@ -89,8 +89,8 @@ class TransactionChecks:
             name = 'ahead%d' % attempt
             resp_send(s, ['CLIENT', 'SETNAME', name])  # sticky: the link is found by it
             self.assertEqual(resp_read_reply(s), 'OK')
-            cmds = ([['WATCH', k + ':w']] if watched else []) + [
-                ['GET', k + ':big'], ['MULTI'], ['SET', k + ':t', str(attempt)], ['EXEC']]
+            cmds = [['GET', k + ':big']] + ([['WATCH', k + ':w']] if watched else []) + [
+                ['MULTI'], ['SET', k + ':t', str(attempt)], ['EXEC']]
             before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
             send_all(s, *cmds)
             mc = self.master().client()
@@ -102,7 +102,7 @@ class TransactionChecks:
             happened += retried
             got = [len(x) if isinstance(x, bytes) and len(x) == len(big) else x for x in got]
             exec_reply = got[-1]
-            self.assertEqual(got[:-1], (['OK'] if watched else []) + [len(big), 'OK', 'QUEUED'],
+            self.assertEqual(got[:-1], [len(big)] + (['OK'] if watched else []) + ['OK', 'QUEUED'],
                              self.diag())
             # Watched, a transaction whose link was lost ends in a watch
             # conflict (null); else it ran, once rebuilt if need be.
