@@ -124,6 +124,8 @@ typedef struct request {
     long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
     uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
     uint64_t rcpt;        /* its receipt's number, 0 none (receipts.c) */
+    int db1;              /* 1 + the db its session was in when it was first sent; 0 not yet:
+                             sent again, it goes to that db, whatever a SELECT behind it did */
     int retries;          /* times re-sent after a lost link */
     int refusals;         /* times Redis refused it without effect (REQ_F_REFUSED) */
     uint64_t retry_at;    /* refused: uv_now() before which it is not sent again */

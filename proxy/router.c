@@ -569,6 +569,12 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     int dedicated = router_pinned(s);
+    if (r->db1 == 0) {
+        r->db1 = s->db + 1;
+    }
+    if (r->db1 - 1 != s->db && r->route != RT_SELECT) {
+        dedicated = 1; /* sent again behind a SELECT sent after it: to its own db */
+    }
     switch (r->route) {
     case RT_BLOCKING:
     case RT_SCRIPT:
@@ -681,6 +687,15 @@ static int dispatch_one(session *s, request *r)
         size_t before = buf_used(&r->data);
         keyspace_scan_sending(r, up);
         s->pending_bytes = s->pending_bytes + buf_used(&r->data) - before;
+    }
+    if (r->route != RT_SELECT && target->kind == LINK_DEDICATED && target->db != r->db1 - 1) {
+        /* Sent again after its link was lost, behind a SELECT the client
+         * sent after it (already sent again, or lent in the session's db). */
+        char db[16];
+        snprintf(db, sizeof(db), "%d", r->db1 - 1);
+        const char *argv[] = {"SELECT", db};
+        link_internal(target, argv, 2, NULL, 0);
+        target->db = r->db1 - 1;
     }
     r->s = s;
     r->sent_ns = uv_hrtime();

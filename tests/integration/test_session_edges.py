@@ -113,6 +113,39 @@ class TransactionChecks:
                 break
         self.assertTrue(happened, 'never lost the link while the large reply was on its way')
 
+    def test_request_ahead_of_a_select_lost_with_its_link(self):
+        """The same ahead of a SELECT: sent again, a request goes to the db
+        it was sent in. It went to the db the SELECT behind it chose (the
+        link was lent in the session's db): GET answered nil, SET written
+        in both dbs."""
+        k = key_prefix(self)
+        big = 'x' * (16 << 20)
+        self.master().client(db=1).set(k + ':big', big)
+        happened = 0
+        for attempt in range(6):
+            s = self.session()  # in db 1
+            name = 'sel%d' % attempt
+            resp_send(s, ['CLIENT', 'SETNAME', name])
+            self.assertEqual(resp_read_reply(s), 'OK')
+            a, b = '%s:a%d' % (k, attempt), '%s:b%d' % (k, attempt)
+            cmds = [['GET', k + ':big'], ['SET', a, '1'], ['SELECT', '2'], ['SET', b, '1']]
+            before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
+            send_all(s, *cmds)
+            mc = self.master().client()
+            for c in mc.client_list():
+                if c.get('name') == name:
+                    mc.client_kill_filter(_id=c['id'])
+            got = replies(s, len(cmds), timeout=30)
+            happened += stats_json(self.ferry.stats_port)['errors']['requests_retried'] > before
+            got = [len(x) if isinstance(x, bytes) and len(x) == len(big) else x for x in got]
+            self.assertEqual(got, [len(big), 'OK', 'OK', 'OK'], self.diag())
+            db1, db2 = self.master().client(db=1), self.master().client(db=2)
+            self.assertEqual((db1.exists(a), db2.exists(a), db1.exists(b), db2.exists(b)),
+                             (1, 0, 0, 1), 'each SET in the db it was sent in')
+            if happened:
+                break
+        self.assertTrue(happened, 'never lost the link while the large reply was on its way')
+
     def test_request_ahead_of_a_transaction_lost_with_its_link(self):
         self.ahead_of_multi(watched=False)
 
