@@ -73,6 +73,24 @@ class TransactionChecks:
         c = self.master().client(db=1)
         self.assertEqual((c.get(k + ':c'), c.get(k + ':d')), ('1', '2'))
 
+    def lost_mid_reply(self, name, cmds, big):
+        """cmds in one write on a pinned session named name, ferry's link
+        killed from the master while the first one's large reply is on its
+        way; returns (the replies, large ones as their length; whether ferry
+        sent requests again: the link was lost mid-way)."""
+        s = self.session()
+        resp_send(s, ['CLIENT', 'SETNAME', name])  # sticky: the link is found by it
+        self.assertEqual(resp_read_reply(s), 'OK')
+        before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
+        send_all(s, *cmds)
+        mc = self.master().client()
+        for c in mc.client_list():
+            if c.get('name') == name:
+                mc.client_kill_filter(_id=c['id'])
+        got = replies(s, len(cmds), timeout=30)
+        retried = stats_json(self.ferry.stats_port)['errors']['requests_retried'] > before
+        return [len(x) if isinstance(x, bytes) and len(x) == big else x for x in got], retried
+
     def ahead_of_multi(self, watched):
         """A request pipelined ahead of a transaction, unanswered when the
         link carrying them is lost (its large reply still on the way): sent
@@ -85,22 +103,10 @@ class TransactionChecks:
         self.master().client(db=1).set(k + ':big', big)
         happened = 0
         for attempt in range(6):
-            s = self.session()
-            name = 'ahead%d' % attempt
-            resp_send(s, ['CLIENT', 'SETNAME', name])  # sticky: the link is found by it
-            self.assertEqual(resp_read_reply(s), 'OK')
             cmds = [['GET', k + ':big']] + ([['WATCH', k + ':w']] if watched else []) + [
                 ['MULTI'], ['SET', k + ':t', str(attempt)], ['EXEC']]
-            before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
-            send_all(s, *cmds)
-            mc = self.master().client()
-            for c in mc.client_list():
-                if c.get('name') == name:
-                    mc.client_kill_filter(_id=c['id'])
-            got = replies(s, len(cmds), timeout=30)
-            retried = stats_json(self.ferry.stats_port)['errors']['requests_retried'] > before
+            got, retried = self.lost_mid_reply('ahead%d' % attempt, cmds, len(big))
             happened += retried
-            got = [len(x) if isinstance(x, bytes) and len(x) == len(big) else x for x in got]
             exec_reply = got[-1]
             self.assertEqual(got[:-1], [len(big)] + (['OK'] if watched else []) + ['OK', 'QUEUED'],
                              self.diag())
@@ -123,21 +129,10 @@ class TransactionChecks:
         self.master().client(db=1).set(k + ':big', big)
         happened = 0
         for attempt in range(6):
-            s = self.session()  # in db 1
-            name = 'sel%d' % attempt
-            resp_send(s, ['CLIENT', 'SETNAME', name])
-            self.assertEqual(resp_read_reply(s), 'OK')
             a, b = '%s:a%d' % (k, attempt), '%s:b%d' % (k, attempt)
             cmds = [['GET', k + ':big'], ['SET', a, '1'], ['SELECT', '2'], ['SET', b, '1']]
-            before = stats_json(self.ferry.stats_port)['errors']['requests_retried']
-            send_all(s, *cmds)
-            mc = self.master().client()
-            for c in mc.client_list():
-                if c.get('name') == name:
-                    mc.client_kill_filter(_id=c['id'])
-            got = replies(s, len(cmds), timeout=30)
-            happened += stats_json(self.ferry.stats_port)['errors']['requests_retried'] > before
-            got = [len(x) if isinstance(x, bytes) and len(x) == len(big) else x for x in got]
+            got, retried = self.lost_mid_reply('sel%d' % attempt, cmds, len(big))  # in db 1
+            happened += retried
             self.assertEqual(got, [len(big), 'OK', 'OK', 'OK'], self.diag())
             db1, db2 = self.master().client(db=1), self.master().client(db=2)
             self.assertEqual((db1.exists(a), db2.exists(a), db1.exists(b), db2.exists(b)),
