@@ -1,4 +1,4 @@
-"""Ferry's generated command table (proxy/command_table.h) against a live
+"""Ferry's generated command table (proxy/base/command_table.h) against a live
 redis-server's COMMAND reply: the same commands and subcommands, with the same
 arity, legacy key positions and flags. The header is parsed as text, so the
 test needs no build.
@@ -12,7 +12,7 @@ import unittest
 from harness import RedisServer
 
 HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), 'proxy', 'command_table.h')
+    os.path.abspath(__file__)))), 'proxy', 'base', 'command_table.h')
 
 ARRAY_RE = re.compile(r'^static const command (\w+)\[[^\]]*\] = \{$')
 ENTRY_RE = re.compile(
