@@ -1,6 +1,6 @@
 /* command.h - the table of every Redis 7.0 command: arity, key positions,
  * Redis' own flags, and the class ferry routes by. Generated from a Redis
- * 7.0 server's COMMAND reply by scripts/gen-commands (proxy/command_table.h);
+ * 7.0 server's COMMAND reply by scripts/gen-commands (proxy/base/command_table.h);
  * tests/integration compares it with the live server. */
 #ifndef FERRY_COMMAND_H
 #define FERRY_COMMAND_H

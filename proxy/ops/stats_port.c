@@ -1,7 +1,7 @@
 /* stats_port.c - the stats port: a listener on ferry's loop that answers a
  * silent (plain) connection with the JSON document, nutcracker style, and an
  * HTTP GET with /metrics, /stats or /healthz, or / (the live page:
- * proxy/page.html, built in, which polls /stats; a text summary inside it
+ * proxy/ops/page.html, built in, which polls /stats; a text summary inside it
  * serves a browser without JavaScript). The figures are stats.c's.
  *
  *   accept --> READING --(200 ms of silence, or not HTTP)--> JSON --+
@@ -49,7 +49,7 @@
 #define STATS_GATHER_MS 100           /* at most this long for every loop's figures */
 #define STATS_GATHER_POLL_MS 1        /* how often a gathering request looks */
 
-/* The page (generated from proxy/page.html at build time). */
+/* The page (generated from proxy/ops/page.html at build time). */
 extern const char ferry_page_html[];
 extern const size_t ferry_page_html_len;
 #define PAGE_SUMMARY_MARK "<!--FERRY_SUMMARY-->"

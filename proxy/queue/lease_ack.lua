@@ -1,6 +1,6 @@
 -- lease_ack.lua - a client's LREM on a processing list (the ack): the same
 -- LREM, and with the item's last copy its lease, attempts and holder go;
--- the consumer's failures are reset (proxy/lease.c).
+-- the consumer's failures are reset (proxy/queue/lease.c).
 -- KEYS: processing, leases, attempts, consumers, failures (one slot)
 -- ARGV: count, item (the client's LREM), the consumer acking
 local n = redis.pcall('LREM', KEYS[1], ARGV[1], ARGV[2])

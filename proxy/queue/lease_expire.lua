@@ -1,4 +1,4 @@
--- lease_expire.lua - expire leases (proxy/lease.c): items back at the end
+-- lease_expire.lua - expire leases (proxy/queue/lease.c): items back at the end
 -- of their queue with their attempt count raised, or past max_attempts to
 -- the dead letter; each lease once, as the lease goes in the same step.
 -- KEYS: processing, leases, attempts, queue, dead letter, lock, consumers,

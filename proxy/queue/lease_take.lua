@@ -1,5 +1,5 @@
 -- lease_take.lua - record the lease of an item a client just moved into a
--- processing list (proxy/lease.c), if it is still there: its deadline from
+-- processing list (proxy/queue/lease.c), if it is still there: its deadline from
 -- Redis' TIME, its attempt count (kept if it has one) and who holds it.
 -- KEYS: processing, leases, attempts, consumers (all in the queue's slot)
 -- ARGV: item, lease_ms, side (R or L: the end of the queue it came from),

@@ -1,4 +1,4 @@
-/* fuzz_tls.c - libFuzzer target for ferry's TLS read path (proxy/tls.c and
+/* fuzz_tls.c - libFuzzer target for ferry's TLS read path (proxy/base/tls.c and
  * outq_tls_input in buf.c): what a socket hands to a TLS session, in
  * data-derived splits.
  *

@@ -1,5 +1,5 @@
 """XREADGROUP '>' reads sent again look first in the consumer's pending
-list (proxy/xreads.c): the same read with each '>' replaced by the highest
+list (proxy/queue/xreads.c): the same read with each '>' replaced by the highest
 entry id the client was handed from that stream. What the look finds (the
 entries a read whose reply was lost took) is the answer; if nothing, the
 '>' read goes.

@@ -1,4 +1,4 @@
-/* test_bracket.c - unit tests for proxy/bracket.c: the verdict on each side
+/* test_bracket.c - unit tests for proxy/shard/bracket.c: the verdict on each side
  * of the new master's boundary (second_repl_offset - 1, the last byte of the
  * old stream it holds) and on it, a replication id that does not match, a
  * master without a backlog, and a bracket whose end is not known; which

@@ -1,4 +1,4 @@
-/* test_broadcast.c - unit tests for proxy/broadcast.c: which commands every
+/* test_broadcast.c - unit tests for proxy/base/broadcast.c: which commands every
  * master runs in cluster mode, and how the masters' replies fold into the
  * client's: the first master's reply, the first error (the others not
  * asked), SCRIPT EXISTS as the AND of every master's array, PUBSUB's

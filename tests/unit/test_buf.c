@@ -1,4 +1,4 @@
-/* test_buf.c - unit tests for proxy/buf.c's buffers that may hold a
+/* test_buf.c - unit tests for proxy/base/buf.c's buffers that may hold a
  * password (the takeover's session frames): a compaction leaves no copy of
  * the bytes it moved, a growth keeps the unconsumed bytes only, and both
  * behave as buf_reserve otherwise. */

@@ -1,4 +1,4 @@
-/* test_cluster_conn.c - unit tests for proxy/cluster_conn.c: the slot of
+/* test_cluster_conn.c - unit tests for proxy/router/cluster_conn.c: the slot of
  * commands whose keys Redis finds by its own rules (XREAD and XREADGROUP
  * after STREAMS, the MPOP family after numkeys), keys of two slots, and
  * arguments Redis refuses (no slot: any master answers) without a crash. */

@@ -1,4 +1,4 @@
-/* test_durable.c - unit tests for proxy/durable.c: the durability verdict on
+/* test_durable.c - unit tests for proxy/base/durable.c: the durability verdict on
  * INFO persistence bodies as Redis 7.0 writes them (a case table over every
  * field and each history), plus malformed, truncated and odd input, and the
  * reason buffer's bounds. */

@@ -1,4 +1,4 @@
-/* test_fallback.c - unit tests for proxy/fallback.c on a real loop and a
+/* test_fallback.c - unit tests for proxy/store/fallback.c on a real loop and a
  * real SQLite file in a temp dir per test: list and sorted-set semantics
  * against what Redis answers for the same commands, group commit and
  * ordering, replay bookkeeping (read / delete_upto), persistence and ids

@@ -1,4 +1,4 @@
-/* test_outq.c - unit tests for the output queue of proxy/buf.c on a real
+/* test_outq.c - unit tests for the output queue of proxy/base/buf.c on a real
  * socket pair: a write the socket takes whole is done at once (no callback,
  * no storage kept), a write larger than the socket buffer goes on in
  * flight with its callback and arrives whole and in order (the bytes the

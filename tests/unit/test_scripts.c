@@ -1,4 +1,4 @@
-/* test_scripts.c - unit tests for proxy/scripts.c: the SHA1 is Redis'
+/* test_scripts.c - unit tests for proxy/router/scripts.c: the SHA1 is Redis'
  * name of a script; what a reply makes ferry remember, drop (least
  * recently used past scripts.remember_max_bytes) and forget (SCRIPT
  * FLUSH), seen through the one verdict the router acts on: an EVALSHA

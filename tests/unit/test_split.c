@@ -1,4 +1,4 @@
-/* test_split.c - unit tests for proxy/split.c: which commands are split
+/* test_split.c - unit tests for proxy/base/split.c: which commands are split
  * across slots, how their keys are grouped one part per slot (client order
  * kept inside a part, MSET's values with their keys), and how the parts'
  * replies fold into one: MGET's elements in the client's key order (RESP3

@@ -1,4 +1,4 @@
-/* test_stats.c - unit tests for proxy/stats.c: histogram bucket edges, the
+/* test_stats.c - unit tests for proxy/ops/stats.c: histogram bucket edges, the
  * command class counters, JSON escaping and structure, and the Prometheus
  * text (HELP/TYPE per family, cumulative buckets, +Inf equal to _count),
  * rendered from a context without an upstream. */

@@ -1,4 +1,4 @@
-/* test_subs.c - unit tests for proxy/subs.c: the sets of channels a pub/sub
+/* test_subs.c - unit tests for proxy/base/subs.c: the sets of channels a pub/sub
  * client is subscribed to. Random adds and removes checked against a plain
  * model, re-subscription order and encoding, reuse after clear, and a set
  * of 200 000 names built and emptied in time linear in its size. */
