@@ -292,7 +292,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
     } else if (tx_in_multi(s)) {
         /* Not queued: EXEC must not run the transaction without it (it
          * aborts, as Redis' EXEC after a refused command). */
-        s->tx_dirty = 1;
+        s->tx_dirty = TX_DIRTY_FERRY;
     }
     s->f->session_ops->answer_str(s, r, line);
 }

@@ -64,6 +64,9 @@ void tx_set(session *s, tx_state st)
         buf_clear(&s->tx_log);
         buf_shrink(&s->tx_log, 4096);
     }
+    if (st == TX_MULTI_REBUILD && s->tx_dirty == TX_DIRTY_REDIS) {
+        s->tx_dirty = TX_DIRTY_FERRY; /* the next link's Redis never saw the refusal */
+    }
     s->tx = st;
 }
 
@@ -151,7 +154,7 @@ void tx_on_refused_locally(session *s, request *r)
     if (!tx_in_multi(s)) {
         return;
     }
-    s->tx_dirty = 1;
+    s->tx_dirty = TX_DIRTY_FERRY;
     if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
         buf_clear(&r->reply);
         buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
@@ -190,6 +193,10 @@ int tx_answer(session *s, request *r)
     if (r->route == RT_EXEC && s->tx_dirty && tx_in_multi(s)) {
         /* As Redis does after refusing a command inside the transaction. */
         static const char *const discard[] = {"DISCARD"};
+        if (s->tx_dirty == TX_DIRTY_REDIS && s->dlink != NULL &&
+            (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
+            return 0; /* Redis knows it: its EXECABORT says why (BUSY...) */
+        }
         if (s->dlink != NULL && (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
             link_internal(s->dlink, discard, 1, NULL, 0);
         }
@@ -310,7 +317,9 @@ void tx_on_reply(session *s, request *r, const char *p, size_t n)
         /* Redis refused it and aborts EXEC: so must the transaction
          * rebuilt on another link (after a failover; cluster mode: moved
          * to its first key's shard), which lacks it. */
-        s->tx_dirty = 1;
+        if (!s->tx_dirty) {
+            s->tx_dirty = TX_DIRTY_REDIS;
+        }
     }
     if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && open) {
         /* Queued by Redis (EXEC may be on its way already): kept, so a
@@ -441,7 +450,7 @@ int tx_crossslot(session *s, request *r)
         return 0;
     }
     if (tx_in_multi(s)) {
-        s->tx_dirty = 1; /* EXEC aborts, as a node's EXEC after a refusal */
+        s->tx_dirty = TX_DIRTY_FERRY; /* EXEC aborts, as a node's EXEC after a refusal */
     }
     clustermap_count_crossslot(s->f->cluster);
     s->f->session_ops->answer_str(s, r,

@@ -23,6 +23,14 @@ int tx_precedes(const session *s, const request *r);
 /* s->tx_deferred: the rebuilt MULTI waits behind requests sent before it
  * (tx_precedes); 1 is cluster mode's MULTI answered by ferry. */
 #define TX_DEFER_BEHIND 2
+/* s->tx_dirty, why EXEC aborts. FERRY: ferry refused a command of the
+ * transaction (Redis never saw it, or the transaction was rebuilt on a link
+ * whose Redis did not): ferry answers EXEC. REDIS: Redis refused one on the
+ * link the transaction is open on: EXEC goes to Redis, which aborts it in
+ * its own words (while a script still runs: "-EXECABORT ... because of:
+ * BUSY ..."; else "... because of previous errors."). */
+#define TX_DIRTY_FERRY 1
+#define TX_DIRTY_REDIS 2
 /* ferry refused r itself (RT_ERROR): inside a MULTI, EXEC aborts. */
 void tx_on_refused_locally(session *s, request *r);
 /* ferry answered MULTI r itself with an error: what follows is refused
