@@ -285,6 +285,9 @@ typedef enum stat_type {
     X(durability, pop_receipts_put_back, COUNTER, "ferry_durability_pop_receipts_put_back_total",  \
       "pops with a receipt answered by ferry itself (their timeout while held, -TRYAGAIN) whose "  \
       "receipt is moved back to its queue: the item is there again if the first move applied")     \
+    X(durability, pops_undone, COUNTER, "ferry_durability_pops_undone_total",                      \
+      "pops with a receipt whose client left before their reply was written (a reply held for "    \
+      "its WAIT, a pop in flight): the receipt moved back to its queue, the item there again")     \
     X(durability, push_receipts, COUNTER, "ferry_durability_push_receipts_total",                  \
       "pushes sent as a script that keeps their reply under a receipt key "                        \
       "(durability.push_receipts)")                                                                \

@@ -326,11 +326,19 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
 }
 
 #define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
+#define PUT_BACK_KEEP_MS 20000 /* a put-back sent is sent again on a next master this long */
 
+/* A receipt to move back to its queue. Sent, it is kept a while: a master
+ * that dies before its replica got the move back may leave the receipt,
+ * item in it, on the replica it promotes; the move is sent again there. It
+ * cannot apply twice: the first emptied the receipt (a key never used
+ * again), so a second finds nothing to move. */
 typedef struct put_back {
     buf move; /* LMOVE <receipt> <key> LEFT <side>, as sent */
     char *key;
     size_t klen;
+    uint64_t epoch;   /* the master epoch it was last sent to, 0 not sent yet */
+    uint64_t sent_ms; /* uv_now() when first sent */
 } put_back;
 
 #define RECENT_MAX 16384 /* receipts a generation keeps to delete again on a next master */
@@ -678,16 +686,67 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 
 /* ------------------------------------------------------------ put back */
 
-static void put_back_send(ferry *f, put_back *b)
+/* b sent on via, or on its key's master when via is NULL; kept until the
+ * tick lets it go (see struct put_back). */
+static void put_back_send(ferry *f, put_back *b, link *via)
 {
-    link *l = clustermap_key_link(f, b->key, b->klen, NULL, 0, 2);
-    if (l != NULL) {
-        link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
-        f->stats.pop_receipts_put_back++;
-        buf_free(&b->move);
-        free(b->key);
-        b->key = NULL;
+    link *l = via != NULL ? via : clustermap_key_link(f, b->key, b->klen, NULL, 0, 2);
+    if (l == NULL || l->epoch == b->epoch) {
+        return;
     }
+    link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
+    if (b->epoch != 0) {
+        log_info("receipts: a receipt moved back on the master before moved back again on "
+                 "this one (the move may have died with that master)");
+    } else {
+        b->sent_ms = uv_now(f->loop);
+    }
+    b->epoch = l->epoch;
+}
+
+static void put_back_free(put_back *b)
+{
+    buf_free(&b->move);
+    free(b->key);
+}
+
+/* r's receipt moved back to the end of its queue the item came from (the
+ * queue as it was), on via or its key's master, now or once there is one. */
+static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via)
+{
+    struct receipts *rc = receipts_of(f);
+    if (rc->n == PUT_BACK_MAX) {
+        if (rc->pb[0].epoch == 0) {
+            log_warn("pop receipts: %d receipts wait for a master to be put back: the oldest "
+                     "(its item in %s) is left there",
+                     PUT_BACK_MAX, "ferry:rcpt:...");
+        }
+        put_back_free(&rc->pb[0]);
+        memmove(rc->pb, rc->pb + 1, (rc->n - 1) * sizeof(*rc->pb));
+        rc->n--;
+    }
+    if (rc->n == rc->cap) {
+        rc->cap = rc->cap ? rc->cap * 2 : 16;
+        rc->pb = xrealloc(rc->pb, rc->cap * sizeof(*rc->pb));
+    }
+    put_back *b = &rc->pb[rc->n++];
+    buf key;
+    buf_init(&key);
+    buf_init(&b->move);
+    receipt_key(f, v, r->rcpt, &key);
+    buf_append_count(&b->move, '*', 5);
+    buf_append_bulk(&b->move, "LMOVE", 5);
+    buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+    buf_append_bulk(&b->move, v->key, v->klen);
+    buf_append_bulk(&b->move, "LEFT", 4);
+    buf_append_bulk(&b->move, v->side, strlen(v->side));
+    buf_free(&key);
+    b->key = xmalloc(v->klen + 1);
+    memcpy(b->key, v->key, v->klen);
+    b->klen = v->klen;
+    b->epoch = 0;
+    b->sent_ms = 0;
+    put_back_send(f, b, via);
 }
 
 void receipts_put_back(ferry *f, request *r)
@@ -700,39 +759,56 @@ void receipts_put_back(ferry *f, request *r)
     if (v.push != NULL) {
         return; /* a push has nothing to put back (see the file's head) */
     }
-    struct receipts *rc = receipts_of(f);
-    if (rc->n == PUT_BACK_MAX) {
-        log_warn("pop receipts: %d receipts wait for a master to be put back: the oldest "
-                 "(its item in %s) is left there",
-                 PUT_BACK_MAX, "ferry:rcpt:...");
-        buf_free(&rc->pb[0].move);
-        free(rc->pb[0].key);
-        memmove(rc->pb, rc->pb + 1, (rc->n - 1) * sizeof(*rc->pb));
-        rc->n--;
+    f->stats.pop_receipts_put_back++;
+    put_back_add(f, r, &v, NULL);
+}
+
+/* r, a pop with its receipt whose client is gone: undone, if its move may
+ * have applied. Where the move is still on its way, the move back must
+ * reach Redis after it: behind it on its shared link; a blocking move on
+ * its own link is ended first (CLIENT KILL, on a shared link to the same
+ * master, then the move back there: Redis frees a killed client at once,
+ * so the move is done or never will be). */
+static void client_gone_pop(session *s, request *r)
+{
+    ferry *f = s->f;
+    rcpt_view v;
+    link *l = r->state == REQ_SENT ? r->link : NULL, *via = NULL;
+    if (rcpt_of(f, r, &v) != 0 || v.push != NULL || r->route == RT_EXEC ||
+        r->state == REQ_ANSWERED ||
+        (r->state == REQ_WAITING && (is_null(buf_head(&r->reply), buf_used(&r->reply)) ||
+                                     buf_head(&r->reply)[0] == '-'))) {
+        return; /* nothing taken, or its receipt already served (deleted) */
     }
-    if (rc->n == rc->cap) {
-        rc->cap = rc->cap ? rc->cap * 2 : 16;
-        rc->pb = xrealloc(rc->pb, rc->cap * sizeof(*rc->pb));
+    if (l != NULL && l->state == LINK_READY && l->kind == LINK_SHARED) {
+        via = l;
+    } else if (l != NULL && l->state == LINK_READY && l->redis_id > 0 && l->epoch == l->up->epoch &&
+               (via = upstream_shared(l->up, &l->up->self, s->id, 2)) != NULL) {
+        char id[24];
+        snprintf(id, sizeof(id), "%lld", l->redis_id);
+        const char *argv[] = {"CLIENT", "KILL", "ID", id};
+        link_internal(via, argv, 4, NULL, 0);
+    } else if (l != NULL) {
+        /* (A link on its way out: the move back goes to the master now and
+         * again to a next one; a move that applies after it stays.) */
+        log_warn("receipts: client %llu left with a pop on a link that is not ready: its "
+                 "receipt is moved back on the master, a move still to come is not",
+                 (unsigned long long)s->id);
     }
-    put_back *b = &rc->pb[rc->n];
-    buf key;
-    buf_init(&key);
-    buf_init(&b->move);
-    receipt_key(f, &v, r->rcpt, &key);
-    /* Back to the end it was taken from: the queue as it was. */
-    buf_append_count(&b->move, '*', 5);
-    buf_append_bulk(&b->move, "LMOVE", 5);
-    buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-    buf_append_bulk(&b->move, v.key, v.klen);
-    buf_append_bulk(&b->move, "LEFT", 4);
-    buf_append_bulk(&b->move, v.side, strlen(v.side));
-    buf_free(&key);
-    b->key = xmalloc(v.klen + 1);
-    memcpy(b->key, v.key, v.klen);
-    b->klen = v.klen;
-    put_back_send(f, b);
-    if (b->key != NULL) {
-        rc->n++; /* no master now: at a tick once there is one */
+    r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+    f->stats.pops_undone++;
+    put_back_add(f, r, &v, via);
+}
+
+void receipts_client_gone(session *s)
+{
+    list_node *n;
+    list_foreach(n, &s->requests)
+    {
+        request *r = list_entry(n, request, sq);
+        if (r->flags & REQ_F_RCPT) {
+            client_gone_pop(s, r);
+        }
     }
 }
 
@@ -749,11 +825,15 @@ void receipts_tick(ferry *f)
             recent_again(f, rc, l);
         }
     }
+    uint64_t now = uv_now(f->loop);
     for (size_t i = 0; i < rc->n; i++) {
-        put_back_send(f, &rc->pb[i]);
-        if (rc->pb[i].key != NULL) {
-            rc->pb[keep++] = rc->pb[i];
+        put_back *b = &rc->pb[i];
+        if (b->epoch != 0 && now - b->sent_ms >= PUT_BACK_KEEP_MS) {
+            put_back_free(b);
+            continue;
         }
+        put_back_send(f, b, NULL); /* not sent yet, or a new master since */
+        rc->pb[keep++] = *b;
     }
     rc->n = keep;
 }
@@ -765,8 +845,7 @@ void receipts_free(ferry *f)
         return;
     }
     for (size_t i = 0; i < rc->n; i++) {
-        buf_free(&rc->pb[i].move);
-        free(rc->pb[i].key);
+        put_back_free(&rc->pb[i]);
     }
     free(rc->pb);
     buf_free(&rc->dels);

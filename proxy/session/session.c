@@ -18,6 +18,7 @@
 #include "lease.h"
 #include "link.h"
 #include "log.h"
+#include "receipts.h"
 #include "router.h"
 #include "tls.h"
 #include "upstream.h"
@@ -353,6 +354,7 @@ void session_close(session *s, const char *reason)
     }
     backlog_release(s);
     lease_client_gone(s); /* before its requests go: the link is still the same */
+    receipts_client_gone(s); /* its pops undone, for the same reason */
     if (list_linked(&s->dirty_node)) {
         list_del(&s->dirty_node);
     }
