@@ -392,7 +392,12 @@ static int dispatch_one(session *s, request *r)
     }
     if ((pw != NULL || f->cfg->client_auth == CLIENT_AUTH_REDIS) && !s->authed &&
         r->route != RT_AUTH && r->route != RT_HELLO && r->route != RT_QUIT) {
-        s->f->session_ops->answer_str(s, r, "-NOAUTH Authentication required.\r\n");
+        /* Redis refuses an EXEC in the words of an aborted transaction. */
+        s->f->session_ops->answer_str(
+            s, r,
+            r->route == RT_EXEC
+                ? "-EXECABORT Transaction discarded because of: NOAUTH Authentication required.\r\n"
+                : "-NOAUTH Authentication required.\r\n");
         return DISPATCH_DONE;
     }
     if (f->cfg->require_aof && (r->flags & REQ_F_WRITE) && up->state == UP_UP && !up->aof_ok) {

@@ -54,7 +54,10 @@ static int password_ok(ferry *f, const resp_arg *user, const resp_arg *pass)
 {
     const char *pw = f->cfg->client_password;
     if (pw == NULL) {
-        return AUTH_NOPASS;
+        /* As Redis' default user without a password (nopass): any password
+         * of it passes. AUTH <password> alone is Redis' error; so is, as
+         * ferry's own answer, another user's AUTH (docs/commands.md). */
+        return user != NULL && arg_eq(user, "default") ? AUTH_OK : AUTH_NOPASS;
     }
     if (user != NULL && !arg_eq(user, "default")) {
         return AUTH_FAIL;
@@ -182,6 +185,8 @@ static void classify_hello(ferry *f, request *r, const resp_request *req)
             i += 1;
         } else {
             r->arg = HELLO_SYNTAX;
+            buf_clear(&r->data); /* the option, for Redis' words (router_local.c) */
+            buf_append(&r->data, argv[i].ptr, argv[i].len);
             return;
         }
     }

@@ -166,16 +166,22 @@ void router_answer_hello(session *s, request *r)
     size_t skip = 0; /* the AUTH Redis checked heads r->data (acl.c) */
     switch (AUTH_RESULT(r)) {
     case HELLO_NOPROTO:
-        s->f->session_ops->answer_str(
-            s, r, "-NOPROTO sorry, this protocol version is not supported.\r\n");
+        s->f->session_ops->answer_str(s, r, "-NOPROTO unsupported protocol version\r\n");
         return;
     case HELLO_BADPROTO:
         s->f->session_ops->answer_str(
             s, r, "-ERR Protocol version is not an integer or out of range\r\n");
         return;
-    case HELLO_SYNTAX:
-        s->f->session_ops->answer_str(s, r, "-ERR Syntax error in HELLO option\r\n");
+    case HELLO_SYNTAX: {
+        /* Redis names the option (up to a NUL, as its %s does). */
+        char line[300];
+        const char *opt = buf_head(&r->data);
+        size_t n = strnlen(opt, buf_used(&r->data));
+        snprintf(line, sizeof(line), "-ERR Syntax error in HELLO option '%.*s'\r\n",
+                 (int)(n < 200 ? n : 200), opt);
+        s->f->session_ops->answer_str(s, r, line);
         return;
+    }
     case HELLO_AUTH_FAIL:
         s->f->stats.auth_failures++;
         s->f->session_ops->answer_str(s, r,
@@ -190,12 +196,11 @@ void router_answer_hello(session *s, request *r)
         break;
     default:
         if (!s->authed) {
-            s->f->session_ops->answer_str(
-                s, r,
-                "-NOAUTH HELLO must be called with the client already "
-                "authenticated, otherwise the HELLO <proto> AUTH <user> "
-                "<pass> option can be used to authenticate the client and "
-                "select the RESP protocol version at the same time\r\n");
+            s->f->session_ops->answer_str(s, r,
+                                          "-NOAUTH HELLO must be called with the client already "
+                                          "authenticated, otherwise the HELLO AUTH <user> <pass> "
+                                          "option can be used to authenticate the client and "
+                                          "select the RESP protocol version at the same time\r\n");
             return;
         }
         break;

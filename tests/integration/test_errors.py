@@ -11,7 +11,7 @@ Run: python3 -m unittest test_errors -v
 import socket
 import unittest
 
-from harness import resp_encode, resp_read_raw, wait_until
+from harness import Ferry, RedisServer, resp_encode, resp_read_raw, wait_until
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 LOOP = 'local i = 0 while true do i = i + 1 end'
@@ -141,6 +141,149 @@ class Checks:
         got = self.same(case)
         self.assertEqual(got[4], b'-EXECABORT Transaction discarded because of previous '
                          b'errors.\r\n')
+
+
+    # --- every other error ferry writes in Redis' words ---------------------
+
+    def test_errors_ferry_writes_for_redis(self):
+        """Each case's replies, one connection each, directly and through
+        ferry; a raw case also asserts that the connection is then closed
+        (Redis closes it after a protocol error)."""
+        k = key_prefix(self)
+        for name, steps in error_cases(k):
+            with self.subTest(case=name):
+                def case(port):
+                    self.master().client().delete(k)
+                    c = Conn(self, port)
+                    out = []
+                    for step in steps:
+                        if isinstance(step, bytes):
+                            out.append(c.send_raw(step))
+                            out.append(closed(c.sock))
+                        else:
+                            out.append(c.ask(*step))
+                    return out
+                self.same(case)
+
+
+def closed(sock):
+    """b'closed' once the peer closed the connection, else what it sent."""
+    sock.settimeout(10)
+    try:
+        data = sock.recv(100)
+    except OSError as e:
+        return ('error', str(e))
+    return data or b'closed'
+
+
+def error_cases(k):
+    """(name, steps): a step is a command (a tuple) or raw bytes a client
+    sends (a protocol error: Redis answers and closes the connection)."""
+    q1, q2 = k + '.q1', k + '.q2'
+    return [
+        # transactions
+        ('MULTI nested', [('MULTI',), ('MULTI',), ('DISCARD',)]),
+        ('WATCH inside MULTI', [('MULTI',), ('WATCH', k), ('DISCARD',)]),
+        ('EXEC without MULTI', [('EXEC',)]),
+        ('DISCARD without MULTI', [('DISCARD',)]),
+        ('a command never allowed in MULTI',
+         [('MULTI',), ('SET', k, '1'), ('SHUTDOWN',), ('EXEC',), ('GET', k)]),
+        ('an unknown command in MULTI',
+         [('MULTI',), ('SET', k, '2'), ('NOSUCHCMD', 'a'), ('EXEC',), ('GET', k)]),
+        ('a wrong arity in MULTI', [('MULTI',), ('GET',), ('EXEC',)]),
+        ('WRONGTYPE in MULTI',
+         [('LPUSH', k, 'x'), ('MULTI',), ('GET', k), ('EXEC',)]),
+        # SELECT
+        ('SELECT not an integer', [('SELECT', 'abc')]),
+        ('SELECT out of range', [('SELECT', '99999')]),
+        ('SELECT negative', [('SELECT', '-1')]),
+        # HELLO, AUTH (no password anywhere)
+        ('HELLO 4', [('HELLO', '4')]),
+        ('HELLO not an integer', [('HELLO', 'abc')]),
+        ('HELLO bad option', [('HELLO', '2', 'FOO')]),
+        ('HELLO 1', [('HELLO', '1')]),
+        ('HELLO bad option after AUTH', [('HELLO', '3', 'AUTH', 'default', 'x', 'NOPE', 'y')]),
+        ('HELLO AUTH of another user', [('HELLO', '2', 'AUTH', 'nosuchuser', 'x')]),
+        ('AUTH without a password set', [('AUTH', 'nope')]),
+        ('AUTH default without a password set', [('AUTH', 'default', 'nope')]),
+        # CLIENT
+        ('CLIENT LIST TYPE unknown', [('CLIENT', 'LIST', 'TYPE', 'nope')]),
+        ('CLIENT LIST bad', [('CLIENT', 'LIST', 'FOO')]),
+        ('CLIENT KILL addr unknown', [('CLIENT', 'KILL', '1.2.3.4:5')]),
+        ('CLIENT KILL ID 0', [('CLIENT', 'KILL', 'ID', '0')]),
+        ('CLIENT KILL ID not a number', [('CLIENT', 'KILL', 'ID', 'abc')]),
+        ('CLIENT KILL bad filter', [('CLIENT', 'KILL', 'FOO', 'bar')]),
+        ('CLIENT KILL odd arguments', [('CLIENT', 'KILL', 'ID', '1', 'SKIPME')]),
+        ('CLIENT UNBLOCK not a number', [('CLIENT', 'UNBLOCK', 'abc')]),
+        ('CLIENT UNBLOCK bad reason', [('CLIENT', 'UNBLOCK', '1', 'FOO')]),
+        ('CLIENT SETNAME with a space', [('CLIENT', 'SETNAME', 'a b')]),
+        ('CLIENT unknown subcommand', [('CLIENT', 'NOPE')]),
+        # arity and unknown commands
+        ('PING arity', [('PING', 'a', 'b')]),
+        ('ECHO arity', [('ECHO',)]),
+        ('GET arity', [('GET',)]),
+        ('unknown command', [('NOSUCHCMD', 'a', 'b')]),
+        ('CONFIG unknown subcommand', [('CONFIG', 'NOPE')]),
+        # types, scripts
+        ('WRONGTYPE', [('LPUSH', k, 'x'), ('GET', k)]),
+        ('NOSCRIPT', [('EVALSHA', 'ffffffffffffffffffffffffffffffffffffffff', '0')]),
+        ('EVALSHA arity', [('EVALSHA', 'ffffffffffffffffffffffffffffffffffffffff')]),
+        ('EVAL numkeys', [('EVAL', 'return 1', '5', 'a')]),
+        ('EVAL compile error', [('EVAL', 'return +', '0')]),
+        ('EVAL script error', [('EVAL', "return redis.call('nosuchcmd')", '0')]),
+        # blocking pops' timeouts
+        ('BRPOP timeout not a float', [('BRPOP', q1, q2, 'abc')]),
+        ('BRPOP timeout negative', [('BRPOP', q1, q2, '-1')]),
+        ('BLPOP one key timeout not a float', [('BLPOP', q1, 'abc')]),
+        ('BLMPOP timeout negative', [('BLMPOP', '-1', '2', q1, q2, 'LEFT')]),
+        ('BZPOPMIN timeout not a float', [('BZPOPMIN', q1, q2, 'x')]),
+        # subscribed context
+        ('a command on a subscribed connection',
+         [('SUBSCRIBE', k), ('GET', k), ('PING',), ('UNSUBSCRIBE', k)]),
+        # protocol errors: Redis answers, then closes the connection
+        ('multibulk length not a number', [b'*abc\r\n']),
+        ('multibulk length too big', [b'*3000000000\r\n']),
+        ('not a bulk', [b'*1\r\nx\r\n']),
+        ('bulk length not a number', [b'*1\r\n$abc\r\n']),
+        ('bulk length too big', [b'*1\r\n$3000000000\r\n']),
+        ('inline unbalanced quotes', [b'SET "a b\r\n']),
+    ]
+
+
+class PasswordErrors(unittest.TestCase):
+    """A password on both: Redis' requirepass, ferry's client.password
+    (ferry authenticates to Redis with it too)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.redis = RedisServer(conf={'requirepass': 'pw'})
+        cls.addClassCleanup(cls.redis.stop)
+
+    def setUp(self):
+        self.ferry = Ferry(self.redis, conf={'redis': {'password': 'pw'},
+                                             'client': {'password': 'pw'}}, wait='port')
+        self.addCleanup(self.ferry.stop)
+
+    def test_unauthenticated_errors(self):
+        k = key_prefix(self)
+        cases = [
+            ('a command before AUTH', [('GET', k), ('AUTH', 'pw'), ('GET', k)]),
+            ('MULTI before AUTH', [('MULTI',), ('SET', k, 'v'), ('EXEC',)]),
+            ('AUTH wrong', [('AUTH', 'nope'), ('GET', k)]),
+            ('AUTH default wrong', [('AUTH', 'default', 'nope')]),
+            ('AUTH of another user', [('AUTH', 'nosuchuser', 'pw')]),
+            ('HELLO before AUTH', [('HELLO', '3')]),
+            ('HELLO AUTH wrong', [('HELLO', '2', 'AUTH', 'default', 'nope')]),
+            ('HELLO without a version before AUTH', [('HELLO',)]),
+        ]
+        for name, steps in cases:
+            with self.subTest(case=name):
+                def case(port):
+                    c = Conn(self, port)
+                    return [c.ask(*step) for step in steps]
+                direct = case(self.redis.port)
+                through = case(self.ferry.port)
+                self.assertEqual(through, direct, '--- ferry log ---\n%s' % self.ferry.log()[-3000:])
 
 
 class SentinelErrors(SentinelMode, Checks, unittest.TestCase):
