@@ -166,6 +166,21 @@ class Checks:
                 self.same(case)
 
 
+    def test_client_unblock_error(self):
+        """CLIENT UNBLOCK <id> ERROR of a blocked BLPOP: Redis' -UNBLOCKED."""
+        k = key_prefix(self)
+
+        def case(port):
+            self.master().client().delete(k)
+            blocked, other = Conn(self, port), Conn(self, port)
+            cid = blocked.ask('CLIENT', 'ID').strip()[1:]
+            blocked.sock.sendall(resp_encode('BLPOP', k, '0'))
+            wait_until(lambda: other.ask('CLIENT', 'UNBLOCK', cid, 'ERROR') == b':1\r\n',
+                       timeout=10, msg='the BLPOP never blocked')
+            return [resp_read_raw(blocked.sock, timeout=10.0), blocked.ask('PING')]
+        self.same(case)
+
+
 def closed(sock):
     """b'closed' once the peer closed the connection, else what it sent."""
     sock.settimeout(10)
@@ -284,6 +299,23 @@ class PasswordErrors(unittest.TestCase):
                 direct = case(self.redis.port)
                 through = case(self.ferry.port)
                 self.assertEqual(through, direct, '--- ferry log ---\n%s' % self.ferry.log()[-3000:])
+
+
+class NoMasterErrors(unittest.TestCase):
+    """While no master is usable ferry answers PING and ECHO itself: with
+    Redis' errors for their arity (compared with a live Redis)."""
+
+    def test_standin_arity(self):
+        live = RedisServer()
+        self.addCleanup(live.stop)
+        dead = RedisServer()
+        dead.stop()
+        ferry = Ferry(dead, wait='port')
+        self.addCleanup(ferry.stop)
+        cases = [('PING', 'a', 'b'), ('ECHO',), ('ECHO', 'a', 'b'), ('PING',), ('ECHO', 'x')]
+        for cmd in cases:
+            with self.subTest(cmd=cmd):
+                self.assertEqual(Conn(self, ferry.port).ask(*cmd), Conn(self, live.port).ask(*cmd))
 
 
 class SentinelErrors(SentinelMode, Checks, unittest.TestCase):
