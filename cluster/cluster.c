@@ -9,7 +9,12 @@
  * the last trusted views flag failed is not heard, and a slot moves only
  * to a master at a higher config epoch. A round ends when every probe has
  * closed; a probe that fails to reach a master of the map makes the next
- * round come soon instead of a full interval later. */
+ * round come soon instead of a full interval later.
+ *
+ * Rounds asked for (cluster_refresh: every MOVED, every CLUSTERDOWN, every
+ * master lost, from every loop) are spaced by a back-off: while the cluster
+ * stays down, each held request asks again at each retry, and a round was
+ * started the moment the one before ended, for as long as it lasted. */
 #include "cluster.h"
 
 #include <stdio.h>
@@ -41,6 +46,11 @@ struct cluster_source {
     int nprobes;                                         /* slots used in probes[] this round */
     int live;                                            /* probes not yet closed */
     int again;                                           /* a refresh was asked during the round */
+    int asked;                                           /* the next round is one asked for */
+    int on_demand;                                       /* the round under way was asked for */
+    int round_changed;                                   /* the round under way changed the map */
+    uint64_t last_round_ms;                              /* when the last round started */
+    uint64_t ask_gap_ms;                                 /* rounds asked for: this far apart */
     int closed;                                          /* cluster_close was called */
     uint64_t next_round_ms;                              /* when the next round is due */
     char failed[CLUSTER_MAX_FAILED][SLOTMAP_ID_LEN + 1]; /* flagged fail by the last view */
@@ -64,6 +74,50 @@ struct probe {
 
 static void round_start(cluster_source *cs, uint64_t now);
 
+/* The back-off's longest gap: CLUSTER_ASK_MAX_MS, or the refresh interval
+ * if shorter (a round asked for never waits longer than the next regular
+ * one would). */
+static uint64_t ask_gap_max(const cluster_source *cs)
+{
+    uint64_t iv = cs->cfg->cluster_refresh_interval_ms;
+    uint64_t max = iv < CLUSTER_ASK_MAX_MS ? iv : CLUSTER_ASK_MAX_MS;
+    return max > CLUSTER_ASK_MIN_MS ? max : CLUSTER_ASK_MIN_MS;
+}
+
+/* A round is wanted by at (an ask, a master that did not answer), but not
+ * before the back-off's gap after the last one began. */
+static void want_round(cluster_source *cs, uint64_t at)
+{
+    uint64_t earliest = cs->last_round_ms + cs->ask_gap_ms;
+    if (at < earliest) {
+        at = earliest;
+    }
+    if (at < cs->next_round_ms) {
+        cs->next_round_ms = at;
+        cs->asked = 1;
+    }
+}
+
+/* Every probe of the round closed: the back-off learns from it (a round
+ * asked for that changed nothing doubles the gap; any change resets it),
+ * and a round asked for meanwhile starts once its gap allows. */
+static void round_end(cluster_source *cs, uint64_t now)
+{
+    if (cs->round_changed) {
+        cs->ask_gap_ms = CLUSTER_ASK_MIN_MS;
+    } else if (cs->on_demand) {
+        uint64_t max = ask_gap_max(cs);
+        cs->ask_gap_ms = cs->ask_gap_ms * 2 < max ? cs->ask_gap_ms * 2 : max;
+    }
+    if (cs->again) {
+        cs->again = 0;
+        want_round(cs, now);
+    }
+    if (cs->asked && now >= cs->next_round_ms) {
+        round_start(cs, now);
+    }
+}
+
 /* ==== helpers ==== */
 
 static void probe_free(probe *p)
@@ -83,11 +137,7 @@ static void probe_done(probe *p)
     cs->live--;
     p->cs = NULL;
     if (cs->live == 0 && !cs->closed) {
-        uint64_t now = uv_now(cs->loop);
-        if (cs->again) {
-            cs->again = 0;
-            round_start(cs, now);
-        }
+        round_end(cs, uv_now(cs->loop));
     }
 }
 
@@ -198,6 +248,7 @@ static void on_map_reply(cluster_source *cs, probe *p, int kind, const redisRepl
     learn_failed(cs, p);
     int moved = slotmap_merge(&cs->map, &cs->scratch, &changed);
     if (changed) {
+        cs->round_changed = 1;
         cs->counts.changes++;
         cs->counts.slots_moved += (uint64_t)moved;
         log_info("cluster: map from %s:%d: %d shard(s), %d slot(s) covered, %d moved", p->host,
@@ -269,7 +320,8 @@ static void state_cb(sconn *c, void *data, int up, const char *why)
             cs->counts.unreachable++;
             log_debug("cluster: %s:%d did not answer: %s", p->host, p->port, why);
             if (p->master && !cs->closed) {
-                cs->next_round_ms = uv_now(cs->loop) + CLUSTER_FAST_RETRY_MS;
+                cs->counts.asked[CLUSTER_WHY_UNREACHABLE]++;
+                want_round(cs, uv_now(cs->loop) + CLUSTER_FAST_RETRY_MS);
             }
         }
         probe_done(p);
@@ -363,6 +415,10 @@ static void round_start(cluster_source *cs, uint64_t now)
     cs->counts.rounds++;
     cs->nprobes = 0;
     cs->next_round_ms = now + cs->cfg->cluster_refresh_interval_ms;
+    cs->on_demand = cs->asked;
+    cs->asked = 0;
+    cs->round_changed = 0;
+    cs->last_round_ms = now;
     /* A probe may finish inside probe_start (a failed connect): count the
      * round as live until every probe is started. */
     cs->live++;
@@ -396,6 +452,7 @@ cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, struct tls_conf 
     cs->data = data;
     slotmap_init(&cs->map);
     slotmap_init(&cs->scratch);
+    cs->ask_gap_ms = CLUSTER_ASK_MIN_MS;
     log_info("cluster: learning the slot map from %d seed node(s)", cfg->ncluster_nodes);
     round_start(cs, uv_now(loop));
     return cs;
@@ -417,17 +474,25 @@ void cluster_tick(cluster_source *cs, uint64_t now)
     }
 }
 
-void cluster_refresh(cluster_source *cs, const char *why)
+void cluster_refresh(cluster_source *cs, cluster_why reason, const char *why)
 {
     if (cs == NULL || cs->closed) {
         return;
     }
-    log_debug("cluster: refresh: %s", why);
+    uint64_t now = uv_now(cs->loop);
+    cs->counts.asked[reason < CLUSTER_NWHY ? reason : CLUSTER_WHY_MASTER_LOST]++;
     if (cs->live > 0) {
-        cs->again = 1;
+        cs->again = 1; /* asked of a round under way: it may not know yet */
+        cs->counts.deferred++;
         return;
     }
-    round_start(cs, uv_now(cs->loop));
+    want_round(cs, now);
+    if (now >= cs->next_round_ms) {
+        log_debug("cluster: refresh: %s", why);
+        round_start(cs, now);
+    } else {
+        cs->counts.deferred++;
+    }
 }
 
 const slotmap *cluster_map(const cluster_source *cs)

@@ -23,6 +23,23 @@ typedef struct cluster_ops {
     void (*on_map)(void *data, const slotmap *m, int moved);
 } cluster_ops;
 
+/* Why the map is asked for before its interval (cluster_refresh). */
+typedef enum cluster_why {
+    CLUSTER_WHY_MASTER_LOST = 0, /* a shard's master view lost its master */
+    CLUSTER_WHY_MOVED,           /* a node answered MOVED */
+    CLUSTER_WHY_CLUSTERDOWN,     /* a node answered CLUSTERDOWN */
+    CLUSTER_WHY_CHANNEL,         /* a node dropped a shard channel (its slot moved) */
+    CLUSTER_WHY_REPLAY,          /* a node redirected a fallback replay script */
+    CLUSTER_WHY_UNREACHABLE,     /* a master of the map did not answer a round */
+    CLUSTER_NWHY
+} cluster_why;
+
+/* Rounds asked for start at least CLUSTER_ASK_MIN_MS apart; while they
+ * change nothing the gap doubles, up to CLUSTER_ASK_MAX_MS (or the refresh
+ * interval, if shorter); a round that changes the map brings it back. */
+#define CLUSTER_ASK_MIN_MS 100
+#define CLUSTER_ASK_MAX_MS 500
+
 /* What the source has done, for stats. */
 typedef struct cluster_counts {
     uint64_t rounds;      /* refresh rounds started */
@@ -31,6 +48,8 @@ typedef struct cluster_counts {
     uint64_t unreachable; /* nodes that did not answer in time or refused the connection */
     uint64_t changes;     /* times the map changed */
     uint64_t slots_moved; /* slots that changed owner, in total */
+    uint64_t asked[CLUSTER_NWHY]; /* refreshes asked for, per reason */
+    uint64_t deferred;    /* of them, left to a round under way or to the back-off */
     char last_error[400]; /* why the last answer was refused, "" if none */
 } cluster_counts;
 
@@ -43,9 +62,11 @@ cluster_source *cluster_new(uv_loop_t *loop, const config *cfg, struct tls_conf 
                             const cluster_ops *ops, void *data);
 /* Periodic (the owner's tick): starts a due round, times out slow nodes. */
 void cluster_tick(cluster_source *cs, uint64_t now);
-/* Refresh now (a MOVED, CLUSTERDOWN, a failed link); why is logged. When
- * a round is under way, another follows it. */
-void cluster_refresh(cluster_source *cs, const char *why);
+/* Refresh soon (a MOVED, CLUSTERDOWN, a failed link): at once when no
+ * round ran for the back-off's gap (CLUSTER_ASK_MIN_MS), else when it has
+ * passed; when a round is under way, another follows it, as far apart.
+ * reason is counted, why logged. */
+void cluster_refresh(cluster_source *cs, cluster_why reason, const char *why);
 /* The trusted map (empty until a first answer), and the counts. */
 const slotmap *cluster_map(const cluster_source *cs);
 const cluster_counts *cluster_get_counts(const cluster_source *cs);

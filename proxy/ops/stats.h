@@ -472,7 +472,24 @@ typedef enum stat_type {
     X("cluster.clusterdown_held", COUNTER, "ferry_cluster_clusterdown_held_total",                 \
       "CLUSTERDOWN answers held and sent again (cluster mode)")                                    \
     X("cluster.last_error", TEXT, "ferry_cluster_info",                                            \
-      "why the last node answer was refused, empty if none (cluster mode)")
+      "why the last node answer was refused, empty if none (cluster mode)")                        \
+    X("cluster.refresh_master_lost", COUNTER, "ferry_cluster_refresh_master_lost_total",           \
+      "map refreshes asked because a shard's master was lost (cluster mode)")                      \
+    X("cluster.refresh_moved", COUNTER, "ferry_cluster_refresh_moved_total",                       \
+      "map refreshes asked by a MOVED answer, every loop (cluster mode)")                          \
+    X("cluster.refresh_clusterdown", COUNTER, "ferry_cluster_refresh_clusterdown_total",           \
+      "map refreshes asked by a CLUSTERDOWN answer, every loop (cluster mode)")                    \
+    X("cluster.refresh_channel", COUNTER, "ferry_cluster_refresh_channel_total",                   \
+      "map refreshes asked because a node dropped a shard channel (cluster mode)")                 \
+    X("cluster.refresh_replay", COUNTER, "ferry_cluster_refresh_replay_total",                     \
+      "map refreshes asked by a redirected fallback replay (cluster mode)")                        \
+    X("cluster.refresh_unreachable", COUNTER, "ferry_cluster_refresh_unreachable_total",           \
+      "map refreshes asked because a master of the map did not answer (cluster mode)")             \
+    X("cluster.refresh_deferred", COUNTER, "ferry_cluster_refresh_deferred_total",                 \
+      "of the refreshes asked, those left to a round under way or to the back-off (cluster mode)") \
+    X("cluster.meta_changes", COUNTER, "ferry_cluster_map_changes_meta_total",                     \
+      "map changes that kept every slot's master (replicas, health, epochs): not sent to the "      \
+      "loops (cluster mode)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */
 #define STATS_NBUCKETS 17  /* histogram buckets, the last one +Inf */

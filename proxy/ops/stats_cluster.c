@@ -103,6 +103,14 @@ static uint64_t total_num(const clustermap_totals *t, const char *key)
         {"splits", offsetof(clustermap_totals, splits)},
         {"tryagain_held", offsetof(clustermap_totals, tryagain)},
         {"clusterdown_held", offsetof(clustermap_totals, clusterdown)},
+        {"refresh_master_lost", offsetof(clustermap_totals, refresh_master_lost)},
+        {"refresh_moved", offsetof(clustermap_totals, refresh_moved)},
+        {"refresh_clusterdown", offsetof(clustermap_totals, refresh_clusterdown)},
+        {"refresh_channel", offsetof(clustermap_totals, refresh_channel)},
+        {"refresh_replay", offsetof(clustermap_totals, refresh_replay)},
+        {"refresh_unreachable", offsetof(clustermap_totals, refresh_unreachable)},
+        {"refresh_deferred", offsetof(clustermap_totals, refresh_deferred)},
+        {"meta_changes", offsetof(clustermap_totals, meta_changes)},
     };
     for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
         if (strcmp(key, nums[i].key) == 0) {

@@ -47,6 +47,19 @@ typedef struct clustermap_board {
     loop_fig *loops;
 } clustermap_board;
 
+/* What the loops route by, of the last map the main loop applied: each
+ * slot's shard and each shard's master. Nodes disagree for seconds about
+ * the rest (a replica's health follows the replication offset each node
+ * last heard from it; a replica re-pointed after a failover), so answers
+ * in turn changed the map, each change went to every loop and undid the
+ * MOVED corrections of its routing: such a change is kept in the source's
+ * map (stats, replicas) and sent to no loop. */
+typedef struct routing {
+    int16_t owner[CLUSTER_SLOTS];
+    int nshards;
+    char master[SLOTMAP_MAX_SHARDS][300];
+} routing;
+
 struct clustermap {
     ferry *f;
     const clustermap_ops *ops;             /* the owner's */
@@ -64,6 +77,8 @@ struct clustermap {
     uint64_t moved, asked, crossslot;       /* redirects followed, refusals */
     uint64_t splits;                        /* requests split across slots (split.c) */
     uint64_t tryagain, clusterdown;         /* refusals held and sent again */
+    routing *applied;                       /* main loop: the routing of the last map applied */
+    uint64_t meta_changes;                  /* main loop: map changes that kept the routing */
 };
 
 /* The map the router follows: the source's on the main loop, the last
@@ -229,6 +244,14 @@ void clustermap_get_totals(const clustermap *cm, clustermap_totals *t)
     t->unreachable = k->unreachable;
     t->changes = k->changes;
     t->slots_moved = k->slots_moved;
+    t->refresh_master_lost = k->asked[CLUSTER_WHY_MASTER_LOST];
+    t->refresh_moved = k->asked[CLUSTER_WHY_MOVED];
+    t->refresh_clusterdown = k->asked[CLUSTER_WHY_CLUSTERDOWN];
+    t->refresh_channel = k->asked[CLUSTER_WHY_CHANNEL];
+    t->refresh_replay = k->asked[CLUSTER_WHY_REPLAY];
+    t->refresh_unreachable = k->asked[CLUSTER_WHY_UNREACHABLE];
+    t->refresh_deferred = k->deferred;
+    t->meta_changes = cm->meta_changes;
     t->moved_followed = cm->moved;
     t->ask_followed = cm->asked;
     t->crossslot = cm->crossslot;
@@ -322,6 +345,15 @@ void clustermap_json(const clustermap *cm, buf *b)
              (unsigned long long)t.tryagain, (unsigned long long)t.clusterdown);
     buf_append_str(b, tmp);
     json_str(b, t.last_error);
+    snprintf(tmp, sizeof(tmp),
+             ",\"refresh_master_lost\":%llu,\"refresh_moved\":%llu,\"refresh_clusterdown\":%llu,"
+             "\"refresh_channel\":%llu,\"refresh_replay\":%llu,\"refresh_unreachable\":%llu,"
+             "\"refresh_deferred\":%llu,\"meta_changes\":%llu",
+             (unsigned long long)t.refresh_master_lost, (unsigned long long)t.refresh_moved,
+             (unsigned long long)t.refresh_clusterdown, (unsigned long long)t.refresh_channel,
+             (unsigned long long)t.refresh_replay, (unsigned long long)t.refresh_unreachable,
+             (unsigned long long)t.refresh_deferred, (unsigned long long)t.meta_changes);
+    buf_append_str(b, tmp);
     buf_append_str(b, "}");
 }
 
@@ -483,10 +515,34 @@ uint64_t clustermap_gen(const clustermap *cm)
     return cm->gen;
 }
 
+/* Main loop: does m route differently from the last map applied? (It is
+ * remembered if so.) */
+static int routing_changed(clustermap *cm, const slotmap *m)
+{
+    routing *r = cm->applied;
+    int same = cm->gen > 0 && r->nshards == m->nshards &&
+               memcmp(r->owner, m->owner, sizeof(r->owner)) == 0;
+    for (int i = 0; i < m->nshards; i++) {
+        char name[sizeof(r->master[0])];
+        node_name(&m->shards[i].master, name, sizeof(name));
+        if (same && strcmp(name, r->master[i]) != 0) {
+            same = 0;
+        }
+        memcpy(r->master[i], name, sizeof(name));
+    }
+    memcpy(r->owner, m->owner, sizeof(r->owner));
+    r->nshards = m->nshards;
+    return !same;
+}
+
 /* Main loop: the source's map changed. */
 static void on_map(void *data, const slotmap *m, int moved)
 {
     clustermap *cm = data;
+    if (!routing_changed(cm, m)) {
+        cm->meta_changes++;
+        return;
+    }
     apply_map(cm, m);
     cm->gen++;
     log_info("cluster: map of %d shard(s), %d slot(s) served, %d moved", m->nshards,
@@ -514,11 +570,33 @@ void clustermap_apply(clustermap *cm, clustermap_snap *snap)
               (unsigned long long)snap->gen, snap->m.nshards);
 }
 
+/* Why a refresh was asked, from its text: the callers above (router,
+ * multipop, replay) and a worker loop's asks reach the main loop as text;
+ * anything else is a shard's master view that lost its master. */
+static cluster_why why_of(const char *why)
+{
+    static const struct {
+        const char *prefix;
+        cluster_why reason;
+    } known[] = {
+        {"MOVED ", CLUSTER_WHY_MOVED},
+        {"a node answered CLUSTERDOWN", CLUSTER_WHY_CLUSTERDOWN},
+        {"a node dropped a shard channel", CLUSTER_WHY_CHANNEL},
+        {"a node redirected a fallback replay", CLUSTER_WHY_REPLAY},
+    };
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+        if (strncmp(why, known[i].prefix, strlen(known[i].prefix)) == 0) {
+            return known[i].reason;
+        }
+    }
+    return CLUSTER_WHY_MASTER_LOST;
+}
+
 /* Ask the source for the map: this loop's, or the main loop's. */
 static void refresh_source(clustermap *cm, const char *why)
 {
     if (cm->cs != NULL) {
-        cluster_refresh(cm->cs, why);
+        cluster_refresh(cm->cs, why_of(why), why);
     } else if (cm->ops != NULL && cm->ops->refresh != NULL && !cm->f->closed) {
         cm->ops->refresh(cm->f, why);
     }
@@ -536,6 +614,7 @@ clustermap *clustermap_new(ferry *f, const clustermap_ops *ops)
         cm->board->nloops = f->cfg->workers;
         cm->board->loops = xcalloc((size_t)f->cfg->workers, sizeof(loop_fig));
     }
+    cm->applied = xcalloc(1, sizeof(*cm->applied));
     cm->cs = cluster_new(f->loop, f->cfg, f->tls != NULL ? f->tls->redis : NULL, &src_ops, cm);
     cm->reps = replicas_new(f, "the cluster map");
     return cm;
@@ -796,6 +875,7 @@ void clustermap_free(clustermap *cm)
         upstream_free(cm->views[i]);
     }
     clustermap_snap_release(cm->snap);
+    free(cm->applied);
     if (cm->cs != NULL && cm->board != NULL) { /* the main loop's, freed after the workers' */
         uv_mutex_destroy(&cm->board->lock);
         free(cm->board->loops);
