@@ -656,6 +656,16 @@ const conf_entry conf_table[] = {
      CONF_FIELD(replicas_ack_hold_ms),
      .min = 1,
      .max = CONF_DURATION_MAX},
+    {.key = "durability.replicas_ack_data_hold_ms",
+     .doc = "how long a reply that carries data taken out of Redis and has no receipt to undo it "
+            "(a pop of several keys or with a count, a move, a sorted-set pop, a script's reply) "
+            "waits for the replicas to confirm it before it is delivered unconfirmed "
+            "(replies_unconfirmed): a client that gives up on a held reply loses its data; keep "
+            "it below the clients' read timeouts (Jedis 2 s, Sidekiq 1 s)",
+     .type = CONF_DURATION,
+     CONF_FIELD(replicas_ack_data_hold_ms),
+     .min = 1,
+     .max = CONF_DURATION_MAX},
     {.key = "durability.offset_brackets",
      .doc = "with replicas_ack: a ROLE beside each WAIT gives every write the master's replication "
             "offsets around it, so after a failover ferry decides whether the new master has it "
@@ -1159,6 +1169,7 @@ void config_defaults(config *cfg)
     cfg->replicas_ack = -1; /* auto: 1 with Sentinel, 0 with a fixed master */
     cfg->replicas_ack_timeout_ms = 1000;
     cfg->replicas_ack_hold_ms = 30000;
+    cfg->replicas_ack_data_hold_ms = 500;
     cfg->offset_brackets = 1;
     cfg->pop_receipts = 1;
     cfg->push_receipts = 1;

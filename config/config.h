@@ -215,6 +215,7 @@ typedef struct config {
                                          replicas that must ack writes (WAIT) */
     uint64_t replicas_ack_timeout_ms; /* durability.replicas_ack_timeout_ms (1000) */
     uint64_t replicas_ack_hold_ms;    /* durability.replicas_ack_hold_ms (30000) */
+    uint64_t replicas_ack_data_hold_ms; /* durability.replicas_ack_data_hold_ms (500) */
     int offset_brackets;              /* durability.offset_brackets (1): ROLE beside WAIT */
     int pop_receipts;                 /* durability.pop_receipts (1): pops leave a receipt */
     int push_receipts;                /* durability.push_receipts (1): pushes leave a receipt */

@@ -753,9 +753,14 @@ static void fence_send_wait(link *l, int fence)
 {
     char n[16], timeout[24];
     snprintf(n, sizeof(n), "%d", fence ? 1 : l->up->replicas_ack);
+    /* Not longer than a data reply may be held: it is released at a WAIT's
+     * answer (release_data). */
+    uint64_t wait_ms = l->f->cfg->replicas_ack_timeout_ms;
+    if (wait_ms > l->f->cfg->replicas_ack_data_hold_ms) {
+        wait_ms = l->f->cfg->replicas_ack_data_hold_ms;
+    }
     snprintf(timeout, sizeof(timeout), "%llu",
-             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms
-                                        : l->f->cfg->replicas_ack_timeout_ms));
+             (unsigned long long)(fence ? l->f->cfg->fence_timeout_ms : wait_ms));
     const char *argv[] = {"WAIT", n, timeout};
     l->role_due = 0;
     if (brackets_on(l)) {
@@ -891,6 +896,51 @@ int fence_hold(link *l, request *r, const char *p, size_t n)
     return 1;
 }
 
+/* Held past durability.replicas_ack_data_hold_ms while the replicas stay
+ * short: a reply that carries data taken out of Redis with nothing to undo
+ * it is delivered unconfirmed. Its client would give up on it first (Jedis
+ * waits 2 s, Sidekiq 1 s) and the data would be on nobody; delivered, it is
+ * at worst seen twice if this master dies before a replica has the write. A
+ * pop with its receipt stays held: undone if its client leaves
+ * (receipts.c). Acknowledgements wait for replicas_ack_hold_ms. */
+static void release_data(link *l, long long acked, long long need)
+{
+    uint64_t now = uv_hrtime(), bound = l->f->cfg->replicas_ack_data_hold_ms * 1000000ull;
+    list_node out, *n, *next;
+    list_init(&out);
+    list_foreach_safe(n, next, &l->held)
+    {
+        request *r = list_entry(n, request, lq);
+        const char *p = buf_head(&r->reply);
+        size_t len = buf_used(&r->reply);
+        if (r->s != NULL && !(r->flags & REQ_F_RCPT) && (r->flags & REQ_F_WRITE) &&
+            now - r->sent_ns >= bound && reply_carries_data(r, p, len)) {
+            list_del(&r->lq);
+            list_add_tail(&out, &r->lq);
+        }
+    }
+    /* Taken off the link first: a reply delivered may end its session, and
+     * with it the link (a dedicated one) and what it still holds. */
+    while (!list_empty(&out)) {
+        request *r = list_entry(list_first(&out), request, lq);
+        list_del(&r->lq);
+        r->link = NULL;
+        if (r->s == NULL) {
+            request_free(l->f, r); /* its client left meanwhile */
+            continue;
+        }
+        l->f->stats.replies_unconfirmed++;
+        log_warn("link %llu: releasing a reply that carries data after %llu ms although %lld of "
+                 "%lld replica(s) confirmed it (durability.replicas_ack_data_hold_ms)",
+                 (unsigned long long)l->id, (unsigned long long)((now - r->sent_ns) / 1000000),
+                 acked < 0 ? 0 : acked, need);
+        buf tmp = r->reply;
+        buf_init(&r->reply);
+        l->f->shard_ops->on_reply(r->s, r, tmp.data + tmp.pos, tmp.len - tmp.pos);
+        buf_free(&tmp);
+    }
+}
+
 /* A WAIT answered: every reply held on this link was sent before it. */
 static void wait_done(link *l, request *w, const char *reply, size_t len)
 {
@@ -935,7 +985,10 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
              * again; the client sees latency, not an error. */
             log_debug("link %llu: WAIT %lld: %lld replica(s) so far after %llu ms; waiting on",
                       (unsigned long long)l->id, need, acked, (unsigned long long)waited);
-            fence_send_wait(l, 0);
+            release_data(l, acked, need);
+            if (l->state == LINK_READY) {
+                fence_send_wait(l, 0);
+            }
             return;
         }
         log_warn("link %llu: WAIT %lld: only %lld replica(s) confirmed within %llu ms",

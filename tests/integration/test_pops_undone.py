@@ -30,20 +30,33 @@ CLIENTS = 12
 CLIENT_TIMEOUT = 5.0   # redis-py socket_timeout: shorter than the hold
 HOLD_MS = 30000        # durability.replicas_ack_hold_ms: longer than the clients wait
 
-# Pop shapes that go with a receipt: (name, the call on a redis-py client).
+# N4's delayed queue: the first due item taken in one step.
+N4_TAKE = """
+local v = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1)
+if v[1] then
+  redis.call('ZREM', KEYS[1], v[1])
+  return v[1]
+end
+return false
+"""
+
+# Pop shapes that go with a receipt: the call on a redis-py client, the
+# items it answered.
 SHAPES = {
-    'rpop': lambda c, k: c.rpop(k),
-    'lpop': lambda c, k: c.lpop(k),
-    'brpop': lambda c, k: c.brpop(k, timeout=0),
-    'blpop': lambda c, k: c.blpop(k, timeout=0),
+    'rpop': lambda c, k: [c.rpop(k)],
+    'lpop': lambda c, k: [c.lpop(k)],
+    'brpop': lambda c, k: [c.brpop(k, timeout=0)[1]],
+    'blpop': lambda c, k: [c.blpop(k, timeout=0)[1]],
 }
 
-
-def item_of(v):
-    """The item a pop answered (BRPOP's [key, item] or the item), or None."""
-    if v is None:
-        return None
-    return v[1] if isinstance(v, (list, tuple)) else v
+# Data replies with no receipt to undo them: (kind of key, call).
+DATA_SHAPES = {
+    'brpop2': ('list', lambda c, k: [c.brpop([k, k + ':empty'], timeout=0)[1]]),
+    'lpop_count': ('list', lambda c, k: c.lpop(k, 2) or []),
+    'blmove': ('list', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
+    'bzpopmin': ('zset', lambda c, k: [c.bzpopmin(k, timeout=0)[1]]),
+    'n4_script': ('zset', lambda c, k: [c.eval(N4_TAKE, 1, k, int(time.time() * 1000))]),
+}
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
@@ -65,19 +78,20 @@ class PopsUndoneTest(unittest.TestCase):
         cls.ferry.stop()
         cls.topo.stop()
 
-    def give_up_on_held_pops(self, key, pop, frozen):
+    def pop_while_frozen(self, key, pop, frozen):
         """CLIENTS clients pop key once each through ferry while the replicas
-        in frozen are stopped; returns the items any of them got. The
-        replicas are let go once every client gave up (or got its reply)."""
+        in frozen are stopped; returns (the items they got, how many gave
+        up). The replicas are let go once every client gave up or got its
+        reply."""
         got, gave_up, errors = [], [], []
         lock = threading.Lock()
 
         def one():
             c = self.ferry.client(socket_timeout=CLIENT_TIMEOUT)
             try:
-                v = item_of(pop(c, key))
+                v = [i for i in pop(c, key) if i is not None]
                 with lock:
-                    got.append(v)
+                    got.extend(v)
             except redis.exceptions.TimeoutError:
                 with lock:
                     gave_up.append(1)
@@ -100,18 +114,22 @@ class PopsUndoneTest(unittest.TestCase):
             for r in frozen:
                 r.sigcont()
         self.assertEqual(errors, [])
-        # The case itself: the replies were held past the clients' patience.
-        self.assertGreater(len(gave_up), 0, 'no client gave up: nothing was held (%r)' % got)
-        return [v for v in got if v is not None]
+        return got, len(gave_up)
 
-    def count_after(self, key, pushed, delivered):
-        """Waits until every pushed item is delivered or back in key, and no
-        receipt key is left; fails with the counts otherwise."""
+    def left_in(self, m, key, kind):
+        if kind == 'zset':
+            return m.zrange(key, 0, -1)
+        return m.lrange(key, 0, -1) + m.lrange(key + ':dst', 0, -1)
+
+    def count_after(self, key, pushed, delivered, kind='list'):
+        """Waits until every pushed item is delivered or back in Redis, and no
+        receipt key is left; fails with the counts otherwise. Returns what
+        is left."""
         m = self.topo.master().client(socket_timeout=10)
         state = {}
 
         def settled():
-            left = m.lrange(key, 0, -1)
+            left = self.left_in(m, key, kind)
             rcpts = m.keys('ferry:rcpt:*')
             state.update(left=len(left), receipts=len(rcpts),
                          lost=sorted(set(pushed) - set(left) - set(delivered)))
@@ -120,12 +138,17 @@ class PopsUndoneTest(unittest.TestCase):
             wait_until(settled, timeout=HOLD_MS / 1000 + 15, interval=0.2,
                        msg='every item delivered or back in the queue')
         except AssertionError:
-            self.fail('%d pushed, %d delivered, %d left in the queue, %d receipt key(s): '
+            self.fail('%d pushed, %d delivered, %d left in Redis, %d receipt key(s): '
                       'lost %r' % (len(pushed), len(delivered), state['left'],
                                    state['receipts'], state['lost']))
-        left = m.lrange(key, 0, -1)
-        self.assertEqual([v for v in delivered if v in left], [], 'delivered and still in the queue')
-        return left
+        # (A move's item is delivered and in its destination: that is the move.)
+        queue = m.lrange(key, 0, -1) if kind == 'list' else m.zrange(key, 0, -1)
+        self.assertEqual([v for v in delivered if v in queue], [], 'delivered and still queued')
+        self.assertEqual(len(delivered), len(set(delivered)), 'delivered twice')
+        return queue
+
+    def durability(self):
+        return stats_json(self.ferry.stats_port)['durability']
 
     def run_shape(self, shape):
         key = 'q:undo:%s' % shape
@@ -133,18 +156,20 @@ class PopsUndoneTest(unittest.TestCase):
         mc = m.client(socket_timeout=10)
         pushed = ['%s-%d' % (shape, i) for i in range(2 * CLIENTS)]
         mc.rpush(key, *pushed)
-        before = stats_json(self.ferry.stats_port)['durability'].get('pops_undone', 0)
+        before = self.durability().get('pops_undone', 0)
         frozen = [r for r in self.topo.redis if r is not m]
-        delivered = self.give_up_on_held_pops(key, SHAPES[shape], frozen)
+        delivered, gave_up = self.pop_while_frozen(key, SHAPES[shape], frozen)
+        # The case itself: the replies were held past the clients' patience.
+        self.assertGreater(gave_up, 0, 'no client gave up: nothing was held (%r)' % delivered)
         left = self.count_after(key, pushed, delivered)
         # Back at the end each came from: the items no client took are
         # still the queue's other end, in their order.
         untouched = pushed[:CLIENTS] if shape in ('rpop', 'brpop') else pushed[CLIENTS:]
         ends = left[:CLIENTS] if shape in ('rpop', 'brpop') else left[-CLIENTS:]
         self.assertEqual(ends, untouched, left)
-        undone = stats_json(self.ferry.stats_port)['durability'].get('pops_undone', 0) - before
-        print('%s: %d pushed, %d delivered, %d undone' %
-              (shape, len(pushed), len(delivered), undone))
+        undone = self.durability().get('pops_undone', 0) - before
+        print('%s: %d pushed, %d delivered, %d gave up, %d undone' %
+              (shape, len(pushed), len(delivered), gave_up, undone))
         self.assertEqual(undone, CLIENTS - len(delivered))
 
     def test_rpop(self):
@@ -158,6 +183,30 @@ class PopsUndoneTest(unittest.TestCase):
 
     def test_blpop(self):
         self.run_shape('blpop')
+
+    def test_data_replies_without_receipt(self):
+        """The shapes no receipt can undo (and N4's script) are delivered
+        unconfirmed at durability.replicas_ack_data_hold_ms (its default),
+        before the clients give up."""
+        m = self.topo.master()
+        mc = m.client(socket_timeout=10)
+        frozen = [r for r in self.topo.redis if r is not m]
+        for shape, (kind, pop) in DATA_SHAPES.items():
+            with self.subTest(shape=shape):
+                key = 'q:data:%s' % shape
+                pushed = ['%s-%d' % (shape, i) for i in range(3 * CLIENTS)]
+                if kind == 'zset':
+                    mc.zadd(key, {v: i for i, v in enumerate(pushed)})  # all due
+                else:
+                    mc.rpush(key, *pushed)
+                before = self.durability()
+                t0 = time.monotonic()
+                delivered, gave_up = self.pop_while_frozen(key, pop, frozen)
+                took = time.monotonic() - t0
+                self.count_after(key, pushed, delivered, kind)
+                print('%s: %d pushed, %d delivered in %.1f s, %d gave up' %
+                      (shape, len(pushed), len(delivered), took, gave_up))
+                self.assertEqual(gave_up, 0)
 
 
 if __name__ == '__main__':
