@@ -38,7 +38,7 @@ typedef enum cluster_why {
  * change nothing the gap doubles, up to CLUSTER_ASK_MAX_MS (or the refresh
  * interval, if shorter); a round that changes the map brings it back. */
 #define CLUSTER_ASK_MIN_MS 100
-#define CLUSTER_ASK_MAX_MS 500
+#define CLUSTER_ASK_MAX_MS 250
 
 /* What the source has done, for stats. */
 typedef struct cluster_counts {
