@@ -290,6 +290,57 @@ class ClusterMultiTest(unittest.TestCase):
         finally:
             n.close()
 
+    def test_2b_exec_during_a_busy_script(self):
+        """A queued command refused -BUSY (a script of the same node past
+        lua-time-limit), then EXEC while the script runs: the node's own
+        -EXECABORT ... because of: BUSY ..., directly and through ferry
+        (Redis' unit/multi "EXEC and script timeout")."""
+        self.cluster.wait_consistent()
+        port = self.cluster.masters()[0]
+        k = key_on(self.cluster, port, 'tx2b')
+        loop = 'local i = 0 while true do i = i + 1 end'
+        node = self.node_client(port)
+        self.addCleanup(node.close)
+        old = node.config_get('lua-time-limit')['lua-time-limit']
+        node.config_set('lua-time-limit', 100)
+        self.addCleanup(node.config_set, 'lua-time-limit', old)
+
+        def busy():
+            try:
+                node.ping()
+                return False
+            except redis.ResponseError as e:
+                return 'BUSY' in str(e)
+
+        def served():
+            try:
+                node.script_kill()
+            except redis.ResponseError:
+                pass
+            try:
+                return node.ping()
+            except redis.ResponseError:
+                return False
+
+        def case(at):
+            c = socket.create_connection(('127.0.0.1', at), timeout=10)
+            runner = socket.create_connection(('127.0.0.1', at), timeout=10)
+            try:
+                got = pipelined(c, ['SET', k, '1'], ['MULTI'], ['INCR', k])
+                harness.resp_send(runner, ['EVAL', loop, '1', k])
+                harness.wait_until(busy, timeout=10, msg='the node never got busy')
+                got += pipelined(c, ['INCR', k], ['EXEC'])
+                harness.wait_until(served, timeout=10, msg='the script never ended')
+                got += pipelined(c, ['GET', k], ['PING', 'asdf'])
+                return [str(x) for x in got]
+            finally:
+                c.close()
+                runner.close()
+        direct = case(port)
+        self.assertTrue(direct[4].startswith('EXECABORT Transaction discarded because of: BUSY'),
+                        direct)
+        self.assertEqual(case(self.ferry.port), direct)
+
     def test_5_a_slot_moved_inside_a_transaction(self):
         """The pinned slot moves to another master between two commands of
         the transaction: the old master answers MOVED (and aborts it there);
