@@ -48,7 +48,7 @@ struct cluster_source {
     int again;                                           /* a refresh was asked during the round */
     int asked;                                           /* the next round is one asked for */
     int on_demand;                                       /* the round under way was asked for */
-    int round_changed;                                   /* the round under way changed the map */
+    int round_moved;                                     /* the round under way moved slots */
     uint64_t last_round_ms;                              /* when the last round started */
     uint64_t ask_gap_ms;                                 /* rounds asked for: this far apart */
     int closed;                                          /* cluster_close was called */
@@ -99,11 +99,13 @@ static void want_round(cluster_source *cs, uint64_t at)
 }
 
 /* Every probe of the round closed: the back-off learns from it (a round
- * asked for that changed nothing doubles the gap; any change resets it),
- * and a round asked for meanwhile starts once its gap allows. */
+ * asked for that moved no slot doubles the gap; one that moved slots resets
+ * it: a change of replicas or health, which nodes disagree about for
+ * seconds, is no sign that the asks are being answered), and a round asked
+ * for meanwhile starts once its gap allows. */
 static void round_end(cluster_source *cs, uint64_t now)
 {
-    if (cs->round_changed) {
+    if (cs->round_moved) {
         cs->ask_gap_ms = CLUSTER_ASK_MIN_MS;
     } else if (cs->on_demand) {
         uint64_t max = ask_gap_max(cs);
@@ -248,7 +250,7 @@ static void on_map_reply(cluster_source *cs, probe *p, int kind, const redisRepl
     learn_failed(cs, p);
     int moved = slotmap_merge(&cs->map, &cs->scratch, &changed);
     if (changed) {
-        cs->round_changed = 1;
+        cs->round_moved |= moved > 0;
         cs->counts.changes++;
         cs->counts.slots_moved += (uint64_t)moved;
         log_info("cluster: map from %s:%d: %d shard(s), %d slot(s) covered, %d moved", p->host,
@@ -417,7 +419,7 @@ static void round_start(cluster_source *cs, uint64_t now)
     cs->next_round_ms = now + cs->cfg->cluster_refresh_interval_ms;
     cs->on_demand = cs->asked;
     cs->asked = 0;
-    cs->round_changed = 0;
+    cs->round_moved = 0;
     cs->last_round_ms = now;
     /* A probe may finish inside probe_start (a failed connect): count the
      * round as live until every probe is started. */

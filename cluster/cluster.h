@@ -35,8 +35,8 @@ typedef enum cluster_why {
 } cluster_why;
 
 /* Rounds asked for start at least CLUSTER_ASK_MIN_MS apart; while they
- * change nothing the gap doubles, up to CLUSTER_ASK_MAX_MS (or the refresh
- * interval, if shorter); a round that changes the map brings it back. */
+ * move no slot the gap doubles, up to CLUSTER_ASK_MAX_MS (or the refresh
+ * interval, if shorter); a round that moves slots brings it back. */
 #define CLUSTER_ASK_MIN_MS 100
 #define CLUSTER_ASK_MAX_MS 250
 

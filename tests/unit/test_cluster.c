@@ -932,6 +932,7 @@ typedef struct fake {
     uint64_t want_rejected;
     int want_port; /* and the master of slot 0 on this port (0: any) */
     int done;
+    int asks; /* cluster_refresh calls of ask_poll */
 } fake;
 
 static void fake_alloc(uv_handle_t *h, size_t hint, uv_buf_t *b)
@@ -1186,6 +1187,67 @@ static int keyslot_tool(void)
     return 0;
 }
 
+/* A request refused MOVED every 5 ms: ask for the map, then the owner's
+ * tick. */
+static void ask_poll(uv_timer_t *t)
+{
+    fake *fk = t->data;
+    cluster_refresh(fk->cs, CLUSTER_WHY_MOVED, "MOVED 0 127.0.0.1:7000");
+    fk->asks++;
+    cluster_tick(fk->cs, uv_now(t->loop));
+}
+
+/* Rounds asked for are spaced by the back-off: asked every 5 ms for 2 s
+ * while they move no slot (the map's masters refuse the connection, which
+ * asks as well), the source starts one every CLUSTER_ASK_MAX_MS or so once
+ * the gap has grown, not one right after the other (~400, or as many as
+ * the fake node accepts); every ask is counted for its reason. */
+static void test_source_backs_off_rounds_asked_for(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    fake *fk = calloc(1, sizeof(*fk));
+    config *cfg = fake_config();
+    char text[4096];
+
+    assert_int_equal(uv_loop_init(&loop), 0);
+    cfg->cluster_refresh_interval_ms = 1000;
+    nodes_text(text, sizeof(text), 0, 1, 2, 3, -1);
+    rb_put(&fk->node[0].answer, "$%zu\r\n%s\r\n", strlen(text), text);
+    three_shards_bytes(&fk->node[0].answer);
+    fake_listen(&loop, &fk->node[0]);
+    fk->nnodes = 1;
+    seed(cfg, fk->node[0].port);
+    fk->want_answers = 1;
+    fake_run(&loop, fk, cfg);
+    assert_true(fk->done);
+
+    const cluster_counts *k = cluster_get_counts(fk->cs);
+    uint64_t rounds0 = k->rounds, t0 = uv_now(&loop);
+    uv_timer_start(&fk->timer, ask_poll, 5, 5);
+    while (uv_now(&loop) - t0 < 2000) {
+        uv_run(&loop, UV_RUN_ONCE);
+    }
+    uv_timer_stop(&fk->timer);
+    uint64_t rounds = k->rounds - rounds0;
+    print_message("rounds in 2 s of asks every 5 ms: %llu (%d asks)\n", (unsigned long long)rounds,
+                  fk->asks);
+    /* 2 s: the interval's 2 rounds and the asks' (gaps 100, 200, then 250
+     * ms): about 10; never more than one per CLUSTER_ASK_MIN_MS. */
+    assert_true(rounds >= 3);
+    assert_true(rounds <= 2000 / CLUSTER_ASK_MIN_MS);
+    assert_true(rounds <= 14);
+    assert_int_equal(k->asked[CLUSTER_WHY_MOVED], (uint64_t)fk->asks);
+    assert_true(fk->asks > 100);
+    assert_true(k->deferred + rounds >= (uint64_t)fk->asks);
+    assert_true(k->asked[CLUSTER_WHY_UNREACHABLE] > 0);
+    assert_int_equal(fk->maps, 1);
+    fake_close(&loop, fk);
+    config_free(cfg);
+    free(cfg);
+    free(fk);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--keyslot") == 0) {
@@ -1210,6 +1272,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_real_replies_agree),
         cmocka_unit_test(test_source_learns_and_closes_clean),
         cmocka_unit_test(test_source_ignores_a_node_flagged_failed),
+        cmocka_unit_test(test_source_backs_off_rounds_asked_for),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
