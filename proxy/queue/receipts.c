@@ -25,7 +25,9 @@
  *
  * A pop ferry answers itself after its move may have applied (its timeout
  * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
- * its queue, at the end it came from, on the next master: undone.
+ * its queue, at the end it came from, on the next master: undone. So does a
+ * pop whose client left before its reply was written (held for its WAIT
+ * past the client's read timeout, or still in flight): receipts_client_gone.
  *
  * A push (LPUSH, RPUSH, LPUSHX, RPUSHX, XADD of a key fallback.keys names) dies
  * the same way: sent and unanswered when the master died, the promoted
@@ -328,13 +330,14 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
 #define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
 #define PUT_BACK_KEEP_MS 20000 /* a put-back sent is sent again on a next master this long */
 
-/* A receipt to move back to its queue. Sent, it is kept a while: a master
- * that dies before its replica got the move back may leave the receipt,
- * item in it, on the replica it promotes; the move is sent again there. It
- * cannot apply twice: the first emptied the receipt (a key never used
- * again), so a second finds nothing to move. */
+/* A receipt to move back to its queue (a pop's), or to delete (a push's or
+ * a transaction's whose client left: nothing will send it again). Sent, it
+ * is kept a while: a master that dies before its replica got the move back
+ * may leave the receipt, item in it, on the replica it promotes; the move
+ * is sent again there. It cannot apply twice: the first emptied the receipt
+ * (a key never used again), so a second finds nothing to move. */
 typedef struct put_back {
-    buf move; /* LMOVE <receipt> <key> LEFT <side>, as sent */
+    buf move; /* LMOVE <receipt> <key> LEFT <side>, or DEL <receipt>, as sent */
     char *key;
     size_t klen;
     uint64_t epoch;   /* the master epoch it was last sent to, 0 not sent yet */
@@ -696,8 +699,8 @@ static void put_back_send(ferry *f, put_back *b, link *via)
     }
     link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
     if (b->epoch != 0) {
-        log_info("receipts: a receipt moved back on the master before moved back again on "
-                 "this one (the move may have died with that master)");
+        log_info("receipts: a receipt moved back (or deleted) on the master before sent again to "
+                 "this one (it may have died with that master)");
     } else {
         b->sent_ms = uv_now(f->loop);
     }
@@ -711,7 +714,8 @@ static void put_back_free(put_back *b)
 }
 
 /* r's receipt moved back to the end of its queue the item came from (the
- * queue as it was), on via or its key's master, now or once there is one. */
+ * queue as it was), or a push's deleted, on via or its key's master, now or
+ * once there is one. */
 static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via)
 {
     struct receipts *rc = receipts_of(f);
@@ -734,12 +738,18 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via)
     buf_init(&key);
     buf_init(&b->move);
     receipt_key(f, v, r->rcpt, &key);
-    buf_append_count(&b->move, '*', 5);
-    buf_append_bulk(&b->move, "LMOVE", 5);
-    buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-    buf_append_bulk(&b->move, v->key, v->klen);
-    buf_append_bulk(&b->move, "LEFT", 4);
-    buf_append_bulk(&b->move, v->side, strlen(v->side));
+    if (v->push != NULL) {
+        buf_append_count(&b->move, '*', 2);
+        buf_append_bulk(&b->move, "DEL", 3);
+        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+    } else {
+        buf_append_count(&b->move, '*', 5);
+        buf_append_bulk(&b->move, "LMOVE", 5);
+        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b->move, v->key, v->klen);
+        buf_append_bulk(&b->move, "LEFT", 4);
+        buf_append_bulk(&b->move, v->side, strlen(v->side));
+    }
     buf_free(&key);
     b->key = xmalloc(v->klen + 1);
     memcpy(b->key, v->key, v->klen);
@@ -768,17 +778,22 @@ void receipts_put_back(ferry *f, request *r)
  * reach Redis after it: behind it on its shared link; a blocking move on
  * its own link is ended first (CLIENT KILL, on a shared link to the same
  * master, then the move back there: Redis frees a killed client at once,
- * so the move is done or never will be). */
-static void client_gone_pop(session *s, request *r)
+ * so the move is done or never will be). A push or a transaction stands
+ * (its client was told nothing either way, as with any write whose reply
+ * it lost); its receipt is deleted the same way, or nothing would. */
+static void client_gone(session *s, request *r)
 {
     ferry *f = s->f;
     rcpt_view v;
     link *l = r->state == REQ_SENT ? r->link : NULL, *via = NULL;
-    if (rcpt_of(f, r, &v) != 0 || v.push != NULL || r->route == RT_EXEC ||
-        r->state == REQ_ANSWERED ||
-        (r->state == REQ_WAITING && (is_null(buf_head(&r->reply), buf_used(&r->reply)) ||
-                                     buf_head(&r->reply)[0] == '-'))) {
-        return; /* nothing taken, or its receipt already served (deleted) */
+    if (rcpt_of(f, r, &v) != 0) {
+        return;
+    }
+    const char *p = buf_head(&r->reply);
+    size_t n = buf_used(&r->reply);
+    if (r->state == REQ_ANSWERED ||
+        (v.push == NULL && r->state == REQ_WAITING && (is_null(p, n) || (n > 0 && p[0] == '-')))) {
+        return; /* its receipt served (deleted) already, or nothing taken */
     }
     if (l != NULL && l->state == LINK_READY && l->kind == LINK_SHARED) {
         via = l;
@@ -791,12 +806,14 @@ static void client_gone_pop(session *s, request *r)
     } else if (l != NULL) {
         /* (A link on its way out: the move back goes to the master now and
          * again to a next one; a move that applies after it stays.) */
-        log_warn("receipts: client %llu left with a pop on a link that is not ready: its "
-                 "receipt is moved back on the master, a move still to come is not",
+        log_warn("receipts: client %llu left with a request on a link that is not ready: its "
+                 "receipt is moved back (or deleted) on the master, a move still to come is not",
                  (unsigned long long)s->id);
     }
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
-    f->stats.pops_undone++;
+    if (v.push == NULL) {
+        f->stats.pops_undone++;
+    }
     put_back_add(f, r, &v, via);
 }
 
@@ -807,7 +824,7 @@ void receipts_client_gone(session *s)
     {
         request *r = list_entry(n, request, sq);
         if (r->flags & REQ_F_RCPT) {
-            client_gone_pop(s, r);
+            client_gone(s, r);
         }
     }
 }

@@ -40,7 +40,8 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n);
 void receipts_put_back(ferry *f, request *r);
 /* s's client is gone, its requests not let go yet: each pop with its
  * receipt whose move may have applied is undone the same way (counted
- * pops_undone): its reply will never be written. */
+ * pops_undone): its reply will never be written. A push's or a
+ * transaction's receipt is deleted (the write stands). */
 void receipts_client_gone(session *s);
 void receipts_tick(ferry *f);
 /* The receipts served this turn deleted, in one DEL (before the links flush). */

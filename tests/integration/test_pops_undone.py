@@ -184,6 +184,27 @@ class PopsUndoneTest(unittest.TestCase):
     def test_blpop(self):
         self.run_shape('blpop')
 
+    def test_push_receipts_deleted(self):
+        """A push with its receipt whose client gave up on its held
+        acknowledgement stands (the client was told nothing either way); its
+        receipt key is deleted, not left behind."""
+        key = 'q:undo:push'
+        m = self.topo.master()
+        frozen = [r for r in self.topo.redis if r is not m]
+        pushed = ['push-%d' % i for i in range(CLIENTS)]
+        n = iter(pushed)
+        lock = threading.Lock()
+
+        def push(c, k):
+            with lock:
+                v = next(n)
+            c.lpush(k, v)
+            return []
+        delivered, gave_up = self.pop_while_frozen(key, push, frozen)
+        self.assertEqual(gave_up, CLIENTS)
+        left = self.count_after(key, pushed, delivered)
+        self.assertEqual(sorted(left), sorted(pushed))  # each once
+
     def test_data_replies_without_receipt(self):
         """The shapes no receipt can undo (and N4's script) are delivered
         unconfirmed at durability.replicas_ack_data_hold_ms (its default),
@@ -207,6 +228,126 @@ class PopsUndoneTest(unittest.TestCase):
                 print('%s: %d pushed, %d delivered in %.1f s, %d gave up' %
                       (shape, len(pushed), len(delivered), took, gave_up))
                 self.assertEqual(gave_up, 0)
+
+
+FROZEN_S = 15.0  # the new master's time without a replica
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class FailoverWithoutReplicaTest(unittest.TestCase):
+    """The notes' N11 run, small: consumers with 5 s read timeouts popping
+    in each shape (a receipt's RPOP, LPOP, BRPOP and BLPOP of one key, and
+    N4's script) and a producer pushing, through a kill -9 of the master
+    whose successor then has no replica for FROZEN_S (the other one frozen):
+    every item acknowledged is delivered or still in Redis at the end."""
+
+    def test_n11_kill_then_no_replica(self):
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        conf = {**FAILOVER_CONF,
+                'durability': {**FAILOVER_CONF['durability'], 'replicas_ack_hold_ms': HOLD_MS}}
+        f = Ferry(None, conf=conf, sentinel=topo)
+        self.addCleanup(f.stop)
+        old = topo.master()
+        mc = old.client(socket_timeout=10)
+        pushed = ['i%d' % i for i in range(400)]
+        mc.rpush('q', *pushed)
+        due = ['d%d' % i for i in range(200)]
+        mc.zadd('dq', {v: i for i, v in enumerate(due)})
+        acked, delivered, gave_up, errors = [], [], [0], []
+        lock = threading.Lock()
+        stop, stop_pushing = threading.Event(), threading.Event()
+        calls = [
+            lambda c: [c.rpop('q')],
+            lambda c: [c.lpop('q')],
+            lambda c: [(c.brpop('q', timeout=1) or [None, None])[1]],
+            lambda c: [(c.blpop('q', timeout=1) or [None, None])[1]],
+            lambda c: [c.eval(N4_TAKE, 1, 'dq', int(time.time() * 1000))],
+        ]
+
+        def consumer(k):
+            c = f.client(socket_timeout=CLIENT_TIMEOUT)
+            while not stop.is_set():
+                try:
+                    got = [v for v in calls[k % len(calls)](c) if v is not None]
+                    with lock:
+                        delivered.extend(got)
+                    if not got:
+                        time.sleep(0.05)
+                except (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError):
+                    with lock:
+                        gave_up[0] += 1
+                    c.close()
+                    c = f.client(socket_timeout=CLIENT_TIMEOUT)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    with lock:
+                        errors.append(repr(e))
+                    time.sleep(0.1)
+            c.close()
+
+        def producer():
+            c = f.client(socket_timeout=CLIENT_TIMEOUT)
+            n = 0
+            while not stop_pushing.is_set():
+                v = 'p%d' % n
+                n += 1
+                try:
+                    c.lpush('q', v)
+                    with lock:
+                        acked.append(v)
+                except (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError):
+                    c.close()
+                    c = f.client(socket_timeout=CLIENT_TIMEOUT)
+                time.sleep(0.02)
+            c.close()
+
+        threads = [threading.Thread(target=consumer, args=(k,), daemon=True) for k in range(20)]
+        threads.append(threading.Thread(target=producer, daemon=True))
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: len(delivered) >= 50, timeout=30, msg='consumers under way')
+            old.kill()
+            new_port = topo.wait_failover(old.port)
+            other = [r for r in topo.redis if r is not old and r.port != new_port][0]
+            other.sigstop()
+            frozen_at = time.monotonic()
+            try:
+                wait_until(lambda: time.monotonic() - frozen_at >= FROZEN_S, timeout=FROZEN_S + 5,
+                           interval=0.5, msg='the frozen window')
+            finally:
+                other.sigcont()
+            stop_pushing.set()
+            m = topo.redis_by_port(new_port).client(socket_timeout=10)
+            wait_until(lambda: m.llen('q') == 0 and m.zcard('dq') == 0, timeout=60, interval=0.5,
+                       msg='the queues drained')
+        finally:
+            stop.set()
+            stop_pushing.set()
+            for t in threads:
+                t.join(CLIENT_TIMEOUT * 4)
+        self.assertEqual(errors, [])
+        every = set(pushed) | set(due) | set(acked)
+        state = {}
+
+        def settled():
+            left = set(m.lrange('q', 0, -1)) | set(m.zrange('dq', 0, -1))
+            state.update(lost=sorted(every - left - set(delivered)),
+                         receipts=len(m.keys('ferry:rcpt:*')))
+            return not state['lost'] and not state['receipts']
+        try:
+            wait_until(settled, timeout=HOLD_MS / 1000 + 15, interval=0.5, msg='nothing lost')
+        except AssertionError:
+            rcpts = {k: (m.type(k), m.lrange(k, 0, -1) if m.type(k) == 'list' else m.get(k))
+                     for k in m.keys('ferry:rcpt:*')}
+            self.fail('%d acked, %d delivered, %d gave up, %d receipt key(s): lost %d %r %r' % (
+                len(every), len(delivered), gave_up[0], state['receipts'], len(state['lost']),
+                state['lost'][:20], rcpts))
+        du = stats_json(f.stats_port)['durability']
+        twice = len(delivered) - len(set(delivered))
+        print('n11: %d acked, %d delivered (%d twice), %d gave up, %d undone, 0 lost' % (
+            len(every), len(delivered), twice, gave_up[0], du.get('pops_undone', 0)))
+        self.assertGreater(gave_up[0], 0, 'no client gave up: nothing was held')
 
 
 if __name__ == '__main__':
