@@ -318,6 +318,41 @@ class NoMasterErrors(unittest.TestCase):
                 self.assertEqual(Conn(self, ferry.port).ask(*cmd), Conn(self, live.port).ask(*cmd))
 
 
+class MaxClientsErrors(unittest.TestCase):
+    """One client more than allowed: Redis' maxclients, ferry's
+    client.max_clients; the refused connection is answered and closed."""
+
+    def test_max_clients(self):
+        redis_ = RedisServer()
+        self.addCleanup(redis_.stop)
+        ferry = Ferry(redis_, conf={'client': {'max_clients': 1}})
+        self.addCleanup(ferry.stop)
+
+        def case(port):
+            def alone():
+                # (the client before may not be gone yet on Redis' side)
+                c = Conn(self, port)
+                got = c.ask('PING')
+                if got != b'+PONG\r\n':
+                    c.sock.close()
+                    return None
+                return c
+            first = wait_until(alone, timeout=10, msg='no first client')
+            got = [first.ask('PING')]
+            second = connect(port)
+            self.addCleanup(second.close)
+            got += [resp_read_raw(second, timeout=10.0), closed(second), first.ask('PING')]
+            return got
+        through = case(ferry.port)
+        ferry.stop()
+        with redis_.client() as c:
+            # Redis counts the connection being accepted too: with this one
+            # gone, a first client is served, a second refused
+            c.config_set('maxclients', c.info('clients')['connected_clients'] + 1)
+        direct = case(redis_.port)
+        self.assertEqual(through, direct)
+
+
 class SentinelErrors(SentinelMode, Checks, unittest.TestCase):
     pass
 
