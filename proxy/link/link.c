@@ -316,6 +316,9 @@ link *link_new(upstream *up, link_kind kind, int proto, ident *id)
     list_add_tail(&up->links, &l->node);
     up->nlinks++;
     f->stats.links_opened++;
+    if (kind == LINK_DEDICATED) {
+        f->stats.links_opened_dedicated++;
+    }
     if (rc < 0) {
         log_error("link %llu: connect to %s failed: %s", (unsigned long long)l->id, up->name,
                   uv_strerror(rc));

@@ -203,6 +203,18 @@ typedef enum stat_type {
     X(upstream, links_open, GAUGE, "ferry_links_open",                                             \
       "connections to Redis open: shared, lent and pooled (live)")                                 \
     X(upstream, links_opened, COUNTER, "ferry_links_opened_total", "connections to Redis opened")  \
+    X(upstream, links_opened_dedicated, COUNTER, "ferry_links_opened_dedicated_total",             \
+      "of those, dedicated links (lent to one client, or to ferry's own calls), opened when the "  \
+      "pool had no idle one")                                                                      \
+    X(upstream, links_opened_for_blocking, COUNTER, "ferry_links_opened_for_blocking_total",       \
+      "of the dedicated, for a client's blocking call (BLPOP, BLMOVE, BZPOPMIN, XREAD BLOCK...)")  \
+    X(upstream, links_opened_for_script, COUNTER, "ferry_links_opened_for_script_total",           \
+      "of the dedicated, for a client's script or function call (EVAL, EVALSHA, FCALL...)")        \
+    X(upstream, links_opened_for_transaction, COUNTER, "ferry_links_opened_for_transaction_total", \
+      "of the dedicated, for a client's transaction (MULTI, WATCH)")                               \
+    X(upstream, links_opened_for_state, COUNTER, "ferry_links_opened_for_state_total",             \
+      "of the dedicated, for a client's connection state (SELECT, CLIENT SETNAME, SUBSCRIBE, "     \
+      "MONITOR...)")                                                                               \
     X(upstream, pool_idle, GAUGE, "ferry_links_pool_idle", "idle dedicated links pooled (live)")   \
     X(upstream, held_bytes, GAUGE, "ferry_held_bytes",                                             \
       "request bytes held for lack of a master (live)")                                            \

@@ -288,6 +288,30 @@ static int split_midway(const request *r)
     return r->sp != NULL && !r->sp->failed && r->sp->next + 1 < r->sp->nparts;
 }
 
+/* l was just lent for r: if it is a new connection (none idle in the
+ * pool), count it under what r needed it for (the stats' links_opened_for_*). */
+static void count_link_opened(ferry *f, const request *r, const link *l)
+{
+    if (l == NULL || l->state != LINK_CONNECTING) {
+        return; /* taken from the pool */
+    }
+    switch (r->route) {
+    case RT_BLOCKING:
+        f->stats.links_opened_for_blocking++;
+        break;
+    case RT_SCRIPT:
+        f->stats.links_opened_for_script++;
+        break;
+    case RT_MULTI:
+    case RT_WATCH:
+        f->stats.links_opened_for_transaction++;
+        break;
+    default:
+        f->stats.links_opened_for_state++; /* SELECT, sticky settings, a tunnel, pinned */
+        break;
+    }
+}
+
 static int dispatch_one(session *s, request *r)
 {
     ferry *f = s->f;
@@ -619,7 +643,7 @@ static int dispatch_one(session *s, request *r)
             if (ahead && s->tx == TX_MULTI_REBUILD) {
                 s->tx_deferred = TX_DEFER_BEHIND;
             }
-            router_lend(s, up);
+            count_link_opened(f, r, router_lend(s, up));
         } else if (s->tx_deferred && !ahead) {
             if (s->tx_deferred == TX_DEFER_BEHIND) {
                 s->tx_deferred = 0; /* rebuilt now, behind them */
