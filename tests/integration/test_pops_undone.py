@@ -23,7 +23,7 @@ import unittest
 import redis
 
 from failover_load import FAILOVER_CONF
-from harness import DIRECT, Ferry, SentinelTopology, wait_until
+from harness import DIRECT, ClusterTopology, Ferry, SentinelTopology, wait_until
 from test_stats import stats_json
 
 CLIENTS = 12
@@ -53,7 +53,7 @@ SHAPES = {
 DATA_SHAPES = {
     'brpop2': ('list', lambda c, k: [c.brpop([k, k + ':empty'], timeout=0)[1]]),
     'lpop_count': ('list', lambda c, k: c.lpop(k, 2) or []),
-    'blmove': ('list', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
+    'blmove': ('move', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
     'bzpopmin': ('zset', lambda c, k: [c.bzpopmin(k, timeout=0)[1]]),
     'n4_script': ('zset', lambda c, k: [c.eval(N4_TAKE, 1, k, int(time.time() * 1000))]),
 }
@@ -119,7 +119,9 @@ class PopsUndoneTest(unittest.TestCase):
     def left_in(self, m, key, kind):
         if kind == 'zset':
             return m.zrange(key, 0, -1)
-        return m.lrange(key, 0, -1) + m.lrange(key + ':dst', 0, -1)
+        if kind == 'move':
+            return m.lrange(key, 0, -1) + m.lrange(key + ':dst', 0, -1)
+        return m.lrange(key, 0, -1)
 
     def count_after(self, key, pushed, delivered, kind='list'):
         """Waits until every pushed item is delivered or back in Redis, and no
@@ -142,7 +144,7 @@ class PopsUndoneTest(unittest.TestCase):
                       'lost %r' % (len(pushed), len(delivered), state['left'],
                                    state['receipts'], state['lost']))
         # (A move's item is delivered and in its destination: that is the move.)
-        queue = m.lrange(key, 0, -1) if kind == 'list' else m.zrange(key, 0, -1)
+        queue = m.zrange(key, 0, -1) if kind == 'zset' else m.lrange(key, 0, -1)
         self.assertEqual([v for v in delivered if v in queue], [], 'delivered and still queued')
         self.assertEqual(len(delivered), len(set(delivered)), 'delivered twice')
         return queue
@@ -348,6 +350,67 @@ class FailoverWithoutReplicaTest(unittest.TestCase):
         print('n11: %d acked, %d delivered (%d twice), %d gave up, %d undone, 0 lost' % (
             len(every), len(delivered), twice, gave_up[0], du.get('pops_undone', 0)))
         self.assertGreater(gave_up[0], 0, 'no client gave up: nothing was held')
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class ClusterPopsUndoneTest(PopsUndoneTest):
+    """The same in cluster mode (replicas_ack 1): the receipt in the key's
+    slot, its move back and CLIENT KILL on that shard's master."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1)
+        conf = {'cluster': {'nodes': [cls.cluster.seeds()[0]], 'refresh_interval_ms': 200,
+                            'timeout_ms': 1000},
+                'durability': {'replicas_ack': 1, 'replicas_ack_timeout_ms': 1000,
+                               'replicas_ack_hold_ms': HOLD_MS}}
+        try:
+            cls.ferry = Ferry(None, wait='port', conf=conf)
+            c = cls.ferry.client(socket_timeout=5)
+            wait_until(lambda: c.set('probe', 1), timeout=20, interval=0.1,
+                       msg='ferry serving the cluster')
+            c.close()
+        except BaseException:
+            cls.cluster.stop()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ferry.stop()
+        cls.cluster.stop()
+
+    def shard_of(self, key):
+        port = self.cluster.master_of(self.cluster.keyslot(key))
+        return (self.cluster.node_by_port(port),
+                [self.cluster.node_by_port(p) for p in self.cluster.replicas_of(port)])
+
+    def run_shape(self, shape):
+        key = 'cq%s' % shape
+        m, frozen = self.shard_of(key)
+        self.topo = type('one_shard', (), {'master': lambda _self: m})()
+        mc = m.client(socket_timeout=10)
+        pushed = ['%s-%d' % (shape, i) for i in range(2 * CLIENTS)]
+        mc.rpush(key, *pushed)
+        before = self.durability().get('pops_undone', 0)
+        delivered, gave_up = self.pop_while_frozen(key, SHAPES[shape], frozen)
+        self.assertGreater(gave_up, 0, 'no client gave up: nothing was held (%r)' % delivered)
+        self.count_after(key, pushed, delivered)
+        undone = self.durability().get('pops_undone', 0) - before
+        print('cluster %s: %d pushed, %d delivered, %d gave up, %d undone' %
+              (shape, len(pushed), len(delivered), gave_up, undone))
+        self.assertEqual(undone, CLIENTS - len(delivered))
+
+    def test_lpop(self):
+        self.skipTest('rpop and brpop stand for the shapes here')
+
+    def test_blpop(self):
+        self.skipTest('rpop and brpop stand for the shapes here')
+
+    def test_push_receipts_deleted(self):
+        self.skipTest('Sentinel mode only')
+
+    def test_data_replies_without_receipt(self):
+        self.skipTest('Sentinel mode only')
 
 
 if __name__ == '__main__':
