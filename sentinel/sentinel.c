@@ -85,6 +85,7 @@ struct sentinel_client {
     long long trusted_epoch; /* config epoch of the master last accepted, -1 none */
     int closing;             /* sentinel_close called */
     replicas *replicas;      /* durability on the replicas Sentinel lists */
+    int replicas_told;       /* their count as every loop was last told it (-1 never) */
 };
 
 static void round_evaluate(sentinel_client *sc);
@@ -356,6 +357,18 @@ static void on_sentinels(sentinel_node *nd, const redisReply *r)
     }
 }
 
+/* Every loop's master view learns how many replicas Sentinel lists when
+ * that changes: any of them may be promoted, so redo.c keeps an
+ * acknowledged push until as many replicas are online past it. */
+static void replicas_tell(sentinel_client *sc)
+{
+    int n = replicas_count(sc->replicas);
+    if (n != sc->replicas_told) {
+        sc->replicas_told = n;
+        workers_replicas_known(sc->f, n);
+    }
+}
+
 static void cmd_reply(sconn *c, void *data, int kind, redisReply *r)
 {
     sentinel_node *nd = data;
@@ -383,6 +396,7 @@ static void cmd_reply(sconn *c, void *data, int kind, redisReply *r)
         break;
     case K_REPLICAS:
         replicas_learn(nd->sc->replicas, r, uv_now(nd->sc->f->loop));
+        replicas_tell(nd->sc);
         break;
     default:
         break;
@@ -821,6 +835,7 @@ sentinel_client *sentinel_new(ferry *f)
     }
     sc->next_round_ms = now; /* ask as soon as connections are up */
     sc->replicas = replicas_new(f, "Sentinel");
+    sc->replicas_told = -1;
     return sc;
 }
 
@@ -849,7 +864,8 @@ void sentinel_tick(sentinel_client *sc, uint64_t now)
     if (sc->closing) {
         return;
     }
-    replicas_tick(sc->replicas, now);
+    replicas_tick(sc->replicas, now); /* may forget one */
+    replicas_tell(sc);
     for (int i = 0; i < sc->n; i++) {
         sentinel_node *nd = sc->nodes[i];
         if (nd->cmd == NULL && now >= nd->next_connect_ms) {

@@ -42,6 +42,7 @@ typedef enum wmsg_kind {
     WM_SWITCH,     /* stop sending to the current master (why) */
     WM_FENCE,      /* a replica is being promoted: fences on the old master count no more */
     WM_KEEP,       /* no majority of sentinels: go back to the last master, ROLE checked */
+    WM_REPLICAS,   /* how many replicas Sentinel lists (port: the count) */
     WM_STOP,       /* graceful stop (why) */
     WM_CLOSE,      /* close everything now */
     WM_STORE,      /* the result of a fallback store operation (store) */
@@ -265,6 +266,9 @@ static void apply(worker *w, wmsg *m)
         break;
     case WM_KEEP:
         keep_master(f->up, 1);
+        break;
+    case WM_REPLICAS:
+        f->up->replicas_known = m->port;
         break;
     case WM_STOP:
         f->stop(f, m->why);
@@ -620,6 +624,12 @@ void workers_fence_invalid(ferry *f)
 {
     f->up->fence_valid = 0;
     post_all(f, WM_FENCE, NULL, 0, NULL);
+}
+
+void workers_replicas_known(ferry *f, int n)
+{
+    f->up->replicas_known = n;
+    post_all(f, WM_REPLICAS, NULL, n, NULL);
 }
 
 void workers_keep_master(ferry *f)

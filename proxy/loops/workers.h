@@ -92,6 +92,10 @@ void workers_switch(ferry *f, const char *why);
 void workers_set_master(ferry *f, const char *ip, int port, const char *why);
 void workers_fence_invalid(ferry *f);
 void workers_keep_master(ferry *f);
+/* How many replicas Sentinel lists, in any state (replicas.c follows each):
+ * any of them may be promoted, so redo.c keeps a push until as many are
+ * online past it. */
+void workers_replicas_known(ferry *f, int n);
 /* Takeover (takeover.c). Old process, main loop: every worker hands its
  * clients over through relay / stops doing so (aborted). New process, main
  * loop: fd, a client received with its state frame p[0..n), is adopted by

@@ -286,6 +286,9 @@ typedef enum stat_type {
       "ferry_durability_redo_dropped_unprotected_total",                                           \
       "acknowledged queue pushes not kept (past durability.redo_max_bytes, or no offset after "    \
       "them): lost if a replica that lacks them is promoted")                                      \
+    X(durability, acked_writes_missing, COUNTER, "ferry_durability_acked_writes_missing_total",    \
+      "acknowledged writes a new master lacked (or may have lacked) that ferry cannot send again " \
+      "(transactions, scripts, writes other than queue pushes): lost (logged)")                    \
     X(durability, pop_receipts, COUNTER, "ferry_durability_pop_receipts_total",                    \
       "pops sent as a move into a receipt key of their own (durability.pop_receipts)")             \
     X(durability, pop_receipts_resent, COUNTER, "ferry_durability_pop_receipts_resent_total",      \

@@ -549,12 +549,14 @@ static int info_field(const char *info, const char *field, char *out, size_t out
     return 0;
 }
 
-/* The lowest offset of the replicas INFO replication lists online
- * ("slaveN:ip=..,port=..,state=online,offset=N,lag=.."), -1 if none: a
- * replica still syncing gets the whole data set later and does not count. */
-static long long online_replicas_min(const char *info, int *listed)
+/* The lowest offset of the replicas INFO replication lists
+ * ("slaveN:ip=..,port=..,state=online,offset=N,lag.."), -1 if none, or if
+ * one of them is not online: a replica waiting for or loading a full resync
+ * still holds its old data set, and Sentinel may promote it as it is. */
+static long long replicas_min_of(const char *info, int *listed)
 {
     long long min = -1;
+    int behind = 0;
     *listed = 0;
     for (const char *p = info; p != NULL && *p != '\0';) {
         if (strncmp(p, "slave", 5) == 0 && p[5] >= '0' && p[5] <= '9') {
@@ -569,12 +571,14 @@ static long long online_replicas_min(const char *info, int *listed)
                 if (end != off + 7 && o >= 0 && (min < 0 || o < min)) {
                     min = o;
                 }
+            } else {
+                behind = 1;
             }
         }
         p = strchr(p, '\n');
         p = p != NULL ? p + 1 : NULL;
     }
-    return min;
+    return behind ? -1 : min;
 }
 
 static void replid_done(link *l, request *r, const char *reply, size_t len)
@@ -591,7 +595,7 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     long long replicas_min = -1;
     int listed = -1;
     if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
-        replicas_min = online_replicas_min(rr->str, &listed);
+        replicas_min = replicas_min_of(rr->str, &listed);
         info_field(rr->str, "role", role, sizeof(role));
         info_field(rr->str, "master_replid", id, sizeof(id));
         info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));

@@ -5,11 +5,14 @@
  * must run it again (its RESP bytes; an XADD's "*" id replaced by the id
  * its reply carried, so a redo makes the same entry), its db, the offsets
  * of its master around it (its bracket, fence.c) and that master's epoch.
- * Three things remove entries: every online replica of the current master
- * has the entry's offset (INFO replication, redo_confirmed), the bound
- * (durability.redo_max_bytes: the oldest go first, counted unprotected),
- * and a failover's verdict (redo_decide: on the new master, dropped; not on
- * it or not known, sent again, redo_send, and dropped once it answered). */
+ * Beside them, marks: an acknowledged write redo cannot send again (a
+ * transaction's EXEC, a script, any other write): its bracket alone, so that
+ * a failover's verdict can count what the new master lacks.
+ * Three things remove entries: every replica that may be promoted has the
+ * entry's offset (redo_replicas), the bound (durability.redo_max_bytes: the
+ * oldest go first, pushes counted unprotected), and a failover's verdict
+ * (redo_decide: on the new master, dropped; a push not on it or not known,
+ * sent again, redo_send, and dropped once it answered; a mark, counted). */
 #include "redo.h"
 
 #include <stdio.h>
@@ -35,6 +38,7 @@ typedef struct redo_entry {
     int db;           /* the database it was written in */
     redo_state state; /* see redo_state; changed only by entry_set_state */
     int ambiguous;    /* the verdict could not place it (sent again all the same) */
+    int mark;         /* a write not sent again: its bracket only (len 0) */
     size_t len;       /* bytes of the command */
     char bytes[];     /* the command, RESP */
 } redo_entry;
@@ -157,7 +161,7 @@ static void entry_append(upstream *up, redo_entry *e)
     while (x != NULL && rd->bytes + ENTRY_COST(e) > max) {
         redo_entry *next = x->next;
         if (x->state == REDO_KEPT) {
-            up->f->stats.redo_dropped_unprotected++;
+            up->f->stats.redo_dropped_unprotected += !x->mark;
             entry_drop(up, prev, x);
         } else {
             prev = x;
@@ -165,7 +169,7 @@ static void entry_append(upstream *up, redo_entry *e)
         x = next;
     }
     if (rd->bytes + ENTRY_COST(e) > max) {
-        up->f->stats.redo_dropped_unprotected++;
+        up->f->stats.redo_dropped_unprotected += !e->mark;
         free(e);
         return;
     }
@@ -190,29 +194,66 @@ static void entry_init(redo_entry *e, const link *l, const request *r)
     e->db = l->db;
     e->state = REDO_KEPT;
     e->ambiguous = 0;
+    e->mark = 0;
+}
+
+/* Whether a WAIT that acked replicas confirmed reached every replica that
+ * may be promoted: every one the master listed at the last INFO of epoch
+ * (acked counts online ones only), and as many as Sentinel lists. */
+static int all_have(const upstream *up, const redo *rd, uint64_t epoch, long long acked)
+{
+    return rd->listed_epoch == epoch && rd->listed > 0 && acked >= rd->listed &&
+           acked >= up->replicas_known;
+}
+
+/* An acknowledged write redo cannot send again: its bracket, to count it if
+ * the next master lacks it. */
+static void keep_mark(link *l, const request *r)
+{
+    redo_entry *e = xmalloc(sizeof(*e));
+    e->len = 0;
+    entry_init(e, l, r);
+    e->mark = 1;
+    entry_append(l->up, e);
+}
+
+/* A reply that says nothing was written: an error, or EXEC's nil (a
+ * watched key changed). */
+static int wrote_nothing(const char *p, size_t n)
+{
+    return n == 0 || p[0] == '-' || p[0] == '_' || (n >= 3 && memcmp(p, "*-1", 3) == 0);
 }
 
 void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked)
 {
     upstream *up = l->up;
     const config *cfg = l->f->cfg;
-    if (r->cmd == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_TXLOG)) || up->replicas_ack <= 0 ||
-        !cfg->offset_brackets || !is_push(r->cmd->name) ||
-        !config_fallback_command(cfg, r->cmd->name)) {
+    if (r->cmd == NULL || (r->flags & (REQ_F_INTERNAL | REQ_F_TXLOG)) ||
+        !(r->flags & REQ_F_WRITE) || up->replicas_ack <= 0 || !cfg->offset_brackets ||
+        wrote_nothing(reply, len)) {
         return;
+    }
+    int push = is_push(r->cmd->name) && config_fallback_command(cfg, r->cmd->name);
+    if (!push && command_takes_out(r->cmd)) {
+        return; /* a pop the next master lacks gives its item again: no loss */
     }
     if (r->br_hi < 0 || cfg->redo_max_bytes == 0 ||
         (l->epoch != up->epoch && up->heir_epoch > l->epoch)) {
         /* No offset after it (ROLE refused, a user's link): no replica's
          * offset can ever clear it; or an old master's link (a fence)
          * released it after the next master was read. */
-        l->f->stats.redo_dropped_unprotected++;
+        l->f->stats.redo_dropped_unprotected += push;
         return;
     }
     redo *rd = ctx(up);
-    if (rd->listed_epoch == l->epoch && rd->listed > 0 && acked >= rd->listed) {
+    if (all_have(up, rd, l->epoch, acked)) {
         /* Its WAIT counted every replica the master listed a moment ago
-         * (INFO replication, every ping interval): nothing to keep. */
+         * (INFO replication, every ping interval) and Sentinel lists:
+         * nothing to keep. */
+        return;
+    }
+    if (!push) {
+        keep_mark(l, r);
         return;
     }
     int xadd = strcmp(r->cmd->name, "xadd") == 0;
@@ -238,6 +279,7 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
         return;
     }
     if (!config_fallback_key(cfg, req.argv[1].ptr, req.argv[1].len)) {
+        keep_mark(l, r); /* not a queue ferry sends again: counted if lost */
         return;
     }
     size_t idi = 0, idlen = 0;
@@ -292,7 +334,10 @@ void redo_replicas(upstream *up, long long min_offset, int listed)
         rd->listed = listed;
         rd->listed_epoch = up->epoch;
     }
-    if (min_offset < 0) {
+    if (min_offset < 0 || listed < up->replicas_known) {
+        /* A replica not online, or one Sentinel lists that the master does
+         * not (stopped, restarting, cut off): it lacks what came since, and
+         * Sentinel may still promote it. */
         return;
     }
     redo_entry *prev = NULL, *e = rd->head;
@@ -317,7 +362,7 @@ void redo_decide(upstream *up, const char *heir_replid,
         return;
     }
     bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
-    size_t applied = 0, resend = 0, ambiguous = 0, nohistory = 0;
+    size_t applied = 0, resend = 0, ambiguous = 0, nohistory = 0, missing = 0, maybe = 0;
     redo_entry *prev = NULL, *e = rd->head;
     while (e != NULL) {
         redo_entry *next = e->next;
@@ -329,7 +374,7 @@ void redo_decide(upstream *up, const char *heir_replid,
         const char *id = replid_of(up, e->epoch);
         if (id != NULL && heir_replid != NULL && strcmp(id, heir_replid) == 0) {
             /* The same history goes on (the same node again): it has it. */
-            applied++;
+            applied += !e->mark;
             entry_drop(up, prev, e);
             e = next;
             continue;
@@ -339,8 +384,8 @@ void redo_decide(upstream *up, const char *heir_replid,
              * node restarted from its AOF (every acknowledged push is in the
              * AOF of the master that acknowledged it), or a replication id
              * not learned. Nothing to compare: not sent again. */
-            up->f->stats.redo_no_history++;
-            nohistory++;
+            up->f->stats.redo_no_history += !e->mark;
+            nohistory += !e->mark;
             entry_drop(up, prev, e);
             e = next;
             continue;
@@ -348,7 +393,17 @@ void redo_decide(upstream *up, const char *heir_replid,
         bracket b = {id, 1, e->lo, e->hi};
         bracket_verdict v = bracket_decide(&b, &h);
         if (v == BRACKET_APPLIED) {
-            applied++;
+            applied += !e->mark;
+            entry_drop(up, prev, e);
+            e = next;
+            continue;
+        }
+        if (e->mark) {
+            /* Acknowledged, and the new master lacks it (or may: the
+             * boundary inside its bracket); ferry cannot write it again. */
+            missing++;
+            maybe += v == BRACKET_AMBIGUOUS;
+            up->f->stats.acked_writes_missing++;
             entry_drop(up, prev, e);
             e = next;
             continue;
@@ -369,6 +424,12 @@ void redo_decide(upstream *up, const char *heir_replid,
                  "of another history (not sent again)",
                  up->tag, applied + resend + nohistory, applied, up->heir_second - 1, resend,
                  ambiguous, nohistory);
+    }
+    if (missing > 0) {
+        log_warn("%sredo: %zu acknowledged write(s) the new master lacks (%zu it may hold) "
+                 "that ferry cannot send again (transactions, scripts, writes other than queue "
+                 "pushes): lost (acked_writes_missing)",
+                 up->tag, missing, maybe);
     }
 }
 

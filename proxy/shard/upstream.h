@@ -93,6 +93,8 @@ typedef struct upstream {
     switch_record recent[UPSTREAM_RECENT_SWITCHES]; /* ring of the last switches */
     uint64_t nrecent;                               /* switches recorded (ring index mod) */
     int replicas_ack;        /* replicas that must confirm a write (resolved) */
+    int replicas_known;      /* replicas Sentinel lists, any state (workers_replicas_known);
+                                0 unknown (fixed mode): redo.c counts those the master lists */
     uint64_t acks_asked_ms;  /* replicas last asked for an ACK (slow WAIT) */
     uv_timer_t nudge;        /* a late replicas_ack WAIT nudges the master (fence.c) */
     int nudge_state;         /* 0 no timer yet, 1 idle, 2 armed, -1 closed */

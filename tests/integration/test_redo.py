@@ -97,6 +97,110 @@ class RedoFailoverTest(unittest.TestCase):
         self.assertIn('redo: sending %d acknowledged push(es) again' % (len(pushes) + 2), f.log())
 
 
+def info_calls(node):
+    return node.client(socket_timeout=5).info('commandstats').get('cmdstat_info', {}).get('calls', 0)
+
+
+def offset(node):
+    return node.client(socket_timeout=5).info('replication')['master_repl_offset']
+
+
+def replica_states(master):
+    """{port: state} of the replicas master lists in INFO replication."""
+    info = master.client(socket_timeout=5).info('replication')
+    return {v['port']: v['state'] for k, v in info.items()
+            if k.startswith('slave') and isinstance(v, dict)}
+
+
+class RedoReplicaNotOnlineTest(unittest.TestCase):
+    """Pushes acknowledged (WAIT 1, by R1) while the master does not list R2
+    at all (dropped after repl-timeout) or lists it mid full-resync (not
+    state=online): R2 lacks them, yet Sentinel may promote it. ferry keeps
+    them until every replica Sentinel lists is online past them; a
+    transaction's writes it cannot send again are counted as missing."""
+
+    def run_case(self, listed):
+        topo = SentinelTopology(down_after_ms=2000)
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        r1, r2 = [r for r in topo.redis if r is not master]
+        # ferry reads INFO replication every ping interval: often here, so
+        # that on a build that drops too early it has every chance to.
+        f = Ferry(None, conf=merged_conf({'upstream': {'ping_interval_ms': 100}}), sentinel=topo)
+        self.addCleanup(f.stop)
+        wait_until(lambda: durability(f)['replicas_known'] == 2, timeout=15,
+                   msg='ferry follows both replicas Sentinel lists')
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush('q', 'before'), 1)
+        wait_until(lambda: r2.client().lrange('q', 0, -1) == ['before'], timeout=10,
+                   msg='the first push on R2')
+
+        mc = master.client(socket_timeout=30)
+        mc.config_set('repl-timeout', 2)
+        r2.sigstop()
+        self.addCleanup(r2.sigcont)
+        wait_until(lambda: r2.port not in replica_states(master), timeout=30,
+                   msg='the master drops the frozen R2 (repl-timeout)')
+        if listed:
+            # R2 comes back to a full resync that waits 60 s before it
+            # starts: listed, state=wait_bgsave, its data as it was.
+            mc.config_set('repl-backlog-size', 16384)
+            mc.config_set('repl-diskless-sync', 'yes')
+            mc.config_set('repl-diskless-sync-delay', 60)
+            mc.set('filler', 'x' * 65536)  # past the backlog: no partial resync
+            r2.sigcont()
+            wait_until(lambda: replica_states(master).get(r2.port, 'online') != 'online',
+                       timeout=30, msg='R2 listed, waiting for its full resync')
+        calls = info_calls(master)
+        wait_until(lambda: info_calls(master) >= calls + 20, timeout=30,
+                   msg='ferry read INFO replication since')
+
+        pushes = ['w%d' % i for i in range(5)]
+        for i, item in enumerate(pushes):
+            self.assertEqual(c.rpush('q', item), i + 2)  # acknowledged by R1
+        self.assertEqual(c.lpush('l', 'a', 'b'), 2)
+        self.assertEqual(c.zadd('z', {'m': 1}), 1)
+        sid = c.xadd('s', {'f': 'v'})
+        p = c.pipeline(transaction=True)
+        p.lpush('t', 'tx')
+        p.rpush('q2', 'tx')
+        self.assertEqual(p.execute(), [1, 1])
+        wait_until(lambda: offset(r1) >= offset(master), timeout=15, msg='R1 has them all')
+        calls = info_calls(master)
+        wait_until(lambda: info_calls(master) >= calls + 20, timeout=30,
+                   msg='ferry read INFO replication since')
+        if listed:
+            self.assertNotEqual(replica_states(master).get(r2.port), 'online')
+
+        old_port = master.port
+        r1.kill()
+        master.kill()
+        r2.sigcont()
+        self.assertEqual(topo.wait_failover(old_port, timeout=60), r2.port)
+
+        def items():
+            return f.client(socket_timeout=10).lrange('q', 0, -1)
+        got = wait_until(items, timeout=30, msg='ferry answers on the new master')
+        fc = f.client(socket_timeout=10)
+        self.assertEqual(got, ['before'] + pushes)
+        self.assertEqual(fc.lrange('l', 0, -1), ['b', 'a'])
+        self.assertEqual(fc.zrange('z', 0, -1, withscores=True), [('m', 1.0)])
+        self.assertEqual([e[0] for e in fc.xrange('s')], [sid])
+        # The transaction is not sent again: on R2 it is not, and counted.
+        self.assertEqual(fc.lrange('t', 0, -1), [])
+        d = durability(f)
+        self.assertEqual(d['acked_writes_missing'], 1, d)
+        self.assertEqual(d['redo_errors'], 0, d)
+        self.assertIn('acknowledged write(s) the new master lacks', f.log())
+
+    def test_replica_not_listed(self):
+        self.run_case(listed=False)
+
+    def test_replica_listed_mid_full_resync(self):
+        self.run_case(listed=True)
+
+
 class RedoRunningTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
