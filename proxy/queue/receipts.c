@@ -517,18 +517,13 @@ void receipts_tx_note(session *s, const request *r)
     s->tx_receipted = tx_covered(s);
 }
 
-static int receipts_tx_send(session *s, request *r, link *l)
+/* The receipt script's arguments after its flag, from s's commands as they
+ * were queued, appended to args; their count, or 0 (never: ferry wrote
+ * them). */
+static size_t tx_args(const session *s, buf *args)
 {
-    ferry *f = s->f;
-    if (s->tx != TX_EXEC_SENT || !tx_covered(s) || l->up->replicas_ack <= 0 ||
-        l->who->user != NULL) {
-        return 0;
-    }
-    /* The script's arguments, from the commands as they were queued. */
-    buf args, b, key;
     size_t argc = 0;
     const char *p = buf_head(&s->tx_cmds), *end = p + buf_used(&s->tx_cmds);
-    buf_init(&args);
     while (p < end) {
         long long n = resp_read_header(&p, end, '*');
         const char *start = p, *a;
@@ -541,12 +536,28 @@ static int receipts_tx_send(session *s, request *r, link *l)
             }
         }
         if (n <= 0) {
-            buf_free(&args);
-            return 0; /* (never: ferry wrote these) EXEC as written */
+            return 0;
         }
-        buf_append_bulk(&args, num, (size_t)snprintf(num, sizeof(num), "%lld", n));
-        buf_append(&args, start, (size_t)(p - start));
+        buf_append_bulk(args, num, (size_t)snprintf(num, sizeof(num), "%lld", n));
+        buf_append(args, start, (size_t)(p - start));
         argc += 1 + (size_t)n;
+    }
+    return argc;
+}
+
+static int receipts_tx_send(session *s, request *r, link *l)
+{
+    ferry *f = s->f;
+    if (s->tx != TX_EXEC_SENT || !tx_covered(s) || l->up->replicas_ack <= 0 ||
+        l->who->user != NULL) {
+        return 0;
+    }
+    buf args, b, key;
+    buf_init(&args);
+    size_t argc = tx_args(s, &args);
+    if (argc == 0) {
+        buf_free(&args);
+        return 0; /* EXEC as written */
     }
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
@@ -571,6 +582,45 @@ static int receipts_tx_send(session *s, request *r, link *l)
     r->flags |= REQ_F_RCPT | REQ_F_RCPT_PROBE;
     link_send_as(l, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
+    buf_free(&key);
+    buf_free(&args);
+    return 1;
+}
+
+int receipts_tx_redo(const session *s, const request *r, buf *cmd, buf *after)
+{
+    ferry *f = s->f;
+    /* EXEC_SENT: its reply not delivered yet, tx_cmds are still its own. */
+    if (r->route != RT_EXEC || r->rcpt == 0 || !(r->flags & REQ_F_RCPT) ||
+        s->tx != TX_EXEC_SENT || !s->tx_receipted) {
+        return 0;
+    }
+    buf args, key;
+    buf_init(&args);
+    size_t argc = tx_args(s, &args);
+    if (argc == 0) {
+        buf_free(&args);
+        return 0;
+    }
+    rcpt_view v;
+    buf_init(&key);
+    rcpt_of(f, r, &v);
+    receipt_key(f, &v, r->rcpt, &key);
+    /* Whole (EVAL: the next master may lack the script), flagged sent
+     * before: where the next master has the transaction after all (its
+     * history could not place it), the receipt answers and nothing runs
+     * twice. */
+    buf_append_count(cmd, '*', 5 + argc);
+    buf_append_bulk(cmd, "EVAL", 4);
+    buf_append_bulk(cmd, ferry_receipt_tx_lua, ferry_receipt_tx_lua_len);
+    buf_append_bulk(cmd, "1", 1);
+    buf_append_bulk(cmd, buf_head(&key), buf_used(&key));
+    buf_append_bulk(cmd, "1", 1);
+    buf_append(cmd, buf_head(&args), buf_used(&args));
+    /* The receipt it leaves there: deleted once it ran. */
+    buf_append_count(after, '*', 2);
+    buf_append_bulk(after, "DEL", 3);
+    buf_append_bulk(after, buf_head(&key), buf_used(&key));
     buf_free(&key);
     buf_free(&args);
     return 1;
@@ -820,12 +870,18 @@ static void client_gone(session *s, request *r)
 void receipts_client_gone(session *s)
 {
     list_node *n;
+    uint64_t undone = s->f->stats.pops_undone;
     list_foreach(n, &s->requests)
     {
         request *r = list_entry(n, request, sq);
         if (r->flags & REQ_F_RCPT) {
             client_gone(s, r);
         }
+    }
+    if (s->f->stats.pops_undone != undone) {
+        log_info("client %llu left before the reply of %llu pop(s) was written: undone, the "
+                 "item(s) moved back to their queue",
+                 (unsigned long long)s->id, (unsigned long long)(s->f->stats.pops_undone - undone));
     }
 }
 
