@@ -1,0 +1,72 @@
+"""scripts/chaos in CI: fixed short seeds of the seeded fault schedule, one
+fault at a time (--calm: the faults replicas_ack 1 promises to survive), in
+Sentinel mode with two ferries (one of them restarted by the schedule) and in
+cluster mode; and the checker's own test: a run in which one acknowledged
+item is taken out of Redis behind ferry's back, or one delivered item put
+back, must fail and say so.
+
+Each run prints its faults and its summary (pushes acknowledged, delivered,
+drained, lost, twice, errors). Longer and overlapping schedules are for
+operators and soaks (README: "Before production: scripts/chaos").
+
+Run: python3 -m unittest test_chaos -v
+"""
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+from harness import DIRECT
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHAOS = os.path.join(os.path.dirname(os.path.dirname(HERE)), 'scripts', 'chaos')
+SUMMARY = re.compile(r'pushes sent (\d+), acknowledged (\d+).*lost (\d+) \(\+(\d+) only in '
+                     r'receipts\), twice (\d+).*strange (\d+); errors (\d+)')
+
+
+def chaos(*args, timeout=600):
+    p = subprocess.run([sys.executable, CHAOS] + list(args), stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    out = p.stdout.decode(errors='replace')
+    print('\n'.join(line for line in out.splitlines()
+                    if not line.startswith('  ferry ')), flush=True)
+    m = SUMMARY.search(out)
+    return p.returncode, out, (tuple(int(x) for x in m.groups()) if m else None)
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class ChaosSeedsTest(unittest.TestCase):
+    def check_ok(self, rc, out, figures):
+        self.assertIsNotNone(figures, 'no summary line:\n' + out[-3000:])
+        sent, acked, lost, lost_rcpt, twice, strange, errors = figures
+        self.assertGreater(acked, 500, 'too little load to mean anything')
+        self.assertEqual((lost, lost_rcpt, twice, strange, errors), (0, 0, 0, 0, 0), out[-4000:])
+        self.assertIn('RESULT: OK', out)
+        self.assertEqual(rc, 0)
+
+    def test_sentinel_two_ferries(self):
+        self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '40',
+                             '--clients', '16', '--seed', '101', '--calm', '--faults',
+                             'kill-master,kill-replica,stop-master,stop-replica,failover,'
+                             'kill-sentinel,ferry-restart'))
+
+    def test_cluster(self):
+        self.check_ok(*chaos('--mode', 'cluster', '--seconds', '40', '--clients', '16',
+                             '--seed', '202', '--calm'))
+
+    def test_checker_sees_a_loss_and_a_duplicate(self):
+        for what, field in (('lose', 2), ('dup', 4)):
+            with self.subTest(sabotage=what):
+                rc, out, figures = chaos('--seconds', '8', '--clients', '8', '--seed', '303',
+                                         '--calm', '--faults', 'kill-replica',
+                                         '--sabotage', what)
+                self.assertIsNotNone(figures, out[-3000:])
+                self.assertEqual(figures[field], 1, out[-3000:])
+                self.assertIn('VIOLATION', out)
+                self.assertIn('RESULT: FAILED', out)
+                self.assertEqual(rc, 1)
+
+
+if __name__ == '__main__':
+    unittest.main()
