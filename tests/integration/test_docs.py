@@ -63,6 +63,11 @@ MAPPED = {
     'git clone --depth 1 --branch 7.0.15 https://github.com/redis/redis.git /tmp/redis-7.0.15':
         'tests/redis-suite/run',
     'tests/redis-suite/run --both /tmp/redis-7.0.15': 'scripts/test',
+    # README: scripts/chaos, short seeds of both modes in CI.
+    'scripts/chaos --minutes 30 --ferries 2 --calm --seed 1':
+        'test_chaos.ChaosSeedsTest.test_sentinel_two_ferries',
+    'scripts/chaos --mode cluster --minutes 30 --calm --seed 2':
+        'test_chaos.ChaosSeedsTest.test_cluster',
     # docs/fuzzing.md: scripts/test's fuzz stage runs scripts/fuzz.
     'scripts/fuzz': 'scripts/test',
     'scripts/fuzz session --seconds 600': 'scripts/test',
