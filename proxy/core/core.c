@@ -419,6 +419,7 @@ static const shard_ops core_shard_ops = {
     .holds_state = router_holds_state,
     .on_link_closed = router_on_link_closed,
     .close_session = session_close,
+    .redo_tx = receipts_tx_redo,
     .trigger_sentinel = sentinel_trigger,
     .ask_replica_acks = sentinel_ask_replica_acks,
     .refresh_cluster = core_refresh_cluster,

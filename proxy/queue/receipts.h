@@ -19,6 +19,13 @@ int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before
  * transaction can go as the receipt script at EXEC (receipts.c). */
 void receipts_tx_note(session *s, const request *r);
 
+/* r, s's EXEC sent as the receipt script, is answered and acknowledged:
+ * the same transaction as it can be sent again to a promoted replica that
+ * lacks it (redo.c, through shard_ops): the receipt script flagged sent
+ * before, in cmd, and the DEL of the receipt it leaves, in after; 0 when
+ * r did not go with its receipt. */
+int receipts_tx_redo(const session *s, const request *r, buf *cmd, buf *after);
+
 /* A reply to r that means r must go again (1): Redis lacked the script
  * (now sent as EVAL), or a blocking pop sent again found no receipt and no
  * item (now the blocking move, with the time it has left). */

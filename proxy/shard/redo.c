@@ -22,6 +22,7 @@
 
 #include "bracket.h"
 #include "log.h"
+#include "shard.h"
 #include "upstream.h"
 
 typedef enum redo_state {
@@ -40,7 +41,8 @@ typedef struct redo_entry {
     int ambiguous;    /* the verdict could not place it (sent again all the same) */
     int mark;         /* a write not sent again: its bracket only (len 0) */
     size_t len;       /* bytes of the command */
-    char bytes[];     /* the command, RESP */
+    size_t after;     /* bytes that follow it, sent after it, their reply unread */
+    char bytes[];     /* the command, RESP, then those */
 } redo_entry;
 
 typedef struct redo {
@@ -54,7 +56,7 @@ typedef struct redo {
     uint64_t listed_epoch;      /* ... of this epoch (0: none read) */
 } redo;
 
-#define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len)
+#define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len + (e)->after)
 
 static void entry_set_state(redo_entry *e, redo_state st)
 {
@@ -195,6 +197,7 @@ static void entry_init(redo_entry *e, const link *l, const request *r)
     e->state = REDO_KEPT;
     e->ambiguous = 0;
     e->mark = 0;
+    e->after = 0;
 }
 
 /* Whether a WAIT that acked replicas confirmed reached every replica that
@@ -215,6 +218,29 @@ static void keep_mark(link *l, const request *r)
     entry_init(e, l, r);
     e->mark = 1;
     entry_append(l->up, e);
+}
+
+/* An acknowledged EXEC: kept as the session's receipts can send it again
+ * (the transaction receipt script; shard_ops->redo_tx), else a mark. */
+static void keep_tx(link *l, const request *r)
+{
+    const shard_ops *ops = l->f->shard_ops;
+    buf cmd, after;
+    buf_init(&cmd);
+    buf_init(&after);
+    if (r->s == NULL || ops->redo_tx == NULL || !ops->redo_tx(r->s, r, &cmd, &after)) {
+        keep_mark(l, r);
+    } else {
+        redo_entry *e = xmalloc(sizeof(*e) + buf_used(&cmd) + buf_used(&after));
+        memcpy(e->bytes, buf_head(&cmd), buf_used(&cmd));
+        memcpy(e->bytes + buf_used(&cmd), buf_head(&after), buf_used(&after));
+        entry_init(e, l, r);
+        e->len = buf_used(&cmd);
+        e->after = buf_used(&after);
+        entry_append(l->up, e);
+    }
+    buf_free(&cmd);
+    buf_free(&after);
 }
 
 /* A reply that says nothing was written: an error, or EXEC's nil (a
@@ -253,7 +279,11 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
         return;
     }
     if (!push) {
-        keep_mark(l, r);
+        if (strcmp(r->cmd->name, "exec") == 0) {
+            keep_tx(l, r);
+        } else {
+            keep_mark(l, r);
+        }
         return;
     }
     int xadd = strcmp(r->cmd->name, "xadd") == 0;
@@ -493,6 +523,9 @@ int redo_send(link *l, void (*idle)(upstream *up))
             link_internal(l, sel, 2, NULL, 0);
         }
         link_internal_bytes(l, e->bytes, e->len, resend_done, (long long)e->seq);
+        if (e->after > 0) {
+            link_internal_bytes(l, e->bytes + e->len, e->after, NULL, 0);
+        }
         if (e->db != 0) {
             const char *const sel0[] = {"SELECT", "0"};
             link_internal(l, sel0, 2, NULL, 0);

@@ -23,6 +23,10 @@ typedef struct shard_ops {
     void (*on_link_closed)(struct session *s, struct link *l, const char *reason);
     /* session: close a client Redis will not serve any more. */
     void (*close_session)(struct session *s, const char *reason);
+    /* receipts: an acknowledged EXEC as it can be sent again to a promoted
+     * replica that lacks it (redo.c): 1 with its bytes in cmd and what
+     * follows it in after, 0 when it cannot be. */
+    int (*redo_tx)(const struct session *s, const request *r, buf *cmd, buf *after);
     /* sentinel: ask for a round now; ask the replicas for an ACK now (a
      * replicas_ack WAIT is slow). Main loop. */
     void (*trigger_sentinel)(struct sentinel_client *sc);
