@@ -156,31 +156,49 @@ void buf_shrink(buf *b, size_t keep)
 void outq_init(outq *q)
 {
     buf_init(&q->fill);
-    buf_init(&q->busy);
     q->tls = NULL;
-    q->busy_plain = 0;
-    q->wreq = NULL;
-    q->writing = 0;
+    q->w = NULL;
     q->written = 0;
+}
+
+/* The write and its storage are no longer needed. */
+static void outq_drop_write(outq *q)
+{
+    if (q->w != NULL) {
+        buf_free(&q->w->busy);
+        free(q->w);
+        q->w = NULL;
+    }
 }
 
 void outq_free(outq *q)
 {
     buf_free(&q->fill);
-    buf_free(&q->busy);
-    free(q->wreq); /* libuv has called the write callback before any close callback */
-    q->wreq = NULL;
+    outq_drop_write(q); /* libuv has called the write callback before any close callback */
     tls_free(q->tls);
     q->tls = NULL;
 }
 
-/* Hand q->busy to libuv, in pieces (uv_buf_t lengths are unsigned int). */
+/* The write request and its buffer, allocated when a write first needs them. */
+static outq_write *outq_get_write(outq *q)
+{
+    if (q->w == NULL) {
+        q->w = xmalloc(sizeof(*q->w));
+        buf_init(&q->w->busy);
+        q->w->busy_plain = 0;
+        q->w->active = 0;
+    }
+    return q->w;
+}
+
+/* Hand q->w->busy to libuv, in pieces (uv_buf_t lengths are unsigned int). */
 static int outq_start(outq *q, uv_stream_t *stream, uv_write_cb cb)
 {
     uv_buf_t ub[OUTQ_MAX_PIECES];
     unsigned int nb = 0;
-    size_t left = buf_used(&q->busy);
-    char *p = buf_head(&q->busy);
+    outq_write *w = q->w;
+    size_t left = buf_used(&w->busy);
+    char *p = buf_head(&w->busy);
     ferry_assert(left <= (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE);
     while (left > 0) {
         size_t n = left < OUTQ_PIECE ? left : OUTQ_PIECE;
@@ -188,14 +206,11 @@ static int outq_start(outq *q, uv_stream_t *stream, uv_write_cb cb)
         p += n;
         left -= n;
     }
-    q->wreq = xmalloc(sizeof(*q->wreq));
-    int rc = uv_write(q->wreq, stream, ub, nb, cb);
+    int rc = uv_write(&w->req, stream, ub, nb, cb);
     if (rc < 0) {
-        free(q->wreq);
-        q->wreq = NULL;
         return rc;
     }
-    q->writing = 1;
+    w->active = 1;
     return OUTQ_STARTED;
 }
 
@@ -207,39 +222,42 @@ static int outq_flush_tls(outq *q, uv_stream_t *stream, uv_write_cb cb)
     /* Encrypted in steps, each a few records; the ciphertext of one flush
      * stays well within what one uv_write takes. */
     size_t budget = (size_t)OUTQ_MAX_PIECES * OUTQ_PIECE / 2;
-    while (buf_used(&q->fill) > 0 && q->busy_plain < budget) {
+    size_t plain = q->w != NULL ? q->w->busy_plain : 0;
+    while (buf_used(&q->fill) > 0 && plain < budget) {
         size_t n = buf_used(&q->fill) < OUTQ_TLS_STEP ? buf_used(&q->fill) : OUTQ_TLS_STEP;
-        ssize_t w = tls_write(q->tls, buf_head(&q->fill), n);
-        if (w < 0) {
+        ssize_t got = tls_write(q->tls, buf_head(&q->fill), n);
+        if (got < 0) {
             return UV_EPROTO;
         }
-        if (w == 0) {
+        if (got == 0) {
             break; /* the handshake needs the peer first */
         }
-        buf_consume(&q->fill, (size_t)w);
-        q->busy_plain += (size_t)w;
+        buf_consume(&q->fill, (size_t)got);
+        outq_get_write(q)->busy_plain += (size_t)got;
+        plain += (size_t)got;
     }
     size_t pend = tls_pending(q->tls);
     if (pend > 0) {
-        buf_reserve(&q->busy, pend);
-        q->busy.len += tls_take(q->tls, q->busy.data + q->busy.len, pend);
+        buf *busy = &outq_get_write(q)->busy;
+        buf_reserve(busy, pend);
+        busy->len += tls_take(q->tls, busy->data + busy->len, pend);
     }
-    if (buf_used(&q->busy) == 0) {
+    outq_write *w = q->w;
+    if (w == NULL || buf_used(&w->busy) == 0) {
         return OUTQ_IDLE;
     }
-    if (buf_used(&q->busy) <= OUTQ_PIECE) {
-        uv_buf_t one = uv_buf_init(buf_head(&q->busy), (unsigned int)buf_used(&q->busy));
+    if (buf_used(&w->busy) <= OUTQ_PIECE) {
+        uv_buf_t one = uv_buf_init(buf_head(&w->busy), (unsigned int)buf_used(&w->busy));
         int n = uv_try_write(stream, &one, 1);
         if (n < 0 && n != UV_EAGAIN) {
             return n;
         }
         if (n > 0) {
-            buf_consume(&q->busy, (size_t)n);
+            buf_consume(&w->busy, (size_t)n);
         }
-        if (buf_used(&q->busy) == 0) {
-            q->written += q->busy_plain;
-            q->busy_plain = 0;
-            buf_free(&q->busy);
+        if (buf_used(&w->busy) == 0) {
+            q->written += w->busy_plain;
+            outq_drop_write(q);
             if (buf_used(&q->fill) == 0) {
                 buf_free(&q->fill);
             }
@@ -264,13 +282,13 @@ int outq_tls_input(outq *q, const char *p, size_t n, buf *in)
 
 int outq_tls_wants_flush(const outq *q)
 {
-    return q->tls != NULL && !q->writing &&
+    return q->tls != NULL && !outq_writing(q) &&
            (tls_pending(q->tls) > 0 || (buf_used(&q->fill) > 0 && tls_ready(q->tls)));
 }
 
 void outq_tls_bye(outq *q, uv_stream_t *stream)
 {
-    if (q->tls == NULL || q->writing) {
+    if (q->tls == NULL || outq_writing(q)) {
         return; /* bytes still in flight would come after it */
     }
     tls_bye(q->tls);
@@ -284,7 +302,7 @@ void outq_tls_bye(outq *q, uv_stream_t *stream)
 
 int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 {
-    if (q->writing) {
+    if (outq_writing(q)) {
         return OUTQ_IDLE;
     }
     if (q->tls != NULL) {
@@ -308,14 +326,15 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
         }
         if (buf_used(&q->fill) == 0) {
             /* As outq_done: an idle connection keeps no storage. */
-            buf_free(&q->busy);
+            outq_drop_write(q);
             buf_free(&q->fill);
             return OUTQ_WRITTEN;
         }
     }
     /* Swap: the filled buffer goes to libuv, the drained one takes new bytes. */
-    buf tmp = q->busy;
-    q->busy = q->fill;
+    outq_write *w = outq_get_write(q);
+    buf tmp = w->busy;
+    w->busy = q->fill;
     q->fill = tmp;
     buf_clear(&q->fill);
     return outq_start(q, stream, cb);
@@ -323,28 +342,27 @@ int outq_flush(outq *q, uv_stream_t *stream, uv_write_cb cb)
 
 uint64_t outq_sent(const outq *q, const uv_stream_t *stream)
 {
-    if (!q->writing || q->tls != NULL) {
+    if (!outq_writing(q) || q->tls != NULL) {
         return q->written; /* TLS: plaintext counts once its ciphertext is written */
     }
-    size_t busy = buf_used(&q->busy), left = uv_stream_get_write_queue_size(stream);
+    size_t busy = buf_used(&q->w->busy), left = uv_stream_get_write_queue_size(stream);
     return q->written + (left < busy ? busy - left : 0);
 }
 
 void outq_done(outq *q, int status)
 {
-    free(q->wreq);
-    q->wreq = NULL;
-    q->writing = 0;
+    outq_write *w = q->w;
+    w->active = 0;
     if (status == 0) {
-        q->written += q->tls != NULL ? q->busy_plain : buf_used(&q->busy);
+        q->written += q->tls != NULL ? w->busy_plain : buf_used(&w->busy);
     }
-    q->busy_plain = 0;
-    buf_clear(&q->busy);
+    w->busy_plain = 0;
+    buf_clear(&w->busy);
     if (buf_used(&q->fill) == 0) {
         /* Nothing more to write: an idle connection keeps no storage. */
-        buf_free(&q->busy);
+        outq_drop_write(q);
         buf_free(&q->fill);
     } else {
-        buf_shrink(&q->busy, 1u << 20);
+        buf_shrink(&w->busy, 1u << 20);
     }
 }

@@ -1,6 +1,7 @@
 /* buf.h - growable byte buffers with a read cursor, and the double-buffered
  * output queue every socket uses (one buffer filling while the other is
- * being written by libuv, which needs it intact until the write callback). */
+ * being written by libuv, which needs it intact until the write callback;
+ * the second lives with the write request, so an idle socket has neither). */
 #ifndef FERRY_BUF_H
 #define FERRY_BUF_H
 
@@ -53,21 +54,42 @@ void buf_shrink(buf *b, size_t keep);
 
 struct tls;
 
-typedef struct outq {
-    buf fill;          /* bytes queued, not yet handed to libuv */
+/* A write handed to libuv and the bytes it writes. Allocated by the first
+ * write that does not complete at once; kept while more is queued (its
+ * storage serves the next write), freed when the queue drains. */
+typedef struct outq_write {
+    uv_write_t req;    /* libuv's request (req.data: the stream's own) */
     buf busy;          /* bytes being written (with TLS: their ciphertext) */
-    struct tls *tls;   /* the connection's TLS session (owned: freed with the queue), or NULL */
     size_t busy_plain; /* TLS: plaintext bytes whose ciphertext is in busy */
-    uv_write_t *wreq;  /* the write in progress (heap, only while writing) */
-    int writing;       /* 1 while wreq is in flight */
-    uint64_t written;  /* bytes written to the socket so far (writes that ended) */
+    int active;        /* req is in flight */
+} outq_write;
+
+typedef struct outq {
+    buf fill;         /* bytes queued, not yet handed to libuv */
+    struct tls *tls;  /* the connection's TLS session (owned: freed with the queue), or NULL */
+    outq_write *w;    /* the write in progress, or storage kept for the next; NULL: none */
+    uint64_t written; /* bytes written to the socket so far (writes that ended) */
 } outq;
 
 void outq_init(outq *q);
 void outq_free(outq *q);
 static inline size_t outq_len(const outq *q)
 {
-    return buf_used(&q->fill) + (q->tls != NULL ? q->busy_plain : buf_used(&q->busy));
+    const outq_write *w = q->w;
+    if (w == NULL) {
+        return buf_used(&q->fill);
+    }
+    return buf_used(&q->fill) + (q->tls != NULL ? w->busy_plain : buf_used(&w->busy));
+}
+/* A write is in flight (libuv will call its callback). */
+static inline int outq_writing(const outq *q)
+{
+    return q->w != NULL && q->w->active;
+}
+/* Bytes of storage the queue holds, as allocated. */
+static inline size_t outq_mem(const outq *q)
+{
+    return q->fill.cap + (q->w != NULL ? sizeof(*q->w) + q->w->busy.cap : 0);
 }
 /* The stream's byte count once everything queued is written: a byte queued
  * now is written when outq_sent reaches this. */

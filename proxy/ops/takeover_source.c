@@ -560,7 +560,7 @@ static int tk_cancel_call(takeover *tk, session *s, request *r, uint64_t now)
 static int tk_quiet(const session *s)
 {
     return s->state == SESSION_OPEN && s->tx == TX_NONE && s->tunnel != TUN_OTHER &&
-           outq_len(&s->out) == 0 && !s->out.writing;
+           outq_len(&s->out) == 0 && !outq_writing(&s->out);
 }
 
 /* Hand s over if it is ready (or start cancelling its blocked call).
@@ -589,7 +589,7 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         } else {
             log_info("client %llu %s: ferry restarted (takeover): a MONITOR or CLIENT REPLY "
                      "stream cannot be handed over: closed once its output is written",
-                     (unsigned long long)s->id, s->peer);
+                     (unsigned long long)s->id, session_peer(s));
             session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
         return 0;
@@ -607,7 +607,7 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
         } else {
             log_info("client %llu %s: ferry restarted (takeover): cluster mode: a subscribed "
                      "client cannot be handed over: closed once its output is written",
-                     (unsigned long long)s->id, s->peer);
+                     (unsigned long long)s->id, session_peer(s));
             session_set_state(s, SESSION_QUITTING); /* closed once written */
         }
         return 0;

@@ -254,10 +254,10 @@ void tkw_session(buf *b, const session *s, const buf *call, int64_t left, uint64
     tkw_put_i64(b, left);
     tkw_put_i64(b, (int64_t)s->id);
     tkw_put_i64(b, (int64_t)(now >= s->last_active_ms ? now - s->last_active_ms : 0));
-    tkw_put_i64(b, (int64_t)(s->partial_since_ms != 0 && now >= s->partial_since_ms
-                                 ? now - s->partial_since_ms
-                                 : 0));
-    tkw_put_bytes(b, s->peer, strlen(s->peer));
+    uint64_t partial_since = session_extra_r(s)->partial_since_ms;
+    tkw_put_i64(b, (int64_t)(partial_since != 0 && now >= partial_since ? now - partial_since : 0));
+    const char *peer = session_peer(s);
+    tkw_put_bytes(b, peer, strlen(peer));
     /* CLIENT SETNAME/TRACKING... as Redis accepted them: replayed on the
      * link the new process lends (as after a failover). */
     tkw_put_bytes(b, buf_head(&s->sticky_log), buf_used(&s->sticky_log));

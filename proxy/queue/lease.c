@@ -298,7 +298,7 @@ static void consumer_of(const session *s, char *out, size_t len)
 {
     clients_session_name(s, out, len);
     if (out[0] == '\0') {
-        snprintf(out, len, "%s", s->peer);
+        snprintf(out, len, "%s", session_peer(s));
     }
 }
 
@@ -886,7 +886,7 @@ void lease_client_gone(session *s)
         if (h->n > 0) {
             log_info("leases: client %llu %s left holding %zu lease(s); no master to expire them "
                      "now: their deadline does",
-                     (unsigned long long)s->id, s->peer, h->n);
+                     (unsigned long long)s->id, session_peer(s), h->n);
         }
         held_free(s);
         return;
@@ -921,14 +921,14 @@ void lease_client_gone(session *s)
                                       : l;
         if (to != NULL) {
             log_debug("leases: client %llu %s left holding %zu lease(s) of %.*s: expired now",
-                      (unsigned long long)s->id, s->peer, n,
+                      (unsigned long long)s->id, session_peer(s), n,
                       (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
             expire_call(to, e, first->bytes, first->plen, q, qlen, dead,
                         first->bytes + first->plen + first->ilen, it, il, n, gone_done);
         } else {
             log_info("leases: client %llu %s left holding %zu lease(s) of %.*s; no master to "
                      "expire them now: their deadline does",
-                     (unsigned long long)s->id, s->peer, n,
+                     (unsigned long long)s->id, session_peer(s), n,
                      (int)(first->plen > 200 ? 200 : first->plen), first->bytes);
         }
         /* Those n go: the same matches, dropped from the end. */

@@ -99,10 +99,14 @@ static upstream *check_view(ferry *f)
 /* s lets go of its user's identities on the other shards' views. */
 static void forget_ident_on(session *s)
 {
-    for (int i = 0; i < s->nident_on; i++) {
-        upstream_ident_release(s->ident_on[i]->up, s->ident_on[i]);
+    session_extra *x = s->extra;
+    if (x == NULL) {
+        return; /* never sent to another shard */
     }
-    s->nident_on = 0;
+    for (int i = 0; i < x->nident_on; i++) {
+        upstream_ident_release(x->ident_on[i]->up, x->ident_on[i]);
+    }
+    x->nident_on = 0;
 }
 
 ident *acl_ident(session *s, upstream *up)
@@ -114,17 +118,18 @@ ident *acl_ident(session *s, upstream *up)
     if (id == s->ident) {
         return id;
     }
-    for (int i = 0; i < s->nident_on; i++) {
-        if (s->ident_on[i] == id) {
+    session_extra *x = session_extra_w(s);
+    for (int i = 0; i < x->nident_on; i++) {
+        if (x->ident_on[i] == id) {
             return id;
         }
     }
-    if (s->nident_on == s->ident_on_cap) {
-        s->ident_on_cap = s->ident_on_cap > 0 ? s->ident_on_cap * 2 : 4;
-        s->ident_on = xrealloc(s->ident_on, (size_t)s->ident_on_cap * sizeof(*s->ident_on));
+    if (x->nident_on == x->ident_on_cap) {
+        x->ident_on_cap = x->ident_on_cap > 0 ? x->ident_on_cap * 2 : 4;
+        x->ident_on = xrealloc(x->ident_on, (size_t)x->ident_on_cap * sizeof(*x->ident_on));
     }
     upstream_ident_hold(id);
-    s->ident_on[s->nident_on++] = id;
+    x->ident_on[x->nident_on++] = id;
     return id;
 }
 

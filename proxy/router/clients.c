@@ -154,7 +154,7 @@ static void session_addrs(session *c, char *addr, char *laddr, size_t len)
         snprintf(laddr, len, "%.*s:0", (int)pl, path);
         return;
     }
-    snprintf(addr, len, "%s", c->peer);
+    snprintf(addr, len, "%s", session_peer(c));
     if (uv_tcp_getsockname(&c->io.tcp, (struct sockaddr *)&ss, &n) == 0) {
         format_addr(&ss, laddr, len);
     } else {

@@ -53,7 +53,6 @@ static session *session_new(ferry *f, int is_unix)
 {
     session *s = xcalloc(1, sizeof(*s));
     s->f = f;
-    list_init(&s->tls_node);
     if (is_unix) {
         uv_pipe_init(f->loop, &s->io.pipe, 0);
     } else {
@@ -63,29 +62,30 @@ static session *session_new(ferry *f, int is_unix)
     return s;
 }
 
-/* The client's address for logs. */
+/* The client's address for logs, kept as numbers (session_peer). */
 static void session_peer_name(session *s, int is_unix)
 {
     struct sockaddr_storage ss;
     int len = sizeof(ss);
-    char host[48] = "?";
-    int port = 0;
+    session_addr *a = &s->peer;
+    memset(a, 0, sizeof(*a));
     if (is_unix) {
-        snprintf(s->peer, sizeof(s->peer), "unix");
+        a->kind = SESSION_ADDR_UNIX;
         return;
     }
     if (uv_tcp_getpeername(&s->io.tcp, (struct sockaddr *)&ss, &len) == 0) {
         if (ss.ss_family == AF_INET) {
             struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-            uv_ip4_name(in, host, sizeof(host));
-            port = ntohs(in->sin_port);
+            a->kind = SESSION_ADDR_IP4;
+            memcpy(a->ip, &in->sin_addr, 4);
+            a->port = ntohs(in->sin_port);
         } else if (ss.ss_family == AF_INET6) {
             struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-            uv_ip6_name(in6, host, sizeof(host));
-            port = ntohs(in6->sin6_port);
+            a->kind = SESSION_ADDR_IP6;
+            memcpy(a->ip, &in6->sin6_addr, 16);
+            a->port = ntohs(in6->sin6_port);
         }
     }
-    snprintf(s->peer, sizeof(s->peer), "%s:%d", host, port);
 }
 
 /* Everything a session with a connected socket needs, whether accepted
@@ -99,11 +99,6 @@ static void session_register(session *s, int is_unix)
     list_init(&s->wait_node);
     list_init(&s->held);
     list_init(&s->dirty_node);
-    list_init(&s->watches);
-    list_init(&s->watch_node);
-    list_init(&s->soft_node);
-    list_init(&s->mem_node);
-    list_init(&s->partial_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
     buf_init(&s->in);
@@ -163,7 +158,7 @@ static int session_begin(session *s, int how)
 {
     ferry *f = s->f;
     session_register(s, how & FERRY_ACCEPT_UNIX);
-    log_debug("client %llu %s connected%s", (unsigned long long)s->id, s->peer,
+    log_debug("client %llu %s connected%s", (unsigned long long)s->id, session_peer(s),
               how & FERRY_ACCEPT_TLS ? " (TLS)" : "");
     if (how & FERRY_ACCEPT_TLS) {
         /* Its handshake must end within tls.handshake_timeout_ms. */
@@ -174,7 +169,7 @@ static int session_begin(session *s, int how)
             session_close(s, "cannot start a TLS session");
             return 0;
         }
-        list_add_tail(&f->handshaking, &s->tls_node);
+        list_add_tail(&f->handshaking, &session_extra_w(s)->tls_node);
     } else {
         s->fresh = 1;
     }
@@ -241,7 +236,7 @@ int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
     im->subs = NULL;
     router_restore(s, im);
     log_debug("client %llu %s taken over (db %d%s, %zu byte(s) to parse)",
-              (unsigned long long)s->id, s->peer, s->db, im->pubsub ? ", subscribed" : "",
+              (unsigned long long)s->id, session_peer(s), s->db, im->pubsub ? ", subscribed" : "",
               im->ninput);
     if (session_start_reading(s) < 0) {
         return 0;
@@ -249,11 +244,13 @@ int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
     if (im->ninput > 0) {
         buf_append(&s->in, im->input, im->ninput);
         session_process_input(s, &s->in); /* dispatches (and re-subscribes) too */
-        if (list_linked(&s->partial_node) && im->partial_ms > 0) {
+        if (list_linked(&session_extra_r(s)->partial_node) && im->partial_ms > 0) {
             /* client.request_timeout_ms: the request began arriving then. */
-            s->partial_since_ms = now >= im->partial_ms ? now - im->partial_ms : 0;
-            session_place_by_time(&f->partial, &s->partial_node, offsetof(session, partial_node),
-                                  offsetof(session, partial_since_ms));
+            session_extra *x = s->extra;
+            x->partial_since_ms = now >= im->partial_ms ? now - im->partial_ms : 0;
+            session_place_by_time(&f->partial, &x->partial_node,
+                                  offsetof(session_extra, partial_node),
+                                  offsetof(session_extra, partial_since_ms));
         }
     } else if (im->pubsub) {
         router_dispatch(s);
@@ -328,7 +325,7 @@ static void session_charge(session *s, request *r, size_t n)
 /* Recount the storage of s's buffers (O(1)): call after they change. */
 static void session_count_buffers(session *s)
 {
-    size_t now = s->in.cap + s->out.fill.cap + s->out.busy.cap;
+    size_t now = s->in.cap + outq_mem(&s->out);
     s->f->clients_mem = s->f->clients_mem - s->buf_mem + now;
     s->buf_mem = now;
 }
@@ -342,9 +339,9 @@ void session_close(session *s, const char *reason)
     session_set_state(s, SESSION_CLOSING);
     /* A client that simply hangs up is routine; anything else is news. */
     if (strcmp(reason, "client closed the connection") == 0) {
-        log_debug("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
+        log_debug("client %llu %s closed: %s", (unsigned long long)s->id, session_peer(s), reason);
     } else {
-        log_info("client %llu %s closed: %s", (unsigned long long)s->id, s->peer, reason);
+        log_info("client %llu %s closed: %s", (unsigned long long)s->id, session_peer(s), reason);
     }
     /* Replies the socket took are written; the others never will be. */
     session_settle_watches(s, 1);
@@ -376,17 +373,21 @@ void session_close(session *s, const char *reason)
                     "its client left");
     router_forget(s);
     list_del(&s->node);
-    if (list_linked(&s->soft_node)) {
-        list_del(&s->soft_node);
-    }
-    if (list_linked(&s->mem_node)) {
-        list_del(&s->mem_node);
-    }
-    if (list_linked(&s->partial_node)) {
-        list_del(&s->partial_node);
-    }
-    if (list_linked(&s->tls_node)) {
-        list_del(&s->tls_node);
+    if (s->extra != NULL) {
+        session_extra *x = s->extra;
+        if (list_linked(&x->soft_node)) {
+            list_del(&x->soft_node);
+        }
+        if (list_linked(&x->mem_node)) {
+            list_del(&x->mem_node);
+        }
+        if (list_linked(&x->partial_node)) {
+            list_del(&x->partial_node);
+        }
+        if (list_linked(&x->tls_node)) {
+            list_del(&x->tls_node);
+        }
+        f->clients_mem -= sizeof(*x);
     }
     list_del(&s->idle_node);
     f->nclients--;
@@ -406,7 +407,10 @@ static void session_close_cb(uv_handle_t *h)
     sub_sets_free(s->subs);
     buf_free(&s->sticky_log);
     xreads_forget(s);
-    free(s->ident_on); /* its identities were let go (acl_forget) */
+    if (s->extra != NULL) {
+        free(s->extra->ident_on); /* its identities were let go (acl_forget) */
+        free(s->extra);
+    }
     free(s);
 }
 
@@ -433,9 +437,10 @@ static void session_watch(session *s, request *r)
     w->cb = r->written;
     w->arg = r->written_arg;
     r->written = NULL;
-    list_add_tail(&s->watches, &w->node);
-    if (!list_linked(&s->watch_node)) {
-        list_add_tail(&s->f->watching, &s->watch_node);
+    session_extra *x = session_extra_w(s);
+    list_add_tail(&x->watches, &w->node);
+    if (!list_linked(&x->watch_node)) {
+        list_add_tail(&s->f->watching, &x->watch_node);
     }
 }
 
@@ -444,11 +449,12 @@ static void session_watch(session *s, request *r)
 static void session_settle_watches(session *s, int closing)
 {
     list_node *n;
-    if (list_empty(&s->watches)) {
+    session_extra *x = s->extra;
+    if (x == NULL || list_empty(&x->watches)) {
         return;
     }
     uint64_t sent = outq_sent(&s->out, &s->io.s);
-    while ((n = list_first(&s->watches)) != NULL) {
+    while ((n = list_first(&x->watches)) != NULL) {
         write_watch *w = list_entry(n, write_watch, node);
         int written = w->end <= sent;
         if (!written && !closing) {
@@ -458,8 +464,8 @@ static void session_settle_watches(session *s, int closing)
         w->cb(w->arg, written);
         free(w);
     }
-    if (list_empty(&s->watches) && list_linked(&s->watch_node)) {
-        list_del(&s->watch_node);
+    if (list_empty(&x->watches) && list_linked(&x->watch_node)) {
+        list_del(&x->watch_node);
     }
 }
 
@@ -492,7 +498,7 @@ static void session_close_at_limit(session *s)
     const char *key = lim == &s->f->cfg->pubsub_output_limit ? "client.pubsub_output_limit"
                                                              : "client.output_limit";
     char why[200];
-    if (s->limit_hit == OUT_LIMIT_HARD) {
+    if (session_extra_r(s)->limit_hit == OUT_LIMIT_HARD) {
         snprintf(why, sizeof(why), "output buffer limit reached: %s.hard %zu bytes (%zu queued)",
                  key, lim->hard, session_output_bytes(s));
     } else {
@@ -524,12 +530,13 @@ static void session_output_grew(session *s)
     size_t out = session_output_bytes(s);
     session_touch(s);
     session_count_buffers(s);
-    if (lim->hard > 0 && out >= lim->hard && s->limit_hit == 0) {
-        s->limit_hit = OUT_LIMIT_HARD;
+    if (lim->hard > 0 && out >= lim->hard && session_extra_r(s)->limit_hit == 0) {
+        session_extra_w(s)->limit_hit = OUT_LIMIT_HARD;
     }
-    if (lim->soft > 0 && out > lim->soft && s->soft_since_ms == 0) {
-        s->soft_since_ms = uv_now(s->f->loop);
-        list_add_tail(&s->f->over_soft, &s->soft_node);
+    if (lim->soft > 0 && out > lim->soft && session_extra_r(s)->soft_since_ms == 0) {
+        session_extra *x = session_extra_w(s);
+        x->soft_since_ms = uv_now(s->f->loop);
+        list_add_tail(&s->f->over_soft, &x->soft_node);
     }
     session_mark_dirty(s);
 }
@@ -537,10 +544,12 @@ static void session_output_grew(session *s)
 /* Output was written (or dropped): recount, and leave the soft list. */
 static void session_output_shrank(session *s)
 {
+    session_extra *x = s->extra;
     session_count_buffers(s);
-    if (s->soft_since_ms != 0 && session_output_bytes(s) <= session_output_limit(s)->soft) {
-        s->soft_since_ms = 0;
-        list_del(&s->soft_node);
+    if (x != NULL && x->soft_since_ms != 0 &&
+        session_output_bytes(s) <= session_output_limit(s)->soft) {
+        x->soft_since_ms = 0;
+        list_del(&x->soft_node);
     }
 }
 
@@ -550,7 +559,7 @@ void session_flush_all(ferry *f)
         list_node *n = list_first(&f->dirty);
         session *s = list_entry(n, session, dirty_node);
         list_del(n);
-        if (s->limit_hit != 0) {
+        if (session_extra_r(s)->limit_hit != 0) {
             session_close_at_limit(s);
             continue;
         }
@@ -691,7 +700,7 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         if (s->out.tls != NULL && !tls_ready(s->out.tls)) {
             tls_count_failure(s->out.tls, TLS_FAIL_CLOSED);
             log_info("client %llu %s: TLS handshake failed: the client closed the connection",
-                     (unsigned long long)s->id, s->peer);
+                     (unsigned long long)s->id, session_peer(s));
         }
         session_close(s, nread == UV_EOF          ? "client closed the connection"
                          : nread == UV_ECONNRESET ? "connection reset by client"
@@ -712,7 +721,7 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
             s->f->stats.clients_tls_on_plain_port++;
             log_info("client %llu %s: TLS handshake on a plain port (TLS is served on "
                      "listen_tls); closed",
-                     (unsigned long long)s->id, s->peer);
+                     (unsigned long long)s->id, session_peer(s));
             session_close(s, "TLS handshake on a plain port");
             return;
         }
@@ -735,16 +744,16 @@ static void session_tls_input(session *s, const char *p, size_t n)
     int rc = outq_tls_input(&s->out, p, n, &s->in);
     if (!was_ready && tls_ready(s->out.tls)) {
         char how[120];
-        list_del(&s->tls_node);
-        log_debug("client %llu %s: TLS handshake done: %s", (unsigned long long)s->id, s->peer,
-                  tls_describe(s->out.tls, how, sizeof(how)));
+        list_del(&s->extra->tls_node); /* linked at accept */
+        log_debug("client %llu %s: TLS handshake done: %s", (unsigned long long)s->id,
+                  session_peer(s), tls_describe(s->out.tls, how, sizeof(how)));
     }
     if (rc < 0) {
         char why[300];
         snprintf(why, sizeof(why), "%s%s", was_ready ? "TLS: " : "TLS handshake failed: ",
                  rc == TLS_EOF ? "close_notify" : tls_error(s->out.tls));
         if (!was_ready) {
-            log_info("client %llu %s: %s", (unsigned long long)s->id, s->peer, why);
+            log_info("client %llu %s: %s", (unsigned long long)s->id, session_peer(s), why);
         }
         session_close(s, rc == TLS_EOF ? "client closed the connection" : why);
         return;
@@ -770,7 +779,7 @@ static void session_protocol_error(session *s, const char *msg)
 {
     char line[256];
     int n = snprintf(line, sizeof(line), "-ERR %s\r\n", msg);
-    log_info("client %llu %s: %s", (unsigned long long)s->id, s->peer, msg);
+    log_info("client %llu %s: %s", (unsigned long long)s->id, session_peer(s), msg);
     s->f->stats.protocol_errors++;
     /* Replies to earlier requests still go out first. */
     request *r = request_new(s->f);
@@ -892,21 +901,23 @@ static void session_process_input(session *s, buf *in)
 static void session_note_partial(session *s, int incomplete, int new_request)
 {
     ferry *f = s->f;
+    session_extra *x = s->extra;
     if (!incomplete || !s->reading || f->cfg->request_timeout_ms == 0) {
-        if (list_linked(&s->partial_node)) {
-            list_del(&s->partial_node);
+        if (x != NULL && list_linked(&x->partial_node)) {
+            list_del(&x->partial_node);
+            x->partial_since_ms = 0;
         }
-        s->partial_since_ms = 0;
         return;
     }
-    if (list_linked(&s->partial_node) && !new_request) {
+    x = session_extra_w(s);
+    if (list_linked(&x->partial_node) && !new_request) {
         return; /* the same request, still arriving */
     }
-    if (list_linked(&s->partial_node)) {
-        list_del(&s->partial_node);
+    if (list_linked(&x->partial_node)) {
+        list_del(&x->partial_node);
     }
-    s->partial_since_ms = uv_now(f->loop);
-    list_add_tail(&f->partial, &s->partial_node);
+    x->partial_since_ms = uv_now(f->loop);
+    list_add_tail(&f->partial, &x->partial_node);
 }
 
 /* Stop reading a client whose memory (client.max_pending_bytes: requests,
@@ -929,16 +940,16 @@ void session_check_reading(session *s)
     uint64_t everyone = workers_clients(s->f);
     int big = session_over_memory(s->f) && everyone > 0 &&
               load > (s->f->clients_mem + s->f->others_mem) / everyone;
-    if (big && !list_linked(&s->mem_node)) {
-        list_add_tail(&s->f->mem_paused, &s->mem_node);
+    if (big && !list_linked(&session_extra_r(s)->mem_node)) {
+        list_add_tail(&s->f->mem_paused, &session_extra_w(s)->mem_node);
     }
     if (s->reading && (load > limit || s->nrequests >= cfg->max_pipeline || big)) {
         uv_read_stop(&s->io.s);
         s->reading = 0;
         session_note_partial(s, 0, 0); /* not read: the rest cannot arrive */
     } else if (!s->reading && !big && load <= limit / 2 && s->nrequests <= cfg->max_pipeline / 2) {
-        if (list_linked(&s->mem_node)) {
-            list_del(&s->mem_node);
+        if (list_linked(&session_extra_r(s)->mem_node)) {
+            list_del(&s->extra->mem_node);
         }
         if (uv_read_start(&s->io.s, session_alloc_cb, session_read_cb) == 0) {
             s->reading = 1;
@@ -1013,7 +1024,7 @@ static void session_check_tunnel(session *s)
 {
     link *l = s->dlink;
     size_t limit = s->f->cfg->max_pending_bytes;
-    if (s->tunnel == TUN_NONE || l == NULL || s->limit_hit != 0) {
+    if (s->tunnel == TUN_NONE || l == NULL || session_extra_r(s)->limit_hit != 0) {
         return;
     }
     if (!l->paused && session_mem(s) > limit) {
@@ -1041,19 +1052,19 @@ void session_tick(ferry *f, uint64_t now)
         }
         while ((n = list_first(&todo)) != NULL) {
             list_del(n);
-            session_check_reading(list_entry(n, session, mem_node));
+            session_check_reading(list_entry(n, session_extra, mem_node)->s);
         }
     }
     /* Replies someone waits for that the socket took part by part (libuv
      * calls back only once a whole write is done). */
     list_foreach_safe(n, t, &f->watching)
     {
-        session_settle_watches(list_entry(n, session, watch_node), 0);
+        session_settle_watches(list_entry(n, session_extra, watch_node)->s, 0);
     }
     /* Oldest incomplete request first: stop at the first still in time. */
     while (cfg->request_timeout_ms > 0 && (n = list_first(&f->partial)) != NULL) {
-        session *s = list_entry(n, session, partial_node);
-        if (now - s->partial_since_ms < cfg->request_timeout_ms) {
+        session *s = list_entry(n, session_extra, partial_node)->s;
+        if (now - s->extra->partial_since_ms < cfg->request_timeout_ms) {
             break;
         }
         f->stats.clients_request_timeout++;
@@ -1063,22 +1074,22 @@ void session_tick(ferry *f, uint64_t now)
     /* TLS handshakes, oldest first: one that runs past
      * tls.handshake_timeout_ms is closed, as a request that never ends. */
     while ((n = list_first(&f->handshaking)) != NULL) {
-        session *s = list_entry(n, session, tls_node);
+        session *s = list_entry(n, session_extra, tls_node)->s;
         if (now - s->opened_ms < cfg->tls_handshake_timeout_ms) {
             break;
         }
         tls_count_failure(s->out.tls, TLS_FAIL_TIMEOUT);
         log_info("client %llu %s: TLS handshake failed: not finished within "
                  "tls.handshake_timeout_ms",
-                 (unsigned long long)s->id, s->peer);
+                 (unsigned long long)s->id, session_peer(s));
         session_close(s, "TLS handshake timeout (tls.handshake_timeout_ms)");
     }
     /* Only the clients above a soft output limit are looked at. */
     list_foreach_safe(n, t, &f->over_soft)
     {
-        session *s = list_entry(n, session, soft_node);
-        if (now - s->soft_since_ms >= session_output_limit(s)->soft_seconds * 1000) {
-            s->limit_hit = OUT_LIMIT_SOFT;
+        session *s = list_entry(n, session_extra, soft_node)->s;
+        if (now - s->extra->soft_since_ms >= session_output_limit(s)->soft_seconds * 1000) {
+            s->extra->limit_hit = OUT_LIMIT_SOFT;
             session_close_at_limit(s);
         }
     }

@@ -5,6 +5,8 @@
 #ifndef FERRY_SESSION_H
 #define FERRY_SESSION_H
 
+#include <stdio.h>
+
 #include "ferry.h"
 #include "subs.h"
 
@@ -44,26 +46,60 @@ typedef enum tunnel_state {
     TUN_OTHER        /* MONITOR or CLIENT REPLY: a raw tunnel, not rebuilt */
 } tunnel_state;
 
+/* What a session needs only once it does more than read requests and write
+ * their replies: replies someone waits to see written, output past its
+ * limits, a read paused for limits.max_memory, a TLS handshake, a request
+ * arriving in pieces, a Redis user on other shards. An idle client has none
+ * (10 000 idle clients each keep only their session): session_extra_w
+ * allocates it on first need, and it goes with the session. */
+typedef struct session_extra {
+    struct session *s;         /* whose it is (the nodes below are on ferry's lists) */
+    list_node watches;         /* replies whose writing someone waits for (r->written), in
+                                  output order */
+    list_node watch_node;      /* in f->watching while watches is not empty */
+    uint64_t soft_since_ms;    /* output above its soft limit since then; 0 = not above */
+    list_node soft_node;       /* in f->over_soft while soft_since_ms is set */
+    list_node mem_node;        /* in f->mem_paused while not read for limits.max_memory */
+    list_node tls_node;        /* in f->handshaking while its TLS handshake runs */
+    uint64_t partial_since_ms; /* an incomplete request began arriving then (0 = none) */
+    list_node partial_node;    /* in f->partial while partial_since_ms is set */
+    struct ident **ident_on;   /* cluster mode: the same user on the other shards' master
+                                  views it sent to, each held (acl.c) */
+    int nident_on;             /* entries in ident_on */
+    int ident_on_cap;          /* its room */
+    int limit_hit;             /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
+} session_extra;
+
+/* A client's address, kept as numbers (a string would take 64 bytes of
+ * every idle client); session_peer writes it out. */
+typedef struct session_addr {
+    uint8_t kind;   /* SESSION_ADDR_* */
+    uint16_t port;  /* host order */
+    uint8_t ip[16]; /* 4 bytes (IPv4) or 16 (IPv6), network order */
+} session_addr;
+
+#define SESSION_ADDR_UNKNOWN 0 /* getpeername failed: written "?:0" */
+#define SESSION_ADDR_IP4 1
+#define SESSION_ADDR_IP6 2
+#define SESSION_ADDR_UNIX 3 /* a unix socket: written "unix" */
+
 typedef struct session {
-    ferry *f;      /* context */
-    uint64_t id;   /* for logs and CLIENT-like output */
-    char peer[64]; /* client address, for logs */
+    ferry *f;          /* context */
+    uint64_t id;       /* for logs and CLIENT-like output */
+    session_addr peer; /* client address, for logs (session_peer) */
     union {
         uv_handle_t h;
         uv_stream_t s;
         uv_tcp_t tcp;
         uv_pipe_t pipe;
     } io;                      /* the client connection */
-    session_state state;       /* see session_state; changed only by session_set_state */
     list_node node;            /* in f->sessions */
     list_node wait_node;       /* in f->waiting while held requests lack a link (backlog.c) */
     list_node held;            /* its requests held for lack of a master, via r->hq (backlog.c) */
     uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at (backlog.c);
                                   0 = not holding */
     list_node dirty_node;      /* in f->dirty while it has output to write */
-    list_node watches;         /* replies whose writing someone waits for (r->written), in
-                                  output order */
-    list_node watch_node;      /* in f->watching while watches is not empty */
+    session_extra *extra;      /* what only some clients need; NULL: none yet (see above) */
     resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
     buf in;                    /* bytes read, not yet parsed (no storage when empty) */
     outq out;                  /* replies to the client (no storage when empty) */
@@ -74,71 +110,108 @@ typedef struct session {
     size_t held_bytes;         /* request bytes held without a link (backlog.c) */
     size_t req_mem;            /* bytes charged for its requests and stored replies, as allocated */
     size_t buf_mem;            /* bytes allocated for its input and output buffers (last counted) */
-    uint64_t soft_since_ms;    /* output above its soft limit since then; 0 = not above */
-    list_node soft_node;       /* in f->over_soft while soft_since_ms is set */
-    int limit_hit;             /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
-    list_node mem_node;        /* in f->mem_paused while not read for limits.max_memory */
-    list_node tls_node;        /* in f->handshaking while its TLS handshake runs */
-    uint64_t partial_since_ms; /* an incomplete request began arriving then (0 = none) */
-    list_node partial_node;    /* in f->partial while partial_since_ms is set */
     struct link *dlink;        /* dedicated link lent to this session (upstream_lend) */
     struct link *flight_link;  /* the one link its in-flight requests are on */
     size_t inflight;           /* requests sent and not answered */
-    int db;                    /* database selected (non-zero pins a link) */
-    tx_state tx;               /* see tx_state */
     buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
-    int tx_writes;             /* one of them may write: EXEC is a write */
-    int tx_dirty;              /* ferry refused a command inside it: EXEC gets -EXECABORT */
-    int tx_pin;                /* cluster mode: 1 + the slot its transaction is pinned to
-                                  (WATCH's key, or the first key inside MULTI); 0: none yet */
-    int tx_deferred;           /* cluster mode: its MULTI, answered by ferry, is sent with
-                                  the first command on the link of that command's shard */
-    int tx_spoiled;            /* cluster mode: the cluster refused a rebuilt command: the
-                                  transaction on its link is aborted, rebuilt on another */
-    unsigned tx_rcpt;          /* what its open MULTI holds, for a receipt at EXEC
-                                  (receipts_tx_note: a push of a queue, or a command the
-                                  receipt script does not take) */
     buf tx_cmds;               /* its commands as sent, while they may go as that script */
     uint64_t tx_noted;         /* the last of them noted there (its seq) */
-    int tx_receipted;          /* its transaction goes with its receipt at EXEC (receipts.c):
-                                  decided by it, not by offsets (SESSION_TX_RECEIPTED) */
     uint64_t tx_seq;           /* the seq of the MULTI that opened its transaction */
-    int multi_refused;         /* cluster mode: ferry refused its MULTI: what follows is
-                                  refused too, until EXEC (-EXECABORT) or DISCARD */
-    int sticky;                /* CLIENT SETNAME/TRACKING...: pinned for life */
-    tunnel_state tunnel;       /* see tunnel_state */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
-    int ps_homed;              /* cluster mode: its first pub/sub command set ps_slot */
-    int ps_slot;               /* cluster mode: the slot whose master its subscriptions live
-                                  on (its first SSUBSCRIBE's), -1: any master (router_pubsub.c) */
     struct upstream *ps_left;  /* cluster mode: the master view that dropped its shard channels
                                   (their slot moved), until the map names another */
     size_t ps_sunsub_owed;     /* cluster mode: sunsubscribe replies its own SUNSUBSCRIBEs
                                   are still owed (any other is a node dropping a channel) */
-    int authed;                /* AUTH accepted (or no password configured) */
     struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c), on
                                   the master view that checked its AUTH */
-    struct ident **ident_on;   /* cluster mode: the same user on the other shards' master
-                                  views it sent to, each held (acl.c) */
-    int nident_on;             /* entries in ident_on */
-    int ident_on_cap;          /* its room */
-    int checking;              /* its AUTH is being checked by Redis: nothing after it goes out */
-    int reading;               /* uv_read_start active */
-    int fresh;                 /* accepted on a plain listener, nothing read yet: its first
-                                  bytes are checked for a TLS ClientHello */
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
     uint64_t opened_ms;        /* uv_now() when it connected (CLIENT LIST age=) */
     const command *last_cmd;   /* the last command parsed from it (CLIENT LIST cmd=) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
-    int proto;                 /* RESP version the client speaks: 2, or 3 after HELLO 3 */
-    int tracking;              /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
-    int guard_alone;           /* a push to an on_full: block queue is in flight: nothing else
-                                  is sent until it is answered (guards.c) */
     buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
     struct lease_held *leases_held; /* leases it took and has not acked (lease.c); NULL: none */
     struct xread_marks *xmarks;     /* the entry ids its XREADGROUPs were handed (xreads.c) */
+    session_state state;       /* see session_state; changed only by session_set_state */
+    tx_state tx;               /* see tx_state */
+    tunnel_state tunnel;       /* see tunnel_state */
+    int db;                    /* database selected (non-zero pins a link) */
+    int tx_pin;                /* cluster mode: 1 + the slot its transaction is pinned to
+                                  (WATCH's key, or the first key inside MULTI); 0: none yet */
+    int ps_slot;               /* cluster mode: the slot whose master its subscriptions live
+                                  on (its first SSUBSCRIBE's), -1: any master (router_pubsub.c) */
+    /* Flags and small counts, a byte each (10 000 idle clients keep them all). */
+    uint8_t tx_writes;         /* one of them may write: EXEC is a write */
+    uint8_t tx_dirty;          /* ferry refused a command inside it: EXEC gets -EXECABORT */
+    uint8_t tx_deferred;       /* cluster mode: its MULTI, answered by ferry, is sent with
+                                  the first command on the link of that command's shard */
+    uint8_t tx_spoiled;        /* cluster mode: the cluster refused a rebuilt command: the
+                                  transaction on its link is aborted, rebuilt on another */
+    uint8_t tx_rcpt;           /* what its open MULTI holds, for a receipt at EXEC
+                                  (receipts_tx_note: a push of a queue, or a command the
+                                  receipt script does not take) */
+    uint8_t tx_receipted;      /* its transaction goes with its receipt at EXEC (receipts.c):
+                                  decided by it, not by offsets (SESSION_TX_RECEIPTED) */
+    uint8_t multi_refused;     /* cluster mode: ferry refused its MULTI: what follows is
+                                  refused too, until EXEC (-EXECABORT) or DISCARD */
+    uint8_t sticky;            /* CLIENT SETNAME/TRACKING...: pinned for life */
+    uint8_t ps_homed;          /* cluster mode: its first pub/sub command set ps_slot */
+    uint8_t authed;            /* AUTH accepted (or no password configured) */
+    uint8_t checking;          /* its AUTH is being checked by Redis: nothing after it goes out */
+    uint8_t reading;           /* uv_read_start active */
+    uint8_t fresh;             /* accepted on a plain listener, nothing read yet: its first
+                                  bytes are checked for a TLS ClientHello */
+    uint8_t proto;             /* RESP version the client speaks: 2, or 3 after HELLO 3 */
+    uint8_t tracking;          /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
+    uint8_t guard_alone;       /* a push to an on_full: block queue is in flight: nothing else
+                                  is sent until it is answered (guards.c) */
 } session;
+
+/* s's client address as text ("10.0.0.1:5000", "::1:5000", "unix"), for logs and
+ * CLIENT LIST. The text lives in one of a few buffers of the calling
+ * thread, reused in turn: good for the arguments of one call. */
+static inline const char *session_peer(const session *s)
+{
+    static _Thread_local char ring[4][56];
+    static _Thread_local unsigned next;
+    char *out = ring[next++ % 4];
+    char host[48] = "?";
+    const session_addr *a = &s->peer;
+    if (a->kind == SESSION_ADDR_UNIX) {
+        return "unix";
+    }
+    if (a->kind == SESSION_ADDR_IP4 || a->kind == SESSION_ADDR_IP6) {
+        uv_inet_ntop(a->kind == SESSION_ADDR_IP4 ? AF_INET : AF_INET6, a->ip, host, sizeof(host));
+    }
+    snprintf(out, sizeof(ring[0]), "%s:%d", host, a->port);
+    return out;
+}
+
+/* s's extra state for reading: an all-zero one when it has none (its
+ * lists then read as unlinked through list_linked; list_empty is no test). */
+static inline const session_extra *session_extra_r(const session *s)
+{
+    static const session_extra none;
+    return s->extra != NULL ? s->extra : &none;
+}
+
+/* s's extra state for writing, allocated (and charged) on first need. */
+static inline session_extra *session_extra_w(session *s)
+{
+    if (s->extra == NULL) {
+        session_extra *x = xcalloc(1, sizeof(*x));
+        x->s = s;
+        list_init(&x->watches);
+        list_init(&x->watch_node);
+        list_init(&x->soft_node);
+        list_init(&x->mem_node);
+        list_init(&x->tls_node);
+        list_init(&x->partial_node);
+        s->extra = x;
+        s->f->clients_mem += sizeof(*x);
+    }
+    return s->extra;
+}
 
 /* What the router and its helpers (router.c, tx.c, acl.c, clients.c,
  * backlog.c, standin.c) ask of the session above them: they call no
@@ -226,7 +299,7 @@ void session_flush_all(ferry *f);
 /* Bytes this client holds, as allocated (session, requests, buffers). */
 static inline size_t session_mem(const session *s)
 {
-    return sizeof(*s) + s->req_mem + s->buf_mem;
+    return sizeof(*s) + (s->extra != NULL ? sizeof(*s->extra) : 0) + s->req_mem + s->buf_mem;
 }
 /* Ferry holds more than limits.max_memory for its clients. */
 int session_over_memory(const ferry *f);

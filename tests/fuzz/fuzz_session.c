@@ -1423,7 +1423,7 @@ static void check_accounting(void)
         check(s->state != SESSION_CLOSING, "a closing session is still listed");
         mem += session_mem(s);
         held += s->held_bytes;
-        check(s->buf_mem == s->in.cap + s->out.fill.cap + s->out.busy.cap,
+        check(s->buf_mem == s->in.cap + outq_mem(&s->out),
               "a session's buffer memory is not what its buffers hold");
         list_foreach(m, &s->requests)
         {

@@ -90,9 +90,9 @@ static void test_small_write_done_at_once(void **state)
     pair_open(&p);
     buf_append_str(&p.q.fill, "+PONG\r\n");
     assert_int_equal(outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb), OUTQ_WRITTEN);
-    assert_int_equal(p.q.writing, 0);
+    assert_int_equal(outq_writing(&p.q), 0);
     assert_null(p.q.fill.data); /* nothing queued: no storage kept */
-    assert_null(p.q.busy.data);
+    assert_null(p.q.w); /* nor a write request and its buffer */
     assert_int_equal(outq_len(&p.q), 0);
     assert_int_equal(outq_sent(&p.q, (uv_stream_t *)&p.pipe), 7);
     assert_int_equal(outq_end(&p.q), 7);
@@ -120,7 +120,7 @@ static void test_big_write_in_flight_arrives_in_order(void **state)
     }
     buf_append(&p.q.fill, want, BIG);
     assert_int_equal(outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb), OUTQ_STARTED);
-    assert_int_equal(p.q.writing, 1);
+    assert_int_equal(outq_writing(&p.q), 1);
     /* The socket took what its buffers hold: counted, though the write
      * goes on. */
     uint64_t sent = outq_sent(&p.q, (uv_stream_t *)&p.pipe);
