@@ -9,9 +9,12 @@
 // "latency" (p50 / p99 ms)}
 // whenever what the page shows changes (looked at every 25 ms), {"ev":
 // "console"|"pageerror"|"requestfailed", "text"} for each error the page
-// meets, {"ev":"shot","file"} once a screenshot is written. Lines read on
-// stdin: "shot <name>" (a screenshot <name>.png in the output folder),
-// "quit". Exits by itself after 120 s.
+// meets, {"ev":"shot","file"} once a screenshot is written, {"ev":"widths",
+// "page": [scroll width, viewport width], "cards": [{"card": its heading,
+// "scroll", "client"}, ...], "loops": the Loops table's rows, "loops_titles": its
+// master cells' titles} when asked.
+// Lines read on stdin: "shot <name>" (a screenshot <name>.png in the output
+// folder), "widths", "quit". Exits by itself after 120 s.
 
 const path = require('path');
 const readline = require('readline');
@@ -72,6 +75,20 @@ async function main() {
                 const file = path.join(outDir, job.slice(5) + '.png');
                 await page.screenshot({path: file, fullPage: true});
                 say({ev: 'shot', file: file});
+            } else if (job === 'widths') {
+                // A card wider inside than its box shows a horizontal scroll
+                // bar (or spills over its neighbour).
+                say(Object.assign({ev: 'widths'}, await page.evaluate(() => ({
+                    page: [document.documentElement.scrollWidth, window.innerWidth],
+                    cards: Array.from(document.querySelectorAll('main > section'))
+                        .filter((s) => !s.hidden)
+                        .map((s) => ({card: s.querySelector('h2').textContent,
+                                      scroll: s.scrollWidth, client: s.clientWidth})),
+                    loops: Array.from(document.querySelectorAll('#loops tr'))
+                        .map((tr) => Array.from(tr.cells).map((c) => c.textContent)),
+                    loops_titles: Array.from(document.querySelectorAll('#loops td:last-child'))
+                        .map((c) => c.title),
+                }))));
             }
         }
         await new Promise((r) => setTimeout(r, LOOK_MS));
