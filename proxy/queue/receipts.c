@@ -329,6 +329,7 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
 
 #define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
 #define PUT_BACK_KEEP_MS 20000 /* a put-back sent is sent again on a next master this long */
+#define PUT_BACK_AGAIN_MS 500  /* ... and, when its move may still come, to the same master */
 
 /* A receipt to move back to its queue (a pop's), or to delete (a push's or
  * a transaction's whose client left: nothing will send it again). Sent, it
@@ -342,6 +343,8 @@ typedef struct put_back {
     size_t klen;
     uint64_t epoch;   /* the master epoch it was last sent to, 0 not sent yet */
     uint64_t sent_ms; /* uv_now() when first sent */
+    uint64_t last_ms; /* uv_now() when last sent */
+    int again;        /* its move may reach Redis after it: sent again while kept */
 } put_back;
 
 #define RECENT_MAX 16384 /* receipts a generation keeps to delete again on a next master */
@@ -744,11 +747,13 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 static void put_back_send(ferry *f, put_back *b, link *via)
 {
     link *l = via != NULL ? via : clustermap_key_link(f, b->key, b->klen, NULL, 0, 2);
-    if (l == NULL || l->epoch == b->epoch) {
+    uint64_t now = uv_now(f->loop);
+    if (l == NULL || (l->epoch == b->epoch && !(b->again && now - b->last_ms >= PUT_BACK_AGAIN_MS))) {
         return;
     }
+    b->last_ms = now;
     link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
-    if (b->epoch != 0) {
+    if (b->epoch != 0 && b->epoch != l->epoch) {
         log_info("receipts: a receipt moved back (or deleted) on the master before sent again to "
                  "this one (it may have died with that master)");
     } else {
@@ -766,7 +771,7 @@ static void put_back_free(put_back *b)
 /* r's receipt moved back to the end of its queue the item came from (the
  * queue as it was), or a push's deleted, on via or its key's master, now or
  * once there is one. */
-static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via)
+static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, int again)
 {
     struct receipts *rc = receipts_of(f);
     if (rc->n == PUT_BACK_MAX) {
@@ -806,6 +811,8 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via)
     b->klen = v->klen;
     b->epoch = 0;
     b->sent_ms = 0;
+    b->last_ms = 0;
+    b->again = again;
     put_back_send(f, b, via);
 }
 
@@ -820,7 +827,7 @@ void receipts_put_back(ferry *f, request *r)
         return; /* a push has nothing to put back (see the file's head) */
     }
     f->stats.pop_receipts_put_back++;
-    put_back_add(f, r, &v, NULL);
+    put_back_add(f, r, &v, NULL, 0);
 }
 
 /* r, a pop with its receipt whose client is gone: undone, if its move may
@@ -836,6 +843,7 @@ static void client_gone(session *s, request *r)
     ferry *f = s->f;
     rcpt_view v;
     link *l = r->state == REQ_SENT ? r->link : NULL, *via = NULL;
+    int again = 0;
     if (rcpt_of(f, r, &v) != 0) {
         return;
     }
@@ -854,17 +862,22 @@ static void client_gone(session *s, request *r)
         const char *argv[] = {"CLIENT", "KILL", "ID", id};
         link_internal(via, argv, 4, NULL, 0);
     } else if (l != NULL) {
-        /* (A link on its way out: the move back goes to the master now and
-         * again to a next one; a move that applies after it stays.) */
-        log_warn("receipts: client %llu left with a request on a link that is not ready: its "
-                 "receipt is moved back (or deleted) on the master, a move still to come is not",
-                 (unsigned long long)s->id);
+        /* Its own link, and its Redis id not known (the master has not
+         * answered its HELLO: frozen, or slow), or a link on its way out:
+         * nothing orders the move back after the move, which Redis may
+         * still run when it reads that link. The move back is sent again
+         * every PUT_BACK_AGAIN_MS while kept; a move later than that
+         * stays. */
+        again = 1;
+        log_info("receipts: client %llu left with a request on a link Redis may still read: its "
+                 "receipt is moved back (or deleted) now and again for %d s",
+                 (unsigned long long)s->id, PUT_BACK_KEEP_MS / 1000);
     }
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
     if (v.push == NULL) {
         f->stats.pops_undone++;
     }
-    put_back_add(f, r, &v, via);
+    put_back_add(f, r, &v, via, again);
 }
 
 void receipts_client_gone(session *s)
