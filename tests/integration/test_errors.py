@@ -12,6 +12,7 @@ import socket
 import unittest
 
 from harness import Ferry, RedisServer, resp_encode, resp_read_raw, wait_until
+from harness import SentinelTopology
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 
 LOOP = 'local i = 0 while true do i = i + 1 end'
@@ -351,6 +352,32 @@ class MaxClientsErrors(unittest.TestCase):
             c.config_set('maxclients', c.info('clients')['connected_clients'] + 1)
         direct = case(redis_.port)
         self.assertEqual(through, direct)
+
+
+class FailoverErrors(unittest.TestCase):
+    """A transaction Redis refused a command of, rebuilt on the next master
+    after a failover: the new master never saw the refusal, so ferry aborts
+    EXEC itself, in Redis' words; nothing of it runs."""
+
+    def test_refused_command_then_failover_then_exec(self):
+        topo = SentinelTopology()
+        self.addCleanup(topo.stop)
+        ferry = Ferry(None, sentinel=topo)
+        self.addCleanup(ferry.stop)
+        k = key_prefix(self)
+        c = Conn(self, ferry.port)
+        got = [c.ask('SET', k, '1'), c.ask('MULTI'), c.ask('INCR', k), c.ask('GET')]
+        old = topo.master_port()
+        topo.master().kill()
+        new = topo.wait_failover(old)
+        # a command after the loss rebuilds the transaction on the new master
+        got += [c.ask('INCR', k), c.ask('EXEC'), c.ask('GET', k)]
+        self.assertEqual(got, [b'+OK\r\n', b'+OK\r\n', b'+QUEUED\r\n',
+                               b"-ERR wrong number of arguments for 'get' command\r\n",
+                               b'+QUEUED\r\n',
+                               b'-EXECABORT Transaction discarded because of previous errors.\r\n',
+                               b'$1\r\n1\r\n'], '--- ferry log ---\n%s' % ferry.log()[-4000:])
+        self.assertEqual(topo.redis_by_port(new).client().get(k), '1')
 
 
 class SentinelErrors(SentinelMode, Checks, unittest.TestCase):
