@@ -123,6 +123,8 @@ static int workers_parse(const char *s)
 #define CONF_COUNT(f) .count_off = offsetof(config, f)
 #define CONF_FLAG(f) .flag_off = offsetof(config, f), .has_flag = 1
 
+static const char *conf_check_instance(char *value);
+
 const conf_entry conf_table[] = {
     {.key = "listen",
      .doc = "where applications connect: one address or a list",
@@ -616,6 +618,26 @@ const conf_entry conf_table[] = {
      .min = 1,
      .max = CONF_DURATION_MAX},
 
+    {.key = "instance",
+     .doc = "this ferry's identity: its receipts outlive the process under it, and a peer or "
+            "the same instance started again puts their items back (docs/failover.md)",
+     .type = CONF_SECTION},
+    {.key = "instance.name",
+     .doc = "the instance's name (letters, digits, '.', '_', '-'), the same across its restarts "
+            "and distinct from every other ferry in front of the same Redis; empty: derived from "
+            "the host name and the first listen address",
+     .type = CONF_STRING,
+     CONF_FIELD(instance_name),
+     .flags = CONF_EMPTY_NULL,
+     .check = conf_check_instance},
+    {.key = "instance.heartbeat_ttl_ms",
+     .doc = "the TTL of ferry:alive:<name>, refreshed on the master while ferry runs: once it "
+            "expired, a live ferry claims the instance's receipts and puts their items back",
+     .type = CONF_DURATION,
+     CONF_FIELD(instance_heartbeat_ttl_ms),
+     .min = 500,
+     .max = 600000},
+
     {.key = "takeover",
      .doc = "restarting ferry without its clients noticing",
      .type = CONF_SECTION},
@@ -995,6 +1017,18 @@ const char *conf_check_word(char *value)
     return NULL;
 }
 
+/* An instance name: it is part of Redis key names and a SCAN pattern. */
+static const char *conf_check_instance(char *value)
+{
+    for (const char *c = value; *c != '\0'; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '.' || *c == '_' || *c == '-')) {
+            return "may hold only letters, digits, '.', '_' and '-'";
+        }
+    }
+    return strlen(value) > 64 ? "must be at most 64 characters" : NULL;
+}
+
 /* A unix socket path: "" (off) or one that fits sockaddr_un. */
 const char *conf_check_sockpath(char *value)
 {
@@ -1162,6 +1196,7 @@ void config_defaults(config *cfg)
     cfg->stats_enabled = 1;
     cfg->log_level = LOG_INFO;
     cfg->shutdown_timeout_ms = 5000;
+    cfg->instance_heartbeat_ttl_ms = 5000;
     cfg->queue_depths_interval_ms = 1000;
     cfg->queue_depths_keys_per_round = 100;
     cfg->queue_depths_max_keys = 1000;
@@ -1227,6 +1262,8 @@ void config_free(config *cfg)
     cfg->fallback_path = NULL;
     free(cfg->takeover_socket);
     cfg->takeover_socket = NULL;
+    free(cfg->instance_name);
+    cfg->instance_name = NULL;
     for (int i = 0; i < cfg->nfallback_keys && i < CONFIG_MAX_DENY; i++) {
         free(cfg->fallback_keys[i]);
         cfg->fallback_keys[i] = NULL;

@@ -205,6 +205,8 @@ typedef struct config {
                                            length ferry keeps and shows */
 
     uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
+    char *instance_name;                /* instance.name, NULL = derived (instance.c) */
+    uint64_t instance_heartbeat_ttl_ms; /* instance.heartbeat_ttl_ms (5000) */
     char *takeover_socket;        /* takeover.socket: unix socket a new ferry
                                      takes this one over through, NULL = off */
 

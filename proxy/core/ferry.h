@@ -194,7 +194,7 @@ typedef struct ferry {
     list_node watching;    /* sessions with replies whose writing someone waits for */
     uint64_t next_id;      /* ids for sessions and links: the last one given */
     uint64_t rcpt_next;    /* pop receipts: the last number given (receipts.c) */
-    char rcpt_token[40];   /* pop receipts: this loop's part of their keys, "" not yet made */
+    char rcpt_token[240];  /* pop receipts: this loop's part of their keys, "" not yet made */
     uint64_t id_step;      /* how far apart this loop's ids are: one per loop, so
                               ids are unique across loops (loop i gives i + k*n) */
     uint64_t started_ms;   /* uv_now() at start */

@@ -53,6 +53,7 @@
 
 #include "clustermap.h"
 #include "config.h"
+#include "instance.h"
 #include "lease.h"
 #include "log.h"
 #include "resp.h"
@@ -166,13 +167,17 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     return config_fallback_key(f->cfg, v->key, v->klen) ? 0 : -1;
 }
 
+/* ferry:rcpt:[{tag}:]<instance>:<process>.<loop>:<n>:<what>:<key>: whose
+ * it is (a process that dies leaves it to a peer or its instance started
+ * again, instance.c) and what settling it needs: <what> L or R, a pop's
+ * end of <key> its item came from; P a push, T a transaction. */
 static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
 {
     char tail[24];
     if (f->rcpt_token[0] == '\0') {
-        /* Unique across restarts and loops: the process, a clock, the loop. */
-        snprintf(f->rcpt_token, sizeof(f->rcpt_token), "%x%llx.%d", (unsigned)uv_os_getpid(),
-                 (unsigned long long)(uv_hrtime() / 1000 % 0xffffffffffull), f->worker_index);
+        /* Unique across restarts and loops: the instance, its process, the loop. */
+        snprintf(f->rcpt_token, sizeof(f->rcpt_token), "%.*s.%d",
+                 (int)sizeof(f->rcpt_token) - 8, instance_receipt_owner(), f->worker_index);
     }
     buf_append(out, "ferry:rcpt:", 11);
     if (f->cluster != NULL) {
@@ -186,6 +191,10 @@ static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
     char *p = buf_digits(tail + sizeof(tail), n);
     *--p = ':';
     buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
+    const char *what = v->push == NULL ? (v->side[0] == 'L' ? ":L:" : ":R:")
+                                       : (strcmp(v->push, "exec") == 0 ? ":T:" : ":P:");
+    buf_append(out, what, 3);
+    buf_append(out, v->key, v->klen);
 }
 
 /* A script on l: its SCRIPT LOAD queued once per link (bit: which one),
@@ -330,6 +339,8 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
 #define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
 #define PUT_BACK_KEEP_MS 20000 /* a put-back sent is sent again on a next master this long */
 #define PUT_BACK_AGAIN_MS 500  /* ... and, when its move may still come, to the same master */
+#define PUT_BACK_SETTLE_MS 2000 /* ... until this long after the master first answered one */
+#define PUT_BACK_AGAIN_MAX_MS 600000 /* ... or at most this long (a master that never answers) */
 
 /* A receipt to move back to its queue (a pop's), or to delete (a push's or
  * a transaction's whose client left: nothing will send it again). Sent, it
@@ -345,6 +356,9 @@ typedef struct put_back {
     uint64_t sent_ms; /* uv_now() when first sent */
     uint64_t last_ms; /* uv_now() when last sent */
     int again;        /* its move may reach Redis after it: sent again while kept */
+    int outstanding;  /* again: the last one sent is not answered yet */
+    uint64_t serial;  /* again: what its answer names (put_back_answered) */
+    uint64_t answered_ms; /* again: uv_now() when the master first answered one, 0 not yet */
 } put_back;
 
 #define RECENT_MAX 16384 /* receipts a generation keeps to delete again on a next master */
@@ -364,6 +378,7 @@ struct receipts {
     buf recent[2];
     size_t nrecent[2];
     uint64_t recent_at, del_epoch;
+    uint64_t serial; /* the last put-back's (put_back_answered) */
 };
 
 static struct receipts *receipts_of(ferry *f)
@@ -742,17 +757,46 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
 
 /* ------------------------------------------------------------ put back */
 
+/* A move back that may come before its move was answered (or lost with
+ * its link): from the first answer on, the master reads what it had
+ * waiting (a frozen master, thawed), so the move back goes on a little
+ * longer only. */
+static void put_back_answered(link *l, request *r, const char *reply, size_t len)
+{
+    struct receipts *rc = l->f->receipts;
+    (void)len;
+    for (size_t i = 0; rc != NULL && i < rc->n; i++) {
+        put_back *b = &rc->pb[i];
+        if (b->again && b->serial == (uint64_t)r->arg) {
+            b->outstanding = 0;
+            if (reply != NULL && b->answered_ms == 0) {
+                b->answered_ms = uv_now(l->f->loop);
+            }
+            return;
+        }
+    }
+}
+
+/* Whether b, sent to l's master before, goes there again (see again). */
+static int put_back_again(const put_back *b, uint64_t now)
+{
+    return b->again && !b->outstanding && now - b->last_ms >= PUT_BACK_AGAIN_MS &&
+           (b->answered_ms == 0 || now - b->answered_ms < PUT_BACK_SETTLE_MS);
+}
+
 /* b sent on via, or on its key's master when via is NULL; kept until the
  * tick lets it go (see struct put_back). */
 static void put_back_send(ferry *f, put_back *b, link *via)
 {
     link *l = via != NULL ? via : clustermap_key_link(f, b->key, b->klen, NULL, 0, 2);
     uint64_t now = uv_now(f->loop);
-    if (l == NULL || (l->epoch == b->epoch && !(b->again && now - b->last_ms >= PUT_BACK_AGAIN_MS))) {
+    if (l == NULL || (l->epoch == b->epoch && !put_back_again(b, now))) {
         return;
     }
     b->last_ms = now;
-    link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move), NULL, 0);
+    b->outstanding = b->again;
+    link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move),
+                        b->again ? put_back_answered : NULL, (long long)b->serial);
     if (b->epoch != 0 && b->epoch != l->epoch) {
         log_info("receipts: a receipt moved back (or deleted) on the master before sent again to "
                  "this one (it may have died with that master)");
@@ -813,6 +857,9 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
     b->sent_ms = 0;
     b->last_ms = 0;
     b->again = again;
+    b->outstanding = 0;
+    b->serial = ++rc->serial;
+    b->answered_ms = 0;
     put_back_send(f, b, via);
 }
 
@@ -902,6 +949,7 @@ void receipts_tick(ferry *f)
 {
     struct receipts *rc = f->receipts;
     size_t keep = 0;
+    instance_tick(f, uv_now(f->loop));
     if (rc == NULL) {
         return;
     }
@@ -914,7 +962,9 @@ void receipts_tick(ferry *f)
     uint64_t now = uv_now(f->loop);
     for (size_t i = 0; i < rc->n; i++) {
         put_back *b = &rc->pb[i];
-        if (b->epoch != 0 && now - b->sent_ms >= PUT_BACK_KEEP_MS) {
+        if (b->epoch != 0 && now - b->sent_ms >= PUT_BACK_KEEP_MS &&
+            (!b->again || now - b->sent_ms >= PUT_BACK_AGAIN_MAX_MS ||
+             (b->answered_ms != 0 && now - b->answered_ms >= PUT_BACK_SETTLE_MS))) {
             put_back_free(b);
             continue;
         }

@@ -1,0 +1,362 @@
+/* instance.c - receipts that outlive their process.
+ *
+ * A pop with its receipt leaves its item in a receipt key until the reply
+ * reached the client (receipts.c). A ferry that dies (kill -9, OOM, a host
+ * lost) in between leaves the item there, on nobody. So receipts are named
+ * by the instance, a name stable across the restarts of one ferry
+ * (instance.name, or derived from the host name and the listen address),
+ * and the process (a token of its own):
+ *
+ *   ferry:rcpt:<name>:<process>.<loop>:<n>:<what>:<key>
+ *
+ * <what> is L or R for a pop (the end of <key> its item came from), P a
+ * push, T a transaction: all a put-back needs, in the name the move itself
+ * creates (the move stays one step, as cheap as the pop).
+ *
+ * While a process runs, its main loop keeps ferry:alive:<name> on the
+ * master, holding its token with a TTL (instance.heartbeat_ttl_ms),
+ * refreshed every quarter of it, and the name in the set ferry:instances
+ * (instance_beat.lua). Then:
+ *
+ * - a process that finds its name held by another token waits: a process
+ *   of this instance that died lets it expire within one TTL. Held longer,
+ *   another live ferry has this name: this one exits (INSTANCE_EXIT_TAKEN),
+ *   saying so. A takeover (--takeover) is the same instance: the new process
+ *   takes the key over and the old one, handing over, refreshes it too.
+ * - once the heartbeat is its own, a process settles its name's receipts
+ *   left by earlier processes (not after a takeover: its predecessor's are
+ *   live, served by it until it exits).
+ * - every TTL it looks through ferry:instances for names whose heartbeat
+ *   expired; one claimer wins (instance_claim.lua, SET NX of
+ *   ferry:claim:<name>) and settles their receipts.
+ *
+ * Settling (instance_settle.lua) goes one SCAN step per call, each atomic:
+ * a pop's item back to the end of its queue it came from (counted
+ * receipts_put_back, logged with its key: at least once, as its reply may
+ * have reached the client just before the crash), a push's or a
+ * transaction's receipt deleted (the write stands; a client that retried it
+ * through another ferry sent a request of its own). A receipt of the
+ * heartbeat's own process is never touched, so a peer and the instance
+ * started again can settle at once: each receipt is settled once.
+ *
+ * Fixed and Sentinel mode: in cluster mode receipts are named the same way
+ * (after the key's {tag}) but no heartbeat is kept yet (docs/failover.md). */
+#include "instance.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "clustermap.h"
+#include "link.h"
+#include "log.h"
+#include "resp.h"
+#include "stats.h"
+
+extern const char ferry_instance_beat_lua[];
+extern const size_t ferry_instance_beat_lua_len;
+extern const char ferry_instance_claim_lua[];
+extern const size_t ferry_instance_claim_lua_len;
+extern const char ferry_instance_settle_lua[];
+extern const size_t ferry_instance_settle_lua_len;
+
+#define NAME_LEN 160
+#define SETTLE_COUNT 2000 /* keys one settle step asks SCAN to look at */
+
+enum { CALL_BEAT = 1, CALL_MEMBERS, CALL_CLAIM, CALL_SETTLE, CALL_FORGET };
+
+/* One per process: only the main loop uses it once the loops run. */
+static struct {
+    char name[NAME_LEN];
+    char token[32];               /* this process's: pid and a clock, in hex */
+    char owner[NAME_LEN + 40];    /* "<name>:<token>" */
+    int adopted;                  /* started by a takeover of this instance */
+    uint64_t ttl_ms;
+    uint64_t next_beat, next_sweep;
+    uint64_t conflict_since;      /* another token first seen in the heartbeat; 0 none */
+    int beating;                  /* a beat in flight */
+    int held;                     /* the heartbeat is this process's */
+    int own_done;                 /* the name's earlier processes' receipts settled */
+    int busy;                     /* a sweep, claim or settle step in flight */
+    buf peers;                    /* names still to look at, each NUL-terminated */
+    size_t peer_at;
+    char settling[NAME_LEN];      /* whose receipts ("" none) */
+    int settle_own;
+    char cursor[32];
+    uint64_t put_back, deleted;   /* by the settling under way */
+} inst;
+
+static void derive_name(const config *cfg, char *out, size_t n)
+{
+    char host[256];
+    size_t hlen = sizeof(host);
+    const config_addr *a = cfg->nlisten > 0 ? &cfg->listen[0] : NULL;
+    if (uv_os_gethostname(host, &hlen) != 0) {
+        strcpy(host, "ferry");
+    }
+    if (a == NULL) {
+        snprintf(out, n, "%.63s", host);
+    } else if (a->is_unix) {
+        snprintf(out, n, "%.63s-%.80s", host, a->path);
+    } else {
+        snprintf(out, n, "%.63s-%.60s-%d", host, a->host, a->port);
+    }
+    /* Only what a key name and a SCAN pattern take as it is. */
+    for (char *c = out; *c != '\0'; c++) {
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '.' || *c == '_' || *c == '-')) {
+            *c = '-';
+        }
+    }
+}
+
+void instance_setup(const config *cfg, int adopted)
+{
+    if (cfg->instance_name != NULL) {
+        snprintf(inst.name, sizeof(inst.name), "%s", cfg->instance_name);
+    } else {
+        derive_name(cfg, inst.name, sizeof(inst.name));
+    }
+    snprintf(inst.token, sizeof(inst.token), "%x%llx", (unsigned)uv_os_getpid(),
+             (unsigned long long)(uv_hrtime() / 1000 % 0xffffffffffull));
+    snprintf(inst.owner, sizeof(inst.owner), "%s:%s", inst.name, inst.token);
+    inst.adopted = adopted;
+    inst.ttl_ms = cfg->instance_heartbeat_ttl_ms;
+    log_info("instance %s (process %s)%s", inst.name, inst.token,
+             adopted ? ": taking over from a process of the same instance" : "");
+}
+
+const char *instance_receipt_owner(void)
+{
+    return inst.owner;
+}
+
+static void on_reply(link *l, request *r, const char *p, size_t n);
+
+/* EVAL of lua with keys then args on l, its reply to on_reply. */
+static void call(link *l, const char *lua, size_t lua_len, const char *const *keys, int nkeys,
+                 const char *const *args, int nargs, int what)
+{
+    buf b;
+    char num[16];
+    buf_init(&b);
+    buf_append_count(&b, '*', (size_t)(3 + nkeys + nargs));
+    buf_append_bulk(&b, "EVAL", 4);
+    buf_append_bulk(&b, lua, lua_len);
+    buf_append_bulk(&b, num, (size_t)snprintf(num, sizeof(num), "%d", nkeys));
+    for (int i = 0; i < nkeys; i++) {
+        buf_append_bulk(&b, keys[i], strlen(keys[i]));
+    }
+    for (int i = 0; i < nargs; i++) {
+        buf_append_bulk(&b, args[i], strlen(args[i]));
+    }
+    link_internal_bytes(l, buf_head(&b), buf_used(&b), on_reply, what);
+    buf_free(&b);
+}
+
+static void beat(ferry *f, link *l)
+{
+    char alive[NAME_LEN + 16], ttl[24];
+    snprintf(alive, sizeof(alive), "ferry:alive:%s", inst.name);
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)inst.ttl_ms);
+    /* A takeover's two processes are one instance: each refreshes it. */
+    const char *force = inst.adopted || f->handing_over ? "1" : "0";
+    const char *keys[] = {alive, "ferry:instances"};
+    const char *args[] = {inst.token, ttl, force, inst.name};
+    inst.beating = 1;
+    call(l, ferry_instance_beat_lua, ferry_instance_beat_lua_len, keys, 2, args, 4, CALL_BEAT);
+}
+
+static void settle_step(link *l)
+{
+    char alive[NAME_LEN + 16], count[16];
+    snprintf(alive, sizeof(alive), "ferry:alive:%s", inst.settling);
+    snprintf(count, sizeof(count), "%d", SETTLE_COUNT);
+    const char *keys[] = {alive};
+    const char *args[] = {inst.settling, inst.cursor, count, inst.settle_own ? inst.token : ""};
+    inst.busy = 1;
+    call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys, 1, args, 4,
+         CALL_SETTLE);
+}
+
+static void settle_start(link *l, const char *name, int own)
+{
+    snprintf(inst.settling, sizeof(inst.settling), "%s", name);
+    inst.settle_own = own;
+    strcpy(inst.cursor, "0");
+    inst.put_back = inst.deleted = 0;
+    settle_step(l);
+}
+
+/* The claim script for name: 'claim' it, or it is 'done'. */
+static void claim(link *l, const char *name, const char *how, int what)
+{
+    char alive[NAME_LEN + 16], key[NAME_LEN + 16], ttl[24];
+    snprintf(alive, sizeof(alive), "ferry:alive:%s", name);
+    snprintf(key, sizeof(key), "ferry:claim:%s", name);
+    /* Long enough to settle; a claimer that dies too lets it go. */
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(inst.ttl_ms * 4));
+    const char *keys[] = {alive, key, "ferry:instances"};
+    const char *args[] = {inst.token, ttl, name, how};
+    inst.busy = 1;
+    call(l, ferry_instance_claim_lua, ferry_instance_claim_lua_len, keys, 3, args, 4, what);
+}
+
+static void on_beat(ferry *f, const char *p, const char *end)
+{
+    long long n = resp_read_header(&p, end, '*');
+    long long v = resp_read_header(&p, end, ':');
+    const char *other = "";
+    size_t olen = 0;
+    if (n < 1 || v < 0) {
+        log_warn("instance %s: the heartbeat was refused: %.*s", inst.name,
+                 (int)(end - p > 200 ? 200 : end - p), p);
+        return;
+    }
+    if (v > 0) {
+        if (inst.conflict_since != 0) {
+            log_info("instance %s: the heartbeat is this process's now", inst.name);
+        }
+        inst.held = 1;
+        inst.conflict_since = 0;
+        return;
+    }
+    resp_read_bulk(&p, end, &other, &olen);
+    uint64_t now = uv_now(f->loop);
+    if (inst.conflict_since == 0) {
+        inst.conflict_since = now;
+        log_warn("instance %s: ferry:alive:%s is held by process %.*s: waiting for it to expire "
+                 "(a process of this instance that died) for up to %llu ms",
+                 inst.name, inst.name, (int)olen, other, (unsigned long long)inst.ttl_ms);
+        return;
+    }
+    if (now - inst.conflict_since > inst.ttl_ms + inst.ttl_ms / 2) {
+        log_error("instance %s: another live ferry (process %.*s) has this identity: it refreshed "
+                  "ferry:alive:%s for %llu ms; refusing to run (give each ferry its own "
+                  "instance.name, or use --takeover to replace one)",
+                  inst.name, (int)olen, other, inst.name,
+                  (unsigned long long)(now - inst.conflict_since));
+        log_close();
+        exit(INSTANCE_EXIT_TAKEN);
+    }
+}
+
+static void on_settle(ferry *f, link *l, const char *p, const char *end)
+{
+    const char *cur, *key;
+    size_t clen, klen;
+    long long n = resp_read_header(&p, end, '*');
+    if (n < 2 || resp_read_bulk(&p, end, &cur, &clen) != 0 || clen >= sizeof(inst.cursor)) {
+        log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s",
+                 inst.name, inst.settling, (int)(end - p > 200 ? 200 : end - p), p);
+        inst.settling[0] = '\0';
+        return;
+    }
+    long long deleted = resp_read_header(&p, end, ':');
+    inst.deleted += deleted > 0 ? (uint64_t)deleted : 0;
+    f->stats.receipts_settled_deleted += deleted > 0 ? (uint64_t)deleted : 0;
+    for (long long i = 2; i < n && resp_read_bulk(&p, end, &key, &klen) == 0; i++) {
+        inst.put_back++;
+        f->stats.receipts_put_back++;
+        log_info("receipts: an item a dead process of instance %s had popped is put back to %.*s "
+                 "(at least once: its reply may have reached its client)",
+                 inst.settling, (int)klen, key);
+    }
+    memcpy(inst.cursor, cur, clen);
+    inst.cursor[clen] = '\0';
+    if (strcmp(inst.cursor, "0") != 0) {
+        settle_step(l);
+        return;
+    }
+    log_info("instance %s: receipts of %s settled: %llu item(s) put back, %llu push or "
+             "transaction receipt(s) deleted",
+             inst.name, inst.settle_own ? "this instance's earlier processes" : inst.settling,
+             (unsigned long long)inst.put_back, (unsigned long long)inst.deleted);
+    if (inst.settle_own) {
+        inst.own_done = 1;
+    } else {
+        claim(l, inst.settling, "done", CALL_FORGET);
+    }
+    inst.settling[0] = '\0';
+}
+
+static void on_reply(link *l, request *r, const char *p, size_t n)
+{
+    ferry *f = l->f;
+    int what = (int)r->arg;
+    inst.busy = what == CALL_BEAT ? inst.busy : 0;
+    if (what == CALL_BEAT) {
+        inst.beating = 0;
+    }
+    if (p == NULL) {
+        inst.settling[0] = '\0'; /* the link was lost: from the start, later */
+        return;
+    }
+    const char *end = p + n;
+    switch (what) {
+    case CALL_BEAT:
+        on_beat(f, p, end);
+        break;
+    case CALL_MEMBERS: {
+        long long k = resp_read_header(&p, end, '*');
+        const char *m;
+        size_t mlen;
+        buf_clear(&inst.peers);
+        inst.peer_at = 0;
+        for (long long i = 0; i < k && resp_read_bulk(&p, end, &m, &mlen) == 0; i++) {
+            if (mlen < NAME_LEN && memchr(m, '\0', mlen) == NULL &&
+                !(mlen == strlen(inst.name) && memcmp(m, inst.name, mlen) == 0)) {
+                buf_append(&inst.peers, m, mlen);
+                buf_append(&inst.peers, "", 1);
+            }
+        }
+        break;
+    }
+    case CALL_CLAIM: {
+        const char *name = buf_head(&inst.peers) + inst.peer_at;
+        inst.peer_at += strlen(name) + 1;
+        if (resp_read_header(&p, end, ':') == 1) {
+            f->stats.instances_claimed++;
+            log_warn("instance %s: claimed instance %s (its heartbeat expired: the process died): "
+                     "settling its receipts",
+                     inst.name, name);
+            settle_start(l, name, 0);
+        }
+        break;
+    }
+    case CALL_SETTLE:
+        on_settle(f, l, p, end);
+        break;
+    default:
+        break;
+    }
+}
+
+void instance_tick(ferry *f, uint64_t now)
+{
+    if (f->worker_index != 0 || f->cluster != NULL || inst.name[0] == '\0') {
+        return;
+    }
+    link *l = clustermap_key_link(f, "", 0, NULL, 0, 2);
+    if (l == NULL) {
+        return;
+    }
+    if (!inst.beating && now >= inst.next_beat) {
+        inst.next_beat = now + inst.ttl_ms / 4;
+        beat(f, l);
+    }
+    if (!inst.held || inst.busy) {
+        return;
+    }
+    if (!inst.own_done && !inst.adopted) {
+        settle_start(l, inst.name, 1);
+    } else if (inst.peer_at < buf_used(&inst.peers)) {
+        claim(l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
+    } else if (now >= inst.next_sweep) {
+        static const char *const members[] = {"SMEMBERS", "ferry:instances"};
+        inst.next_sweep = now + inst.ttl_ms;
+        inst.busy = 1;
+        link_internal_sure(l, members, 2, on_reply, CALL_MEMBERS);
+    }
+}
