@@ -34,7 +34,8 @@ typedef enum redo_state {
 typedef struct redo_entry {
     struct redo_entry *next;
     uint64_t seq;     /* its number in this FIFO (matches a reply to it) */
-    uint64_t epoch;   /* the master epoch it was acknowledged in */
+    uint64_t epoch;   /* the master epoch whose stream lo, hi are on (its replicas
+                         hold it back) */
     long long lo, hi; /* its bracket on that master */
     int db;           /* the database it was written in */
     redo_state state; /* see redo_state; changed only by entry_set_state */
@@ -54,6 +55,13 @@ typedef struct redo {
     resp_parser *parser;        /* reads a push's key and XADD's id */
     int listed;                 /* replicas the master listed at the last INFO ... */
     uint64_t listed_epoch;      /* ... of this epoch (0: none read) */
+    struct {
+        uint64_t epoch;                     /* a master view's epoch (0: free) ... */
+        char replid[BRACKET_REPLID_LEN + 1];  /* ... its master's replication id ... */
+        char parent[BRACKET_REPLID_LEN + 1];  /* ... the history it forked from ("" none) */
+        long long second;                   /* ... where: it holds the parent's up to
+                                               second - 1 */
+    } forks[4];                             /* the last masters read, by epoch */
 } redo;
 
 #define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len + (e)->after)
@@ -384,13 +392,69 @@ void redo_replicas(upstream *up, long long min_offset, int listed)
 
 /* ------------------------------------------------------- after a failover */
 
+/* Note what the master of up's heir epoch forked from (its replid2 and
+ * second_repl_offset), to place later what is written on its stream. */
+static void fork_note(redo *rd, const upstream *up, const char *replid)
+{
+    size_t n = sizeof(rd->forks) / sizeof(rd->forks[0]);
+    size_t slot = (size_t)(up->heir_epoch % n);
+    rd->forks[slot].epoch = up->heir_epoch;
+    snprintf(rd->forks[slot].replid, sizeof(rd->forks[slot].replid), "%s",
+             replid != NULL ? replid : "");
+    snprintf(rd->forks[slot].parent, sizeof(rd->forks[slot].parent), "%s", up->heir_replid2);
+    rd->forks[slot].second = up->heir_second;
+}
+
+/* The fork noted for the master whose replication id is id, or -1. */
+static int fork_of(const redo *rd, const char *id)
+{
+    for (int i = 0; i < (int)(sizeof(rd->forks) / sizeof(rd->forks[0])); i++) {
+        if (rd->forks[i].epoch != 0 && strcmp(rd->forks[i].replid, id) == 0) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* Where the new master (its own id heir_replid, its replid2 and second in
+ * h) stands on e, written on the stream of id (NULL unknown): a bracket
+ * verdict, or -1 when they share no history ferry knows of. A stream that
+ * is not the new master's may have forked from one that is (a master
+ * promoted from a replica goes on from its old master's offsets): e is on
+ * it if it lies before the fork, not if after. */
+static int place(const redo *rd, const redo_entry *e, const char *heir_replid,
+                 const bracket_heir *h, const char *id)
+{
+    int after_fork = 0, across = 0;
+    for (size_t depth = 0; id != NULL && id[0] != '\0' && depth < 4; depth++) {
+        int v = -1;
+        if (heir_replid != NULL && strcmp(id, heir_replid) == 0) {
+            v = BRACKET_APPLIED; /* the same node again: its stream goes on */
+        } else if (h->replid2 != NULL && strcmp(id, h->replid2) == 0) {
+            bracket b = {id, 1, e->lo, e->hi};
+            v = bracket_decide(&b, h);
+        }
+        if (v >= 0) {
+            return after_fork ? BRACKET_NOT_APPLIED : across ? BRACKET_AMBIGUOUS : v;
+        }
+        int k = fork_of(rd, id);
+        if (k < 0 || rd->forks[k].parent[0] == '\0' || rd->forks[k].second <= 0) {
+            break;
+        }
+        /* Its stream holds the parent's up to second - 1, then its own. */
+        long long end = rd->forks[k].second - 1;
+        after_fork |= e->lo >= end;
+        across |= e->lo < end && e->hi > end;
+        id = rd->forks[k].parent;
+    }
+    return -1;
+}
+
 void redo_decide(upstream *up, const char *heir_replid,
                  const char *(*replid_of)(const upstream *up, unsigned long long epoch))
 {
-    redo *rd = up->redo;
-    if (rd == NULL) {
-        return;
-    }
+    redo *rd = ctx(up);
+    fork_note(rd, up, heir_replid);
     bracket_heir h = {up->heir_replid2[0] != '\0' ? up->heir_replid2 : NULL, up->heir_second};
     size_t applied = 0, resend = 0, ambiguous = 0, nohistory = 0, missing = 0, maybe = 0;
     redo_entry *prev = NULL, *e = rd->head;
@@ -401,15 +465,8 @@ void redo_decide(upstream *up, const char *heir_replid,
             e = next;
             continue;
         }
-        const char *id = replid_of(up, e->epoch);
-        if (id != NULL && heir_replid != NULL && strcmp(id, heir_replid) == 0) {
-            /* The same history goes on (the same node again): it has it. */
-            applied += !e->mark;
-            entry_drop(up, prev, e);
-            e = next;
-            continue;
-        }
-        if (id == NULL || h.replid2 == NULL || strcmp(id, h.replid2) != 0) {
+        int v = place(rd, e, heir_replid, &h, replid_of(up, e->epoch));
+        if (v < 0) {
             /* No history shared with the master that acknowledged it: a
              * node restarted from its AOF (every acknowledged push is in the
              * AOF of the master that acknowledged it), or a replication id
@@ -420,11 +477,14 @@ void redo_decide(upstream *up, const char *heir_replid,
             e = next;
             continue;
         }
-        bracket b = {id, 1, e->lo, e->hi};
-        bracket_verdict v = bracket_decide(&b, &h);
         if (v == BRACKET_APPLIED) {
+            /* On the new master, at the same offsets (its stream goes on
+             * from the old one's): kept until every replica of its own has
+             * it, as a second failover may promote one that lacks it (a
+             * replica still resyncing from it). */
             applied += !e->mark;
-            entry_drop(up, prev, e);
+            e->epoch = up->heir_epoch;
+            prev = e;
             e = next;
             continue;
         }

@@ -112,12 +112,32 @@ def replica_states(master):
             if k.startswith('slave') and isinstance(v, dict)}
 
 
+def wait_list(tc, f, key, want):
+    """Until key reads want through ferry. With workers: 4 a loop whose
+    sessions made no push may serve a read before the loop that kept them
+    has sent them again (each loop holds only its own clients)."""
+    seen = {}
+
+    def items():
+        try:
+            seen['got'] = f.client(socket_timeout=10).lrange(key, 0, -1)
+        except Exception as e:  # noqa: BLE001 (no master yet: asked again)
+            seen['got'] = repr(e)
+        return seen['got'] == want
+    try:
+        wait_until(items, timeout=30, msg='%s through ferry on the new master' % key)
+    except AssertionError:
+        tc.assertEqual(seen.get('got'), want)
+        raise
+
+
 class RedoReplicaNotOnlineTest(unittest.TestCase):
     """Pushes acknowledged (WAIT 1, by R1) while the master does not list R2
     at all (dropped after repl-timeout) or lists it mid full-resync (not
     state=online): R2 lacks them, yet Sentinel may promote it. ferry keeps
-    them until every replica Sentinel lists is online past them; a
-    transaction's writes it cannot send again are counted as missing."""
+    them until every replica Sentinel lists is online past them, sends a
+    transaction that went with its receipt again as that script, and counts
+    the writes it cannot send again (SET, a script) as missing."""
 
     def run_case(self, listed):
         topo = SentinelTopology(down_after_ms=2000)
@@ -182,11 +202,11 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
         r2.sigcont()
         self.assertEqual(topo.wait_failover(old_port, timeout=60), r2.port)
 
-        def items():
-            return f.client(socket_timeout=10).lrange('q', 0, -1)
-        got = wait_until(items, timeout=30, msg='ferry answers on the new master')
+        wait_list(self, f, 'q', ['before'] + pushes)
+        # Each push, the XADD, the ZADD and the transaction sent again once.
+        wait_until(lambda: durability(f)['redo_replayed'] == len(pushes) + 4, timeout=15,
+                   msg='every kept write sent again answered')
         fc = f.client(socket_timeout=10)
-        self.assertEqual(got, ['before'] + pushes)
         self.assertEqual(fc.lrange('l', 0, -1), ['b', 'a'])
         self.assertEqual(fc.zrange('z', 0, -1, withscores=True), [('m', 1.0)])
         self.assertEqual([e[0] for e in fc.xrange('s')], [sid])
@@ -201,7 +221,6 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
         self.assertIsNone(fc.get('n'))
         d = durability(f)
         self.assertEqual(d['acked_writes_missing'], 2, d)
-        self.assertEqual(d['redo_replayed'], len(pushes) + 4, d)
         self.assertEqual(d['redo_errors'], 0, d)
         self.assertIn('2 acknowledged write(s) the new master lacks', f.log())
 
@@ -210,6 +229,65 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
 
     def test_replica_listed_mid_full_resync(self):
         self.run_case(listed=True)
+
+    def test_two_failovers_the_second_to_the_replica_that_lacked_them(self):
+        """Acknowledged by R1 while R2 is frozen; SENTINEL FAILOVER promotes
+        R1, which has them; R1 and the old master killed, R2 promoted. The
+        pushes stay kept across the first switch (R2 still lacks them) and
+        are sent again to R2."""
+        topo = SentinelTopology(down_after_ms=2000)
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        r1, r2 = [r for r in topo.redis if r is not master]
+        f = Ferry(None, conf=merged_conf({'upstream': {'ping_interval_ms': 100}}), sentinel=topo)
+        self.addCleanup(f.stop)
+        wait_until(lambda: durability(f)['replicas_known'] == 2, timeout=15,
+                   msg='ferry follows both replicas Sentinel lists')
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush('q', 'before'), 1)
+        wait_until(lambda: r2.client().lrange('q', 0, -1) == ['before'], timeout=10,
+                   msg='the first push on R2')
+        # Frozen and dropped by the master: what follows never reaches it.
+        master.client().config_set('repl-timeout', 2)
+        r2.sigstop()
+        self.addCleanup(r2.sigcont)
+        wait_until(lambda: r2.port not in replica_states(master), timeout=30,
+                   msg='the master drops the frozen R2 (repl-timeout)')
+        pushes = ['w%d' % i for i in range(5)]
+        for i, item in enumerate(pushes):
+            self.assertEqual(c.rpush('q', item), i + 2)  # acknowledged by R1
+
+        def r2_down():
+            for s in topo.sentinels:
+                flags = [r['flags'] for r in s.client().sentinel_slaves(topo.master_name)
+                         if r['port'] == r2.port]
+                if not flags or 's_down' not in flags[0]:
+                    return False
+            return True
+        wait_until(r2_down, timeout=30, msg='every sentinel sees R2 down')
+        old_port = master.port
+        topo.failover()
+        self.assertEqual(topo.wait_failover(old_port, timeout=60), r1.port)
+        # Through ferry on R1: the verdict on the first master ran (R1 has
+        # them all), and one more push, acknowledged by the old master, now
+        # R1's replica.
+        self.assertEqual(c.rpush('q', 'after'), len(pushes) + 2)
+        wait_until(lambda: offset(master) >= offset(r1), timeout=15,
+                   msg='the old master, replica of R1, has it all')
+        calls = info_calls(r1)
+        wait_until(lambda: info_calls(r1) >= calls + 20, timeout=30,
+                   msg='ferry read INFO replication since')
+
+        r1.kill()
+        master.kill()
+        r2.sigcont()
+        self.assertEqual(topo.wait_failover(r1.port, timeout=60), r2.port)
+
+        wait_list(self, f, 'q', ['before'] + pushes + ['after'])
+        wait_until(lambda: durability(f)['redo_replayed'] == len(pushes) + 1, timeout=15,
+                   msg='every kept push sent again answered')
+        self.assertEqual(durability(f)['redo_errors'], 0)
 
 
 class RedoRunningTest(unittest.TestCase):
