@@ -713,8 +713,9 @@ const conf_entry conf_table[] = {
      CONF_FIELD(push_receipts)},
     {.key = "durability.redo_max_bytes",
      .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
-            "XADD) kept until every online replica has them, so they are sent again to a promoted "
-            "replica that lacks them; past it the oldest are dropped (counted "
+            "XADD, and transactions that go with their receipt) kept until every replica Sentinel "
+            "lists is online past them, so they are sent again to a promoted replica that lacks "
+            "them; past it the oldest are dropped (counted "
             "redo_dropped_unprotected); 0 keeps none",
      .type = CONF_SIZE,
      CONF_FIELD(redo_max_bytes),

@@ -4,11 +4,15 @@
  * confirmed it; another replica may still lack it, and Sentinel may promote
  * that one (it ranks replicas by an offset up to a second old). Each master
  * view (upstream) keeps a copy of every acknowledged queue push (LPUSH,
- * RPUSH, LPUSHX, RPUSHX, ZADD, XADD with the id its reply carried) with its
- * offset bracket, until every online replica's offset (INFO replication) is
- * past it. After a failover, the new master's master_replid2 and
- * second_repl_offset tell which of them it lacks: those are sent to it
- * again, in order, before the view carries any client request.
+ * RPUSH, LPUSHX, RPUSHX, ZADD, XADD with the id its reply carried, a
+ * transaction as its receipt script) with its offset bracket, until every
+ * replica that may be promoted has it: the master lists as many replicas as
+ * Sentinel does (up->replicas_known), each online past it. After a
+ * failover, the new master's master_replid2 and second_repl_offset tell
+ * which of them it lacks: those are sent to it again, in order, before the
+ * view carries any client request; those it has wait for its own replicas.
+ * Other acknowledged writes are kept as their bracket, to count those a new
+ * master lacks (acked_writes_missing).
  * Owned by fence.c; calls only the link and the bottom. */
 #ifndef FERRY_REDO_H
 #define FERRY_REDO_H
@@ -21,20 +25,24 @@ struct upstream;
 
 /* r's reply (reply, len) was released after its replicas_ack WAIT on l,
  * which acked replicas confirmed: keep a copy of r if it is a queue push
- * with a known bracket that not every replica confirmed. */
+ * (or an EXEC that went with its receipt: shard_ops->redo_tx) with a known
+ * bracket that not every replica confirmed, its bracket alone if it is
+ * another write. */
 void redo_keep(link *l, const request *r, const char *reply, size_t len, long long acked);
 
-/* INFO replication of up's current master: every online replica is at
- * min_offset or past it (-1: none online): drop what they all have; it
- * lists listed replicas in any state (-1 unknown). */
+/* INFO replication of up's current master: every replica it lists is
+ * online at min_offset or past it (-1: none listed, or one not online); it
+ * lists listed replicas (-1 unknown): drop what they all have when they are
+ * as many as Sentinel lists. */
 void redo_replicas(struct upstream *up, long long min_offset, int listed);
 
 /* The new master's heir info is in up (heir_replid2, heir_second,
  * heir_epoch), heir_replid is its own replication id: decide every entry of
- * an older master: on it (dropped), not on it or the boundary inside its
- * bracket (to be sent again, redo_send), of a history it does not share (a
- * node restarted from its AOF: dropped, counted). replid_of gives the
- * replication id learned for an epoch (NULL unknown). */
+ * an older master: on it (kept for its replicas), not on it or the boundary
+ * inside its bracket (to be sent again, redo_send; a bracket alone:
+ * counted missing), of a history it does not share (a node restarted from
+ * its AOF: dropped, counted). replid_of gives the replication id learned
+ * for an epoch (NULL unknown). */
 void redo_decide(struct upstream *up, const char *heir_replid,
                  const char *(*replid_of)(const struct upstream *up, unsigned long long epoch));
 
