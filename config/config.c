@@ -315,7 +315,7 @@ const conf_entry conf_table[] = {
      .what = "full, ca or none"},
 
     {.key = "cluster",
-     .doc = "Redis Cluster mode (in progress): the seed nodes ferry learns the slot map from",
+     .doc = "Redis Cluster mode: the seed nodes ferry learns the slot map from",
      .type = CONF_SECTION,
      CONF_FLAG(has_cluster)},
     {.key = "cluster.nodes",
