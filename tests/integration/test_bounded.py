@@ -384,8 +384,10 @@ class PipelineFloodTest(unittest.TestCase):
                          'PING %.1f ms idle, %.1f ms beside the flood\n'
                          % (before, (frozen - before) / 1024.0, (unread - before) / 1024.0,
                             latency * 1000, busy_latency * 1000))
-        self.assertLess(latency, 0.5)
-        self.assertLess(busy_latency, 2.0)
+        # Bounds on a hang (the figures are printed above): a PING queued
+        # behind the flood would wait for all of it.
+        self.assertLess(latency, 5.0)
+        self.assertLess(busy_latency, 5.0)
 
     def test_requests_are_counted_as_allocated(self):
         # No pipeline bound to speak of: client.max_pending_bytes alone must

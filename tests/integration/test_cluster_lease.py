@@ -106,7 +106,7 @@ class ClusterLeaseTest(ClusterCase):
                    {'keys': '{dc*}', 'processing': '"{key}:processing"', 'lease_ms': 30000},
                    {'keys': '{bo*}', 'processing': '"{key}:processing"', 'lease_ms': 300,
                     'max_attempts': 100,
-                    'consumer_backoff': '{after_failures: 2, pause_ms: 3000}'}],
+                    'consumer_backoff': '{after_failures: 2, pause_ms: 8000}'}],
                   'queue_depths: {interval_ms: 100, keys_per_round: 50}\n')
 
     def test_1_lease_ack_expiry_dead_letter_on_every_shard(self):
@@ -210,7 +210,7 @@ class ClusterLeaseTest(ClusterCase):
         q = self.tagged_on(port, 'bo')
         proc = q + ':processing'
         m = self.node(port)
-        w1, w2 = self.ferry.client(socket_timeout=10), self.ferry.client(socket_timeout=10)
+        w1, w2 = self.ferry.client(socket_timeout=30), self.ferry.client(socket_timeout=30)
         w1.client_setname('w1')
         w2.client_setname('w2')
         self.assertEqual(w2.rpush(q, *['j%d' % i for i in range(6)]), 6)
@@ -225,14 +225,17 @@ class ClusterLeaseTest(ClusterCase):
                    interval=0.02, msg='ferry knows w1 is paused')
         t0 = time.monotonic()
         self.assertIsNotNone(w2.rpoplpush(q, proc))
-        self.assertLess(time.monotonic() - t0, 0.5)  # w2 is not paused
+        # w2 is not paused: at once (a bound on a hang; paused, it would wait
+        # about pause_ms, 8 s)
+        self.assertLess(time.monotonic() - t0, 3.0)
         # Every loop reads the paused set every 200 ms (workers: N; only the
-        # main loop's is on /stats): give w1's loop that long.
-        time.sleep(0.5)
+        # main loop's is on /stats): give w1's loop ten times that, well
+        # inside the pause.
+        time.sleep(2.0)
         t0 = time.monotonic()
         self.assertIsNotNone(w1.rpoplpush(q, proc))
         self.assertGreater(time.monotonic() - t0, 1.0)  # held until the pause ends
-        self.assertIn("consumer 'w1' paused for 3000 ms after 2 expired leases",
+        self.assertIn("consumer 'w1' paused for 8000 ms after 2 expired leases",
                       self.ferry.log())
 
     def test_6_queues_report_of_every_shard(self):

@@ -188,7 +188,7 @@ class FallbackTest(unittest.TestCase):
         # A blocked pop on an empty key answers nil on its own timeout.
         t0 = time.monotonic()
         self.assertIsNone(c.brpop('nothing', timeout=1))
-        self.assertLess(time.monotonic() - t0, 3)
+        self.assertLess(time.monotonic() - t0, 10)  # a bound on a hang
         # Redis is back: the rows are replayed, then deleted.
         self.redis.start()
         wait_until(lambda: pending(f) == 0, timeout=15, msg='replay to finish')

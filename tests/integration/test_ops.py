@@ -299,7 +299,8 @@ class SignalTest(unittest.TestCase):
         f = self.start()
         t0 = time.monotonic()
         self.assertEqual(f.stop(signal.SIGTERM), 0)
-        self.assertLess(time.monotonic() - t0, 2.0)
+        # not after shutdown_timeout_ms (5 s by default)
+        self.assertLess(time.monotonic() - t0, 4.0)
 
     def test_second_sigterm_exits_at_once(self):
         f = self.start(shutdown_timeout_ms=10000)
@@ -314,8 +315,9 @@ class SignalTest(unittest.TestCase):
         self.assertTrue(f.running(), 'ferry exited with a request in flight')
         t0 = time.monotonic()
         f.signal(signal.SIGTERM)
-        rc = f.proc.wait(5)
-        self.assertLess(time.monotonic() - t0, 1.5)
+        rc = f.proc.wait(30)
+        # not after shutdown_timeout_ms (5 s by default)
+        self.assertLess(time.monotonic() - t0, 4.0)
         self.assertEqual(rc, 0)
         self.assertIn('second SIGTERM', f.log())
 

@@ -83,7 +83,7 @@ class SmokeChecks:
         # a BRPOP that times out answers nil after about its timeout
         t0 = time.monotonic()
         self.assertIsNone(r.brpop([k + ':empty'], 1))
-        self.assertLess(time.monotonic() - t0, 3.0)
+        self.assertLess(time.monotonic() - t0, 10.0)  # a bound on a hang
 
     def test_redis_py_pubsub(self):
         k = key_prefix(self)

@@ -490,9 +490,9 @@ class ListenerTls(unittest.TestCase):
         s = socket.create_connection(('127.0.0.1', tls_port_of(self.ferry)), timeout=5)
         s.sendall(b'\x16\x03\x01\x02\x00\x01')  # a ClientHello's first bytes, then nothing
         t0 = time.time()
-        s.settimeout(5)
+        s.settimeout(30)
         self.assertEqual(s.recv(100), b'')  # ferry closed it
-        self.assertLess(time.time() - t0, 3)
+        self.assertLess(time.time() - t0, 10)  # handshake_timeout_ms is 700: not never
         s.close()
         self.wait_stat('tls_failed_timeout', before, 'not finished within tls.handshake_timeout_ms')
         self.check_others_fine()
