@@ -367,8 +367,14 @@ typedef struct put_back {
 struct receipts {
     put_back *pb; /* receipts to put back, oldest first */
     size_t n, cap;
-    buf dels; /* receipts served this turn, as DEL's arguments (not in cluster mode) */
+    buf dels; /* receipts served before this turn, as DEL's arguments (not in cluster mode) */
     size_t ndels;
+    /* Receipts served this turn: deleted at the next flush, once their
+     * replies are written (session_flush_all follows receipts_flush). A DEL
+     * sent before the reply would leave the item on nobody if ferry died in
+     * between (kill -9 under load). */
+    buf turn;
+    size_t nturn;
     /* Receipts deleted lately ([0] since recent_at, [1] the span before),
      * as DEL's arguments: a DEL sent to a master in its last moments may
      * not have reached its replicas, so the next master may still hold the
@@ -386,6 +392,7 @@ static struct receipts *receipts_of(ferry *f)
     if (f->receipts == NULL) {
         f->receipts = xcalloc(1, sizeof(*f->receipts));
         buf_init(&f->receipts->dels);
+        buf_init(&f->receipts->turn);
         buf_init(&f->receipts->recent[0]);
         buf_init(&f->receipts->recent[1]);
     }
@@ -425,12 +432,8 @@ static void recent_again(ferry *f, struct receipts *rc, link *l)
     rc->del_epoch = l->epoch;
 }
 
-void receipts_flush(ferry *f)
+static void dels_send(ferry *f, struct receipts *rc)
 {
-    struct receipts *rc = f->receipts;
-    if (rc == NULL || rc->ndels == 0) {
-        return;
-    }
     link *l = clustermap_key_link(f, "", 0, NULL, 0, 2); /* not in cluster mode: the master */
     if (l == NULL) {
         return; /* kept for the next master */
@@ -451,6 +454,23 @@ void receipts_flush(ferry *f)
     rc->nrecent[0] += rc->ndels;
     buf_clear(&rc->dels);
     rc->ndels = 0;
+}
+
+void receipts_flush(ferry *f)
+{
+    struct receipts *rc = f->receipts;
+    if (rc == NULL) {
+        return;
+    }
+    if (rc->ndels > 0) {
+        dels_send(f, rc);
+    }
+    if (rc->nturn > 0) {
+        buf_append(&rc->dels, buf_head(&rc->turn), buf_used(&rc->turn));
+        rc->ndels += rc->nturn;
+        buf_clear(&rc->turn);
+        rc->nturn = 0;
+    }
 }
 
 /* ------------------------------------------------------- transactions
@@ -722,13 +742,14 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
         return; /* nothing moved: no receipt */
     }
     if (f->cluster == NULL) {
-        /* One DEL for every receipt served this turn (receipts_flush). */
+        /* One DEL for every receipt served this turn, at the next flush
+         * (receipts_flush). */
         struct receipts *rc = receipts_of(f);
         buf key;
         buf_init(&key);
         receipt_key(f, &v, r->rcpt, &key);
-        buf_append_bulk(&rc->dels, buf_head(&key), buf_used(&key));
-        rc->ndels++;
+        buf_append_bulk(&rc->turn, buf_head(&key), buf_used(&key));
+        rc->nturn++;
         buf_free(&key);
         r->flags &= ~REQ_F_RCPT;
         return;
@@ -985,6 +1006,7 @@ void receipts_free(ferry *f)
     }
     free(rc->pb);
     buf_free(&rc->dels);
+    buf_free(&rc->turn);
     buf_free(&rc->recent[0]);
     buf_free(&rc->recent[1]);
     free(rc);

@@ -51,7 +51,8 @@ void receipts_put_back(ferry *f, request *r);
  * transaction's receipt is deleted (the write stands). */
 void receipts_client_gone(session *s);
 void receipts_tick(ferry *f);
-/* The receipts served this turn deleted, in one DEL (before the links flush). */
+/* The receipts served before this turn deleted, in one DEL (before the links
+ * flush); this turn's wait for the next, their replies written first. */
 void receipts_flush(ferry *f);
 void receipts_free(ferry *f);
 

@@ -16,6 +16,10 @@ configured with the same identity are refused: the second one exits.
 
 Run: python3 -m unittest test_ferry_death -v
 """
+import os
+import random
+import shutil
+import tempfile
 import threading
 import time
 import unittest
@@ -23,13 +27,16 @@ import unittest
 import redis
 
 from failover_load import FAILOVER_CONF
-from harness import DIRECT, Ferry, SentinelTopology, wait_until
+from harness import (DIRECT, FERRY_BIN, Ferry, SentinelTopology, _spawn, resp_read_reply,
+                     resp_send, wait_until)
 from test_stats import stats_json
 
 CLIENTS = 6
 TTL_MS = 2000      # instance.heartbeat_ttl_ms: short, so the cases are quick
 HOLD_MS = 60000    # replies held for their WAIT past the ferry's death
 SETTLE_S = 30      # generous: a few TTLs on a loaded machine
+ITEMS = 3000
+CONSUMERS = 8
 
 
 def conf(**instance):
@@ -152,6 +159,165 @@ class FerryDeathTest(unittest.TestCase):
         self.assertEqual(st.get('receipts_put_back', 0), CLIENTS)
         self.assertEqual(st.get('instances_claimed', 0), 1)
         print('peer: %d stranded, all put back by the peer in %.1f s' % (CLIENTS, took))
+
+    def consume_under_kill(self, ferries, restart, seed):
+        """ITEMS items in a queue, CONSUMERS consumers BRPOP it through the
+        ferries (half on each), the first ferry kill -9'd at a random moment
+        under load; a consumer whose ferry died goes to the next one (or, with
+        restart, waits for the same one started again). Returns (delivered,
+        twice, put back): every item must be delivered, and none twice but
+        those counted as put back."""
+        rnd = random.Random(seed)
+        m = self.master()
+        key = 'q:death:load:%d' % seed
+        pushed = ['%d-%d' % (seed, i) for i in range(ITEMS)]
+        m.delete(key)
+        for i in range(0, ITEMS, 1000):
+            m.rpush(key, *pushed[i:i + 1000])
+        got, lock, stop = [], threading.Lock(), threading.Event()
+
+        def consume(k):
+            at = k % len(ferries)
+            c = None
+            while not stop.is_set():
+                try:
+                    if c is None:
+                        c = ferries[at].client(socket_timeout=20)
+                    v = c.brpop(key, timeout=1)
+                    if v is not None:
+                        with lock:
+                            got.append(v[1])
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    c = None
+                    if not restart:
+                        at = (at + 1) % len(ferries)
+                    time.sleep(0.05)  # a ferry that is down: reconnect soon
+        threads = [threading.Thread(target=consume, args=(k,), daemon=True)
+                   for k in range(CONSUMERS)]
+        for t in threads:
+            t.start()
+        victim = ferries[0]
+        try:
+            wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
+                       interval=0.001, msg='consumers under way')
+            victim.kill()
+            if restart:
+                time.sleep(rnd.uniform(0.2, 1.0))  # the restart's own delay, not a wait
+                victim._start()
+            state = {}
+
+            def all_delivered():
+                with lock:
+                    state['lost'] = set(pushed) - set(got)
+                return not state['lost']
+            try:
+                wait_until(all_delivered, timeout=SETTLE_S * 2, interval=0.1,
+                           msg='every item delivered')
+            except AssertionError:
+                self.fail('%d lost (e.g. %r); receipt keys left: %r' % (
+                    len(state['lost']), sorted(state['lost'])[:3],
+                    m.keys('ferry:rcpt:*%s' % key)))
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(SETTLE_S)
+        live = [f for f in ferries if f.running()]
+        put_back = sum(self.put_back(f) for f in live)
+        twice = len(got) - len(set(got))
+        self.assertLessEqual(twice, put_back, 'delivered twice but not counted as put back')
+        return len(set(got)), twice, put_back
+
+    def test_kill_under_load(self):
+        """Two ferries, consumers on both, one kill -9'd at a random moment
+        under load: nothing lost; the only items delivered twice are the
+        ones the peer counted as put back. Then one ferry killed and started
+        again under load, the same."""
+        for run, seed in enumerate((11, 12, 13)):
+            with self.subTest(fleet=run):
+                fs = [self.ferry(), self.ferry()]
+                acked, twice, back = self.consume_under_kill(fs, False, seed)
+                print('fleet of 2, kill -9 of one: %d acked, 0 lost, %d put back, %d twice' %
+                      (acked, back, twice))
+                for f in fs:
+                    if f.running():
+                        f.stop()
+        for run, seed in enumerate((21, 22, 23)):
+            with self.subTest(restart=run):
+                fs = [self.ferry()]
+                acked, twice, back = self.consume_under_kill(fs, True, seed)
+                print('one ferry, kill -9 and restart: %d acked, 0 lost, %d put back, %d twice' %
+                      (acked, back, twice))
+                fs[0].stop()
+
+    def test_takeover_puts_nothing_back(self):
+        """A takeover under load is the same instance handed over: the new
+        process shares the heartbeat, puts nothing back, and every item is
+        delivered once."""
+        tmp = tempfile.mkdtemp(prefix='ferry-death-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        c = conf()
+        c['takeover'] = {'socket': sock_path}
+        # The old process lives on for longer than a TTL and a half (a
+        # transaction left open keeps it until shutdown_timeout_ms): the
+        # new one must not take its own instance for a twin.
+        c['shutdown_timeout_ms'] = 3 * TTL_MS
+        f = Ferry(None, conf=c, sentinel=self.topo)
+        self.ferries.append(f)
+        tx = f.raw()
+        resp_send(tx, ['MULTI'])
+        self.assertEqual(resp_read_reply(tx), 'OK')
+        m = self.master()
+        key = 'q:death:takeover'
+        pushed = ['tk-%d' % i for i in range(ITEMS)]
+        m.delete(key)
+        for i in range(0, ITEMS, 1000):
+            m.rpush(key, *pushed[i:i + 1000])
+        got, lock, stop = [], threading.Lock(), threading.Event()
+
+        def consume():
+            cl = None
+            while not stop.is_set():
+                try:
+                    if cl is None:
+                        cl = f.client(socket_timeout=20)
+                    v = cl.brpop(key, timeout=1)
+                    if v is not None:
+                        with lock:
+                            got.append(v[1])
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    cl = None
+                    time.sleep(0.05)
+        threads = [threading.Thread(target=consume, daemon=True) for _ in range(CONSUMERS)]
+        for t in threads:
+            t.start()
+        old = f.proc
+        try:
+            wait_until(lambda: len(got) >= ITEMS // 10, timeout=SETTLE_S, interval=0.001,
+                       msg='consumers under way')
+            new = _spawn([FERRY_BIN, '-c', f.config_path, '--takeover', sock_path],
+                         f.out_path)
+            wait_until(lambda: old.poll() is not None, timeout=SETTLE_S, interval=0.1,
+                       msg='the old process exits once it handed everything over')
+            f.proc, f.pid = new, new.pid
+            wait_until(lambda: len(set(got)) == ITEMS, timeout=SETTLE_S, interval=0.1,
+                       msg='every item delivered')
+            # Two TTLs more: nothing claims or puts back the old process's part.
+            time.sleep(2 * TTL_MS / 1000)  # a span that must pass quietly: nothing to poll
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(SETTLE_S)
+        tx.close()
+        self.assertEqual(old.returncode, 0)
+        self.assertIsNone(new.poll(), 'the new process exited:\n' + f.log()[-2000:])
+        st = stats_json(f.stats_port)['durability']
+        twice = len(got) - len(set(got))
+        print('takeover under load: %d delivered, %d twice, %d put back' %
+              (len(set(got)), twice, st.get('receipts_put_back', 0)))
+        self.assertEqual(st.get('receipts_put_back', 0), 0)
+        self.assertEqual(twice, 0)
+        self.assertEqual(m.llen(key), 0)
 
     def test_same_identity_is_refused(self):
         """Two ferries configured with the same instance name: the second one
