@@ -26,9 +26,11 @@
  * - once the heartbeat is its own, a process settles its name's receipts
  *   left by earlier processes (not after a takeover: its predecessor's are
  *   live, served by it until it exits).
- * - every TTL it looks through ferry:instances for names whose heartbeat
- *   expired; one claimer wins (instance_claim.lua, SET NX of
- *   ferry:claim:<name>) and settles their receipts.
+ * - every half TTL it looks through ferry:instances for names whose
+ *   heartbeat expired; gone for half a TTL more (a live ferry reconnecting
+ *   after a failover refreshes it by then), one claimer wins
+ *   (instance_claim.lua, SET NX of ferry:claim:<name>) and settles their
+ *   receipts.
  *
  * Settling (instance_settle.lua) goes one SCAN step per call, each atomic:
  * a pop's item back to the end of its queue it came from (counted
@@ -192,15 +194,17 @@ static void settle_start(link *l, const char *name, int own)
 /* The claim script for name: 'claim' it, or it is 'done'. */
 static void claim(link *l, const char *name, const char *how, int what)
 {
-    char alive[NAME_LEN + 16], key[NAME_LEN + 16], ttl[24];
+    char alive[NAME_LEN + 16], key[NAME_LEN + 16], gone[NAME_LEN + 16], ttl[24], grace[24];
     snprintf(alive, sizeof(alive), "ferry:alive:%s", name);
     snprintf(key, sizeof(key), "ferry:claim:%s", name);
+    snprintf(gone, sizeof(gone), "ferry:gone:%s", name);
     /* Long enough to settle; a claimer that dies too lets it go. */
     snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(inst.ttl_ms * 4));
-    const char *keys[] = {alive, key, "ferry:instances"};
-    const char *args[] = {inst.token, ttl, name, how};
+    snprintf(grace, sizeof(grace), "%llu", (unsigned long long)(inst.ttl_ms / 2));
+    const char *keys[] = {alive, key, "ferry:instances", gone};
+    const char *args[] = {inst.token, ttl, name, how, grace};
     inst.busy = 1;
-    call(l, ferry_instance_claim_lua, ferry_instance_claim_lua_len, keys, 3, args, 4, what);
+    call(l, ferry_instance_claim_lua, ferry_instance_claim_lua_len, keys, 4, args, 5, what);
 }
 
 static void on_beat(ferry *f, const char *p, const char *end)
@@ -355,7 +359,7 @@ void instance_tick(ferry *f, uint64_t now)
         claim(l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
     } else if (now >= inst.next_sweep) {
         static const char *const members[] = {"SMEMBERS", "ferry:instances"};
-        inst.next_sweep = now + inst.ttl_ms;
+        inst.next_sweep = now + inst.ttl_ms / 2;
         inst.busy = 1;
         link_internal_sure(l, members, 2, on_reply, CALL_MEMBERS);
     }

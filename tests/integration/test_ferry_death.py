@@ -160,13 +160,14 @@ class FerryDeathTest(unittest.TestCase):
         self.assertEqual(st.get('instances_claimed', 0), 1)
         print('peer: %d stranded, all put back by the peer in %.1f s' % (CLIENTS, took))
 
-    def consume_under_kill(self, ferries, restart, seed):
+    def consume_under_kill(self, ferries, restart, seed, master_kill=False):
         """ITEMS items in a queue, CONSUMERS consumers BRPOP it through the
         ferries (half on each), the first ferry kill -9'd at a random moment
         under load; a consumer whose ferry died goes to the next one (or, with
         restart, waits for the same one started again). Returns (delivered,
         twice, put back): every item must be delivered, and none twice but
-        those counted as put back."""
+        those counted as put back. master_kill: the master is killed 1 s
+        after the ferry (its replicas have every item: WAIT)."""
         rnd = random.Random(seed)
         m = self.master()
         key = 'q:death:load:%d' % seed
@@ -174,6 +175,7 @@ class FerryDeathTest(unittest.TestCase):
         m.delete(key)
         for i in range(0, ITEMS, 1000):
             m.rpush(key, *pushed[i:i + 1000])
+        self.assertEqual(m.wait(2, 10000), 2)
         got, lock, stop = [], threading.Lock(), threading.Event()
 
         def consume(k):
@@ -201,6 +203,9 @@ class FerryDeathTest(unittest.TestCase):
             wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
                        interval=0.001, msg='consumers under way')
             victim.kill()
+            if master_kill:
+                time.sleep(1.0)  # the fault schedule: the master 1 s after the ferry
+                self.topo.master().kill()
             if restart:
                 time.sleep(rnd.uniform(0.2, 1.0))  # the restart's own delay, not a wait
                 victim._start()
@@ -216,7 +221,7 @@ class FerryDeathTest(unittest.TestCase):
             except AssertionError:
                 self.fail('%d lost (e.g. %r); receipt keys left: %r' % (
                     len(state['lost']), sorted(state['lost'])[:3],
-                    m.keys('ferry:rcpt:*%s' % key)))
+                    self.master().keys('ferry:rcpt:*%s' % key)))
         finally:
             stop.set()
             for t in threads:
@@ -332,6 +337,36 @@ class FerryDeathTest(unittest.TestCase):
         self.assertTrue(a.running())
         self.assertEqual(a.client().ping(), True)
 
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class FerryAndMasterDeathTest(unittest.TestCase):
+    """Two ferries, one kill -9'd under load and the master killed 1 s
+    later: the peer claims the dead instance's receipts on the promoted
+    replica; nothing acknowledged is lost. A topology of its own: the old
+    master stays down."""
+
+    setUp = FerryDeathTest.setUp
+    tearDown = FerryDeathTest.tearDown
+    ferry = FerryDeathTest.ferry
+    master = FerryDeathTest.master
+    put_back = FerryDeathTest.put_back
+    consume_under_kill = FerryDeathTest.consume_under_kill
+
+    def test_ferry_then_master(self):
+        for run, seed in enumerate((31, 32)):
+            with self.subTest(run=run):
+                self.topo = SentinelTopology()
+                try:
+                    fs = [self.ferry(), self.ferry()]
+                    acked, twice, back = self.consume_under_kill(fs, False, seed, master_kill=True)
+                    print('fleet of 2, kill -9 of one, the master 1 s later: %d acked, 0 lost, '
+                          '%d put back, %d twice' % (acked, back, twice))
+                finally:
+                    for f in self.ferries:
+                        if f.running():
+                            f.stop()
+                    self.topo.stop()
 
 if __name__ == '__main__':
     unittest.main()
