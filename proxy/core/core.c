@@ -300,6 +300,7 @@ static const link_ops core_link_ops = {
     .on_closing = upstream_on_link_closing,
     .detach = upstream_detach,
     .on_closed = upstream_on_link_closed,
+    .on_returned = upstream_on_returned,
     .on_reply = router_on_reply,
     .on_refused = router_on_refused,
     .on_lost = router_on_lost,

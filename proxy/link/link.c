@@ -867,6 +867,13 @@ static void link_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
             return;
         }
     }
+    if (l->returning && l->npending == 0) {
+        l->returning = 0;
+        l->f->link_ops->on_returned(l); /* may close it */
+        if (l->state == LINK_CLOSING) {
+            return;
+        }
+    }
     buf_shrink(&l->in, 4 * LINK_READ_CHUNK);
 }
 

@@ -55,6 +55,10 @@ typedef struct link {
     list_node pending;          /* requests awaiting a reply, in send order */
     size_t npending;            /* entries in pending */
     struct session *owner;      /* dedicated: the session it is lent to (upstream.c sets it) */
+    int returning;              /* dedicated, given back with only ferry's own requests in
+                                   flight: pooled once they are answered (upstream.c) */
+    int client_set;             /* dedicated: settings of its client were restored on it
+                                   (router_lend): never pooled until taken off (router.c) */
     int passthrough;            /* replies beyond pending go to owner as a stream */
     int db;                     /* database selected on this connection */
     int slot;                   /* shared: index in up->shared, else -1 */
@@ -188,6 +192,9 @@ typedef struct link_ops {
     void (*on_closing)(struct upstream *up, link *l);
     void (*detach)(link *l, const char *reason);
     void (*on_closed)(struct upstream *up, link *l, int was_ready, const char *reason);
+    /* upstream: a link given back while ferry's own requests were in
+     * flight on it (l->returning) has none left. */
+    void (*on_returned)(link *l);
     /* router: a client request's reply, a refusal, a request lost with the
      * link (to be sent again). */
     void (*on_reply)(struct session *s, request *r, const char *p, size_t n);

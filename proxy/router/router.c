@@ -756,6 +756,15 @@ static int dispatch_one(session *s, request *r)
     return DISPATCH_DONE;
 }
 
+/* Redis refused to take a client's name off a link: it must not be pooled. */
+static void unname_done(link *l, request *r, const char *reply, size_t len)
+{
+    (void)r;
+    if (reply != NULL && len > 0 && reply[0] == '-') {
+        link_close(l, "its client's name could not be taken off");
+    }
+}
+
 /* Give the dedicated link back once nothing needs it. */
 static void router_maybe_return(session *s)
 {
@@ -764,6 +773,15 @@ static void router_maybe_return(session *s)
     }
     if (s->inflight > 0 && s->flight_link == s->dlink) {
         return;
+    }
+    if (s->dlink->client_set && !s->sticky) {
+        /* Cluster mode: the client's name, set again on each link lent to
+         * it (cluster_conn.c), comes off before the link is pooled, so no
+         * other client gets it (else the link is closed, a new one opened
+         * at the client's next call). */
+        static const char *const unname[] = {"CLIENT", "SETNAME", ""};
+        link_internal(s->dlink, unname, 3, unname_done, 0);
+        s->dlink->client_set = 0;
     }
     /* Held requests that need it again will borrow one from the pool. */
     upstream_return(s->f->up, s, 1, "released with connection state");

@@ -97,6 +97,7 @@ link *router_lend(session *s, upstream *up)
     }
     if (buf_used(&s->sticky_log) > 0) {
         size_t n = link_internal_each(l, &s->sticky_log, sticky_done);
+        l->client_set = 1;
         log_debug("client %llu: %zu connection setting(s) restored on link %llu",
                   (unsigned long long)s->id, n, (unsigned long long)l->id);
     }

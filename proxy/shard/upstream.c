@@ -561,6 +561,22 @@ static link *pool_take(upstream *up, ident *id, int proto)
     return l;
 }
 
+/* Whether everything in flight on l is ferry's own: the replicas_ack WAIT
+ * and its ROLE behind a reply that needed no confirmation (a script's nil,
+ * a pop that timed out), a receipt's clean-up, a SCRIPT LOAD. A client's
+ * request still in flight (a blocked pop whose client left) is not. */
+static int only_own_pending(const link *l)
+{
+    const list_node *n;
+    list_foreach(n, &l->pending)
+    {
+        if (!(list_entry(n, request, lq)->flags & REQ_F_INTERNAL)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* l is idle again: pooled if may_pool and it is clean, closed (with why)
  * otherwise. */
 static void pool_give(upstream *up, link *l, int may_pool, const char *why)
@@ -570,12 +586,24 @@ static void pool_give(upstream *up, link *l, int may_pool, const char *why)
      * at every call of many clients at once. The tick closes the links
      * above pool_idle that stayed idle POOL_OVER_MS (lent LIFO, the ones
      * not needed any more are those that stay idle). */
-    if (may_pool && l->state == LINK_READY && !l->passthrough && l->npending == 0 &&
-        list_empty(&l->held) && l->db == 0 && l->epoch == up->epoch && up->state == UP_UP &&
-        up->f->cfg->pool_idle > 0 && !up->f->stopping && !l->who->rejected) {
+    int clean = may_pool && l->state == LINK_READY && !l->passthrough && list_empty(&l->held) &&
+                l->db == 0 && !l->client_set && l->epoch == up->epoch && up->state == UP_UP &&
+                up->f->cfg->pool_idle > 0 && !up->f->stopping && !l->who->rejected;
+    if (clean && l->npending == 0) {
         list_add_head(&l->who->pool[l->proto == 3], &l->pool_node);
         l->pooled_ms = uv_now(up->f->loop);
         up->npool++;
+        return;
+    }
+    if (clean && only_own_pending(l)) {
+        /* Its client is done with it and set nothing on it; what is in
+         * flight is ferry's own and answers in a moment: pooled then
+         * (upstream_on_returned), not closed and opened again for the next
+         * call (a WAIT follows nearly every call with replicas_ack). */
+        l->returning = 1;
+        log_debug("link %llu: given back with %zu of ferry's own request(s) in flight: pooled "
+                  "once they are answered",
+                  (unsigned long long)l->id, l->npending);
         return;
     }
     if (l->state != LINK_DRAINING && l->state != LINK_FENCING) {
@@ -625,8 +653,20 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
         return;
     }
     up = l->up; /* the view that lent it (cluster mode: one view per shard) */
+    /* What its client set on it (a name, tracking, a transaction, a
+     * tunnel) would go to the next borrower: closed, whatever the caller
+     * says (cluster mode: a client that moves to another shard). */
+    if (may_pool && up->f->shard_ops->link_bound(s)) {
+        may_pool = 0;
+    }
     unlend(l);
     pool_give(up, l, may_pool, why);
+}
+
+void upstream_on_returned(link *l)
+{
+    /* Checked again: the master may have switched, ferry be stopping. */
+    pool_give(l->up, l, 1, "given back: its master changed meanwhile");
 }
 
 void upstream_disown(link *l)

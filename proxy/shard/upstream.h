@@ -159,6 +159,9 @@ link *upstream_borrow_as(upstream *up, ident *id, int proto);
 /* A link from upstream_borrow is idle again: pooled when it is clean,
  * closed (with why) otherwise (a call still in flight on it). */
 void upstream_put_back(link *l, const char *why);
+/* A link given back with only ferry's own requests in flight (pool_give)
+ * has them answered: pooled if still clean, else closed. */
+void upstream_on_returned(link *l);
 /* l no longer serves its owner (fenced or drained): untie them quietly. */
 void upstream_disown(link *l);
 /* l is closing: untie it from its owner, who is told (router_on_link_closed). */
