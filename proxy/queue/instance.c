@@ -41,8 +41,10 @@
  * heartbeat's own process is never touched, so a peer and the instance
  * started again can settle at once: each receipt is settled once.
  *
- * Fixed and Sentinel mode: in cluster mode receipts are named the same way
- * (after the key's {tag}) but no heartbeat is kept yet (docs/failover.md). */
+ * Cluster mode: receipts are named after their key's {tag} (each in its
+ * key's slot); the heartbeat, the registry and the claims are keys of the
+ * tag {ferry} (ferry:{ferry}:alive:<name>...), on that slot's master; the
+ * settling scans every shard in turn (docs/failover.md). */
 #include "instance.h"
 
 #include <stdio.h>
@@ -55,6 +57,7 @@
 #include "log.h"
 #include "resp.h"
 #include "stats.h"
+#include "upstream.h"
 
 extern const char ferry_instance_beat_lua[];
 extern const size_t ferry_instance_beat_lua_len;
@@ -85,6 +88,7 @@ static struct {
     size_t peer_at;
     char settling[NAME_LEN];      /* whose receipts ("" none) */
     int settle_own;
+    int slot;                     /* cluster mode: the first slot of the shard scanned */
     char cursor[32];
     uint64_t put_back, deleted;   /* by the settling under way */
 } inst;
@@ -136,6 +140,25 @@ const char *instance_receipt_owner(void)
 
 static void on_reply(link *l, request *r, const char *p, size_t n);
 
+/* ferry:<what>:<name> (what: alive, claim, gone); in cluster mode
+ * ferry:{ferry}:<what>:<name>, in one slot with the registry. */
+static void hb_key(const ferry *f, const char *what, const char *name, char *out, size_t n)
+{
+    snprintf(out, n, "ferry:%s%s:%s", f->cluster != NULL ? "{ferry}:" : "", what, name);
+}
+
+static const char *registry(const ferry *f)
+{
+    return f->cluster != NULL ? "ferry:{ferry}:instances" : "ferry:instances";
+}
+
+/* Where the heartbeat, the registry and the claims are: the master (the
+ * one of their slot in cluster mode). */
+static link *hb_link(ferry *f)
+{
+    return clustermap_key_link(f, "{ferry}", 7, NULL, 0, 2);
+}
+
 /* EVAL of lua with keys then args on l, its reply to on_reply. */
 static void call(link *l, const char *lua, size_t lua_len, const char *const *keys, int nkeys,
                  const char *const *args, int nargs, int what)
@@ -159,49 +182,68 @@ static void call(link *l, const char *lua, size_t lua_len, const char *const *ke
 
 static void beat(ferry *f, link *l)
 {
-    char alive[NAME_LEN + 16], ttl[24];
-    snprintf(alive, sizeof(alive), "ferry:alive:%s", inst.name);
+    char alive[NAME_LEN + 24], ttl[24];
+    hb_key(f, "alive", inst.name, alive, sizeof(alive));
     snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)inst.ttl_ms);
     /* A takeover's two processes are one instance: each refreshes it. */
     const char *force = inst.adopted || f->handing_over ? "1" : "0";
-    const char *keys[] = {alive, "ferry:instances"};
+    const char *keys[] = {alive, registry(f)};
     const char *args[] = {inst.token, ttl, force, inst.name};
     inst.beating = 1;
     call(l, ferry_instance_beat_lua, ferry_instance_beat_lua_len, keys, 2, args, 4, CALL_BEAT);
 }
 
-static void settle_step(link *l)
+/* The next SCAN step on the master (cluster mode: on the shard of
+ * inst.slot, its receipts in their keys' slots; the heartbeat on another
+ * node, its token passed: this process's own, or none for a dead peer's). */
+static void settle_step(ferry *f)
 {
-    char alive[NAME_LEN + 16], count[16];
-    snprintf(alive, sizeof(alive), "ferry:alive:%s", inst.settling);
+    char alive[NAME_LEN + 24], count[16];
+    link *l = hb_link(f);
+    if (f->cluster != NULL) {
+        upstream *up = clustermap_route(f->cluster, inst.slot);
+        l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
+    }
+    if (l == NULL || l->state != LINK_READY) {
+        inst.settling[0] = '\0'; /* no master now: from the start, later */
+        return;
+    }
+    hb_key(f, "alive", inst.settling, alive, sizeof(alive));
     snprintf(count, sizeof(count), "%d", SETTLE_COUNT);
     const char *keys[] = {alive};
-    const char *args[] = {inst.settling, inst.cursor, count, inst.settle_own ? inst.token : ""};
+    const char *own = inst.settle_own ? inst.token : "";
+    const char *args[] = {inst.settling, inst.cursor, count, own, own,
+                          f->cluster != NULL ? "1" : "0"};
     inst.busy = 1;
-    call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys, 1, args, 4,
-         CALL_SETTLE);
+    call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys,
+         f->cluster != NULL ? 0 : 1, args, 6, CALL_SETTLE);
 }
 
-static void settle_start(link *l, const char *name, int own)
+static void settle_start(ferry *f, const char *name, int own)
 {
     snprintf(inst.settling, sizeof(inst.settling), "%s", name);
     inst.settle_own = own;
     strcpy(inst.cursor, "0");
     inst.put_back = inst.deleted = 0;
-    settle_step(l);
+    inst.slot = f->cluster != NULL ? clustermap_next_first_slot(f->cluster, -1) : 0;
+    if (inst.slot < 0) {
+        inst.settling[0] = '\0';
+        return;
+    }
+    settle_step(f);
 }
 
 /* The claim script for name: 'claim' it, or it is 'done'. */
-static void claim(link *l, const char *name, const char *how, int what)
+static void claim(ferry *f, link *l, const char *name, const char *how, int what)
 {
-    char alive[NAME_LEN + 16], key[NAME_LEN + 16], gone[NAME_LEN + 16], ttl[24], grace[24];
-    snprintf(alive, sizeof(alive), "ferry:alive:%s", name);
-    snprintf(key, sizeof(key), "ferry:claim:%s", name);
-    snprintf(gone, sizeof(gone), "ferry:gone:%s", name);
+    char alive[NAME_LEN + 24], key[NAME_LEN + 24], gone[NAME_LEN + 24], ttl[24], grace[24];
+    hb_key(f, "alive", name, alive, sizeof(alive));
+    hb_key(f, "claim", name, key, sizeof(key));
+    hb_key(f, "gone", name, gone, sizeof(gone));
     /* Long enough to settle; a claimer that dies too lets it go. */
     snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(inst.ttl_ms * 4));
     snprintf(grace, sizeof(grace), "%llu", (unsigned long long)(inst.ttl_ms / 2));
-    const char *keys[] = {alive, key, "ferry:instances", gone};
+    const char *keys[] = {alive, key, registry(f), gone};
     const char *args[] = {inst.token, ttl, name, how, grace};
     inst.busy = 1;
     call(l, ferry_instance_claim_lua, ferry_instance_claim_lua_len, keys, 4, args, 5, what);
@@ -246,7 +288,7 @@ static void on_beat(ferry *f, const char *p, const char *end)
     }
 }
 
-static void on_settle(ferry *f, link *l, const char *p, const char *end)
+static void on_settle(ferry *f, const char *p, const char *end)
 {
     const char *cur, *key;
     size_t clen, klen;
@@ -270,17 +312,22 @@ static void on_settle(ferry *f, link *l, const char *p, const char *end)
     memcpy(inst.cursor, cur, clen);
     inst.cursor[clen] = '\0';
     if (strcmp(inst.cursor, "0") != 0) {
-        settle_step(l);
+        settle_step(f);
+        return;
+    }
+    if (f->cluster != NULL && (inst.slot = clustermap_next_first_slot(f->cluster, inst.slot)) >= 0) {
+        settle_step(f); /* the next shard, from its first key */
         return;
     }
     log_info("instance %s: receipts of %s settled: %llu item(s) put back, %llu push or "
              "transaction receipt(s) deleted",
              inst.name, inst.settle_own ? "this instance's earlier processes" : inst.settling,
              (unsigned long long)inst.put_back, (unsigned long long)inst.deleted);
+    link *l = hb_link(f);
     if (inst.settle_own) {
         inst.own_done = 1;
-    } else {
-        claim(l, inst.settling, "done", CALL_FORGET);
+    } else if (l != NULL) {
+        claim(f, l, inst.settling, "done", CALL_FORGET);
     }
     inst.settling[0] = '\0';
 }
@@ -325,12 +372,12 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
             log_warn("instance %s: claimed instance %s (its heartbeat expired: the process died): "
                      "settling its receipts",
                      inst.name, name);
-            settle_start(l, name, 0);
+            settle_start(f, name, 0);
         }
         break;
     }
     case CALL_SETTLE:
-        on_settle(f, l, p, end);
+        on_settle(f, p, end);
         break;
     default:
         break;
@@ -339,10 +386,10 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
 
 void instance_tick(ferry *f, uint64_t now)
 {
-    if (f->worker_index != 0 || f->cluster != NULL || inst.name[0] == '\0') {
+    if (f->worker_index != 0 || inst.name[0] == '\0') {
         return;
     }
-    link *l = clustermap_key_link(f, "", 0, NULL, 0, 2);
+    link *l = hb_link(f);
     if (l == NULL) {
         return;
     }
@@ -354,11 +401,11 @@ void instance_tick(ferry *f, uint64_t now)
         return;
     }
     if (!inst.own_done && !inst.adopted) {
-        settle_start(l, inst.name, 1);
+        settle_start(f, inst.name, 1);
     } else if (inst.peer_at < buf_used(&inst.peers)) {
-        claim(l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
+        claim(f, l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
     } else if (now >= inst.next_sweep) {
-        static const char *const members[] = {"SMEMBERS", "ferry:instances"};
+        const char *members[] = {"SMEMBERS", registry(f)};
         inst.next_sweep = now + inst.ttl_ms / 2;
         inst.busy = 1;
         link_internal_sure(l, members, 2, on_reply, CALL_MEMBERS);

@@ -27,7 +27,7 @@ import unittest
 import redis
 
 from failover_load import FAILOVER_CONF
-from harness import (DIRECT, FERRY_BIN, Ferry, SentinelTopology, _spawn, resp_read_reply,
+from harness import (DIRECT, FERRY_BIN, ClusterTopology, Ferry, SentinelTopology, _spawn, resp_read_reply,
                      resp_send, wait_until)
 from test_stats import stats_json
 
@@ -367,6 +367,110 @@ class FerryAndMasterDeathTest(unittest.TestCase):
                         if f.running():
                             f.stop()
                     self.topo.stop()
+
+
+@unittest.skipIf(DIRECT, 'ferry only')
+class ClusterFerryDeathTest(unittest.TestCase):
+    """Cluster mode: receipts on two shards (each in its key's slot), their
+    ferry kill -9'd with the pops in flight; the live peer claims the dead
+    instance (the heartbeat on the {ferry} slot's master) and settles both
+    shards."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = ClusterTopology(masters=3, replicas=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def setUp(self):
+        self.ferries = []
+
+    def tearDown(self):
+        for f in self.ferries:
+            if f.running():
+                f.stop()
+
+    def ferry(self):
+        c = {'cluster': {'nodes': [self.cluster.seeds()[0]], 'refresh_interval_ms': 200,
+                         'timeout_ms': 1000},
+             'durability': {'replicas_ack': 1, 'replicas_ack_timeout_ms': 1000,
+                            'replicas_ack_hold_ms': HOLD_MS},
+             'instance': {'heartbeat_ttl_ms': TTL_MS}}
+        f = Ferry(None, wait='port', conf=c)
+        self.ferries.append(f)
+        cl = f.client(socket_timeout=5)
+        wait_until(lambda: cl.set('probe', 1), timeout=20, interval=0.1,
+                   msg='ferry serving the cluster')
+        cl.close()
+        return f
+
+    def keys_on_two_shards(self):
+        seen = {}
+        for i in range(100):
+            key = 'q:{d%d}' % i
+            port = self.cluster.master_of(self.cluster.keyslot(key))
+            seen.setdefault(port, key)
+            if len(seen) == 2:
+                return list(seen.items())
+        self.fail('no two shards')
+
+    def test_peer_settles_every_shard(self):
+        a, b = self.ferry(), self.ferry()
+        shards = self.keys_on_two_shards()
+        pushed, frozen = {}, []
+        for port, key in shards:
+            m = self.cluster.node_by_port(port).client(socket_timeout=10)
+            m.delete(key)
+            pushed[key] = ['%s-%d' % (key, i) for i in range(CLIENTS // 2)]
+            m.rpush(key, *pushed[key])
+            frozen += [self.cluster.node_by_port(p) for p in self.cluster.replicas_of(port)]
+        got = []
+
+        def consume(key):
+            c = a.client(socket_timeout=HOLD_MS / 1000 + 10)
+            try:
+                got.append(c.brpop(key, timeout=0))
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                pass
+            finally:
+                c.close()
+
+        def receipts(port, key):
+            m = self.cluster.node_by_port(port).client(socket_timeout=10)
+            return m.keys('ferry:rcpt:{%s}:*' % key[3:-1])
+        for r in frozen:
+            r.sigstop()
+        try:
+            threads = [threading.Thread(target=consume, args=(key,), daemon=True)
+                       for _, key in shards for _ in range(CLIENTS // 2)]
+            for t in threads:
+                t.start()
+            wait_until(lambda: all(len(receipts(p, k)) == CLIENTS // 2 for p, k in shards),
+                       timeout=SETTLE_S, interval=0.05, msg='every pop moved into its receipt')
+            a.kill()
+        finally:
+            for r in frozen:
+                r.sigcont()
+        for t in threads:
+            t.join(SETTLE_S)
+        self.assertEqual(got, [])
+        state = {}
+
+        def back():
+            state.update((k, (sorted(self.cluster.node_by_port(p).client().lrange(k, 0, -1)),
+                              len(receipts(p, k)))) for p, k in shards)
+            return all(state[k] == (sorted(pushed[k]), 0) for _, k in shards)
+        try:
+            wait_until(back, timeout=SETTLE_S, interval=0.1, msg='both shards settled')
+        except AssertionError:
+            self.fail('not settled: %r' % {k: (len(v[0]), v[1]) for k, v in state.items()})
+        st = stats_json(b.stats_port)['durability']
+        self.assertEqual(st.get('receipts_put_back', 0), CLIENTS)
+        self.assertEqual(st.get('instances_claimed', 0), 1)
+        print('cluster: %d stranded on 2 shards, all put back by the peer' % CLIENTS)
+
 
 if __name__ == '__main__':
     unittest.main()
