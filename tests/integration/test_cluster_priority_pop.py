@@ -361,7 +361,7 @@ class PriorityPopAcrossSlotsTest(unittest.TestCase):
         self.assertIsNone(self.c.brpop([a, b, c], timeout=0.5))
         took = time.monotonic() - t0
         self.assertGreaterEqual(took, 0.45)
-        self.assertLess(took, 1.5)
+        self.assertLess(took, 5.0)  # a bound on a hang
         t0 = time.monotonic()
         self.assertIsNone(self.c.bzpopmin([a, b], timeout=0.3))
         self.assertGreaterEqual(time.monotonic() - t0, 0.25)
