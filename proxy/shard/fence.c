@@ -719,7 +719,8 @@ static void nudge_cb(uv_timer_t *t)
     list_foreach(n, &up->links)
     {
         link *l = list_entry(n, link, node);
-        if (l->state == LINK_READY && l->nwaits > 0 && (!late || l->wait_sent_ms < oldest)) {
+        if (l->state == LINK_READY && l->nwaits > 0 && !fence_wait_queued(l) &&
+            (!late || l->wait_sent_ms < oldest)) {
             oldest = l->wait_sent_ms;
             late = 1;
         }
@@ -879,8 +880,30 @@ static int reply_carries_data(const request *r, const char *p, size_t n)
     return request_reply_is_data(r, p, n);
 }
 
+int fence_wait_queued(const link *l)
+{
+    const list_node *n;
+    list_foreach(n, &l->pending)
+    {
+        const request *r = list_entry(n, request, lq);
+        if (r->done == wait_done || r->done == confirm_done) {
+            return 0;
+        }
+        if ((r->flags & (REQ_F_BLOCKING | REQ_F_INTERNAL)) == REQ_F_BLOCKING) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 int fence_hold(link *l, request *r, const char *p, size_t n)
 {
+    if ((r->flags & REQ_F_BLOCKING) && l->nwaits > 0 && !fence_wait_queued(l)) {
+        /* The blocking call a WAIT waited behind has ended: Redis runs the
+         * WAIT now, so its time (the nudge, WAIT_SLOW_MS) starts now. */
+        l->wait_sent_ms = uv_now(l->f->loop);
+        nudge_arm(l->up, WAIT_NUDGE_MS);
+    }
     if (reply_is_null(p, n) || p[0] == '-') {
         return 0; /* nothing written (or refused): no WAIT needed */
     }

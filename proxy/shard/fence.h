@@ -63,6 +63,11 @@ typedef void (*fence_confirm_cb)(void *arg, fence_outcome o, long long acked);
  * for a client's write; cb is called once, from l's reply or its close. */
 void fence_confirm(link *l, fence_confirm_cb cb, void *arg);
 
+/* Whether l's oldest WAIT in flight waits behind a client's blocking call
+ * (a pop that blocked, sent in the same turn as the writes before it):
+ * Redis runs it only once the call ends, so it is not late meanwhile (no
+ * nudge, no ACK asked of the replicas). */
+int fence_wait_queued(const link *l);
 /* Stop the late-WAIT nudge of up for good (ferry is stopping). */
 void fence_nudge_close(struct upstream *up);
 /* A reply arrived for r: if it must wait for replicas (durability.replicas_ack,

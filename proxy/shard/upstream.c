@@ -1092,7 +1092,8 @@ void upstream_tick(upstream *up, uint64_t now)
         if (fence_check(l, now)) {
             continue;
         }
-        if (l->state == LINK_READY && l->nwaits > 0 && now - l->wait_sent_ms >= WAIT_SLOW_MS) {
+        if (l->state == LINK_READY && l->nwaits > 0 && now - l->wait_sent_ms >= WAIT_SLOW_MS &&
+            !fence_wait_queued(l)) {
             wait_slow = 1;
         }
         /* Keep idle links alive through Redis' own 'timeout' and NATs. A link

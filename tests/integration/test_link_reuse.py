@@ -197,6 +197,20 @@ class Checks:
             self.assertEqual(ask(s, 'CLIENT', 'GETNAME'), b'named-%d' % self.ferry.port)
         self.check(call)
 
+    def test_blocked_consumer_sends_the_master_nothing_more(self):
+        # A consumer blocked in BRPOP (its WAIT queued behind it, as the pop
+        # may write a receipt): the WAIT is not late while Redis has not
+        # run it, so no nudge goes to the master meanwhile (before: an
+        # SPUBLISH every 2 ms, about 200 a second, replicated).
+        def nudges():
+            return self.direct.info('commandstats').get('cmdstat_spublish', {}).get('calls', 0)
+        s = connect(self.ferry)
+        self.addCleanup(s.close)
+        self.assertIsNone(ask(s, 'BRPOP', self.key('idle'), '0.05'))  # its link is up
+        before = nudges()
+        self.assertIsNone(ask(s, 'BRPOP', self.key('idle'), '1'))
+        self.assertLessEqual(nudges() - before, 2, self.diag())
+
     # --------------------------------------- what a link carries still closes
 
     def assert_gone(self, name):
