@@ -923,6 +923,18 @@ int fence_hold(link *l, request *r, const char *p, size_t n)
     return 1;
 }
 
+/* A reply a client that gives up on it would take data out of Redis with:
+ * a pop, a move, a group's read or claim, or a script's or function's data
+ * (ferry cannot tell what a script took: N4's delayed queue takes an item).
+ * Not a write's own data (XADD's id, SET ... GET): its client loses nothing. */
+static int data_taken(const request *r, const char *p, size_t n)
+{
+    const char *name = r->cmd != NULL ? r->cmd->name : "";
+    int script = strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0 ||
+                 strcmp(name, "fcall") == 0;
+    return (command_takes_out(r->cmd) || script) && reply_carries_data(r, p, n);
+}
+
 /* Held past durability.replicas_ack_data_hold_ms while the replicas stay
  * short: a reply that carries data taken out of Redis with nothing to undo
  * it is delivered unconfirmed. Its client would give up on it first (Jedis
@@ -941,7 +953,7 @@ static void release_data(link *l, long long acked, long long need)
         const char *p = buf_head(&r->reply);
         size_t len = buf_used(&r->reply);
         if (r->s != NULL && !(r->flags & REQ_F_RCPT) && (r->flags & REQ_F_WRITE) &&
-            now - r->sent_ns >= bound && reply_carries_data(r, p, len)) {
+            now - r->sent_ns >= bound && data_taken(r, p, len)) {
             list_del(&r->lq);
             list_add_tail(&out, &r->lq);
         }

@@ -207,6 +207,40 @@ class PopsUndoneTest(unittest.TestCase):
         left = self.count_after(key, pushed, delivered)
         self.assertEqual(sorted(left), sorted(pushed))  # each once
 
+    def test_write_data_stays_held(self):
+        """A write's own data (XADD's id, here without a receipt: NOMKSTREAM)
+        is an acknowledgement: held until a replica confirms it, not
+        delivered at replicas_ack_data_hold_ms (its client loses nothing by
+        giving up; delivered unconfirmed, the write could die with the
+        master after its client was told it was done)."""
+        m = self.topo.master()
+        m.client(socket_timeout=10).xadd('s:held', {'n': 0})
+        frozen = [r for r in self.topo.redis if r is not m]
+        out = {}
+
+        def add():
+            c = self.ferry.client(socket_timeout=60)
+            try:
+                out['id'] = c.xadd('s:held', {'n': 1}, nomkstream=True)
+                out['at'] = time.monotonic()
+            finally:
+                c.close()
+        for r in frozen:
+            r.sigstop()
+        try:
+            t = threading.Thread(target=add, daemon=True)
+            t0 = time.monotonic()
+            t.start()
+            t.join(3.0)   # six times the data bound
+            held = t.is_alive()
+        finally:
+            for r in frozen:
+                r.sigcont()
+        t.join(HOLD_MS / 1000 + 10)
+        self.assertIn('id', out)
+        print('XADD NOMKSTREAM answered after %.1f s' % (out['at'] - t0))
+        self.assertTrue(held, 'answered before a replica confirmed it')
+
     def test_data_replies_without_receipt(self):
         """The shapes no receipt can undo (and N4's script) are delivered
         unconfirmed at durability.replicas_ack_data_hold_ms (its default),
@@ -409,6 +443,9 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
     def test_push_receipts_deleted(self):
         self.skipTest('Sentinel mode only')
 
+    def test_write_data_stays_held(self):
+        self.skipTest('Sentinel mode only')
+
     def test_data_replies_without_receipt(self):
         self.skipTest('Sentinel mode only')
 
@@ -469,6 +506,9 @@ class FrozenMasterTest(PopsUndoneTest):
         self.skipTest('rpop and brpop stand for the shapes here')
 
     def test_push_receipts_deleted(self):
+        self.skipTest('replicas frozen: PopsUndoneTest')
+
+    def test_write_data_stays_held(self):
         self.skipTest('replicas frozen: PopsUndoneTest')
 
     def test_data_replies_without_receipt(self):
