@@ -20,10 +20,12 @@ Run: python3 -m unittest test_link_reuse -v
 """
 
 import socket
+import threading
 import unittest
 
 import harness
-from harness import ClusterTopology, Ferry, RedisServer, resp_encode, resp_read_reply, wait_until
+from harness import (ClusterTopology, Ferry, RedisServer, SentinelTopology, resp_encode,
+                     resp_read_reply, wait_until)
 from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 from test_stats import stats_json
 
@@ -368,6 +370,85 @@ class ClusterMode:
 
 class ClusterLinkReuse(ClusterMode, Checks, unittest.TestCase):
     pass
+
+
+class FailoverLinkReuse(unittest.TestCase):
+    """Links given back with their WAIT in flight while the master fails
+    over (SENTINEL FAILOVER): a consumer's empty pops and nil scripts and a
+    producer's pushes go on across it; every acknowledged push is popped,
+    no call gets an error."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.topo = SentinelTopology()
+        cls.addClassCleanup(cls.topo.stop)
+
+    def test_calls_across_a_failover(self):
+        f = Ferry(None, sentinel=self.topo, conf={'upstream': {'hold_timeout_ms': 30000}})
+        self.addCleanup(f.stop)
+        q = ['fo:q1', 'fo:q2', 'fo:q3']
+        c = f.client()
+        self.addCleanup(c.close)
+        sha = c.script_load(NIL_SCRIPT)  # through ferry: loaded again on the next master
+        stop = threading.Event()
+        acked, got, errors = [], [], []
+
+        def consume():
+            s = connect(f)
+            try:
+                while not stop.is_set() or len(got) < len(acked):
+                    r = ask(s, 'BRPOP', *q, '0.05')
+                    if isinstance(r, list):
+                        got.append(r[1])
+                    elif r is not None:
+                        errors.append(('BRPOP', r))
+                    r = ask(s, 'EVALSHA', sha, '1', 'fo:empty')
+                    if r is not None:
+                        errors.append(('EVALSHA', r))
+            except Exception as e:  # reported below
+                errors.append(('consumer', repr(e)))
+            finally:
+                s.close()
+
+        def produce():
+            s = connect(f)
+            try:
+                i = 0
+                while not stop.is_set():
+                    r = ask(s, 'LPUSH', q[i % 3], 'i%d' % i)
+                    if isinstance(r, int):
+                        acked.append(b'i%d' % i)
+                    else:
+                        errors.append(('LPUSH', r))
+                    i += 1
+            except Exception as e:  # reported below
+                errors.append(('producer', repr(e)))
+            finally:
+                s.close()
+        threads = [threading.Thread(target=consume), threading.Thread(target=produce)]
+        for t in threads:
+            t.start()
+        try:
+            wait_until(lambda: len(got) >= 20, timeout=20, msg='pops served before the failover')
+            old = self.topo.master_port()
+            self.topo.failover()
+            self.topo.wait_failover(old)
+            n = len(got)
+            wait_until(lambda: len(got) >= n + 20, timeout=30, msg='pops served after it')
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        self.assertEqual(errors, [], self.diag(f))
+        self.assertEqual(sorted(set(acked) - set(got)), [], self.diag(f))
+        st = stats_json(f.stats_port)
+        self.assertGreaterEqual(st['failover']['failovers'], 1)
+        # (before: a link per empty pop and per nil script)
+        self.assertLess(st['upstream']['links_opened_dedicated'], len(got) // 4, self.diag(f))
+
+    def diag(self, f):
+        return '--- ferry log ---\n%s\n%s' % (f.log()[-6000:], self.topo.logs(1500))
 
 
 class SentinelLinkReuse(SentinelMode, Checks, unittest.TestCase):
