@@ -336,10 +336,10 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     return 0;
 }
 
-#define PUT_BACK_MAX 4096 /* receipts a loop keeps to put back; past it the oldest go */
-#define PUT_BACK_KEEP_MS 20000 /* a put-back sent is sent again on a next master this long */
-#define PUT_BACK_AGAIN_MS 500  /* ... and, when its move may still come, to the same master */
-#define PUT_BACK_SETTLE_MS 2000 /* ... until this long after the master first answered one */
+#define PUT_BACK_MAX 4096            /* receipts a loop keeps to put back; past it the oldest go */
+#define PUT_BACK_KEEP_MS 20000       /* a put-back sent is sent again on a next master this long */
+#define PUT_BACK_AGAIN_MS 500        /* ... and, when its move may still come, to the same master */
+#define PUT_BACK_SETTLE_MS 2000      /* ... until this long after the master first answered one */
 #define PUT_BACK_AGAIN_MAX_MS 600000 /* ... or at most this long (a master that never answers) */
 
 /* A receipt to move back to its queue (a pop's), or to delete (a push's or
@@ -352,12 +352,12 @@ typedef struct put_back {
     buf move; /* LMOVE <receipt> <key> LEFT <side>, or DEL <receipt>, as sent */
     char *key;
     size_t klen;
-    uint64_t epoch;   /* the master epoch it was last sent to, 0 not sent yet */
-    uint64_t sent_ms; /* uv_now() when first sent */
-    uint64_t last_ms; /* uv_now() when last sent */
-    int again;        /* its move may reach Redis after it: sent again while kept */
-    int outstanding;  /* again: the last one sent is not answered yet */
-    uint64_t serial;  /* again: what its answer names (put_back_answered) */
+    uint64_t epoch;       /* the master epoch it was last sent to, 0 not sent yet */
+    uint64_t sent_ms;     /* uv_now() when first sent */
+    uint64_t last_ms;     /* uv_now() when last sent */
+    int again;            /* its move may reach Redis after it: sent again while kept */
+    int outstanding;      /* again: the last one sent is not answered yet */
+    uint64_t serial;      /* again: what its answer names (put_back_answered) */
     uint64_t answered_ms; /* again: uv_now() when the master first answered one, 0 not yet */
 } put_back;
 
