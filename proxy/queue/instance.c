@@ -20,8 +20,8 @@
  *
  * - a process that finds its name held by another token waits: a process
  *   of this instance that died lets it expire within one TTL. Held longer,
- *   another live ferry has this name: this one exits (INSTANCE_EXIT_TAKEN),
- *   saying so. A takeover (--takeover) is the same instance: the new process
+ *   another live ferry has this name: this one stops as on SIGTERM and
+ *   exits INSTANCE_EXIT_TAKEN, saying so. A takeover (--takeover) is the same instance: the new process
  *   takes the key over and the old one, handing over, refreshes it too.
  * - once the heartbeat is its own, a process settles its name's receipts
  *   left by earlier processes (not after a takeover: its predecessor's are
@@ -84,6 +84,7 @@ static struct {
     int held;                     /* the heartbeat is this process's */
     int own_done;                 /* the name's earlier processes' receipts settled */
     int busy;                     /* a sweep, claim or settle step in flight */
+    int refused;                  /* another live process has the name: stopping */
     buf peers;                    /* names still to look at, each NUL-terminated */
     size_t peer_at;
     char settling[NAME_LEN];      /* whose receipts ("" none) */
@@ -279,12 +280,15 @@ static void on_beat(ferry *f, const char *p, const char *end)
     }
     if (now - inst.conflict_since > inst.ttl_ms + inst.ttl_ms / 2) {
         log_error("instance %s: another live ferry (process %.*s) has this identity: it refreshed "
-                  "ferry:alive:%s for %llu ms; refusing to run (give each ferry its own "
+                  "its heartbeat for %llu ms; refusing to run (give each ferry its own "
                   "instance.name, or use --takeover to replace one)",
-                  inst.name, (int)olen, other, inst.name,
-                  (unsigned long long)(now - inst.conflict_since));
-        log_close();
-        exit(INSTANCE_EXIT_TAKEN);
+                  inst.name, (int)olen, other, (unsigned long long)(now - inst.conflict_since));
+        /* Stopped as on SIGTERM, not exited: the pops it served meanwhile
+         * are answered (their receipts deleted) or undone, not left under
+         * a name whose live owner will not settle them. */
+        inst.refused = 1;
+        f->exit_code = INSTANCE_EXIT_TAKEN;
+        f->stop(f, "another live ferry has this instance.name");
     }
 }
 
@@ -386,7 +390,7 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
 
 void instance_tick(ferry *f, uint64_t now)
 {
-    if (f->worker_index != 0 || inst.name[0] == '\0') {
+    if (f->worker_index != 0 || inst.name[0] == '\0' || inst.refused) {
         return;
     }
     link *l = hb_link(f);

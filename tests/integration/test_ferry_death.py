@@ -330,12 +330,45 @@ class FerryDeathTest(unittest.TestCase):
         """Two ferries configured with the same instance name: the second one
         does not stay up, and says why."""
         a = self.ferry(name='twin')
-        b = Ferry(None, conf=conf(name='twin'), sentinel=self.topo, wait='port')
+        m = self.master()
+        key = 'q:death:twin'
+        m.delete(key)
+        m.rpush(key, 'twin-1')
+        # The twin waits one and a half of its own TTL before it gives up:
+        # time to serve a pop first.
+        b = Ferry(None, conf=conf(name='twin', heartbeat_ttl_ms=4 * TTL_MS), sentinel=self.topo)
         self.ferries.append(b)
-        wait_until(lambda: b.proc.poll() is not None, timeout=SETTLE_S, interval=0.1,
-                   msg='the second ferry with the same identity exits')
+        wait_until(lambda: 'is held by process' in b.log(), timeout=SETTLE_S, interval=0.05,
+                   msg='the twin finds the name held')
+        frozen = [r for r in self.topo.redis if r is not self.topo.master()]
+        for r in frozen:
+            r.sigstop()
+        try:
+            # A pop served by the twin before it gives up, its reply held
+            # (the replicas frozen): answered or undone as it stops, not left
+            # in a receipt under the name its live owner will not settle.
+            got = []
+
+            def pop():
+                try:
+                    got.append(b.client(socket_timeout=SETTLE_S).brpop(key, timeout=0))
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass
+            t = threading.Thread(target=pop, daemon=True)
+            t.start()
+            wait_until(lambda: m.llen(key) == 0 and m.keys('ferry:rcpt:twin:*'), timeout=SETTLE_S,
+                       interval=0.05, msg="the twin's pop moved into its receipt\n" + b.log()[-1500:])
+            wait_until(lambda: b.proc.poll() is not None, timeout=SETTLE_S, interval=0.1,
+                       msg='the second ferry with the same identity exits')
+        finally:
+            for r in frozen:
+                r.sigcont()
+        t.join(SETTLE_S)
         self.assertEqual(b.proc.returncode, 4, b.log())
         self.assertIn('another live ferry', b.log())
+        wait_until(lambda: not m.keys('ferry:rcpt:twin:*'), timeout=SETTLE_S, interval=0.1,
+                   msg="no receipt left under the twins' name")
+        self.assertEqual(m.lrange(key, 0, -1) + [v for _, v in got], ['twin-1'])
         self.assertTrue(a.running())
         self.assertEqual(a.client().ping(), True)
 
