@@ -191,8 +191,8 @@ class UpstreamTls(unittest.TestCase):
         # pub/sub on its own link
         sub = self.ferry.client(socket_timeout=5).pubsub()
         sub.subscribe('tls:ch')
-        wait_until(lambda: sub.get_message(timeout=0.2) is not None, 5, msg='subscribed')
-        wait_until(lambda: c.publish('tls:ch', 'hello') == 1, 5, msg='one subscriber')
+        wait_until(lambda: sub.get_message(timeout=0.2) is not None, 30, msg='subscribed')
+        wait_until(lambda: c.publish('tls:ch', 'hello') == 1, 30, msg='one subscriber')
         msg = None
         deadline = time.time() + 5
         while msg is None and time.time() < deadline:
@@ -316,7 +316,7 @@ class UpstreamTlsRefusals(unittest.TestCase):
         try:
             wait_until(lambda: 'TLS handshake timeout (upstream.connect_timeout_ms)' in f.log(),
                        10, msg='the stalled handshake closed')
-            wait_until(lambda: tls_stats(f)['tls_upstream_failures'] >= 1, 5,
+            wait_until(lambda: tls_stats(f)['tls_upstream_failures'] >= 1, 30,
                        msg='counted')
             self.assertEqual(tls_stats(f)['tls_upstream_handshakes'], 0)
         finally:
@@ -402,8 +402,8 @@ class ListenerTls(unittest.TestCase):
     def test_pubsub_over_tls(self):
         sub = tls_client(self.ferry).pubsub()
         sub.subscribe('tlsl:ch')
-        wait_until(lambda: sub.get_message(timeout=0.2) is not None, 5, msg='subscribed')
-        wait_until(lambda: self.ferry.client().publish('tlsl:ch', 'm1') == 1, 5)
+        wait_until(lambda: sub.get_message(timeout=0.2) is not None, 30, msg='subscribed')
+        wait_until(lambda: self.ferry.client().publish('tlsl:ch', 'm1') == 1, 30)
         msg = None
         deadline = time.time() + 5
         while msg is None and time.time() < deadline:
@@ -459,11 +459,11 @@ class ListenerTls(unittest.TestCase):
 
     def wait_stat(self, name, before, what):
         try:
-            wait_until(lambda: tls_stats(self.ferry)[name] == before[name] + 1, 5,
+            wait_until(lambda: tls_stats(self.ferry)[name] == before[name] + 1, 30,
                        msg='%s counted' % name)
         except AssertionError as e:
             raise AssertionError('%s\n%s' % (e, self.ferry.log()[-3000:])) from None
-        wait_until(lambda: what in self.ferry.log(), 5, msg='log line %r' % what)
+        wait_until(lambda: what in self.ferry.log(), 30, msg='log line %r' % what)
 
     def test_plain_resp_on_tls_port(self):
         before = tls_stats(self.ferry)
@@ -534,7 +534,7 @@ class ListenerTls(unittest.TestCase):
         s.close()
         self.assertEqual(data, b'')  # closed: no RESP error sent into a TLS handshake
         wait_until(lambda: stats_json(self.ferry.stats_port)['clients']
-                   ['clients_tls_on_plain_port'] == before + 2, 5,
+                   ['clients_tls_on_plain_port'] == before + 2, 30,
                    msg='clients_tls_on_plain_port counted twice')
         self.assertIn('TLS handshake on a plain port', self.ferry.log())
         self.check_others_fine()
@@ -645,7 +645,7 @@ class TwoTlsListeners(unittest.TestCase):
 
             def per():
                 return {l['address']: l for l in tls_stats(f)['tls_listeners']}
-            wait_until(lambda: per()['127.0.0.1:%d' % a]['failed']['not_tls'] == 1, 5,
+            wait_until(lambda: per()['127.0.0.1:%d' % a]['failed']['not_tls'] == 1, 30,
                        msg='the plain client counted on its listener')
             la, lb = per()['127.0.0.1:%d' % a], per()['127.0.0.1:%d' % b]
             self.assertEqual((la['handshakes'], lb['handshakes']), (0, 2))
@@ -687,7 +687,7 @@ class ListenerClientCerts(unittest.TestCase):
         try:
             # (redis-py tries a refused connection more than once)
             wait_until(lambda: tls_stats(self.ferry)['tls_failed_certificate']
-                       >= before['tls_failed_certificate'] + 3, 5, msg='three refusals counted')
+                       >= before['tls_failed_certificate'] + 3, 30, msg='three refusals counted')
         except AssertionError as e:
             raise AssertionError('%s: %r\n%s' % (e, tls_stats(self.ferry),
                                                   self.ferry.log()[-3000:])) from None
@@ -801,13 +801,13 @@ class ReloadAndTakeover(unittest.TestCase):
             shutil.copy(PKI.path('server2.crt'), cert)
             shutil.copy(PKI.path('server2.key'), key)
             f.signal(signal.SIGHUP)
-            wait_until(lambda: 'SIGHUP: TLS certificates and keys reloaded' in f.log(), 5,
+            wait_until(lambda: 'SIGHUP: TLS certificates and keys reloaded' in f.log(), 30,
                        msg='the reload logged')
             self.assertEqual(peer_cn(f), 'server2')
             with open(key, 'w') as fh:
                 fh.write('not a key\n')
             f.signal(signal.SIGHUP)
-            wait_until(lambda: 'SIGHUP: TLS files not reloaded, the old ones stay' in f.log(), 5,
+            wait_until(lambda: 'SIGHUP: TLS files not reloaded, the old ones stay' in f.log(), 30,
                        msg='the refusal logged')
             self.assertEqual(peer_cn(f), 'server2')
             n = done[0]
