@@ -388,9 +388,17 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
     }
 }
 
+/* Whether this ferry makes receipts at all (receipts.c): without, it keeps
+ * no heartbeat and claims nothing (no key of ferry's in Redis). */
+static int receipts_on(const config *c)
+{
+    int ack = c->replicas_ack >= 0 ? c->replicas_ack : c->has_sentinel;
+    return ack > 0 && (c->pop_receipts || c->push_receipts);
+}
+
 void instance_tick(ferry *f, uint64_t now)
 {
-    if (f->worker_index != 0 || inst.name[0] == '\0' || inst.refused) {
+    if (f->worker_index != 0 || inst.name[0] == '\0' || inst.refused || !receipts_on(f->cfg)) {
         return;
     }
     link *l = hb_link(f);
