@@ -328,11 +328,11 @@ typedef enum stat_type {
       "receipts deleted on a master in its last seconds, deleted again on the next one (their "    \
       "DEL may have died with the first)")                                                         \
     X(durability, instances_claimed, COUNTER, "ferry_durability_instances_claimed_total",          \
-      "ferry instances whose heartbeat (ferry:alive:<name>) expired that this one claimed: their "  \
+      "ferry instances whose heartbeat (ferry:alive:<name>) expired that this one claimed: their " \
       "receipts settled (instance.name)")                                                          \
     X(durability, receipts_put_back, COUNTER, "ferry_durability_receipts_put_back_total",          \
       "items of a dead ferry process's pop receipts moved back to the end of their queue, by a "   \
-      "peer or the same instance started again (at least once: each logged with its key)")        \
+      "peer or the same instance started again (at least once: each logged with its key)")         \
     X(durability, receipts_settled_deleted, COUNTER,                                               \
       "ferry_durability_receipts_settled_deleted_total",                                           \
       "a dead ferry process's push and transaction receipts deleted (the write stands)")           \

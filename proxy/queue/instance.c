@@ -21,8 +21,9 @@
  * - a process that finds its name held by another token waits: a process
  *   of this instance that died lets it expire within one TTL. Held longer,
  *   another live ferry has this name: this one stops as on SIGTERM and
- *   exits INSTANCE_EXIT_TAKEN, saying so. A takeover (--takeover) is the same instance: the new process
- *   takes the key over and the old one, handing over, refreshes it too.
+ *   exits INSTANCE_EXIT_TAKEN, saying so. A takeover (--takeover) is the
+ *   same instance: the new process takes the key over and the old one,
+ *   handing over, refreshes it too.
  * - once the heartbeat is its own, a process settles its name's receipts
  *   left by earlier processes (not after a takeover: its predecessor's are
  *   live, served by it until it exits).
@@ -74,24 +75,24 @@ enum { CALL_BEAT = 1, CALL_MEMBERS, CALL_CLAIM, CALL_SETTLE, CALL_FORGET };
 /* One per process: only the main loop uses it once the loops run. */
 static struct {
     char name[NAME_LEN];
-    char token[32];               /* this process's: pid and a clock, in hex */
-    char owner[NAME_LEN + 40];    /* "<name>:<token>" */
-    int adopted;                  /* started by a takeover of this instance */
+    char token[32];            /* this process's: pid and a clock, in hex */
+    char owner[NAME_LEN + 40]; /* "<name>:<token>" */
+    int adopted;               /* started by a takeover of this instance */
     uint64_t ttl_ms;
     uint64_t next_beat, next_sweep;
-    uint64_t conflict_since;      /* another token first seen in the heartbeat; 0 none */
-    int beating;                  /* a beat in flight */
-    int held;                     /* the heartbeat is this process's */
-    int own_done;                 /* the name's earlier processes' receipts settled */
-    int busy;                     /* a sweep, claim or settle step in flight */
-    int refused;                  /* another live process has the name: stopping */
-    buf peers;                    /* names still to look at, each NUL-terminated */
+    uint64_t conflict_since; /* another token first seen in the heartbeat; 0 none */
+    int beating;             /* a beat in flight */
+    int held;                /* the heartbeat is this process's */
+    int own_done;            /* the name's earlier processes' receipts settled */
+    int busy;                /* a sweep, claim or settle step in flight */
+    int refused;             /* another live process has the name: stopping */
+    buf peers;               /* names still to look at, each NUL-terminated */
     size_t peer_at;
-    char settling[NAME_LEN];      /* whose receipts ("" none) */
+    char settling[NAME_LEN]; /* whose receipts ("" none) */
     int settle_own;
-    int slot;                     /* cluster mode: the first slot of the shard scanned */
+    int slot; /* cluster mode: the first slot of the shard scanned */
     char cursor[32];
-    uint64_t put_back, deleted;   /* by the settling under way */
+    uint64_t put_back, deleted; /* by the settling under way */
 } inst;
 
 static void derive_name(const config *cfg, char *out, size_t n)
@@ -213,8 +214,8 @@ static void settle_step(ferry *f)
     snprintf(count, sizeof(count), "%d", SETTLE_COUNT);
     const char *keys[] = {alive};
     const char *own = inst.settle_own ? inst.token : "";
-    const char *args[] = {inst.settling, inst.cursor, count, own, own,
-                          f->cluster != NULL ? "1" : "0"};
+    const char *args[] = {inst.settling, inst.cursor, count,
+                          own,           own,         f->cluster != NULL ? "1" : "0"};
     inst.busy = 1;
     call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys,
          f->cluster != NULL ? 0 : 1, args, 6, CALL_SETTLE);
@@ -298,8 +299,8 @@ static void on_settle(ferry *f, const char *p, const char *end)
     size_t clen, klen;
     long long n = resp_read_header(&p, end, '*');
     if (n < 2 || resp_read_bulk(&p, end, &cur, &clen) != 0 || clen >= sizeof(inst.cursor)) {
-        log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s",
-                 inst.name, inst.settling, (int)(end - p > 200 ? 200 : end - p), p);
+        log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s", inst.name,
+                 inst.settling, (int)(end - p > 200 ? 200 : end - p), p);
         inst.settling[0] = '\0';
         return;
     }
@@ -319,7 +320,8 @@ static void on_settle(ferry *f, const char *p, const char *end)
         settle_step(f);
         return;
     }
-    if (f->cluster != NULL && (inst.slot = clustermap_next_first_slot(f->cluster, inst.slot)) >= 0) {
+    if (f->cluster != NULL &&
+        (inst.slot = clustermap_next_first_slot(f->cluster, inst.slot)) >= 0) {
         settle_step(f); /* the next shard, from its first key */
         return;
     }
