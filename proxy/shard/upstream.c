@@ -595,12 +595,16 @@ static void pool_give(upstream *up, link *l, int may_pool, const char *why)
         up->npool++;
         return;
     }
-    if (clean && only_own_pending(l)) {
+    if (clean && up->nreturning < up->f->cfg->pool_idle && only_own_pending(l)) {
         /* Its client is done with it and set nothing on it; what is in
          * flight is ferry's own and answers in a moment: pooled then
          * (upstream_on_returned), not closed and opened again for the next
-         * call (a WAIT follows nearly every call with replicas_ack). */
+         * call (a WAIT follows nearly every call with replicas_ack). At
+         * most pool_idle wait so: WAITs slow for want of a replica (up to
+         * replicas_ack_timeout_ms) would otherwise keep a link open per
+         * call meanwhile. */
         l->returning = 1;
+        up->nreturning++;
         log_debug("link %llu: given back with %zu of ferry's own request(s) in flight: pooled "
                   "once they are answered",
                   (unsigned long long)l->id, l->npending);
@@ -665,6 +669,7 @@ void upstream_return(upstream *up, session *s, int may_pool, const char *why)
 
 void upstream_on_returned(link *l)
 {
+    l->up->nreturning--;
     /* Checked again: the master may have switched, ferry be stopping. */
     pool_give(l->up, l, 1, "given back: its master changed meanwhile");
 }
@@ -733,6 +738,10 @@ void upstream_on_link_closing(upstream *up, link *l)
     if (list_linked(&l->pool_node)) {
         list_del(&l->pool_node);
         up->npool--;
+    }
+    if (l->returning) {
+        l->returning = 0;
+        up->nreturning--;
     }
     if (l->slot >= 0 && l->who->shared[l->proto == 3][l->slot] == l) {
         l->who->shared[l->proto == 3][l->slot] = NULL;

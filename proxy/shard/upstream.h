@@ -72,6 +72,8 @@ typedef struct upstream {
     int nshared;                  /* shared link slots per protocol and identity */
     list_node links;              /* every link */
     int npool;                    /* idle dedicated links pooled, every identity */
+    int nreturning;               /* dedicated links given back, pooled once ferry's own
+                                     requests on them answer (at most upstream.pool_idle) */
     uint64_t down_since_ms;       /* when it last went DOWN */
     uint64_t up_since_ms;         /* when it last came UP */
     uint64_t next_connect_ms;     /* reconnect backoff */

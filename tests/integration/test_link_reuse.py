@@ -451,11 +451,42 @@ class FailoverLinkReuse(unittest.TestCase):
         return '--- ferry log ---\n%s\n%s' % (f.log()[-6000:], self.topo.logs(1500))
 
 
+class FixedAckOnly:
+    def test_links_waiting_for_a_stopped_replica_are_bounded(self):
+        # The replica stopped: every WAIT takes replicas_ack_timeout_ms, so
+        # each link given back after a nil script waits that long to be
+        # pooled. At most upstream.pool_idle wait so; past them a link is
+        # closed as it is given back, so a client calling in a loop does not
+        # keep a link open per call. Its nil replies come at once.
+        self.ferry.stop()
+        self.ferry = Ferry(self.redis, conf={'durability': {'replicas_ack': 1},
+                                             'upstream': {'pool_idle': 4}})
+        self.addCleanup(self.ferry.stop)
+        s = connect(self.ferry)
+        self.addCleanup(s.close)
+        q = self.key('empty')
+        self.assertIsNone(ask(s, 'EVAL', NIL_SCRIPT, '1', q))
+        self.replica.sigstop()
+        self.addCleanup(self.wait_replica_online)
+        self.addCleanup(self.replica.sigcont)
+        self.direct.set(self.key('moved'), 1)  # an offset the replica never acknowledges
+        for i in range(30):
+            self.assertIsNone(ask(s, 'EVAL', NIL_SCRIPT, '1', q))
+        up = self.opened()
+        # 4 waiting, the one lent, the shared link and the probe (before: 30
+        # waiting)
+        self.assertLessEqual(up['links_open'], 4 + 1 + 2, self.diag())
+
+    def wait_replica_online(self):
+        wait_until(lambda: self.direct.info('replication').get('slave0', {}).get('state') ==
+                   'online', timeout=30, msg='the replica back in sync')
+
+
 class SentinelLinkReuse(SentinelMode, Checks, unittest.TestCase):
     pass
 
 
-class FixedAckLinkReuse(FixedAckMode, Checks, unittest.TestCase):
+class FixedAckLinkReuse(FixedAckMode, FixedAckOnly, Checks, unittest.TestCase):
     pass
 
 
