@@ -325,6 +325,7 @@ class FerryDeathTest(unittest.TestCase):
         self.assertEqual(st.get('receipts_put_back', 0), 0)
         self.assertEqual(twice, 0)
         self.assertEqual(m.llen(key), 0)
+        self.assertEqual(m.keys('ferry:rcpt:*%s' % key), [], 'receipts left behind')
 
     def test_same_identity_is_refused(self):
         """Two ferries configured with the same instance name: the second one
