@@ -260,11 +260,13 @@ void tkw_session(buf *b, const session *s, const buf *call, int64_t left, uint64
     tkw_put_bytes(b, peer, strlen(peer));
     /* CLIENT SETNAME/TRACKING... as Redis accepted them: replayed on the
      * link the new process lends (as after a failover). */
-    tkw_put_bytes(b, buf_head(&s->sticky_log), buf_used(&s->sticky_log));
+    const buf *settings = &session_extra_r(s)->sticky_log;
+    tkw_put_bytes(b, buf_used(settings) > 0 ? buf_head(settings) : "", buf_used(settings));
     tkw_put_bytes(b, buf_head(call), buf_used(call));
     /* Unparsed input, an incomplete request included: parsed again from its
      * first byte there (the parser's state here is only a resume point). */
-    tkw_put_bytes(b, buf_head(&s->in), buf_used(&s->in));
+    const buf *in = &session_extra_r(s)->in;
+    tkw_put_bytes(b, buf_used(in) > 0 ? buf_head(in) : "", buf_used(in));
     for (int i = 0; i < 3; i++) {
         const sub_set *set = s->subs == NULL ? NULL
                              : i == 0        ? &s->subs->channels

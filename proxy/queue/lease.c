@@ -124,7 +124,7 @@ typedef struct held_lease {
     char *bytes;
 } held_lease;
 
-/* The leases a session took and has not acked (s->leases_held), in memory only:
+/* The leases a session took and has not acked (its leases_held), in memory only:
  * a ferry killed loses them, and their deadline applies. */
 struct lease_held {
     held_lease *v;
@@ -446,10 +446,10 @@ static void lease_register(struct leases *ls, link *l, const char *p, size_t ple
 static void held_add(session *s, int e, const char *p, size_t plen, const char *item, size_t ilen,
                      const char *who)
 {
-    struct lease_held *h = s->leases_held;
+    struct lease_held *h = session_extra_r(s)->leases_held;
     size_t wlen = strlen(who);
     if (h == NULL) {
-        h = s->leases_held = xcalloc(1, sizeof(*h));
+        h = session_extra_w(s)->leases_held = xcalloc(1, sizeof(*h));
     }
     if (h->n == MAX_HELD || h->bytes + plen + ilen + wlen > MAX_HELD_BYTES) {
         return; /* its deadline expires it */
@@ -473,7 +473,7 @@ static void held_add(session *s, int e, const char *p, size_t plen, const char *
 /* s acked item in processing list p: it no longer holds it. */
 static void held_drop(session *s, const char *p, size_t plen, const char *item, size_t ilen)
 {
-    struct lease_held *h = s->leases_held;
+    struct lease_held *h = session_extra_r(s)->leases_held;
     for (size_t i = 0; h != NULL && i < h->n;) {
         held_lease *hl = &h->v[i];
         if (hl->plen == plen && hl->ilen == ilen && memcmp(hl->bytes, p, plen) == 0 &&
@@ -489,15 +489,15 @@ static void held_drop(session *s, const char *p, size_t plen, const char *item, 
 
 static void held_free(session *s)
 {
-    struct lease_held *h = s->leases_held;
+    struct lease_held *h = session_extra_r(s)->leases_held;
     for (size_t i = 0; h != NULL && i < h->n; i++) {
         free(h->v[i].bytes);
     }
     if (h != NULL) {
         free(h->v);
         free(h);
+        s->extra->leases_held = NULL;
     }
-    s->leases_held = NULL;
 }
 
 void lease_on_reply(session *s, request *r, link *l, const char *p, size_t n)
@@ -872,7 +872,7 @@ static void registry_done(link *l, request *r, const char *reply, size_t len)
 void lease_client_gone(session *s)
 {
     ferry *f = s->f;
-    struct lease_held *h = s->leases_held;
+    struct lease_held *h = session_extra_r(s)->leases_held;
     const config *cfg = f->cfg;
     if (h == NULL) {
         return;

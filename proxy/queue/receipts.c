@@ -487,7 +487,7 @@ void receipts_flush(ferry *f)
  *   DISCARD                               (the MULTI Redis queued: dropped)
  *   EVAL <receipt_tx> 1 <receipt> 0|1 <argc> <arg>... <argc> <arg>...
  *
- * the commands (kept as they were sent: s->tx_cmds) run in turn in one
+ * the commands (kept as they were sent: the session's tx_cmds) run in turn in one
  * step, EXEC's reply kept under the receipt. What Redis refuses at queue
  * time (which aborts EXEC) it refuses the script for too, whole: a replica,
  * no good replicas, no memory (a write script); a wrong number of
@@ -527,32 +527,34 @@ static int tx_covered(const session *s)
     const ferry *f = s->f;
     /* (A CLIENT TRACKING session's EXEC goes as written: its reads are
      * tracked on its link either way, but that path is not tested.) */
-    return s->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && f->cluster == NULL && s->db == 0 &&
-           s->ident == NULL && !s->tracking && f->up != NULL && f->up->replicas_ack > 0;
+    return session_extra_r(s)->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && f->cluster == NULL &&
+           s->db == 0 && s->ident == NULL && !s->tracking && f->up != NULL &&
+           f->up->replicas_ack > 0;
 }
 
 void receipts_tx_note(session *s, const request *r)
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data);
     push_view pv;
-    if ((s->tx_rcpt & TXR_OTHER) || r->seq <= s->tx_noted) {
+    if ((session_extra_r(s)->tx_rcpt & TXR_OTHER) || r->seq <= session_extra_r(s)->tx_noted) {
         return; /* (a command sent again after a lost link is noted already) */
     }
-    s->tx_noted = r->seq;
+    session_extra *x = session_extra_w(s);
+    x->tx_noted = r->seq;
     long long argc = resp_read_header(&p, end, '*');
     int arity = r->cmd != NULL ? r->cmd->arity : 0;
     if (!s->f->cfg->push_receipts || r->cmd == NULL || !tx_takes(r->cmd->name) ||
         argc > TX_ARGS_MAX || (arity > 0 ? argc != arity : argc < -arity)) {
-        s->tx_rcpt |= TXR_OTHER;
-        s->tx_receipted = 0;
-        buf_free(&s->tx_cmds);
+        x->tx_rcpt |= TXR_OTHER;
+        x->tx_receipted = 0;
+        buf_free(&x->tx_cmds);
         return;
     }
     if (request_push_view(r, &pv) == 0 && config_fallback_key(s->f->cfg, pv.key, pv.klen)) {
-        s->tx_rcpt |= TXR_PUSH;
+        x->tx_rcpt |= TXR_PUSH;
     }
-    buf_append(&s->tx_cmds, buf_head(&r->data), buf_used(&r->data));
-    s->tx_receipted = tx_covered(s);
+    buf_append(&x->tx_cmds, buf_head(&r->data), buf_used(&r->data));
+    x->tx_receipted = tx_covered(s);
 }
 
 /* The receipt script's arguments after its flag, from s's commands as they
@@ -561,7 +563,8 @@ void receipts_tx_note(session *s, const request *r)
 static size_t tx_args(const session *s, buf *args)
 {
     size_t argc = 0;
-    const char *p = buf_head(&s->tx_cmds), *end = p + buf_used(&s->tx_cmds);
+    const buf *cmds = &session_extra_r(s)->tx_cmds;
+    const char *p = buf_head(cmds), *end = p + buf_used(cmds);
     while (p < end) {
         long long n = resp_read_header(&p, end, '*');
         const char *start = p, *a;
@@ -629,8 +632,8 @@ int receipts_tx_redo(const session *s, const request *r, buf *cmd, buf *after)
 {
     ferry *f = s->f;
     /* EXEC_SENT: its reply not delivered yet, tx_cmds are still its own. */
-    if (r->route != RT_EXEC || r->rcpt == 0 || !(r->flags & REQ_F_RCPT) ||
-        s->tx != TX_EXEC_SENT || !s->tx_receipted) {
+    if (r->route != RT_EXEC || r->rcpt == 0 || !(r->flags & REQ_F_RCPT) || s->tx != TX_EXEC_SENT ||
+        !session_extra_r(s)->tx_receipted) {
         return 0;
     }
     buf args, key;

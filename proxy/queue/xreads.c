@@ -125,7 +125,7 @@ static void mark_name(const session *s, const xview *v, const char *stream, size
 
 static xmark *mark_find(const session *s, const buf *name)
 {
-    struct xread_marks *m = s->xmarks;
+    struct xread_marks *m = session_extra_r(s)->xmarks;
     for (size_t i = 0; m != NULL && i < m->n; i++) {
         if (m->v[i].nlen == buf_used(name) &&
             memcmp(m->v[i].name, buf_head(name), m->v[i].nlen) == 0) {
@@ -163,10 +163,10 @@ static int id_parse(const char *p, size_t n, uint64_t *ms, uint64_t *seq)
 static void mark_raise(session *s, const buf *name, uint64_t ms, uint64_t seq)
 {
     xmark *x = mark_find(s, name);
-    struct xread_marks *m = s->xmarks;
+    struct xread_marks *m = session_extra_r(s)->xmarks;
     if (x == NULL) {
         if (m == NULL) {
-            m = s->xmarks = xcalloc(1, sizeof(*m));
+            m = session_extra_w(s)->xmarks = xcalloc(1, sizeof(*m));
         }
         if (m->n < XMARKS_MAX) {
             x = &m->v[m->n++];
@@ -193,12 +193,14 @@ static void mark_raise(session *s, const buf *name, uint64_t ms, uint64_t seq)
 
 void xreads_forget(session *s)
 {
-    struct xread_marks *m = s->xmarks;
+    struct xread_marks *m = session_extra_r(s)->xmarks;
     for (size_t i = 0; m != NULL && i < m->n; i++) {
         free(m->v[i].name);
     }
-    free(m);
-    s->xmarks = NULL;
+    if (m != NULL) {
+        free(m);
+        s->extra->xmarks = NULL;
+    }
 }
 
 /* ------------------------------------------------------------------- send */

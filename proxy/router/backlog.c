@@ -1,13 +1,14 @@
 /* backlog.c - holding requests while there is no usable master.
  *
  * A session whose next request has no link joins f->waiting; its requests
- * held for lack of a master are on its held list (s->held, oldest first)
+ * held for lack of a master are on its held list (held, oldest first, in
+ * the session's extra state: a session that never held has none)
  * and in one deadline heap for all sessions (f->held_heap, by r->due), so
  * each step costs O(1), or O(log n) in the heap, per request, however
  * many are held:
  *   hold     a request joins once, when a dispatch first finds no master
  *            for it; each hold looks only at requests newer than those
- *            the last one looked at (s->held_upto);
+ *            the last one looked at (held_upto);
  *   bound    held bytes count against upstream.hold_max_bytes: past it the
  *            session's newest held requests are refused (-TRYAGAIN), taken
  *            from the tail of its held list;
@@ -127,9 +128,10 @@ void backlog_free(ferry *f)
 /* What s holds for lack of a master; f->held_bytes is the sum over sessions. */
 static void backlog_set_held(session *s, size_t held)
 {
-    s->f->held_bytes = s->f->held_bytes - s->held_bytes + held;
-    workers_held_changed(s->f, (int64_t)held - (int64_t)s->held_bytes);
-    s->held_bytes = held;
+    session_extra *x = session_extra_w(s);
+    s->f->held_bytes = s->f->held_bytes - x->held_bytes + held;
+    workers_held_changed(s->f, (int64_t)held - (int64_t)x->held_bytes);
+    x->held_bytes = held;
 }
 
 /* How long r may be held: upstream.hold_timeout_ms, or, refused with
@@ -167,13 +169,14 @@ static int is_held(const request *r)
  * after being sent, at the head. */
 static void held_add(session *s, request *r, int newest)
 {
+    session_extra *x = session_extra_w(s);
     if (newest) {
-        list_add_tail(&s->held, &r->hq);
+        list_add_tail(&x->held, &r->hq);
     } else {
-        list_add_head(&s->held, &r->hq);
+        list_add_head(&x->held, &r->hq);
     }
     r->held_charge = buf_used(&r->data);
-    backlog_set_held(s, s->held_bytes + r->held_charge);
+    backlog_set_held(s, x->held_bytes + r->held_charge);
     if (r->flags & REQ_F_BLOCKING) {
         r->flags |= REQ_F_REARM; /* time held counts against its timeout */
     }
@@ -188,33 +191,38 @@ void backlog_forget(request *r)
     if (r->hpos != 0) {
         heap_remove(s->f, r);
     }
-    backlog_set_held(s, s->held_bytes - r->held_charge);
+    backlog_set_held(s, s->extra->held_bytes - r->held_charge); /* it held r */
     r->held_charge = 0;
 }
 
 void backlog_wait(session *s)
 {
-    if (!list_linked(&s->wait_node)) {
-        list_add_tail(&s->f->waiting, &s->wait_node);
+    session_extra *x = session_extra_w(s);
+    if (!list_linked(&x->wait_node)) {
+        list_add_tail(&s->f->waiting, &x->wait_node);
     }
 }
 
 void backlog_release(session *s)
 {
-    if (list_linked(&s->wait_node)) {
-        list_del(&s->wait_node);
+    session_extra *x = s->extra;
+    if (x == NULL) {
+        return; /* it never waited nor held */
     }
-    while (!list_empty(&s->held)) {
-        backlog_forget(list_entry(list_first(&s->held), request, hq));
+    if (list_linked(&x->wait_node)) {
+        list_del(&x->wait_node);
     }
-    s->held_upto = 0;
-    ferry_assert(s->held_bytes == 0);
+    while (!list_empty(&x->held)) {
+        backlog_forget(list_entry(list_first(&x->held), request, hq));
+    }
+    x->held_upto = 0;
+    ferry_assert(x->held_bytes == 0);
 }
 
 void backlog_requeue(session *s, request *r)
 {
     backlog_wait(s);
-    if (s->held_upto != 0 && !is_held(r)) {
+    if (s->extra->held_upto != 0 && !is_held(r)) { /* backlog_wait made it */
         /* s is holding already: the next hold looks only at newer
          * requests, so r joins now (it is older than every held one). */
         held_add(s, r, 0);
@@ -227,16 +235,17 @@ void backlog_hold(session *s)
     ferry *f = s->f;
 
     backlog_wait(s);
+    session_extra *x = s->extra; /* backlog_wait made it */
     if (s->cursor != &s->requests) {
         /* Held requests from the cursor up to the newest one looked at
          * before have joined (those held again joined at requeue): only
          * newer ones are looked at, walking back from the tail. */
         request *c = list_entry(s->cursor, request, sq);
         if (c->state == REQ_HELD && !is_held(c)) {
-            held_add(s, c, list_empty(&s->held)); /* older than any held */
+            held_add(s, c, list_empty(&x->held)); /* older than any held */
         }
         list_node *m = s->requests.prev;
-        while (m != s->cursor && list_entry(m, request, sq)->seq >= s->held_upto) {
+        while (m != s->cursor && list_entry(m, request, sq)->seq >= x->held_upto) {
             m = m->prev;
         }
         for (m = m->next; m != &s->requests; m = m->next) {
@@ -245,7 +254,7 @@ void backlog_hold(session *s)
                 held_add(s, r, 1);
             }
         }
-        s->held_upto = list_entry(s->requests.prev, request, sq)->seq + 1;
+        x->held_upto = list_entry(s->requests.prev, request, sq)->seq + 1;
     }
     /* The bound and the peak are for ferry as a whole (every loop's). */
     stats_held(&f->stats, workers_held(f));
@@ -259,8 +268,8 @@ void backlog_hold(session *s)
         return;
     }
     /* Past the bound, the newest held requests are refused at once. */
-    while (workers_held(f) > f->cfg->hold_max_bytes && !list_empty(&s->held)) {
-        request *r = list_entry(s->held.prev, request, hq);
+    while (workers_held(f) > f->cfg->hold_max_bytes && !list_empty(&x->held)) {
+        request *r = list_entry(x->held.prev, request, hq);
         f->stats.requests_tryagain++;
         s->f->session_ops->answer_str(s, r,
                                       "-TRYAGAIN ferry: no master and the hold buffer is "
@@ -292,7 +301,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
     } else if (tx_in_multi(s)) {
         /* Not queued: EXEC must not run the transaction without it (it
          * aborts, as Redis' EXEC after a refused command). */
-        s->tx_dirty = TX_DIRTY_FERRY;
+        session_extra_w(s)->tx_dirty = TX_DIRTY_FERRY;
     }
     s->f->session_ops->answer_str(s, r, line);
 }
@@ -323,7 +332,7 @@ void backlog_wake_all(ferry *f)
     list_init(&f->waiting);
     while (!list_empty(&batch)) {
         list_node *n = list_first(&batch);
-        session *s = list_entry(n, session, wait_node);
+        session *s = list_entry(n, session_extra, wait_node)->s;
         list_del(n);
         f->redispatch(s);
     }
@@ -388,7 +397,7 @@ void backlog_tick(ferry *f, uint64_t now)
          * ran out). */
         list_foreach_safe(n, t, &f->waiting)
         {
-            f->redispatch(list_entry(n, session, wait_node));
+            f->redispatch(list_entry(n, session_extra, wait_node)->s);
         }
     }
 }

@@ -167,8 +167,8 @@ static void session_addrs(session *c, char *addr, char *laddr, size_t len)
 static void session_name(const session *c, char *out, size_t len)
 {
     resp_parser *p = resp_parser_new(NULL);
-    const char *q = buf_head(&c->sticky_log);
-    size_t left = buf_used(&c->sticky_log);
+    const char *q = buf_head(&session_extra_r(c)->sticky_log);
+    size_t left = buf_used(&session_extra_r(c)->sticky_log);
     resp_request req;
     out[0] = '\0';
     while (left > 0 && resp_parse_request(p, q, left, &req) == RESP_OK) {
@@ -218,8 +218,8 @@ static request *blocked_call(session *c)
 static int queued(const session *c)
 {
     resp_parser *p = resp_parser_new(NULL);
-    const char *q = buf_head(&c->tx_log);
-    size_t left = buf_used(&c->tx_log);
+    const char *q = buf_head(&session_extra_r(c)->tx_log);
+    size_t left = buf_used(&session_extra_r(c)->tx_log);
     resp_request req;
     int n = 0;
     while (left > 0 && resp_parse_request(p, q, left, &req) == RESP_OK) {
@@ -274,9 +274,9 @@ static void client_line(buf *b, session *c)
         (unsigned long long)((now - c->opened_ms) / 1000),
         (unsigned long long)((now - c->last_active_ms) / 1000), flags, c->db,
         ss != NULL ? ss->channels.n : 0, ss != NULL ? ss->patterns.n : 0,
-        ss != NULL ? ss->shards.n : 0, tx_in_multi(c) ? queued(c) : -1, buf_used(&c->in),
-        outq_len(&c->out), session_mem(c), c->last_cmd != NULL ? c->last_cmd->name : "NULL",
-        session_user(c), c->proto);
+        ss != NULL ? ss->shards.n : 0, tx_in_multi(c) ? queued(c) : -1,
+        buf_used(&session_extra_r(c)->in), outq_len(&c->out), session_mem(c),
+        c->last_cmd != NULL ? c->last_cmd->name : "NULL", session_user(c), c->proto);
     if (n > 0) {
         buf_append(b, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
     }

@@ -71,13 +71,13 @@ static void reply(request *r, const char *p, size_t n)
     r->route = RT_ERROR;
 }
 
-/* Keep CLIENT SETNAME name in s->sticky_log, in place of an earlier one. */
+/* Keep CLIENT SETNAME name in its sticky_log, in place of an earlier one. */
 static void keep_name(session *s, const resp_request *req)
 {
     buf keep;
     resp_parser *p = resp_parser_new(NULL);
-    const char *q = buf_head(&s->sticky_log);
-    size_t left = buf_used(&s->sticky_log);
+    const char *q = buf_head(&session_extra_r(s)->sticky_log);
+    size_t left = buf_used(&session_extra_r(s)->sticky_log);
     resp_request o;
     buf_init(&keep);
     while (left > 0 && resp_parse_request(p, q, left, &o) == RESP_OK) {
@@ -95,8 +95,8 @@ static void keep_name(session *s, const resp_request *req)
     buf_append(&keep, head, (size_t)hn);
     buf_append(&keep, req->argv[2].ptr, req->argv[2].len);
     buf_append(&keep, "\r\n", 2);
-    buf_free(&s->sticky_log);
-    s->sticky_log = keep;
+    buf_free(&session_extra_w(s)->sticky_log);
+    session_extra_w(s)->sticky_log = keep;
 }
 
 int cluster_client_name(session *s, request *r, const resp_request *req)

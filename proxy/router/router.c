@@ -95,7 +95,9 @@ void router_restore(session *s, const session_import *im)
     s->proto = im->proto;
     s->db = im->db;
     s->sticky = im->sticky;
-    buf_append(&s->sticky_log, im->settings, im->nsettings);
+    if (im->nsettings > 0) {
+        buf_append(&session_extra_w(s)->sticky_log, im->settings, im->nsettings);
+    }
     s->tracking = im->tracking;
     if (s->tracking) {
         tracking_flush(s, "taken over from another ferry process");
@@ -137,14 +139,16 @@ static void do_reset(session *s, request *r)
     router_set_tunnel(s, TUN_NONE);
     sub_sets_free(s->subs);
     s->subs = NULL;
-    s->ps_homed = 0;
-    s->ps_left = NULL;
-    s->ps_sunsub_owed = 0;
+    if (s->extra != NULL) {
+        s->extra->ps_homed = 0;
+        s->extra->ps_left = NULL;
+        s->extra->ps_sunsub_owed = 0;
+        buf_free(&s->extra->sticky_log);
+    }
     s->authed = s->f->cfg->client_password == NULL && s->f->cfg->client_auth != CLIENT_AUTH_REDIS;
     acl_forget(s); /* client.auth redis: authenticate again, as Redis' default user would */
     s->proto = 2;  /* RESET goes back to RESP2, as on Redis */
     s->tracking = 0;
-    buf_free(&s->sticky_log);
     s->f->session_ops->answer_str(s, r, "+RESET\r\n");
 }
 
@@ -159,8 +163,10 @@ static int router_resubscribe(session *s)
     if (l == NULL) {
         return 0;
     }
-    s->ps_left = NULL;
-    s->ps_sunsub_owed = 0; /* a new link owes no reply */
+    if (s->extra != NULL) {
+        s->extra->ps_left = NULL;
+        s->extra->ps_sunsub_owed = 0; /* a new link owes no reply */
+    }
     buf b;
     buf_init(&b);
     if (s->subs == NULL) {
@@ -1306,7 +1312,7 @@ int router_on_tunnel(session *s, const char *p, size_t n)
     /* Cluster mode: a node dropped the client's shard channels (their slot
      * moved): subscribed again on the slot's new master once the map names
      * it. */
-    s->ps_left = s->dlink->up;
+    session_extra_w(s)->ps_left = s->dlink->up;
     clustermap_refresh(s->f->cluster, "a node dropped a shard channel (its slot moved)");
     link_close(s->dlink, "its shard channels' slot moved to another master");
     return 1;

@@ -48,7 +48,7 @@ static int same_command(const resp_request *a, const resp_request *b)
     return 1;
 }
 
-/* Keep the setting encoded in p[0..n) in s->sticky_log, in place of an
+/* Keep the setting encoded in p[0..n) in its sticky_log, in place of an
  * earlier one of the same command: the log is what a new link replays. */
 static void sticky_add(session *s, const char *p, size_t n)
 {
@@ -58,8 +58,8 @@ static void sticky_add(session *s, const char *p, size_t n)
     resp_request nr;
     buf_init(&keep);
     if (resp_parse_request(np, p, n, &nr) == RESP_OK) {
-        const char *q = buf_head(&s->sticky_log);
-        size_t left = buf_used(&s->sticky_log);
+        const char *q = buf_head(&session_extra_r(s)->sticky_log);
+        size_t left = buf_used(&session_extra_r(s)->sticky_log);
         resp_request orq;
         while (left > 0 && resp_parse_request(op, q, left, &orq) == RESP_OK) {
             if (!same_command(&orq, &nr)) {
@@ -72,8 +72,8 @@ static void sticky_add(session *s, const char *p, size_t n)
     buf_append(&keep, p, n);
     resp_parser_free(np);
     resp_parser_free(op);
-    buf_free(&s->sticky_log);
-    s->sticky_log = keep;
+    buf_free(&session_extra_w(s)->sticky_log);
+    session_extra_w(s)->sticky_log = keep;
 }
 
 void router_sticky_accepted(session *s, request *r)
@@ -95,8 +95,8 @@ link *router_lend(session *s, upstream *up)
     if (l == NULL) {
         return NULL;
     }
-    if (buf_used(&s->sticky_log) > 0) {
-        size_t n = link_internal_each(l, &s->sticky_log, sticky_done);
+    if (buf_used(&session_extra_r(s)->sticky_log) > 0) {
+        size_t n = link_internal_each(l, &session_extra_r(s)->sticky_log, sticky_done);
         l->client_set = 1;
         log_debug("client %llu: %zu connection setting(s) restored on link %llu",
                   (unsigned long long)s->id, n, (unsigned long long)l->id);

@@ -60,12 +60,12 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
         refuse(r, "-ERR wrong number of arguments for 'ssubscribe' command\r\n");
         return 1;
     }
-    if (!s->ps_homed) {
-        s->ps_homed = 1;
-        s->ps_slot = ssub ? slot : -1;
-    } else if (ssub && !same_shard(f->cluster, slot, s->ps_slot)) {
+    if (!session_extra_r(s)->ps_homed) {
+        session_extra_w(s)->ps_homed = 1;
+        session_extra_w(s)->ps_slot = ssub ? slot : -1;
+    } else if (ssub && !same_shard(f->cluster, slot, session_extra_r(s)->ps_slot)) {
         char line[400];
-        if (s->ps_slot < 0) {
+        if (session_extra_r(s)->ps_slot < 0) {
             snprintf(line, sizeof(line),
                      "-ERR ferry: cluster mode: this connection's SUBSCRIBE/PSUBSCRIBE "
                      "subscriptions live on one master; SSUBSCRIBE (slot %d) on a connection "
@@ -76,13 +76,13 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
                      "-ERR ferry: cluster mode: this connection's shard channels live on the "
                      "shard of slot %d; SSUBSCRIBE channels of slot %d (another shard) on a "
                      "connection of their own\r\n",
-                     s->ps_slot, slot);
+                     session_extra_r(s)->ps_slot, slot);
         }
         refuse(r, line);
         f->stats.commands_denied++;
         return 1;
     }
-    r->slot = s->ps_slot;
+    r->slot = session_extra_r(s)->ps_slot;
     if (s->subs == NULL) {
         s->subs = sub_sets_new();
     }
@@ -90,7 +90,7 @@ int router_pubsub_classify(session *s, request *r, const resp_request *req)
         /* Redis answers one sunsubscribe per channel named, or per shard
          * channel the client has (one with no channel if none). */
         size_t all = s->subs->shards.n > 0 ? s->subs->shards.n : 1;
-        s->ps_sunsub_owed += req->argc > 1 ? req->argc - 1 : all;
+        session_extra_w(s)->ps_sunsub_owed += req->argc > 1 ? req->argc - 1 : all;
     }
     subs_track(&s->subs->channels, &s->subs->patterns, &s->subs->shards, cmd->name, req);
     return 0;
@@ -102,8 +102,9 @@ upstream *router_pubsub_view(session *s)
     if (f->cluster == NULL) {
         return f->up;
     }
-    upstream *up = clustermap_route(f->cluster, s->ps_homed ? s->ps_slot : -1);
-    if (up != NULL && up == s->ps_left) {
+    const session_extra *x = session_extra_r(s);
+    upstream *up = clustermap_route(f->cluster, x->ps_homed ? x->ps_slot : -1);
+    if (up != NULL && up == x->ps_left) {
         return NULL; /* it dropped the slot: wait for the map to name the new owner */
     }
     return up != NULL ? up : f->up;
@@ -138,8 +139,8 @@ int router_pubsub_dropped(session *s, const char *p, size_t n)
     if (s->f->cluster == NULL || n <= h || (memcmp(p, head2, h) != 0 && memcmp(p, head3, h) != 0)) {
         return 0;
     }
-    if (s->ps_sunsub_owed > 0) {
-        s->ps_sunsub_owed--; /* the reply to the client's own SUNSUBSCRIBE */
+    if (session_extra_r(s)->ps_sunsub_owed > 0) {
+        session_extra_w(s)->ps_sunsub_owed--; /* the reply to the client's own SUNSUBSCRIBE */
         return 0;
     }
     if (s->subs == NULL || !read_bulk(p + h, n - h, &name, &len) ||
@@ -156,7 +157,7 @@ int router_pubsub_dropped(session *s, const char *p, size_t n)
             return 0;
         }
     }
-    s->ps_slot = slot;
+    session_extra_w(s)->ps_slot = slot;
     return 1;
 }
 

@@ -51,21 +51,26 @@ void tx_set(session *s, tx_state st)
     log_debug("client %llu: transaction %s -> %s", (unsigned long long)s->id, tx_name(s->tx),
               tx_name(st));
     if (st == TX_NONE) {
-        s->tx_writes = 0;
-        s->tx_dirty = 0;
-        s->tx_pin = 0;
         s->tx_deferred = 0;
-        s->tx_spoiled = 0;
-        s->tx_rcpt = 0;
-        s->tx_receipted = 0;
-        s->tx_noted = 0;
-        s->tx_seq = 0;
-        buf_free(&s->tx_cmds);
-        buf_clear(&s->tx_log);
-        buf_shrink(&s->tx_log, 4096);
     }
-    if (st == TX_MULTI_REBUILD && s->tx_dirty == TX_DIRTY_REDIS) {
-        s->tx_dirty = TX_DIRTY_FERRY; /* the next link's Redis never saw the refusal */
+    if (st == TX_NONE && s->extra != NULL) {
+        /* (a session that never had a transaction has nothing to reset) */
+        session_extra *x = s->extra;
+        x->tx_writes = 0;
+        x->tx_dirty = 0;
+        x->tx_pin = 0;
+        x->tx_spoiled = 0;
+        x->tx_rcpt = 0;
+        x->tx_receipted = 0;
+        x->tx_noted = 0;
+        x->tx_seq = 0;
+        buf_free(&x->tx_cmds);
+        buf_clear(&x->tx_log);
+        buf_shrink(&x->tx_log, 4096);
+    }
+    if (st == TX_MULTI_REBUILD && session_extra_r(s)->tx_dirty == TX_DIRTY_REDIS) {
+        /* the next link's Redis never saw the refusal */
+        session_extra_w(s)->tx_dirty = TX_DIRTY_FERRY;
     }
     s->tx = st;
 }
@@ -82,7 +87,8 @@ int router_multi_open(const session *s)
 
 int tx_precedes(const session *s, const request *r)
 {
-    return (s->tx == TX_MULTI_REBUILD || s->tx == TX_MULTI_WATCH_LOST) && r->seq < s->tx_seq;
+    return (s->tx == TX_MULTI_REBUILD || s->tx == TX_MULTI_WATCH_LOST) &&
+           r->seq < session_extra_r(s)->tx_seq;
 }
 
 int tx_in_multi(const session *s)
@@ -100,7 +106,7 @@ int tx_in_multi(const session *s)
  * meaning: what follows runs.) */
 void tx_on_multi_refused(session *s, request *r)
 {
-    s->multi_refused = 1;
+    session_extra_w(s)->multi_refused = 1;
     log_debug("client %llu: MULTI refused by ferry: what follows is refused up to EXEC or DISCARD",
               (unsigned long long)s->id);
     (void)r;
@@ -108,26 +114,26 @@ void tx_on_multi_refused(session *s, request *r)
 
 int tx_after_refused_multi(session *s, request *r)
 {
-    if (!s->multi_refused) {
+    if (!session_extra_r(s)->multi_refused) {
         return 0;
     }
     /* By name: cluster mode has refused EXEC and DISCARD too (RT_ERROR). */
     const char *name = r->cmd != NULL ? r->cmd->name : "";
     if (strcmp(name, "exec") == 0) {
-        s->multi_refused = 0;
+        session_extra_w(s)->multi_refused = 0;
         s->f->session_ops->answer_str(
             s, r, "-EXECABORT Transaction discarded because of previous errors.\r\n");
         return 1;
     }
     if (strcmp(name, "discard") == 0) {
-        s->multi_refused = 0;
+        session_extra_w(s)->multi_refused = 0;
         s->f->session_ops->answer_str(s, r, "+OK\r\n");
         return 1;
     }
     switch (r->route) {
     case RT_RESET:
     case RT_QUIT:
-        s->multi_refused = 0;
+        session_extra_w(s)->multi_refused = 0;
         return 0;
     case RT_MULTI:
         return 0; /* refused again, or opens the transaction now */
@@ -154,7 +160,7 @@ void tx_on_refused_locally(session *s, request *r)
     if (!tx_in_multi(s)) {
         return;
     }
-    s->tx_dirty = TX_DIRTY_FERRY;
+    session_extra_w(s)->tx_dirty = TX_DIRTY_FERRY;
     if (r->cmd != NULL && (r->cmd->flags & CMD_F_NO_MULTI)) {
         buf_clear(&r->reply);
         buf_append(&r->reply, no_multi, sizeof(no_multi) - 1);
@@ -190,10 +196,10 @@ static void answer_watch_lost(session *s, request *r)
 
 int tx_answer(session *s, request *r)
 {
-    if (r->route == RT_EXEC && s->tx_dirty && tx_in_multi(s)) {
+    if (r->route == RT_EXEC && session_extra_r(s)->tx_dirty && tx_in_multi(s)) {
         /* As Redis does after refusing a command inside the transaction. */
         static const char *const discard[] = {"DISCARD"};
-        if (s->tx_dirty == TX_DIRTY_REDIS && s->dlink != NULL &&
+        if (session_extra_r(s)->tx_dirty == TX_DIRTY_REDIS && s->dlink != NULL &&
             (s->tx == TX_MULTI || s->tx == TX_MULTI_WATCHING)) {
             return 0; /* Redis knows it: its EXECABORT says why (BUSY...) */
         }
@@ -250,24 +256,24 @@ int tx_must_wait(const session *s, const request *r)
 
 void tx_on_send(session *s, request *r, int ack)
 {
-    if (s->f->cluster != NULL && s->tx_pin == 0 && r->slot >= 0 &&
+    if (s->f->cluster != NULL && session_extra_r(s)->tx_pin == 0 && r->slot >= 0 &&
         (tx_in_multi(s) ? r->route != RT_WATCH : r->route == RT_WATCH)) {
         /* The transaction's slot: WATCH's keys, or the first keys inside
          * MULTI (a keyless command before them went along). */
-        s->tx_pin = r->slot + 1;
+        session_extra_w(s)->tx_pin = r->slot + 1;
         log_debug("client %llu: transaction pinned to slot %d", (unsigned long long)s->id, r->slot);
     }
     switch (r->route) {
     case RT_MULTI:
         if (s->tx == TX_NONE || s->tx == TX_WATCHING) {
             tx_set(s, s->tx == TX_NONE ? TX_MULTI : TX_MULTI_WATCHING);
-            s->tx_seq = r->seq;
+            session_extra_w(s)->tx_seq = r->seq;
         }
         break;
     case RT_EXEC:
         if (tx_in_multi(s)) {
             /* One WAIT after EXEC covers the whole transaction. */
-            if (s->tx_writes) {
+            if (session_extra_r(s)->tx_writes) {
                 r->flags |= REQ_F_WRITE;
                 if (ack) {
                     r->flags |= REQ_F_ACK;
@@ -304,7 +310,7 @@ int tx_queue(session *s, request *r)
     }
     r->flags |= REQ_F_TXLOG; /* queued: kept to rebuild the transaction */
     if (r->flags & REQ_F_WRITE) {
-        s->tx_writes = 1;
+        session_extra_w(s)->tx_writes = 1;
     }
     return 1;
 }
@@ -317,14 +323,14 @@ void tx_on_reply(session *s, request *r, const char *p, size_t n)
         /* Redis refused it and aborts EXEC: so must the transaction
          * rebuilt on another link (after a failover; cluster mode: moved
          * to its first key's shard), which lacks it. */
-        if (!s->tx_dirty) {
-            s->tx_dirty = TX_DIRTY_REDIS;
+        if (!session_extra_r(s)->tx_dirty) {
+            session_extra_w(s)->tx_dirty = TX_DIRTY_REDIS;
         }
     }
     if ((r->flags & REQ_F_TXLOG) && n > 0 && p[0] == '+' && open) {
         /* Queued by Redis (EXEC may be on its way already): kept, so a
          * transaction whose link breaks is rebuilt with every command. */
-        buf_append(&s->tx_log, buf_head(&r->data), buf_used(&r->data));
+        buf_append(&session_extra_w(s)->tx_log, buf_head(&r->data), buf_used(&r->data));
     }
     if (r->route == RT_EXEC && (s->tx == TX_EXEC_SENT || s->tx == TX_EXEC_SENT_WATCHED)) {
         tx_set(s, TX_NONE);
@@ -361,7 +367,7 @@ static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
     if (s != NULL && s->f->cluster != NULL && link_reply_refusal(reply, len) == REFUSAL_REDIRECT) {
         /* CLUSTERDOWN, TRYAGAIN, MOVED: the node aborts the transaction;
          * its EXEC is refused and the transaction rebuilt again. */
-        s->tx_spoiled = 1;
+        session_extra_w(s)->tx_spoiled = 1;
     }
     if (len > 0 && reply[0] == '-') {
         char why[200];
@@ -372,7 +378,7 @@ static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
 }
 
 /* Rebuild an open MULTI on a new dedicated link: MULTI and every command
- * Redis had queued (s->tx_log), sent as ferry's own requests. */
+ * Redis had queued (its tx_log), sent as ferry's own requests. */
 void tx_on_lend(session *s, link *l)
 {
     static const char multi[] = "*1\r\n$5\r\nMULTI\r\n";
@@ -380,9 +386,9 @@ void tx_on_lend(session *s, link *l)
         return;
     }
     link_internal_raw(l, multi, sizeof(multi) - 1, tx_rebuilt_cb);
-    size_t n = link_internal_each(l, &s->tx_log, tx_rebuilt_cb);
+    size_t n = link_internal_each(l, &session_extra_r(s)->tx_log, tx_rebuilt_cb);
     tx_set(s, TX_MULTI);
-    s->tx_spoiled = 0;
+    session_extra_w(s)->tx_spoiled = 0;
     if (s->tx_deferred) {
         /* Cluster mode: opened (or moved to its first key's shard), not
          * rebuilt after a failure. */
@@ -399,7 +405,9 @@ void tx_on_lend(session *s, link *l)
 void tx_forget(session *s)
 {
     tx_set(s, TX_NONE);
-    buf_free(&s->tx_log);
+    if (s->extra != NULL) {
+        buf_free(&s->extra->tx_log);
+    }
 }
 
 /* ---------------------------------------------------------- cluster mode
@@ -433,8 +441,8 @@ int tx_route_slot(const session *s, const request *r, int *where_dlink)
     if (!tx_holds_slot(s)) {
         return r->slot;
     }
-    if (s->tx_pin > 0) {
-        return s->tx_pin - 1;
+    if (session_extra_r(s)->tx_pin > 0) {
+        return session_extra_r(s)->tx_pin - 1;
     }
     if (r->slot >= 0 && r->route != RT_WATCH) {
         return r->slot; /* its first key: the transaction goes there */
@@ -445,12 +453,14 @@ int tx_route_slot(const session *s, const request *r, int *where_dlink)
 
 int tx_crossslot(session *s, request *r)
 {
-    if (s->f->cluster == NULL || s->tx_pin == 0 || r->slot < 0 || r->slot == s->tx_pin - 1 ||
+    int pin = session_extra_r(s)->tx_pin;
+    if (s->f->cluster == NULL || pin == 0 || r->slot < 0 || r->slot == pin - 1 ||
         !tx_holds_slot(s) || (r->route == RT_WATCH && tx_in_multi(s))) {
         return 0;
     }
     if (tx_in_multi(s)) {
-        s->tx_dirty = TX_DIRTY_FERRY; /* EXEC aborts, as a node's EXEC after a refusal */
+        /* EXEC aborts, as a node's EXEC after a refusal */
+        session_extra_w(s)->tx_dirty = TX_DIRTY_FERRY;
     }
     clustermap_count_crossslot(s->f->cluster);
     s->f->session_ops->answer_str(s, r,
@@ -470,7 +480,7 @@ int tx_cluster_answer(session *s, request *r)
         return 0;
     }
     tx_set(s, TX_MULTI_REBUILD); /* an empty log: MULTI goes with the first command */
-    s->tx_seq = r->seq;
+    session_extra_w(s)->tx_seq = r->seq;
     s->tx_deferred = 1;
     s->f->session_ops->answer_str(s, r, "+OK\r\n");
     return 1;
@@ -479,7 +489,7 @@ int tx_cluster_answer(session *s, request *r)
 int tx_on_move(session *s)
 {
     int carried = s->tx != TX_NONE;
-    if (carried && s->tx_pin == 0) {
+    if (carried && session_extra_r(s)->tx_pin == 0) {
         s->tx_deferred = 1; /* to its first key's shard: not a failure */
     }
     tx_on_link_lost(s);
@@ -491,5 +501,6 @@ int tx_refused_by_cluster(const session *s, const request *r, const char *p, siz
     if (s->f->cluster == NULL || !((r->flags & REQ_F_TXLOG) || r->route == RT_EXEC)) {
         return 0;
     }
-    return link_reply_refusal(p, n) == REFUSAL_REDIRECT || (r->route == RT_EXEC && s->tx_spoiled);
+    return link_reply_refusal(p, n) == REFUSAL_REDIRECT ||
+           (r->route == RT_EXEC && session_extra_r(s)->tx_spoiled);
 }

@@ -23,7 +23,7 @@ int tx_precedes(const session *s, const request *r);
 /* s->tx_deferred: the rebuilt MULTI waits behind requests sent before it
  * (tx_precedes); 1 is cluster mode's MULTI answered by ferry. */
 #define TX_DEFER_BEHIND 2
-/* s->tx_dirty, why EXEC aborts. FERRY: ferry refused a command of the
+/* session_extra tx_dirty, why EXEC aborts. FERRY: ferry refused a command of the
  * transaction (Redis never saw it, or the transaction was rebuilt on a link
  * whose Redis did not): ferry answers EXEC. REDIS: Redis refused one on the
  * link the transaction is open on: EXEC goes to Redis, which aborts it in

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "acl.h"
 #include "backlog.h"
@@ -96,12 +99,9 @@ static void session_register(session *s, int is_unix)
     ferry *f = s->f;
     s->id = ferry_next_id(f);
     list_init(&s->node);
-    list_init(&s->wait_node);
-    list_init(&s->held);
     list_init(&s->dirty_node);
     list_init(&s->requests);
     s->cursor = &s->requests;
-    buf_init(&s->in);
     outq_init(&s->out);
     s->authed = f->cfg->client_password == NULL && f->cfg->client_auth != CLIENT_AUTH_REDIS;
     s->proto = 2;
@@ -242,11 +242,11 @@ int session_adopt(ferry *f, uv_os_sock_t fd, session_import *im)
         return 0;
     }
     if (im->ninput > 0) {
-        buf_append(&s->in, im->input, im->ninput);
-        session_process_input(s, &s->in); /* dispatches (and re-subscribes) too */
-        if (list_linked(&session_extra_r(s)->partial_node) && im->partial_ms > 0) {
+        session_extra *x = session_extra_w(s);
+        buf_append(&x->in, im->input, im->ninput);
+        session_process_input(s, &x->in); /* dispatches (and re-subscribes) too */
+        if (list_linked(&x->partial_node) && im->partial_ms > 0) {
             /* client.request_timeout_ms: the request began arriving then. */
-            session_extra *x = s->extra;
             x->partial_since_ms = now >= im->partial_ms ? now - im->partial_ms : 0;
             session_place_by_time(&f->partial, &x->partial_node,
                                   offsetof(session_extra, partial_node),
@@ -325,7 +325,7 @@ static void session_charge(session *s, request *r, size_t n)
 /* Recount the storage of s's buffers (O(1)): call after they change. */
 static void session_count_buffers(session *s)
 {
-    size_t now = s->in.cap + outq_mem(&s->out);
+    size_t now = session_extra_r(s)->in.cap + outq_mem(&s->out);
     s->f->clients_mem = s->f->clients_mem - s->buf_mem + now;
     s->buf_mem = now;
 }
@@ -401,13 +401,13 @@ void session_close(session *s, const char *reason)
 static void session_close_cb(uv_handle_t *h)
 {
     session *s = h->data;
-    resp_parser_free(s->parser);
-    buf_free(&s->in);
     outq_free(&s->out);
     sub_sets_free(s->subs);
-    buf_free(&s->sticky_log);
     xreads_forget(s);
     if (s->extra != NULL) {
+        resp_parser_free(s->extra->parser);
+        buf_free(&s->extra->in);
+        buf_free(&s->extra->sticky_log);
         free(s->extra->ident_on); /* its identities were let go (acl_forget) */
         free(s->extra);
     }
@@ -668,18 +668,19 @@ static void session_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *b)
 {
     session *s = h->data;
     (void)hint;
-    if (buf_used(&s->in) == 0 || s->out.tls != NULL) {
+    if (buf_used(&session_extra_r(s)->in) == 0 || s->out.tls != NULL) {
         /* TLS: the ciphertext goes to the loop's buffer, the plaintext
-         * into s->in. */
+         * into s->extra->in. */
         /* Nothing kept: read into the loop's buffer (libuv pairs each
          * alloc_cb with its read_cb, so one buffer serves every session). */
         b->base = s->f->rbuf;
         b->len = FERRY_READ_BUF;
         return;
     }
-    buf_reserve(&s->in, SESSION_READ_CHUNK);
-    b->base = s->in.data + s->in.len;
-    b->len = s->in.cap - s->in.len;
+    buf *in = &s->extra->in; /* it holds bytes: s has its extra state */
+    buf_reserve(in, SESSION_READ_CHUNK);
+    b->base = in->data + in->len;
+    b->len = in->cap - in->len;
 }
 
 /* Whether a connection's first bytes p[0..n) open a TLS handshake: a
@@ -730,18 +731,18 @@ static void session_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *b)
         buf view = {.data = b->base, .pos = 0, .len = (size_t)nread, .cap = FERRY_READ_BUF};
         session_process_input(s, &view);
     } else {
-        s->in.len += (size_t)nread;
-        session_process_input(s, &s->in);
+        s->extra->in.len += (size_t)nread;
+        session_process_input(s, &s->extra->in);
     }
 }
 
 /* TLS: ciphertext read from the client; what it decrypts to is parsed
- * from s->in. A TLS error before the handshake ended is counted and
+ * from s->extra->in. A TLS error before the handshake ended is counted and
  * logged (plain RESP on a TLS port, a refused certificate, ...). */
 static void session_tls_input(session *s, const char *p, size_t n)
 {
     int was_ready = tls_ready(s->out.tls);
-    int rc = outq_tls_input(&s->out, p, n, &s->in);
+    int rc = outq_tls_input(&s->out, p, n, &session_extra_w(s)->in);
     if (!was_ready && tls_ready(s->out.tls)) {
         char how[120];
         list_del(&s->extra->tls_node); /* linked at accept */
@@ -761,8 +762,8 @@ static void session_tls_input(session *s, const char *p, size_t n)
     if (outq_tls_wants_flush(&s->out)) {
         session_mark_dirty(s);
     }
-    if (buf_used(&s->in) > 0) {
-        session_process_input(s, &s->in);
+    if (buf_used(&s->extra->in) > 0) {
+        session_process_input(s, &s->extra->in);
     }
 }
 
@@ -798,19 +799,19 @@ static void session_protocol_error(session *s, const char *msg)
 }
 
 /* Parse what `in` holds (the session's own buffer, or a view of the loop's
- * read buffer) into requests. What is left unparsed ends up in s->in, with
- * the parser state of an incomplete request in s->parser. */
+ * read buffer) into requests. What is left unparsed ends up in s->extra->in,
+ * with the parser state of an incomplete request in s->extra->parser. */
 static void session_process_input(session *s, buf *in)
 {
     ferry *f = s->f;
     int added = 0;
     int rc = RESP_OK;
-    resp_parser *p = s->parser != NULL ? s->parser : f->parser;
+    resp_parser *p = session_extra_r(s)->parser != NULL ? s->extra->parser : f->parser;
 
     while (buf_used(in) > 0 && s->state == SESSION_OPEN) {
         resp_request req;
         if (s->nrequests >= f->cfg->max_pipeline) {
-            break; /* the rest waits in s->in until replies are read (client.max_pipeline) */
+            break; /* the rest waits in s->extra->in until replies are read (max_pipeline) */
         }
         rc = resp_parse_request(p, buf_head(in), buf_used(in), &req);
         if (rc == RESP_AGAIN) {
@@ -871,23 +872,29 @@ static void session_process_input(session *s, buf *in)
             break;
         }
     }
-    if (in != &s->in && buf_used(in) > 0) {
-        buf_append(&s->in, buf_head(in), buf_used(in)); /* same prefix: parser offsets hold */
+    session_extra *x = s->extra;
+    if ((x == NULL || in != &x->in) && buf_used(in) > 0) {
+        /* in is the loop's buffer, not inside x; same prefix: parser offsets hold */
+        x = session_extra_w(s);
+        buf_append(&x->in, buf_head(in), buf_used(in));
     }
-    if (buf_used(&s->in) == 0) {
-        buf_free(&s->in);
-        resp_parser_free(s->parser); /* it holds no partial request any more */
-        s->parser = NULL;
+    size_t left = x != NULL ? buf_used(&x->in) : 0;
+    if (left == 0) {
+        if (x != NULL) {
+            buf_free(&x->in);
+            resp_parser_free(x->parser); /* it holds no partial request any more */
+            x->parser = NULL;
+        }
         if (p == f->parser && rc != RESP_OK) {
             resp_parser_reset(p); /* the shared parser is left clean for the next session */
         }
     } else if (rc == RESP_AGAIN && p == f->parser) {
         /* The incomplete request's parser state goes with the session. */
-        s->parser = p;
+        x->parser = p;
         f->parser = resp_parser_new(&f->limits);
     }
     session_count_buffers(s);
-    session_note_partial(s, rc == RESP_AGAIN && buf_used(&s->in) > 0, added);
+    session_note_partial(s, rc == RESP_AGAIN && left > 0, added);
     if (added) {
         router_dispatch(s);
     }
@@ -954,8 +961,8 @@ void session_check_reading(session *s)
         if (uv_read_start(&s->io.s, session_alloc_cb, session_read_cb) == 0) {
             s->reading = 1;
         }
-        if (buf_used(&s->in) > 0) {
-            session_process_input(s, &s->in);
+        if (buf_used(&session_extra_r(s)->in) > 0) {
+            session_process_input(s, &s->extra->in);
         }
     }
 }
@@ -1036,10 +1043,44 @@ static void session_check_tunnel(session *s)
 
 /* --------------------------------------------------------------- periodic */
 
+/* After a burst (many requests in flight at once, their buffers and
+ * replies) the allocator keeps the pages they used, in pieces between the
+ * sessions that stayed: idle clients would go on paying for them. Once the
+ * memory held for this loop's clients has settled (the same at two ticks)
+ * an eighth below its peak since the last return, and 1 MiB at least, the
+ * free pages go back to the system (glibc's malloc_trim), at most once a
+ * second. Per loop thread: each has its own clients (malloc_trim itself
+ * covers every arena). */
+static void session_return_memory(ferry *f, uint64_t now)
+{
+#ifdef __GLIBC__
+    static _Thread_local size_t peak, prev;
+    static _Thread_local uint64_t last_ms;
+    size_t held = f->clients_mem;
+    int settled = held == prev;
+    prev = held;
+    if (held > peak) {
+        peak = held;
+    }
+    if (!settled || peak - held < ((size_t)1 << 20) || peak - held < peak / 8 ||
+        now - last_ms < 1000) {
+        return;
+    }
+    malloc_trim(0);
+    peak = held;
+    last_ms = now;
+#else
+    (void)f;
+    (void)now;
+#endif
+}
+
 void session_tick(ferry *f, uint64_t now)
 {
     const config *cfg = f->cfg;
     list_node *n, *t;
+
+    session_return_memory(f, now);
 
     /* Memory fell back under limits.max_memory: those paused for it are
      * looked at again (the rest of their input may now be parsed). */

@@ -47,13 +47,16 @@ typedef enum tunnel_state {
 } tunnel_state;
 
 /* What a session needs only once it does more than read requests and write
- * their replies: replies someone waits to see written, output past its
- * limits, a read paused for limits.max_memory, a TLS handshake, a request
- * arriving in pieces, a Redis user on other shards. An idle client has none
- * (10 000 idle clients each keep only their session): session_extra_w
+ * their replies: a request arriving in pieces (its bytes and parser state),
+ * replies someone waits to see written, output past its limits, a read
+ * paused for limits.max_memory, a TLS session, a Redis user on other shards,
+ * a transaction. An idle client has none (10 000 idle clients each keep
+ * only their session): session_extra_w
  * allocates it on first need, and it goes with the session. */
 typedef struct session_extra {
     struct session *s;         /* whose it is (the nodes below are on ferry's lists) */
+    buf in;                    /* bytes read, not yet parsed (no storage when empty) */
+    resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
     list_node watches;         /* replies whose writing someone waits for (r->written), in
                                   output order */
     list_node watch_node;      /* in f->watching while watches is not empty */
@@ -68,6 +71,41 @@ typedef struct session_extra {
     int nident_on;             /* entries in ident_on */
     int ident_on_cap;          /* its room */
     int limit_hit;             /* OUT_LIMIT_HARD/SOFT: closed at the next flush; 0 = none */
+    buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
+    struct lease_held *leases_held; /* leases it took and has not acked (lease.c); NULL: none */
+    struct xread_marks *xmarks;     /* the entry ids its XREADGROUPs were handed (xreads.c) */
+    /* Cluster mode's pub/sub (router_pubsub.c). */
+    struct upstream *ps_left; /* the master view that dropped its shard channels (their
+                                 slot moved), until the map names another */
+    size_t ps_sunsub_owed;    /* sunsubscribe replies its own SUNSUBSCRIBEs are still owed
+                                 (any other is a node dropping a channel) */
+    int ps_slot;              /* the slot whose master its subscriptions live on (its first
+                                 SSUBSCRIBE's), -1: any master */
+    uint8_t ps_homed;         /* its first pub/sub command set ps_slot */
+    /* Its requests held for lack of a master (backlog.c). */
+    list_node wait_node;       /* in f->waiting while held requests lack a link */
+    list_node held;            /* its requests held for lack of a master, via r->hq */
+    uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at;
+                                  0 = not holding */
+    size_t held_bytes;         /* request bytes held without a link */
+    /* Its transaction (tx.c, receipts.c): set once it sends MULTI or WATCH. */
+    buf tx_log;            /* the commands Redis answered +QUEUED in the open MULTI */
+    buf tx_cmds;           /* its commands as sent, while they may go as that script */
+    uint64_t tx_noted;     /* the last of them noted there (its seq) */
+    uint64_t tx_seq;       /* the seq of the MULTI that opened its transaction */
+    int tx_pin;            /* cluster mode: 1 + the slot its transaction is pinned to
+                              (WATCH's key, or the first key inside MULTI); 0: none yet */
+    uint8_t tx_writes;     /* one of them may write: EXEC is a write */
+    uint8_t tx_dirty;      /* ferry refused a command inside it: EXEC gets -EXECABORT */
+    uint8_t tx_spoiled;    /* cluster mode: the cluster refused a rebuilt command: the
+                              transaction on its link is aborted, rebuilt on another */
+    uint8_t tx_rcpt;       /* what its open MULTI holds, for a receipt at EXEC
+                              (receipts_tx_note: a push of a queue, or a command the
+                              receipt script does not take) */
+    uint8_t tx_receipted;  /* its transaction goes with its receipt at EXEC (receipts.c):
+                              decided by it, not by offsets (SESSION_TX_RECEIPTED) */
+    uint8_t multi_refused; /* cluster mode: ferry refused its MULTI: what follows is
+                              refused too, until EXEC (-EXECABORT) or DISCARD */
 } session_extra;
 
 /* A client's address, kept as numbers (a string would take 64 bytes of
@@ -87,6 +125,8 @@ typedef struct session {
     ferry *f;          /* context */
     uint64_t id;       /* for logs and CLIENT-like output */
     session_addr peer; /* client address, for logs (session_peer) */
+    session_state state; /* see session_state; changed only by session_set_state (here: it
+                            fills the room session_addr leaves before the handle) */
     union {
         uv_handle_t h;
         uv_stream_t s;
@@ -94,34 +134,19 @@ typedef struct session {
         uv_pipe_t pipe;
     } io;                      /* the client connection */
     list_node node;            /* in f->sessions */
-    list_node wait_node;       /* in f->waiting while held requests lack a link (backlog.c) */
-    list_node held;            /* its requests held for lack of a master, via r->hq (backlog.c) */
-    uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at (backlog.c);
-                                  0 = not holding */
     list_node dirty_node;      /* in f->dirty while it has output to write */
     session_extra *extra;      /* what only some clients need; NULL: none yet (see above) */
-    resp_parser *parser;       /* own parser while in holds a partial request (NULL: f->parser) */
-    buf in;                    /* bytes read, not yet parsed (no storage when empty) */
     outq out;                  /* replies to the client (no storage when empty) */
     list_node requests;        /* every unanswered or unflushed request, in order */
     list_node *cursor;         /* first request dispatch has not handled yet */
     size_t nrequests;          /* entries in requests */
     size_t pending_bytes;      /* request bytes not yet answered (backpressure) */
-    size_t held_bytes;         /* request bytes held without a link (backlog.c) */
     size_t req_mem;            /* bytes charged for its requests and stored replies, as allocated */
     size_t buf_mem;            /* bytes allocated for its input and output buffers (last counted) */
     struct link *dlink;        /* dedicated link lent to this session (upstream_lend) */
     struct link *flight_link;  /* the one link its in-flight requests are on */
     size_t inflight;           /* requests sent and not answered */
-    buf tx_log;                /* the commands Redis answered +QUEUED in the open MULTI */
-    buf tx_cmds;               /* its commands as sent, while they may go as that script */
-    uint64_t tx_noted;         /* the last of them noted there (its seq) */
-    uint64_t tx_seq;           /* the seq of the MULTI that opened its transaction */
     sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
-    struct upstream *ps_left;  /* cluster mode: the master view that dropped its shard channels
-                                  (their slot moved), until the map names another */
-    size_t ps_sunsub_owed;     /* cluster mode: sunsubscribe replies its own SUNSUBSCRIBEs
-                                  are still owed (any other is a node dropping a channel) */
     struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c), on
                                   the master view that checked its AUTH */
     uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
@@ -129,33 +154,13 @@ typedef struct session {
     const command *last_cmd;   /* the last command parsed from it (CLIENT LIST cmd=) */
     list_node idle_node;       /* in f->idle, ordered by last_active_ms */
     uint64_t next_seq;         /* sequence for the next request */
-    buf sticky_log; /* CLIENT SETNAME/TRACKING... Redis accepted: replayed on a new link */
-    struct lease_held *leases_held; /* leases it took and has not acked (lease.c); NULL: none */
-    struct xread_marks *xmarks;     /* the entry ids its XREADGROUPs were handed (xreads.c) */
-    session_state state;       /* see session_state; changed only by session_set_state */
     tx_state tx;               /* see tx_state */
     tunnel_state tunnel;       /* see tunnel_state */
     int db;                    /* database selected (non-zero pins a link) */
-    int tx_pin;                /* cluster mode: 1 + the slot its transaction is pinned to
-                                  (WATCH's key, or the first key inside MULTI); 0: none yet */
-    int ps_slot;               /* cluster mode: the slot whose master its subscriptions live
-                                  on (its first SSUBSCRIBE's), -1: any master (router_pubsub.c) */
     /* Flags and small counts, a byte each (10 000 idle clients keep them all). */
-    uint8_t tx_writes;         /* one of them may write: EXEC is a write */
-    uint8_t tx_dirty;          /* ferry refused a command inside it: EXEC gets -EXECABORT */
     uint8_t tx_deferred;       /* cluster mode: its MULTI, answered by ferry, is sent with
                                   the first command on the link of that command's shard */
-    uint8_t tx_spoiled;        /* cluster mode: the cluster refused a rebuilt command: the
-                                  transaction on its link is aborted, rebuilt on another */
-    uint8_t tx_rcpt;           /* what its open MULTI holds, for a receipt at EXEC
-                                  (receipts_tx_note: a push of a queue, or a command the
-                                  receipt script does not take) */
-    uint8_t tx_receipted;      /* its transaction goes with its receipt at EXEC (receipts.c):
-                                  decided by it, not by offsets (SESSION_TX_RECEIPTED) */
-    uint8_t multi_refused;     /* cluster mode: ferry refused its MULTI: what follows is
-                                  refused too, until EXEC (-EXECABORT) or DISCARD */
     uint8_t sticky;            /* CLIENT SETNAME/TRACKING...: pinned for life */
-    uint8_t ps_homed;          /* cluster mode: its first pub/sub command set ps_slot */
     uint8_t authed;            /* AUTH accepted (or no password configured) */
     uint8_t checking;          /* its AUTH is being checked by Redis: nothing after it goes out */
     uint8_t reading;           /* uv_read_start active */
@@ -207,6 +212,8 @@ static inline session_extra *session_extra_w(session *s)
         list_init(&x->mem_node);
         list_init(&x->tls_node);
         list_init(&x->partial_node);
+        list_init(&x->wait_node);
+        list_init(&x->held);
         s->extra = x;
         s->f->clients_mem += sizeof(*x);
     }
@@ -311,7 +318,7 @@ void session_stop_all(ferry *f, int force);
 /* r, part of s's transaction (MULTI, a queued command, EXEC), is decided by
  * the transaction's receipt (receipts.c), not by offsets: not ambiguous. */
 #define SESSION_TX_RECEIPTED(s, r)                                                                 \
-    ((s) != NULL && (s)->tx_receipted &&                                                           \
+    ((s) != NULL && session_extra_r(s)->tx_receipted &&                                            \
      (((r)->flags & REQ_F_TXLOG) || (r)->route == RT_MULTI || (r)->route == RT_EXEC))
 
 #endif

@@ -1422,8 +1422,8 @@ static void check_accounting(void)
         n++;
         check(s->state != SESSION_CLOSING, "a closing session is still listed");
         mem += session_mem(s);
-        held += s->held_bytes;
-        check(s->buf_mem == s->in.cap + outq_mem(&s->out),
+        held += session_extra_r(s)->held_bytes;
+        check(s->buf_mem == session_extra_r(s)->in.cap + outq_mem(&s->out),
               "a session's buffer memory is not what its buffers hold");
         list_foreach(m, &s->requests)
         {

@@ -2,6 +2,9 @@
 scripts/bench (which runs it as a script against ferry and nutcracker).
 
     rss_kib(pid)                  VmRSS of a process, KiB (/proc/PID/status)
+    settled_rss_kib(pid)          the same once it has not changed for 0.5 s
+                                  (at most 5 s): what idle clients cost, after
+                                  the burst that opened them
     raise_nofile(n)               raise this process's soft RLIMIT_NOFILE to n
                                   (at most the hard limit); returns the new soft limit
     open_idle(port, n)            n connections that each sent one PING and read
@@ -12,7 +15,7 @@ scripts/bench (which runs it as a script against ferry and nutcracker).
 
 As a script: idle.py PID PORT N [--host H] [--batch B] -- opens N idle clients to PORT
 and prints "rss_per_client_bytes <B>" for process PID (growth of its VmRSS
-divided by N, measured after a warm-up of 50 clients)."""
+divided by N, measured after a warm-up of 50 clients, both once settled)."""
 
 import argparse
 import resource
@@ -30,6 +33,19 @@ def rss_kib(pid):
             if line.startswith('VmRSS:'):
                 return int(line.split()[1])
     raise RuntimeError('no VmRSS for pid %d' % pid)
+
+
+def settled_rss_kib(pid, quiet=0.5, most=5.0, step=0.1):
+    """VmRSS once it has stayed the same for quiet seconds (at most most
+    seconds from now): a proxy may give memory back a moment after a burst."""
+    end = time.monotonic() + most
+    last, since = rss_kib(pid), time.monotonic()
+    while time.monotonic() < end and time.monotonic() - since < quiet:
+        time.sleep(step)
+        now = rss_kib(pid)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
 
 
 def raise_nofile(n):
@@ -110,9 +126,9 @@ def main():
     a = ap.parse_args()
     raise_nofile(a.n + 200)
     warm = open_idle(a.port, 50, host=a.host)
-    before = rss_kib(a.pid)
+    before = settled_rss_kib(a.pid)
     socks = open_idle(a.port, a.n, host=a.host, batch=a.batch)
-    after = rss_kib(a.pid)
+    after = settled_rss_kib(a.pid)
     answered = ping_all(socks)
     close_all(socks)
     close_all(warm)
