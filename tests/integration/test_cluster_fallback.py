@@ -137,7 +137,7 @@ class ClusterFallbackTest(unittest.TestCase):
             t = time.monotonic()
             self.assertEqual(c.rpush(k, 'o1', 'o2'), 2)
             self.assertEqual(c.lpop(k), 'o1')
-            self.assertLess(time.monotonic() - t, 5.0, 'shard %d held' % p)
+            self.assertLess(time.monotonic() - t, 15.0, 'shard %d held' % p)
             direct = self.cluster.node_by_port(p).client()
             self.assertEqual(direct.lrange(k, 0, -1), ['o2'], 'written on its master')
             direct.close()

@@ -104,7 +104,7 @@ class DurabilityTest(unittest.TestCase):
         self.assertIsInstance(reply, RespError)
         self.assertTrue(str(reply).startswith('NOREPLICAS ferry:'), reply)
         self.assertGreaterEqual(took, 0.5)
-        self.assertLess(took, 5)
+        self.assertLess(took, 10)  # a bound on a hang: replicas_ack_hold_ms is 600 ms
         self.assertEqual(self.raw(f, 'GET', 'missing'), None)   # reads are not held
 
     def test_replicas_ack_with_a_replica(self):

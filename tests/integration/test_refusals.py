@@ -31,8 +31,11 @@ from harness import (DIRECT, Ferry, RedisServer, RespError, SentinelTopology,
                      resp_encode, resp_read_reply, resp_send, wait_until)
 from test_stats import stats_json
 
-PROMPT_S = 1.5       # an answer that needs no waiting (Redis' own refusal)
-HOLD_MS = 2000       # upstream.hold_timeout_ms in these tests
+# An answer that needs no waiting (Redis' own refusal) comes within PROMPT_S,
+# one held comes at HOLD_MS: both bound a hang, far apart (a few ms and the
+# hold are what this machine takes; a loaded CI machine stretches the first).
+PROMPT_S = 4.0
+HOLD_MS = 6000       # upstream.hold_timeout_ms in these tests
 
 
 def max_refusals(seconds):
@@ -318,7 +321,7 @@ class FixedNoReplicasTest(unittest.TestCase):
         self.addCleanup(s.close)
         t0 = time.monotonic()
         try:
-            got = pipeline(s, cmds, timeout=PROMPT_S + 1.5)
+            got = pipeline(s, cmds, timeout=PROMPT_S + 5)
         except Exception as e:  # noqa: BLE001 - the hang this test is about
             self.fail('no answer within %.1fs (%s); Redis refused %d calls' % (
                 time.monotonic() - t0, e, errorstat(r, 'NOREPLICAS') - before))
@@ -361,7 +364,7 @@ class FixedNoReplicasTest(unittest.TestCase):
         reply, took = p.result()
         self.assertEqual(reply, 'OK', '%r after %.2fs' % (reply, took))
         self.assertEqual(r.client().get('fm:b'), '2')
-        self.assertLessEqual(refused, MAX_REFUSED_PER_REQUEST,
+        self.assertLessEqual(refused, max_refusals(2.0),
                              '%d refused calls in 2 s: no back-off' % refused)
 
     def test_fresh_master_refusal_ends_at_the_hold_bound(self):
@@ -379,7 +382,7 @@ class FixedNoReplicasTest(unittest.TestCase):
         for x in got:
             self.assertTrue(is_error(x, 'TRYAGAIN ferry:'), got)
         self.assertGreaterEqual(took, HOLD_MS / 1000 - 0.1)
-        self.assertLess(took, HOLD_MS / 1000 + 1.0)
+        self.assertLess(took, HOLD_MS / 1000 + 4.0)
         refused = errorstat(r, 'NOREPLICAS') - before
         print('\n[bound] 2 writes held %d ms: -TRYAGAIN after %.2fs, %d refused calls'
               % (HOLD_MS, took, refused), flush=True)
@@ -421,7 +424,7 @@ class FixedMasterTurnedReplicaTest(unittest.TestCase):
                 tryagain += x != 'OK'
         reply, took = popper.result()
         self.assertTrue(is_error(reply, 'TRYAGAIN ferry:'), reply)
-        self.assertLess(time.monotonic() - t0, HOLD_MS / 1000 + 1.5)
+        self.assertLess(time.monotonic() - t0, HOLD_MS / 1000 + 4.0)
         self.assertLessEqual(errorstat(r, 'READONLY'), 20, 'each write refused at most once')
         self.assertLessEqual(errorstat(r, 'UNBLOCKED'), 1)
         self.assertEqual(stat(f, 'errors', 'requests_tryagain'), tryagain + 1)

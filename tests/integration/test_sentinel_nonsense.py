@@ -380,12 +380,12 @@ class Base(unittest.TestCase):
         self.assertNotRegex(out, 'AddressSanitizer|runtime error|LeakSanitizer')
         self.assertEqual(rc, 0, 'ferry exit code %s\n%s' % (rc, out[-3000:]))
 
-    def wait_asked(self, fakes, n=2, timeout=8.0):
+    def wait_asked(self, fakes, n=2, timeout=30.0):
         """Until each fake sentinel got n SENTINEL MASTER questions."""
         wait_until(lambda: all(s.count('SENTINEL', 'MASTER') >= n for s in fakes),
                    timeout=timeout, msg='ferry to ask SENTINEL MASTER %d times' % n)
 
-    def call(self, f, *args, timeout=6.0):
+    def call(self, f, *args, timeout=20.0):
         """One command on a new raw connection: (reply, seconds taken)."""
         s = f.raw(timeout=timeout)
         try:
@@ -403,7 +403,8 @@ class Base(unittest.TestCase):
                               % (r, f.log()[-3000:]))
         self.assertTrue(str(r).startswith(TRYAGAIN_PREFIX), repr(r))
         self.assertGreaterEqual(took, HOLD_MS / 1000.0 * 0.9, 'answered before the hold bound')
-        self.assertLess(took, HOLD_MS / 1000.0 + 2.5, 'held far past the hold bound')
+        # a bound on a hang (held for good), not a speed
+        self.assertLess(took, HOLD_MS / 1000.0 + 10.0, 'held far past the hold bound')
 
     def assert_no_lpush(self, *servers):
         for srv in servers:
