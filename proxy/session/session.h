@@ -49,10 +49,12 @@ typedef enum tunnel_state {
 /* What a session needs only once it does more than read requests and write
  * their replies: a request arriving in pieces (its bytes and parser state),
  * replies someone waits to see written, output past its limits, a read
- * paused for limits.max_memory, a TLS session, a Redis user on other shards,
- * a transaction. An idle client has none (10 000 idle clients each keep
- * only their session): session_extra_w
- * allocates it on first need, and it goes with the session. */
+ * paused for limits.max_memory, a TLS session, a Redis user on other
+ * shards, held requests, a transaction, connection settings, leases,
+ * XREADGROUP marks, cluster pub/sub. An idle client has none (10 000 idle
+ * clients each keep only their session): session_extra_w allocates it on
+ * first need, and it goes with the session; session_extra_r reads an
+ * all-zero one meanwhile, so a reset or a close allocates nothing. */
 typedef struct session_extra {
     struct session *s;         /* whose it is (the nodes below are on ferry's lists) */
     buf in;                    /* bytes read, not yet parsed (no storage when empty) */
