@@ -60,7 +60,8 @@ typedef struct redo {
         char replid[BRACKET_REPLID_LEN + 1];  /* ... its master's replication id ... */
         char parent[BRACKET_REPLID_LEN + 1];  /* ... the history it forked from ("" none) */
         long long second;                   /* ... where: it holds the parent's up to
-                                               second - 1 */
+                                               second - 1 ... */
+        char addr[sizeof(((upstream *)0)->name)]; /* ... and its address */
     } forks[4];                             /* the last masters read, by epoch */
 } redo;
 
@@ -403,6 +404,17 @@ static void fork_note(redo *rd, const upstream *up, const char *replid)
              replid != NULL ? replid : "");
     snprintf(rd->forks[slot].parent, sizeof(rd->forks[slot].parent), "%s", up->heir_replid2);
     rd->forks[slot].second = up->heir_second;
+    memcpy(rd->forks[slot].addr, up->name, sizeof(rd->forks[slot].addr));
+}
+
+/* Whether the master of epoch (noted) was at another address than up's new
+ * master: a node that shares no history with it is not that master
+ * restarted from its AOF. */
+static int other_node(const redo *rd, const upstream *up, uint64_t epoch)
+{
+    size_t slot = (size_t)(epoch % (sizeof(rd->forks) / sizeof(rd->forks[0])));
+    return rd->forks[slot].epoch == epoch && rd->forks[slot].addr[0] != '\0' &&
+           strcmp(rd->forks[slot].addr, up->name) != 0;
 }
 
 /* The fork noted for the master whose replication id is id, or -1. */
@@ -466,6 +478,12 @@ void redo_decide(upstream *up, const char *heir_replid,
             continue;
         }
         int v = place(rd, e, heir_replid, &h, replid_of(up, e->epoch));
+        if (v < 0 && other_node(rd, up, e->epoch)) {
+            /* Another node, restarted from its own AOF (promoted before it
+             * resynced) or of a history ferry did not learn: it may lack
+             * it. At least once: a duplicate rather than a loss. */
+            v = BRACKET_AMBIGUOUS;
+        }
         if (v < 0) {
             /* No history shared with the master that acknowledged it: a
              * node restarted from its AOF (every acknowledged push is in the

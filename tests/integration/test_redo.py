@@ -230,6 +230,46 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
     def test_replica_listed_mid_full_resync(self):
         self.run_case(listed=True)
 
+    def test_replica_restarted_from_its_aof_promoted(self):
+        """R2 killed, pushes acknowledged by R1, M and R1 killed, R2 started
+        again from its own AOF and promoted before it could resync: it
+        shares no replication history with M (a new replication id), and it
+        is not M restarted. ferry sends the pushes again (at least once)."""
+        topo = SentinelTopology(down_after_ms=2000)
+        self.addCleanup(topo.stop)
+        master = topo.master()
+        topo.wait_replicas_synced(master, 2)
+        r1, r2 = [r for r in topo.redis if r is not master]
+        f = Ferry(None, conf=merged_conf({'upstream': {'ping_interval_ms': 100}}), sentinel=topo)
+        self.addCleanup(f.stop)
+        wait_until(lambda: durability(f)['replicas_known'] == 2, timeout=15,
+                   msg='ferry follows both replicas Sentinel lists')
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush('q', 'before'), 1)
+        wait_until(lambda: r2.client().lrange('q', 0, -1) == ['before'], timeout=10,
+                   msg='the first push on R2')
+        # (What ferry still keeps when R2 dies it would send again, at
+        # least once: R2 has it in its AOF.)
+        wait_until(lambda: durability(f)['redo_kept'] == 0, timeout=10,
+                   msg='ferry saw both replicas have the first push')
+        r2.kill()
+        wait_until(lambda: r2.port not in replica_states(master), timeout=30,
+                   msg='the master lists R2 no more')
+        pushes = ['w%d' % i for i in range(5)]
+        for i, item in enumerate(pushes):
+            self.assertEqual(c.rpush('q', item), i + 2)  # acknowledged by R1
+        wait_until(lambda: offset(r1) >= offset(master), timeout=15, msg='R1 has them all')
+
+        old_port = master.port
+        r1.kill()
+        master.kill()
+        r2.restart()
+        self.assertEqual(topo.wait_failover(old_port, timeout=60), r2.port)
+        wait_list(self, f, 'q', ['before'] + pushes)
+        wait_until(lambda: durability(f)['redo_replayed'] == len(pushes), timeout=15,
+                   msg='every kept push sent again answered')
+        self.assertEqual(durability(f)['redo_ambiguous'], len(pushes))
+
     def test_two_failovers_the_second_to_the_replica_that_lacked_them(self):
         """Acknowledged by R1 while R2 is frozen; SENTINEL FAILOVER promotes
         R1, which has them; R1 and the old master killed, R2 promoted. The
