@@ -168,7 +168,7 @@ class RestartedMasterWatch:
         self.interval = interval
         self.initial = set()
         for n in cluster.running():
-            self.initial.add(n.client(socket_timeout=2).info('server')['run_id'])
+            self.initial.add(n.client(socket_timeout=10).info('server')['run_id'])
         self.claimed = {}         # run_id -> port: restarted, seen as master first
         self.checked_off = set()  # run_ids seen as replica
         self.commands = {}        # run_id -> {command: calls} while a stale master
@@ -658,7 +658,7 @@ class ClusterRollingRestartTest(ClusterChecks, unittest.TestCase):
 
     def test_1_dry_run_changes_nothing(self):
         self.cluster.wait_consistent()
-        before = {n.port: n.client(socket_timeout=2).info('server')['run_id']
+        before = {n.port: n.client(socket_timeout=10).info('server')['run_id']
                   for n in self.cluster.nodes}
         masters = self.cluster.masters()
         rc, out, _ = self.script('--dry-run', timeout=60)
@@ -685,7 +685,7 @@ class ClusterRollingRestartTest(ClusterChecks, unittest.TestCase):
                       % self.ferry.stats_port, out)
         self.assertIn('redis-server %s/redis-' % run, out)
         self.assertEqual(self.cluster.masters(), masters)
-        after = {n.port: n.client(socket_timeout=2).info('server')['run_id']
+        after = {n.port: n.client(socket_timeout=10).info('server')['run_id']
                  for n in self.cluster.nodes}
         self.assertEqual(before, after)
 

@@ -75,7 +75,7 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
         """Scenario 5: ferry set appendonly yes / appendfsync always on the new
         master (it was started with appendfsync everysec)."""
         with self.subTest(check='durability enforced on the new master (scenario 5)'):
-            c = node.client(socket_timeout=2)
+            c = node.client(socket_timeout=10)
             seen = {}
 
             def enforced():
@@ -185,8 +185,8 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
             self.check_accounting(res, topo, ferry)
             with self.subTest(check='the demoted old master holds the same list'):
                 master = topo.redis_by_port(new_port)
-                mc = master.client(socket_timeout=2)
-                oc = old.client(socket_timeout=2)
+                mc = master.client(socket_timeout=10)
+                oc = old.client(socket_timeout=10)
 
                 def same():
                     return (oc.info('replication').get('master_link_status') == 'up'
@@ -377,7 +377,7 @@ class FailoverTest(AccountingChecks, unittest.TestCase):
                     print('[hold run %d/%d] service back %.1fs after the sentinels restarted'
                           % (k + 1, RUNS, now() - t_back), flush=True)
             with self.subTest(check='pushes acked before the kill survived it (AOF)'):
-                items = old.client(socket_timeout=2).lrange(KEY, 0, -1)
+                items = old.client(socket_timeout=10).lrange(KEY, 0, -1)
                 missing = [i for i in before if i not in items]
                 self.assertEqual(missing, [], 'acked before the kill, gone after the restart')
             return None

@@ -744,7 +744,7 @@ class FailoverPathsTest(AccountingChecks, unittest.TestCase):
         self.assertEqual(topo.failover(0), 'OK')
         new_port = topo.wait_failover(old.port, timeout=30)
         t_rec = now()
-        self.assertEqual(old.client(socket_timeout=2).execute_command(
+        self.assertEqual(old.client(socket_timeout=10).execute_command(
             'REPLICAOF', '127.0.0.1', new_port), 'OK')
         t_demoted = now()
         wait_until(lambda: blocked_clients(old) == 0, timeout=STEP_TIMEOUT,

@@ -139,7 +139,7 @@ class StaleMasterWatch:
         self.commands = {}         # run_id -> {command: calls} while a stale master
         self.samples = 0
         for r in topo.redis:
-            self.initial[r.port] = r.client(socket_timeout=2).info('server')['run_id']
+            self.initial[r.port] = r.client(socket_timeout=10).info('server')['run_id']
         self.stop_ev = threading.Event()
         self.thread = threading.Thread(target=self._run, name='stale-watch', daemon=True)
         self.thread.start()
@@ -195,7 +195,7 @@ def snapshot(topo):
     sentinels' views."""
     nodes = {}
     for r in topo.redis:
-        i = r.client(socket_timeout=2).info()
+        i = r.client(socket_timeout=10).info()
         nodes[r.port] = (i['run_id'], i['role'], i.get('master_port'))
     return nodes, topo.sentinel_views()
 
@@ -250,7 +250,7 @@ class RollingUnderLoadTest(AccountingChecks, unittest.TestCase):
             ports = [int(re.search(r':(\d+)$', s[0]).group(1)) for s in steps]
             self.assertEqual(ports[-1], old_master.port, 'the master goes last:\n' + out)
             for r in topo.redis:
-                rid = r.client(socket_timeout=2).info('server')['run_id']
+                rid = r.client(socket_timeout=10).info('server')['run_id']
                 self.assertNotEqual(rid, watch.initial[r.port], 'node %d not restarted' % r.port)
         with self.subTest(check='the master moved and the topology is whole'):
             port = topo.wait_stable(timeout=30)
@@ -327,7 +327,7 @@ class RollingChecksTest(unittest.TestCase):
         replica = [r for r in self.topo.redis if r.port != self.topo.master_port()][0]
         self.addCleanup(self.bring_back, replica)
         replica.stop()
-        before = {r.port: r.client(socket_timeout=2).info('server')['run_id']
+        before = {r.port: r.client(socket_timeout=10).info('server')['run_id']
                   for r in self.topo.redis if r.running()}
         rc, out, took = run_script(*self.args('--restart-cmd', self.restarter.command))
         print(out, flush=True)
