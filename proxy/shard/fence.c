@@ -552,8 +552,9 @@ static int info_field(const char *info, const char *field, char *out, size_t out
 /* The lowest offset of the replicas INFO replication lists
  * ("slaveN:ip=..,port=..,state=online,offset=N,lag.."), -1 if none, or if
  * one of them is not online: a replica waiting for or loading a full resync
- * still holds its old data set, and Sentinel may promote it as it is. */
-static long long replicas_min_of(const char *info, int *listed)
+ * still holds its old data set, and Sentinel may promote it as it is.
+ * Each online one's offset is told to redo (redo_replica_at). */
+static long long replicas_min_of(upstream *up, const char *info, int *listed)
 {
     long long min = -1;
     int behind = 0;
@@ -570,6 +571,17 @@ static long long replicas_min_of(const char *info, int *listed)
                 long long o = strtoll(off + 7, &end, 10);
                 if (end != off + 7 && o >= 0 && (min < 0 || o < min)) {
                     min = o;
+                }
+                const char *ip = strstr(p, "ip="), *port = strstr(p, "port=");
+                if (end != off + 7 && o >= 0 && ip != NULL && port != NULL &&
+                    (size_t)(ip - p) < n && (size_t)(port - p) < n) {
+                    char addr[80];
+                    int iplen = (int)strcspn(ip + 3, ",\r\n");
+                    long pn = strtol(port + 5, NULL, 10);
+                    const char *fmt =
+                        memchr(ip + 3, ':', (size_t)iplen) ? "[%.*s]:%ld" : "%.*s:%ld";
+                    snprintf(addr, sizeof(addr), fmt, iplen, ip + 3, pn);
+                    redo_replica_at(up, addr, o);
                 }
             } else {
                 behind = 1;
@@ -595,7 +607,7 @@ static void replid_done(link *l, request *r, const char *reply, size_t len)
     long long replicas_min = -1;
     int listed = -1;
     if (rr != NULL && rr->type == REDIS_REPLY_STRING) {
-        replicas_min = replicas_min_of(rr->str, &listed);
+        replicas_min = replicas_min_of(up, rr->str, &listed);
         info_field(rr->str, "role", role, sizeof(role));
         info_field(rr->str, "master_replid", id, sizeof(id));
         info_field(rr->str, "repl_backlog_active", backlog, sizeof(backlog));

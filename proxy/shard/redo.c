@@ -56,13 +56,18 @@ typedef struct redo {
     int listed;                 /* replicas the master listed at the last INFO ... */
     uint64_t listed_epoch;      /* ... of this epoch (0: none read) */
     struct {
-        uint64_t epoch;                     /* a master view's epoch (0: free) ... */
-        char replid[BRACKET_REPLID_LEN + 1];  /* ... its master's replication id ... */
-        char parent[BRACKET_REPLID_LEN + 1];  /* ... the history it forked from ("" none) */
-        long long second;                   /* ... where: it holds the parent's up to
-                                               second - 1 ... */
+        uint64_t epoch;                           /* a master view's epoch (0: free) ... */
+        char replid[BRACKET_REPLID_LEN + 1];      /* ... its master's replication id ... */
+        char parent[BRACKET_REPLID_LEN + 1];      /* ... the history it forked from ("" none) */
+        long long second;                         /* ... where: it holds the parent's up to
+                                                     second - 1 ... */
         char addr[sizeof(((upstream *)0)->name)]; /* ... and its address */
-    } forks[4];                             /* the last masters read, by epoch */
+    } forks[4];                                   /* the last masters read, by epoch */
+    struct {
+        char addr[80];    /* a replica of the master of epoch ... */
+        uint64_t epoch;   /* ... (0: free) ... */
+        long long offset; /* ... last listed online at this offset */
+    } seen[8];
 } redo;
 
 #define ENTRY_COST(e) (sizeof(redo_entry) + (e)->len + (e)->after)
@@ -391,6 +396,23 @@ void redo_replicas(upstream *up, long long min_offset, int listed)
     }
 }
 
+void redo_replica_at(upstream *up, const char *addr, long long offset)
+{
+    redo *rd = ctx(up);
+    size_t n = sizeof(rd->seen) / sizeof(rd->seen[0]), k = n, oldest = 0;
+    for (size_t i = 0; i < n && k == n; i++) {
+        if (strcmp(rd->seen[i].addr, addr) == 0) {
+            k = i;
+        } else if (rd->seen[i].epoch < rd->seen[oldest].epoch) {
+            oldest = i;
+        }
+    }
+    k = k < n ? k : oldest;
+    snprintf(rd->seen[k].addr, sizeof(rd->seen[k].addr), "%s", addr);
+    rd->seen[k].epoch = up->epoch;
+    rd->seen[k].offset = offset;
+}
+
 /* ------------------------------------------------------- after a failover */
 
 /* Note what the master of up's heir epoch forked from (its replid2 and
@@ -426,6 +448,20 @@ static int fork_of(const redo *rd, const char *id)
         }
     }
     return -1;
+}
+
+/* Another node than e's master, of no shared history, is up's new master:
+ * it holds e if e lies before the offset it was last listed online at as a
+ * replica there (its AOF has it); past that it may (it went on receiving
+ * until it died, up to a ping interval later): ambiguous. */
+static int seen_verdict(const redo *rd, const upstream *up, const redo_entry *e)
+{
+    for (size_t i = 0; i < sizeof(rd->seen) / sizeof(rd->seen[0]); i++) {
+        if (rd->seen[i].epoch == e->epoch && strcmp(rd->seen[i].addr, up->name) == 0) {
+            return e->hi <= rd->seen[i].offset ? BRACKET_APPLIED : BRACKET_AMBIGUOUS;
+        }
+    }
+    return BRACKET_AMBIGUOUS;
 }
 
 /* Where the new master (its own id heir_replid, its replid2 and second in
@@ -480,9 +516,17 @@ void redo_decide(upstream *up, const char *heir_replid,
         int v = place(rd, e, heir_replid, &h, replid_of(up, e->epoch));
         if (v < 0 && other_node(rd, up, e->epoch)) {
             /* Another node, restarted from its own AOF (promoted before it
-             * resynced) or of a history ferry did not learn: it may lack
-             * it. At least once: a duplicate rather than a loss. */
-            v = BRACKET_AMBIGUOUS;
+             * resynced) or of a history ferry did not learn: it holds what
+             * it last had as a replica (its AOF), it may lack the rest. At
+             * least once: a duplicate rather than a loss. */
+            v = seen_verdict(rd, up, e);
+            if (v == BRACKET_APPLIED) {
+                /* It has it; its offsets are not the old stream's. */
+                applied += !e->mark;
+                entry_drop(up, prev, e);
+                e = next;
+                continue;
+            }
         }
         if (v < 0) {
             /* No history shared with the master that acknowledged it: a

@@ -36,6 +36,11 @@ void redo_keep(link *l, const request *r, const char *reply, size_t len, long lo
  * as many as Sentinel lists. */
 void redo_replicas(struct upstream *up, long long min_offset, int listed);
 
+/* INFO replication of up's current master lists replica addr ("ip:port")
+ * online at offset: a node promoted later with no shared history (started
+ * again from its AOF) holds that master's stream at least up to there. */
+void redo_replica_at(struct upstream *up, const char *addr, long long offset);
+
 /* The new master's heir info is in up (heir_replid2, heir_second,
  * heir_epoch), heir_replid is its own replication id: decide every entry of
  * an older master: on it (kept for its replicas), not on it or the boundary

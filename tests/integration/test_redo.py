@@ -234,7 +234,8 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
         """R2 killed, pushes acknowledged by R1, M and R1 killed, R2 started
         again from its own AOF and promoted before it could resync: it
         shares no replication history with M (a new replication id), and it
-        is not M restarted. ferry sends the pushes again (at least once)."""
+        is not M restarted. ferry sends again what came after the offset M
+        last listed R2 at."""
         topo = SentinelTopology(down_after_ms=2000)
         self.addCleanup(topo.stop)
         master = topo.master()
@@ -268,6 +269,8 @@ class RedoReplicaNotOnlineTest(unittest.TestCase):
         wait_list(self, f, 'q', ['before'] + pushes)
         wait_until(lambda: durability(f)['redo_replayed'] == len(pushes), timeout=15,
                    msg='every kept push sent again answered')
+        # Past the offset the old master last listed R2 at: sent again,
+        # counted as possibly there already ('before', before it, was not).
         self.assertEqual(durability(f)['redo_ambiguous'], len(pushes))
 
     def test_two_failovers_the_second_to_the_replica_that_lacked_them(self):
