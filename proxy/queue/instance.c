@@ -80,6 +80,7 @@ static struct {
     int adopted;               /* started by a takeover of this instance */
     uint64_t ttl_ms;
     uint64_t next_beat, next_sweep;
+    uint64_t next_step; /* a settle step refused (a master without its replicas): not before */
     uint64_t conflict_since; /* another token first seen in the heartbeat; 0 none */
     int beating;             /* a beat in flight */
     int held;                /* the heartbeat is this process's */
@@ -302,6 +303,10 @@ static void on_settle(ferry *f, const char *p, const char *end)
         log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s", inst.name,
                  inst.settling, (int)(end - p > 200 ? 200 : end - p), p);
         inst.settling[0] = '\0';
+        /* Tried again a heartbeat later, not at the next tick: a master
+         * refusing writes (-NOREPLICAS until its replica is back) was sent
+         * the settle script 20 times a second. */
+        inst.next_step = uv_now(f->loop) + inst.ttl_ms / 4;
         return;
     }
     long long deleted = resp_read_header(&p, end, ':');
@@ -411,7 +416,7 @@ void instance_tick(ferry *f, uint64_t now)
         inst.next_beat = now + inst.ttl_ms / 4;
         beat(f, l);
     }
-    if (!inst.held || inst.busy) {
+    if (!inst.held || inst.busy || now < inst.next_step) {
         return;
     }
     if (!inst.own_done && !inst.adopted) {

@@ -283,6 +283,11 @@ class SentinelFailoverNoReplicasTest(unittest.TestCase):
         t.join(timeout=35)
         refused = errorstat(new, 'NOREPLICAS')
         since_kill = time.monotonic() - t_kill
+        stats = new.client(socket_timeout=5).info('commandstats')
+        rejected = {k[len('cmdstat_'):]: v.get('rejected_calls', 0) for k, v in stats.items()
+                    if v.get('rejected_calls', 0)}
+        print('\n[failover] rejected calls per command on the new master: %r' % rejected,
+              flush=True)
         print('\n[failover] new master refused %d calls with NOREPLICAS in %.1f s held '
               '(%.1f s since the kill); %d writes acked' % (refused, held, since_kill, len(acked)),
               flush=True)
