@@ -306,7 +306,9 @@ static void on_settle(ferry *f, const char *p, const char *end)
         /* Tried again a heartbeat later, not at the next tick: a master
          * refusing writes (-NOREPLICAS until its replica is back) was sent
          * the settle script 20 times a second. */
-        inst.next_step = uv_now(f->loop) + inst.ttl_ms / 4;
+        if (end > p && *p == '-') {
+            inst.next_step = uv_now(f->loop) + inst.ttl_ms / 4;
+        }
         return;
     }
     long long deleted = resp_read_header(&p, end, ':');
@@ -416,10 +418,13 @@ void instance_tick(ferry *f, uint64_t now)
         inst.next_beat = now + inst.ttl_ms / 4;
         beat(f, l);
     }
-    if (!inst.held || inst.busy || now < inst.next_step) {
+    if (!inst.held || inst.busy) {
         return;
     }
     if (!inst.own_done && !inst.adopted) {
+        if (now < inst.next_step) {
+            return;
+        }
         settle_start(f, inst.name, 1);
     } else if (inst.peer_at < buf_used(&inst.peers)) {
         claim(f, l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
