@@ -42,15 +42,15 @@ typedef enum cluster_why {
 
 /* What the source has done, for stats. */
 typedef struct cluster_counts {
-    uint64_t rounds;      /* refresh rounds started */
-    uint64_t answers;     /* trusted answers merged */
-    uint64_t rejected;    /* answers refused: nonsense, or from a node flagged failed */
-    uint64_t unreachable; /* nodes that did not answer in time or refused the connection */
-    uint64_t changes;     /* times the map changed */
-    uint64_t slots_moved; /* slots that changed owner, in total */
+    uint64_t rounds;              /* refresh rounds started */
+    uint64_t answers;             /* trusted answers merged */
+    uint64_t rejected;            /* answers refused: nonsense, or from a node flagged failed */
+    uint64_t unreachable;         /* nodes that did not answer in time or refused the connection */
+    uint64_t changes;             /* times the map changed */
+    uint64_t slots_moved;         /* slots that changed owner, in total */
     uint64_t asked[CLUSTER_NWHY]; /* refreshes asked for, per reason */
-    uint64_t deferred;    /* of them, left to a round under way or to the back-off */
-    char last_error[400]; /* why the last answer was refused, "" if none */
+    uint64_t deferred;            /* of them, left to a round under way or to the back-off */
+    char last_error[400];         /* why the last answer was refused, "" if none */
 } cluster_counts;
 
 /* Start following the cluster of cfg->cluster_nodes (credentials from

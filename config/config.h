@@ -204,31 +204,31 @@ typedef struct config {
     size_t queue_depths_max_keys;       /* queue_depths.max_keys (1000): keys whose
                                            length ferry keeps and shows */
 
-    uint64_t shutdown_timeout_ms; /* shutdown_timeout_ms (5000) */
+    uint64_t shutdown_timeout_ms;       /* shutdown_timeout_ms (5000) */
     char *instance_name;                /* instance.name, NULL = derived (instance.c) */
     uint64_t instance_heartbeat_ttl_ms; /* instance.heartbeat_ttl_ms (5000) */
-    char *takeover_socket;        /* takeover.socket: unix socket a new ferry
-                                     takes this one over through, NULL = off */
+    char *takeover_socket;              /* takeover.socket: unix socket a new ferry
+                                           takes this one over through, NULL = off */
 
     /* durability: checks on the master's persistence and replication */
-    int require_aof;                  /* durability.require_aof (0): refuse
-                                         writes unless appendonly is yes */
-    int replicas_ack;                 /* durability.replicas_ack (-1 = auto, 0 = off, 0..16):
-                                         replicas that must ack writes (WAIT) */
-    uint64_t replicas_ack_timeout_ms; /* durability.replicas_ack_timeout_ms (1000) */
-    uint64_t replicas_ack_hold_ms;    /* durability.replicas_ack_hold_ms (30000) */
+    int require_aof;                    /* durability.require_aof (0): refuse
+                                           writes unless appendonly is yes */
+    int replicas_ack;                   /* durability.replicas_ack (-1 = auto, 0 = off, 0..16):
+                                           replicas that must ack writes (WAIT) */
+    uint64_t replicas_ack_timeout_ms;   /* durability.replicas_ack_timeout_ms (1000) */
+    uint64_t replicas_ack_hold_ms;      /* durability.replicas_ack_hold_ms (30000) */
     uint64_t replicas_ack_data_hold_ms; /* durability.replicas_ack_data_hold_ms (500) */
-    int offset_brackets;              /* durability.offset_brackets (1): ROLE beside WAIT */
-    int pop_receipts;                 /* durability.pop_receipts (1): pops leave a receipt */
-    int push_receipts;                /* durability.push_receipts (1): pushes leave a receipt */
-    size_t redo_max_bytes;            /* durability.redo_max_bytes (64mb) */
-    uint64_t enforce_interval_ms;     /* durability.enforce_interval_ms (5000):
-                                         how often the checks are re-run */
-    char *config_command;             /* durability.config_command ("CONFIG"):
-                                         the master's name for CONFIG, if renamed */
-    int persist_config;               /* durability.persist_config (0): also run
-                                         CONFIG REWRITE so a restarted node
-                                         comes back durable */
+    int offset_brackets;                /* durability.offset_brackets (1): ROLE beside WAIT */
+    int pop_receipts;                   /* durability.pop_receipts (1): pops leave a receipt */
+    int push_receipts;                  /* durability.push_receipts (1): pushes leave a receipt */
+    size_t redo_max_bytes;              /* durability.redo_max_bytes (64mb) */
+    uint64_t enforce_interval_ms;       /* durability.enforce_interval_ms (5000):
+                                           how often the checks are re-run */
+    char *config_command;               /* durability.config_command ("CONFIG"):
+                                           the master's name for CONFIG, if renamed */
+    int persist_config;                 /* durability.persist_config (0): also run
+                                           CONFIG REWRITE so a restarted node
+                                           comes back durable */
 } config;
 
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the

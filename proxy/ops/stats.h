@@ -512,7 +512,7 @@ typedef enum stat_type {
     X("cluster.refresh_deferred", COUNTER, "ferry_cluster_refresh_deferred_total",                 \
       "of the refreshes asked, those left to a round under way or to the back-off (cluster mode)") \
     X("cluster.meta_changes", COUNTER, "ferry_cluster_map_changes_meta_total",                     \
-      "map changes that kept every slot's master (replicas, health, epochs): not sent to the "      \
+      "map changes that kept every slot's master (replicas, health, epochs): not sent to the "     \
       "loops (cluster mode)")
 
 #define STATS_TEXT_MAX 320 /* bytes kept of a TEXT stat, NUL included */

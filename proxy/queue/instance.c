@@ -80,7 +80,7 @@ static struct {
     int adopted;               /* started by a takeover of this instance */
     uint64_t ttl_ms;
     uint64_t next_beat, next_sweep;
-    uint64_t next_step; /* a settle step refused (a master without its replicas): not before */
+    uint64_t next_step;      /* a settle step refused (a master without its replicas): not before */
     uint64_t conflict_since; /* another token first seen in the heartbeat; 0 none */
     int beating;             /* a beat in flight */
     int held;                /* the heartbeat is this process's */

@@ -350,7 +350,7 @@ void session_close(session *s, const char *reason)
         s->reading = 0;
     }
     backlog_release(s);
-    lease_client_gone(s); /* before its requests go: the link is still the same */
+    lease_client_gone(s);    /* before its requests go: the link is still the same */
     receipts_client_gone(s); /* its pops undone, for the same reason */
     if (list_linked(&s->dirty_node)) {
         list_del(&s->dirty_node);

@@ -85,11 +85,11 @@ typedef struct session_extra {
                                  SSUBSCRIBE's), -1: any master */
     uint8_t ps_homed;         /* its first pub/sub command set ps_slot */
     /* Its requests held for lack of a master (backlog.c). */
-    list_node wait_node;       /* in f->waiting while held requests lack a link */
-    list_node held;            /* its requests held for lack of a master, via r->hq */
-    uint64_t held_upto;        /* holding: 1 + seq of the newest request looked at;
-                                  0 = not holding */
-    size_t held_bytes;         /* request bytes held without a link */
+    list_node wait_node; /* in f->waiting while held requests lack a link */
+    list_node held;      /* its requests held for lack of a master, via r->hq */
+    uint64_t held_upto;  /* holding: 1 + seq of the newest request looked at;
+                            0 = not holding */
+    size_t held_bytes;   /* request bytes held without a link */
     /* Its transaction (tx.c, receipts.c): set once it sends MULTI or WATCH. */
     buf tx_log;            /* the commands Redis answered +QUEUED in the open MULTI */
     buf tx_cmds;           /* its commands as sent, while they may go as that script */
@@ -124,9 +124,9 @@ typedef struct session_addr {
 #define SESSION_ADDR_UNIX 3 /* a unix socket: written "unix" */
 
 typedef struct session {
-    ferry *f;          /* context */
-    uint64_t id;       /* for logs and CLIENT-like output */
-    session_addr peer; /* client address, for logs (session_peer) */
+    ferry *f;            /* context */
+    uint64_t id;         /* for logs and CLIENT-like output */
+    session_addr peer;   /* client address, for logs (session_peer) */
     session_state state; /* see session_state; changed only by session_set_state (here: it
                             fills the room session_addr leaves before the handle) */
     union {
@@ -134,44 +134,44 @@ typedef struct session {
         uv_stream_t s;
         uv_tcp_t tcp;
         uv_pipe_t pipe;
-    } io;                      /* the client connection */
-    list_node node;            /* in f->sessions */
-    list_node dirty_node;      /* in f->dirty while it has output to write */
-    session_extra *extra;      /* what only some clients need; NULL: none yet (see above) */
-    outq out;                  /* replies to the client (no storage when empty) */
-    list_node requests;        /* every unanswered or unflushed request, in order */
-    list_node *cursor;         /* first request dispatch has not handled yet */
-    size_t nrequests;          /* entries in requests */
-    size_t pending_bytes;      /* request bytes not yet answered (backpressure) */
-    size_t req_mem;            /* bytes charged for its requests and stored replies, as allocated */
-    size_t buf_mem;            /* bytes allocated for its input and output buffers (last counted) */
-    struct link *dlink;        /* dedicated link lent to this session (upstream_lend) */
-    struct link *flight_link;  /* the one link its in-flight requests are on */
-    size_t inflight;           /* requests sent and not answered */
-    sub_sets *subs;            /* what it subscribed to; NULL until its first SUBSCRIBE */
-    struct ident *ident;       /* client.auth redis: the Redis user it runs as (acl.c), on
-                                  the master view that checked its AUTH */
-    uint64_t last_active_ms;   /* last read from the client, or last found busy (idle clock) */
-    uint64_t opened_ms;        /* uv_now() when it connected (CLIENT LIST age=) */
-    const command *last_cmd;   /* the last command parsed from it (CLIENT LIST cmd=) */
-    list_node idle_node;       /* in f->idle, ordered by last_active_ms */
-    uint64_t next_seq;         /* sequence for the next request */
-    tx_state tx;               /* see tx_state */
-    tunnel_state tunnel;       /* see tunnel_state */
-    int db;                    /* database selected (non-zero pins a link) */
+    } io;                     /* the client connection */
+    list_node node;           /* in f->sessions */
+    list_node dirty_node;     /* in f->dirty while it has output to write */
+    session_extra *extra;     /* what only some clients need; NULL: none yet (see above) */
+    outq out;                 /* replies to the client (no storage when empty) */
+    list_node requests;       /* every unanswered or unflushed request, in order */
+    list_node *cursor;        /* first request dispatch has not handled yet */
+    size_t nrequests;         /* entries in requests */
+    size_t pending_bytes;     /* request bytes not yet answered (backpressure) */
+    size_t req_mem;           /* bytes charged for its requests and stored replies, as allocated */
+    size_t buf_mem;           /* bytes allocated for its input and output buffers (last counted) */
+    struct link *dlink;       /* dedicated link lent to this session (upstream_lend) */
+    struct link *flight_link; /* the one link its in-flight requests are on */
+    size_t inflight;          /* requests sent and not answered */
+    sub_sets *subs;           /* what it subscribed to; NULL until its first SUBSCRIBE */
+    struct ident *ident;      /* client.auth redis: the Redis user it runs as (acl.c), on
+                                 the master view that checked its AUTH */
+    uint64_t last_active_ms;  /* last read from the client, or last found busy (idle clock) */
+    uint64_t opened_ms;       /* uv_now() when it connected (CLIENT LIST age=) */
+    const command *last_cmd;  /* the last command parsed from it (CLIENT LIST cmd=) */
+    list_node idle_node;      /* in f->idle, ordered by last_active_ms */
+    uint64_t next_seq;        /* sequence for the next request */
+    tx_state tx;              /* see tx_state */
+    tunnel_state tunnel;      /* see tunnel_state */
+    int db;                   /* database selected (non-zero pins a link) */
     /* Flags and small counts, a byte each (10 000 idle clients keep them all). */
-    uint8_t tx_deferred;       /* cluster mode: its MULTI, answered by ferry, is sent with
-                                  the first command on the link of that command's shard */
-    uint8_t sticky;            /* CLIENT SETNAME/TRACKING...: pinned for life */
-    uint8_t authed;            /* AUTH accepted (or no password configured) */
-    uint8_t checking;          /* its AUTH is being checked by Redis: nothing after it goes out */
-    uint8_t reading;           /* uv_read_start active */
-    uint8_t fresh;             /* accepted on a plain listener, nothing read yet: its first
-                                  bytes are checked for a TLS ClientHello */
-    uint8_t proto;             /* RESP version the client speaks: 2, or 3 after HELLO 3 */
-    uint8_t tracking;          /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
-    uint8_t guard_alone;       /* a push to an on_full: block queue is in flight: nothing else
-                                  is sent until it is answered (guards.c) */
+    uint8_t tx_deferred; /* cluster mode: its MULTI, answered by ferry, is sent with
+                            the first command on the link of that command's shard */
+    uint8_t sticky;      /* CLIENT SETNAME/TRACKING...: pinned for life */
+    uint8_t authed;      /* AUTH accepted (or no password configured) */
+    uint8_t checking;    /* its AUTH is being checked by Redis: nothing after it goes out */
+    uint8_t reading;     /* uv_read_start active */
+    uint8_t fresh;       /* accepted on a plain listener, nothing read yet: its first
+                            bytes are checked for a TLS ClientHello */
+    uint8_t proto;       /* RESP version the client speaks: 2, or 3 after HELLO 3 */
+    uint8_t tracking;    /* CLIENT TRACKING is on (router.c): flushed when its link is lost */
+    uint8_t guard_alone; /* a push to an on_full: block queue is in flight: nothing else
+                            is sent until it is answered (guards.c) */
 } session;
 
 /* s's client address as text ("10.0.0.1:5000", "::1:5000", "unix"), for logs and

@@ -154,8 +154,8 @@ typedef struct clustermap_totals {
      * them those left to a round under way or to the back-off. */
     uint64_t refresh_master_lost, refresh_moved, refresh_clusterdown, refresh_channel;
     uint64_t refresh_replay, refresh_unreachable, refresh_deferred;
-    uint64_t meta_changes;   /* map changes that kept every slot's master (not sent to loops) */
-    const char *last_error;  /* why the last answer was refused, "" if none */
+    uint64_t meta_changes;  /* map changes that kept every slot's master (not sent to loops) */
+    const char *last_error; /* why the last answer was refused, "" if none */
 } clustermap_totals;
 void clustermap_get_totals(const clustermap *cm, clustermap_totals *t);
 /* "mode":"cluster","routing":true,"cluster":{...} for the stats JSON. */

@@ -942,8 +942,8 @@ int fence_hold(link *l, request *r, const char *p, size_t n)
 static int data_taken(const request *r, const char *p, size_t n)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
-    int script = strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0 ||
-                 strcmp(name, "fcall") == 0;
+    int script =
+        strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0 || strcmp(name, "fcall") == 0;
     return (command_takes_out(r->cmd) || script) && reply_carries_data(r, p, n);
 }
 

@@ -92,7 +92,7 @@ static void test_small_write_done_at_once(void **state)
     assert_int_equal(outq_flush(&p.q, (uv_stream_t *)&p.pipe, write_cb), OUTQ_WRITTEN);
     assert_int_equal(outq_writing(&p.q), 0);
     assert_null(p.q.fill.data); /* nothing queued: no storage kept */
-    assert_null(p.q.w); /* nor a write request and its buffer */
+    assert_null(p.q.w);         /* nor a write request and its buffer */
     assert_int_equal(outq_len(&p.q), 0);
     assert_int_equal(outq_sent(&p.q, (uv_stream_t *)&p.pipe), 7);
     assert_int_equal(outq_end(&p.q), 7);
