@@ -1008,6 +1008,12 @@ int upstream_down(const upstream *up)
            uv_now(up->f->loop) - up->down_since_ms >= up->f->cfg->fallback_after_ms;
 }
 
+void upstream_retry_now(upstream *up)
+{
+    up->backoff_ms = BACKOFF_MIN_MS;
+    up->next_connect_ms = 0;
+}
+
 void upstream_give_up(upstream *up, const char *why)
 {
     if (up->state == UP_SWITCHING) {

@@ -206,6 +206,8 @@ void upstream_tick(upstream *up, uint64_t now);
 /* Stop sending to the current master (a failover sign): held requests wait
  * for the next master; links in flight are fenced with WAIT or closed. */
 void upstream_switch(upstream *up, const char *reason);
+/* Connect at the next tick, back-off reset: another loop reached the master. */
+void upstream_retry_now(upstream *up);
 /* SWITCHING -> DOWN before fallback.after_ms (the hold buffer is full). */
 void upstream_give_up(upstream *up, const char *why);
 /* Sentinel named this master (ip is numeric). Connects and verifies it. */

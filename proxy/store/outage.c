@@ -926,13 +926,18 @@ static int dispatch_move(session *s, request *r, const resp_request *req, int bl
     return 1;
 }
 
+int outage_owner_up(const struct outage *o)
+{
+    return o->remote && atomic_load(&o->sh->owner_up);
+}
+
 int outage_dispatch(session *s, request *r)
 {
     ferry *f = s->f;
     resp_request req;
     int rc = 0;
-    if (f->outage == NULL || r->cmd == NULL || s->db != 0) {
-        return 0;
+    if (f->outage == NULL || r->cmd == NULL || s->db != 0 || outage_owner_up(f->outage)) {
+        return 0; /* (a worker's master view lags the main loop's: held for Redis) */
     }
     const char *name = r->cmd->name;
     int push = strcmp(name, "lpush") == 0   ? FB_LPUSH
@@ -985,7 +990,7 @@ int outage_waits(ferry *f, const request *r)
 {
     struct outage *o = f->outage;
     upstream *up = outage_view(f, r);
-    return o != NULL && up != NULL && up->state == UP_DOWN &&
+    return o != NULL && up != NULL && up->state == UP_DOWN && !outage_owner_up(o) &&
            uv_now(f->loop) - up->down_since_ms >= f->cfg->fallback_after_ms &&
            (r->flags & REQ_F_BLOCKING) && f->cfg->fallback_serve_pops && r->cmd != NULL &&
            (strcmp(r->cmd->name, "blpop") == 0 || strcmp(r->cmd->name, "brpop") == 0 ||

@@ -64,6 +64,9 @@ typedef struct outage_shared {
     fallback *fb;              /* the main loop's store; NULL once it closes */
     atomic_size_t pending_ops; /* client operations submitted, not answered yet */
     atomic_int refs;           /* the main loop's outage and each worker's */
+    atomic_int owner_up;       /* the main loop's master view is UP (not cluster
+                                  mode): a worker whose own view is still DOWN
+                                  holds its writes for Redis, not the store */
 } outage_shared;
 
 struct outage {
@@ -100,7 +103,14 @@ struct outage {
     uint64_t replay_errors;      /* refusals and failed rounds */
     uint64_t store_errors;       /* client writes the store could not take */
     int announced;               /* the replay was logged (reset once the store is empty) */
+    int owner_seen;              /* remote: sh->owner_up at the last tick */
 };
+
+/* A worker's view while the main loop has a master (its own view may
+ * still be DOWN, waiting for its reconnect back-off): the store serves
+ * nothing there, or a write would wait in the store behind a master that
+ * is back (outage.c). */
+int outage_owner_up(const struct outage *o);
 
 /* outage.c: blocked pops on every loop may be served now. */
 void outage_wake_loops(ferry *f);

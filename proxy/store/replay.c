@@ -671,9 +671,23 @@ static void replay_next(struct outage *o)
 void outage_tick(ferry *f, uint64_t now)
 {
     struct outage *o = f->outage;
-    if (o == NULL || o->remote) {
-        return; /* the main loop replays */
+    if (o == NULL) {
+        return;
     }
+    if (o->remote) {
+        /* The main loop replays. Its master is back: this loop's view,
+         * DOWN still, connects now rather than at the end of its back-off
+         * (its clients' writes wait for it meanwhile, outage_dispatch). */
+        int owner = atomic_load(&o->sh->owner_up);
+        if (owner && !o->owner_seen && f->up != NULL && f->up->state == UP_DOWN) {
+            upstream_retry_now(f->up);
+        }
+        o->owner_seen = owner;
+        return;
+    }
+    /* Before replay_next: a worker's writes stop going to the store before
+     * the first replayed row reaches Redis. */
+    atomic_store(&o->sh->owner_up, f->cluster == NULL && f->up != NULL && f->up->state == UP_UP);
     if (o->rstate == REPLAY_APPLYING &&
         ((o->round_up != NULL && o->round_up->epoch != o->round_epoch) ||
          now - o->round_started >= REPLAY_ROUND_TIMEOUT_MS)) {
