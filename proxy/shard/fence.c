@@ -1004,6 +1004,22 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
     if (l->state == LINK_FENCING && !fence) {
         return; /* on an old master only the fence decides (its WAIT comes later) */
     }
+    if (!fence && link_reply_not_master(reply, len)) {
+        /* The master stepped down under the WAIT (a CLUSTER FAILOVER, a
+         * planned Sentinel failover: "-UNBLOCKED ... instance state
+         * changed"): a switch, not a refusal. The replies it holds are
+         * decided as any the switch finds in flight (the fence, then the
+         * next master's verdict), never passed on as -NOREPLICAS. */
+        char why[200];
+        link_error_text(reply, len, why, sizeof(why));
+        log_info("link %llu: WAIT answered '%s': the master stepped down",
+                 (unsigned long long)l->id, why);
+        upstream_on_not_master(l, why);
+        if (l->state == LINK_READY && !list_empty(&l->held)) {
+            fence_start(l); /* the view had switched already: fence it still */
+        }
+        return;
+    }
     redisReply *rr = link_parse_reply(reply, len);
     if (rr != NULL && rr->type == REDIS_REPLY_INTEGER) {
         acked = rr->integer;
@@ -1045,12 +1061,24 @@ static void wait_done(link *l, request *w, const char *reply, size_t len)
         log_warn("link %llu: WAIT %lld: only %lld replica(s) confirmed within %llu ms",
                  (unsigned long long)l->id, need, acked, (unsigned long long)waited);
     }
+    /* A pop the fence saw on fewer replicas than Sentinel lists: the one
+     * promoted may lack it (a planned failover picks any of them, and the
+     * old master took writes until then), and the item would be popped
+     * there again. The next master's verdict decides, where it can. */
+    long long every = up->replicas_known > need ? up->replicas_known : need;
     while (!list_empty(&l->held)) {
         request *r = list_entry(list_first(&l->held), request, lq);
         list_del(&r->lq);
         r->link = NULL;
         if (r->s == NULL) {
             request_free(l->f, r);
+            continue;
+        }
+        if (fence && acked >= need && acked < every && (r->flags & REQ_F_WRITE) &&
+            command_takes_out(r->cmd) &&
+            reply_carries_data(r, buf_head(&r->reply), buf_used(&r->reply)) && verdict_keep(l, r)) {
+            l->f->shard_ops->on_lost(r->s, r,
+                                     "pop confirmed by some replicas, not all, before the switch");
             continue;
         }
         if (acked < need && (r->flags & REQ_F_WRITE) &&

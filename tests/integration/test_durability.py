@@ -1,6 +1,7 @@
 """Durability settings ferry enforces (N13), with Redis credentials, a renamed
 or disabled CONFIG command, durability.require_aof and durability.replicas_ack."""
 
+import threading
 import time
 import unittest
 
@@ -119,6 +120,68 @@ class DurabilityTest(unittest.TestCase):
         # acknowledged means on the replica too
         self.assertEqual(replica.client().llen('q'), 200)
 
+    def step_down_under_wait(self, call):
+        """call(client) while ferry's WAIT for it is blocked on the master
+        and the master is made a replica (then master again): returns
+        call's reply (or exception) and the master's client."""
+        r, f = self.start(ferry_conf={'durability': {'replicas_ack': 1,
+                                                     'replicas_ack_timeout_ms': 20000,
+                                                     'replicas_ack_data_hold_ms': 20000,
+                                                     'replicas_ack_hold_ms': 20000},
+                                      'upstream': {'hold_timeout_ms': 20000}})
+        replica = RedisServer(conf={'replicaof': '127.0.0.1 %d' % r.port})
+        self.addCleanup(replica.kill)
+        direct = r.client()
+        wait_until(lambda: replica.client().info('replication')['master_link_status'] == 'up',
+                   timeout=10, msg='replica in sync')
+        c = f.client(socket_timeout=30)
+        self.assertEqual(c.rpush('q', 'a'), 1)
+        replica.sigstop()
+        self.addCleanup(replica.sigcont)
+        got = {}
+
+        def run():
+            try:
+                got['reply'] = call(c)
+            except Exception as e:  # noqa: BLE001 - the reply under test
+                got['reply'] = e
+        t = threading.Thread(target=run)
+        t.start()
+        wait_until(lambda: direct.info('clients')['blocked_clients'] >= 1, timeout=10,
+                   msg="ferry's WAIT blocked on the master")
+        direct.execute_command('REPLICAOF', '127.0.0.1', replica.port)
+        direct.execute_command('REPLICAOF', 'NO', 'ONE')
+        replica.sigcont()
+        t.join(timeout=40)
+        self.assertFalse(t.is_alive(), 'the call was answered')
+        return got.get('reply'), direct
+
+    # A master made a replica while ferry's WAIT for a write is blocked on
+    # it (a CLUSTER FAILOVER, a planned failover) answers the WAIT
+    # "-UNBLOCKED ... instance state changed". That is a switch: the
+    # write's fate is decided as for any switch (here: it is on the master,
+    # master again, so it is acknowledged once), never passed to the client
+    # as -NOREPLICAS (before: "NOREPLICAS ferry: ... Redis refused ferry's
+    # WAIT (UNBLOCKED ...)" for a push that had applied).
+    def test_master_stepping_down_under_wait_push(self):
+        reply, direct = self.step_down_under_wait(lambda c: c.rpush('q', 'b'))
+        self.assertEqual(reply, 2)
+        self.assertEqual(direct.lrange('q', 0, -1), ['a', 'b'])
+
+    def test_master_stepping_down_under_wait_pop(self):
+        reply, direct = self.step_down_under_wait(lambda c: c.lpop('q'))
+        self.assertEqual(reply, 'a')
+        self.assertEqual(direct.llen('q'), 0)
+
+    def test_master_stepping_down_under_wait_transaction(self):
+        def tx(c):
+            p = c.pipeline(transaction=True)
+            p.rpush('q', 'b')
+            p.lpop('q')
+            return p.execute()
+        reply, direct = self.step_down_under_wait(tx)
+        self.assertEqual(reply, [2, 'a'])
+        self.assertEqual(direct.lrange('q', 0, -1), ['b'])
 
 if __name__ == '__main__':
     unittest.main()
