@@ -98,6 +98,7 @@ void stats_add(ferry_stats *dst, const ferry_stats *src)
     }
     dst->redo_kept += src->redo_kept; /* gauges of each loop's own redo (redo.c) */
     dst->redo_kept_bytes += src->redo_kept_bytes;
+    dst->receipts_held += src->receipts_held; /* each loop's own receipts (receipts.c) */
     if (src->held_bytes_peak > dst->held_bytes_peak) {
         dst->held_bytes_peak = src->held_bytes_peak;
     }

@@ -71,6 +71,9 @@ void request_free(ferry *f, request *r)
         return;
     }
     ferry_assert(!list_linked(&r->hq) && r->hpos == 0); /* never freed while held */
+    if (r->flags & REQ_F_RCPT) {
+        f->stats.receipts_held--; /* its receipt is left to settle (instance.c) */
+    }
     if (r->written != NULL) {
         /* Its reply was never handed to the session's output: it will not
          * be written. (The session takes the callback when it is.) */

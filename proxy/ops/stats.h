@@ -37,6 +37,8 @@ typedef enum stat_type {
     X(top, service, TEXT, "ferry_info", "always \"ferry\" (live)")                                 \
     X(top, source, TEXT, "ferry_info", "host name (live)")                                         \
     X(top, version, TEXT, "ferry_info", "ferry version (live)")                                    \
+    X(top, instance, TEXT, "ferry_info",                                                           \
+      "instance.name as resolved: the name its receipts and heartbeat go by (live)")               \
     X(top, uptime, GAUGE, "ferry_uptime_seconds", "seconds since ferry started (live)")            \
     X(top, timestamp, GAUGE, "", "unix time of this report, seconds (live)")                       \
     X(top, workers, GAUGE, "ferry_workers",                                                        \
@@ -327,6 +329,10 @@ typedef enum stat_type {
       "ferry_durability_receipts_deleted_again_total",                                             \
       "receipts deleted on a master in its last seconds, deleted again on the next one (their "    \
       "DEL may have died with the first)")                                                         \
+    X(durability, receipts_held, GAUGE, "ferry_durability_receipts_held",                          \
+      "receipts this process is answerable for now: requests sent with one and not answered, and " \
+      "served ones whose DEL (or put-back) is not sent yet; a dead process's are settled by its "  \
+      "instance started again or a peer")                                                          \
     X(durability, instances_claimed, COUNTER, "ferry_durability_instances_claimed_total",          \
       "ferry instances whose heartbeat (ferry:alive:<name>) expired that this one claimed: their " \
       "receipts settled (instance.name)")                                                          \

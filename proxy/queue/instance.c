@@ -136,6 +136,11 @@ void instance_setup(const config *cfg, int adopted)
              adopted ? ": taking over from a process of the same instance" : "");
 }
 
+const char *instance_name(void)
+{
+    return inst.name;
+}
+
 const char *instance_receipt_owner(void)
 {
     return inst.owner;

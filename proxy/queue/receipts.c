@@ -218,6 +218,27 @@ static void script_head(link *l, request *r, int bit, const char *lua, size_t lu
     }
 }
 
+/* r carries a receipt now (REQ_F_RCPT): this process answers for it until
+ * it is served, put back or r is freed (request_free lets go of it then):
+ * durability.receipts_held. */
+static void rcpt_hold(ferry *f, request *r, unsigned probe)
+{
+    if (!(r->flags & REQ_F_RCPT)) {
+        f->stats.receipts_held++;
+    }
+    r->flags = (r->flags & ~REQ_F_RCPT_PROBE) | REQ_F_RCPT | probe;
+}
+
+/* r's receipt is no more its request's (served: its DEL queued; put back;
+ * nothing moved). */
+static void rcpt_let_go(ferry *f, request *r)
+{
+    if (r->flags & REQ_F_RCPT) {
+        f->stats.receipts_held--;
+    }
+    r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+}
+
 /* Whether r gets a receipt on l (1: its parts in *v, its key appended to
  * key, counted), else 0. */
 static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key)
@@ -249,7 +270,7 @@ int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before
         return 0;
     }
     *before = (r->flags & REQ_F_RCPT) != 0;
-    r->flags |= REQ_F_RCPT | REQ_F_RCPT_PROBE;
+    rcpt_hold(s->f, r, REQ_F_RCPT_PROBE);
     return 1;
 }
 
@@ -301,7 +322,7 @@ int receipts_send(session *s, request *r, link *l)
             buf_append_bulk(&b, v.timeout, v.tlen);
         }
     }
-    r->flags = (r->flags & ~REQ_F_RCPT_PROBE) | REQ_F_RCPT | (script ? REQ_F_RCPT_PROBE : 0);
+    rcpt_hold(s->f, r, script ? REQ_F_RCPT_PROBE : 0);
     link_send_as(l, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
     buf_free(&key);
@@ -329,7 +350,7 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     }
     if (script && blocking && is_null(p, n)) {
         /* No receipt, no item: now the blocking move, with its time left. */
-        r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+        rcpt_let_go(s->f, r);
         r->flags |= REQ_F_REARM;
         return 1;
     }
@@ -440,6 +461,7 @@ static void dels_send(ferry *f, struct receipts *rc)
     }
     recent_again(f, rc, l);
     send_del(l, &rc->dels, rc->ndels);
+    f->stats.receipts_held -= rc->ndels;
     uint64_t now = uv_now(f->loop);
     if (now - rc->recent_at >= RECENT_MS || rc->nrecent[0] + rc->ndels > RECENT_MAX) {
         buf t = rc->recent[1];
@@ -620,7 +642,7 @@ static int receipts_tx_send(session *s, request *r, link *l)
     buf_append_bulk(&b, buf_head(&key), buf_used(&key));
     buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
     buf_append(&b, buf_head(&args), buf_used(&args));
-    r->flags |= REQ_F_RCPT | REQ_F_RCPT_PROBE;
+    rcpt_hold(f, r, REQ_F_RCPT_PROBE);
     link_send_as(l, r, buf_head(&b), buf_used(&b));
     buf_free(&b);
     buf_free(&key);
@@ -754,7 +776,8 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
         buf_append_bulk(&rc->turn, buf_head(&key), buf_used(&key));
         rc->nturn++;
         buf_free(&key);
-        r->flags &= ~REQ_F_RCPT;
+        rcpt_let_go(f, r);
+        f->stats.receipts_held++; /* until its DEL is sent (dels_send) */
         return;
     }
     link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
@@ -776,7 +799,7 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
     link_internal_bytes(to, buf_head(&del), buf_used(&del), NULL, 0);
     buf_free(&del);
     buf_free(&key);
-    r->flags &= ~REQ_F_RCPT;
+    rcpt_let_go(f, r);
 }
 
 /* ------------------------------------------------------------ put back */
@@ -821,6 +844,9 @@ static void put_back_send(ferry *f, put_back *b, link *via)
     b->outstanding = b->again;
     link_internal_bytes(l, buf_head(&b->move), buf_used(&b->move),
                         b->again ? put_back_answered : NULL, (long long)b->serial);
+    if (b->epoch == 0) {
+        f->stats.receipts_held--; /* held since put_back_add */
+    }
     if (b->epoch != 0 && b->epoch != l->epoch) {
         log_info("receipts: a receipt moved back (or deleted) on the master before sent again to "
                  "this one (it may have died with that master)");
@@ -830,8 +856,11 @@ static void put_back_send(ferry *f, put_back *b, link *via)
     b->epoch = l->epoch;
 }
 
-static void put_back_free(put_back *b)
+static void put_back_free(ferry *f, put_back *b)
 {
+    if (b->epoch == 0) {
+        f->stats.receipts_held--; /* never sent: left in Redis (logged) */
+    }
     buf_free(&b->move);
     free(b->key);
 }
@@ -848,7 +877,7 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
                      "(its item in %s) is left there",
                      PUT_BACK_MAX, "ferry:rcpt:...");
         }
-        put_back_free(&rc->pb[0]);
+        put_back_free(f, &rc->pb[0]);
         memmove(rc->pb, rc->pb + 1, (rc->n - 1) * sizeof(*rc->pb));
         rc->n--;
     }
@@ -884,6 +913,7 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
     b->outstanding = 0;
     b->serial = ++rc->serial;
     b->answered_ms = 0;
+    f->stats.receipts_held++; /* until sent (put_back_send) */
     put_back_send(f, b, via);
 }
 
@@ -893,7 +923,7 @@ void receipts_put_back(ferry *f, request *r)
     if (!(r->flags & REQ_F_RCPT) || rcpt_of(f, r, &v) != 0) {
         return;
     }
-    r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+    rcpt_let_go(f, r);
     if (v.push != NULL) {
         return; /* a push has nothing to put back (see the file's head) */
     }
@@ -944,7 +974,7 @@ static void client_gone(session *s, request *r)
                  "receipt is moved back (or deleted) now and again for %d s",
                  (unsigned long long)s->id, PUT_BACK_KEEP_MS / 1000);
     }
-    r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
+    rcpt_let_go(f, r);
     if (v.push == NULL) {
         f->stats.pops_undone++;
     }
@@ -989,7 +1019,7 @@ void receipts_tick(ferry *f)
         if (b->epoch != 0 && now - b->sent_ms >= PUT_BACK_KEEP_MS &&
             (!b->again || now - b->sent_ms >= PUT_BACK_AGAIN_MAX_MS ||
              (b->answered_ms != 0 && now - b->answered_ms >= PUT_BACK_SETTLE_MS))) {
-            put_back_free(b);
+            put_back_free(f, b);
             continue;
         }
         put_back_send(f, b, NULL); /* not sent yet, or a new master since */
@@ -1005,7 +1035,7 @@ void receipts_free(ferry *f)
         return;
     }
     for (size_t i = 0; i < rc->n; i++) {
-        put_back_free(&rc->pb[i]);
+        put_back_free(f, &rc->pb[i]);
     }
     free(rc->pb);
     buf_free(&rc->dels);

@@ -555,7 +555,8 @@ static int dispatch_one(session *s, request *r)
             }
             int rc = outage_dispatch(s, r);
             if (rc == 1) {
-                receipts_put_back(f, &was);
+                receipts_put_back(f, &was); /* (counts r's receipt let go: r's flag goes) */
+                r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
             }
             buf_free(&was.data);
             if (rc != 0) {

@@ -18,6 +18,8 @@ Run: python3 -m unittest test_ferry_death -v
 """
 import os
 import random
+import re
+import socket
 import shutil
 import tempfile
 import threading
@@ -37,6 +39,16 @@ HOLD_MS = 60000    # replies held for their WAIT past the ferry's death
 SETTLE_S = 30      # generous: a few TTLs on a loaded machine
 ITEMS = 3000
 CONSUMERS = 8
+
+
+def held(f):
+    return stats_json(f.stats_port)['durability']['receipts_held']
+
+
+def ferry_instance(f):
+    """The instance name ferry derives without instance.name: host name,
+    listen address, port (instance.c)."""
+    return re.sub(r'[^A-Za-z0-9._-]', '-', '%s-127.0.0.1-%d' % (socket.gethostname()[:63], f.port))
 
 
 def conf(**instance):
@@ -104,6 +116,11 @@ class FerryDeathTest(unittest.TestCase):
                 new[:] = set(m.keys('ferry:rcpt:*')) - before
                 return m.llen(key) == 0 and len(new) == CLIENTS
             wait_until(moved, timeout=SETTLE_S, interval=0.05, msg='every pop moved into its receipt')
+            # The stats say so too: each pop's receipt is this process's.
+            # (workers: N: each loop's figure as it last published it)
+            wait_until(lambda: held(ferry) == CLIENTS, timeout=5, interval=0.05,
+                       msg='receipts_held %d, not %d' % (held(ferry), CLIENTS))
+            self.assertEqual(stats_json(ferry.stats_port)['instance'], ferry_instance(ferry))
             ferry.kill()
         finally:
             for r in frozen:
@@ -229,6 +246,12 @@ class FerryDeathTest(unittest.TestCase):
             for t in threads:
                 t.join(SETTLE_S)
         live = [f for f in ferries if f.running()]
+        # Every consumer gone: the live ferries hold no receipt (each served
+        # one's DEL sent, each left one put back; a count that leaks or goes
+        # below 0 shows here).
+        for f in live:
+            wait_until(lambda: held(f) == 0, timeout=SETTLE_S, interval=0.1,
+                       msg='receipts held back to 0 (now %d)' % held(f))
         put_back = sum(self.put_back(f) for f in live)
         twice = len(got) - len(set(got))
         self.assertLessEqual(twice, put_back, 'delivered twice but not counted as put back')
