@@ -16,8 +16,9 @@
  * cluster mode ferry:rcpt:{<k's tag>}:<loop>:<n>, on k's slot): the move
  * leaves the item there, replicated with the pop itself. Once the reply is
  * in, the client gets it (a blocking move's reply put back as BRPOP's
- * [key, item]) and the receipt is deleted (one DEL per loop turn for all
- * served in it; per receipt in cluster mode, where they span slots). A pop sent again after its
+ * [key, item]) and the receipt is deleted at the next loop turn, once the
+ * reply is written (one DEL for all served in a turn; per receipt in
+ * cluster mode, where they span slots). A pop sent again after its
  * link was lost carries the same receipt and goes as the receipt script (receipt_pop.lua): the
  * receipt's item if the new master has it ({item}: counted pop_receipts_found), else the move; a
  * blocking pop's script cannot block: if it found nothing, the blocking move follows with the time
@@ -396,6 +397,10 @@ struct receipts {
      * between (kill -9 under load). */
     buf turn;
     size_t nturn;
+    /* The same in cluster mode, where each DEL goes to its key's master:
+     * pairs of bulk strings, the receipt and the queue key it came from. */
+    buf cturn, cdels;
+    size_t ncturn, ncdels;
     /* Receipts deleted lately ([0] since recent_at, [1] the span before),
      * as DEL's arguments: a DEL sent to a master in its last moments may
      * not have reached its replicas, so the next master may still hold the
@@ -414,6 +419,8 @@ static struct receipts *receipts_of(ferry *f)
         f->receipts = xcalloc(1, sizeof(*f->receipts));
         buf_init(&f->receipts->dels);
         buf_init(&f->receipts->turn);
+        buf_init(&f->receipts->cturn);
+        buf_init(&f->receipts->cdels);
         buf_init(&f->receipts->recent[0]);
         buf_init(&f->receipts->recent[1]);
     }
@@ -478,6 +485,42 @@ static void dels_send(ferry *f, struct receipts *rc)
     rc->ndels = 0;
 }
 
+/* Cluster mode: each receipt of rc->cdels deleted on its queue key's
+ * master; those whose master is not known now wait for the next flush. */
+static void cluster_dels_send(ferry *f, struct receipts *rc)
+{
+    const char *p = buf_head(&rc->cdels), *end = p + buf_used(&rc->cdels);
+    buf keep, del;
+    size_t kept = 0;
+    buf_init(&keep);
+    buf_init(&del);
+    for (size_t i = 0; i < rc->ncdels; i++) {
+        const char *rkey, *qkey;
+        size_t rlen, qlen;
+        if (resp_read_bulk(&p, end, &rkey, &rlen) != 0 ||
+            resp_read_bulk(&p, end, &qkey, &qlen) != 0) {
+            break; /* (never: written by receipts_reply) */
+        }
+        link *l = clustermap_key_link(f, qkey, qlen, NULL, 0, 2);
+        if (l == NULL) {
+            buf_append_bulk(&keep, rkey, rlen);
+            buf_append_bulk(&keep, qkey, qlen);
+            kept++;
+            continue;
+        }
+        buf_clear(&del);
+        buf_append_count(&del, '*', 2);
+        buf_append_bulk(&del, "DEL", 3);
+        buf_append_bulk(&del, rkey, rlen);
+        link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
+        f->stats.receipts_held--;
+    }
+    buf_free(&del);
+    buf_free(&rc->cdels);
+    rc->cdels = keep;
+    rc->ncdels = kept;
+}
+
 void receipts_flush(ferry *f)
 {
     struct receipts *rc = f->receipts;
@@ -486,6 +529,15 @@ void receipts_flush(ferry *f)
     }
     if (rc->ndels > 0) {
         dels_send(f, rc);
+    }
+    if (rc->ncdels > 0) {
+        cluster_dels_send(f, rc);
+    }
+    if (rc->ncturn > 0) {
+        buf_append(&rc->cdels, buf_head(&rc->cturn), buf_used(&rc->cturn));
+        rc->ncdels += rc->ncturn;
+        buf_clear(&rc->cturn);
+        rc->ncturn = 0;
     }
     if (rc->nturn > 0) {
         buf_append(&rc->dels, buf_head(&rc->turn), buf_used(&rc->turn));
@@ -759,7 +811,7 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     return 0;
 }
 
-void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
+void receipts_reply(ferry *f, request *r, const char *p, size_t n)
 {
     rcpt_view v;
     if (!(r->flags & REQ_F_RCPT) || n == 0 || is_null(p, n) || p[0] == '-' ||
@@ -780,26 +832,19 @@ void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n)
         f->stats.receipts_held++; /* until its DEL is sent (dels_send) */
         return;
     }
-    link *to = via != NULL && via->kind == LINK_SHARED && via->state == LINK_READY
-                   ? via
-                   : clustermap_key_link(f, v.key, v.klen, NULL, 0, 2);
-    if (to == NULL) {
-        return;
-    }
-    /* The item is on its way to the client: the receipt has served (on the
-     * link the pop went on, or a blocking pop's master's shared one: the
-     * receipt is in the pop's slot). */
-    buf key, del;
+    /* The item is on its way to the client: the receipt has served. Its
+     * DEL goes at the next flush, once the reply is written (as above), to
+     * its key's master (the receipt is in the pop's slot). */
+    struct receipts *rc = receipts_of(f);
+    buf key;
     buf_init(&key);
-    buf_init(&del);
     receipt_key(f, &v, r->rcpt, &key);
-    buf_append_count(&del, '*', 2);
-    buf_append_bulk(&del, "DEL", 3);
-    buf_append_bulk(&del, buf_head(&key), buf_used(&key));
-    link_internal_bytes(to, buf_head(&del), buf_used(&del), NULL, 0);
-    buf_free(&del);
+    buf_append_bulk(&rc->cturn, buf_head(&key), buf_used(&key));
+    buf_append_bulk(&rc->cturn, v.key, v.klen);
+    rc->ncturn++;
     buf_free(&key);
     rcpt_let_go(f, r);
+    f->stats.receipts_held++; /* until its DEL is sent (cluster_dels_send) */
 }
 
 /* ------------------------------------------------------------ put back */
@@ -1040,6 +1085,8 @@ void receipts_free(ferry *f)
     free(rc->pb);
     buf_free(&rc->dels);
     buf_free(&rc->turn);
+    buf_free(&rc->cturn);
+    buf_free(&rc->cdels);
     buf_free(&rc->recent[0]);
     buf_free(&rc->recent[1]);
     free(rc);

@@ -36,9 +36,9 @@ int receipts_again(session *s, request *r, const char *p, size_t n);
  * move's item as BRPOP's [key, item]; 0: p as it is. */
 int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out);
 
-/* r's reply is final: the receipt it left is deleted (on via, or a shared
- * link to its master). */
-void receipts_reply(ferry *f, request *r, link *via, const char *p, size_t n);
+/* r's reply is final: the receipt it left is deleted, on its key's master,
+ * at the next flush (once the reply is written: receipts_flush). */
+void receipts_reply(ferry *f, request *r, const char *p, size_t n);
 
 /* r, a pop with its receipt, is answered by ferry itself (its timeout ran
  * out while held, -TRYAGAIN): had its move applied, the item goes back to

@@ -412,7 +412,7 @@ static int dispatch_one(session *s, request *r)
                 }
                 /* A receipt's command the offsets proved applied (decided
                  * before this master was up): its receipt served too. */
-                receipts_reply(f, r, NULL, buf_head(&tmp), buf_used(&tmp));
+                receipts_reply(f, r, buf_head(&tmp), buf_used(&tmp));
                 s->f->session_ops->answer(s, r, buf_head(&tmp), buf_used(&tmp));
                 buf_free(&tmp);
                 return DISPATCH_DONE;
@@ -1009,7 +1009,7 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         s->f->session_ops->check_reading(s);
         return;
     }
-    receipts_reply(s->f, r, via, p, n);
+    receipts_reply(s->f, r, p, n);
     lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
     buf looked; /* a look's reply as the '>' read answers it */

@@ -527,8 +527,77 @@ class ClusterFerryDeathTest(unittest.TestCase):
             self.fail('not settled: %r' % {k: (len(v[0]), v[1]) for k, v in state.items()})
         st = stats_json(b.stats_port)['durability']
         self.assertEqual(st.get('receipts_put_back', 0), CLIENTS)
-        self.assertEqual(st.get('instances_claimed', 0), 1)
+        # (Instances of earlier cases, stopped, may be claimed too.)
+        self.assertGreaterEqual(st.get('instances_claimed', 0), 1)
         print('cluster: %d stranded on 2 shards, all put back by the peer' % CLIENTS)
+
+    def test_kill_under_load(self):
+        """Two ferries in cluster mode, consumers on both BRPOP a key of one
+        shard, one ferry kill -9'd at a random moment under load: nothing
+        lost; the only items delivered twice are those the peer counted as
+        put back. (Before: a served receipt's DEL was sent as the reply came
+        in, ahead of the client's reply, so a ferry killed in between left
+        an item on nobody with no receipt.)"""
+        for seed in (31, 32, 33):
+            with self.subTest(seed=seed):
+                rnd = random.Random(seed)
+                fs = [self.ferry(), self.ferry()]
+                key = 'q:{load%d}' % seed
+                port = self.cluster.master_of(self.cluster.keyslot(key))
+                m = self.cluster.node_by_port(port).client(socket_timeout=10)
+                pushed = ['%d-%d' % (seed, i) for i in range(ITEMS)]
+                m.delete(key)
+                for i in range(0, ITEMS, 1000):
+                    m.rpush(key, *pushed[i:i + 1000])
+                self.assertEqual(m.wait(1, 10000), 1)
+                got, lock, stop = [], threading.Lock(), threading.Event()
+
+                def consume(k):
+                    at, c = k % 2, None
+                    while not stop.is_set():
+                        try:
+                            if c is None:
+                                c = fs[at].client(socket_timeout=20)
+                            v = c.brpop(key, timeout=1)
+                            if v is not None:
+                                with lock:
+                                    got.append(v[1])
+                        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                            c, at = None, (at + 1) % 2
+                            time.sleep(0.05)
+                threads = [threading.Thread(target=consume, args=(k,), daemon=True)
+                           for k in range(CONSUMERS)]
+                for t in threads:
+                    t.start()
+                state = {}
+
+                def all_delivered():
+                    with lock:
+                        state['lost'] = set(pushed) - set(got)
+                    return not state['lost']
+                try:
+                    wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
+                               interval=0.001, msg='consumers under way')
+                    fs[0].kill()
+                    try:
+                        wait_until(all_delivered, timeout=SETTLE_S * 2, interval=0.1,
+                                   msg='every item delivered')
+                    except AssertionError:
+                        self.fail('%d lost (e.g. %r); receipt keys left: %r' % (
+                            len(state['lost']), sorted(state['lost'])[:3],
+                            m.keys('ferry:rcpt:{load%d}:*' % seed)))
+                finally:
+                    stop.set()
+                    for t in threads:
+                        t.join(SETTLE_S)
+                wait_until(lambda: held(fs[1]) == 0, timeout=SETTLE_S, interval=0.1,
+                           msg='receipts held back to 0')
+                back = stats_json(fs[1].stats_port)['durability'].get('receipts_put_back', 0)
+                twice = len(got) - len(set(got))
+                self.assertLessEqual(twice, back, 'delivered twice but not counted as put back')
+                print('cluster, fleet of 2, kill -9 of one: %d acked, 0 lost, %d put back, '
+                      '%d twice' % (len(set(got)), back, twice))
+                fs[1].stop()
 
 
 if __name__ == '__main__':
