@@ -31,9 +31,13 @@ for _, k in ipairs(step[2]) do
   local proc, what, key = string.match(k, head .. name .. ':([^:.]+)%.%d+:%d+:(%u):(.*)$')
   if proc and proc ~= alive and proc ~= ARGV[4] then
     if what == 'L' or what == 'R' then
-      local v = redis.pcall('LMOVE', k, key, 'LEFT', what == 'L' and 'LEFT' or 'RIGHT')
-      if type(v) == 'string' then
+      -- Every item (a batch pop's several), the last taken first: each
+      -- goes back where it was.
+      local side = what == 'L' and 'LEFT' or 'RIGHT'
+      local v = redis.pcall('LMOVE', k, key, 'RIGHT', side)
+      while type(v) == 'string' do
         out[#out + 1] = key
+        v = redis.pcall('LMOVE', k, key, 'RIGHT', side)
       end
     elseif what == 'P' or what == 'T' then
       redis.call('DEL', k)

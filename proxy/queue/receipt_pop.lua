@@ -1,11 +1,24 @@
--- receipt_pop.lua - a pop that leaves the item it takes under a receipt
+-- receipt_pop.lua - a pop that leaves the item(s) it takes under a receipt
 -- key, so that the same pop sent again after a failover (its reply lost
 -- with the master, the pop itself on the promoted replica) is answered
--- with the item the first one took instead of taking another one.
+-- with what the first one took instead of taking more.
 -- KEYS[1] the list, KEYS[2] the receipt (one per request, ferry deletes it
 -- once the reply reached the client); ARGV[1] LEFT or RIGHT: the end the
--- pop takes from. Answers as the pop would (the item, nil, or the error),
--- or {item} when the item is the receipt's (ferry answers the item).
+-- pop takes from; ARGV[2] a batch pop's count (RPOP k n), '' one item.
+-- Answers as the pop would (the item or items, nil, or the error), or
+-- {item} / {{items}} when they are the receipt's (ferry answers them).
+if ARGV[2] ~= nil and ARGV[2] ~= '' then
+  local have = redis.call('LRANGE', KEYS[2], 0, -1)
+  if #have > 0 then
+    return {have}
+  end
+  local items = redis.pcall(ARGV[1] == 'LEFT' and 'LPOP' or 'RPOP', KEYS[1], ARGV[2])
+  if type(items) == 'table' and items.err == nil and #items > 0 then
+    -- In the order taken: put back, the last taken goes first.
+    redis.call('RPUSH', KEYS[2], unpack(items))
+  end
+  return items
+end
 local v = redis.call('LINDEX', KEYS[2], 0)
 if v then
   return {v}

@@ -76,7 +76,9 @@ extern const size_t ferry_receipt_tx_lua_len;
 typedef struct rcpt_view {
     const char *key, *timeout;
     size_t klen, tlen;
-    const char *side; /* a pop: "LEFT" or "RIGHT" */
+    const char *side;  /* a pop: "LEFT" or "RIGHT" */
+    const char *count; /* a batch pop (RPOP k n, LPOP k n): its count; NULL one item */
+    size_t clen;
     int blocking;
     const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx, xadd); NULL a pop */
     const char *values;   /* a push: its values (XADD: all after the key), as bulk strings */
@@ -114,6 +116,24 @@ static int xadd_of(const request *r, push_view *v)
     return 0;
 }
 
+#define BATCH_MAX 7000 /* a batch pop's count the script takes (Lua's unpack) */
+
+/* A batch pop's count: digits, 1 to BATCH_MAX (else it goes as written). */
+static int batch_count_ok(const char *p, size_t n)
+{
+    long long c = 0;
+    if (n == 0 || n > 4) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            return 0;
+        }
+        c = c * 10 + (p[i] - '0');
+    }
+    return c >= 1 && c <= BATCH_MAX;
+}
+
 static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
@@ -122,6 +142,8 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     long long want;
     push_view pv;
     v->push = NULL;
+    v->count = NULL;
+    v->clen = 0;
     if (r->route == RT_EXEC) {
         /* A transaction sent as the receipt script (receipts_tx_send). */
         memset(v, 0, sizeof(*v));
@@ -148,11 +170,17 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         } else {
             return -1;
         }
-        if (resp_read_header(&p, end, '*') != want || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
+        long long argc = resp_read_header(&p, end, '*');
+        int batch = !v->blocking && argc == 3; /* RPOP k n, LPOP k n */
+        if ((argc != want && !batch) || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
             resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
-            return -1; /* a count, more keys: sent as written */
+            return -1; /* more keys: sent as written */
         }
         if (v->blocking && resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0) {
+            return -1;
+        }
+        if (batch && (resp_read_bulk(&p, end, &v->count, &v->clen) != 0 ||
+                      !batch_count_ok(v->count, v->clen))) {
             return -1;
         }
         v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
@@ -293,7 +321,7 @@ int receipts_send(session *s, request *r, link *l)
     /* A pop sent before, its move may have applied: the script looks
      * first. A push is always the script (its reply kept in the receipt),
      * which looks first only if it was sent before. */
-    int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL;
+    int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL || v.count != NULL;
     if (v.push != NULL) {
         script_head(l, r, 2, ferry_receipt_push_lua, ferry_receipt_push_lua_len,
                     ferry_receipt_push_lua_sha1, 7 + v.nvalues, &b);
@@ -305,12 +333,15 @@ int receipts_send(session *s, request *r, link *l)
         buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
         buf_append(&b, v.values, v.vlen);
     } else if (script) {
+        /* A batch pop is always the script: no command of Redis moves
+         * several items into another key. */
         script_head(l, r, 1, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len,
-                    ferry_receipt_pop_lua_sha1, 6, &b);
+                    ferry_receipt_pop_lua_sha1, 7, &b);
         buf_append_bulk(&b, "2", 1);
         buf_append_bulk(&b, v.key, v.klen);
         buf_append_bulk(&b, buf_head(&key), buf_used(&key));
         buf_append_bulk(&b, v.side, strlen(v.side));
+        buf_append_bulk(&b, v.count != NULL ? v.count : "", v.clen);
     } else {
         /* The first send: Redis' own move, as cheap as the pop. */
         buf_append_count(&b, '*', v.blocking ? 6 : 5);
@@ -774,11 +805,25 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     if ((r->flags & REQ_F_RCPT) && r->route == RT_EXEC) {
         return tx_reshape(l->f, p, n, out);
     }
-    if (!(r->flags & REQ_F_RCPT) || n == 0 || (!blocking && !(n > 4 && p[0] == '*'))) {
-        return 0; /* a pop's own move answers as the pop: nothing to put */
-    }
-    if (rcpt_of(l->f, r, &v) != 0) {
+    if (!(r->flags & REQ_F_RCPT) || n == 0 || rcpt_of(l->f, r, &v) != 0) {
         return 0;
+    }
+    if (v.count != NULL) {
+        /* A batch pop: {{items}} the receipt held them; nil (no key) as
+         * the pop says it (RESP2's null array). */
+        if (n > 5 && memcmp(p, "*1\r\n*", 5) == 0) {
+            l->f->stats.pop_receipts_found++;
+            buf_append(out, p + 4, n - 4);
+            return 1;
+        }
+        if (n == 5 && memcmp(p, "$-1\r\n", 5) == 0) {
+            buf_append(out, "*-1\r\n", 5);
+            return 1;
+        }
+        return 0;
+    }
+    if (!blocking && !(n > 4 && p[0] == '*')) {
+        return 0; /* a pop's own move answers as the pop: nothing to put */
     }
     const char *item = p;
     size_t ilen = n;
@@ -939,6 +984,17 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
         buf_append_count(&b->move, '*', 2);
         buf_append_bulk(&b->move, "DEL", 3);
         buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+    } else if (v->count != NULL) {
+        /* A batch's items, the last taken first: each back where it was. */
+        static const char every[] = "local n = 0 while redis.call('LMOVE', KEYS[1], KEYS[2], "
+                                    "'RIGHT', ARGV[1]) do n = n + 1 end return n";
+        buf_append_count(&b->move, '*', 6);
+        buf_append_bulk(&b->move, "EVAL", 4);
+        buf_append_bulk(&b->move, every, sizeof(every) - 1);
+        buf_append_bulk(&b->move, "2", 1);
+        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b->move, v->key, v->klen);
+        buf_append_bulk(&b->move, v->side, strlen(v->side));
     } else {
         buf_append_count(&b->move, '*', 5);
         buf_append_bulk(&b->move, "LMOVE", 5);

@@ -164,6 +164,48 @@ class FerryDeathTest(unittest.TestCase):
         self.assertIn('put back', f.log())
         print('restart: %d stranded, all put back in %.1f s' % (CLIENTS, took))
 
+    def test_restart_puts_a_batch_back_in_order(self):
+        """A batch pop (RPOP k 2, LPOP k 2) whose ferry died with the reply
+        held: its receipt holds both items; the instance started again puts
+        them back where they were, in their order."""
+        f = self.ferry()
+        m = self.master()
+        items = ['b%d' % i for i in range(6)]
+        m.delete('q:death:batch')
+        m.rpush('q:death:batch', *items)
+        before = set(m.keys('ferry:rcpt:*'))
+        frozen = [r for r in self.topo.redis if r is not self.topo.master()]
+
+        def pop(side):
+            c = f.client(socket_timeout=HOLD_MS / 1000 + 10)
+            try:
+                getattr(c, side)('q:death:batch', 2)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                pass
+            finally:
+                c.close()
+        for r in frozen:
+            r.sigstop()
+        try:
+            threads = [threading.Thread(target=pop, args=(side,), daemon=True)
+                       for side in ('rpop', 'lpop')]
+            for t in threads:
+                t.start()
+            wait_until(lambda: m.llen('q:death:batch') == 2, timeout=SETTLE_S, interval=0.05,
+                       msg='both batches moved into their receipts')
+            self.assertEqual(len(set(m.keys('ferry:rcpt:*')) - before), 2)
+            f.kill()
+        finally:
+            for r in frozen:
+                r.sigcont()
+        for t in threads:
+            t.join(SETTLE_S)
+        f._start()
+        wait_until(lambda: m.lrange('q:death:batch', 0, -1) == items, timeout=SETTLE_S,
+                   interval=0.1, msg='both batches back, in order (now %r)' %
+                   m.lrange('q:death:batch', 0, -1))
+        self.assertEqual(self.put_back(f), 4)
+
     def test_peer_claims_a_dead_instance(self):
         """Two ferries, one killed with pops in flight: the other claims the
         dead instance's receipts once its heartbeat expired."""

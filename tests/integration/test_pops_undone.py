@@ -47,12 +47,14 @@ SHAPES = {
     'lpop': lambda c, k: [c.lpop(k)],
     'brpop': lambda c, k: [c.brpop(k, timeout=0)[1]],
     'blpop': lambda c, k: [c.blpop(k, timeout=0)[1]],
+    'rpop_count': lambda c, k: c.rpop(k, 2) or [],   # N6's batch pop
+    'lpop_count': lambda c, k: c.lpop(k, 2) or [],
 }
+BATCH = {'rpop_count': 2, 'lpop_count': 2}  # items a shape's pop takes (default 1)
 
 # Data replies with no receipt to undo them: (kind of key, call).
 DATA_SHAPES = {
     'brpop2': ('list', lambda c, k: [c.brpop([k, k + ':empty'], timeout=0)[1]]),
-    'lpop_count': ('list', lambda c, k: c.lpop(k, 2) or []),
     'blmove': ('move', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
     'bzpopmin': ('zset', lambda c, k: [c.bzpopmin(k, timeout=0)[1]]),
     'n4_script': ('zset', lambda c, k: [c.eval(N4_TAKE, 1, k, int(time.time() * 1000))]),
@@ -156,7 +158,8 @@ class PopsUndoneTest(unittest.TestCase):
         key = 'q:undo:%s' % shape
         m = self.topo.master()
         mc = m.client(socket_timeout=10)
-        pushed = ['%s-%d' % (shape, i) for i in range(2 * CLIENTS)]
+        per = BATCH.get(shape, 1)
+        pushed = ['%s-%d' % (shape, i) for i in range((per + 1) * CLIENTS)]
         mc.rpush(key, *pushed)
         before = self.durability().get('pops_undone', 0)
         frozen = [r for r in self.topo.redis if r is not m]
@@ -166,13 +169,23 @@ class PopsUndoneTest(unittest.TestCase):
         left = self.count_after(key, pushed, delivered)
         # Back at the end each came from: the items no client took are
         # still the queue's other end, in their order.
-        untouched = pushed[:CLIENTS] if shape in ('rpop', 'brpop') else pushed[CLIENTS:]
-        ends = left[:CLIENTS] if shape in ('rpop', 'brpop') else left[-CLIENTS:]
+        right = shape in ('rpop', 'brpop', 'rpop_count')
+        untouched = pushed[:CLIENTS] if right else pushed[-CLIENTS:]
+        ends = left[:CLIENTS] if right else left[-CLIENTS:]
         self.assertEqual(ends, untouched, left)
+        # A batch goes back in its order: its items side by side, as taken
+        # (the batches among themselves in the order their clients left).
+        if per > 1:
+            start = CLIENTS if right else 0
+            for i in range(start, start + per * CLIENTS, per):
+                batch = pushed[i:i + per]
+                if batch[0] in left:
+                    at = left.index(batch[0])
+                    self.assertEqual(left[at:at + per], batch, left)
         undone = self.durability().get('pops_undone', 0) - before
         print('%s: %d pushed, %d delivered, %d gave up, %d undone' %
               (shape, len(pushed), len(delivered), gave_up, undone))
-        self.assertEqual(undone, CLIENTS - len(delivered))
+        self.assertEqual(undone, CLIENTS - len(delivered) // per)
 
     def test_rpop(self):
         self.run_shape('rpop')
@@ -182,6 +195,12 @@ class PopsUndoneTest(unittest.TestCase):
 
     def test_brpop(self):
         self.run_shape('brpop')
+
+    def test_rpop_count(self):
+        self.run_shape('rpop_count')
+
+    def test_lpop_count(self):
+        self.run_shape('lpop_count')
 
     def test_blpop(self):
         self.run_shape('blpop')
@@ -423,7 +442,8 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
         m, frozen = self.shard_of(key)
         self.topo = type('one_shard', (), {'master': lambda _self: m})()
         mc = m.client(socket_timeout=10)
-        pushed = ['%s-%d' % (shape, i) for i in range(2 * CLIENTS)]
+        per = BATCH.get(shape, 1)
+        pushed = ['%s-%d' % (shape, i) for i in range((per + 1) * CLIENTS)]
         mc.rpush(key, *pushed)
         before = self.durability().get('pops_undone', 0)
         delivered, gave_up = self.pop_while_frozen(key, SHAPES[shape], frozen)
@@ -432,13 +452,16 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
         undone = self.durability().get('pops_undone', 0) - before
         print('cluster %s: %d pushed, %d delivered, %d gave up, %d undone' %
               (shape, len(pushed), len(delivered), gave_up, undone))
-        self.assertEqual(undone, CLIENTS - len(delivered))
+        self.assertEqual(undone, CLIENTS - len(delivered) // per)
 
     def test_lpop(self):
         self.skipTest('rpop and brpop stand for the shapes here')
 
     def test_blpop(self):
         self.skipTest('rpop and brpop stand for the shapes here')
+
+    def test_lpop_count(self):
+        self.skipTest('rpop_count stands for the batch here')
 
     def test_push_receipts_deleted(self):
         self.skipTest('Sentinel mode only')
@@ -504,6 +527,9 @@ class FrozenMasterTest(PopsUndoneTest):
 
     def test_blpop(self):
         self.skipTest('rpop and brpop stand for the shapes here')
+
+    def test_lpop_count(self):
+        self.skipTest('rpop_count stands for the batch here')
 
     def test_push_receipts_deleted(self):
         self.skipTest('replicas frozen: PopsUndoneTest')

@@ -124,6 +124,10 @@ class LostPopReplyTest(unittest.TestCase):
                 p.xadd('s', {'n': 'e5'})
             elif blocking:
                 p.brpop('q', timeout=20)
+            elif kind == 'npop':
+                p.rpop('q', 2)
+            elif kind == 'lnpop':
+                p.lpop('q', 2)
             else:
                 p.rpop('q')
             try:
@@ -140,6 +144,8 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.llen('q') == 4
             if kind == 'xadd':
                 return rc.xlen('s') == 5
+            if kind in ('npop', 'lnpop'):
+                return rc.llen('q') == 1
             return pending(rc) == 2 if stream else rc.llen('q') == 2
         deadline = time.monotonic() + 10
         while not applied() and time.monotonic() < deadline:
@@ -194,6 +200,14 @@ class LostPopReplyTest(unittest.TestCase):
                        msg='receipts deleted once the reply was in')
             self.assertGreaterEqual(d['push_receipts'], 1)
             return d['push_receipts_found']
+        if kind in ('npop', 'lnpop'):
+            # The first batch's items, once, in the order taken.
+            want, left = (['i3', 'i2'], ['i1']) if kind == 'npop' else (['i1', 'i2'], ['i3'])
+            self.assertEqual(res[2], want, 'the batch pop sent again took other items')
+            self.assertEqual(nm.lrange('q', 0, -1), left)
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['pop_receipts_found']
         popped = res[2][1] if blocking else res[2]
         # The first pop's item, once: neither lost nor left in the queue.
         self.assertEqual(popped, 'i3', 'the pop sent again took another item')
@@ -217,6 +231,13 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_rpop_reply_lost_with_the_master(self):
         self.scenario('pop')
+
+    def test_batch_rpop_reply_lost_with_the_master(self):
+        """RPOP q 2 (N6's batch pop) goes as the receipt script."""
+        self.scenario('npop')
+
+    def test_batch_lpop_reply_lost_with_the_master(self):
+        self.scenario('lnpop')
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
