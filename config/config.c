@@ -680,7 +680,7 @@ const conf_entry conf_table[] = {
      .max = CONF_DURATION_MAX},
     {.key = "durability.replicas_ack_data_hold_ms",
      .doc = "how long a reply that carries data taken out of Redis and has no receipt to undo it "
-            "(a pop of several keys, a move, a sorted-set pop, a script's reply) "
+            "(a pop of several keys, a move, a blocking sorted-set pop, a script's reply) "
             "waits for the replicas to confirm it before it is delivered unconfirmed "
             "(replies_unconfirmed): a client that gives up on a held reply loses its data; keep "
             "it below the clients' read timeouts (Jedis 2 s, Sidekiq 1 s)",

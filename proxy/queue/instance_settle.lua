@@ -2,8 +2,8 @@
 -- instance_settle.lua - settles the receipts a dead ferry process left
 -- (instance.c), one SCAN step at a time. A receipt's name says what it
 -- needs: ferry:rcpt:[{tag}:]<name>:<process>.<loop>:<n>:<what>:<key>, <what>
--- L or R for a pop (its item taken from that end of <key>), P a push, T a
--- transaction (receipts.c).
+-- L or R for a pop (its item taken from that end of <key>), Z a sorted set's
+-- pop (members and scores), P a push, T a transaction (receipts.c).
 -- KEYS[1] ferry:alive:<name> (fixed and Sentinel mode; in cluster mode it is
 -- on another node: none, ARGV[5] is its token as the caller read it, ''
 -- none); ARGV[1] the name, ARGV[2] the SCAN cursor, ARGV[3] its COUNT,
@@ -39,6 +39,14 @@ for _, k in ipairs(step[2]) do
         out[#out + 1] = key
         v = redis.pcall('LMOVE', k, key, 'RIGHT', side)
       end
+    elseif what == 'Z' then
+      -- A sorted set's pop: each member back with its score.
+      local r = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+      for i = 1, #r, 2 do
+        redis.call('ZADD', key, r[i + 1], r[i])
+        out[#out + 1] = key
+      end
+      redis.call('DEL', k)
     elseif what == 'P' or what == 'T' then
       redis.call('DEL', k)
       out[2] = out[2] + 1

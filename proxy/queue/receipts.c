@@ -79,6 +79,7 @@ typedef struct rcpt_view {
     const char *side;  /* a pop: "LEFT" or "RIGHT" */
     const char *count; /* a batch pop (RPOP k n, LPOP k n): its count; NULL one item */
     size_t clen;
+    int zset; /* ZPOPMIN, ZPOPMAX (side "MIN" or "MAX") */
     int blocking;
     const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx, xadd); NULL a pop */
     const char *values;   /* a push: its values (XADD: all after the key), as bulk strings */
@@ -118,8 +119,8 @@ static int xadd_of(const request *r, push_view *v)
 
 #define BATCH_MAX 7000 /* a batch pop's count the script takes (Lua's unpack) */
 
-/* A batch pop's count: digits, 1 to BATCH_MAX (else it goes as written). */
-static int batch_count_ok(const char *p, size_t n)
+/* A batch pop's count: digits, 1 to max (else it goes as written). */
+static int batch_count_ok(const char *p, size_t n, long long max)
 {
     long long c = 0;
     if (n == 0 || n > 4) {
@@ -131,7 +132,7 @@ static int batch_count_ok(const char *p, size_t n)
         }
         c = c * 10 + (p[i] - '0');
     }
-    return c >= 1 && c <= BATCH_MAX;
+    return c >= 1 && c <= max;
 }
 
 static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
@@ -144,6 +145,7 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     v->push = NULL;
     v->count = NULL;
     v->clen = 0;
+    v->zset = 0;
     if (r->route == RT_EXEC) {
         /* A transaction sent as the receipt script (receipts_tx_send). */
         memset(v, 0, sizeof(*v));
@@ -164,6 +166,10 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         if (strcmp(name, "rpop") == 0 || strcmp(name, "lpop") == 0) {
             want = 2;
             v->blocking = 0;
+        } else if (strcmp(name, "zpopmin") == 0 || strcmp(name, "zpopmax") == 0) {
+            want = 2;
+            v->blocking = 0;
+            v->zset = 1;
         } else if (strcmp(name, "brpop") == 0 || strcmp(name, "blpop") == 0) {
             want = 3;
             v->blocking = 1;
@@ -179,11 +185,16 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         if (v->blocking && resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0) {
             return -1;
         }
+        /* (ZPOPMIN's pairs: twice as many values for the script's unpack) */
         if (batch && (resp_read_bulk(&p, end, &v->count, &v->clen) != 0 ||
-                      !batch_count_ok(v->count, v->clen))) {
+                      !batch_count_ok(v->count, v->clen, v->zset ? BATCH_MAX / 2 : BATCH_MAX))) {
             return -1;
         }
-        v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
+        if (v->zset) {
+            v->side = name[5] == 'i' ? "MIN" : "MAX";
+        } else {
+            v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
+        }
     }
     if (f->cluster != NULL) {
         /* The receipt goes in the key's slot: only where its tag is sure. */
@@ -199,7 +210,8 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
 /* ferry:rcpt:[{tag}:]<instance>:<process>.<loop>:<n>:<what>:<key>: whose
  * it is (a process that dies leaves it to a peer or its instance started
  * again, instance.c) and what settling it needs: <what> L or R, a pop's
- * end of <key> its item came from; P a push, T a transaction. */
+ * end of <key> its item came from; Z a sorted set's pop (ZPOPMIN, ZPOPMAX:
+ * members and scores); P a push, T a transaction. */
 static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
 {
     char tail[24];
@@ -220,8 +232,10 @@ static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
     char *p = buf_digits(tail + sizeof(tail), n);
     *--p = ':';
     buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
-    const char *what = v->push == NULL ? (v->side[0] == 'L' ? ":L:" : ":R:")
-                                       : (strcmp(v->push, "exec") == 0 ? ":T:" : ":P:");
+    const char *what = v->push != NULL     ? (strcmp(v->push, "exec") == 0 ? ":T:" : ":P:")
+                       : v->zset           ? ":Z:"
+                       : v->side[0] == 'L' ? ":L:"
+                                           : ":R:";
     buf_append(out, what, 3);
     buf_append(out, v->key, v->klen);
 }
@@ -281,6 +295,11 @@ static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key
         (r->rcpt == 0 && !(v->push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
         return 0;
     }
+    if (v->zset && s->proto != 2) {
+        /* The script answers RESP2's flat pairs; RESP3 has doubles (and
+         * pairs of pairs with a count): sent as written. */
+        return 0;
+    }
     int push = v->push != NULL;
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
@@ -321,7 +340,7 @@ int receipts_send(session *s, request *r, link *l)
     /* A pop sent before, its move may have applied: the script looks
      * first. A push is always the script (its reply kept in the receipt),
      * which looks first only if it was sent before. */
-    int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL || v.count != NULL;
+    int script = (r->flags & REQ_F_RCPT) != 0 || v.push != NULL || v.count != NULL || v.zset;
     if (v.push != NULL) {
         script_head(l, r, 2, ferry_receipt_push_lua, ferry_receipt_push_lua_len,
                     ferry_receipt_push_lua_sha1, 7 + v.nvalues, &b);
@@ -333,8 +352,8 @@ int receipts_send(session *s, request *r, link *l)
         buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
         buf_append(&b, v.values, v.vlen);
     } else if (script) {
-        /* A batch pop is always the script: no command of Redis moves
-         * several items into another key. */
+        /* A batch pop or a sorted set's is always the script: no command
+         * of Redis moves several items, or a member, into another key. */
         script_head(l, r, 1, ferry_receipt_pop_lua, ferry_receipt_pop_lua_len,
                     ferry_receipt_pop_lua_sha1, 7, &b);
         buf_append_bulk(&b, "2", 1);
@@ -808,6 +827,15 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     if (!(r->flags & REQ_F_RCPT) || n == 0 || rcpt_of(l->f, r, &v) != 0) {
         return 0;
     }
+    if (v.zset) {
+        /* {{member, score...}}: the receipt held them. */
+        if (n > 5 && memcmp(p, "*1\r\n*", 5) == 0) {
+            l->f->stats.pop_receipts_found++;
+            buf_append(out, p + 4, n - 4);
+            return 1;
+        }
+        return 0;
+    }
     if (v.count != NULL) {
         /* A batch pop: {{items}} the receipt held them; nil (no key) as
          * the pop says it (RESP2's null array). */
@@ -860,7 +888,7 @@ void receipts_reply(ferry *f, request *r, const char *p, size_t n)
 {
     rcpt_view v;
     if (!(r->flags & REQ_F_RCPT) || n == 0 || is_null(p, n) || p[0] == '-' ||
-        rcpt_of(f, r, &v) != 0) {
+        (n == 4 && memcmp(p, "*0\r\n", 4) == 0) || rcpt_of(f, r, &v) != 0) {
         return; /* nothing moved: no receipt */
     }
     if (f->cluster == NULL) {
@@ -984,6 +1012,18 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
         buf_append_count(&b->move, '*', 2);
         buf_append_bulk(&b->move, "DEL", 3);
         buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+    } else if (v->zset) {
+        /* Each member back with its score. */
+        static const char members[] =
+            "local r = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES') "
+            "for i = 1, #r, 2 do redis.call('ZADD', KEYS[2], r[i + 1], r[i]) "
+            "end redis.call('DEL', KEYS[1]) return #r / 2";
+        buf_append_count(&b->move, '*', 5);
+        buf_append_bulk(&b->move, "EVAL", 4);
+        buf_append_bulk(&b->move, members, sizeof(members) - 1);
+        buf_append_bulk(&b->move, "2", 1);
+        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(&b->move, v->key, v->klen);
     } else if (v->count != NULL) {
         /* A batch's items, the last taken first: each back where it was. */
         static const char every[] = "local n = 0 while redis.call('LMOVE', KEYS[1], KEYS[2], "

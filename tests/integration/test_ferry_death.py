@@ -167,19 +167,26 @@ class FerryDeathTest(unittest.TestCase):
     def test_restart_puts_a_batch_back_in_order(self):
         """A batch pop (RPOP k 2, LPOP k 2) whose ferry died with the reply
         held: its receipt holds both items; the instance started again puts
-        them back where they were, in their order."""
+        them back where they were, in their order. A sorted set's pop
+        (ZPOPMIN k 2): its members back with their scores."""
         f = self.ferry()
         m = self.master()
         items = ['b%d' % i for i in range(6)]
         m.delete('q:death:batch')
         m.rpush('q:death:batch', *items)
+        scores = {'z%d' % i: i + 0.5 for i in range(4)}
+        m.delete('z:death:batch')
+        m.zadd('z:death:batch', scores)
         before = set(m.keys('ferry:rcpt:*'))
         frozen = [r for r in self.topo.redis if r is not self.topo.master()]
 
         def pop(side):
             c = f.client(socket_timeout=HOLD_MS / 1000 + 10)
             try:
-                getattr(c, side)('q:death:batch', 2)
+                if side == 'zpopmin':
+                    c.zpopmin('z:death:batch', 2)
+                else:
+                    getattr(c, side)('q:death:batch', 2)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 pass
             finally:
@@ -188,12 +195,12 @@ class FerryDeathTest(unittest.TestCase):
             r.sigstop()
         try:
             threads = [threading.Thread(target=pop, args=(side,), daemon=True)
-                       for side in ('rpop', 'lpop')]
+                       for side in ('rpop', 'lpop', 'zpopmin')]
             for t in threads:
                 t.start()
-            wait_until(lambda: m.llen('q:death:batch') == 2, timeout=SETTLE_S, interval=0.05,
-                       msg='both batches moved into their receipts')
-            self.assertEqual(len(set(m.keys('ferry:rcpt:*')) - before), 2)
+            wait_until(lambda: m.llen('q:death:batch') == 2 and m.zcard('z:death:batch') == 2,
+                       timeout=SETTLE_S, interval=0.05, msg='the batches moved into their receipts')
+            self.assertEqual(len(set(m.keys('ferry:rcpt:*')) - before), 3)
             f.kill()
         finally:
             for r in frozen:
@@ -204,7 +211,9 @@ class FerryDeathTest(unittest.TestCase):
         wait_until(lambda: m.lrange('q:death:batch', 0, -1) == items, timeout=SETTLE_S,
                    interval=0.1, msg='both batches back, in order (now %r)' %
                    m.lrange('q:death:batch', 0, -1))
-        self.assertEqual(self.put_back(f), 4)
+        wait_until(lambda: dict(m.zrange('z:death:batch', 0, -1, withscores=True)) == scores,
+                   timeout=SETTLE_S, interval=0.1, msg='the members back with their scores')
+        self.assertEqual(self.put_back(f), 6)
 
     def test_peer_claims_a_dead_instance(self):
         """Two ferries, one killed with pops in flight: the other claims the

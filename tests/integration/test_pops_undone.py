@@ -199,6 +199,24 @@ class PopsUndoneTest(unittest.TestCase):
     def test_rpop_count(self):
         self.run_shape('rpop_count')
 
+    def test_zpopmin(self):
+        """ZPOPMIN (N3) with its receipt: each member a client gave up on
+        goes back with its score."""
+        key = 'z:undo:zpopmin'
+        mc = self.topo.master().client(socket_timeout=10)
+        scores = {'zpopmin-%d' % i: i + 0.25 for i in range(2 * CLIENTS)}
+        mc.zadd(key, scores)
+        before = self.durability().get('pops_undone', 0)
+        frozen = [r for r in self.topo.redis if r is not self.topo.master()]
+        delivered, gave_up = self.pop_while_frozen(
+            key, lambda c, k: [m for m, _ in c.zpopmin(k)], frozen)
+        self.assertGreater(gave_up, 0, 'no client gave up: nothing was held (%r)' % delivered)
+        self.count_after(key, list(scores), delivered, 'zset')
+        back = dict(mc.zrange(key, 0, -1, withscores=True))
+        self.assertEqual(back, {m: v for m, v in scores.items() if m not in delivered})
+        undone = self.durability().get('pops_undone', 0) - before
+        self.assertEqual(undone, CLIENTS - len(delivered))
+
     def test_lpop_count(self):
         self.run_shape('lpop_count')
 
@@ -463,6 +481,9 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
     def test_lpop_count(self):
         self.skipTest('rpop_count stands for the batch here')
 
+    def test_zpopmin(self):
+        self.skipTest('Sentinel mode only')
+
     def test_push_receipts_deleted(self):
         self.skipTest('Sentinel mode only')
 
@@ -530,6 +551,9 @@ class FrozenMasterTest(PopsUndoneTest):
 
     def test_lpop_count(self):
         self.skipTest('rpop_count stands for the batch here')
+
+    def test_zpopmin(self):
+        self.skipTest('Sentinel mode only')
 
     def test_push_receipts_deleted(self):
         self.skipTest('replicas frozen: PopsUndoneTest')

@@ -73,6 +73,7 @@ class LostPopReplyTest(unittest.TestCase):
         mc = m.client(socket_timeout=30)
         mc.set('big', b'x' * BIG)
         mc.rpush('q', 'i1', 'i2', 'i3')
+        mc.zadd('z', {'m1': 1, 'm2': 2.5, 'm3': 3})
         for i in range(1, 5):
             mc.xadd('s', {'n': 'e%d' % i}, id='%d-0' % i)
         mc.xgroup_create('s', 'g', id='0')
@@ -86,7 +87,8 @@ class LostPopReplyTest(unittest.TestCase):
 
         def pending(r):
             return r.xpending('s', 'g')['pending']
-        wait_until(lambda: all(r.llen('q') == 3 and r.strlen('big') == BIG and pending(r) ==
+        wait_until(lambda: all(r.llen('q') == 3 and r.zcard('z') == 3 and
+                               r.strlen('big') == BIG and pending(r) ==
                                (1 if stream else 0) for r in replicas),
                    timeout=60, interval=0.1, msg='both replicas have the value and the queues')
         rc = replicas[0]
@@ -124,6 +126,10 @@ class LostPopReplyTest(unittest.TestCase):
                 p.xadd('s', {'n': 'e5'})
             elif blocking:
                 p.brpop('q', timeout=20)
+            elif kind == 'zpop':
+                p.zpopmin('z')
+            elif kind == 'nzpop':
+                p.zpopmax('z', 2)
             elif kind == 'npop':
                 p.rpop('q', 2)
             elif kind == 'lnpop':
@@ -146,6 +152,10 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.xlen('s') == 5
             if kind in ('npop', 'lnpop'):
                 return rc.llen('q') == 1
+            if kind == 'zpop':
+                return rc.zcard('z') == 2
+            if kind == 'nzpop':
+                return rc.zcard('z') == 1
             return pending(rc) == 2 if stream else rc.llen('q') == 2
         deadline = time.monotonic() + 10
         while not applied() and time.monotonic() < deadline:
@@ -200,6 +210,15 @@ class LostPopReplyTest(unittest.TestCase):
                        msg='receipts deleted once the reply was in')
             self.assertGreaterEqual(d['push_receipts'], 1)
             return d['push_receipts_found']
+        if kind in ('zpop', 'nzpop'):
+            # The members the first pop took, with their scores, once.
+            want, left = (([('m1', 1.0)], ['m2', 'm3']) if kind == 'zpop' else
+                          ([('m3', 3.0), ('m2', 2.5)], ['m1']))
+            self.assertEqual(res[2], want, 'the sorted-set pop sent again took other members')
+            self.assertEqual(nm.zrange('z', 0, -1), left)
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['pop_receipts_found']
         if kind in ('npop', 'lnpop'):
             # The first batch's items, once, in the order taken.
             want, left = (['i3', 'i2'], ['i1']) if kind == 'npop' else (['i1', 'i2'], ['i3'])
@@ -238,6 +257,13 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_batch_lpop_reply_lost_with_the_master(self):
         self.scenario('lnpop')
+
+    def test_zpopmin_reply_lost_with_the_master(self):
+        """ZPOPMIN (N3's priority queue) goes as the receipt script."""
+        self.scenario('zpop')
+
+    def test_zpopmax_count_reply_lost_with_the_master(self):
+        self.scenario('nzpop')
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
