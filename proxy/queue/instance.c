@@ -136,7 +136,7 @@ void instance_setup(const config *cfg, int adopted)
              adopted ? ": taking over from a process of the same instance" : "");
 }
 
-const char *instance_name(void)
+const char *instance_own_name(void)
 {
     return inst.name;
 }

@@ -22,7 +22,7 @@ void instance_setup(const config *cfg, int adopted);
 const char *instance_receipt_owner(void);
 
 /* The instance's name (instance.name as resolved; "" before setup). */
-const char *instance_name(void);
+const char *instance_own_name(void);
 
 /* Periodic (the main loop's tick; nothing on a worker's): the heartbeat,
  * the own instance's receipts of an earlier process settled once, and
