@@ -58,6 +58,57 @@ def conf(**instance):
     return c
 
 
+def consume_through(tc, ferries, key, pushed, rnd, fault, stay, left):
+    """CONSUMERS consumers BRPOP key through the ferries (in turn), fault()
+    at a random moment under load; a consumer whose ferry died goes to the
+    next one (stay: waits for the same one started again). Fails the test
+    unless every pushed item is delivered (left(): the receipt keys left,
+    for the message). Returns the items delivered, in order, twice where
+    twice."""
+    got, lock, stop = [], threading.Lock(), threading.Event()
+
+    def consume(k):
+        at, c = k % len(ferries), None
+        while not stop.is_set():
+            try:
+                if c is None:
+                    c = ferries[at].client(socket_timeout=20)
+                v = c.brpop(key, timeout=1)
+                if v is not None:
+                    with lock:
+                        got.append(v[1])
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                c = None
+                if not stay:
+                    at = (at + 1) % len(ferries)
+                time.sleep(0.05)  # a ferry that is down: reconnect soon
+    threads = [threading.Thread(target=consume, args=(k,), daemon=True)
+               for k in range(CONSUMERS)]
+    for t in threads:
+        t.start()
+    state = {}
+
+    def all_delivered():
+        with lock:
+            state['lost'] = set(pushed) - set(got)
+        return not state['lost']
+    try:
+        wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
+                   interval=0.001, msg='consumers under way')
+        fault()
+        try:
+            wait_until(all_delivered, timeout=SETTLE_S * 2, interval=0.1,
+                       msg='every item delivered')
+        except AssertionError:
+            tc.fail('%d lost (e.g. %r); receipt keys left: %r' % (
+                len(state['lost']), sorted(state['lost'])[:3], left()))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(SETTLE_S)
+    return got
+
+
 @unittest.skipIf(DIRECT, 'ferry only')
 class FerryDeathTest(unittest.TestCase):
 
@@ -246,32 +297,9 @@ class FerryDeathTest(unittest.TestCase):
         for i in range(0, ITEMS, 1000):
             m.rpush(key, *pushed[i:i + 1000])
         self.assertEqual(m.wait(2, 10000), 2)
-        got, lock, stop = [], threading.Lock(), threading.Event()
-
-        def consume(k):
-            at = k % len(ferries)
-            c = None
-            while not stop.is_set():
-                try:
-                    if c is None:
-                        c = ferries[at].client(socket_timeout=20)
-                    v = c.brpop(key, timeout=1)
-                    if v is not None:
-                        with lock:
-                            got.append(v[1])
-                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                    c = None
-                    if not restart:
-                        at = (at + 1) % len(ferries)
-                    time.sleep(0.05)  # a ferry that is down: reconnect soon
-        threads = [threading.Thread(target=consume, args=(k,), daemon=True)
-                   for k in range(CONSUMERS)]
-        for t in threads:
-            t.start()
         victim = ferries[0]
-        try:
-            wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
-                       interval=0.001, msg='consumers under way')
+
+        def fault():
             victim.kill()
             if master_kill:
                 time.sleep(1.0)  # the fault schedule: the master 1 s after the ferry
@@ -279,23 +307,8 @@ class FerryDeathTest(unittest.TestCase):
             if restart:
                 time.sleep(rnd.uniform(0.2, 1.0))  # the restart's own delay, not a wait
                 victim._start()
-            state = {}
-
-            def all_delivered():
-                with lock:
-                    state['lost'] = set(pushed) - set(got)
-                return not state['lost']
-            try:
-                wait_until(all_delivered, timeout=SETTLE_S * 2, interval=0.1,
-                           msg='every item delivered')
-            except AssertionError:
-                self.fail('%d lost (e.g. %r); receipt keys left: %r' % (
-                    len(state['lost']), sorted(state['lost'])[:3],
-                    self.master().keys('ferry:rcpt:*%s' % key)))
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(SETTLE_S)
+        got = consume_through(self, ferries, key, pushed, rnd, fault, restart,
+                              lambda: self.master().keys('ferry:rcpt:*%s' % key))
         live = [f for f in ferries if f.running()]
         # Every consumer gone: the live ferries hold no receipt (each served
         # one's DEL sent, each left one put back; a count that leaks or goes
@@ -601,46 +614,8 @@ class ClusterFerryDeathTest(unittest.TestCase):
                 for i in range(0, ITEMS, 1000):
                     m.rpush(key, *pushed[i:i + 1000])
                 self.assertEqual(m.wait(1, 10000), 1)
-                got, lock, stop = [], threading.Lock(), threading.Event()
-
-                def consume(k):
-                    at, c = k % 2, None
-                    while not stop.is_set():
-                        try:
-                            if c is None:
-                                c = fs[at].client(socket_timeout=20)
-                            v = c.brpop(key, timeout=1)
-                            if v is not None:
-                                with lock:
-                                    got.append(v[1])
-                        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                            c, at = None, (at + 1) % 2
-                            time.sleep(0.05)
-                threads = [threading.Thread(target=consume, args=(k,), daemon=True)
-                           for k in range(CONSUMERS)]
-                for t in threads:
-                    t.start()
-                state = {}
-
-                def all_delivered():
-                    with lock:
-                        state['lost'] = set(pushed) - set(got)
-                    return not state['lost']
-                try:
-                    wait_until(lambda: len(got) >= rnd.randint(50, ITEMS // 3), timeout=SETTLE_S,
-                               interval=0.001, msg='consumers under way')
-                    fs[0].kill()
-                    try:
-                        wait_until(all_delivered, timeout=SETTLE_S * 2, interval=0.1,
-                                   msg='every item delivered')
-                    except AssertionError:
-                        self.fail('%d lost (e.g. %r); receipt keys left: %r' % (
-                            len(state['lost']), sorted(state['lost'])[:3],
-                            m.keys('ferry:rcpt:{load%d}:*' % seed)))
-                finally:
-                    stop.set()
-                    for t in threads:
-                        t.join(SETTLE_S)
+                got = consume_through(self, fs, key, pushed, rnd, fs[0].kill, False,
+                                      lambda: m.keys('ferry:rcpt:{load%d}:*' % seed))
                 wait_until(lambda: held(fs[1]) == 0, timeout=SETTLE_S, interval=0.1,
                            msg='receipts held back to 0')
                 back = stats_json(fs[1].stats_port)['durability'].get('receipts_put_back', 0)
