@@ -55,7 +55,7 @@
 
 #define ROUTER_MAX_RETRIES 3
 
-enum { DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
+enum { DISPATCH_ON = -1, DISPATCH_DONE = 0, DISPATCH_WAIT, DISPATCH_DOWN };
 
 static int router_pinned(const session *s);
 static void tracking_flush(session *s, const char *why);
@@ -318,7 +318,14 @@ static void count_link_opened(ferry *f, const request *r, const link *l)
     }
 }
 
-static int dispatch_one(session *s, request *r)
+static int dispatch_one(session *s, request *r);
+
+/* dispatch_one's steps, in order. Each answers DISPATCH_DONE, _WAIT or
+ * _DOWN where it decides r's fate, or DISPATCH_ON: on to the next. */
+
+/* The master view r goes to (*upp); a split's next part, a broadcast's
+ * answer, a subscribed client's command of another shard. */
+static int dispatch_view(session *s, request *r, upstream **upp)
 {
     ferry *f = s->f;
     if (r->sp != NULL) {
@@ -340,6 +347,7 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_DONE;
     }
     upstream *up = r->ask != NULL ? r->ask : route_view(s, r);
+    *upp = up;
     if (subscribed && r->route != RT_TUNNEL && router_pubsub_elsewhere(s, r)) {
         /* RESP2 too, also once it unsubscribed from everything: its bytes
          * go through to that master, which would answer MOVED. */
@@ -351,18 +359,25 @@ static int dispatch_one(session *s, request *r)
     }
     if (subscribed) {
         up = s->dlink->up;
+        *upp = up;
     }
     if (r->bc != NULL) {
         r->bc->at = up;
     }
-    const char *pw = f->cfg->client_password;
-
     if (s->checking) {
         return DISPATCH_WAIT; /* the user it runs as is not known yet */
     }
     if (!(r->flags & REQ_F_VERDICT) && tx_after_refused_multi(s, r)) {
         return DISPATCH_DONE;
     }
+    return DISPATCH_ON;
+}
+
+/* A reply a lost master gave before a replica confirmed it: delivered
+ * once the next master is read and has the write, else sent again. */
+static int dispatch_verdict(session *s, request *r, upstream *up)
+{
+    ferry *f = s->f;
     if ((r->flags & REQ_F_VERDICT) && (r->flags & (REQ_F_RCPT | REQ_F_XSENT)) &&
         up->state == UP_UP) {
         /* A pop with its receipt, answered by a master lost before a
@@ -420,6 +435,16 @@ static int dispatch_one(session *s, request *r)
             buf_clear(&r->reply);
         }
     }
+    return DISPATCH_ON;
+}
+
+/* Refused before Redis: a client not authenticated, a write while
+ * durability is not enforced. */
+static int dispatch_refused_here(session *s, request *r, upstream *up)
+{
+    ferry *f = s->f;
+    const char *pw = f->cfg->client_password;
+
     if ((pw != NULL || f->cfg->client_auth == CLIENT_AUTH_REDIS) && !s->authed &&
         r->route != RT_AUTH && r->route != RT_HELLO && r->route != RT_QUIT) {
         /* Redis refuses an EXEC in the words of an aborted transaction. */
@@ -439,6 +464,14 @@ static int dispatch_one(session *s, request *r)
         s->f->session_ops->answer_str(s, r, line);
         return DISPATCH_DONE;
     }
+    return DISPATCH_ON;
+}
+
+/* What ferry answers itself: AUTH, HELLO, QUIT, RESET, CLIENT, a
+ * cluster transaction's own replies, the stand-in while no master. */
+static int dispatch_local(session *s, request *r, upstream *up)
+{
+    ferry *f = s->f;
     switch (r->route) {
     case RT_ERROR:
         /* The reply was composed when it was parsed. */
@@ -493,7 +526,13 @@ static int dispatch_one(session *s, request *r)
         f->stats.commands_local++;
         return DISPATCH_DONE;
     }
+    return DISPATCH_ON;
+}
 
+/* A session bound to a link: lent by another shard or an old master
+ * (given back), a RESP3 subscriber, a tunnel (its bytes go through). */
+static int dispatch_bound_link(session *s, request *r, upstream *up)
+{
     if (s->dlink != NULL && s->tunnel == TUN_NONE && s->dlink->up != up) {
         /* Cluster mode: lent by another shard's master view. */
         if (s->inflight > 0 && s->flight_link == s->dlink) {
@@ -533,7 +572,14 @@ static int dispatch_one(session *s, request *r)
         s->f->session_ops->answer(s, r, "", 0);
         return DISPATCH_DONE;
     }
+    return DISPATCH_ON;
+}
 
+/* No master for fallback.after_ms: the fallback store serves r; a write
+ * to a key whose rows are not replayed yet waits. */
+static int dispatch_outage(session *s, request *r, upstream *up)
+{
+    ferry *f = s->f;
     if (f->outage != NULL && s->tx == TX_NONE) {
         /* No master for fallback.after_ms: the fallback store serves queue
          * commands; once a master is back, writes to keys not yet replayed
@@ -566,7 +612,15 @@ static int dispatch_one(session *s, request *r)
             return DISPATCH_DOWN;
         }
     }
+    return DISPATCH_ON;
+}
 
+/* Held before any link: refused by Redis (back-off), behind a
+ * transaction or a guarded push, a paused consumer; a cluster priority
+ * pop goes its own way (multipop.c). */
+static int dispatch_held(session *s, request *r)
+{
+    ferry *f = s->f;
     switch (backlog_refused(s, r, uv_now(f->loop))) {
     case 1:
         return DISPATCH_DOWN; /* refused by Redis: sent again once its back-off ran */
@@ -604,6 +658,20 @@ static int dispatch_one(session *s, request *r)
         multipop_start(s, r, router_dispatch);
         return DISPATCH_DONE;
     }
+    return DISPATCH_ON;
+}
+
+/* RESP3: a SUBSCRIBE and the like confirm with push frames, no reply. */
+static int push_sub(const session *s, const request *r)
+{
+    return r->route == RT_TUNNEL && s->proto == 3 && r->cmd->cls == CMD_PUBSUB;
+}
+
+/* The link r goes on (*targetp): the session's own (lent now if need
+ * be) or a shared one; *aheadp: sent ahead of a MULTI being rebuilt. */
+static int dispatch_target(session *s, request *r, upstream *up, link **targetp, int *aheadp)
+{
+    ferry *f = s->f;
     int dedicated = router_pinned(s);
     if (r->db1 == 0) {
         r->db1 = s->db + 1;
@@ -636,12 +704,12 @@ static int dispatch_one(session *s, request *r)
     default:
         break;
     }
-    int push_sub = r->route == RT_TUNNEL && s->proto == 3 && r->cmd->cls == CMD_PUBSUB;
-    if (r->route == RT_TUNNEL && s->inflight > 0 && !push_sub) {
+    if (r->route == RT_TUNNEL && s->inflight > 0 && !push_sub(s, r)) {
         return DISPATCH_WAIT; /* the tunnel starts once everything before is answered */
     }
     link *target;
     int ahead = tx_precedes(s, r); /* sent before the MULTI rebuilt: goes ahead of it */
+    *aheadp = ahead;
     if (dedicated) {
         if (s->dlink == NULL) {
             if (s->inflight > 0) {
@@ -667,6 +735,16 @@ static int dispatch_one(session *s, request *r)
     if (s->inflight > 0 && s->flight_link != target) {
         return DISPATCH_WAIT; /* never in flight on two links: ordering */
     }
+    *targetp = target;
+    return DISPATCH_ON;
+}
+
+/* r on its link: its flags, the transaction's log, a blocking pop's time
+ * left, what must go ahead of it (SELECT, WAIT, SCRIPT LOAD, ASKING), the
+ * rewrites (guards, lease, receipts, stream reads), or as it is. */
+static int dispatch_send(session *s, request *r, upstream *up, link *target, int ahead)
+{
+    ferry *f = s->f;
     r->flags &= ~(REQ_F_ACK | REQ_F_TXLOG | REQ_F_UNBLOCK); /* UNBLOCK: asked of its last link */
     tx_on_send(s, r, up->replicas_ack > 0);
     switch (r->route) {
@@ -682,7 +760,7 @@ static int dispatch_one(session *s, request *r)
         break;
     case RT_TUNNEL:
         router_set_tunnel(s, r->cmd != NULL && r->cmd->cls == CMD_PUBSUB ? TUN_PUBSUB : TUN_OTHER);
-        if (push_sub) {
+        if (push_sub(s, r)) {
             /* RESP3: Redis confirms with push frames, not a reply. */
             link_send_raw(target, buf_head(&r->data), buf_used(&r->data));
             s->f->session_ops->answer(s, r, "", 0);
@@ -761,6 +839,24 @@ static int dispatch_one(session *s, request *r)
         return DISPATCH_WAIT; /* what follows waits for its last part */
     }
     return DISPATCH_DONE;
+}
+
+static int dispatch_one(session *s, request *r)
+{
+    upstream *up = NULL;
+    link *target = NULL;
+    int ahead = 0, rc;
+    if ((rc = dispatch_view(s, r, &up)) != DISPATCH_ON ||
+        (rc = dispatch_verdict(s, r, up)) != DISPATCH_ON ||
+        (rc = dispatch_refused_here(s, r, up)) != DISPATCH_ON ||
+        (rc = dispatch_local(s, r, up)) != DISPATCH_ON ||
+        (rc = dispatch_bound_link(s, r, up)) != DISPATCH_ON ||
+        (rc = dispatch_outage(s, r, up)) != DISPATCH_ON ||
+        (rc = dispatch_held(s, r)) != DISPATCH_ON ||
+        (rc = dispatch_target(s, r, up, &target, &ahead)) != DISPATCH_ON) {
+        return rc;
+    }
+    return dispatch_send(s, r, up, target, ahead);
 }
 
 /* Redis refused to take a client's name off a link: it must not be pooled. */
