@@ -224,7 +224,12 @@ link_refusal link_reply_refusal(const char *p, size_t n)
         starts(p, n, "-CLUSTERDOWN")) {
         return REFUSAL_REDIRECT;
     }
-    return starts(p, n, "-NOREPLICAS ") ? REFUSAL_NOREPLICAS : REFUSAL_NONE;
+    /* (EXEC says it as the transaction's end: Redis 7.0's
+     * execCommandAbort.) */
+    return starts(p, n, "-NOREPLICAS ") ||
+                   starts(p, n, "-EXECABORT Transaction discarded because of: NOREPLICAS ")
+               ? REFUSAL_NOREPLICAS
+               : REFUSAL_NONE;
 }
 
 static const char *link_state_name(link_state st)
@@ -773,12 +778,11 @@ static void link_deliver_as(link *l, const char *p, size_t n)
         link_error_text(p, n, why, sizeof(why));
         l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
         l->f->link_ops->on_not_master(l, why);
-    } else if (refusal == REFUSAL_NOREPLICAS && !(r->flags & REQ_F_TXLOG) &&
-               !(r->cmd != NULL && strcmp(r->cmd->name, "exec") == 0)) {
+    } else if (refusal == REFUSAL_NOREPLICAS) {
         /* min-replicas-to-write refused it: nothing applied; the router
-         * holds it or passes it on. Not inside a transaction: Redis has
-         * marked it failed (EXEC answers EXECABORT) on this link, which
-         * stays, so the client gets the refusal as Redis gave it. */
+         * holds it or passes it on. Inside a transaction too: Redis has
+         * doomed the transaction on this link (its EXEC answers
+         * EXECABORT); held, it is rebuilt on another one (router.c). */
         l->f->link_ops->on_refused(r->s, r, l, refusal, p, n);
     } else if (refusal == REFUSAL_REDIRECT && l->f->cfg->has_cluster && !(r->flags & REQ_F_TXLOG)) {
         /* A cluster node sends the request elsewhere or asks for a retry:

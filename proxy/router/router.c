@@ -1272,12 +1272,12 @@ void router_on_refused(session *s, request *r, link *l, link_refusal why, const 
         tx_on_link_lost(s);
     }
     requeue(s, r);
-    if (f->cluster != NULL && (r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) &&
-        s->dlink != NULL && s->dlink == l) {
-        /* The node aborted the transaction (a refused EXEC ends it, a
-         * refused command dooms it): what is still in flight on its link
-         * comes back, and the transaction is rebuilt on a new one. */
-        upstream_return(f->up, s, 0, "the cluster refused a command of its transaction");
+    if ((r->route == RT_EXEC || (r->flags & REQ_F_TXLOG)) && s->dlink != NULL && s->dlink == l) {
+        /* Redis aborted the transaction (a refused EXEC ends it, a refused
+         * command dooms it: a cluster's redirect, a new master without its
+         * replicas yet): what is still in flight on its link comes back,
+         * and the transaction is rebuilt on a new one. */
+        upstream_return(f->up, s, 0, "Redis refused a command of its transaction");
     }
     if (log_enabled(LOG_DEBUG)) {
         char text[160];
