@@ -1060,10 +1060,12 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         guard_again(s, r, GUARD_RESEND); /* the '>' read, after a look that found nothing */
         return;
     }
-    if (tx_refused_by_cluster(s, r, p, n)) {
+    if (tx_refused_doomed(s, r, p, n)) {
         /* A command of a transaction refused by the cluster (CLUSTERDOWN,
-         * MOVED...): the node aborted it; it is rebuilt on a new link. */
-        router_on_refused(s, r, via, REFUSAL_REDIRECT, p, n);
+         * MOVED...), or the EXEC of one rebuilt where Redis refused a
+         * command: Redis aborted it; it is rebuilt on a new link. */
+        router_on_refused(s, r, via, s->f->cluster != NULL ? REFUSAL_REDIRECT : REFUSAL_NOT_MASTER,
+                          p, n);
         return;
     }
     if (r->bc != NULL && s->f->cluster != NULL) {

@@ -7,6 +7,7 @@
  * transaction under a WATCH that broke ends in the null reply of a watch
  * conflict, answered by ferry without Redis. */
 #include "tx.h"
+#include "upstream.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -364,9 +365,13 @@ void tx_on_link_lost(session *s)
 static void tx_rebuilt_cb(link *l, request *r, const char *reply, size_t len)
 {
     session *s = l->owner;
-    if (s != NULL && s->f->cluster != NULL && link_reply_refusal(reply, len) == REFUSAL_REDIRECT) {
-        /* CLUSTERDOWN, TRYAGAIN, MOVED: the node aborts the transaction;
-         * its EXEC is refused and the transaction rebuilt again. */
+    link_refusal refusal = link_reply_refusal(reply, len);
+    if (s != NULL &&
+        ((s->f->cluster != NULL && refusal == REFUSAL_REDIRECT) || refusal == REFUSAL_NOT_MASTER ||
+         (refusal == REFUSAL_NOREPLICAS && !upstream_settled(l->up, l)))) {
+        /* CLUSTERDOWN, TRYAGAIN, MOVED; READONLY, LOADING; a new master
+         * without its replicas yet: Redis aborts the transaction; its EXEC
+         * is refused and the transaction rebuilt again. */
         session_extra_w(s)->tx_spoiled = 1;
     }
     if (len > 0 && reply[0] == '-') {
@@ -496,11 +501,11 @@ int tx_on_move(session *s)
     return carried;
 }
 
-int tx_refused_by_cluster(const session *s, const request *r, const char *p, size_t n)
+int tx_refused_doomed(const session *s, const request *r, const char *p, size_t n)
 {
-    if (s->f->cluster == NULL || !((r->flags & REQ_F_TXLOG) || r->route == RT_EXEC)) {
+    if (!((r->flags & REQ_F_TXLOG) || r->route == RT_EXEC)) {
         return 0;
     }
-    return link_reply_refusal(p, n) == REFUSAL_REDIRECT ||
+    return (s->f->cluster != NULL && link_reply_refusal(p, n) == REFUSAL_REDIRECT) ||
            (r->route == RT_EXEC && session_extra_r(s)->tx_spoiled);
 }

@@ -72,10 +72,11 @@ int tx_cluster_answer(session *s, request *r);
  * is rebuilt there (a WATCH is lost). Returns 1 when the link carried
  * one (it must be closed, not pooled). */
 int tx_on_move(session *s);
-/* Cluster mode: the cluster refused r, a command of the transaction
- * (CLUSTERDOWN, TRYAGAIN, MOVED, or EXEC after a rebuilt command was
- * refused): nothing of it applies. */
-int tx_refused_by_cluster(const session *s, const request *r, const char *p, size_t n);
+/* Redis doomed the transaction r is part of: in cluster mode a command
+ * refused by the cluster (CLUSTERDOWN, TRYAGAIN, MOVED); in any mode the
+ * EXEC of one rebuilt where Redis refused a command (a redirect, READONLY,
+ * a new master's NOREPLICAS): nothing of it applies. */
+int tx_refused_doomed(const session *s, const request *r, const char *p, size_t n);
 /* The session is closing. */
 void tx_forget(session *s);
 
