@@ -600,13 +600,13 @@ void receipts_flush(ferry *f)
 /* ------------------------------------------------------- transactions
  *
  * A transaction with a push of a queue (RQ's enqueue: MULTI, HSET, RPUSH,
- * EXEC) dies the same way: EXEC sent and unanswered when the master died,
- * the promoted replica may have it all, and rebuilt and sent again it would
+ * EXEC), or a pop of one (LPOP, RPOP inside MULTI), dies the same way: EXEC sent and unanswered
+ * when the master died, the promoted replica may have it all, and rebuilt and sent again it would
  * push twice. Redis keeps no reply of a transaction, and nothing inside
  * MULTI can see another command's reply; a script can. So a transaction
  * whose every command answers the same in RESP2 and RESP3 and fits a Lua
  * number (the list below), unwatched, on ferry's own user, db 0, outside
- * cluster mode, with a push of a key fallback.keys names, goes at EXEC as
+ * cluster mode, with a push or a pop of a key fallback.keys names, goes at EXEC as
  *
  *   DISCARD                               (the MULTI Redis queued: dropped)
  *   EVAL <receipt_tx> 1 <receipt> 0|1 <argc> <arg>... <argc> <arg>...
@@ -621,7 +621,7 @@ void receipts_flush(ferry *f)
  * whole each time (EVAL): no NOSCRIPT can reach a transaction. */
 
 #define TXR_OTHER 1u     /* a command the script does not take: EXEC as written */
-#define TXR_PUSH 2u      /* a push of a key fallback.keys names */
+#define TXR_PUSH 2u      /* a push or a pop (LPOP, RPOP) of a key fallback.keys names */
 #define TX_ARGS_MAX 7000 /* a command's arguments: Lua's unpack takes about 8 000 */
 
 /* Commands the script runs as EXEC would: replies of integers within 2^53
@@ -631,11 +631,11 @@ void receipts_flush(ferry *f)
 static int tx_takes(const char *name)
 {
     static const char *const names[] = {
-        "lpush",     "rpush",   "lpushx", "rpushx", "hset",      "hmset",   "hsetnx",
-        "hdel",      "sadd",    "srem",   "zrem",   "set",       "setex",   "psetex",
-        "setnx",     "del",     "unlink", "exists", "expire",    "pexpire", "expireat",
-        "pexpireat", "persist", "lrem",   "ltrim",  "xadd",      "get",     "hget",
-        "llen",      "hlen",    "scard",  "zcard",  "sismember", "hexists"};
+        "lpush",     "rpush",   "lpushx", "rpushx",  "hset",     "hmset",     "hsetnx",  "hdel",
+        "sadd",      "srem",    "zrem",   "set",     "setex",    "psetex",    "setnx",   "del",
+        "unlink",    "exists",  "expire", "pexpire", "expireat", "pexpireat", "persist", "lrem",
+        "ltrim",     "xadd",    "get",    "hget",    "llen",     "hlen",      "scard",   "zcard",
+        "sismember", "hexists", "lpop",   "rpop"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(name, names[i]) == 0) {
             return 1;
@@ -676,6 +676,16 @@ void receipts_tx_note(session *s, const request *r)
     }
     if (request_push_view(r, &pv) == 0 && config_fallback_key(s->f->cfg, pv.key, pv.klen)) {
         x->tx_rcpt |= TXR_PUSH;
+    } else if ((strcmp(r->cmd->name, "lpop") == 0 || strcmp(r->cmd->name, "rpop") == 0) &&
+               argc >= 2) {
+        /* A pop inside MULTI: sent again after a failover, the transaction
+         * answers the items the first run took (kept under its receipt). */
+        const char *a, *key;
+        size_t alen, klen;
+        if (resp_read_bulk(&p, end, &a, &alen) == 0 && resp_read_bulk(&p, end, &key, &klen) == 0 &&
+            config_fallback_key(s->f->cfg, key, klen)) {
+            x->tx_rcpt |= TXR_PUSH;
+        }
     }
     buf_append(&x->tx_cmds, buf_head(&r->data), buf_used(&r->data));
     x->tx_receipted = tx_covered(s);

@@ -96,7 +96,7 @@ class LostPopReplyTest(unittest.TestCase):
             # Pinned to a dedicated link: the GET and the blocking call go
             # on the same connection, in order.
             c.client_setname('pinned')
-        if kind == 'tx':
+        if kind in ('tx', 'txpop'):
             sk = f.raw(timeout=60)
             self.addCleanup(sk.close)
             resp_send(sk, resp_encode('CLIENT', 'SETNAME', 'pinned'))  # as above
@@ -107,11 +107,14 @@ class LostPopReplyTest(unittest.TestCase):
             p = c.pipeline(transaction=False)
             p.strlen('big')  # a small reply, so the client reads little...
             p.get('big')     # ...then the large one the pop's reply waits behind
-            if kind == 'tx':
+            if kind in ('tx', 'txpop'):
                 # RQ's enqueue, pipelined behind the large reply (raw: a
-                # client library would wrap the whole pipeline in MULTI).
-                cmds = [['STRLEN', 'big'], ['GET', 'big'], ['MULTI'],
-                        ['HSET', 'job:1', 'status', 'queued'], ['RPUSH', 'q', 'i4'], ['EXEC']]
+                # client library would wrap the whole pipeline in MULTI);
+                # txpop: a pop inside MULTI, its job marked active with it.
+                work = ([['HSET', 'job:1', 'status', 'queued'], ['RPUSH', 'q', 'i4']]
+                        if kind == 'tx' else
+                        [['RPOP', 'q'], ['HSET', 'job:1', 'status', 'active']])
+                cmds = [['STRLEN', 'big'], ['GET', 'big'], ['MULTI']] + work + [['EXEC']]
                 try:
                     resp_send(sk, b''.join(resp_encode(cmd) for cmd in cmds))
                     out['r'] = [resp_read_reply(sk, timeout=60) for _ in cmds]
@@ -146,6 +149,8 @@ class LostPopReplyTest(unittest.TestCase):
         def applied():
             if kind == 'tx':
                 return rc.llen('q') == 4
+            if kind == 'txpop':
+                return rc.llen('q') == 2
             if kind in ('push', 'gpush'):
                 return rc.llen('q') == 4
             if kind == 'xadd':
@@ -175,6 +180,14 @@ class LostPopReplyTest(unittest.TestCase):
         self.assertEqual(len(res[1]), BIG)
         nm = current_master(topo).client(socket_timeout=10)
         d = stats_json(f.stats_port)['durability']
+        if kind == 'txpop':
+            # Run once, answered with the item the first run took.
+            self.assertEqual(nm.lrange('q', 0, -1), ['i1', 'i2'],
+                             'the transaction sent again popped a second time')
+            self.assertEqual(res[2:], ['OK', 'QUEUED', 'QUEUED', [b'i3', 1]])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['transaction_receipts_found']
         if kind == 'tx':
             # Run once, answered with the first run's replies (HSET's 1).
             self.assertEqual(nm.lrange('q', 0, -1), ['i1', 'i2', 'i3', 'i4'],
@@ -276,6 +289,10 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_transaction_reply_lost_with_the_master(self):
         self.scenario('tx')
+
+    def test_transaction_pop_reply_lost_with_the_master(self):
+        """RPOP inside MULTI goes in the transaction's receipt script."""
+        self.scenario('txpop')
 
     def test_xadd_reply_lost_with_the_master(self):
         self.scenario('xadd')
