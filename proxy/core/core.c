@@ -12,6 +12,7 @@
 #include "backlog.h"
 #include "clustermap.h"
 #include "fence.h"
+#include "instance.h"
 #include "lease.h"
 #include "link.h"
 #include "log.h"
@@ -505,6 +506,7 @@ int core_init_worker(ferry *f, uv_loop_t *loop, config *cfg, struct workers *wk,
     core_setup(f, loop, cfg);
     f->tls = workers_main_ctx(wk)->tls;         /* the contexts are every loop's */
     f->scripts = workers_main_ctx(wk)->scripts; /* one memory for every loop */
+    f->instance = workers_main_ctx(wk)->instance;
     f->workers = wk;
     f->worker_index = index;
     f->id_step = (uint64_t)cfg->workers;
@@ -531,6 +533,7 @@ int core_init(ferry *f, uv_loop_t *loop, config *cfg, struct tls_roles *roles, s
     f->tls = roles;
     f->scripts = scripts_new(cfg->scripts_remember_max_bytes);
     f->takeover = tk;
+    f->instance = instance_new(cfg, tk != NULL);
     raise_fd_limit(cfg);
     uv_signal_init(loop, &f->sig_term);
     uv_signal_init(loop, &f->sig_int);
@@ -604,8 +607,10 @@ void core_release(ferry *f)
     clients_free(f);
     if (f->worker_index == 0) {
         scripts_free(f->scripts); /* the workers' loops have ended (workers_join) */
+        instance_free(f->instance);
     }
     f->scripts = NULL;
+    f->instance = NULL;
     core_free_buffers(f);
     takeover_free(f);
 }

@@ -215,6 +215,8 @@ typedef struct ferry {
     ferry_stats stats;              /* counters, declared in stats.h */
     struct stats_server *stats_srv; /* the stats port (stats.c), NULL if off */
     struct receipts *receipts;      /* receipts.c: receipts to put back, NULL none */
+    struct instance *instance;      /* instance.c: the process's identity and heartbeat (the
+                                       main loop's; a worker's points at it) */
     struct cl_part *unblock_later;  /* clients.c: CLIENT UNBLOCKs put off to the next tick */
     struct leases *leases;          /* leases (lease.c): the paused consumers on every loop,
                                        the expiry on the main loop; NULL if no queues:

@@ -8,7 +8,6 @@
 #include "config.h"
 #include "core.h"
 #include "fallback.h"
-#include "instance.h"
 #include "log.h"
 #include "queues_report.h"
 #include "stats.h"
@@ -158,7 +157,6 @@ int main(int argc, char **argv)
         return EXIT_RUNTIME;
     }
     log_info("ferry %s starting with %s", FERRY_VERSION, path);
-    instance_setup(&cfg, takeover_path != NULL);
 
     struct takeover *tk = NULL;
     if (takeover_path != NULL) {

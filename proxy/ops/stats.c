@@ -203,7 +203,7 @@ void stats_take(ferry *f, ferry_stats *st)
     snprintf(st->service, sizeof(st->service), "ferry");
     text_set(st->source, host);
     text_set(st->version, FERRY_VERSION);
-    text_set(st->instance, instance_own_name());
+    text_set(st->instance, instance_own_name(f));
     st->uptime = (now - f->started_ms) / 1000;
     st->timestamp = (uint64_t)tv.tv_sec;
     st->total_connections = st->clients_total;

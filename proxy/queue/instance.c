@@ -72,8 +72,9 @@ extern const size_t ferry_instance_settle_lua_len;
 
 enum { CALL_BEAT = 1, CALL_MEMBERS, CALL_CLAIM, CALL_SETTLE, CALL_FORGET };
 
-/* One per process: only the main loop uses it once the loops run. */
-static struct {
+/* One per process, in the main loop's context (f->instance; each worker's
+ * points at it and reads only name and owner, set before the loops run). */
+struct instance {
     char name[NAME_LEN];
     char token[32];            /* this process's: pid and a clock, in hex */
     char owner[NAME_LEN + 40]; /* "<name>:<token>" */
@@ -94,7 +95,7 @@ static struct {
     int slot; /* cluster mode: the first slot of the shard scanned */
     char cursor[32];
     uint64_t put_back, deleted; /* by the settling under way */
-} inst;
+};
 
 static void derive_name(const config *cfg, char *out, size_t n)
 {
@@ -120,30 +121,41 @@ static void derive_name(const config *cfg, char *out, size_t n)
     }
 }
 
-void instance_setup(const config *cfg, int adopted)
+struct instance *instance_new(const config *cfg, int adopted)
 {
+    struct instance *in = xcalloc(1, sizeof(*in));
     if (cfg->instance_name != NULL) {
-        snprintf(inst.name, sizeof(inst.name), "%s", cfg->instance_name);
+        snprintf(in->name, sizeof(in->name), "%s", cfg->instance_name);
     } else {
-        derive_name(cfg, inst.name, sizeof(inst.name));
+        derive_name(cfg, in->name, sizeof(in->name));
     }
-    snprintf(inst.token, sizeof(inst.token), "%x%llx", (unsigned)uv_os_getpid(),
+    snprintf(in->token, sizeof(in->token), "%x%llx", (unsigned)uv_os_getpid(),
              (unsigned long long)(uv_hrtime() / 1000 % 0xffffffffffull));
-    snprintf(inst.owner, sizeof(inst.owner), "%s:%s", inst.name, inst.token);
-    inst.adopted = adopted;
-    inst.ttl_ms = cfg->instance_heartbeat_ttl_ms;
-    log_info("instance %s (process %s)%s", inst.name, inst.token,
+    snprintf(in->owner, sizeof(in->owner), "%s:%s", in->name, in->token);
+    in->adopted = adopted;
+    in->ttl_ms = cfg->instance_heartbeat_ttl_ms;
+    buf_init(&in->peers);
+    log_info("instance %s (process %s)%s", in->name, in->token,
              adopted ? ": taking over from a process of the same instance" : "");
+    return in;
 }
 
-const char *instance_own_name(void)
+void instance_free(struct instance *in)
 {
-    return inst.name;
+    if (in != NULL) {
+        buf_free(&in->peers);
+        free(in);
+    }
 }
 
-const char *instance_receipt_owner(void)
+const char *instance_own_name(const ferry *f)
 {
-    return inst.owner;
+    return f->instance != NULL ? f->instance->name : "";
+}
+
+const char *instance_receipt_owner(const ferry *f)
+{
+    return f->instance != NULL ? f->instance->owner : "";
 }
 
 static void on_reply(link *l, request *r, const char *p, size_t n);
@@ -190,52 +202,55 @@ static void call(link *l, const char *lua, size_t lua_len, const char *const *ke
 
 static void beat(ferry *f, link *l)
 {
+    struct instance *in = f->instance;
     char alive[NAME_LEN + 24], ttl[24];
-    hb_key(f, "alive", inst.name, alive, sizeof(alive));
-    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)inst.ttl_ms);
+    hb_key(f, "alive", in->name, alive, sizeof(alive));
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)in->ttl_ms);
     /* A takeover's two processes are one instance: each refreshes it. */
-    const char *force = inst.adopted || f->handing_over ? "1" : "0";
+    const char *force = in->adopted || f->handing_over ? "1" : "0";
     const char *keys[] = {alive, registry(f)};
-    const char *args[] = {inst.token, ttl, force, inst.name};
-    inst.beating = 1;
+    const char *args[] = {in->token, ttl, force, in->name};
+    in->beating = 1;
     call(l, ferry_instance_beat_lua, ferry_instance_beat_lua_len, keys, 2, args, 4, CALL_BEAT);
 }
 
 /* The next SCAN step on the master (cluster mode: on the shard of
- * inst.slot, its receipts in their keys' slots; the heartbeat on another
+ * in->slot, its receipts in their keys' slots; the heartbeat on another
  * node, its token passed: this process's own, or none for a dead peer's). */
 static void settle_step(ferry *f)
 {
+    struct instance *in = f->instance;
     char alive[NAME_LEN + 24], count[16];
     link *l = hb_link(f);
     if (f->cluster != NULL) {
-        upstream *up = clustermap_route(f->cluster, inst.slot);
+        upstream *up = clustermap_route(f->cluster, in->slot);
         l = up != NULL && up->state == UP_UP ? upstream_shared(up, NULL, 0, 2) : NULL;
     }
     if (l == NULL || l->state != LINK_READY) {
-        inst.settling[0] = '\0'; /* no master now: from the start, later */
+        in->settling[0] = '\0'; /* no master now: from the start, later */
         return;
     }
-    hb_key(f, "alive", inst.settling, alive, sizeof(alive));
+    hb_key(f, "alive", in->settling, alive, sizeof(alive));
     snprintf(count, sizeof(count), "%d", SETTLE_COUNT);
     const char *keys[] = {alive};
-    const char *own = inst.settle_own ? inst.token : "";
-    const char *args[] = {inst.settling, inst.cursor, count,
-                          own,           own,         f->cluster != NULL ? "1" : "0"};
-    inst.busy = 1;
+    const char *own = in->settle_own ? in->token : "";
+    const char *args[] = {in->settling, in->cursor, count,
+                          own,          own,        f->cluster != NULL ? "1" : "0"};
+    in->busy = 1;
     call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys,
          f->cluster != NULL ? 0 : 1, args, 6, CALL_SETTLE);
 }
 
 static void settle_start(ferry *f, const char *name, int own)
 {
-    snprintf(inst.settling, sizeof(inst.settling), "%s", name);
-    inst.settle_own = own;
-    strcpy(inst.cursor, "0");
-    inst.put_back = inst.deleted = 0;
-    inst.slot = f->cluster != NULL ? clustermap_next_first_slot(f->cluster, -1) : 0;
-    if (inst.slot < 0) {
-        inst.settling[0] = '\0';
+    struct instance *in = f->instance;
+    snprintf(in->settling, sizeof(in->settling), "%s", name);
+    in->settle_own = own;
+    strcpy(in->cursor, "0");
+    in->put_back = in->deleted = 0;
+    in->slot = f->cluster != NULL ? clustermap_next_first_slot(f->cluster, -1) : 0;
+    if (in->slot < 0) {
+        in->settling[0] = '\0';
         return;
     }
     settle_step(f);
@@ -244,56 +259,58 @@ static void settle_start(ferry *f, const char *name, int own)
 /* The claim script for name: 'claim' it, or it is 'done'. */
 static void claim(ferry *f, link *l, const char *name, const char *how, int what)
 {
+    struct instance *in = f->instance;
     char alive[NAME_LEN + 24], key[NAME_LEN + 24], gone[NAME_LEN + 24], ttl[24], grace[24];
     hb_key(f, "alive", name, alive, sizeof(alive));
     hb_key(f, "claim", name, key, sizeof(key));
     hb_key(f, "gone", name, gone, sizeof(gone));
     /* Long enough to settle; a claimer that dies too lets it go. */
-    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(inst.ttl_ms * 4));
-    snprintf(grace, sizeof(grace), "%llu", (unsigned long long)(inst.ttl_ms / 2));
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(in->ttl_ms * 4));
+    snprintf(grace, sizeof(grace), "%llu", (unsigned long long)(in->ttl_ms / 2));
     const char *keys[] = {alive, key, registry(f), gone};
-    const char *args[] = {inst.token, ttl, name, how, grace};
-    inst.busy = 1;
+    const char *args[] = {in->token, ttl, name, how, grace};
+    in->busy = 1;
     call(l, ferry_instance_claim_lua, ferry_instance_claim_lua_len, keys, 4, args, 5, what);
 }
 
 static void on_beat(ferry *f, const char *p, const char *end)
 {
+    struct instance *in = f->instance;
     long long n = resp_read_header(&p, end, '*');
     long long v = resp_read_header(&p, end, ':');
     const char *other = "";
     size_t olen = 0;
     if (n < 1 || v < 0) {
-        log_warn("instance %s: the heartbeat was refused: %.*s", inst.name,
+        log_warn("instance %s: the heartbeat was refused: %.*s", in->name,
                  (int)(end - p > 200 ? 200 : end - p), p);
         return;
     }
     if (v > 0) {
-        if (inst.conflict_since != 0) {
-            log_info("instance %s: the heartbeat is this process's now", inst.name);
+        if (in->conflict_since != 0) {
+            log_info("instance %s: the heartbeat is this process's now", in->name);
         }
-        inst.held = 1;
-        inst.conflict_since = 0;
+        in->held = 1;
+        in->conflict_since = 0;
         return;
     }
     resp_read_bulk(&p, end, &other, &olen);
     uint64_t now = uv_now(f->loop);
-    if (inst.conflict_since == 0) {
-        inst.conflict_since = now;
+    if (in->conflict_since == 0) {
+        in->conflict_since = now;
         log_warn("instance %s: ferry:alive:%s is held by process %.*s: waiting for it to expire "
                  "(a process of this instance that died) for up to %llu ms",
-                 inst.name, inst.name, (int)olen, other, (unsigned long long)inst.ttl_ms);
+                 in->name, in->name, (int)olen, other, (unsigned long long)in->ttl_ms);
         return;
     }
-    if (now - inst.conflict_since > inst.ttl_ms + inst.ttl_ms / 2) {
+    if (now - in->conflict_since > in->ttl_ms + in->ttl_ms / 2) {
         log_error("instance %s: another live ferry (process %.*s) has this identity: it refreshed "
                   "its heartbeat for %llu ms; refusing to run (give each ferry its own "
                   "instance.name, or use --takeover to replace one)",
-                  inst.name, (int)olen, other, (unsigned long long)(now - inst.conflict_since));
+                  in->name, (int)olen, other, (unsigned long long)(now - in->conflict_since));
         /* Stopped as on SIGTERM, not exited: the pops it served meanwhile
          * are answered (their receipts deleted) or undone, not left under
          * a name whose live owner will not settle them. */
-        inst.refused = 1;
+        in->refused = 1;
         f->exit_code = INSTANCE_EXIT_TAKEN;
         f->stop(f, "another live ferry has this instance.name");
     }
@@ -301,65 +318,66 @@ static void on_beat(ferry *f, const char *p, const char *end)
 
 static void on_settle(ferry *f, const char *p, const char *end)
 {
+    struct instance *in = f->instance;
     const char *cur, *key;
     size_t clen, klen;
     long long n = resp_read_header(&p, end, '*');
-    if (n < 2 || resp_read_bulk(&p, end, &cur, &clen) != 0 || clen >= sizeof(inst.cursor)) {
-        log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s", inst.name,
-                 inst.settling, (int)(end - p > 200 ? 200 : end - p), p);
-        inst.settling[0] = '\0';
+    if (n < 2 || resp_read_bulk(&p, end, &cur, &clen) != 0 || clen >= sizeof(in->cursor)) {
+        log_warn("instance %s: settling %s's receipts failed (tried again later): %.*s", in->name,
+                 in->settling, (int)(end - p > 200 ? 200 : end - p), p);
+        in->settling[0] = '\0';
         /* Tried again a heartbeat later, not at the next tick: a master
          * refusing writes (-NOREPLICAS until its replica is back) was sent
          * the settle script 20 times a second. */
         if (end > p && *p == '-') {
-            inst.next_step = uv_now(f->loop) + inst.ttl_ms / 4;
+            in->next_step = uv_now(f->loop) + in->ttl_ms / 4;
         }
         return;
     }
     long long deleted = resp_read_header(&p, end, ':');
-    inst.deleted += deleted > 0 ? (uint64_t)deleted : 0;
+    in->deleted += deleted > 0 ? (uint64_t)deleted : 0;
     f->stats.receipts_settled_deleted += deleted > 0 ? (uint64_t)deleted : 0;
     for (long long i = 2; i < n && resp_read_bulk(&p, end, &key, &klen) == 0; i++) {
-        inst.put_back++;
+        in->put_back++;
         f->stats.receipts_put_back++;
         log_info("receipts: an item a dead process of instance %s had popped is put back to %.*s "
                  "(at least once: its reply may have reached its client)",
-                 inst.settling, (int)klen, key);
+                 in->settling, (int)klen, key);
     }
-    memcpy(inst.cursor, cur, clen);
-    inst.cursor[clen] = '\0';
-    if (strcmp(inst.cursor, "0") != 0) {
+    memcpy(in->cursor, cur, clen);
+    in->cursor[clen] = '\0';
+    if (strcmp(in->cursor, "0") != 0) {
         settle_step(f);
         return;
     }
-    if (f->cluster != NULL &&
-        (inst.slot = clustermap_next_first_slot(f->cluster, inst.slot)) >= 0) {
+    if (f->cluster != NULL && (in->slot = clustermap_next_first_slot(f->cluster, in->slot)) >= 0) {
         settle_step(f); /* the next shard, from its first key */
         return;
     }
     log_info("instance %s: receipts of %s settled: %llu item(s) put back, %llu push or "
              "transaction receipt(s) deleted",
-             inst.name, inst.settle_own ? "this instance's earlier processes" : inst.settling,
-             (unsigned long long)inst.put_back, (unsigned long long)inst.deleted);
+             in->name, in->settle_own ? "this instance's earlier processes" : in->settling,
+             (unsigned long long)in->put_back, (unsigned long long)in->deleted);
     link *l = hb_link(f);
-    if (inst.settle_own) {
-        inst.own_done = 1;
+    if (in->settle_own) {
+        in->own_done = 1;
     } else if (l != NULL) {
-        claim(f, l, inst.settling, "done", CALL_FORGET);
+        claim(f, l, in->settling, "done", CALL_FORGET);
     }
-    inst.settling[0] = '\0';
+    in->settling[0] = '\0';
 }
 
 static void on_reply(link *l, request *r, const char *p, size_t n)
 {
+    struct instance *in = l->f->instance;
     ferry *f = l->f;
     int what = (int)r->arg;
-    inst.busy = what == CALL_BEAT ? inst.busy : 0;
+    in->busy = what == CALL_BEAT ? in->busy : 0;
     if (what == CALL_BEAT) {
-        inst.beating = 0;
+        in->beating = 0;
     }
     if (p == NULL) {
-        inst.settling[0] = '\0'; /* the link was lost: from the start, later */
+        in->settling[0] = '\0'; /* the link was lost: from the start, later */
         return;
     }
     const char *end = p + n;
@@ -371,25 +389,25 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
         long long k = resp_read_header(&p, end, '*');
         const char *m;
         size_t mlen;
-        buf_clear(&inst.peers);
-        inst.peer_at = 0;
+        buf_clear(&in->peers);
+        in->peer_at = 0;
         for (long long i = 0; i < k && resp_read_bulk(&p, end, &m, &mlen) == 0; i++) {
             if (mlen < NAME_LEN && memchr(m, '\0', mlen) == NULL &&
-                !(mlen == strlen(inst.name) && memcmp(m, inst.name, mlen) == 0)) {
-                buf_append(&inst.peers, m, mlen);
-                buf_append(&inst.peers, "", 1);
+                !(mlen == strlen(in->name) && memcmp(m, in->name, mlen) == 0)) {
+                buf_append(&in->peers, m, mlen);
+                buf_append(&in->peers, "", 1);
             }
         }
         break;
     }
     case CALL_CLAIM: {
-        const char *name = buf_head(&inst.peers) + inst.peer_at;
-        inst.peer_at += strlen(name) + 1;
+        const char *name = buf_head(&in->peers) + in->peer_at;
+        in->peer_at += strlen(name) + 1;
         if (resp_read_header(&p, end, ':') == 1) {
             f->stats.instances_claimed++;
             log_warn("instance %s: claimed instance %s (its heartbeat expired: the process died): "
                      "settling its receipts",
-                     inst.name, name);
+                     in->name, name);
             settle_start(f, name, 0);
         }
         break;
@@ -412,31 +430,32 @@ static int receipts_on(const config *c)
 
 void instance_tick(ferry *f, uint64_t now)
 {
-    if (f->worker_index != 0 || inst.name[0] == '\0' || inst.refused || !receipts_on(f->cfg)) {
+    struct instance *in = f->instance;
+    if (in == NULL || f->worker_index != 0 || in->refused || !receipts_on(f->cfg)) {
         return;
     }
     link *l = hb_link(f);
     if (l == NULL) {
         return;
     }
-    if (!inst.beating && now >= inst.next_beat) {
-        inst.next_beat = now + inst.ttl_ms / 4;
+    if (!in->beating && now >= in->next_beat) {
+        in->next_beat = now + in->ttl_ms / 4;
         beat(f, l);
     }
-    if (!inst.held || inst.busy) {
+    if (!in->held || in->busy) {
         return;
     }
-    if (!inst.own_done && !inst.adopted) {
-        if (now < inst.next_step) {
+    if (!in->own_done && !in->adopted) {
+        if (now < in->next_step) {
             return;
         }
-        settle_start(f, inst.name, 1);
-    } else if (inst.peer_at < buf_used(&inst.peers)) {
-        claim(f, l, buf_head(&inst.peers) + inst.peer_at, "claim", CALL_CLAIM);
-    } else if (now >= inst.next_sweep) {
+        settle_start(f, in->name, 1);
+    } else if (in->peer_at < buf_used(&in->peers)) {
+        claim(f, l, buf_head(&in->peers) + in->peer_at, "claim", CALL_CLAIM);
+    } else if (now >= in->next_sweep) {
         const char *members[] = {"SMEMBERS", registry(f)};
-        inst.next_sweep = now + inst.ttl_ms / 2;
-        inst.busy = 1;
+        in->next_sweep = now + in->ttl_ms / 2;
+        in->busy = 1;
         link_internal_sure(l, members, 2, on_reply, CALL_MEMBERS);
     }
 }

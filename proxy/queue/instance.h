@@ -10,19 +10,23 @@
  * live process. */
 #define INSTANCE_EXIT_TAKEN 4
 
-/* Once per process, before its loops start: the instance's name
- * (instance.name, or derived from the host name and the first listen
- * address) and this process's token. adopted: the process takes over from
- * one of the same instance (--takeover): it shares the heartbeat and puts
- * nothing of its predecessor's back. */
-void instance_setup(const config *cfg, int adopted);
+struct instance;
+
+/* Once per process, before its loops start (the main loop's context keeps
+ * it, each worker's points at it): the instance's name (instance.name, or
+ * derived from the host name and the first listen address) and this
+ * process's token. adopted: the process takes over from one of the same
+ * instance (--takeover): it shares the heartbeat and puts nothing of its
+ * predecessor's back. */
+struct instance *instance_new(const config *cfg, int adopted);
+void instance_free(struct instance *in);
 
 /* "<name>:<process token>": the part of receipt names that says whose they
  * are (receipts.c adds the loop and the receipt's number). */
-const char *instance_receipt_owner(void);
+const char *instance_receipt_owner(const ferry *f);
 
 /* The instance's name (instance.name as resolved; "" before setup). */
-const char *instance_own_name(void);
+const char *instance_own_name(const ferry *f);
 
 /* Periodic (the main loop's tick; nothing on a worker's): the heartbeat,
  * the own instance's receipts of an earlier process settled once, and

@@ -218,7 +218,7 @@ static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
     if (f->rcpt_token[0] == '\0') {
         /* Unique across restarts and loops: the instance, its process, the loop. */
         snprintf(f->rcpt_token, sizeof(f->rcpt_token), "%.*s.%d", (int)sizeof(f->rcpt_token) - 8,
-                 instance_receipt_owner(), f->worker_index);
+                 instance_receipt_owner(f), f->worker_index);
     }
     buf_append(out, "ferry:rcpt:", 11);
     if (f->cluster != NULL) {
