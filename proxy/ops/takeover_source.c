@@ -285,7 +285,7 @@ static void tk_call_done(link *l, request *r, const char *p, size_t n)
     } else {
         if (s != NULL) {
             /* Served before the cancel reached Redis: the client's reply. */
-            receipts_reply(f, r, p, n);
+            receipts_reply_sent(f, r, p, n);
             session_on_stream(s, p, n);
             log_debug("takeover: client %llu: blocked call served while cancelling",
                       (unsigned long long)s->id);

@@ -894,42 +894,6 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     return 0;
 }
 
-void receipts_reply(ferry *f, request *r, const char *p, size_t n)
-{
-    rcpt_view v;
-    if (!(r->flags & REQ_F_RCPT) || n == 0 || is_null(p, n) || p[0] == '-' ||
-        (n == 4 && memcmp(p, "*0\r\n", 4) == 0) || rcpt_of(f, r, &v) != 0) {
-        return; /* nothing moved: no receipt */
-    }
-    if (f->cluster == NULL) {
-        /* One DEL for every receipt served this turn, at the next flush
-         * (receipts_flush). */
-        struct receipts *rc = receipts_of(f);
-        buf key;
-        buf_init(&key);
-        receipt_key(f, &v, r->rcpt, &key);
-        buf_append_bulk(&rc->turn, buf_head(&key), buf_used(&key));
-        rc->nturn++;
-        buf_free(&key);
-        rcpt_let_go(f, r);
-        f->stats.receipts_held++; /* until its DEL is sent (dels_send) */
-        return;
-    }
-    /* The item is on its way to the client: the receipt has served. Its
-     * DEL goes at the next flush, once the reply is written (as above), to
-     * its key's master (the receipt is in the pop's slot). */
-    struct receipts *rc = receipts_of(f);
-    buf key;
-    buf_init(&key);
-    receipt_key(f, &v, r->rcpt, &key);
-    buf_append_bulk(&rc->cturn, buf_head(&key), buf_used(&key));
-    buf_append_bulk(&rc->cturn, v.key, v.klen);
-    rc->ncturn++;
-    buf_free(&key);
-    rcpt_let_go(f, r);
-    f->stats.receipts_held++; /* until its DEL is sent (cluster_dels_send) */
-}
-
 /* ------------------------------------------------------------ put back */
 
 /* A move back that may come before its move was answered (or lost with
@@ -993,10 +957,55 @@ static void put_back_free(ferry *f, put_back *b)
     free(b->key);
 }
 
-/* r's receipt moved back to the end of its queue the item came from (the
- * queue as it was), or a push's deleted, on via or its key's master, now or
- * once there is one. */
-static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, int again)
+/* What undoes r's receipt (v, its parts): the move of its items back to
+ * the end of its queue they came from (the queue as it was), or a push's
+ * DEL. */
+static void put_back_move(ferry *f, const rcpt_view *v, uint64_t rcpt, buf *move)
+{
+    buf key;
+    buf_init(&key);
+    receipt_key(f, v, rcpt, &key);
+    if (v->push != NULL) {
+        buf_append_count(move, '*', 2);
+        buf_append_bulk(move, "DEL", 3);
+        buf_append_bulk(move, buf_head(&key), buf_used(&key));
+    } else if (v->zset) {
+        /* Each member back with its score. */
+        static const char members[] =
+            "local r = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES') "
+            "for i = 1, #r, 2 do redis.call('ZADD', KEYS[2], r[i + 1], r[i]) "
+            "end redis.call('DEL', KEYS[1]) return #r / 2";
+        buf_append_count(move, '*', 5);
+        buf_append_bulk(move, "EVAL", 4);
+        buf_append_bulk(move, members, sizeof(members) - 1);
+        buf_append_bulk(move, "2", 1);
+        buf_append_bulk(move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(move, v->key, v->klen);
+    } else if (v->count != NULL) {
+        /* A batch's items, the last taken first: each back where it was. */
+        static const char every[] = "local n = 0 while redis.call('LMOVE', KEYS[1], KEYS[2], "
+                                    "'RIGHT', ARGV[1]) do n = n + 1 end return n";
+        buf_append_count(move, '*', 6);
+        buf_append_bulk(move, "EVAL", 4);
+        buf_append_bulk(move, every, sizeof(every) - 1);
+        buf_append_bulk(move, "2", 1);
+        buf_append_bulk(move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(move, v->key, v->klen);
+        buf_append_bulk(move, v->side, strlen(v->side));
+    } else {
+        buf_append_count(move, '*', 5);
+        buf_append_bulk(move, "LMOVE", 5);
+        buf_append_bulk(move, buf_head(&key), buf_used(&key));
+        buf_append_bulk(move, v->key, v->klen);
+        buf_append_bulk(move, "LEFT", 4);
+        buf_append_bulk(move, v->side, strlen(v->side));
+    }
+    buf_free(&key);
+}
+
+/* move (put_back_move's; taken) sent on via or key's master, now or once
+ * there is one. */
+static void put_back_queue(ferry *f, buf *move, const char *key, size_t klen, link *via, int again)
 {
     struct receipts *rc = receipts_of(f);
     if (rc->n == PUT_BACK_MAX) {
@@ -1014,49 +1023,11 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
         rc->pb = xrealloc(rc->pb, rc->cap * sizeof(*rc->pb));
     }
     put_back *b = &rc->pb[rc->n++];
-    buf key;
-    buf_init(&key);
-    buf_init(&b->move);
-    receipt_key(f, v, r->rcpt, &key);
-    if (v->push != NULL) {
-        buf_append_count(&b->move, '*', 2);
-        buf_append_bulk(&b->move, "DEL", 3);
-        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-    } else if (v->zset) {
-        /* Each member back with its score. */
-        static const char members[] =
-            "local r = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES') "
-            "for i = 1, #r, 2 do redis.call('ZADD', KEYS[2], r[i + 1], r[i]) "
-            "end redis.call('DEL', KEYS[1]) return #r / 2";
-        buf_append_count(&b->move, '*', 5);
-        buf_append_bulk(&b->move, "EVAL", 4);
-        buf_append_bulk(&b->move, members, sizeof(members) - 1);
-        buf_append_bulk(&b->move, "2", 1);
-        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-        buf_append_bulk(&b->move, v->key, v->klen);
-    } else if (v->count != NULL) {
-        /* A batch's items, the last taken first: each back where it was. */
-        static const char every[] = "local n = 0 while redis.call('LMOVE', KEYS[1], KEYS[2], "
-                                    "'RIGHT', ARGV[1]) do n = n + 1 end return n";
-        buf_append_count(&b->move, '*', 6);
-        buf_append_bulk(&b->move, "EVAL", 4);
-        buf_append_bulk(&b->move, every, sizeof(every) - 1);
-        buf_append_bulk(&b->move, "2", 1);
-        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-        buf_append_bulk(&b->move, v->key, v->klen);
-        buf_append_bulk(&b->move, v->side, strlen(v->side));
-    } else {
-        buf_append_count(&b->move, '*', 5);
-        buf_append_bulk(&b->move, "LMOVE", 5);
-        buf_append_bulk(&b->move, buf_head(&key), buf_used(&key));
-        buf_append_bulk(&b->move, v->key, v->klen);
-        buf_append_bulk(&b->move, "LEFT", 4);
-        buf_append_bulk(&b->move, v->side, strlen(v->side));
-    }
-    buf_free(&key);
-    b->key = xmalloc(v->klen + 1);
-    memcpy(b->key, v->key, v->klen);
-    b->klen = v->klen;
+    b->move = *move;
+    buf_init(move);
+    b->key = xmalloc(klen + 1);
+    memcpy(b->key, key, klen);
+    b->klen = klen;
     b->epoch = 0;
     b->sent_ms = 0;
     b->last_ms = 0;
@@ -1066,6 +1037,123 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
     b->answered_ms = 0;
     f->stats.receipts_held++; /* until sent (put_back_send) */
     put_back_send(f, b, via);
+}
+
+/* r's receipt undone (put_back_move), on via or its key's master. */
+static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, int again)
+{
+    buf move;
+    buf_init(&move);
+    put_back_move(f, v, r->rcpt, &move);
+    put_back_queue(f, &move, v->key, v->klen, via, again);
+}
+
+/* ---------------------------------------------------------- served
+ *
+ * A receipt has served once its reply is in: the item (or the push's
+ * reply) is on its way to the client. Its DEL waits for that reply to be
+ * handed to the client's socket (the request's written watch, session.c),
+ * then goes at the next flush: a DEL sent before would leave the item on
+ * nobody if ferry died in between (kill -9 under load). A reply never
+ * written (its client left in the very turn its reply came in, or with it
+ * still queued behind a slow read) undoes the pop instead, as a client
+ * gone before its reply came in does (receipts_client_gone): the item
+ * goes back to its queue. */
+
+typedef struct served {
+    ferry *f;
+    buf rkey; /* the receipt's key */
+    buf qkey; /* the queue's key (its master in cluster mode) */
+    buf undo; /* put_back_move's */
+    int pop;
+} served;
+
+/* The served receipt's DEL queued for the next flush: one DEL for every
+ * receipt served in a turn; in cluster mode one per receipt, to its key's
+ * master (the receipt is in the pop's slot). Held until sent (dels_send,
+ * cluster_dels_send). */
+static void served_del(ferry *f, const char *rkey, size_t rlen, const char *qkey, size_t qlen)
+{
+    struct receipts *rc = receipts_of(f);
+    if (f->cluster == NULL) {
+        buf_append_bulk(&rc->turn, rkey, rlen);
+        rc->nturn++;
+        return;
+    }
+    buf_append_bulk(&rc->cturn, rkey, rlen);
+    buf_append_bulk(&rc->cturn, qkey, qlen);
+    rc->ncturn++;
+}
+
+/* The fate of a served receipt's reply (a req_sent_cb). */
+static void served_written(void *arg, int written)
+{
+    served *sv = arg;
+    ferry *f = sv->f;
+    if (written) {
+        served_del(f, buf_head(&sv->rkey), buf_used(&sv->rkey), buf_head(&sv->qkey),
+                   buf_used(&sv->qkey));
+    } else {
+        f->stats.receipts_held--; /* held by put_back_queue now */
+        if (sv->pop) {
+            f->stats.pops_undone++;
+            log_info("receipts: a pop's reply came in and was never written (its client left "
+                     "first): undone, its item(s) moved back to %.*s",
+                     (int)buf_used(&sv->qkey), buf_head(&sv->qkey));
+        }
+        put_back_queue(f, &sv->undo, buf_head(&sv->qkey), buf_used(&sv->qkey), NULL, 0);
+    }
+    buf_free(&sv->rkey);
+    buf_free(&sv->qkey);
+    buf_free(&sv->undo);
+    free(sv);
+}
+
+/* Whether r's reply p says its receipt served (1: its parts in *v). */
+static int served_view(ferry *f, const request *r, const char *p, size_t n, rcpt_view *v)
+{
+    return (r->flags & REQ_F_RCPT) && n > 0 && !is_null(p, n) && p[0] != '-' &&
+           !(n == 4 && memcmp(p, "*0\r\n", 4) == 0) && rcpt_of(f, r, v) == 0;
+}
+
+void receipts_reply(ferry *f, request *r, const char *p, size_t n)
+{
+    rcpt_view v;
+    if (!served_view(f, r, p, n, &v)) {
+        return; /* nothing moved: no receipt */
+    }
+    rcpt_let_go(f, r);
+    f->stats.receipts_held++; /* until its DEL or its undoing is sent */
+    served *sv = xcalloc(1, sizeof(*sv));
+    sv->f = f;
+    sv->pop = v.push == NULL;
+    buf_init(&sv->rkey);
+    buf_init(&sv->qkey);
+    buf_init(&sv->undo);
+    receipt_key(f, &v, r->rcpt, &sv->rkey);
+    buf_append(&sv->qkey, v.key, v.klen);
+    put_back_move(f, &v, r->rcpt, &sv->undo);
+    if (r->written != NULL) {
+        served_written(sv, 1); /* (never: a receipt's reply has no other watcher) */
+        return;
+    }
+    r->written = served_written;
+    r->written_arg = sv;
+}
+
+void receipts_reply_sent(ferry *f, request *r, const char *p, size_t n)
+{
+    rcpt_view v;
+    if (!served_view(f, r, p, n, &v)) {
+        return;
+    }
+    buf key;
+    buf_init(&key);
+    receipt_key(f, &v, r->rcpt, &key);
+    rcpt_let_go(f, r);
+    f->stats.receipts_held++; /* until its DEL is sent */
+    served_del(f, buf_head(&key), buf_used(&key), v.key, v.klen);
+    buf_free(&key);
 }
 
 void receipts_put_back(ferry *f, request *r)

@@ -36,9 +36,14 @@ int receipts_again(session *s, request *r, const char *p, size_t n);
  * move's item as BRPOP's [key, item]; 0: p as it is. */
 int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out);
 
-/* r's reply is final: the receipt it left is deleted, on its key's master,
- * at the next flush (once the reply is written: receipts_flush). */
+/* r's reply is final and goes to its client's output: the receipt it
+ * left is deleted, on its key's master, at the flush after the reply is
+ * handed to the client's socket (r's written watch); a reply never
+ * written undoes the pop instead (its item back in its queue). */
 void receipts_reply(ferry *f, request *r, const char *p, size_t n);
+/* The same for a reply already written to its client (takeover.c): the
+ * DEL at the next flush. */
+void receipts_reply_sent(ferry *f, request *r, const char *p, size_t n);
 
 /* r, a pop with its receipt, is answered by ferry itself (its timeout ran
  * out while held, -TRYAGAIN): had its move applied, the item goes back to

@@ -16,6 +16,7 @@ every item pushed, and no receipt key may keep an item.
 
 Run: python3 -m unittest test_pops_undone -v
 """
+import socket
 import threading
 import time
 import unittest
@@ -125,11 +126,11 @@ class PopsUndoneTest(unittest.TestCase):
             return m.lrange(key, 0, -1) + m.lrange(key + ':dst', 0, -1)
         return m.lrange(key, 0, -1)
 
-    def count_after(self, key, pushed, delivered, kind='list'):
+    def count_after(self, key, pushed, delivered, kind='list', master=None):
         """Waits until every pushed item is delivered or back in Redis, and no
         receipt key is left; fails with the counts otherwise. Returns what
         is left."""
-        m = self.topo.master().client(socket_timeout=10)
+        m = (master or self.topo.master()).client(socket_timeout=10)
         state = {}
 
         def settled():
@@ -153,6 +154,9 @@ class PopsUndoneTest(unittest.TestCase):
 
     def durability(self):
         return stats_json(self.ferry.stats_port)['durability']
+
+    def master_of(self, key):
+        return self.topo.master()
 
     def run_shape(self, shape):
         key = 'q:undo:%s' % shape
@@ -222,6 +226,38 @@ class PopsUndoneTest(unittest.TestCase):
 
     def test_blpop(self):
         self.run_shape('blpop')
+
+    def test_reply_in_never_written(self):
+        """A pop whose reply came in but was never written to its client (it
+        waits behind a big reply the client never reads; the client leaves)
+        is undone: its item goes back to its queue. Before, the receipt was
+        deleted as the reply came in: the item on nobody. The same window as
+        a client whose timeout fires in the turn its reply comes in."""
+        key, big = '{unwritten}q', '{unwritten}big'
+        m = self.master_of(key)
+        mc = m.client(socket_timeout=10)
+        mc.rpush(key, 'u-0', 'u-1')
+        mc.set(big, b'x' * (48 << 20))   # more than the sockets between take
+
+        def replies():
+            return stats_json(self.ferry.stats_port)['latency']['request_duration_seconds']['count']
+        before_replies, before = replies(), self.durability().get('pops_undone', 0)
+        s = socket.create_connection(('127.0.0.1', self.ferry.port))
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b'*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n*2\r\n$4\r\nRPOP\r\n$%d\r\n%s\r\n'
+                      % (len(big), big.encode(), len(key), key.encode()))
+            # Both replies came in from Redis (the pop's after its WAIT):
+            # the item is out of the queue, in a reply ferry cannot write yet.
+            wait_until(lambda: replies() >= before_replies + 2 and mc.llen(key) == 1, timeout=20,
+                       interval=0.05, msg='the pop answered by Redis')
+            self.assertEqual(mc.lrange(key, 0, -1), ['u-0'])
+        finally:
+            s.close()
+        self.count_after(key, ['u-0', 'u-1'], [], master=m)
+        self.assertEqual(mc.lrange(key, 0, -1), ['u-0', 'u-1'])  # back at the end it came from
+        self.assertEqual(self.durability().get('pops_undone', 0) - before, 1)
+        mc.delete(big)
 
     def test_push_receipts_deleted(self):
         """A push with its receipt whose client gave up on its held
@@ -449,6 +485,9 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
     def tearDownClass(cls):
         cls.ferry.stop()
         cls.cluster.stop()
+
+    def master_of(self, key):
+        return self.shard_of(key)[0]
 
     def shard_of(self, key):
         port = self.cluster.master_of(self.cluster.keyslot(key))
