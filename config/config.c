@@ -711,6 +711,14 @@ const conf_entry conf_table[] = {
             "(docs/failover.md)",
      .type = CONF_BOOL,
      CONF_FIELD(push_receipts)},
+    {.key = "durability.script_receipts",
+     .doc = "with replicas_ack: a script (EVAL, EVALSHA of a body ferry knows) that may write and "
+            "names a key fallback.keys names runs inside a wrapper that keeps its reply under a "
+            "receipt key of its own in the same step, deleted once the reply is written; sent "
+            "again after a failover that lost its reply, it answers the first run's reply if the "
+            "new master has it: a script that pops (N4's delayed queue) or pushes runs once",
+     .type = CONF_BOOL,
+     CONF_FIELD(script_receipts)},
     {.key = "durability.redo_max_bytes",
      .doc = "with replicas_ack: the most bytes of acknowledged queue pushes (LPUSH, RPUSH, ZADD, "
             "XADD, and transactions that go with their receipt) kept until every replica Sentinel "
@@ -1209,6 +1217,7 @@ void config_defaults(config *cfg)
     cfg->offset_brackets = 1;
     cfg->pop_receipts = 1;
     cfg->push_receipts = 1;
+    cfg->script_receipts = 1;
     cfg->redo_max_bytes = (size_t)64 << 20;
     cfg->enforce_interval_ms = 5000;
     cfg->config_command = strdup("CONFIG");

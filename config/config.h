@@ -220,15 +220,17 @@ typedef struct config {
     uint64_t replicas_ack_data_hold_ms; /* durability.replicas_ack_data_hold_ms (500) */
     int offset_brackets;                /* durability.offset_brackets (1): ROLE beside WAIT */
     int pop_receipts;                   /* durability.pop_receipts (1): pops leave a receipt */
-    int push_receipts;                  /* durability.push_receipts (1): pushes leave a receipt */
-    size_t redo_max_bytes;              /* durability.redo_max_bytes (64mb) */
-    uint64_t enforce_interval_ms;       /* durability.enforce_interval_ms (5000):
-                                           how often the checks are re-run */
-    char *config_command;               /* durability.config_command ("CONFIG"):
-                                           the master's name for CONFIG, if renamed */
-    int persist_config;                 /* durability.persist_config (0): also run
-                                           CONFIG REWRITE so a restarted node
-                                           comes back durable */
+    int script_receipts; /* durability.script_receipts (1): writing scripts of queue keys keep their
+                            reply */
+    int push_receipts;   /* durability.push_receipts (1): pushes leave a receipt */
+    size_t redo_max_bytes;        /* durability.redo_max_bytes (64mb) */
+    uint64_t enforce_interval_ms; /* durability.enforce_interval_ms (5000):
+                                     how often the checks are re-run */
+    char *config_command;         /* durability.config_command ("CONFIG"):
+                                     the master's name for CONFIG, if renamed */
+    int persist_config;           /* durability.persist_config (0): also run
+                                     CONFIG REWRITE so a restarted node
+                                     comes back durable */
 } config;
 
 /* Fill cfg with the defaults (no redis/sentinel, listen 127.0.0.1:6380, the

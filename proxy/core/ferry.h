@@ -101,6 +101,12 @@ enum {
 #define REQ_F_XLOOK                                                                                \
     (1u << 20) /* sent as its look: the consumer's pending entries after those it was handed */
 
+#define REQ_F_RCPT_SCRIPT                                                                          \
+    (1u << 21) /* a client's script in its receipt wrapper: its data released as a script's (no    \
+                  undo: fence.c), its errors given the client's script's SHA1 back */
+#define REQ_F_RCPT_NONE                                                                            \
+    (1u << 22) /* no receipt from now on (Redis could not compile its script's wrapper) */
+
 typedef void (*req_done_cb)(struct link *l, struct request *r, const char *reply, size_t len);
 /* What became of a reply someone must know the fate of: written 1 once its
  * last byte was written to the client's socket, 0 if it never will be. */

@@ -314,6 +314,14 @@ typedef enum stat_type {
     X(durability, push_receipts_found, COUNTER, "ferry_durability_push_receipts_found_total",      \
       "pushes sent again whose receipt held the first one's reply: answered with it, not pushed "  \
       "again (the reply the failover lost)")                                                       \
+    X(durability, script_receipts, COUNTER, "ferry_durability_script_receipts_total",              \
+      "scripts that may write, of a queue key, run inside the wrapper that keeps their reply "     \
+      "under "                                                                                     \
+      "a receipt key (durability.script_receipts)")                                                \
+    X(durability, script_receipts_resent, COUNTER,                                                 \
+      "ferry_durability_script_receipts_resent_total",                                             \
+      "scripts sent again with their receipt after their link was lost: the new master answers "   \
+      "the first run's reply if it has it, else runs them")                                        \
     X(durability, transaction_receipts, COUNTER, "ferry_durability_transaction_receipts_total",    \
       "transactions with a push of a queue sent at EXEC as a script that keeps EXEC's reply "      \
       "under a receipt key (durability.push_receipts)")                                            \

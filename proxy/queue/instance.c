@@ -425,7 +425,7 @@ static void on_reply(link *l, request *r, const char *p, size_t n)
 static int receipts_on(const config *c)
 {
     int ack = c->replicas_ack >= 0 ? c->replicas_ack : c->has_sentinel;
-    return ack > 0 && (c->pop_receipts || c->push_receipts);
+    return ack > 0 && (c->pop_receipts || c->push_receipts || c->script_receipts);
 }
 
 void instance_tick(ferry *f, uint64_t now)

@@ -3,7 +3,7 @@
 -- (instance.c), one SCAN step at a time. A receipt's name says what it
 -- needs: ferry:rcpt:[{tag}:]<name>:<process>.<loop>:<n>:<what>:<key>, <what>
 -- L or R for a pop (its item taken from that end of <key>), Z a sorted set's
--- pop (members and scores), P a push, T a transaction (receipts.c).
+-- pop (members and scores), P a push, T a transaction, S a script (receipts.c).
 -- KEYS[1] ferry:alive:<name> (fixed and Sentinel mode; in cluster mode it is
 -- on another node: none, ARGV[5] is its token as the caller read it, ''
 -- none); ARGV[1] the name, ARGV[2] the SCAN cursor, ARGV[3] its COUNT,
@@ -11,8 +11,8 @@
 -- name's; '' none), ARGV[6] '1' in cluster mode (receipts after their key's
 -- {tag}, each in its slot: the flag lets one step touch several). A live
 -- process's receipts (the heartbeat's token) stay too. A pop's item goes
--- back to the end it came from, a push's or transaction's receipt is
--- deleted (the write stands). Each step is atomic: a receipt is settled
+-- back to the end it came from, a push's, transaction's or script's receipt
+-- is deleted (the write stands). Each step is atomic: a receipt is settled
 -- once, whoever else tries. Answers {next cursor, receipts deleted, key of
 -- each item put back...}.
 local alive
@@ -47,7 +47,7 @@ for _, k in ipairs(step[2]) do
         out[#out + 1] = key
       end
       redis.call('DEL', k)
-    elseif what == 'P' or what == 'T' then
+    elseif what == 'P' or what == 'T' or what == 'S' then
       redis.call('DEL', k)
       out[2] = out[2] + 1
     end

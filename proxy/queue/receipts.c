@@ -47,6 +47,7 @@
  * retry see the client's pop. */
 #include "receipts.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,8 +58,10 @@
 #include "instance.h"
 #include "lease.h"
 #include "log.h"
+#include "receipt_wrap.h"
 #include "resp.h"
 #include "router.h"
+#include "scripts.h"
 #include "stats.h"
 #include "tx.h"
 #include "upstream.h"
@@ -84,6 +87,12 @@ typedef struct rcpt_view {
     const char *push;     /* a push: its command (lpush, rpush, lpushx, rpushx, xadd); NULL a pop */
     const char *values;   /* a push: its values (XADD: all after the key), as bulk strings */
     size_t vlen, nvalues; /* their bytes and how many */
+    /* A script (push "script"): EVAL's body or EVALSHA's SHA1, its keys and
+     * its arguments as bulk strings, as the client sent them. */
+    int script, sha;
+    const char *src, *keys, *args;
+    size_t srclen, keyslen, argslen;
+    long long nkeys, nargs;
 } rcpt_view;
 
 /* BRPOP or BLPOP (of r's pops, the blocking ones start with b). */
@@ -135,6 +144,61 @@ static int batch_count_ok(const char *p, size_t n, long long max)
     return c >= 1 && c <= max;
 }
 
+/* A sure tag for a receipt in key's slot (cluster mode): not a key whose
+ * braces say nothing sure. */
+static int tag_sure(const ferry *f, const char *key, size_t klen)
+{
+    const char *tag;
+    if (f->cluster == NULL) {
+        return 1;
+    }
+    size_t tlen = lease_tag(key, klen, &tag);
+    return !(tlen == klen && (memchr(key, '{', klen) || memchr(key, '}', klen)));
+}
+
+/* EVAL or EVALSHA (not the _RO ones: they cannot write) with at least one
+ * key that fallback.keys names (the first such is v->key). */
+static int script_of(const ferry *f, const request *r, rcpt_view *v)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
+    size_t alen, klen;
+    long long argc = resp_read_header(&p, end, '*'), nkeys = 0;
+    memset(v, 0, sizeof(*v));
+    if (argc < 4 || resp_read_bulk(&p, end, &a, &alen) != 0 ||
+        resp_read_bulk(&p, end, &v->src, &v->srclen) != 0 ||
+        resp_read_bulk(&p, end, &a, &alen) != 0 || alen == 0 || alen > 6) {
+        return -1;
+    }
+    for (size_t i = 0; i < alen; i++) {
+        if (a[i] < '0' || a[i] > '9') {
+            return -1;
+        }
+        nkeys = nkeys * 10 + (a[i] - '0');
+    }
+    if (nkeys < 1 || nkeys > argc - 3) {
+        return -1;
+    }
+    v->sha = (r->cmd->name[4] == 's');
+    v->keys = p;
+    for (long long i = 0; i < nkeys; i++) {
+        if (resp_read_bulk(&p, end, &k, &klen) != 0) {
+            return -1;
+        }
+        if (v->key == NULL && config_fallback_key(f->cfg, k, klen)) {
+            v->key = k;
+            v->klen = klen;
+        }
+    }
+    v->keyslen = (size_t)(p - v->keys);
+    v->args = p;
+    v->argslen = (size_t)(end - p);
+    v->nkeys = nkeys;
+    v->nargs = argc - 3 - nkeys;
+    v->push = "script";
+    v->script = 1;
+    return v->key != NULL && tag_sure(f, v->key, v->klen) ? 0 : -1;
+}
+
 static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
@@ -146,6 +210,10 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     v->count = NULL;
     v->clen = 0;
     v->zset = 0;
+    v->script = 0;
+    if (strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0) {
+        return script_of(f, r, v);
+    }
     if (r->route == RT_EXEC) {
         /* A transaction sent as the receipt script (receipts_tx_send). */
         memset(v, 0, sizeof(*v));
@@ -196,15 +264,8 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
             v->side = name[v->blocking] == 'r' ? "RIGHT" : "LEFT";
         }
     }
-    if (f->cluster != NULL) {
-        /* The receipt goes in the key's slot: only where its tag is sure. */
-        const char *tag;
-        size_t tlen = lease_tag(v->key, v->klen, &tag);
-        if (tlen == v->klen && (memchr(v->key, '{', v->klen) || memchr(v->key, '}', v->klen))) {
-            return -1;
-        }
-    }
-    return config_fallback_key(f->cfg, v->key, v->klen) ? 0 : -1;
+    /* The receipt goes in the key's slot: only where its tag is sure. */
+    return tag_sure(f, v->key, v->klen) && config_fallback_key(f->cfg, v->key, v->klen) ? 0 : -1;
 }
 
 /* ferry:rcpt:[{tag}:]<instance>:<process>.<loop>:<n>:<what>:<key>: whose
@@ -232,7 +293,8 @@ static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
     char *p = buf_digits(tail + sizeof(tail), n);
     *--p = ':';
     buf_append(out, p, (size_t)(tail + sizeof(tail) - p));
-    const char *what = v->push != NULL     ? (strcmp(v->push, "exec") == 0 ? ":T:" : ":P:")
+    const char *what = v->script           ? ":S:"
+                       : v->push != NULL   ? (strcmp(v->push, "exec") == 0 ? ":T:" : ":P:")
                        : v->zset           ? ":Z:"
                        : v->side[0] == 'L' ? ":L:"
                                            : ":R:";
@@ -282,17 +344,69 @@ static void rcpt_let_go(ferry *f, request *r)
     r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
 }
 
+/* v's script (EVAL's body, or the body ferry remembers for EVALSHA's
+ * SHA1) in its receipt wrapper, in out (0); -1 when ferry does not know
+ * the body or it is not to be wrapped (receipt_wrap.c). */
+static int script_wrapped(const ferry *f, const rcpt_view *v, buf *out)
+{
+    buf body;
+    int rc = -1;
+    buf_init(&body);
+    if (!v->sha) {
+        rc = receipt_wrap(v->src, v->srclen, out);
+    } else if (scripts_body(f->scripts, v->src, v->srclen, &body)) {
+        rc = receipt_wrap(buf_head(&body), buf_used(&body), out);
+    }
+    buf_free(&body);
+    return rc;
+}
+
+/* v's script sent as its wrapper (w) with the receipt (key): EVALSHA of
+ * the wrapper, loaded on l first (scripts.c's marks), or EVAL once Redis
+ * said it lacked it; the receipt a key more, '1' an argument more when it
+ * was sent before (it looks first). In b. */
+static void script_send(ferry *f, const request *r, link *l, const rcpt_view *v, const buf *key,
+                        const buf *w, buf *b)
+{
+    char sha[41], nkeys[24];
+    int eval = (r->flags & REQ_F_RCPT_EVAL) != 0;
+    if (!eval) {
+        scripts_sha1_hex(buf_head(w), buf_used(w), sha);
+        eval = !scripts_load_on(f->scripts, l, sha, buf_head(w), buf_used(w));
+    }
+    buf_append_count(b, '*', (size_t)(3 + v->nkeys + 1 + v->nargs + 1));
+    if (eval) {
+        buf_append_bulk(b, "EVAL", 4);
+        buf_append_bulk(b, buf_head(w), buf_used(w));
+    } else {
+        buf_append_bulk(b, "EVALSHA", 7);
+        buf_append_bulk(b, sha, 40);
+    }
+    snprintf(nkeys, sizeof(nkeys), "%lld", v->nkeys + 1);
+    buf_append_bulk(b, nkeys, strlen(nkeys));
+    buf_append(b, v->keys, v->keyslen);
+    buf_append_bulk(b, buf_head(key), buf_used(key));
+    buf_append(b, v->args, v->argslen);
+    buf_append_bulk(b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
+}
+
 /* Whether r gets a receipt on l (1: its parts in *v, its key appended to
  * key, counted), else 0. */
-static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key)
+static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key, buf *wrapped)
 {
     ferry *f = s->f;
-    if (r->rcpt == 0 && (l->up->replicas_ack <= 0 || l->who->user != NULL || tx_in_multi(s) ||
-                         s->db != 0 || (r->route != RT_SHARED && r->route != RT_BLOCKING))) {
+    if ((r->flags & REQ_F_RCPT_NONE) ||
+        (r->rcpt == 0 &&
+         (l->up->replicas_ack <= 0 || l->who->user != NULL || tx_in_multi(s) || s->db != 0 ||
+          (r->route != RT_SHARED && r->route != RT_BLOCKING && r->route != RT_SCRIPT)))) {
         return 0;
     }
-    if (rcpt_of(f, r, v) != 0 ||
-        (r->rcpt == 0 && !(v->push != NULL ? f->cfg->push_receipts : f->cfg->pop_receipts))) {
+    if (rcpt_of(f, r, v) != 0 || (r->rcpt == 0 && (r->route == RT_SCRIPT) != v->script)) {
+        return 0;
+    }
+    if (r->rcpt == 0 && !(v->script         ? f->cfg->script_receipts
+                          : v->push != NULL ? f->cfg->push_receipts
+                                            : f->cfg->pop_receipts)) {
         return 0;
     }
     if (v->zset && s->proto != 2) {
@@ -300,12 +414,25 @@ static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key
          * pairs of pairs with a count): sent as written. */
         return 0;
     }
-    int push = v->push != NULL;
+    if (v->script && (wrapped == NULL || script_wrapped(f, v, wrapped) != 0)) {
+        return 0;
+    }
+    uint64_t *count, *resent;
+    if (v->script) {
+        count = &f->stats.script_receipts;
+        resent = &f->stats.script_receipts_resent;
+    } else if (v->push != NULL) {
+        count = &f->stats.push_receipts;
+        resent = &f->stats.push_receipts_resent;
+    } else {
+        count = &f->stats.pop_receipts;
+        resent = &f->stats.pop_receipts_resent;
+    }
     if (r->rcpt == 0) {
         r->rcpt = ++f->rcpt_next;
-        (*(push ? &f->stats.push_receipts : &f->stats.pop_receipts))++;
+        (*count)++;
     } else if (r->retries > 0) {
-        (*(push ? &f->stats.push_receipts_resent : &f->stats.pop_receipts_resent))++;
+        (*resent)++;
     }
     receipt_key(f, v, r->rcpt, key);
     return 1;
@@ -314,7 +441,7 @@ static int receipt_claim(session *s, request *r, link *l, rcpt_view *v, buf *key
 int receipts_guarded_push(session *s, request *r, link *l, buf *key, int *before)
 {
     rcpt_view v;
-    if (!receipt_claim(s, r, l, &v, key) || v.push == NULL) {
+    if (!receipt_claim(s, r, l, &v, key, NULL) || v.push == NULL) {
         return 0;
     }
     *before = (r->flags & REQ_F_RCPT) != 0;
@@ -332,11 +459,24 @@ int receipts_send(session *s, request *r, link *l)
         return receipts_tx_send(s, r, l);
     }
     buf_init(&key);
-    if (!receipt_claim(s, r, l, &v, &key)) {
+    buf_init(&b);
+    if (!receipt_claim(s, r, l, &v, &key, &b)) {
         buf_free(&key);
+        buf_free(&b);
         return 0;
     }
-    buf_init(&b);
+    if (v.script) {
+        buf w = b;
+        buf_init(&b);
+        script_send(s->f, r, l, &v, &key, &w, &b);
+        buf_free(&w);
+        rcpt_hold(s->f, r, REQ_F_RCPT_PROBE);
+        r->flags |= REQ_F_RCPT_SCRIPT;
+        link_send_as(l, r, buf_head(&b), buf_used(&b));
+        buf_free(&b);
+        buf_free(&key);
+        return 1;
+    }
     /* A pop sent before, its move may have applied: the script looks
      * first. A push is always the script (its reply kept in the receipt),
      * which looks first only if it was sent before. */
@@ -395,8 +535,18 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
     int blocking = blocking_pop(r);
     if (script && !(r->flags & REQ_F_RCPT_EVAL) && n >= 9 && memcmp(p, "-NOSCRIPT", 9) == 0) {
         log_info("receipts: Redis lacked the receipt script; client %llu's %s sent as EVAL",
-                 (unsigned long long)s->id, strstr(r->cmd->name, "push") != NULL ? "push" : "pop");
+                 (unsigned long long)s->id, r->cmd->name);
         r->flags |= REQ_F_RCPT_EVAL;
+        return 1;
+    }
+    if ((r->flags & REQ_F_RCPT_SCRIPT) && n >= 27 &&
+        memcmp(p, "-ERR Error compiling script", 27) == 0) {
+        /* Nothing ran: sent as written, Redis says what is wrong with it. */
+        log_info("receipts: client %llu's script does not compile in its receipt wrapper: sent "
+                 "as written",
+                 (unsigned long long)s->id);
+        rcpt_let_go(s->f, r);
+        r->flags = (r->flags & ~REQ_F_RCPT_SCRIPT) | REQ_F_RCPT_NONE;
         return 1;
     }
     if (script && blocking && is_null(p, n)) {
@@ -837,6 +987,22 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
     if (!(r->flags & REQ_F_RCPT) || n == 0 || rcpt_of(l->f, r, &v) != 0) {
         return 0;
     }
+    if (v.script) {
+        /* Its reply is the client's script's; an error names its SHA1. */
+        char sha[41];
+        if (p[0] != '-' || (v.sha && v.srclen != 40)) {
+            return 0;
+        }
+        if (v.sha) {
+            for (int i = 0; i < 40; i++) {
+                sha[i] = (char)tolower((unsigned char)v.src[i]);
+            }
+            sha[40] = '\0';
+        } else {
+            scripts_sha1_hex(v.src, v.srclen, sha);
+        }
+        return receipt_wrap_error(p, n, sha, out);
+    }
     if (v.zset) {
         /* {{member, score...}}: the receipt held them. */
         if (n > 5 && memcmp(p, "*1\r\n*", 5) == 0) {
@@ -1112,8 +1278,10 @@ static void served_written(void *arg, int written)
 /* Whether r's reply p says its receipt served (1: its parts in *v). */
 static int served_view(ferry *f, const request *r, const char *p, size_t n, rcpt_view *v)
 {
-    return (r->flags & REQ_F_RCPT) && n > 0 && !is_null(p, n) && p[0] != '-' &&
-           !(n == 4 && memcmp(p, "*0\r\n", 4) == 0) && rcpt_of(f, r, v) == 0;
+    /* A script's: whatever it answers (its wrapper keeps even a null). */
+    return (r->flags & REQ_F_RCPT) && n > 0 && rcpt_of(f, r, v) == 0 &&
+           (v->script ||
+            (!is_null(p, n) && p[0] != '-' && !(n == 4 && memcmp(p, "*0\r\n", 4) == 0)));
 }
 
 void receipts_reply(ferry *f, request *r, const char *p, size_t n)

@@ -455,6 +455,42 @@ void scripts_ahead(session *s, request *r, link *l)
     buf_free(&b);
 }
 
+int scripts_body(scripts *m, const char *sha, size_t n, buf *out)
+{
+    char norm[41];
+    if (m == NULL || normal_sha(sha, n, norm) != 0) {
+        return 0;
+    }
+    uv_mutex_lock(&m->lock);
+    script_entry *e = find(m, norm);
+    if (e != NULL) {
+        buf_append(out, e->body, e->len);
+    }
+    uv_mutex_unlock(&m->lock);
+    return e != NULL;
+}
+
+int scripts_load_on(scripts *m, link *l, const char sha[41], const char *body, size_t n)
+{
+    if (m == NULL) {
+        return 0;
+    }
+    uint64_t gen = atomic_load(&m->gen);
+    uint64_t key = sha_key(sha);
+    if (!marks_has(marks_of(l, gen, 0), key)) {
+        buf b;
+        buf_init(&b);
+        buf_append_count(&b, '*', 3);
+        buf_append_bulk(&b, "SCRIPT", 6);
+        buf_append_bulk(&b, "LOAD", 4);
+        buf_append_bulk(&b, body, n);
+        link_internal_raw(l, buf_head(&b), buf_used(&b), NULL);
+        buf_free(&b);
+        mark(l, gen, key);
+    }
+    return 1;
+}
+
 static int starts(const char *p, size_t n, const char *lit)
 {
     size_t m = strlen(lit);

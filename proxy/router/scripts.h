@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 
+#include "buf.h"
 #include "ferry.h"
 
 struct link;
@@ -38,5 +39,14 @@ void scripts_ahead(struct session *s, request *r, struct link *l);
  * is in flight: it goes back to be sent again (the script loaded ahead of
  * it), once; the client never sees that NOSCRIPT. */
 int scripts_on_reply(struct session *s, request *r, struct link *via, const char *p, size_t n);
+
+/* The body of the script ferry remembers as sha (n bytes of hex) appended
+ * to out (1); 0 when it remembers none. */
+int scripts_body(scripts *m, const char *sha, size_t n, buf *out);
+/* A script of ferry's making (body, n bytes; sha its SHA1) about to be
+ * called by EVALSHA on l: SCRIPT LOAD of it queued on l first unless l's
+ * server was given it (the link's marks, as for a client's script). 0 when
+ * there is no memory to mark it in (m NULL): call it by EVAL. */
+int scripts_load_on(scripts *m, struct link *l, const char sha[41], const char *body, size_t n);
 
 #endif

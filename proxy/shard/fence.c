@@ -964,8 +964,8 @@ static void release_data(link *l, long long acked, long long need)
         request *r = list_entry(n, request, lq);
         const char *p = buf_head(&r->reply);
         size_t len = buf_used(&r->reply);
-        if (r->s != NULL && !(r->flags & REQ_F_RCPT) && (r->flags & REQ_F_WRITE) &&
-            now - r->sent_ns >= bound && data_taken(r, p, len)) {
+        if (r->s != NULL && (!(r->flags & REQ_F_RCPT) || (r->flags & REQ_F_RCPT_SCRIPT)) &&
+            (r->flags & REQ_F_WRITE) && now - r->sent_ns >= bound && data_taken(r, p, len)) {
             list_del(&r->lq);
             list_add_tail(&out, &r->lq);
         }

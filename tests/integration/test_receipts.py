@@ -44,6 +44,14 @@ from test_stats import stats_json
 
 BIG = int(os.environ.get('RECEIPT_BIG_MB', '32')) << 20  # the reply the pop's waits behind
 ATTEMPTS = 4  # the freeze must fall while the pop's reply is still in the master
+# N4's delayed queue: the first member taken in one step.
+N4_TAKE = """
+local v = redis.call('ZRANGE', KEYS[1], 0, 0)
+if v[1] then
+  redis.call('ZREM', KEYS[1], v[1])
+end
+return v[1]
+"""
 
 
 @unittest.skipIf(DIRECT, 'ferry only')
@@ -92,9 +100,9 @@ class LostPopReplyTest(unittest.TestCase):
                                (1 if stream else 0) for r in replicas),
                    timeout=60, interval=0.1, msg='both replicas have the value and the queues')
         rc = replicas[0]
-        if blocking:
-            # Pinned to a dedicated link: the GET and the blocking call go
-            # on the same connection, in order.
+        if blocking or kind in ('script', 'scriptsha'):
+            # Pinned to a dedicated link: the GET and the blocking call (a
+            # script) go on the same connection, in order.
             c.client_setname('pinned')
         if kind in ('tx', 'txpop'):
             sk = f.raw(timeout=60)
@@ -102,6 +110,7 @@ class LostPopReplyTest(unittest.TestCase):
             resp_send(sk, resp_encode('CLIENT', 'SETNAME', 'pinned'))  # as above
             self.assertEqual(resp_read_reply(sk), 'OK')
         out = {}
+        sha = c.script_load(N4_TAKE) if kind == 'scriptsha' else None
 
         def run():
             p = c.pipeline(transaction=False)
@@ -131,6 +140,10 @@ class LostPopReplyTest(unittest.TestCase):
                 p.brpop('q', timeout=20)
             elif kind == 'zpop':
                 p.zpopmin('z')
+            elif kind == 'script':
+                p.eval(N4_TAKE, 1, 'z')
+            elif kind == 'scriptsha':
+                p.evalsha(sha, 1, 'z')
             elif kind == 'nzpop':
                 p.zpopmax('z', 2)
             elif kind == 'npop':
@@ -157,7 +170,7 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.xlen('s') == 5
             if kind in ('npop', 'lnpop'):
                 return rc.llen('q') == 1
-            if kind == 'zpop':
+            if kind in ('zpop', 'script', 'scriptsha'):
                 return rc.zcard('z') == 2
             if kind == 'nzpop':
                 return rc.zcard('z') == 1
@@ -223,6 +236,16 @@ class LostPopReplyTest(unittest.TestCase):
                        msg='receipts deleted once the reply was in')
             self.assertGreaterEqual(d['push_receipts'], 1)
             return d['push_receipts_found']
+        if kind in ('script', 'scriptsha'):
+            # Run once: the item the first run took, answered from its
+            # receipt by the script sent again (counted as resent: its
+            # reply is the script's own, nothing says "found").
+            self.assertEqual(res[2], 'm1', 'the script sent again took another member')
+            self.assertEqual(nm.zrange('z', 0, -1), ['m2', 'm3'])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            self.assertGreaterEqual(d['script_receipts'], 1)
+            return d['script_receipts_resent']
         if kind in ('zpop', 'nzpop'):
             # The members the first pop took, with their scores, once.
             want, left = (([('m1', 1.0)], ['m2', 'm3']) if kind == 'zpop' else
@@ -277,6 +300,14 @@ class LostPopReplyTest(unittest.TestCase):
 
     def test_zpopmax_count_reply_lost_with_the_master(self):
         self.scenario('nzpop')
+
+    def test_script_reply_lost_with_the_master(self):
+        """N4's delayed queue: a script that takes the first due member."""
+        self.scenario('script')
+
+    def test_evalsha_reply_lost_with_the_master(self):
+        """The same script called by its SHA1 (SCRIPT LOAD through ferry)."""
+        self.scenario('scriptsha')
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
