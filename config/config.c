@@ -696,10 +696,12 @@ const conf_entry conf_table[] = {
      .type = CONF_BOOL,
      CONF_FIELD(offset_brackets)},
     {.key = "durability.pop_receipts",
-     .doc = "with replicas_ack: a pop (RPOP, LPOP, and BRPOP, BLPOP of one key) of a key "
-            "fallback.keys names is sent as a move into a receipt key of its own, deleted once the "
-            "reply is in; the pop sent again after a failover that lost its reply is answered "
-            "from the receipt if the new master has it: the item is neither lost nor taken twice",
+     .doc = "with replicas_ack: a pop (RPOP, LPOP, BRPOP, BLPOP, with a count, ZPOPMIN, ZPOPMAX) "
+            "of a key fallback.keys names is sent as a move into a receipt key of its own, deleted "
+            "once the reply is written; the pop sent again after a failover that lost its reply is "
+            "answered from the receipt if the new master has it: the item is neither lost nor "
+            "taken twice. BRPOP, BLPOP of several such keys (a priority pop) are tried that way "
+            "first, and block as written when every key is empty",
      .type = CONF_BOOL,
      CONF_FIELD(pop_receipts)},
     {.key = "durability.push_receipts",

@@ -95,7 +95,8 @@ typedef struct link {
     int gated;                  /* a user's AUTH is unanswered: nothing else is written */
     buf gate;                   /* bytes queued behind that AUTH (written once Redis accepts) */
     int guard_script;           /* the queue guards' SCRIPT LOAD was queued on it (guards.c) */
-    int receipt_script; /* receipts' SCRIPT LOADs queued on it: 1 pop, 2 push (receipts.c) */
+    int receipt_script; /* receipts' SCRIPT LOADs queued on it: 1 pop, 2 push, 4 several keys' pop
+                         */
     /* Shared link on TLS: requests still unanswered of each batch in
      * flight, oldest first, and how many are in flight (link_flush). */
     size_t tls_batch[LINK_TLS_INFLIGHT];

@@ -24,6 +24,18 @@
  * blocking pop's script cannot block: if it found nothing, the blocking move follows with the time
  * left.
  *
+ * A blocking pop of several keys (BRPOP k1 k2 ... t: N2's priority pop)
+ * goes first as a try (receipt_mpop.lua): the first key in the client's
+ * order with an item, moved into that key's own receipt (one per key of the
+ * request), answered [key, item]; sent again, the receipts looked at first.
+ * Every key empty, the pop goes as written with the time it has left (no
+ * command of Redis blocks on several keys and moves): its reply lost is
+ * decided by the offsets, as before.
+ *
+ * A script that may write and names a queue key (EVAL, EVALSHA of a body
+ * ferry knows) runs inside a wrapper that keeps its reply under a receipt
+ * (receipt_wrap.c): it dies and is sent again as a push does.
+ *
  * A pop ferry answers itself after its move may have applied (its timeout
  * ran out while held for a master, -TRYAGAIN) has its receipt moved back to
  * its queue, at the end it came from, on the next master: undone. So does a
@@ -69,6 +81,9 @@
 extern const char ferry_receipt_pop_lua[];
 extern const size_t ferry_receipt_pop_lua_len;
 extern const char ferry_receipt_pop_lua_sha1[];
+extern const char ferry_receipt_mpop_lua[];
+extern const size_t ferry_receipt_mpop_lua_len;
+extern const char ferry_receipt_mpop_lua_sha1[];
 extern const char ferry_receipt_push_lua[];
 extern const size_t ferry_receipt_push_lua_len;
 extern const char ferry_receipt_push_lua_sha1[];
@@ -90,6 +105,7 @@ typedef struct rcpt_view {
     /* A script (push "script"): EVAL's body or EVALSHA's SHA1, its keys and
      * its arguments as bulk strings, as the client sent them. */
     int script, sha;
+    int multi; /* a blocking pop of several keys (N2): keys and nkeys below */
     const char *src, *keys, *args;
     size_t srclen, keyslen, argslen;
     long long nkeys, nargs;
@@ -199,6 +215,70 @@ static int script_of(const ferry *f, const request *r, rcpt_view *v)
     return v->key != NULL && tag_sure(f, v->key, v->klen) ? 0 : -1;
 }
 
+#define MULTI_KEYS_MAX 64 /* keys of a priority pop the try script takes */
+
+/* A timeout Redis takes: digits, and a fraction after one dot. */
+static int timeout_ok(const char *p, size_t n)
+{
+    int dot = 0, digits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '.' && !dot) {
+            dot = 1;
+        } else if (p[i] >= '0' && p[i] <= '9') {
+            digits++;
+        } else {
+            return 0;
+        }
+    }
+    return digits > 0 && n <= 20;
+}
+
+/* BRPOP or BLPOP of several keys (N2's priority pop), every one a key
+ * fallback.keys names (v->key the first): side the end it takes from. */
+static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *side)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
+    size_t alen, klen;
+    long long argc = resp_read_header(&p, end, '*');
+    memset(v, 0, sizeof(*v));
+    if (argc < 4 || argc - 2 > MULTI_KEYS_MAX || resp_read_bulk(&p, end, &a, &alen) != 0) {
+        return -1;
+    }
+    v->keys = p;
+    for (long long i = 0; i < argc - 2; i++) {
+        if (resp_read_bulk(&p, end, &k, &klen) != 0 || !tag_sure(f, k, klen) ||
+            !config_fallback_key(f->cfg, k, klen)) {
+            return -1;
+        }
+        if (i == 0) {
+            v->key = k;
+            v->klen = klen;
+        }
+    }
+    v->keyslen = (size_t)(p - v->keys);
+    v->nkeys = argc - 2;
+    if (resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0 || !timeout_ok(v->timeout, v->tlen)) {
+        return -1;
+    }
+    v->multi = 1;
+    v->blocking = 1;
+    v->side = side;
+    return 0;
+}
+
+/* The i-th key of a priority pop's view (v->keys), in *k. */
+static void multi_key(const rcpt_view *v, long long i, const char **k, size_t *klen)
+{
+    const char *p = v->keys, *end = v->keys + v->keyslen;
+    for (long long j = 0; j <= i; j++) {
+        if (resp_read_bulk(&p, end, k, klen) != 0) {
+            *k = "";
+            *klen = 0;
+            return; /* (never: read by multi_of) */
+        }
+    }
+}
+
 static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
 {
     const char *name = r->cmd != NULL ? r->cmd->name : "";
@@ -211,6 +291,7 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     v->clen = 0;
     v->zset = 0;
     v->script = 0;
+    v->multi = 0;
     if (strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0) {
         return script_of(f, r, v);
     }
@@ -246,6 +327,9 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         }
         long long argc = resp_read_header(&p, end, '*');
         int batch = !v->blocking && argc == 3; /* RPOP k n, LPOP k n */
+        if (v->blocking && argc > 3) {
+            return multi_of(f, r, v, name[1] == 'r' ? "RIGHT" : "LEFT");
+        }
         if ((argc != want && !batch) || resp_read_bulk(&p, end, &cmd, &clen) != 0 ||
             resp_read_bulk(&p, end, &v->key, &v->klen) != 0) {
             return -1; /* more keys: sent as written */
@@ -300,6 +384,16 @@ static void receipt_key(ferry *f, const rcpt_view *v, uint64_t n, buf *out)
                                            : ":R:";
     buf_append(out, what, 3);
     buf_append(out, v->key, v->klen);
+}
+
+/* A priority pop's receipt of its i-th key (each key its own, in its slot,
+ * named as a one-key pop's: a dead process's are settled the same way). */
+static void multi_receipt_key(ferry *f, const rcpt_view *v, uint64_t n, long long i, buf *out)
+{
+    rcpt_view one = *v;
+    one.multi = 0;
+    multi_key(v, i, &one.key, &one.klen);
+    receipt_key(f, &one, n, out);
 }
 
 /* A script on l: its SCRIPT LOAD queued once per link (bit: which one),
@@ -465,6 +559,30 @@ int receipts_send(session *s, request *r, link *l)
         buf_free(&b);
         return 0;
     }
+    if (v.multi) {
+        /* The try: the first key with an item, moved into its receipt;
+         * sent before, the receipts looked at first (receipt_mpop.lua). */
+        script_head(l, r, 4, ferry_receipt_mpop_lua, ferry_receipt_mpop_lua_len,
+                    ferry_receipt_mpop_lua_sha1, (size_t)(3 + 2 * v.nkeys + 2), &b);
+        char nkeys[24];
+        snprintf(nkeys, sizeof(nkeys), "%lld", 2 * v.nkeys);
+        buf_append_bulk(&b, nkeys, strlen(nkeys));
+        buf_append(&b, v.keys, v.keyslen);
+        for (long long i = 0; i < v.nkeys; i++) {
+            buf rk;
+            buf_init(&rk);
+            multi_receipt_key(s->f, &v, r->rcpt, i, &rk);
+            buf_append_bulk(&b, buf_head(&rk), buf_used(&rk));
+            buf_free(&rk);
+        }
+        buf_append_bulk(&b, v.side, strlen(v.side));
+        buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
+        rcpt_hold(s->f, r, REQ_F_RCPT_PROBE);
+        link_send_as(l, r, buf_head(&b), buf_used(&b));
+        buf_free(&b);
+        buf_free(&key);
+        return 1;
+    }
     if (v.script) {
         buf w = b;
         buf_init(&b);
@@ -550,8 +668,14 @@ int receipts_again(session *s, request *r, const char *p, size_t n)
         return 1;
     }
     if (script && blocking && is_null(p, n)) {
-        /* No receipt, no item: now the blocking move, with its time left. */
+        /* No receipt, no item: now the blocking move, with its time left;
+         * a priority pop's, the pop as written (nothing blocks on several
+         * keys and moves: a reply it loses is decided by the offsets). */
+        rcpt_view v;
         rcpt_let_go(s->f, r);
+        if (rcpt_of(s->f, r, &v) == 0 && v.multi) {
+            r->flags |= REQ_F_RCPT_NONE;
+        }
         r->flags |= REQ_F_REARM;
         return 1;
     }
@@ -1003,6 +1127,16 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
         }
         return receipt_wrap_error(p, n, sha, out);
     }
+    if (v.multi) {
+        /* {key, item, 1}: the receipt held it; {key, item} as the pop. */
+        if (n > 8 && memcmp(p, "*3\r\n", 4) == 0 && memcmp(p + n - 4, ":1\r\n", 4) == 0) {
+            l->f->stats.pop_receipts_found++;
+            buf_append(out, "*2\r\n", 4);
+            buf_append(out, p + 4, n - 8);
+            return 1;
+        }
+        return 0;
+    }
     if (v.zset) {
         /* {{member, score...}}: the receipt held them. */
         if (n > 5 && memcmp(p, "*1\r\n*", 5) == 0) {
@@ -1131,7 +1265,27 @@ static void put_back_move(ferry *f, const rcpt_view *v, uint64_t rcpt, buf *move
     buf key;
     buf_init(&key);
     receipt_key(f, v, rcpt, &key);
-    if (v->push != NULL) {
+    if (v->multi) {
+        /* Each key's receipt back to its key (one holds the item). */
+        static const char each[] = "local n = #KEYS / 2 for i = 1, n do "
+                                   "redis.call('LMOVE', KEYS[n + i], KEYS[i], 'LEFT', ARGV[1]) "
+                                   "end return n";
+        char nkeys[24];
+        snprintf(nkeys, sizeof(nkeys), "%lld", 2 * v->nkeys);
+        buf_append_count(move, '*', (size_t)(4 + 2 * v->nkeys));
+        buf_append_bulk(move, "EVAL", 4);
+        buf_append_bulk(move, each, sizeof(each) - 1);
+        buf_append_bulk(move, nkeys, strlen(nkeys));
+        buf_append(move, v->keys, v->keyslen);
+        for (long long i = 0; i < v->nkeys; i++) {
+            buf rk;
+            buf_init(&rk);
+            multi_receipt_key(f, v, rcpt, i, &rk);
+            buf_append_bulk(move, buf_head(&rk), buf_used(&rk));
+            buf_free(&rk);
+        }
+        buf_append_bulk(move, v->side, strlen(v->side));
+    } else if (v->push != NULL) {
         buf_append_count(move, '*', 2);
         buf_append_bulk(move, "DEL", 3);
         buf_append_bulk(move, buf_head(&key), buf_used(&key));
@@ -1228,13 +1382,14 @@ static void put_back_add(ferry *f, request *r, const rcpt_view *v, link *via, in
 
 typedef struct served {
     ferry *f;
-    buf rkey; /* the receipt's key */
+    buf rkeys; /* the receipts' keys, as bulk strings (a priority pop's: one per key) */
+    size_t nrkeys;
     buf qkey; /* the queue's key (its master in cluster mode) */
     buf undo; /* put_back_move's */
     int pop;
 } served;
 
-/* The served receipt's DEL queued for the next flush: one DEL for every
+/* A served receipt's DEL queued for the next flush: one DEL for every
  * receipt served in a turn; in cluster mode one per receipt, to its key's
  * master (the receipt is in the pop's slot). Held until sent (dels_send,
  * cluster_dels_send). */
@@ -1251,16 +1406,25 @@ static void served_del(ferry *f, const char *rkey, size_t rlen, const char *qkey
     rc->ncturn++;
 }
 
+/* Every receipt of rkeys (bulk strings) deleted at the next flush. */
+static void served_dels(ferry *f, const buf *rkeys, const char *qkey, size_t qlen)
+{
+    const char *p = buf_head(rkeys), *end = p + buf_used(rkeys), *k;
+    size_t klen;
+    while (p < end && resp_read_bulk(&p, end, &k, &klen) == 0) {
+        served_del(f, k, klen, qkey, qlen);
+    }
+}
+
 /* The fate of a served receipt's reply (a req_sent_cb). */
 static void served_written(void *arg, int written)
 {
     served *sv = arg;
     ferry *f = sv->f;
     if (written) {
-        served_del(f, buf_head(&sv->rkey), buf_used(&sv->rkey), buf_head(&sv->qkey),
-                   buf_used(&sv->qkey));
+        served_dels(f, &sv->rkeys, buf_head(&sv->qkey), buf_used(&sv->qkey));
     } else {
-        f->stats.receipts_held--; /* held by put_back_queue now */
+        f->stats.receipts_held -= sv->nrkeys; /* held by put_back_queue now */
         if (sv->pop) {
             f->stats.pops_undone++;
             log_info("receipts: a pop's reply came in and was never written (its client left "
@@ -1269,7 +1433,7 @@ static void served_written(void *arg, int written)
         }
         put_back_queue(f, &sv->undo, buf_head(&sv->qkey), buf_used(&sv->qkey), NULL, 0);
     }
-    buf_free(&sv->rkey);
+    buf_free(&sv->rkeys);
     buf_free(&sv->qkey);
     buf_free(&sv->undo);
     free(sv);
@@ -1284,23 +1448,43 @@ static int served_view(ferry *f, const request *r, const char *p, size_t n, rcpt
             (!is_null(p, n) && p[0] != '-' && !(n == 4 && memcmp(p, "*0\r\n", 4) == 0)));
 }
 
+/* r's receipts' keys (a priority pop's several) as bulk strings; how many. */
+static size_t served_keys(ferry *f, const request *r, const rcpt_view *v, buf *out)
+{
+    buf k;
+    buf_init(&k);
+    size_t n = 0;
+    for (long long i = 0; i < (v->multi ? v->nkeys : 1); i++) {
+        buf_clear(&k);
+        if (v->multi) {
+            multi_receipt_key(f, v, r->rcpt, i, &k);
+        } else {
+            receipt_key(f, v, r->rcpt, &k);
+        }
+        buf_append_bulk(out, buf_head(&k), buf_used(&k));
+        n++;
+    }
+    buf_free(&k);
+    return n;
+}
+
 void receipts_reply(ferry *f, request *r, const char *p, size_t n)
 {
     rcpt_view v;
     if (!served_view(f, r, p, n, &v)) {
         return; /* nothing moved: no receipt */
     }
-    rcpt_let_go(f, r);
-    f->stats.receipts_held++; /* until its DEL or its undoing is sent */
     served *sv = xcalloc(1, sizeof(*sv));
     sv->f = f;
     sv->pop = v.push == NULL;
-    buf_init(&sv->rkey);
+    buf_init(&sv->rkeys);
     buf_init(&sv->qkey);
     buf_init(&sv->undo);
-    receipt_key(f, &v, r->rcpt, &sv->rkey);
+    sv->nrkeys = served_keys(f, r, &v, &sv->rkeys);
     buf_append(&sv->qkey, v.key, v.klen);
     put_back_move(f, &v, r->rcpt, &sv->undo);
+    rcpt_let_go(f, r);
+    f->stats.receipts_held += sv->nrkeys; /* until their DELs or the undoing are sent */
     if (r->written != NULL) {
         served_written(sv, 1); /* (never: a receipt's reply has no other watcher) */
         return;
@@ -1315,13 +1499,13 @@ void receipts_reply_sent(ferry *f, request *r, const char *p, size_t n)
     if (!served_view(f, r, p, n, &v)) {
         return;
     }
-    buf key;
-    buf_init(&key);
-    receipt_key(f, &v, r->rcpt, &key);
+    buf keys;
+    buf_init(&keys);
+    size_t nkeys = served_keys(f, r, &v, &keys);
     rcpt_let_go(f, r);
-    f->stats.receipts_held++; /* until its DEL is sent */
-    served_del(f, buf_head(&key), buf_used(&key), v.key, v.klen);
-    buf_free(&key);
+    f->stats.receipts_held += nkeys; /* until their DELs are sent */
+    served_dels(f, &keys, v.key, v.klen);
+    buf_free(&keys);
 }
 
 void receipts_put_back(ferry *f, request *r)

@@ -50,12 +50,14 @@ SHAPES = {
     'blpop': lambda c, k: [c.blpop(k, timeout=0)[1]],
     'rpop_count': lambda c, k: c.rpop(k, 2) or [],   # N6's batch pop
     'lpop_count': lambda c, k: c.lpop(k, 2) or [],
+    # N2's priority pop, its first key empty (in k's slot): the try script's
+    # receipt
+    'brpop_keys': lambda c, k: [c.brpop(['{%s}:empty' % k, k], timeout=0)[1]],
 }
 BATCH = {'rpop_count': 2, 'lpop_count': 2}  # items a shape's pop takes (default 1)
 
 # Data replies with no receipt to undo them: (kind of key, call).
 DATA_SHAPES = {
-    'brpop2': ('list', lambda c, k: [c.brpop([k, k + ':empty'], timeout=0)[1]]),
     'blmove': ('move', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
     'bzpopmin': ('zset', lambda c, k: [c.bzpopmin(k, timeout=0)[1]]),
     'n4_script': ('zset', lambda c, k: [c.eval(N4_TAKE, 1, k, int(time.time() * 1000))]),
@@ -173,7 +175,7 @@ class PopsUndoneTest(unittest.TestCase):
         left = self.count_after(key, pushed, delivered)
         # Back at the end each came from: the items no client took are
         # still the queue's other end, in their order.
-        right = shape in ('rpop', 'brpop', 'rpop_count')
+        right = shape in ('rpop', 'brpop', 'rpop_count', 'brpop_keys')
         untouched = pushed[:CLIENTS] if right else pushed[-CLIENTS:]
         ends = left[:CLIENTS] if right else left[-CLIENTS:]
         self.assertEqual(ends, untouched, left)
@@ -202,6 +204,9 @@ class PopsUndoneTest(unittest.TestCase):
 
     def test_rpop_count(self):
         self.run_shape('rpop_count')
+
+    def test_brpop_keys(self):
+        self.run_shape('brpop_keys')
 
     def test_zpopmin(self):
         """ZPOPMIN (N3) with its receipt: each member a client gave up on

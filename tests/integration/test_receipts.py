@@ -64,7 +64,7 @@ class LostPopReplyTest(unittest.TestCase):
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
         after the pop's reply had left the master."""
-        blocking = kind in ('bpop', 'bxread')
+        blocking = kind in ('bpop', 'bxread', 'mbpop')
         stream = kind in ('xread', 'bxread')
         # No output buffer limit for the replicas: the large value goes to
         # them whole, however loaded the machine is.
@@ -136,6 +136,8 @@ class LostPopReplyTest(unittest.TestCase):
                 p.lpush('q', 'i4')
             elif kind == 'xadd':
                 p.xadd('s', {'n': 'e5'})
+            elif kind == 'mbpop':
+                p.brpop(['q:high', 'q'], timeout=20)  # N2: the first key empty
             elif blocking:
                 p.brpop('q', timeout=20)
             elif kind == 'zpop':
@@ -263,6 +265,8 @@ class LostPopReplyTest(unittest.TestCase):
             wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
                        msg='receipts deleted once the reply was in')
             return d['pop_receipts_found']
+        if kind == 'mbpop':
+            self.assertEqual(list(res[2]), ['q', 'i3'], 'the pop sent again took another item')
         popped = res[2][1] if blocking else res[2]
         # The first pop's item, once: neither lost nor left in the queue.
         self.assertEqual(popped, 'i3', 'the pop sent again took another item')
@@ -308,6 +312,11 @@ class LostPopReplyTest(unittest.TestCase):
     def test_evalsha_reply_lost_with_the_master(self):
         """The same script called by its SHA1 (SCRIPT LOAD through ferry)."""
         self.scenario('scriptsha')
+
+    def test_priority_brpop_reply_lost_with_the_master(self):
+        """N2's priority pop (BRPOP of several keys, the first empty): its
+        try script moves the item into the receipt of its key."""
+        self.scenario('mbpop')
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
