@@ -38,10 +38,20 @@ PAUSE = (0.1, 0.3)   # s between one client's commands (500 clients on 2 cores)
 BLOCK_S = 1          # BRPOP timeout
 
 
+# A script that pops (as N4's takes a due item: one step, Lua), kept
+# under its receipt by ferry's wrapper (durability.script_receipts).
+SCRIPT_POP = "return redis.call('RPOP', KEYS[1])"
+
+
 class Workload:
-    def __init__(self, ferry, clients):
+    """shape: how the consumers pop. 'single' RPOP and BRPOP of one key;
+    'priority' BRPOP of the four queues (N2); 'batch' RPOP q 3 (N6);
+    'script' a Lua script that pops (N4's way)."""
+
+    def __init__(self, ferry, clients, shape='single'):
         self.ferry = ferry
         self.clients = clients
+        self.shape = shape
         self.lock = threading.Lock()
         self.acked = set()
         self.unknown = set()     # a push without an acknowledging reply
@@ -86,6 +96,20 @@ class Workload:
                             raise
                         with self.lock:
                             (self.acked if isinstance(r, int) else self.unknown).add(item)
+                    elif self.shape != 'single':
+                        t0 = now()
+                        if self.shape == 'priority':
+                            got = c.brpop(QUEUES, timeout=BLOCK_S)
+                            got = [got[1]] if got else []
+                        elif self.shape == 'batch':
+                            got = c.rpop(q, 3) or []
+                        else:
+                            got = [v for v in [c.eval(SCRIPT_POP, 1, q)] if v is not None]
+                        with self.lock:
+                            for r in got:
+                                self.popped.append(r)
+                                self.how.setdefault(r, []).append(
+                                    '%s %d sent %.3f got %.3f' % (self.shape, i, t0, now()))
                     elif op < 0.75:
                         t0 = now()
                         r = c.rpop(q)
@@ -130,11 +154,26 @@ class Workload:
 @unittest.skipIf(DIRECT, 'ferry only')
 class ExactlyOnceTest(unittest.TestCase):
     def test_500_clients_kill9_every_push_out_once(self):
+        self.run_shape('single')
+
+    def test_priority_pop_every_push_out_once(self):
+        """N2: every consumer a BRPOP of the four queues."""
+        self.run_shape('priority')
+
+    def test_batch_pop_every_push_out_once(self):
+        """N6: every consumer an RPOP q 3."""
+        self.run_shape('batch')
+
+    def test_script_pop_every_push_out_once(self):
+        """N4's way: every consumer a Lua script that pops."""
+        self.run_shape('script')
+
+    def run_shape(self, shape):
         topo = SentinelTopology(replica_conf={'appendfsync': 'everysec'})
         self.addCleanup(topo.stop)
         f = Ferry(None, conf=FAILOVER_CONF, sentinel=topo)
         self.addCleanup(f.stop)
-        load = Workload(f, CLIENTS)
+        load = Workload(f, CLIENTS, shape)
         self.addCleanup(load.stop.set)
         load.start()
         wait_until(lambda: len(load.acked) >= CLIENTS // 2, timeout=30, interval=0.1,
@@ -164,13 +203,14 @@ class ExactlyOnceTest(unittest.TestCase):
         strange = set(seen) - load.acked - load.unknown
         st = stats_json(f.stats_port)
         fo, du = st['failover'], st['durability']
-        print('[n11] clients %d, pushes acked %d (unknown %d), popped %d, drained %d: lost %d, '
+        print('[n11] %s: clients %d, pushes acked %d (unknown %d), popped %d, drained %d: lost %d, '
               'twice %d, ambiguous %d; applied %d, not applied %d; client errors %d; '
-              'receipts found: pushes %d, transactions %d, pops %d'
-              % (CLIENTS, len(load.acked), len(load.unknown), len(load.popped), len(drained),
+              'receipts found: pushes %d, transactions %d, pops %d; scripts resent %d'
+              % (shape, CLIENTS, len(load.acked), len(load.unknown), len(load.popped), len(drained),
                  len(lost), ntwice, fo['requests_ambiguous'], fo['decided_applied'],
                  fo['decided_not_applied'], len(load.errors), du['push_receipts_found'],
-                 du['transaction_receipts_found'], du['pop_receipts_found']), flush=True)
+                 du['transaction_receipts_found'], du['pop_receipts_found'],
+                 du.get('script_receipts_resent', 0)), flush=True)
         for k in sorted(twice):
             print('[n11] twice %s: %s; drained %d (kill at %.3f, master announced %.3f)'
                   % (k, ', '.join(load.how.get(k, [])), drained.count(k), t_kill, t_rec),
