@@ -700,8 +700,8 @@ const conf_entry conf_table[] = {
             "of a key fallback.keys names is sent as a move into a receipt key of its own, deleted "
             "once the reply is written; the pop sent again after a failover that lost its reply is "
             "answered from the receipt if the new master has it: the item is neither lost nor "
-            "taken twice. BRPOP, BLPOP of several such keys (a priority pop) are tried that way "
-            "first, and block as written when every key is empty",
+            "taken twice. BRPOP, BLPOP of several such keys (a priority pop), BZPOPMIN, BZPOPMAX "
+            "are tried that way first, and block as written when every key is empty",
      .type = CONF_BOOL,
      CONF_FIELD(pop_receipts)},
     {.key = "durability.push_receipts",

@@ -233,15 +233,18 @@ static int timeout_ok(const char *p, size_t n)
     return digits > 0 && n <= 20;
 }
 
-/* BRPOP or BLPOP of several keys (N2's priority pop), every one a key
- * fallback.keys names (v->key the first): side the end it takes from. */
+/* BRPOP or BLPOP of several keys (N2's priority pop), BZPOPMIN or
+ * BZPOPMAX of one key or more (N3's), every one a key fallback.keys names
+ * (v->key the first): side the end it takes from (LEFT, RIGHT; MIN, MAX). */
 static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *side)
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
     size_t alen, klen;
     long long argc = resp_read_header(&p, end, '*');
+    int zset = side[0] == 'M';
     memset(v, 0, sizeof(*v));
-    if (argc < 4 || argc - 2 > MULTI_KEYS_MAX || resp_read_bulk(&p, end, &a, &alen) != 0) {
+    if (argc < (zset ? 3 : 4) || argc - 2 > MULTI_KEYS_MAX ||
+        resp_read_bulk(&p, end, &a, &alen) != 0) {
         return -1;
     }
     v->keys = p;
@@ -262,6 +265,7 @@ static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *
     }
     v->multi = 1;
     v->blocking = 1;
+    v->zset = zset;
     v->side = side;
     return 0;
 }
@@ -322,6 +326,8 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         } else if (strcmp(name, "brpop") == 0 || strcmp(name, "blpop") == 0) {
             want = 3;
             v->blocking = 1;
+        } else if (strcmp(name, "bzpopmin") == 0 || strcmp(name, "bzpopmax") == 0) {
+            return multi_of(f, r, v, name[6] == 'i' ? "MIN" : "MAX");
         } else {
             return -1;
         }
@@ -1128,10 +1134,12 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
         return receipt_wrap_error(p, n, sha, out);
     }
     if (v.multi) {
-        /* {key, item, 1}: the receipt held it; {key, item} as the pop. */
-        if (n > 8 && memcmp(p, "*3\r\n", 4) == 0 && memcmp(p + n - 4, ":1\r\n", 4) == 0) {
+        /* {key, item, 1}, {key, member, score, 1}: the receipt held it;
+         * without the 1, as the pop answers. */
+        const char *head = v.zset ? "*4\r\n" : "*3\r\n";
+        if (n > 8 && memcmp(p, head, 4) == 0 && memcmp(p + n - 4, ":1\r\n", 4) == 0) {
             l->f->stats.pop_receipts_found++;
-            buf_append(out, "*2\r\n", 4);
+            buf_append(out, v.zset ? "*3\r\n" : "*2\r\n", 4);
             buf_append(out, p + 4, n - 8);
             return 1;
         }
@@ -1267,9 +1275,14 @@ static void put_back_move(ferry *f, const rcpt_view *v, uint64_t rcpt, buf *move
     receipt_key(f, v, rcpt, &key);
     if (v->multi) {
         /* Each key's receipt back to its key (one holds the item). */
-        static const char each[] = "local n = #KEYS / 2 for i = 1, n do "
-                                   "redis.call('LMOVE', KEYS[n + i], KEYS[i], 'LEFT', ARGV[1]) "
-                                   "end return n";
+        static const char each[] =
+            "local n = #KEYS / 2 for i = 1, n do "
+            "if ARGV[1] == 'MIN' or ARGV[1] == 'MAX' then "
+            "local r = redis.call('ZRANGE', KEYS[n + i], 0, -1, 'WITHSCORES') "
+            "for j = 1, #r, 2 do redis.call('ZADD', KEYS[i], r[j + 1], r[j]) end "
+            "redis.call('DEL', KEYS[n + i]) "
+            "else redis.call('LMOVE', KEYS[n + i], KEYS[i], 'LEFT', ARGV[1]) end "
+            "end return n";
         char nkeys[24];
         snprintf(nkeys, sizeof(nkeys), "%lld", 2 * v->nkeys);
         buf_append_count(move, '*', (size_t)(4 + 2 * v->nkeys));

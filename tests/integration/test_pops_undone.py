@@ -59,7 +59,6 @@ BATCH = {'rpop_count': 2, 'lpop_count': 2}  # items a shape's pop takes (default
 # Data replies with no receipt to undo them: (kind of key, call).
 DATA_SHAPES = {
     'blmove': ('move', lambda c, k: [c.blmove(k, k + ':dst', 0, 'RIGHT', 'LEFT')]),
-    'bzpopmin': ('zset', lambda c, k: [c.bzpopmin(k, timeout=0)[1]]),
     'n4_script': ('zset', lambda c, k: [c.eval(N4_TAKE, 1, k, int(time.time() * 1000))]),
 }
 
@@ -211,20 +210,27 @@ class PopsUndoneTest(unittest.TestCase):
     def test_zpopmin(self):
         """ZPOPMIN (N3) with its receipt: each member a client gave up on
         goes back with its score."""
-        key = 'z:undo:zpopmin'
+        self.zset_shape('zpopmin', lambda c, k: [m for m, _ in c.zpopmin(k)])
+
+    def zset_shape(self, shape, pop):
+        key = 'z:undo:%s' % shape
         mc = self.topo.master().client(socket_timeout=10)
-        scores = {'zpopmin-%d' % i: i + 0.25 for i in range(2 * CLIENTS)}
+        scores = {'%s-%d' % (shape, i): i + 0.25 for i in range(2 * CLIENTS)}
         mc.zadd(key, scores)
         before = self.durability().get('pops_undone', 0)
         frozen = [r for r in self.topo.redis if r is not self.topo.master()]
-        delivered, gave_up = self.pop_while_frozen(
-            key, lambda c, k: [m for m, _ in c.zpopmin(k)], frozen)
+        delivered, gave_up = self.pop_while_frozen(key, pop, frozen)
         self.assertGreater(gave_up, 0, 'no client gave up: nothing was held (%r)' % delivered)
         self.count_after(key, list(scores), delivered, 'zset')
         back = dict(mc.zrange(key, 0, -1, withscores=True))
         self.assertEqual(back, {m: v for m, v in scores.items() if m not in delivered})
         undone = self.durability().get('pops_undone', 0) - before
         self.assertEqual(undone, CLIENTS - len(delivered))
+
+    def test_bzpopmin(self):
+        """BZPOPMIN (N3) with its receipt (the try script's): each member a
+        client gave up on goes back with its score."""
+        self.zset_shape('bzpopmin', lambda c, k: [c.bzpopmin(k, timeout=0)[1]])
 
     def test_lpop_count(self):
         self.run_shape('lpop_count')
@@ -528,6 +534,9 @@ class ClusterPopsUndoneTest(PopsUndoneTest):
     def test_zpopmin(self):
         self.skipTest('Sentinel mode only')
 
+    def test_bzpopmin(self):
+        self.skipTest('Sentinel mode only')
+
     def test_push_receipts_deleted(self):
         self.skipTest('Sentinel mode only')
 
@@ -597,6 +606,9 @@ class FrozenMasterTest(PopsUndoneTest):
         self.skipTest('rpop_count stands for the batch here')
 
     def test_zpopmin(self):
+        self.skipTest('Sentinel mode only')
+
+    def test_bzpopmin(self):
         self.skipTest('Sentinel mode only')
 
     def test_push_receipts_deleted(self):

@@ -64,7 +64,7 @@ class LostPopReplyTest(unittest.TestCase):
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
         after the pop's reply had left the master."""
-        blocking = kind in ('bpop', 'bxread', 'mbpop')
+        blocking = kind in ('bpop', 'bxread', 'mbpop', 'bzpop')
         stream = kind in ('xread', 'bxread')
         # No output buffer limit for the replicas: the large value goes to
         # them whole, however loaded the machine is.
@@ -136,6 +136,8 @@ class LostPopReplyTest(unittest.TestCase):
                 p.lpush('q', 'i4')
             elif kind == 'xadd':
                 p.xadd('s', {'n': 'e5'})
+            elif kind == 'bzpop':
+                p.bzpopmin('z', timeout=20)
             elif kind == 'mbpop':
                 p.brpop(['q:high', 'q'], timeout=20)  # N2: the first key empty
             elif blocking:
@@ -172,7 +174,7 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.xlen('s') == 5
             if kind in ('npop', 'lnpop'):
                 return rc.llen('q') == 1
-            if kind in ('zpop', 'script', 'scriptsha'):
+            if kind in ('zpop', 'script', 'scriptsha', 'bzpop'):
                 return rc.zcard('z') == 2
             if kind == 'nzpop':
                 return rc.zcard('z') == 1
@@ -238,6 +240,14 @@ class LostPopReplyTest(unittest.TestCase):
                        msg='receipts deleted once the reply was in')
             self.assertGreaterEqual(d['push_receipts'], 1)
             return d['push_receipts_found']
+        if kind == 'bzpop':
+            # The member the first pop took, with its score, once.
+            self.assertEqual(tuple(res[2]), ('z', 'm1', 1.0),
+                             'the pop sent again took another member')
+            self.assertEqual(nm.zrange('z', 0, -1), ['m2', 'm3'])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['pop_receipts_found']
         if kind in ('script', 'scriptsha'):
             # Run once: the item the first run took, answered from its
             # receipt by the script sent again (counted as resent: its
@@ -317,6 +327,11 @@ class LostPopReplyTest(unittest.TestCase):
         """N2's priority pop (BRPOP of several keys, the first empty): its
         try script moves the item into the receipt of its key."""
         self.scenario('mbpop')
+
+    def test_bzpopmin_reply_lost_with_the_master(self):
+        """N3's blocking sorted-set pop: its try script moves the member
+        into a sorted-set receipt with its score."""
+        self.scenario('bzpop')
 
     def test_brpop_reply_lost_with_the_master(self):
         self.scenario('bpop')
