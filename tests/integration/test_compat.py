@@ -351,6 +351,14 @@ class CompatChecks:
         wait_until(lambda: blocked_clients(self.m()) > base, timeout=WAIT,
                    msg='the blocking call to block in Redis')
 
+    def settled_blocked(self):
+        """Redis' blocked clients once no earlier call is still blocked
+        there (a call whose timeout ferry answered may end on Redis a
+        moment later: counted in the base, its end would hide the next)."""
+        wait_until(lambda: blocked_clients(self.m()) == 0, timeout=WAIT,
+                   msg='earlier blocking calls ended in Redis')
+        return 0
+
     # --- redis-py --------------------------------------------------------------
 
     def redis_py(self, **kw):
@@ -363,7 +371,7 @@ class CompatChecks:
     def blocked_py(self, call, push):
         """call() on a thread (its own connection) until Redis counts it
         blocked, then push(); returns [push's reply, call's reply]."""
-        base = blocked_clients(self.m())
+        base = self.settled_blocked()
         got = {}
 
         def run():
@@ -593,7 +601,7 @@ class CompatChecks:
     def cli_blocked(self, client, block_args, push_args):
         """A redis-cli blocked on block_args until Redis counts it, then
         push_args from another redis-cli; [push's reply, the blocked reply]."""
-        base = blocked_clients(self.m())
+        base = self.settled_blocked()
         lines = self.cli_open(client, *block_args)
         self.wait_blocked(base)
         pushed = self.cli(client, *push_args)
