@@ -22,7 +22,10 @@
  * script's), the wrapper on the line after. The receipt's SET goes with
  * redis.pcall (a read-only body meeting a full memory still answers) after
  * redis.set_repl(REPL_ALL) (a body that turned replication off for its own
- * writes must not keep the receipt from the replicas).
+ * writes must not keep the receipt from the replicas) and SELECT 0 (a body
+ * that selected another database: the receipt is in database 0, where
+ * ferry looks for it and deletes it; refused in cluster mode, which has
+ * database 0 only).
  *
  * Not wrapped: a body whose '#!lua' line says no-writes (it cannot pop or
  * push), and a first line starting '#!' that is not '#!lua' (Redis says
@@ -36,7 +39,7 @@ static const char wrap_head[] =
     "if ferry_again == '1' then local ferry_kept = redis.call('GET', ferry_rk) "
     "if ferry_kept then return cmsgpack.unpack(ferry_kept) end end "
     "local ferry_r = (function(...) ";
-static const char wrap_tail[] = "\nend)() redis.set_repl(redis.REPL_ALL) "
+static const char wrap_tail[] = "\nend)() redis.set_repl(redis.REPL_ALL) redis.pcall('SELECT', 0) "
                                 "redis.pcall('SET', ferry_rk, cmsgpack.pack(ferry_r)) "
                                 "return ferry_r";
 

@@ -54,6 +54,7 @@ static void test_plain_body_on_the_first_line(void **state)
     assert_non_null(strstr(w, "table.remove(ARGV)"));
     assert_non_null(strstr(w, "cmsgpack.pack"));
     assert_non_null(strstr(w, "redis.set_repl(redis.REPL_ALL)"));
+    assert_non_null(strstr(w, "redis.pcall('SELECT', 0)")); /* the receipt in database 0 */
     /* A body ending in a comment is closed on the next line. */
     assert_non_null(strstr(wrapped("return 1 -- done"), "-- done\nend)()"));
 }
