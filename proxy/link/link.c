@@ -894,6 +894,12 @@ void link_close(link *l, const char *reason)
     int was_verified =
         l->kind == LINK_SHARED && l->state != LINK_CONNECTING && l->state != LINK_VERIFYING;
     int was_connected = link_connected(l);
+    /* Requests still unanswered are sent again elsewhere: what of them the
+     * kernel still holds (a partition, or a master that stopped reading)
+     * must not reach Redis later, behind the copy sent again (a pop run
+     * twice, the first item on nobody). Such a link is reset (RST, its
+     * send queue dropped), not closed gracefully. */
+    int reset = l->npending > 0 && l->io.h.type == UV_TCP && link_connected(l);
     link_set_state(l, LINK_CLOSING);
     log_info("link %llu to %s closed (%s%s%s, epoch %llu, %s, %zu pending): %s",
              (unsigned long long)l->id, l->up->name,
@@ -926,11 +932,13 @@ void link_close(link *l, const char *reason)
         }
     }
     l->f->link_ops->detach(l, reason);
-    if (was_connected) {
+    if (was_connected && !reset) {
         outq_tls_bye(&l->out, &l->io.s); /* TLS: close_notify */
     }
     l->closing_cb_pending = 1;
-    uv_close(&l->io.h, link_close_cb);
+    if (!reset || uv_tcp_close_reset(&l->io.tcp, link_close_cb) != 0) {
+        uv_close(&l->io.h, link_close_cb);
+    }
     f->wake_pending = 1;
     l->f->link_ops->on_closed(l->up, l, was_ready && was_verified, reason);
 }
