@@ -2,7 +2,9 @@
 fault at a time (--calm: the faults replicas_ack 1 promises to survive), in
 Sentinel mode with two ferries and in cluster mode; live takeovers of one of
 two ferries, overlapping a Sentinel failover of a killed master (no client
-may see an error); and the checker's own test: a run in which one
+may see an error); two ferries cut off from the master again and again (a
+partition, in network namespaces: skipped, with the reason, where they
+cannot be made); and the checker's own test: a run in which one
 acknowledged item is taken out of Redis behind ferry's back, or one
 delivered item put back, must fail and say so.
 
@@ -59,6 +61,20 @@ class ChaosSeedsTest(unittest.TestCase):
         self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '20',
                              '--clients', '16', '--seed', '405', '--faults',
                              'ferry-takeover,failover,kill-master'))
+
+    def test_sentinel_partition(self):
+        # Overlapping: two ferries cut off from the master again and again
+        # (every Redis node and sentinel in a network namespace of its own).
+        # Before links with unanswered requests were reset rather than closed,
+        # the kernel still sent a request ferry had sent again elsewhere once
+        # the partition healed: 4 items left in receipts and one twice with
+        # this seed (lost 2, twice 1 on the build before this stop's).
+        from harness import netns_unavailable
+        why = netns_unavailable()
+        if why:
+            self.skipTest(why)
+        self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '40',
+                             '--clients', '16', '--seed', '22', '--faults', 'partition-master'))
 
     def test_cluster(self):
         # The Redis kinds named (all-down is left out: it finds duplicates
