@@ -266,6 +266,8 @@ class VerdictTest(unittest.TestCase):
     def test_script_data_not_on_new_master_sent_again(self):
         # A script's reply may be a pop's item or an add's new id; ferry
         # cannot tell them apart, so a script is decided as any write.
+        # Without its receipt (durability.script_receipts: false), decided by
+        # its bracket (with it: test_receipts, decided by the new master).
         def first(s):
             resp_send(s, ['EVAL', self.ADD, '2', '{q}:id', '{q}:jobs'])
             self.assertEqual(resp_read_reply(s), b'1')
@@ -279,7 +281,9 @@ class VerdictTest(unittest.TestCase):
                           (got, jobs))
             self.assertEqual(jobs, ['1', '2'], jobs)
 
-        self.made_data_across_kill(first, lambda mc: mc.get('{q}:id') == '2', on_new, 'script')
+        no_receipts = merged(FAILOVER_CONF, {'durability': {'script_receipts': False}})
+        self.made_data_across_kill(first, lambda mc: mc.get('{q}:id') == '2', on_new, 'script',
+                                   conf=no_receipts)
 
     def test_xadd_id_not_on_new_master_sent_again(self):
         # XADD's reply is data it made (the entry's id), not an item taken out.
