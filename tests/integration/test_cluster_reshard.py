@@ -414,9 +414,19 @@ class ClusterReshardTest(ClusterChecks, unittest.TestCase):
         node = self.cluster.node_by_port(victim)
         state = {}
 
+        def ferry_names(port):
+            return any(int(sh['master']['port']) == port
+                       for sh in stats(self.ferry)['cluster']['shards'])
+
         def kill_and_restart():
             self.cluster.kill_master(victim)
             state['new'] = self.cluster.wait_promoted(victim, timeout=30)
+            # ferry's map follows the promotion (its next refresh, or a
+            # redirect) before the watch starts: what it judges is the node
+            # restarted, not the killed one ferry has not dropped yet (a CI
+            # run sampled that once, 'ferry's map named the restarted node').
+            wait_until(lambda: ferry_names(state['new']) and not ferry_names(victim),
+                       timeout=20, interval=0.05, msg="ferry's map following the promotion")
             state['watch'] = RestartedMasterWatch(self.cluster, self.ferry)
             node.start(write_conf=False)
             wait_until(lambda: node.role() == 'slave', timeout=20, interval=0.05,
