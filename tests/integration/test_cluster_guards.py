@@ -268,6 +268,14 @@ class ClusterBoundedQueueFailoverTest(unittest.TestCase):
         acked, refused, other, over = [], [], [], []
         lock = threading.Lock()
         started = threading.Event()
+        # Pushes pause around the kill: with replicas_ack 0 a push acknowledged
+        # a moment before it may be on no replica (asynchronous replication),
+        # and that loss is what replicas_ack 1 is for. So the replica is
+        # seen holding every acknowledged push first; the pushes go on at
+        # once, held by ferry through the failover.
+        go = threading.Event()
+        go.set()
+        inflight = [0]
 
         def producer(n):
             c = self.ferry.client(socket_timeout=40)
@@ -275,6 +283,9 @@ class ClusterBoundedQueueFailoverTest(unittest.TestCase):
             while refusals < 3 and i < 2 * self.BOUND:  # bounded
                 item = 'p%d-%d' % (n, i)
                 i += 1
+                go.wait(60)
+                with lock:
+                    inflight[0] += 1
                 try:
                     length = c.rpush(key, item)
                     with lock:
@@ -290,16 +301,31 @@ class ClusterBoundedQueueFailoverTest(unittest.TestCase):
                         else:
                             other.append(str(e))
                     refusals += 1
+                finally:
+                    with lock:
+                        inflight[0] -= 1
                 time.sleep(0.01)
 
         threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)]
         for t in threads:
             t.start()
+        replica = self.cluster.node_by_port(self.cluster.replicas_of(victim)[0]).client(
+            socket_timeout=10, single_connection_client=True)
+        replica.execute_command('READONLY')  # a cluster replica's reads, on this connection
         try:
             self.assertTrue(started.wait(30), 'pushes flowing before the kill')
+            go.clear()
+            wait_until(lambda: inflight[0] == 0, timeout=30, interval=0.01,
+                       msg='the pushes under way answered')
+            with lock:
+                before = list(acked)
+            wait_until(lambda: set(before) <= set(replica.lrange(key, 0, -1)), timeout=20,
+                       interval=0.05, msg='the replica holding every acknowledged push')
             self.cluster.kill_master(victim)
+            go.set()
             new = self.cluster.wait_promoted(victim)
         finally:
+            go.set()
             for t in threads:
                 t.join(60)
         self.assertFalse(any(t.is_alive() for t in threads), 'producers hung')
