@@ -46,12 +46,12 @@
 #include "router_local.h"
 #include "router_pubsub.h"
 #include "receipts.h"
-#include "rewrite.h"
 #include "scripts.h"
 #include "split.h"
 #include "standin.h"
 #include "tx.h"
 #include "upstream.h"
+#include "xreads.h"
 
 #define ROUTER_MAX_RETRIES 3
 
@@ -828,8 +828,9 @@ static int dispatch_send(session *s, request *r, upstream *up, link *target, int
         link_internal(target, asking, 1, NULL, 0);
         r->ask = NULL;
     }
-    if (!rewrite_send(s, r, target)) {
-        link_send(target, r); /* as written: no rewriter claims it (rewrite.c) */
+    if (!guards_send(s, r, target) && !lease_send(s, r, target) && !receipts_send(s, r, target) &&
+        !xreads_send(s, r, target)) {
+        link_send(target, r);
     }
     up->routed++; /* the shard's figure on the stats port (cluster mode) */
     s->inflight++;
@@ -973,11 +974,11 @@ static void requeue(session *s, request *r);
  * a queue with on_full: block: nothing was applied; it goes back to be
  * sent again, at once (as EVAL) or after a short wait for room, within
  * upstream.hold_timeout_ms from the first time it found the queue full. */
-static void send_again(session *s, request *r, rewrite_verdict v)
+static void guard_again(session *s, request *r, guard_verdict v)
 {
     uint64_t now = uv_now(s->f->loop);
     note_flight_done(s);
-    if (v == REWRITE_HOLD) {
+    if (v == GUARD_HOLD) {
         if (!(r->flags & REQ_F_REFUSED)) {
             r->held_since = now;
             r->flags |= REQ_F_REFUSED;
@@ -1039,14 +1040,24 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
 {
     link *via = s->flight_link;
     if (scripts_on_reply(s, r, via, p, n)) {
-        send_again(s, r, REWRITE_RESEND); /* the EVALSHA again, its script loaded ahead */
+        guard_again(s, r, GUARD_RESEND); /* the EVALSHA again, its script loaded ahead */
         return;
     }
-    rewrite_verdict rv = rewrite_again(s, r, p, n);
-    if (rv != REWRITE_PASS) {
-        /* As EVAL, the blocking move after its look, the '>' read after a
-         * look that found nothing; or a push held for room. */
-        send_again(s, r, rv);
+    if (lease_noscript(r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* the ack again, as EVAL */
+        return;
+    }
+    guard_verdict gv = guards_on_reply(s, r, p, n);
+    if (gv != GUARD_PASS) {
+        guard_again(s, r, gv);
+        return;
+    }
+    if (receipts_again(s, r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* as EVAL, or the blocking move after its look */
+        return;
+    }
+    if (xreads_again(s, r, p, n)) {
+        guard_again(s, r, GUARD_RESEND); /* the '>' read, after a look that found nothing */
         return;
     }
     if (tx_refused_doomed(s, r, p, n)) {
@@ -1096,11 +1107,12 @@ void router_on_reply(session *s, request *r, const char *p, size_t n)
         s->f->session_ops->check_reading(s);
         return;
     }
-    buf looked; /* a reply a rewriter reshaped: a look's as the '>' read answers it */
-    buf_init(&looked);
-    int reshaped = rewrite_reply(s, r, via, p, n, &looked);
+    receipts_reply(s->f, r, p, n);
+    lease_on_reply(s, r, via, p, n);
     tx_on_reply(s, r, p, n);
-    if (reshaped) {
+    buf looked; /* a look's reply as the '>' read answers it */
+    buf_init(&looked);
+    if (xreads_reply(s, r, p, n, &looked)) {
         p = buf_head(&looked);
         n = buf_used(&looked);
     }

@@ -18,9 +18,10 @@
 
 #include "acl.h"
 #include "backlog.h"
-#include "rewrite.h"
+#include "lease.h"
 #include "link.h"
 #include "log.h"
+#include "receipts.h"
 #include "router.h"
 #include "tls.h"
 #include "upstream.h"
@@ -349,9 +350,8 @@ void session_close(session *s, const char *reason)
         s->reading = 0;
     }
     backlog_release(s);
-    /* Before its requests go (the link is still the same): leases it took
-     * expired, its pops undone (rewrite.c). */
-    rewrite_client_gone(s);
+    lease_client_gone(s);    /* before its requests go: the link is still the same */
+    receipts_client_gone(s); /* its pops undone, for the same reason */
     if (list_linked(&s->dirty_node)) {
         list_del(&s->dirty_node);
     }
