@@ -390,7 +390,8 @@ typedef enum stat_type {
       "rows served to pops from the fallback store")                                               \
     X(fallback, fallback_taken, GAUGE, "ferry_fallback_taken",                                     \
       "rows popped from the fallback store whose replies are not written to their clients yet "    \
-      "(deleted once written, back in the queue if never)")                                        \
+      "(deleted once written, back in the queue if never), and held rows (a push Redis may "      \
+      "have applied: the replay asks Redis for its receipt)")                                      \
     X(fallback, fallback_returned, COUNTER, "ferry_fallback_returned_total",                       \
       "popped rows back in the fallback store because their replies were never written (the "      \
       "client left first, or ferry was killed or stopped first)")                                  \

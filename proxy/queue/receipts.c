@@ -740,7 +740,21 @@ struct receipts {
     buf recent[2];
     size_t nrecent[2];
     uint64_t recent_at, del_epoch;
+    /* Cluster mode: the same per receipt, with the shard link's master and
+     * epoch its DEL went to, oldest first; receipts_tick deletes one again
+     * where its key's master is another one, or the same one again after
+     * its links were lost (a DEL on a reset link may never have run). */
+    struct cluster_recent *crecent;
+    size_t ncrecent, crecent_cap;
     uint64_t serial; /* the last put-back's (put_back_answered) */
+};
+
+struct cluster_recent {
+    char *keys;        /* the receipt, then its queue key */
+    size_t rlen, qlen; /* their bytes */
+    const void *up;    /* the master its DEL went to (compared, never followed) */
+    uint64_t epoch;    /* that master's epoch then */
+    uint64_t at;       /* when (uv_now) */
 };
 
 static struct receipts *receipts_of(ferry *f)
@@ -815,6 +829,70 @@ static void dels_send(ferry *f, struct receipts *rc)
     rc->ndels = 0;
 }
 
+static void cluster_recent_free(struct cluster_recent *e)
+{
+    free(e->keys);
+}
+
+static void cluster_recent_add(ferry *f, struct receipts *rc, const char *rkey, size_t rlen,
+                               const char *qkey, size_t qlen, const link *l)
+{
+    uint64_t now = uv_now(f->loop);
+    size_t drop = 0;
+    /* The oldest out once past two spans, or past the bound. */
+    while (drop < rc->ncrecent &&
+           (now - rc->crecent[drop].at >= 2 * RECENT_MS || rc->ncrecent - drop >= 2 * RECENT_MAX)) {
+        cluster_recent_free(&rc->crecent[drop++]);
+    }
+    if (drop > 0) {
+        memmove(rc->crecent, rc->crecent + drop, (rc->ncrecent - drop) * sizeof(*rc->crecent));
+        rc->ncrecent -= drop;
+    }
+    if (rc->ncrecent == rc->crecent_cap) {
+        rc->crecent_cap = rc->crecent_cap ? rc->crecent_cap * 2 : 64;
+        rc->crecent = xrealloc(rc->crecent, rc->crecent_cap * sizeof(*rc->crecent));
+    }
+    struct cluster_recent *e = &rc->crecent[rc->ncrecent++];
+    e->keys = xmalloc(rlen + qlen + 1);
+    memcpy(e->keys, rkey, rlen);
+    memcpy(e->keys + rlen, qkey, qlen);
+    e->rlen = rlen;
+    e->qlen = qlen;
+    e->up = l->up;
+    e->epoch = l->epoch;
+    e->at = now;
+}
+
+/* Cluster mode: a receipt deleted lately whose key's master is now
+ * another one, or the same one on new links, deleted there again. */
+static void cluster_recent_again(ferry *f, struct receipts *rc)
+{
+    size_t again = 0;
+    for (size_t i = 0; i < rc->ncrecent; i++) {
+        struct cluster_recent *e = &rc->crecent[i];
+        link *l = clustermap_key_link(f, e->keys + e->rlen, e->qlen, NULL, 0, 2);
+        if (l == NULL || (l->up == e->up && l->epoch == e->epoch)) {
+            continue;
+        }
+        buf del;
+        buf_init(&del);
+        buf_append_count(&del, '*', 2);
+        buf_append_bulk(&del, "DEL", 3);
+        buf_append_bulk(&del, e->keys, e->rlen);
+        link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
+        buf_free(&del);
+        e->up = l->up;
+        e->epoch = l->epoch;
+        again++;
+    }
+    if (again > 0) {
+        f->stats.receipts_deleted_again += again;
+        log_info("receipts: %zu receipt(s) deleted lately on a shard's master before deleted "
+                 "again on its master now (a DEL may have died with a link)",
+                 again);
+    }
+}
+
 /* Cluster mode: each receipt of rc->cdels deleted on its queue key's
  * master; those whose master is not known now wait for the next flush. */
 static void cluster_dels_send(ferry *f, struct receipts *rc)
@@ -844,6 +922,7 @@ static void cluster_dels_send(ferry *f, struct receipts *rc)
         buf_append_bulk(&del, rkey, rlen);
         link_internal_bytes(l, buf_head(&del), buf_used(&del), NULL, 0);
         f->stats.receipts_held--;
+        cluster_recent_add(f, rc, rkey, rlen, qkey, qlen, l);
     }
     buf_free(&del);
     buf_free(&rc->cdels);
@@ -1521,6 +1600,17 @@ void receipts_reply_sent(ferry *f, request *r, const char *p, size_t n)
     buf_free(&keys);
 }
 
+int receipts_push_key(ferry *f, const request *r, buf *out)
+{
+    rcpt_view v;
+    if (!(r->flags & REQ_F_RCPT) || r->rcpt == 0 || rcpt_of(f, r, &v) != 0 || v.push == NULL ||
+        v.script || strcmp(v.push, "exec") == 0) {
+        return -1;
+    }
+    receipt_key(f, &v, r->rcpt, out);
+    return 0;
+}
+
 void receipts_put_back(ferry *f, request *r)
 {
     rcpt_view v;
@@ -1616,6 +1706,8 @@ void receipts_tick(ferry *f)
         if (l != NULL) {
             recent_again(f, rc, l);
         }
+    } else if (f->cluster != NULL) {
+        cluster_recent_again(f, rc);
     }
     uint64_t now = uv_now(f->loop);
     for (size_t i = 0; i < rc->n; i++) {
@@ -1648,6 +1740,10 @@ void receipts_free(ferry *f)
     buf_free(&rc->cdels);
     buf_free(&rc->recent[0]);
     buf_free(&rc->recent[1]);
+    for (size_t i = 0; i < rc->ncrecent; i++) {
+        cluster_recent_free(&rc->crecent[i]);
+    }
+    free(rc->crecent);
     free(rc);
     f->receipts = NULL;
 }

@@ -45,6 +45,11 @@ void receipts_reply(ferry *f, request *r, const char *p, size_t n);
  * DEL at the next flush. */
 void receipts_reply_sent(ferry *f, request *r, const char *p, size_t n);
 
+/* r, a list or stream push sent with its receipt (its outcome unknown
+ * while it is not answered): its receipt key appended to out (0), else -1.
+ * The fallback store keeps it with the push it takes over (outage.c). */
+int receipts_push_key(ferry *f, const request *r, buf *out);
+
 /* r, a pop with its receipt, is answered by ferry itself (its timeout ran
  * out while held, -TRYAGAIN): had its move applied, the item goes back to
  * the end of its queue it came from (LMOVE from the receipt), now or, with

@@ -599,7 +599,13 @@ static int dispatch_outage(session *s, request *r, upstream *up)
             if (r->flags & REQ_F_RCPT) {
                 buf_append(&was.data, buf_head(&r->data), buf_used(&r->data));
             }
-            int rc = outage_dispatch(s, r);
+            /* A push sent with its receipt and not answered may be on
+             * Redis: the store holds its rows until the replay asks. */
+            buf held;
+            buf_init(&held);
+            int known = receipts_push_key(f, r, &held) == 0;
+            int rc = outage_dispatch(s, r, known ? buf_head(&held) : NULL, buf_used(&held));
+            buf_free(&held);
             if (rc == 1) {
                 receipts_put_back(f, &was); /* (counts r's receipt let go: r's flag goes) */
                 r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);

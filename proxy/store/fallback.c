@@ -3,7 +3,7 @@
  * with Redis' semantics and read back in id order for the replay.
  *
  * Schema (`sqlite3 FILE .schema`; application_id 0x46525259 "FRRY",
- * user_version 2; a version 1 file gains the taken column when opened):
+ * user_version 3; an older file gains the columns it lacks when opened):
  *
  *   CREATE TABLE rows (
  *       id     INTEGER PRIMARY KEY AUTOINCREMENT, -- write order; never reused
@@ -13,8 +13,10 @@
  *       score  REAL,                              -- ZADD rows; NULL otherwise
  *       pos    INTEGER,                           -- list rows; NULL otherwise
  *       ts     INTEGER NOT NULL,                  -- unix ms when written
- *       taken  INTEGER NOT NULL DEFAULT 0         -- 1: a pop took it, its reply is
- *   );                                            -- not confirmed yet
+ *       taken  INTEGER NOT NULL DEFAULT 0,        -- 1: a pop took it, its reply is
+ *                                                 -- not confirmed yet; 2: held (rcpt)
+ *       rcpt   BLOB                               -- held rows: the receipt key of a
+ *   );                                            -- push Redis may have applied
  *   CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;
  *   CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;
  *   CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;
@@ -77,7 +79,7 @@
 #include "ferry.h"
 
 #define FB_APP_ID 0x46525259    /* "FRRY" */
-#define FB_SCHEMA_VERSION 2     /* user_version (1: no taken column) */
+#define FB_SCHEMA_VERSION 3     /* user_version (1: no taken column, 2: no rcpt) */
 #define FB_BUSY_TIMEOUT_MS 100  /* only a foreign writer (sqlite3 CLI) can hold it */
 #define FB_WAL_LIMIT (16 << 20) /* WAL file truncated to this after checkpoints */
 #define FB_KEYS_MIN_SLOTS 64    /* key index: initial slots (power of two) */
@@ -86,13 +88,14 @@
  * Types
  * ------------------------------------------------------------------------ */
 
-#define ROW_COLS "id, kind, key, member, score, ts, taken"
+#define ROW_COLS "id, kind, key, member, score, ts, taken, rcpt"
 
 static const char *const stmt_sql[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
     [ST_ROLLBACK] = "ROLLBACK",
-    [ST_INSERT] = "INSERT INTO rows(key, kind, member, score, pos, ts) VALUES(?1,?2,?3,?4,?5,?6)",
+    [ST_INSERT] = "INSERT INTO rows(key, kind, member, score, pos, ts, taken, rcpt) "
+                  "VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
     [ST_HEADPOS] = "SELECT pos FROM rows WHERE key = ?1 AND pos IS NOT NULL ORDER BY pos LIMIT 1",
     [ST_TAILPOS] = "SELECT pos FROM rows WHERE key = ?1 AND pos IS NOT NULL "
                    "ORDER BY pos DESC LIMIT 1",
@@ -110,7 +113,7 @@ static const char *const stmt_sql[ST_COUNT] = {
     [ST_TAKE] = "UPDATE rows SET taken = 1 WHERE id = ?1",
     [ST_UNTAKE] = "UPDATE rows SET taken = 0 WHERE id = ?1",
     [ST_TAKEN_ROW] = "SELECT key, kind, member, length(key) + length(member) FROM rows "
-                     "WHERE id = ?1 AND taken != 0",
+                     "WHERE id = ?1 AND taken = 1",
     [ST_READ] = "SELECT " ROW_COLS " FROM rows WHERE id > ?1 ORDER BY id LIMIT ?2",
     [ST_DEL_COUNT] = "SELECT key, count(*), sum(length(key) + length(member)), "
                      "sum(taken != 0) FROM rows WHERE id <= ?1 GROUP BY key",
@@ -124,7 +127,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 static const char schema_sql[] =
     "CREATE TABLE rows (id INTEGER PRIMARY KEY AUTOINCREMENT, key BLOB NOT NULL,"
     " kind INTEGER NOT NULL, member BLOB NOT NULL, score REAL, pos INTEGER,"
-    " ts INTEGER NOT NULL, taken INTEGER NOT NULL DEFAULT 0);"
+    " ts INTEGER NOT NULL, taken INTEGER NOT NULL DEFAULT 0, rcpt BLOB);"
     "CREATE INDEX rows_list ON rows(key, pos) WHERE pos IS NOT NULL;"
     "CREATE INDEX rows_zset ON rows(key, score, member) WHERE kind = 3;"
     "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;"
@@ -136,13 +139,17 @@ static const char upgrade_v1_sql[] =
     "DROP INDEX rows_zmember;"
     "CREATE UNIQUE INDEX rows_zmember ON rows(key, member) WHERE kind = 3 AND taken = 0;";
 
+/* Version 2 to 3: held rows' receipt keys. */
+static const char upgrade_v2_sql[] = "ALTER TABLE rows ADD COLUMN rcpt BLOB;";
+
 /* At open: every row still taken goes back (a sorted-set member that is
- * there untaken, or taken again later, keeps only that newer row). */
+ * there untaken, or taken again later, keeps only that newer row); held
+ * rows stay held (only the replay can tell whether Redis has them). */
 static const char untake_sql[] =
-    "DELETE FROM rows WHERE kind = 3 AND taken != 0 AND EXISTS (SELECT 1 FROM rows t"
+    "DELETE FROM rows WHERE kind = 3 AND taken = 1 AND EXISTS (SELECT 1 FROM rows t"
     " WHERE t.key = rows.key AND t.kind = 3 AND t.member = rows.member"
     " AND (t.taken = 0 OR t.id > rows.id));"
-    "UPDATE rows SET taken = 0 WHERE taken != 0;";
+    "UPDATE rows SET taken = 0 WHERE taken = 1;";
 
 static void key_index_init(key_index *ix);
 static void key_index_free(key_index *ix);
@@ -365,6 +372,7 @@ static void op_free(fb_op *op)
     free(op->key);
     free(op->lens);
     free(op->scores);
+    free(op->rcpt);
     free(op);
 }
 
@@ -398,6 +406,7 @@ static void op_complete(fallback *fb, fb_op *op, int status, const char *errstr)
         if (op->type == OP_PUSH && op->how != FB_ZADD) {
             const key_entry *e = key_index_get(&fb->keys, op->key, op->keylen);
             res.count = e != NULL ? (int64_t)(e->rows - e->taken) : 0;
+            res.count += op->rcpt != NULL ? op->drows : 0; /* its own, held */
         }
         uv_mutex_unlock(&fb->ixlock);
         if (op->type == OP_PUSH) {
@@ -581,10 +590,10 @@ static int check_store(sqlite3 *db, const char *path, int create, char *err, siz
         snprintf(err, errlen, "fallback store %s: not a ferry fallback store", path);
         return UV_EINVAL;
     }
-    if (version == 1 && create) {
-        char sql[sizeof(upgrade_v1_sql) + 128];
-        snprintf(sql, sizeof(sql), "BEGIN IMMEDIATE; %s PRAGMA user_version = %d; COMMIT;",
-                 upgrade_v1_sql, FB_SCHEMA_VERSION);
+    if ((version == 1 || version == 2) && create) {
+        char sql[sizeof(upgrade_v1_sql) + sizeof(upgrade_v2_sql) + 128];
+        snprintf(sql, sizeof(sql), "BEGIN IMMEDIATE; %s%s PRAGMA user_version = %d; COMMIT;",
+                 version == 1 ? upgrade_v1_sql : "", upgrade_v2_sql, FB_SCHEMA_VERSION);
         rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
         if (rc != SQLITE_OK) {
             int r = open_fail(db, rc, path, err, errlen);
@@ -595,7 +604,7 @@ static int check_store(sqlite3 *db, const char *path, int create, char *err, siz
         }
         version = FB_SCHEMA_VERSION;
     }
-    if (version != FB_SCHEMA_VERSION && (create || version != 1)) {
+    if (version != FB_SCHEMA_VERSION && (create || (version != 1 && version != 2))) {
         snprintf(err, errlen, "fallback store %s: unknown schema version %lld", path,
                  (long long)version);
         return UV_EINVAL;
@@ -611,11 +620,11 @@ static int untake_all(fallback *fb, char *err, size_t errlen)
     char sql[sizeof(untake_sql) + 64];
     snprintf(sql, sizeof(sql), "BEGIN IMMEDIATE; %s COMMIT;", untake_sql);
     int64_t before = 0, after = 0;
-    int rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken != 0", &before);
+    int rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken = 1", &before);
     if (rc == SQLITE_OK && before > 0) {
         rc = sqlite3_exec(fb->db, sql, NULL, NULL, NULL);
         if (rc == SQLITE_OK) {
-            rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken != 0", &after);
+            rc = query_int(fb->db, "SELECT count(*) FROM rows WHERE taken = 1", &after);
         }
     }
     if (rc != SQLITE_OK) {
@@ -634,15 +643,17 @@ static int load_index(fallback *fb, char *err, size_t errlen)
 {
     sqlite3_stmt *s;
     int rc = sqlite3_prepare_v2(fb->db,
-                                "SELECT key, count(*), sum(length(key) + length(member))"
-                                " FROM rows GROUP BY key",
+                                "SELECT key, count(*), sum(length(key) + length(member)),"
+                                " sum(taken != 0) FROM rows GROUP BY key",
                                 -1, &s, NULL);
     while ((rc == SQLITE_OK || rc == SQLITE_ROW) && (rc = sqlite3_step(s)) == SQLITE_ROW) {
         size_t klen;
         const char *k = fb_column_bytes(s, 0, &klen);
         int64_t rows = sqlite3_column_int64(s, 1);
-        key_index_add(&fb->keys, k, klen, rows, 0); /* none is taken after untake_all */
+        int64_t held = sqlite3_column_int64(s, 3); /* none is taken after untake_all: held */
+        key_index_add(&fb->keys, k, klen, rows, held);
         fb->stats.rows += (uint64_t)rows;
+        fb->stats.taken += (uint64_t)held;
         fb->stats.bytes += (uint64_t)sqlite3_column_int64(s, 2);
     }
     if (rc == SQLITE_DONE) {
@@ -860,9 +871,8 @@ void fallback_close(fallback *fb)
  * Operations
  * ------------------------------------------------------------------------ */
 
-void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
-                   const char *const *members, const size_t *lens, const double *scores, size_t n,
-                   fallback_cb cb, void *arg)
+static fb_op *push_op(int kind, const char *key, size_t keylen, const char *const *members,
+                      const size_t *lens, const double *scores, size_t n, fallback_cb cb, void *arg)
 {
     fb_op *op = op_new(OP_PUSH, cb, arg);
     size_t total = keylen;
@@ -899,6 +909,28 @@ void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
                 op->errstr = "score is not a number";
             }
         }
+    }
+    return op;
+}
+
+void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
+                   const char *const *members, const size_t *lens, const double *scores, size_t n,
+                   fallback_cb cb, void *arg)
+{
+    enqueue(fb, push_op(kind, key, keylen, members, lens, scores, n, cb, arg));
+}
+
+void fallback_push_held(fallback *fb, int kind, const char *key, size_t keylen,
+                        const char *const *members, const size_t *lens, size_t n, const char *rcpt,
+                        size_t rcptlen, fallback_cb cb, void *arg)
+{
+    /* (a sorted set's push has no receipt: refused as an unknown kind) */
+    fb_op *op = push_op(kind == FB_ZADD ? 0 : kind, key, keylen, members, lens, NULL, n, cb, arg);
+    if (rcpt != NULL) {
+        op->rcpt = xmalloc(rcptlen + 1);
+        memcpy(op->rcpt, rcpt, rcptlen);
+        op->rcpt[rcptlen] = '\0';
+        op->rcptlen = rcptlen;
     }
     enqueue(fb, op);
 }

@@ -47,9 +47,11 @@ typedef struct fallback_item {
     size_t keylen;
     const char *member; /* element / member bytes (binary safe) */
     size_t memberlen;
-    double score;  /* FB_ZADD */
-    int64_t ts_ms; /* wall-clock ms when it was written */
-    int taken;     /* 1: a pop took it and its reply is not confirmed yet */
+    double score;     /* FB_ZADD */
+    int64_t ts_ms;    /* wall-clock ms when it was written */
+    int taken;        /* 1: a pop took it and its reply is not confirmed yet */
+    const char *rcpt; /* a held row (fallback_push_held): its push's receipt key; else NULL */
+    size_t rcptlen;
 } fallback_item;
 
 typedef struct fallback_result {
@@ -111,6 +113,14 @@ void fallback_close(fallback *fb);
 void fallback_push(fallback *fb, int kind, const char *key, size_t keylen,
                    const char *const *members, const size_t *lens, const double *scores, size_t n,
                    fallback_cb cb, void *arg);
+/* A list push (FB_LPUSH, FB_RPUSH) Redis may have applied already: sent
+ * with its receipt rcpt to a master that did not answer. Its rows are held:
+ * no pop takes them (they count as taken in fallback_key_ready and the
+ * stats), and the replay pushes them only where Redis lacks the receipt. A
+ * reopened store keeps them held. The count answered includes them. */
+void fallback_push_held(fallback *fb, int kind, const char *key, size_t keylen,
+                        const char *const *members, const size_t *lens, size_t n, const char *rcpt,
+                        size_t rcptlen, fallback_cb cb, void *arg);
 /* Take up to count rows of key from one end (rows other pops took are
  * skipped): they stay in the store, taken, until fallback_confirm or
  * fallback_release names their ids. 0 rows is a success (count 0). */

@@ -77,13 +77,18 @@ static int sql_collect(fallback *fb, sqlite3_stmt *s, fb_op *op)
             op->items = xrealloc(op->items, op->itemcap * sizeof(*op->items));
         }
         fallback_item *it = &op->items[op->nitems++];
-        size_t klen, mlen;
+        size_t klen, mlen, rlen = 0;
         const char *k = fb_column_bytes(s, 2, &klen);
         const char *m = fb_column_bytes(s, 3, &mlen);
-        char *chunk = xmalloc(klen + mlen + 1);
+        int held = sqlite3_column_type(s, 7) != SQLITE_NULL;
+        const char *r = held ? fb_column_bytes(s, 7, &rlen) : NULL;
+        char *chunk = xmalloc(klen + mlen + rlen + 1);
         memcpy(chunk, k, klen);
         memcpy(chunk + klen, m, mlen);
-        chunk[klen + mlen] = '\0';
+        if (rlen > 0) {
+            memcpy(chunk + klen + mlen, r, rlen);
+        }
+        chunk[klen + mlen + rlen] = '\0';
         it->id = sqlite3_column_int64(s, 0);
         it->kind = sqlite3_column_int(s, 1);
         it->key = chunk;
@@ -92,7 +97,9 @@ static int sql_collect(fallback *fb, sqlite3_stmt *s, fb_op *op)
         it->memberlen = mlen;
         it->score = sqlite3_column_double(s, 4);
         it->ts_ms = sqlite3_column_int64(s, 5);
-        it->taken = sqlite3_column_int(s, 6) != 0;
+        it->taken = sqlite3_column_int(s, 6) == 1; /* (2: held, rcpt says) */
+        it->rcpt = held ? chunk + klen + mlen : NULL;
+        it->rcptlen = rlen;
     }
     if (rc != SQLITE_DONE) {
         sql_fail(fb, rc);
@@ -116,6 +123,10 @@ static int sql_insert(fallback *fb, const fb_op *op, const char *m, size_t mlen,
         sqlite3_bind_int64(s, 5, pos);
     }
     sqlite3_bind_int64(s, 6, op->ts_ms);
+    sqlite3_bind_int(s, 7, op->rcpt != NULL ? 2 : 0);
+    if (op->rcpt != NULL) {
+        bind_bytes(s, 8, op->rcpt, op->rcptlen);
+    }
     return sql_run(fb, s);
 }
 
@@ -166,6 +177,7 @@ static int sql_push(fallback *fb, fb_op *op)
             has_end = 1;
             rc = sql_insert(fb, op, m, op->lens[i], 0, pos, 1);
             op->drows += rc == SQLITE_OK;
+            op->dtaken += rc == SQLITE_OK && op->rcpt != NULL; /* held: as taken */
             op->dbytes += rc == SQLITE_OK ? (int64_t)(op->keylen + op->lens[i]) : 0;
         }
         if (rc != SQLITE_OK) {

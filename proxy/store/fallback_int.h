@@ -52,18 +52,20 @@ typedef struct key_delta {
 
 /* One queued operation; the worker writes its results. */
 typedef struct fb_op {
-    struct fb_op *next;   /* next in the queue / the group, in submission order */
-    op_type type;         /* what it does */
-    int how;              /* push: enum fallback_kind; pop: enum fallback_end */
-    char *key;            /* push/pop: key bytes, then (push) the members back to back */
-    size_t keylen;        /* bytes of key */
-    size_t n;             /* push: members; pop/read: most rows to return; confirm,
-                             release: ids */
-    size_t *lens;         /* push: member lengths */
-    double *scores;       /* push FB_ZADD: scores */
-    int64_t id;           /* read: rows after this id; delete: rows up to it */
-    int64_t *ids;         /* confirm, release: the rows */
-    int64_t ts_ms;        /* push: wall-clock ms when queued */
+    struct fb_op *next; /* next in the queue / the group, in submission order */
+    op_type type;       /* what it does */
+    int how;            /* push: enum fallback_kind; pop: enum fallback_end */
+    char *key;          /* push/pop: key bytes, then (push) the members back to back */
+    size_t keylen;      /* bytes of key */
+    size_t n;           /* push: members; pop/read: most rows to return; confirm,
+                           release: ids */
+    size_t *lens;       /* push: member lengths */
+    double *scores;     /* push FB_ZADD: scores */
+    int64_t id;         /* read: rows after this id; delete: rows up to it */
+    int64_t *ids;       /* confirm, release: the rows */
+    int64_t ts_ms;      /* push: wall-clock ms when queued */
+    char *rcpt;         /* push: a held push's receipt key (fallback_push_held), or NULL */
+    size_t rcptlen;
     fallback_cb cb;       /* may be NULL */
     void *arg;            /* for cb */
     int err;              /* refused before it ran (UV_EINVAL), else 0 */

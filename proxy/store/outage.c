@@ -71,7 +71,7 @@ typedef struct remote_op {
     size_t count; /* pop: most rows */
     char *key;    /* push, pop: the key; move: the source */
     size_t keylen;
-    char *dst; /* move: the destination */
+    char *dst; /* move: the destination; push: a held push's receipt key, or NULL */
     size_t dstlen;
     size_t n;       /* push: members */
     int64_t *ids;   /* confirm, release: the taken rows */
@@ -380,14 +380,22 @@ static void remote_send(struct outage *o, remote_op *ro)
  * from a worker, on the main loop's. */
 static void store_push(struct outage *o, int kind, const char *key, size_t keylen,
                        const char *const *m, const size_t *l, const double *sc, size_t n,
-                       fallback_cb cb, void *arg)
+                       const char *rcpt, size_t rcptlen, fallback_cb cb, void *arg)
 {
     if (!o->remote) {
-        fallback_push(o->fb, kind, key, keylen, m, l, sc, n, cb, arg);
+        if (rcpt != NULL) {
+            fallback_push_held(o->fb, kind, key, keylen, m, l, n, rcpt, rcptlen, cb, arg);
+        } else {
+            fallback_push(o->fb, kind, key, keylen, m, l, sc, n, cb, arg);
+        }
         return;
     }
     remote_op *ro = remote_new(o, RO_PUSH, key, keylen, cb, arg);
     ro->how = kind;
+    if (rcpt != NULL) {
+        ro->dst = xstrndup(rcpt, rcptlen);
+        ro->dstlen = rcptlen;
+    }
     ro->n = n;
     ro->members = xcalloc(n, sizeof(*ro->members));
     ro->lens = xcalloc(n, sizeof(*ro->lens));
@@ -585,8 +593,14 @@ void outage_remote_run(ferry *f, void *p)
      * result): the store copies what it needs. */
     switch (ro->kind) {
     case RO_PUSH:
-        fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
-                      ro->lens, ro->scores, ro->n, remote_done, ro);
+        if (ro->dst != NULL) {
+            fallback_push_held(o->fb, ro->how, ro->key, ro->keylen,
+                               (const char *const *)ro->members, ro->lens, ro->n, ro->dst,
+                               ro->dstlen, remote_done, ro);
+        } else {
+            fallback_push(o->fb, ro->how, ro->key, ro->keylen, (const char *const *)ro->members,
+                          ro->lens, ro->scores, ro->n, remote_done, ro);
+        }
         break;
     case RO_POP:
         fallback_pop(o->fb, ro->how, ro->key, ro->keylen, ro->count, remote_done, ro);
@@ -787,7 +801,8 @@ static resp_parser *parse(const request *r, resp_request *req)
     return p;
 }
 
-static int dispatch_push(session *s, request *r, const resp_request *req, int kind)
+static int dispatch_push(session *s, request *r, const resp_request *req, int kind,
+                         const char *rcpt, size_t rcptlen)
 {
     ferry *f = s->f;
     size_t first = 2, n;
@@ -833,7 +848,8 @@ static int dispatch_push(session *s, request *r, const resp_request *req, int ki
     }
     store_op *op = op_new(s, r);
     op->kind = kind;
-    store_push(f->outage, kind, req->argv[1].ptr, req->argv[1].len, m, l, sc, n, push_done, op);
+    store_push(f->outage, kind, req->argv[1].ptr, req->argv[1].len, m, l, sc, n,
+               kind != FB_ZADD ? rcpt : NULL, rcptlen, push_done, op);
     free(m);
     free(l);
     free(sc);
@@ -931,7 +947,7 @@ int outage_owner_up(const struct outage *o)
     return o->remote && atomic_load(&o->sh->owner_up);
 }
 
-int outage_dispatch(session *s, request *r)
+int outage_dispatch(session *s, request *r, const char *rcpt, size_t rcptlen)
 {
     ferry *f = s->f;
     resp_request req;
@@ -969,7 +985,7 @@ int outage_dispatch(session *s, request *r)
     }
     if (push) {
         if (req.argc >= 2 && config_fallback_key(f->cfg, req.argv[1].ptr, req.argv[1].len)) {
-            rc = dispatch_push(s, r, &req, push);
+            rc = dispatch_push(s, r, &req, push, rcpt, rcptlen);
         }
     } else if (move) {
         rc = dispatch_move(s, r, &req, blocking, move == 2);

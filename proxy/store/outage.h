@@ -26,8 +26,11 @@ void outage_close(ferry *f);
 
 /* The master view is DOWN: r is served from the store if it is eligible
  * (returns 1: answered or in flight on the store), else 0. A blocking pop
- * on an eligible key with no rows stays held (returns 2: wait). */
-int outage_dispatch(session *s, request *r);
+ * on an eligible key with no rows stays held (returns 2: wait). rcpt (NULL:
+ * none) is a push's receipt key when it was sent with it to a master that
+ * did not answer: its rows are held for the replay, which asks Redis
+ * whether that push applied (fallback_push_held). */
+int outage_dispatch(session *s, request *r, const char *rcpt, size_t rcptlen);
 /* A master is UP: 1 if r writes to a key whose fallback rows are not
  * replayed yet (it waits), else 0. */
 int outage_blocks(ferry *f, const request *r);

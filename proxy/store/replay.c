@@ -67,31 +67,62 @@
 #define REPLAY_TAKEN_WAIT_MS 1000 /* longest a key waits for its taken rows' replies */
 #define REPLAY_IDLE_PASS_MS 1000  /* cluster mode: after a pass that applied nothing */
 
-/* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key;
- * ARGV[1] the last row id of this group, then id, kind, member, score per
- * row. Checks the type first so a refused key applies nothing. */
+/* The replay script: KEYS[1] the marker hash, KEYS[2] the queue key,
+ * KEYS[3..] the receipt keys of the held pushes among the rows; ARGV[1] the
+ * last row id of this group, ARGV[2] '1' when the key's rows may go on in
+ * the next round, then id, kind, member, score and receipt (an index in
+ * KEYS, 0 none) per row. Checks the type first so a refused key applies
+ * nothing. A held row (a push sent with its receipt to a master that did
+ * not answer, then taken by the store) is pushed only where Redis lacks
+ * the receipt: there, that push applied. Its receipt is deleted with the
+ * push's last row (kept when the round may end inside it). */
 static const char replay_script[] =
     "local done = tonumber(redis.call('HGET', KEYS[1], KEYS[2]) or '0')\n"
     "if done >= tonumber(ARGV[1]) then return 0 end\n"
-    "local want = ARGV[3] == '3' and 'zset' or 'list'\n"
+    "local want = ARGV[4] == '3' and 'zset' or 'list'\n"
     "local t = redis.call('TYPE', KEYS[2]).ok\n"
     "if t ~= 'none' and t ~= want then\n"
     "  return redis.error_reply('WRONGTYPE ferry replay: ' .. KEYS[2] .. ' holds a ' .. t)\n"
     "end\n"
-    "local n = 0\n"
-    "for i = 2, #ARGV, 4 do\n"
+    "local n, held, last = 0, {}, 0\n"
+    "for i = 3, #ARGV, 5 do\n"
+    "  local r = tonumber(ARGV[i + 4])\n"
+    "  last = r\n"
     "  if tonumber(ARGV[i]) > done then\n"
-    "    local k = ARGV[i + 1]\n"
-    "    if k == '1' then redis.call('LPUSH', KEYS[2], ARGV[i + 2])\n"
-    "    elseif k == '2' then redis.call('RPUSH', KEYS[2], ARGV[i + 2])\n"
-    "    else redis.call('ZADD', KEYS[2], ARGV[i + 3], ARGV[i + 2]) end\n"
-    "    n = n + 1\n"
+    "    if r > 0 and held[r] == nil then held[r] = redis.call('EXISTS', KEYS[r]) == 1 end\n"
+    "    if r == 0 or not held[r] then\n"
+    "      local k = ARGV[i + 1]\n"
+    "      if k == '1' then redis.call('LPUSH', KEYS[2], ARGV[i + 2])\n"
+    "      elseif k == '2' then redis.call('RPUSH', KEYS[2], ARGV[i + 2])\n"
+    "      else redis.call('ZADD', KEYS[2], ARGV[i + 3], ARGV[i + 2]) end\n"
+    "      n = n + 1\n"
+    "    end\n"
     "  end\n"
+    "end\n"
+    "for r in pairs(held) do\n"
+    "  if r ~= last or ARGV[2] ~= '1' then redis.call('DEL', KEYS[r]) end\n"
     "end\n"
     "redis.call('HSET', KEYS[1], KEYS[2], ARGV[1])\n"
     "return n\n";
 
 static void replay_next(struct outage *o);
+
+/* it is one of grp's key's rows. */
+static int item_in(const fallback_item *it, const replay_group *grp)
+{
+    return it->keylen == grp->keylen && memcmp(it->key, grp->key, grp->keylen) == 0;
+}
+
+/* 1 + the place of it's receipt key among held[0..n), 0 if not there. */
+static size_t held_index(const fallback_item **held, size_t n, const fallback_item *it)
+{
+    for (size_t h = 0; h < n; h++) {
+        if (held[h]->rcptlen == it->rcptlen && memcmp(held[h]->rcpt, it->rcpt, it->rcptlen) == 0) {
+            return h + 1;
+        }
+    }
+    return 0;
+}
 
 void replay_cluster_init(struct outage *o)
 {
@@ -601,25 +632,42 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
         link_internal(l, argv, 2, round_info_done, (long long)(o->round & 0xffffffffffULL));
     }
     /* One script per key: its rows in id order. */
+    const fallback_item *tail = &res->items[res->nitems - 1];
     for (size_t g = 0; g < o->ngroups; g++) {
         replay_group *grp = &o->groups[g];
         buf b;
         char num[32];
+        /* The held pushes' receipts: the script's keys from the third on. */
+        const fallback_item **held = xcalloc(grp->rows, sizeof(*held));
+        size_t nheld = 0;
+        for (size_t i = 0; i < res->nitems; i++) {
+            const fallback_item *it = &res->items[i];
+            if (!skip[i] && it->rcpt != NULL && item_in(it, grp) &&
+                held_index(held, nheld, it) == 0) {
+                held[nheld++] = it;
+            }
+        }
         buf_init(&b);
-        buf_append_count(&b, '*', 6 + 4 * grp->rows);
+        buf_append_count(&b, '*', 7 + nheld + 5 * grp->rows);
         buf_append_bulk(&b, "EVAL", 4);
         buf_append_bulk(&b, replay_script, sizeof(replay_script) - 1);
-        buf_append_bulk(&b, "2", 1);
+        snprintf(num, sizeof(num), "%zu", 2 + nheld);
+        buf_append_bulk(&b, num, strlen(num));
         char marker[600];
         marker_name(o, grp->slot, marker, sizeof(marker));
         buf_append_bulk(&b, marker, strlen(marker));
         buf_append_bulk(&b, grp->key, grp->keylen);
+        for (size_t h = 0; h < nheld; h++) {
+            buf_append_bulk(&b, held[h]->rcpt, held[h]->rcptlen);
+        }
         snprintf(num, sizeof(num), "%lld", (long long)grp->last_id);
         buf_append_bulk(&b, num, strlen(num));
+        /* A full batch ending in this key's rows may end inside a push. */
+        int more = res->nitems >= REPLAY_BATCH && item_in(tail, grp);
+        buf_append_bulk(&b, more ? "1" : "0", 1);
         for (size_t i = 0; i < res->nitems; i++) {
             const fallback_item *it = &res->items[i];
-            if (skip[i] || it->keylen != grp->keylen ||
-                memcmp(it->key, grp->key, grp->keylen) != 0) {
+            if (skip[i] || !item_in(it, grp)) {
                 continue;
             }
             snprintf(num, sizeof(num), "%lld", (long long)it->id);
@@ -629,7 +677,11 @@ static void read_done(void *arg, int status, const char *errstr, const fallback_
             buf_append_bulk(&b, it->member, it->memberlen);
             snprintf(num, sizeof(num), "%.17g", it->score);
             buf_append_bulk(&b, num, strlen(num));
+            size_t h = it->rcpt != NULL ? held_index(held, nheld, it) : 0;
+            snprintf(num, sizeof(num), "%zu", h > 0 ? h + 2 : 0);
+            buf_append_bulk(&b, num, strlen(num));
         }
+        free(held);
         link_internal_raw(l, buf_head(&b), buf_used(&b), script_done);
         list_entry(l->pending.prev, request, lq)->arg =
             (long long)(((o->round & 0xffffffffffULL) << 20) | g);

@@ -206,6 +206,41 @@ class ClusterFallbackTest(unittest.TestCase):
         self.assertEqual(st['fallback_replay_errors'], 0,
                          [l for l in self.ferry.log().splitlines() if 'replay' in l])
 
+    def test_3_push_unanswered_by_a_frozen_shard_is_not_pushed_twice(self):
+        """A push sent with its receipt to a shard's master that then froze
+        with its replica (SIGSTOP) is taken by the store past
+        fallback.after_ms; the master, thawed, runs it too. The replay finds
+        its receipt in the key's slot and pushes nothing: each item once
+        (before: twice)."""
+        owners = self.cluster.wait_consistent()
+        wait_until(lambda: len(self.shards_up()) == 3, timeout=20, interval=0.1,
+                   msg='every shard UP in ferry')
+        victim = owners[0]
+        replica = wait_until(lambda: (self.cluster.replicas_of(victim) or [None])[0],
+                             timeout=20, interval=0.1, msg='a replica of %d known' % victim)
+        q = keys_on(owners, victim, 'fbh', 1)[0]
+        c = self.ferry.client(socket_timeout=30)
+        self.addCleanup(c.close)
+        self.assertEqual(c.rpush(q, 'before'), 1)
+        nodes = [self.cluster.node_by_port(victim), self.cluster.node_by_port(replica)]
+        for n in nodes:
+            n.sigstop()
+        self.addCleanup(lambda: [n.sigcont() for n in nodes])
+        self.assertEqual(c.rpush(q, 'h1', 'h2'), 2)
+        self.assertEqual(stats(self.ferry)['fallback']['fallback_pending'], 2)
+        for n in nodes:
+            n.sigcont()
+        self.cluster.wait_consistent(timeout=60)
+        wait_until(lambda: len(self.shards_up()) == 3, timeout=30, interval=0.1,
+                   msg='every shard UP in ferry again')
+        wait_until(lambda: stats(self.ferry)['fallback']['fallback_pending'] == 0, timeout=30,
+                   interval=0.1, msg='the store replayed')
+        master = self.cluster.wait_consistent()[keyslot(q)]
+        d = self.cluster.node_by_port(master).client()
+        self.addCleanup(d.close)
+        self.assertEqual(d.lrange(q, 0, -1), ['before', 'h1', 'h2'], 'each item once')
+        self.assertEqual([k for k in d.scan_iter(match='ferry:rcpt:*')], [], 'no receipt left')
+
     def test_2_rows_of_a_key_whose_slot_moved_go_to_its_new_owner(self):
         owners = self.cluster.wait_consistent()
         wait_until(lambda: len(self.shards_up()) == 3, timeout=20, interval=0.1,

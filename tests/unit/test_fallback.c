@@ -44,6 +44,8 @@ typedef struct got_item {
     size_t memberlen;       /* bytes */
     double score;           /* ZADD rows */
     int taken;              /* read: taken by a pop */
+    char rcpt[MAX_BYTES];   /* read: a held row's receipt key, "" none */
+    int held;               /* read: rcpt set */
 } got_item;
 
 /* What one operation's callback reported. */
@@ -96,6 +98,8 @@ static void record_cb(void *arg, int status, const char *errstr, const fallback_
         g->memberlen = it->memberlen; /* the bytes kept are at most MAX_BYTES */
         g->score = it->score;
         g->taken = it->taken;
+        g->held = it->rcpt != NULL;
+        snprintf(g->rcpt, sizeof(g->rcpt), "%.*s", (int)it->rcptlen, it->rcpt ? it->rcpt : "");
         assert_true(it->ts_ms > 1600000000000LL);
     }
     if (r->fx->fb != NULL) {
@@ -533,6 +537,51 @@ static void test_taken_back_on_reopen(void **state)
     }
 }
 
+/* A push Redis may have applied (sent with its receipt, unanswered) is
+ * held: counted in its reply, never taken by a pop, kept held across a
+ * reopen, read back with its receipt key for the replay to ask Redis. */
+static void test_held_push(void **state)
+{
+    fixture *fx = *state;
+    rec r[8];
+    fallback_stats st;
+    size_t lens[2] = {1, 1};
+    rec_init(fx, r, 8);
+    push(fx, FB_RPUSH, "l", (const char *[]){"a"}, NULL, 1, &r[0]);
+    fallback_push_held(fx->fb, FB_RPUSH, "l", 1, (const char *[]){"b", "c"}, lens, 2, "rc:1", 4,
+                       record_cb, &r[1]);
+    push(fx, FB_RPUSH, "l", (const char *[]){"d"}, NULL, 1, &r[2]);
+    fallback_push_held(fx->fb, FB_ZADD, "z", 1, (const char *[]){"m"}, lens, 1, "rc:2", 4,
+                       record_cb, &r[3]);
+    run_until(fx, &fx->done, 4);
+    assert_ok(&r[0], 1);
+    assert_ok(&r[1], 3); /* its own rows counted */
+    assert_ok(&r[2], 2); /* held rows are not the store's to serve */
+    assert_int_equal(r[3].status, UV_EINVAL);
+    assert_int_equal(fallback_key_rows(fx->fb, "l", 1), 4);
+    assert_int_equal(fallback_key_ready(fx->fb, "l", 1), 2);
+    store_reopen(fx);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.released, 0);
+    assert_int_equal(st.taken, 2);
+    assert_int_equal(fallback_key_ready(fx->fb, "l", 1), 2);
+    pop(fx, FB_HEAD, "l", 10, &r[4]);
+    fallback_read(fx->fb, 0, 10, record_cb, &r[5]);
+    run_until(fx, &fx->done, 6);
+    assert_string_equal(members(&r[4]), "a d");
+    assert_int_equal(r[5].nitems, 4);
+    assert_false(r[5].items[0].held);
+    assert_true(r[5].items[1].held && r[5].items[2].held);
+    assert_string_equal(r[5].items[1].rcpt, "rc:1");
+    assert_int_equal(r[5].items[1].taken, 0); /* held, not taken by a pop */
+    assert_int_equal(r[5].items[0].taken, 1);
+    fallback_delete_upto(fx->fb, r[5].items[3].id, record_cb, &r[6]);
+    run_until(fx, &fx->done, 7);
+    fallback_get_stats(fx->fb, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.taken, 0);
+}
+
 /* Confirms and releases still queued when the store closes run in one last
  * transaction: the confirmed row is gone, the released one back. */
 static void test_close_settles_queued(void **state)
@@ -609,7 +658,7 @@ static void test_upgrade_v1(void **state)
     sqlite3_stmt *s;
     assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(s, 0), 2);
+    assert_int_equal(sqlite3_column_int(s, 0), 3);
     sqlite3_finalize(s);
     sqlite3_close(db);
 }
@@ -1280,6 +1329,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_confirm_release, setup, teardown),
         cmocka_unit_test_setup_teardown(test_taken_back_on_reopen, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_settles_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_held_push, setup, teardown),
         cmocka_unit_test_setup_teardown(test_upgrade_v1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_delete, setup, teardown),
