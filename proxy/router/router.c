@@ -600,11 +600,20 @@ static int dispatch_outage(session *s, request *r, upstream *up)
                 buf_append(&was.data, buf_head(&r->data), buf_used(&r->data));
             }
             /* A push sent with its receipt and not answered may be on
-             * Redis: the store holds its rows until the replay asks. */
+             * Redis: the store holds its rows until the replay asks. A
+             * write sent without one (a ZADD, a pop with no receipt), its
+             * outcome unknown, is not the store's: taking it would apply it
+             * twice (a member the master adds when it thaws, popped from
+             * both) or take a second item; it stays held for Redis, whose
+             * offsets decide it (fence.c). */
             buf held;
             buf_init(&held);
             int known = receipts_push_key(f, r, &held) == 0;
-            int rc = outage_dispatch(s, r, known ? buf_head(&held) : NULL, buf_used(&held));
+            int unknown = r->sent_ns != 0 && !(r->flags & (REQ_F_RCPT | REQ_F_REFUSED)) &&
+                          (r->flags & REQ_F_WRITE);
+            int rc = unknown
+                         ? 0
+                         : outage_dispatch(s, r, known ? buf_head(&held) : NULL, buf_used(&held));
             buf_free(&held);
             if (rc == 1) {
                 receipts_put_back(f, &was); /* (counts r's receipt let go: r's flag goes) */

@@ -239,7 +239,8 @@ class ClusterFallbackTest(unittest.TestCase):
         d = self.cluster.node_by_port(master).client()
         self.addCleanup(d.close)
         self.assertEqual(d.lrange(q, 0, -1), ['before', 'h1', 'h2'], 'each item once')
-        self.assertEqual([k for k in d.scan_iter(match='ferry:rcpt:*')], [], 'no receipt left')
+        self.assertEqual([k for k in d.scan_iter(match='ferry:rcpt:*:' + q)], [],
+                         'no receipt of its pushes left')
 
     def test_2_rows_of_a_key_whose_slot_moved_go_to_its_new_owner(self):
         owners = self.cluster.wait_consistent()
