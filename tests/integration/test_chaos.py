@@ -76,9 +76,22 @@ class ChaosSeedsTest(unittest.TestCase):
         self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '40',
                              '--clients', '16', '--seed', '22', '--faults', 'partition-master'))
 
+    def test_sentinel_all_down(self):
+        # Overlapping: every Redis node frozen or killed at once, again and
+        # again (the fallback store takes the queue writes), with master
+        # kills and failovers between. Before the store held a push that
+        # was unanswered when its master froze (and left a ZADD sent
+        # without a receipt to Redis), the thawed master applied such
+        # writes too: seed 7 of this schedule found 1 to 19 items twice.
+        self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '40',
+                             '--clients', '16', '--seed', '8', '--faults',
+                             'all-down,kill-master,stop-master,failover'))
+
     def test_cluster(self):
-        # The Redis kinds named (all-down is left out: it finds duplicates
-        # ferry does not explain yet, see scripts/chaos all-down).
+        # The Redis kinds named (all-down is left out: in cluster mode a
+        # transaction has no receipt yet, and one in flight when every node
+        # is killed is sent again where the offsets cannot tell: seed 11
+        # found one MULTI's push twice, docs/failover.md's known case).
         self.check_ok(*chaos('--mode', 'cluster', '--seconds', '40', '--clients', '16',
                              '--seed', '202', '--calm', '--faults',
                              'kill-master,kill-replica,stop-master,cluster-failover'))
