@@ -14,5 +14,9 @@
 uint16_t slot_crc16(const char *p, size_t n);
 /* The slot of a key of n bytes (binary safe), 0..16383. */
 int slot_of_key(const char *key, size_t n);
+/* The smallest number whose decimal digits hash to slot, as "{N}" in out
+ * (a key of that slot: a receipt that must lie in a transaction's slot);
+ * its length, or -1 (slot out of range, or out too small). Any thread. */
+int slot_tag_key(int slot, char *out, size_t len);
 
 #endif

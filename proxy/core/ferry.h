@@ -130,6 +130,7 @@ typedef struct request {
     long long br_hi;      /* ... and after it (a ROLE behind its batch), -1 unknown */
     uint64_t br_epoch;    /* the master epoch of its bracket (REQ_F_VERDICT) */
     uint64_t rcpt;        /* its receipt's number, 0 none (receipts.c) */
+    int rcpt_slot1;       /* cluster mode: 1 + the slot of an EXEC's receipt, 0 none */
     int db1;              /* 1 + the db its session was in when it was first sent; 0 not yet:
                              sent again, it goes to that db, whatever a SELECT behind it did */
     int retries;          /* times re-sent after a lost link */

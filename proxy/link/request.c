@@ -51,6 +51,7 @@ request *request_new(ferry *f)
     r->br_lo = -1;
     r->br_hi = -1;
     r->rcpt = 0;
+    r->rcpt_slot1 = 0;
     r->db1 = 0;
     r->refusals = 0;
     r->retry_at = 0;

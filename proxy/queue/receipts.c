@@ -74,6 +74,7 @@
 #include "resp.h"
 #include "router.h"
 #include "scripts.h"
+#include "slot.h"
 #include "stats.h"
 #include "tx.h"
 #include "upstream.h"
@@ -109,6 +110,7 @@ typedef struct rcpt_view {
     const char *src, *keys, *args;
     size_t srclen, keyslen, argslen;
     long long nkeys, nargs;
+    char tag[16]; /* cluster mode: a transaction's key, "{N}" of its slot (slot_tag_key) */
 } rcpt_view;
 
 /* BRPOP or BLPOP (of r's pops, the blocking ones start with b). */
@@ -300,11 +302,19 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
         return script_of(f, r, v);
     }
     if (r->route == RT_EXEC) {
-        /* A transaction sent as the receipt script (receipts_tx_send). */
+        /* A transaction sent as the receipt script (receipts_tx_send);
+         * cluster mode: its receipt in the transaction's slot, named by a
+         * key of that slot (its DEL goes to the slot's master). */
         memset(v, 0, sizeof(*v));
         v->push = "exec";
         v->key = "";
-        return f->cluster == NULL ? 0 : -1;
+        if (f->cluster == NULL) {
+            return 0;
+        }
+        int n = slot_tag_key(r->rcpt_slot1 - 1, v->tag, sizeof(v->tag));
+        v->key = v->tag;
+        v->klen = n > 0 ? (size_t)n : 0;
+        return n > 0 ? 0 : -1;
     }
     if (strcmp(name, "xadd") == 0 ? xadd_of(r, &pv) == 0 : request_push_view(r, &pv) == 0) {
         v->push = name; /* as the script calls it */
@@ -1010,9 +1020,12 @@ static int tx_covered(const session *s)
     const ferry *f = s->f;
     /* (A CLIENT TRACKING session's EXEC goes as written: its reads are
      * tracked on its link either way, but that path is not tested.) */
-    return session_extra_r(s)->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && f->cluster == NULL &&
-           s->db == 0 && s->ident == NULL && !s->tracking && f->up != NULL &&
-           f->up->replicas_ack > 0;
+    /* (Cluster mode: a transaction lives in one slot, its receipt too;
+     * whether its shard asks replicas is known once it goes.) */
+    return session_extra_r(s)->tx_rcpt == TXR_PUSH && f->cfg->push_receipts && s->db == 0 &&
+           s->ident == NULL && !s->tracking &&
+           (f->cluster != NULL ? f->cfg->replicas_ack != 0
+                               : f->up != NULL && f->up->replicas_ack > 0);
 }
 
 void receipts_tx_note(session *s, const request *r)
@@ -1083,8 +1096,12 @@ static int receipts_tx_send(session *s, request *r, link *l)
 {
     ferry *f = s->f;
     if (s->tx != TX_EXEC_SENT || !tx_covered(s) || l->up->replicas_ack <= 0 ||
-        l->who->user != NULL) {
+        l->who->user != NULL ||
+        (f->cluster != NULL && r->rcpt_slot1 == 0 && session_extra_r(s)->tx_pin == 0)) {
         return 0;
+    }
+    if (f->cluster != NULL && r->rcpt_slot1 == 0) {
+        r->rcpt_slot1 = session_extra_r(s)->tx_pin; /* (1 + its slot) */
     }
     buf args, b, key;
     buf_init(&args);

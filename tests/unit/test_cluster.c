@@ -166,6 +166,26 @@ static void test_crc16_and_keyslot_vectors(void **state)
     assert_int_not_equal(slot_of_key("a\0b", 3), slot_of_key("a", 1));
 }
 
+/* A key of each slot ("{N}", N the smallest number hashing there: a
+ * cluster transaction's receipt lies in its slot): every slot has one,
+ * and it is that slot's; out of range or no room: -1. */
+static void test_slot_tag_key(void **state)
+{
+    (void)state;
+    char k[16];
+    for (int slot = 0; slot < CLUSTER_SLOTS; slot++) {
+        int n = slot_tag_key(slot, k, sizeof(k));
+        if (n <= 2 || k[0] != '{' || k[n - 1] != '}' || slot_of_key(k, (size_t)n) != slot) {
+            fail_msg("slot %d: '%s' (%d)", slot, k, n);
+        }
+    }
+    assert_int_equal(slot_tag_key(0, k, sizeof(k)), 6);
+    assert_string_equal(k, "{3560}"); /* CLUSTER KEYSLOT 3560 = 0 */
+    assert_int_equal(slot_tag_key(-1, k, sizeof(k)), -1);
+    assert_int_equal(slot_tag_key(CLUSTER_SLOTS, k, sizeof(k)), -1);
+    assert_int_equal(slot_tag_key(0, k, 4), -1);
+}
+
 /* ==== CLUSTER SHARDS ==== */
 
 static void test_shards_parse(void **state)
@@ -1255,6 +1275,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crc16_and_keyslot_vectors),
+        cmocka_unit_test(test_slot_tag_key),
         cmocka_unit_test(test_shards_parse),
         cmocka_unit_test(test_shards_tls_ports),
         cmocka_unit_test(test_shards_failed_master_and_unknown_endpoint),
