@@ -106,7 +106,8 @@ typedef struct rcpt_view {
     /* A script (push "script"): EVAL's body or EVALSHA's SHA1, its keys and
      * its arguments as bulk strings, as the client sent them. */
     int script, sha;
-    int multi; /* a blocking pop of several keys (N2): keys and nkeys below */
+    int multi;  /* a blocking pop of several keys (N2): keys and nkeys below */
+    int shaped; /* LMPOP, BLMPOP, ZMPOP, BZMPOP: {key, {items}} (count: v->count) */
     const char *src, *keys, *args;
     size_t srclen, keyslen, argslen;
     long long nkeys, nargs;
@@ -272,6 +273,70 @@ static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *
     return 0;
 }
 
+/* LMPOP, BLMPOP (side LEFT or RIGHT), ZMPOP, BZMPOP (MIN or MAX):
+ * [timeout] numkeys key... side [COUNT n], every key one fallback.keys
+ * names, taken like a priority pop (one receipt per key) and answered in
+ * their shape. Anything Redis would refuse goes as written (its error). */
+static int mpop_of(const ferry *f, const request *r, rcpt_view *v, int zset, int blocking)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
+    size_t alen, klen;
+    long long argc = resp_read_header(&p, end, '*'), nkeys = 0;
+    memset(v, 0, sizeof(*v));
+    if (argc < 4 + blocking || resp_read_bulk(&p, end, &a, &alen) != 0 ||
+        (blocking && (resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0 ||
+                      !timeout_ok(v->timeout, v->tlen))) ||
+        resp_read_bulk(&p, end, &a, &alen) != 0 || alen == 0 || alen > 2) {
+        return -1;
+    }
+    for (size_t i = 0; i < alen; i++) {
+        if (a[i] < '0' || a[i] > '9') {
+            return -1;
+        }
+        nkeys = nkeys * 10 + (a[i] - '0');
+    }
+    long long rest = argc - 2 - blocking - nkeys; /* side [COUNT n] */
+    if (nkeys < 1 || nkeys > MULTI_KEYS_MAX || (rest != 1 && rest != 3)) {
+        return -1;
+    }
+    v->keys = p;
+    for (long long i = 0; i < nkeys; i++) {
+        if (resp_read_bulk(&p, end, &k, &klen) != 0 || !tag_sure(f, k, klen) ||
+            !config_fallback_key(f->cfg, k, klen)) {
+            return -1;
+        }
+        if (i == 0) {
+            v->key = k;
+            v->klen = klen;
+        }
+    }
+    v->keyslen = (size_t)(p - v->keys);
+    v->nkeys = nkeys;
+    if (resp_read_bulk(&p, end, &a, &alen) != 0 || alen != (zset ? 3 : (size_t)4 + (alen == 5))) {
+        return -1;
+    }
+    v->side = zset ? (strncasecmp(a, "min", 3) == 0   ? "MIN"
+                      : strncasecmp(a, "max", 3) == 0 ? "MAX"
+                                                      : NULL)
+                   : (alen == 4 && strncasecmp(a, "left", 4) == 0    ? "LEFT"
+                      : alen == 5 && strncasecmp(a, "right", 5) == 0 ? "RIGHT"
+                                                                     : NULL);
+    if (v->side == NULL) {
+        return -1;
+    }
+    if (rest == 3 &&
+        (resp_read_bulk(&p, end, &a, &alen) != 0 || alen != 5 || strncasecmp(a, "count", 5) != 0 ||
+         resp_read_bulk(&p, end, &v->count, &v->clen) != 0 ||
+         !batch_count_ok(v->count, v->clen, zset ? BATCH_MAX / 2 : BATCH_MAX))) {
+        return -1;
+    }
+    v->multi = 1;
+    v->shaped = 1;
+    v->blocking = blocking;
+    v->zset = zset;
+    return 0;
+}
+
 /* The i-th key of a priority pop's view (v->keys), in *k. */
 static void multi_key(const rcpt_view *v, long long i, const char **k, size_t *klen)
 {
@@ -298,6 +363,7 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
     v->zset = 0;
     v->script = 0;
     v->multi = 0;
+    v->shaped = 0;
     if (strcmp(name, "eval") == 0 || strcmp(name, "evalsha") == 0) {
         return script_of(f, r, v);
     }
@@ -338,6 +404,9 @@ static int rcpt_of(const ferry *f, const request *r, rcpt_view *v)
             v->blocking = 1;
         } else if (strcmp(name, "bzpopmin") == 0 || strcmp(name, "bzpopmax") == 0) {
             return multi_of(f, r, v, name[6] == 'i' ? "MIN" : "MAX");
+        } else if (strcmp(name, "lmpop") == 0 || strcmp(name, "blmpop") == 0 ||
+                   strcmp(name, "zmpop") == 0 || strcmp(name, "bzmpop") == 0) {
+            return mpop_of(f, r, v, name[name[0] == 'b'] == 'z', name[0] == 'b');
         } else {
             return -1;
         }
@@ -579,7 +648,7 @@ int receipts_send(session *s, request *r, link *l)
         /* The try: the first key with an item, moved into its receipt;
          * sent before, the receipts looked at first (receipt_mpop.lua). */
         script_head(l, r, 4, ferry_receipt_mpop_lua, ferry_receipt_mpop_lua_len,
-                    ferry_receipt_mpop_lua_sha1, (size_t)(3 + 2 * v.nkeys + 2), &b);
+                    ferry_receipt_mpop_lua_sha1, (size_t)(3 + 2 * v.nkeys + 4), &b);
         char nkeys[24];
         snprintf(nkeys, sizeof(nkeys), "%lld", 2 * v.nkeys);
         buf_append_bulk(&b, nkeys, strlen(nkeys));
@@ -593,6 +662,8 @@ int receipts_send(session *s, request *r, link *l)
         }
         buf_append_bulk(&b, v.side, strlen(v.side));
         buf_append_bulk(&b, (r->flags & REQ_F_RCPT) ? "1" : "0", 1);
+        buf_append_bulk(&b, v.count != NULL ? v.count : "", v.clen);
+        buf_append_bulk(&b, v.shaped ? "1" : "0", 1);
         rcpt_hold(s->f, r, REQ_F_RCPT_PROBE);
         link_send_as(l, r, buf_head(&b), buf_used(&b));
         buf_free(&b);
@@ -1230,13 +1301,19 @@ int receipts_reshape(link *l, request *r, const char *p, size_t n, buf *out)
         return receipt_wrap_error(p, n, sha, out);
     }
     if (v.multi) {
-        /* {key, item, 1}, {key, member, score, 1}: the receipt held it;
-         * without the 1, as the pop answers. */
-        const char *head = v.zset ? "*4\r\n" : "*3\r\n";
+        /* {key, item, 1}, {key, member, score, 1}, LMPOP's and ZMPOP's
+         * {key, {items}, 1}: the receipt held it; without the 1, as the
+         * pop answers. */
+        int wide = v.zset && !v.shaped;
+        const char *head = wide ? "*4\r\n" : "*3\r\n";
         if (n > 8 && memcmp(p, head, 4) == 0 && memcmp(p + n - 4, ":1\r\n", 4) == 0) {
             l->f->stats.pop_receipts_found++;
-            buf_append(out, v.zset ? "*3\r\n" : "*2\r\n", 4);
+            buf_append(out, wide ? "*3\r\n" : "*2\r\n", 4);
             buf_append(out, p + 4, n - 8);
+            return 1;
+        }
+        if (v.shaped && n == 5 && memcmp(p, "$-1\r\n", 5) == 0) {
+            buf_append(out, "*-1\r\n", 5); /* LMPOP's nil, as Redis says it */
             return 1;
         }
         return 0;
@@ -1371,13 +1448,15 @@ static void put_back_move(ferry *f, const rcpt_view *v, uint64_t rcpt, buf *move
     receipt_key(f, v, rcpt, &key);
     if (v->multi) {
         /* Each key's receipt back to its key (one holds the item). */
+        /* (LMPOP's several items: in the order taken, the last goes back
+         * first, as a batch pop's) */
         static const char each[] =
             "local n = #KEYS / 2 for i = 1, n do "
             "if ARGV[1] == 'MIN' or ARGV[1] == 'MAX' then "
             "local r = redis.call('ZRANGE', KEYS[n + i], 0, -1, 'WITHSCORES') "
             "for j = 1, #r, 2 do redis.call('ZADD', KEYS[i], r[j + 1], r[j]) end "
             "redis.call('DEL', KEYS[n + i]) "
-            "else redis.call('LMOVE', KEYS[n + i], KEYS[i], 'LEFT', ARGV[1]) end "
+            "else while redis.call('LMOVE', KEYS[n + i], KEYS[i], 'RIGHT', ARGV[1]) do end end "
             "end return n";
         char nkeys[24];
         snprintf(nkeys, sizeof(nkeys), "%lld", 2 * v->nkeys);

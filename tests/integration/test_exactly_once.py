@@ -46,7 +46,8 @@ SCRIPT_POP = "return redis.call('RPOP', KEYS[1])"
 class Workload:
     """shape: how the consumers pop. 'single' RPOP and BRPOP of one key;
     'priority' BRPOP of the four queues (N2); 'batch' RPOP q 3 (N6);
-    'script' a Lua script that pops (N4's way)."""
+    'script' a Lua script that pops (N4's way); 'mpop' BLMPOP of the four
+    queues with a count (N2 and N6 at once)."""
 
     def __init__(self, ferry, clients, shape='single'):
         self.ferry = ferry
@@ -103,6 +104,10 @@ class Workload:
                             got = [got[1]] if got else []
                         elif self.shape == 'batch':
                             got = c.rpop(q, 3) or []
+                        elif self.shape == 'mpop':
+                            got = c.execute_command('BLMPOP', BLOCK_S, len(QUEUES), *QUEUES,
+                                                    'RIGHT', 'COUNT', 2)
+                            got = got[1] if got else []
                         else:
                             got = [v for v in [c.eval(SCRIPT_POP, 1, q)] if v is not None]
                         with self.lock:
@@ -163,6 +168,10 @@ class ExactlyOnceTest(unittest.TestCase):
     def test_batch_pop_every_push_out_once(self):
         """N6: every consumer an RPOP q 3."""
         self.run_shape('batch')
+
+    def test_mpop_every_push_out_once(self):
+        """BLMPOP of the four queues, two items at a time."""
+        self.run_shape('mpop')
 
     def test_script_pop_every_push_out_once(self):
         """N4's way: every consumer a Lua script that pops."""

@@ -64,7 +64,7 @@ class LostPopReplyTest(unittest.TestCase):
     def attempt(self, kind):
         """One try; returns (found, result) or None when the freeze came
         after the pop's reply had left the master."""
-        blocking = kind in ('bpop', 'bxread', 'mbpop', 'bzpop')
+        blocking = kind in ('bpop', 'bxread', 'mbpop', 'bzpop', 'bzmpop')
         stream = kind in ('xread', 'bxread')
         # No output buffer limit for the replicas: the large value goes to
         # them whole, however loaded the machine is.
@@ -138,6 +138,10 @@ class LostPopReplyTest(unittest.TestCase):
                 p.xadd('s', {'n': 'e5'})
             elif kind == 'bzpop':
                 p.bzpopmin('z', timeout=20)
+            elif kind == 'lmpop':
+                p.execute_command('LMPOP', 2, 'q:high', 'q', 'RIGHT', 'COUNT', 2)
+            elif kind == 'bzmpop':
+                p.execute_command('BZMPOP', 20, 1, 'z', 'MIN', 'COUNT', 2)
             elif kind == 'mbpop':
                 p.brpop(['q:high', 'q'], timeout=20)  # N2: the first key empty
             elif blocking:
@@ -172,8 +176,10 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.llen('q') == 4
             if kind == 'xadd':
                 return rc.xlen('s') == 5
-            if kind in ('npop', 'lnpop'):
+            if kind in ('npop', 'lnpop', 'lmpop'):
                 return rc.llen('q') == 1
+            if kind == 'bzmpop':
+                return rc.zcard('z') == 1
             if kind in ('zpop', 'script', 'scriptsha', 'bzpop'):
                 return rc.zcard('z') == 2
             if kind == 'nzpop':
@@ -275,6 +281,16 @@ class LostPopReplyTest(unittest.TestCase):
             wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
                        msg='receipts deleted once the reply was in')
             return d['pop_receipts_found']
+        if kind in ('lmpop', 'bzmpop'):
+            # The first pop's items, once, in LMPOP's (ZMPOP's) shape.
+            want, left = ((['q', ['i3', 'i2']], ['i1']) if kind == 'lmpop' else
+                          (['z', [['m1', '1'], ['m2', '2.5']]], ['m3']))
+            self.assertEqual(res[2], want, 'the pop sent again took other items')
+            self.assertEqual(nm.lrange('q', 0, -1) if kind == 'lmpop' else nm.zrange('z', 0, -1),
+                             left)
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['pop_receipts_found']
         if kind == 'mbpop':
             self.assertEqual(list(res[2]), ['q', 'i3'], 'the pop sent again took another item')
         popped = res[2][1] if blocking else res[2]
@@ -327,6 +343,13 @@ class LostPopReplyTest(unittest.TestCase):
         """N2's priority pop (BRPOP of several keys, the first empty): its
         try script moves the item into the receipt of its key."""
         self.scenario('mbpop')
+
+    def test_lmpop_reply_lost_with_the_master(self):
+        # LMPOP of two keys with a count, the first key empty.
+        self.scenario('lmpop')
+
+    def test_bzmpop_reply_lost_with_the_master(self):
+        self.scenario('bzmpop')
 
     def test_bzpopmin_reply_lost_with_the_master(self):
         """N3's blocking sorted-set pop: its try script moves the member
