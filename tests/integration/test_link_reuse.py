@@ -31,7 +31,7 @@ from modes import FixedMasterMode, SentinelMode, key_prefix, sentinel_first
 from test_stats import stats_json
 
 N = 200  # calls per check
-N_BLOCKING = 50  # of a blocking call that times out (Redis ends it within 100 ms)
+N_BLOCKING = 30  # of a blocking call that times out (Redis ends it within 100 ms)
 # The first call may open the client's link. After it, a link given back
 # with its WAIT in flight is pooled once the WAIT answers: a client whose
 # next call comes sooner gets another one, and they take turns. Measured:
