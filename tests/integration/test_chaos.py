@@ -94,7 +94,7 @@ class ChaosSeedsTest(unittest.TestCase):
         # found one MULTI's push twice, docs/failover.md's known case).
         self.check_ok(*chaos('--mode', 'cluster', '--seconds', '40', '--clients', '16',
                              '--seed', '202', '--calm', '--faults',
-                             'kill-master,kill-replica,stop-master,cluster-failover'))
+                             'kill-master,kill-replica,stop-master,cluster-failover,reshard'))
 
     def test_checker_sees_a_loss_and_a_duplicate(self):
         for what, field in (('lose', 2), ('dup', 4)):
