@@ -236,23 +236,15 @@ static int timeout_ok(const char *p, size_t n)
     return digits > 0 && n <= 20;
 }
 
-/* BRPOP or BLPOP of several keys (N2's priority pop), BZPOPMIN or
- * BZPOPMAX of one key or more (N3's), every one a key fallback.keys names
- * (v->key the first): side the end it takes from (LEFT, RIGHT; MIN, MAX). */
-static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *side)
+/* n keys at *p, each one fallback.keys names with a sure tag, into v
+ * (keys, the first as v->key, nkeys); 0, or -1 when one is not. */
+static int view_keys(const ferry *f, const char **p, const char *end, long long n, rcpt_view *v)
 {
-    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
-    size_t alen, klen;
-    long long argc = resp_read_header(&p, end, '*');
-    int zset = side[0] == 'M';
-    memset(v, 0, sizeof(*v));
-    if (argc < (zset ? 3 : 4) || argc - 2 > MULTI_KEYS_MAX ||
-        resp_read_bulk(&p, end, &a, &alen) != 0) {
-        return -1;
-    }
-    v->keys = p;
-    for (long long i = 0; i < argc - 2; i++) {
-        if (resp_read_bulk(&p, end, &k, &klen) != 0 || !tag_sure(f, k, klen) ||
+    const char *k;
+    size_t klen;
+    v->keys = *p;
+    for (long long i = 0; i < n; i++) {
+        if (resp_read_bulk(p, end, &k, &klen) != 0 || !tag_sure(f, k, klen) ||
             !config_fallback_key(f->cfg, k, klen)) {
             return -1;
         }
@@ -261,9 +253,27 @@ static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *
             v->klen = klen;
         }
     }
-    v->keyslen = (size_t)(p - v->keys);
-    v->nkeys = argc - 2;
-    if (resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0 || !timeout_ok(v->timeout, v->tlen)) {
+    v->keyslen = (size_t)(*p - v->keys);
+    v->nkeys = n;
+    return 0;
+}
+
+/* BRPOP or BLPOP of several keys (N2's priority pop), BZPOPMIN or
+ * BZPOPMAX of one key or more (N3's), every one a key fallback.keys names
+ * (v->key the first): side the end it takes from (LEFT, RIGHT; MIN, MAX). */
+static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *side)
+{
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a;
+    size_t alen;
+    long long argc = resp_read_header(&p, end, '*');
+    int zset = side[0] == 'M';
+    memset(v, 0, sizeof(*v));
+    if (argc < (zset ? 3 : 4) || argc - 2 > MULTI_KEYS_MAX ||
+        resp_read_bulk(&p, end, &a, &alen) != 0) {
+        return -1;
+    }
+    if (view_keys(f, &p, end, argc - 2, v) != 0 ||
+        resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0 || !timeout_ok(v->timeout, v->tlen)) {
         return -1;
     }
     v->multi = 1;
@@ -279,8 +289,8 @@ static int multi_of(const ferry *f, const request *r, rcpt_view *v, const char *
  * their shape. Anything Redis would refuse goes as written (its error). */
 static int mpop_of(const ferry *f, const request *r, rcpt_view *v, int zset, int blocking)
 {
-    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
-    size_t alen, klen;
+    const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a;
+    size_t alen;
     long long argc = resp_read_header(&p, end, '*'), nkeys = 0;
     memset(v, 0, sizeof(*v));
     if (argc < 4 + blocking || resp_read_bulk(&p, end, &a, &alen) != 0 ||
@@ -299,20 +309,8 @@ static int mpop_of(const ferry *f, const request *r, rcpt_view *v, int zset, int
     if (nkeys < 1 || nkeys > MULTI_KEYS_MAX || (rest != 1 && rest != 3)) {
         return -1;
     }
-    v->keys = p;
-    for (long long i = 0; i < nkeys; i++) {
-        if (resp_read_bulk(&p, end, &k, &klen) != 0 || !tag_sure(f, k, klen) ||
-            !config_fallback_key(f->cfg, k, klen)) {
-            return -1;
-        }
-        if (i == 0) {
-            v->key = k;
-            v->klen = klen;
-        }
-    }
-    v->keyslen = (size_t)(p - v->keys);
-    v->nkeys = nkeys;
-    if (resp_read_bulk(&p, end, &a, &alen) != 0 || alen != (zset ? 3 : (size_t)4 + (alen == 5))) {
+    if (view_keys(f, &p, end, nkeys, v) != 0 || resp_read_bulk(&p, end, &a, &alen) != 0 ||
+        alen != (zset ? 3 : (size_t)4 + (alen == 5))) {
         return -1;
     }
     v->side = zset ? (strncasecmp(a, "min", 3) == 0   ? "MIN"
