@@ -780,7 +780,8 @@ class SentinelOutageTest(unittest.TestCase):
         # A ZADD in flight too, without a receipt: not the store's (before,
         # the store took it, a store pop got the member, and the master,
         # thawed, had it too: popped twice); held for the master, it is
-        # answered once the master is back, and popped from there once.
+        # answered once the master is back, and the pop gets the member
+        # from the master.
         got = {}
 
         def zadd():
