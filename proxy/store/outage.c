@@ -283,7 +283,6 @@ void outage_close(ferry *f)
         free(k);
     }
     replay_free_keys(o);
-    free(o->slot_tag);
     free(o);
 }
 

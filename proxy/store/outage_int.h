@@ -78,8 +78,8 @@ struct outage {
     list_node remote_ops;      /* remote: operations waiting for their result */
     char marker[512];          /* the marker hash's name in Redis (cluster mode: its part
                                   after the slot's hash tag, see replay.c) */
-    uint32_t *slot_tag;        /* cluster mode: per slot, the number whose decimal
-                                  digits, as a hash tag, hash to that slot */
+    int cluster_markers;       /* cluster mode: one marker per slot, tagged by
+                                  slot_tag_key */
     struct upstream *round_up; /* the master view the round is sent to */
     replay_state rstate;       /* see replay_state */
     uint64_t round;            /* generation of the current round */

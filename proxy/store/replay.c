@@ -126,27 +126,10 @@ static size_t held_index(const fallback_item **held, size_t n, const fallback_it
 
 void replay_cluster_init(struct outage *o)
 {
-    /* The smallest number whose decimal digits hash to each slot: the same
-     * in every ferry and after every restart, so a marker is found again. */
-    size_t left = CLUSTER_SLOTS;
-    char num[16];
-    o->slot_tag = xcalloc(CLUSTER_SLOTS, sizeof(*o->slot_tag));
-    unsigned char *seen = xcalloc(CLUSTER_SLOTS, 1);
-    for (uint32_t n = 0; left > 0 && n < 100000000u; n++) {
-        int len = snprintf(num, sizeof(num), "%u", n);
-        int slot = slot_crc16(num, (size_t)len) & (CLUSTER_SLOTS - 1);
-        if (!seen[slot]) {
-            seen[slot] = 1;
-            o->slot_tag[slot] = n;
-            left--;
-        }
-    }
-    free(seen);
-    if (left > 0) {
-        /* not expected (the last slot is found below 110 000): those
-         * slots' scripts are refused (CROSSSLOT) and retried, nothing lost */
-        log_error("fallback store: no marker hash tag found for %zu slot(s)", left);
-    }
+    /* The markers' hash tags: slot_tag_key's, the smallest number whose
+     * decimal digits hash to each slot (the same in every ferry and after
+     * every restart, so a marker is found again). */
+    o->cluster_markers = 1;
 }
 
 /* The marker hash of a key's slot: Sentinel and fixed mode, the one hash
@@ -155,10 +138,11 @@ void replay_cluster_init(struct outage *o)
  * its slot in a reshard. */
 static void marker_name(const struct outage *o, int slot, char *out, size_t len)
 {
-    if (o->slot_tag == NULL || slot < 0) {
+    char tag[16];
+    if (!o->cluster_markers || slot_tag_key(slot, tag, sizeof(tag)) < 0) {
         snprintf(out, len, "%s", o->marker);
     } else {
-        snprintf(out, len, "ferry:fallback:{%u}%s", o->slot_tag[slot], o->marker);
+        snprintf(out, len, "ferry:fallback:%s%s", tag, o->marker);
     }
 }
 
