@@ -88,6 +88,9 @@ DIRECT = os.environ.get('FERRY_TEST_DIRECT') == '1'
 WORKERS = os.environ.get('FERRY_TEST_WORKERS')
 KEEP = os.environ.get('FERRY_TEST_KEEP') == '1'
 REDIS_SERVER = shutil.which('redis-server') or '/usr/bin/redis-server'
+# FERRY_TEST_REDIS_TMPFS_MB=N: every RedisServer keeps its dir (AOF, config,
+# log) on a tmpfs of its own, N MiB (root only), so a test can fill the disk
+# under one node's AOF (RedisServer.fill_aof_disk). Read when a node is made.
 
 STOP_TIMEOUT = 15.0   # seconds a process gets after SIGTERM before SIGKILL
 START_TIMEOUT = 10.0  # seconds a process gets to answer PING after start
@@ -98,6 +101,7 @@ START_TIMEOUT = 10.0  # seconds a process gets to answer PING after start
 _lock = threading.Lock()
 _live = set()      # objects with _force_kill(), still possibly running
 _tmpdirs = []      # temp dirs to remove at exit (unless FERRY_TEST_KEEP=1)
+_mounts = []       # tmpfs mounts to unmount at exit (before the dirs go)
 _ports_given = set()
 
 
@@ -109,6 +113,19 @@ def _register(obj):
 def _unregister(obj):
     with _lock:
         _live.discard(obj)
+
+
+def mount_tmpfs(path, mb):
+    """A tmpfs of mb MiB mounted at path (made if missing), unmounted at
+    exit. Root only; raises with mount's words otherwise."""
+    os.makedirs(path, exist_ok=True)
+    p = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=%dm,mode=0755' % mb, 'tmpfs', path],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
+    if p.returncode != 0:
+        raise RuntimeError('mount -t tmpfs on %s: %s' % (path, p.stdout.strip()))
+    with _lock:
+        _mounts.append(path)
+    return path
 
 
 def _mkdtemp(prefix):
@@ -127,6 +144,10 @@ def _cleanup():
             obj._force_kill()
         except Exception:
             pass
+    with _lock:
+        mounts = [] if KEEP else list(_mounts)   # kept: the processes left use them
+    for m in mounts:
+        subprocess.run(['umount', '-l', m], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if not KEEP:
         for d in _tmpdirs:
             shutil.rmtree(d, ignore_errors=True)
@@ -712,6 +733,13 @@ class RedisServer:
         self.host = host
         self.netns = netns
         self.dir = _mkdtemp('ferry-redis-')
+        # The whole dir on a tmpfs of its own (FERRY_TEST_REDIS_TMPFS_MB):
+        # Redis renames its AOF files from dir into its AOF folder, which
+        # must be one file system.
+        self.aof_dir = None
+        tmpfs_mb = int(os.environ.get('FERRY_TEST_REDIS_TMPFS_MB') or 0)
+        if tmpfs_mb > 0:
+            self.aof_dir = mount_tmpfs(self.dir, tmpfs_mb)
         self.conf_path = os.path.join(self.dir, 'redis.conf')
         self.log_path = os.path.join(self.dir, 'redis.log')
         self.out_path = os.path.join(self.dir, 'redis.out')
@@ -816,6 +844,31 @@ class RedisServer:
         """Freeze the process (SIGSTOP); undo with sigcont()."""
         if self.running():
             os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def fill_aof_disk(self):
+        """Fill the tmpfs under this node's AOF folder (made with
+        FERRY_TEST_REDIS_TMPFS_MB) to the last byte: its next AOF write fails
+        with ENOSPC (with appendfsync always Redis then exits). Undo with
+        free_aof_disk(). Returns the bytes written."""
+        if self.aof_dir is None:
+            raise RuntimeError('no tmpfs under the AOF (FERRY_TEST_REDIS_TMPFS_MB unset)')
+        chunk, n = b'\0' * (1 << 20), 0
+        with open(os.path.join(self.aof_dir, 'filler'), 'wb', buffering=0) as f:
+            for size in (1 << 20, 4096, 1):
+                piece = chunk[:size]
+                while True:
+                    try:
+                        n += f.write(piece)
+                    except OSError:
+                        break
+        return n
+
+    def free_aof_disk(self):
+        if self.aof_dir is not None:
+            try:
+                os.unlink(os.path.join(self.aof_dir, 'filler'))
+            except FileNotFoundError:
+                pass
 
     def sigcont(self):
         if self.running():

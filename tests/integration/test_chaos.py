@@ -4,7 +4,8 @@ Sentinel mode with two ferries and in cluster mode; live takeovers of one of
 two ferries, overlapping a Sentinel failover of a killed master (no client
 may see an error); two ferries cut off from the master again and again (a
 partition, in network namespaces: skipped, with the reason, where they
-cannot be made); and the checker's own test: a run in which one
+cannot be made); the disk under the master's AOF filling up (root: a tmpfs
+per node); and the checker's own test: a run in which one
 acknowledged item is taken out of Redis behind ferry's back, or one
 delivered item put back, must fail and say so.
 
@@ -86,6 +87,22 @@ class ChaosSeedsTest(unittest.TestCase):
         self.check_ok(*chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '40',
                              '--clients', '16', '--seed', '8', '--faults',
                              'all-down,kill-master,stop-master,failover'))
+
+    def test_sentinel_disk_full(self):
+        # The disk under a node's AOF fills up (a tmpfs of its own, filled
+        # to the last byte): Redis, with appendfsync always, exits at its
+        # next AOF write (a short write: a part of a command at the AOF's
+        # tail), and starts again with its data once the space is freed.
+        # Here both faults hit the master: Sentinel fails it over.
+        if os.geteuid() != 0:
+            self.skipTest('needs root: a tmpfs under each Redis node')
+        rc, out, figures = chaos('--mode', 'sentinel', '--ferries', '2', '--seconds', '30',
+                                 '--clients', '16', '--seed', '9', '--calm', '--faults',
+                                 'disk-full')
+        self.assertNotIn('fault kind disk-full skipped', out)
+        self.assertGreaterEqual(len(re.findall(r'fault disk-full +redis :\d+ \(master, exited',
+                                               out)), 2, out[-3000:])
+        self.check_ok(rc, out, figures)
 
     def test_cluster(self):
         # The Redis kinds named (all-down is left out: in cluster mode a
