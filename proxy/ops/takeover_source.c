@@ -440,6 +440,8 @@ static void tk_relay_cb(uv_async_t *a)
     tk_relay_drain(a->data);
 }
 
+static int tk_hand_bytes(takeover *tk, session *s, buf *callb, int64_t left);
+
 /* Hand s over: its state, then the bytes the new process parses first
  * (call, re-armed with what is left of its timeout, then s's unparsed
  * input); s is closed here. Returns 0, or a negative error (the takeover
@@ -449,8 +451,7 @@ static int tk_hand(takeover *tk, session *s, const request *call)
     ferry *f = tk->f;
     uint64_t now = uv_now(f->loop);
     int64_t left = -1;
-    buf b, callb;
-    uv_os_fd_t fd;
+    buf callb;
 
     buf_init(&callb);
     if (call != NULL) {
@@ -471,13 +472,73 @@ static int tk_hand(takeover *tk, session *s, const request *call)
         buf_append(&callb, buf_head(&c->data), buf_used(&c->data));
         request_free(f, c);
     }
+    int rc = tk_hand_bytes(tk, s, &callb, left);
+    buf_free(&callb);
+    return rc;
+}
+
+/* Requests s's client sent that never reached Redis and were answered by
+ * nobody: each held (no master now: an outage, a failover, a partition),
+ * never sent, an ordinary command or a transaction's, with no part of a
+ * reply and nothing riding on it (a store pop's fate, a split, a node's
+ * ASK). Their bytes are what the client sent (inline ones as multibulk),
+ * and they changed none of the session state that goes over: parsed there
+ * again, they are the client's own requests to the new process. */
+static int tk_all_unsent(const session *s)
+{
+    list_node *n;
+    if (s->nrequests == 0 || s->inflight != 0 || s->tunnel != TUN_NONE) {
+        return 0;
+    }
+    list_foreach(n, &s->requests)
+    {
+        const request *r = list_entry(n, request, sq);
+        if (r->state != REQ_HELD || r->sent_ns != 0 || r->cmd == NULL ||
+            (r->flags & (REQ_F_INTERNAL | REQ_F_BLOCKING | REQ_F_QUIT)) != 0 ||
+            (r->cmd->cls != CMD_STATELESS && r->cmd->cls != CMD_TRANSACTION) ||
+            buf_used(&r->reply) != 0 || r->written != NULL || r->sp != NULL || r->bc != NULL ||
+            r->ask != NULL) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* s's requests, all unsent (tk_all_unsent), go over as bytes the new
+ * process parses first: a client whose requests wait for a master is handed
+ * over rather than kept until shutdown_timeout_ms closes it. */
+static int tk_hand_unsent(takeover *tk, session *s)
+{
+    list_node *n;
+    buf callb;
+    buf_init(&callb);
+    list_foreach(n, &s->requests)
+    {
+        const request *r = list_entry(n, request, sq);
+        buf_append(&callb, buf_head(&r->data), buf_used(&r->data));
+    }
+    log_info("client %llu %s: %zu request(s) held for a master, never sent: handed over to "
+             "be sent by the new process",
+             (unsigned long long)s->id, session_peer(s), s->nrequests);
+    int rc = tk_hand_bytes(tk, s, &callb, TKW_LEFT_UNSENT);
+    buf_free(&callb);
+    return rc;
+}
+
+/* tk_hand's second half: callb, the bytes parsed first there, and left,
+ * what tkw_session carries for the new process' log. */
+static int tk_hand_bytes(takeover *tk, session *s, buf *callb, int64_t left)
+{
+    ferry *f = tk->f;
+    uint64_t now = uv_now(f->loop);
+    buf b;
+    uv_os_fd_t fd;
+
     if (uv_fileno(&s->io.h, &fd) != 0) {
-        buf_free(&callb);
         return 0;
     }
     buf_init(&b);
-    tkw_session(&b, s, &callb, left, now);
-    buf_free(&callb);
+    tkw_session(&b, s, callb, left, now);
     if (tk->phase != TK_SRC_HANDING) {
         /* The takeover was aborted while s's call was being cancelled:
          * s is served here again, as the new process would have served
@@ -642,6 +703,9 @@ static int tk_try_session(takeover *tk, session *s, uint64_t now)
     }
     if (s->nrequests == 0 && s->inflight == 0) {
         return tk_hand(tk, s, NULL);
+    }
+    if (tk_all_unsent(s)) {
+        return tk_hand_unsent(tk, s);
     }
     if (s->nrequests == 1 && s->tunnel == TUN_NONE) {
         request *r = list_entry(list_first(&s->requests), request, sq);

@@ -377,8 +377,13 @@ int takeover_adopt(ferry *f, int fd, char *frame, size_t len)
         log_info("takeover: client %lld %s received (RESP%d%s, db %d%s%s%s%s, %zu byte(s) "
                  "unparsed)",
                  (long long)old_id, peerz, im.proto, userz, im.db, im.pubsub ? ", subscribed" : "",
-                 im.nsettings > 0 ? ", connection settings" : "", ncall > 0 ? ", blocked call" : "",
-                 ncall > 0 ? (left == 0 ? " without timeout" : " with its timeout left") : "",
+                 im.nsettings > 0 ? ", connection settings" : "",
+                 ncall == 0                ? ""
+                 : left == TKW_LEFT_UNSENT ? ", requests held unsent"
+                                           : ", blocked call",
+                 ncall == 0 || left == TKW_LEFT_UNSENT ? ""
+                 : left == 0                           ? " without timeout"
+                                                       : " with its timeout left",
                  im.ninput - ncall);
         int rc = session_adopt(f, fd, &im);
         if (rc < 0) {

@@ -56,9 +56,11 @@ void tkw_close_fds(const int *fds, int n);
 
 /* Old process: append s's state to b (a TK_SESSION payload): call is the
  * blocked call to re-issue (empty if none), left what is left of its
- * timeout (0: none, -1: no call). The password of s's Redis user is last,
+ * timeout (0: none, -1: no call), or call is the requests the session held
+ * unsent (left TKW_LEFT_UNSENT). The password of s's Redis user is last,
  * with room made first (b does not grow once it holds it; free it with
  * buf_free_secret). */
+#define TKW_LEFT_UNSENT (-2)
 void tkw_session(buf *b, const struct session *s, const buf *call, int64_t left, uint64_t now);
 
 #endif

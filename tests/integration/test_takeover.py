@@ -50,6 +50,13 @@ of 1 master + 2 replicas + 3 sentinels (SentinelTopology).
                          (the workers' served by its main loop), a BRPOP
                          cancelled for the handover is re-issued and gets an
                          item pushed after, every loop runs on
+  TakeoverHeldTest       a takeover while the master is down (fixed mode):
+                         two clients whose requests are held for a master,
+                         never sent (a push, a transaction, a read; a push in
+                         db 2), go over with them at once; the old process
+                         exits 0 without reaching shutdown_timeout_ms, and
+                         the new one answers each request once the master
+                         is back, in order, each applied once
   TakeoverRefusedTest    a takeover with no ferry to take over (socket file
                          gone, or left behind by a killed ferry) fails at once
                          with a clear message and exit code 3
@@ -825,6 +832,66 @@ class TakeoverAclTest(AccountingChecks, unittest.TestCase):
 
 
 @unittest.skipIf(harness.DIRECT, 'ferry-only')
+@unittest.skipIf(harness.DIRECT, 'ferry-only')
+class TakeoverHeldTest(unittest.TestCase):
+    """A takeover while the master is down: clients whose requests ferry
+    holds for a master (never sent) are handed over with those requests, and
+    the new process sends them once the master is back; none is closed at
+    shutdown_timeout_ms (before, the old process kept them until then and
+    closed them: the chaos soak's client errors)."""
+
+    def test_held_requests_go_over(self):
+        tmp = tempfile.mkdtemp(prefix='ferry-takeover-')
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sock_path = os.path.join(tmp, 'takeover.sock')
+        redis_srv = harness.RedisServer()
+        self.addCleanup(redis_srv.stop)
+        ferry = Ferry(redis_srv, conf={'takeover': {'socket': sock_path},
+                                       'shutdown_timeout_ms': 3000,
+                                       'upstream': {'hold_timeout_ms': 60000}})
+        self.addCleanup(ferry.stop)
+        old_pid = ferry.pid
+
+        def call(sk, *args):
+            resp_send(sk, list(args))
+            return resp_read_reply(sk, 10)
+
+        a, b = ferry.raw(), ferry.raw()
+        self.assertEqual(call(a, 'RPUSH', 'tkh:q', 'before'), 1)
+        self.assertEqual(call(b, 'SELECT', '2'), 'OK')
+        redis_srv.kill()
+        # A pipeline of a push, a transaction and a read; a push in db 2.
+        a.sendall(resp_encode('RPUSH', 'tkh:q', 'a1') + resp_encode('MULTI') +
+                  resp_encode('RPUSH', 'tkh:q', 'a2') + resp_encode('EXEC') +
+                  resp_encode('LRANGE', 'tkh:q', '0', '-1'))
+        b.sendall(resp_encode('RPUSH', 'tkh:q2', 'b1'))
+        time.sleep(0.5)   # read and held (the master is down: nothing to poll)
+        new = spawn_takeover(ferry.config_path, sock_path, ferry.out_path)
+        try:
+            old_rc = ferry.proc.wait(TAKEOVER_WAIT)
+        except subprocess.TimeoutExpired:
+            old_rc = None
+        old_log = '\n'.join(log_lines(ferry.log(), old_pid))
+        ferry.proc, ferry.pid = new, new.pid
+        self.assertEqual(old_rc, 0, old_log[-3000:])
+        self.assertNotIn('not handed over within shutdown_timeout_ms', old_log)
+        self.assertEqual(len(re.findall(r'request\(s\) held for a master, never sent: handed '
+                                        r'over', old_log)), 2, old_log[-3000:])
+        redis_srv.start(write_conf=False)
+        self.assertEqual(resp_read_reply(a, 20), 2)
+        self.assertEqual(resp_read_reply(a, 10), 'OK')
+        self.assertEqual(resp_read_reply(a, 10), 'QUEUED')
+        self.assertEqual(resp_read_reply(a, 10), [3])
+        self.assertEqual(resp_read_reply(a, 10), [b'before', b'a1', b'a2'])
+        self.assertEqual(resp_read_reply(b, 10), 1)
+        c = redis_srv.client()
+        self.assertEqual(c.lrange('tkh:q', 0, -1), ['before', 'a1', 'a2'])
+        c.execute_command('SELECT', '2')
+        self.assertEqual(c.lrange('tkh:q2', 0, -1), ['b1'])
+        self.assertEqual(call(a, 'RPUSH', 'tkh:q', 'after'), 4)
+        self.assertIsNone(new.poll())
+
+
 class TakeoverRefusedTest(unittest.TestCase):
 
     def config(self, tmp, sock_path):
