@@ -1059,13 +1059,15 @@ void receipts_flush(ferry *f)
  * whole each time (EVAL): no NOSCRIPT can reach a transaction. */
 
 #define TXR_OTHER 1u     /* a command the script does not take: EXEC as written */
-#define TXR_PUSH 2u      /* a push or a pop (LPOP, RPOP) of a key fallback.keys names */
+#define TXR_PUSH 2u      /* a push or a pop (LPOP, RPOP, ZPOP*) of a fallback.keys key */
 #define TX_ARGS_MAX 7000 /* a command's arguments: Lua's unpack takes about 8 000 */
 
 /* Commands the script runs as EXEC would: replies of integers within 2^53
  * (counts, lengths, 0 or 1), status, bulk strings or null, the same in both
  * protocols (no INCR: its integer can pass a Lua number; no map, double or
- * set replies). */
+ * set replies). ZPOPMIN and ZPOPMAX only for a RESP2 client: a script reads
+ * their scores as RESP2's strings, which RESP3 answers as doubles
+ * (receipts_tx_note). */
 static int tx_takes(const char *name)
 {
     static const char *const names[] = {
@@ -1073,7 +1075,7 @@ static int tx_takes(const char *name)
         "sadd",      "srem",    "zrem",   "set",     "setex",    "psetex",    "setnx",   "del",
         "unlink",    "exists",  "expire", "pexpire", "expireat", "pexpireat", "persist", "lrem",
         "ltrim",     "xadd",    "get",    "hget",    "llen",     "hlen",      "scard",   "zcard",
-        "sismember", "hexists", "lpop",   "rpop"};
+        "sismember", "hexists", "lpop",   "rpop",    "zpopmin",  "zpopmax"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strcmp(name, names[i]) == 0) {
             return 1;
@@ -1108,8 +1110,11 @@ void receipts_tx_note(session *s, const request *r)
     x->tx_noted = r->seq;
     long long argc = resp_read_header(&p, end, '*');
     int arity = r->cmd != NULL ? r->cmd->arity : 0;
+    int zpop = r->cmd != NULL &&
+               (strcmp(r->cmd->name, "zpopmin") == 0 || strcmp(r->cmd->name, "zpopmax") == 0);
     if (!s->f->cfg->push_receipts || r->cmd == NULL || !tx_takes(r->cmd->name) ||
-        argc > TX_ARGS_MAX || (arity > 0 ? argc != arity : argc < -arity)) {
+        argc > TX_ARGS_MAX || (arity > 0 ? argc != arity : argc < -arity) ||
+        (zpop && s->proto != 2)) {
         x->tx_rcpt |= TXR_OTHER;
         x->tx_receipted = 0;
         buf_free(&x->tx_cmds);
@@ -1117,10 +1122,11 @@ void receipts_tx_note(session *s, const request *r)
     }
     if (request_push_view(r, &pv) == 0 && config_fallback_key(s->f->cfg, pv.key, pv.klen)) {
         x->tx_rcpt |= TXR_PUSH;
-    } else if ((strcmp(r->cmd->name, "lpop") == 0 || strcmp(r->cmd->name, "rpop") == 0) &&
+    } else if ((strcmp(r->cmd->name, "lpop") == 0 || strcmp(r->cmd->name, "rpop") == 0 || zpop) &&
                argc >= 2) {
         /* A pop inside MULTI: sent again after a failover, the transaction
-         * answers the items the first run took (kept under its receipt). */
+         * answers the items the first run took (kept under its receipt; a
+         * sorted set's members with their scores, as RESP2 reads them). */
         const char *a, *key;
         size_t alen, klen;
         if (resp_read_bulk(&p, end, &a, &alen) == 0 && resp_read_bulk(&p, end, &key, &klen) == 0 &&

@@ -104,7 +104,7 @@ class LostPopReplyTest(unittest.TestCase):
             # Pinned to a dedicated link: the GET and the blocking call (a
             # script) go on the same connection, in order.
             c.client_setname('pinned')
-        if kind in ('tx', 'txpop'):
+        if kind in ('tx', 'txpop', 'txzpop'):
             sk = f.raw(timeout=60)
             self.addCleanup(sk.close)
             resp_send(sk, resp_encode('CLIENT', 'SETNAME', 'pinned'))  # as above
@@ -116,13 +116,16 @@ class LostPopReplyTest(unittest.TestCase):
             p = c.pipeline(transaction=False)
             p.strlen('big')  # a small reply, so the client reads little...
             p.get('big')     # ...then the large one the pop's reply waits behind
-            if kind in ('tx', 'txpop'):
+            if kind in ('tx', 'txpop', 'txzpop'):
                 # RQ's enqueue, pipelined behind the large reply (raw: a
                 # client library would wrap the whole pipeline in MULTI);
-                # txpop: a pop inside MULTI, its job marked active with it.
+                # txpop: a pop inside MULTI, its job marked active with it;
+                # txzpop: the same with a sorted-set pop (a RESP2 client).
                 work = ([['HSET', 'job:1', 'status', 'queued'], ['RPUSH', 'q', 'i4']]
                         if kind == 'tx' else
-                        [['RPOP', 'q'], ['HSET', 'job:1', 'status', 'active']])
+                        [['RPOP', 'q'], ['HSET', 'job:1', 'status', 'active']]
+                        if kind == 'txpop' else
+                        [['ZPOPMIN', 'z'], ['HSET', 'job:1', 'status', 'active']])
                 cmds = [['STRLEN', 'big'], ['GET', 'big'], ['MULTI']] + work + [['EXEC']]
                 try:
                     resp_send(sk, b''.join(resp_encode(cmd) for cmd in cmds))
@@ -172,6 +175,8 @@ class LostPopReplyTest(unittest.TestCase):
                 return rc.llen('q') == 4
             if kind == 'txpop':
                 return rc.llen('q') == 2
+            if kind == 'txzpop':
+                return rc.zcard('z') == 2
             if kind in ('push', 'gpush'):
                 return rc.llen('q') == 4
             if kind == 'xadd':
@@ -208,6 +213,14 @@ class LostPopReplyTest(unittest.TestCase):
             self.assertEqual(nm.lrange('q', 0, -1), ['i1', 'i2'],
                              'the transaction sent again popped a second time')
             self.assertEqual(res[2:], ['OK', 'QUEUED', 'QUEUED', [b'i3', 1]])
+            wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
+                       msg='receipts deleted once the reply was in')
+            return d['transaction_receipts_found']
+        if kind == 'txzpop':
+            # Run once, answered with the member (and score) the first run took.
+            self.assertEqual(nm.zrange('z', 0, -1), ['m2', 'm3'],
+                             'the transaction sent again popped a second time')
+            self.assertEqual(res[2:], ['OK', 'QUEUED', 'QUEUED', [[b'm1', b'1'], 1]])
             wait_until(lambda: nm.keys('ferry:rcpt:*') == [], timeout=10,
                        msg='receipts deleted once the reply was in')
             return d['transaction_receipts_found']
@@ -371,6 +384,11 @@ class LostPopReplyTest(unittest.TestCase):
     def test_transaction_pop_reply_lost_with_the_master(self):
         """RPOP inside MULTI goes in the transaction's receipt script."""
         self.scenario('txpop')
+
+    def test_transaction_zpop_reply_lost_with_the_master(self):
+        """ZPOPMIN inside MULTI (a RESP2 client) goes in the transaction's
+        receipt script too."""
+        self.scenario('txzpop')
 
     def test_xadd_reply_lost_with_the_master(self):
         self.scenario('xadd')
