@@ -349,7 +349,8 @@ typedef enum stat_type {
       "peer or the same instance started again (at least once: each logged with its key)")         \
     X(durability, receipts_settled_deleted, COUNTER,                                               \
       "ferry_durability_receipts_settled_deleted_total",                                           \
-      "a dead ferry process's push and transaction receipts deleted (the write stands)")           \
+      "a dead ferry process's push and transaction receipts settled (the write stands: a "         \
+      "transaction's deleted, a push's left to expire in 24 h)")                                   \
     X(durability, stream_reads_looked, COUNTER, "ferry_durability_stream_reads_looked_total",      \
       "XREADGROUP '>' reads sent again (their reply lost with a link, or refused) that first "     \
       "read the consumer's pending entries after the ones it was handed")                          \
@@ -390,7 +391,7 @@ typedef enum stat_type {
       "rows served to pops from the fallback store")                                               \
     X(fallback, fallback_taken, GAUGE, "ferry_fallback_taken",                                     \
       "rows popped from the fallback store whose replies are not written to their clients yet "    \
-      "(deleted once written, back in the queue if never), and held rows (a push Redis may "      \
+      "(deleted once written, back in the queue if never), and held rows (a push Redis may "       \
       "have applied: the replay asks Redis for its receipt)")                                      \
     X(fallback, fallback_returned, COUNTER, "ferry_fallback_returned_total",                       \
       "popped rows back in the fallback store because their replies were never written (the "      \

@@ -69,6 +69,10 @@ extern const size_t ferry_instance_settle_lua_len;
 
 #define NAME_LEN 160
 #define SETTLE_COUNT 2000 /* keys one settle step asks SCAN to look at */
+/* A dead process's push receipt is left this long rather than deleted: its
+ * fallback store may hold the push's rows, replayed (when it starts again)
+ * only where the receipt is missing. */
+#define SETTLE_PUSH_TTL "86400000"
 
 enum { CALL_BEAT = 1, CALL_MEMBERS, CALL_CLAIM, CALL_SETTLE, CALL_FORGET };
 
@@ -234,11 +238,11 @@ static void settle_step(ferry *f)
     snprintf(count, sizeof(count), "%d", SETTLE_COUNT);
     const char *keys[] = {alive};
     const char *own = in->settle_own ? in->token : "";
-    const char *args[] = {in->settling, in->cursor, count,
-                          own,          own,        f->cluster != NULL ? "1" : "0"};
+    const char *args[] = {
+        in->settling, in->cursor, count, own, own, f->cluster != NULL ? "1" : "0", SETTLE_PUSH_TTL};
     in->busy = 1;
     call(l, ferry_instance_settle_lua, ferry_instance_settle_lua_len, keys,
-         f->cluster != NULL ? 0 : 1, args, 6, CALL_SETTLE);
+         f->cluster != NULL ? 0 : 1, args, 7, CALL_SETTLE);
 }
 
 static void settle_start(ferry *f, const char *name, int own)

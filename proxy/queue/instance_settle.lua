@@ -9,10 +9,11 @@
 -- none); ARGV[1] the name, ARGV[2] the SCAN cursor, ARGV[3] its COUNT,
 -- ARGV[4] a process whose receipts stay (the caller itself, settling its own
 -- name's; '' none), ARGV[6] '1' in cluster mode (receipts after their key's
--- {tag}, each in its slot: the flag lets one step touch several). A live
+-- {tag}, each in its slot: the flag lets one step touch several), ARGV[7]
+-- the ms a push's receipt is left to live (below). A live
 -- process's receipts (the heartbeat's token) stay too. A pop's item goes
--- back to the end it came from, a push's, transaction's or script's receipt
--- is deleted (the write stands). Each step is atomic: a receipt is settled
+-- back to the end it came from, a transaction's or script's receipt is
+-- deleted (the write stands), a push's left to expire. Each step is atomic: a receipt is settled
 -- once, whoever else tries. Answers {next cursor, receipts deleted, key of
 -- each item put back...}.
 local alive
@@ -47,7 +48,16 @@ for _, k in ipairs(step[2]) do
         out[#out + 1] = key
       end
       redis.call('DEL', k)
-    elseif what == 'P' or what == 'T' or what == 'S' then
+    elseif what == 'P' then
+      -- A push's receipt is left to expire: the dead process's fallback
+      -- store may hold the push's rows (sent to a master that froze, their
+      -- outcome unknown), which its replay pushes only where the receipt is
+      -- missing (replay.c); deleted now, they would be pushed twice.
+      if redis.call('PTTL', k) < 0 then
+        redis.call('PEXPIRE', k, ARGV[7])
+      end
+      out[2] = out[2] + 1
+    elseif what == 'T' or what == 'S' then
       redis.call('DEL', k)
       out[2] = out[2] + 1
     end

@@ -828,6 +828,54 @@ class SentinelOutageTest(unittest.TestCase):
         self.assertEqual(got, ['before', 'h1', 'h2', 'late'], 'each item once, in order')
         self.assertEqual(master.client().keys('ferry:rcpt:*'), [], 'no receipt left')
 
+    def test_held_push_of_a_killed_ferry_settled_by_a_peer_is_not_pushed_twice(self):
+        """A push held in the store (sent to a master that froze, its outcome
+        unknown) whose ferry is then killed: a peer settles the dead
+        process's receipts while it is down, and the push's receipt, which
+        the master has (it ran the push once thawed), must outlive that
+        settle, so that the held rows, replayed when the ferry starts again
+        with its store, are not pushed a second time. (Before, the settle
+        deleted a push's receipt: the replay found it missing and pushed
+        each item twice.) The settle lets such a receipt expire instead."""
+        topo = SentinelTopology(down_after_ms=60000)
+        self.addCleanup(topo.stop)
+        path = os.path.join(topo.redis[0].dir, 'ferry-fallback.db')
+        ttl = {'heartbeat_ttl_ms': 1000}
+        a = Ferry(None, conf=dict(fallback_conf(path), instance=dict(ttl, name='held-a')),
+                  sentinel=topo)
+        self.addCleanup(a.kill)
+        b = Ferry(None, conf=dict(OUTAGE_CONF, instance=dict(ttl, name='held-b')), sentinel=topo)
+        self.addCleanup(b.kill)
+        c = a.client(socket_timeout=30)
+        self.assertEqual(c.rpush('heldk', 'before'), 1)
+        master = topo.master()
+        for r in topo.redis:
+            r.sigstop()
+        self.addCleanup(lambda: [r.sigcont() for r in topo.redis])
+        # In flight on the frozen master's link, then held by the store.
+        self.assertEqual(c.rpush('heldk', 'h1', 'h2'), 2)
+        self.assertEqual(pending(a), 2)
+        a.kill()
+        for r in topo.redis:
+            r.sigcont()
+        mc = master.client()
+        wait_until(lambda: mc.llen('heldk') == 3, timeout=10, msg='the thawed master ran the push')
+        wait_until(lambda: 'receipts of held-a settled' in b.log(), timeout=30,
+                   msg='the peer settled the dead process')
+        # The held push's receipt (and the first push's, whose DEL the kill
+        # cut short) outlived the settle, left to expire.
+        rcpts = [k for k in mc.keys('ferry:rcpt:held-a:*') if k.split(':')[-2] == 'P']
+        self.assertGreaterEqual(len(rcpts), 1, 'the push receipt outlived the settle')
+        self.assertTrue(all(mc.pttl(k) > 0 for k in rcpts), 'left to expire')
+        a._start()
+        wait_until(lambda: pending(a) == 0, timeout=30, msg='the replay to finish')
+        self.assertEqual(mc.lrange('heldk', 0, -1), ['before', 'h1', 'h2'],
+                         'each item once, in order')
+        # The replay deleted the held push's receipt; what is left expires.
+        wait_until(lambda: all(mc.pttl(k) > 0 for k in mc.keys('ferry:rcpt:*')), timeout=10,
+                   msg='no receipt left but to expire')
+        self.assertLess(len(mc.keys('ferry:rcpt:*')), len(rcpts))
+
     def test_rows_stay_until_every_replica_has_them(self):
         """Rows the replay applied are deleted from the store only once
         every replica of the master has them, not just durability.
