@@ -55,8 +55,8 @@ for _, k in ipairs(step[2]) do
       -- missing (replay.c); deleted now, they would be pushed twice.
       if redis.call('PTTL', k) < 0 then
         redis.call('PEXPIRE', k, ARGV[7])
+        out[2] = out[2] + 1 -- (once: a later settle finds it expiring)
       end
-      out[2] = out[2] + 1
     elseif what == 'T' or what == 'S' then
       redis.call('DEL', k)
       out[2] = out[2] + 1
