@@ -17,6 +17,7 @@ Run: python3 -m unittest test_chaos -v
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import unittest
@@ -124,6 +125,12 @@ class ChaosSeedsTest(unittest.TestCase):
                 self.assertIn('VIOLATION', out)
                 self.assertIn('RESULT: FAILED', out)
                 self.assertEqual(rc, 1)
+                # A failed run keeps every process's log for the diagnosis.
+                kept = re.search(r'logs of every process kept in (\S+)', out)
+                self.assertIsNotNone(kept, out[-2000:])
+                self.assertTrue(any(n.endswith('redis.log') for n in os.listdir(kept.group(1))))
+                self.assertTrue(any(n.endswith('ferry.log') for n in os.listdir(kept.group(1))))
+                shutil.rmtree(kept.group(1))
 
 
 if __name__ == '__main__':
