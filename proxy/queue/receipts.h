@@ -54,7 +54,7 @@ int receipts_push_key(ferry *f, const request *r, buf *out);
  * out while held, -TRYAGAIN): had its move applied, the item goes back to
  * the end of its queue it came from (LMOVE from the receipt), now or, with
  * no master, at a tick once there is one. */
-void receipts_put_back(ferry *f, request *r);
+void receipts_undo(ferry *f, request *r);
 /* s's client is gone, its requests not let go yet: each pop with its
  * receipt whose move may have applied is undone the same way (counted
  * pops_undone): its reply will never be written. A push's or a

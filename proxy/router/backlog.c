@@ -295,7 +295,7 @@ static void answer_tryagain(session *s, request *r, uint64_t now)
                  (unsigned long long)(now - since));
     }
     f->stats.requests_tryagain++;
-    receipts_put_back(f, r); /* nothing applied, as -TRYAGAIN says */
+    receipts_undo(f, r); /* nothing applied, as -TRYAGAIN says */
     if (r->route == RT_MULTI) {
         tx_on_multi_refused(s, r);
     } else if (tx_in_multi(s)) {
@@ -364,7 +364,7 @@ void backlog_tick(ferry *f, uint64_t now)
             /* A blocked call's own timeout ran out while it was held. Had
              * its receipt move applied (the reply lost with its link), the
              * item goes back to its queue on the next master (receipts.c). */
-            receipts_put_back(f, r);
+            receipts_undo(f, r);
             const char *expired = r->cmd != NULL && (strcmp(r->cmd->name, "blmove") == 0 ||
                                                      strcmp(r->cmd->name, "brpoplpush") == 0)
                                       ? "$-1\r\n"

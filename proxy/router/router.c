@@ -616,7 +616,7 @@ static int dispatch_outage(session *s, request *r, upstream *up)
                          : outage_dispatch(s, r, known ? buf_head(&held) : NULL, buf_used(&held));
             buf_free(&held);
             if (rc == 1) {
-                receipts_put_back(f, &was); /* (counts r's receipt let go: r's flag goes) */
+                receipts_undo(f, &was); /* (counts r's receipt let go: r's flag goes) */
                 r->flags &= ~(REQ_F_RCPT | REQ_F_RCPT_PROBE);
             }
             buf_free(&was.data);
@@ -805,7 +805,7 @@ static int dispatch_send(session *s, request *r, upstream *up, link *target, int
         if (done != 0 && !(r->flags & REQ_F_XSENT)) {
             /* (A '>' read sent before still looks for what it took: its
              * null comes after a look that found nothing, xreads.c.) */
-            receipts_put_back(f, r); /* a receipt move it may have made: undone */
+            receipts_undo(f, r); /* a receipt move it may have made: undone */
             s->f->session_ops->answer_str(
                 s, r, session_null(s, expired)); /* its time ran out meanwhile */
             return DISPATCH_DONE;
