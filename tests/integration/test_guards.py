@@ -19,6 +19,7 @@ import redis
 
 from harness import (Ferry, RedisServer, RespError, resp_read_reply, resp_send,
                      wait_until)
+from test_stats import stats_json
 
 
 class FrozenMasterTest(unittest.TestCase):
@@ -83,6 +84,12 @@ class RefusedWriteTest(unittest.TestCase):
         self.addCleanup(r.kill)
         f = Ferry(r, conf={'upstream': {'hold_timeout_ms': 8000}})
         self.addCleanup(f.stop)
+        # With workers: every loop's master view UP before the restart, so
+        # that each sees it come back (a loop that first connects after it
+        # takes it for the master it started with).
+        wait_until(lambda: all(w.get('upstream_up') for w in
+                               stats_json(f.stats_port).get('worker_loops', [{}])),
+                   timeout=10, msg="every loop's master view UP")
         # A master that comes back (a switch) may refuse writes until its
         # replicas are back: a failover, held. (The master ferry started
         # with refusing is its own configuration: answered at once.)
