@@ -10,11 +10,11 @@
 -- ARGV[4] a process whose receipts stay (the caller itself, settling its own
 -- name's; '' none), ARGV[6] '1' in cluster mode (receipts after their key's
 -- {tag}, each in its slot: the flag lets one step touch several), ARGV[7]
--- the ms a push's receipt is left to live (below). A live
--- process's receipts (the heartbeat's token) stay too. A pop's item goes
--- back to the end it came from, a transaction's or script's receipt is
--- deleted (the write stands), a push's left to expire. Each step is atomic: a receipt is settled
--- once, whoever else tries. Answers {next cursor, receipts deleted, key of
+-- the ms a push's receipt is left to live (below). A live process's
+-- receipts (the heartbeat's token) stay too. A pop's item goes back to the
+-- end it came from, a transaction's or script's receipt is deleted (the
+-- write stands), a push's left to expire. Each step is atomic: a receipt is
+-- settled once, whoever else tries. Answers {next cursor, receipts deleted, key of
 -- each item put back...}.
 local alive
 if #KEYS > 0 then

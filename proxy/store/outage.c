@@ -201,7 +201,6 @@ int outage_open(ferry *f)
     if (cfg->has_cluster) {
         /* One marker hash per slot: "ferry:fallback:{<tag>}" then this part. */
         snprintf(o->marker, sizeof(o->marker), ":%s:%s", host, cfg->fallback_path);
-        replay_cluster_init(o);
     } else {
         snprintf(o->marker, sizeof(o->marker), "ferry:fallback:%s:%s", host, cfg->fallback_path);
     }

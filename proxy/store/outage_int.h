@@ -78,8 +78,6 @@ struct outage {
     list_node remote_ops;      /* remote: operations waiting for their result */
     char marker[512];          /* the marker hash's name in Redis (cluster mode: its part
                                   after the slot's hash tag, see replay.c) */
-    int cluster_markers;       /* cluster mode: one marker per slot, tagged by
-                                  slot_tag_key */
     struct upstream *round_up; /* the master view the round is sent to */
     replay_state rstate;       /* see replay_state */
     uint64_t round;            /* generation of the current round */
@@ -116,8 +114,6 @@ int outage_owner_up(const struct outage *o);
 void outage_wake_loops(ferry *f);
 /* replay.c: free the keys the replay holds back (at close). */
 void replay_free_keys(struct outage *o);
-/* replay.c: cluster mode: the per-slot hash tags of the markers. */
-void replay_cluster_init(struct outage *o);
 /* outage.c: the master view serving r (cluster mode: its slot's). */
 struct upstream *outage_view(ferry *f, const request *r);
 

@@ -124,22 +124,16 @@ static size_t held_index(const fallback_item **held, size_t n, const fallback_it
     return 0;
 }
 
-void replay_cluster_init(struct outage *o)
-{
-    /* The markers' hash tags: slot_tag_key's, the smallest number whose
-     * decimal digits hash to each slot (the same in every ferry and after
-     * every restart, so a marker is found again). */
-    o->cluster_markers = 1;
-}
-
 /* The marker hash of a key's slot: Sentinel and fixed mode, the one hash
  * (o->marker); cluster mode, one per slot, its hash tag hashing to the
  * slot, so the script's two keys are on one node and the marker moves with
- * its slot in a reshard. */
+ * its slot in a reshard. The tag is slot_tag_key's, the smallest number
+ * whose decimal digits hash to the slot: the same in every ferry and after
+ * every restart, so a marker is found again. */
 static void marker_name(const struct outage *o, int slot, char *out, size_t len)
 {
     char tag[16];
-    if (!o->cluster_markers || slot_tag_key(slot, tag, sizeof(tag)) < 0) {
+    if (!o->f->cfg->has_cluster || slot_tag_key(slot, tag, sizeof(tag)) < 0) {
         snprintf(out, len, "%s", o->marker);
     } else {
         snprintf(out, len, "ferry:fallback:%s%s", tag, o->marker);
