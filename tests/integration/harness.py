@@ -736,10 +736,10 @@ class RedisServer:
         # The whole dir on a tmpfs of its own (FERRY_TEST_REDIS_TMPFS_MB):
         # Redis renames its AOF files from dir into its AOF folder, which
         # must be one file system.
-        self.aof_dir = None
         tmpfs_mb = int(os.environ.get('FERRY_TEST_REDIS_TMPFS_MB') or 0)
-        if tmpfs_mb > 0:
-            self.aof_dir = mount_tmpfs(self.dir, tmpfs_mb)
+        self.on_tmpfs = tmpfs_mb > 0
+        if self.on_tmpfs:
+            mount_tmpfs(self.dir, tmpfs_mb)
         self.conf_path = os.path.join(self.dir, 'redis.conf')
         self.log_path = os.path.join(self.dir, 'redis.log')
         self.out_path = os.path.join(self.dir, 'redis.out')
@@ -850,10 +850,10 @@ class RedisServer:
         FERRY_TEST_REDIS_TMPFS_MB) to the last byte: its next AOF write fails
         with ENOSPC (with appendfsync always Redis then exits). Undo with
         free_aof_disk(). Returns the bytes written."""
-        if self.aof_dir is None:
+        if not self.on_tmpfs:
             raise RuntimeError('no tmpfs under the AOF (FERRY_TEST_REDIS_TMPFS_MB unset)')
         chunk, n = b'\0' * (1 << 20), 0
-        with open(os.path.join(self.aof_dir, 'filler'), 'wb', buffering=0) as f:
+        with open(os.path.join(self.dir, 'filler'), 'wb', buffering=0) as f:
             for size in (1 << 20, 4096, 1):
                 piece = chunk[:size]
                 while True:
@@ -864,9 +864,9 @@ class RedisServer:
         return n
 
     def free_aof_disk(self):
-        if self.aof_dir is not None:
+        if self.on_tmpfs:
             try:
-                os.unlink(os.path.join(self.aof_dir, 'filler'))
+                os.unlink(os.path.join(self.dir, 'filler'))
             except FileNotFoundError:
                 pass
 
