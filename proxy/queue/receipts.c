@@ -64,18 +64,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "clustermap.h"
 #include "config.h"
 #include "instance.h"
-#include "lease.h"
 #include "log.h"
 #include "receipt_wrap.h"
 #include "resp.h"
 #include "router.h"
 #include "scripts.h"
-#include "slot.h"
 #include "stats.h"
 #include "tx.h"
 #include "upstream.h"

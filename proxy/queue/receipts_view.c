@@ -5,21 +5,16 @@
  * (receipts_tx.c); it calls neither. */
 #include "receipts_int.h"
 
-#include <ctype.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "clustermap.h"
 #include "config.h"
 #include "instance.h"
 #include "lease.h"
 #include "link.h"
-#include "receipt_wrap.h"
 #include "resp.h"
 #include "router.h"
-#include "scripts.h"
 #include "slot.h"
 #include "stats.h"
 
