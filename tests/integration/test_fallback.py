@@ -36,6 +36,14 @@ def fallback_conf(path, **extra):
     return conf
 
 
+def freeze_every_node(test, topo):
+    """SIGSTOP every Redis node of topo (a stuck disk, a long pause), with
+    a SIGCONT of each at the test's end."""
+    for r in topo.redis:
+        r.sigstop()
+    test.addCleanup(lambda: [r.sigcont() for r in topo.redis])
+
+
 def pending(f):
     return stats_json(f.stats_port)['fallback']['fallback_pending']
 
@@ -774,9 +782,7 @@ class SentinelOutageTest(unittest.TestCase):
         c = f.client(socket_timeout=30)
         self.assertEqual(c.rpush('held', 'before'), 1)
         master = topo.master()
-        for r in topo.redis:
-            r.sigstop()
-        self.addCleanup(lambda: [r.sigcont() for r in topo.redis])
+        freeze_every_node(self, topo)
         # A ZADD in flight too, without a receipt: not the store's (before,
         # the store took it, a store pop got the member, and the master,
         # thawed, had it too: popped twice); held for the master, it is
@@ -849,9 +855,7 @@ class SentinelOutageTest(unittest.TestCase):
         c = a.client(socket_timeout=30)
         self.assertEqual(c.rpush('heldk', 'before'), 1)
         master = topo.master()
-        for r in topo.redis:
-            r.sigstop()
-        self.addCleanup(lambda: [r.sigcont() for r in topo.redis])
+        freeze_every_node(self, topo)
         # In flight on the frozen master's link, then held by the store.
         self.assertEqual(c.rpush('heldk', 'h1', 'h2'), 2)
         self.assertEqual(pending(a), 2)
