@@ -51,20 +51,29 @@ static int xadd_of(const request *r, push_view *v)
 
 #define BATCH_MAX 7000 /* a batch pop's count the script takes (Lua's unpack) */
 
-/* A batch pop's count: digits, 1 to max (else it goes as written). */
-static int batch_count_ok(const char *p, size_t n, long long max)
+/* p's n bytes as a number in *out: 1 to maxlen decimal digits (leading
+ * zeros too), else -1. */
+static int digits_of(const char *p, size_t n, size_t maxlen, long long *out)
 {
     long long c = 0;
-    if (n == 0 || n > 4) {
-        return 0;
+    if (n == 0 || n > maxlen) {
+        return -1;
     }
     for (size_t i = 0; i < n; i++) {
         if (p[i] < '0' || p[i] > '9') {
-            return 0;
+            return -1;
         }
         c = c * 10 + (p[i] - '0');
     }
-    return c >= 1 && c <= max;
+    *out = c;
+    return 0;
+}
+
+/* A batch pop's count: digits, 1 to max (else it goes as written). */
+static int batch_count_ok(const char *p, size_t n, long long max)
+{
+    long long c;
+    return digits_of(p, n, 4, &c) == 0 && c >= 1 && c <= max;
 }
 
 /* A sure tag for a receipt in key's slot (cluster mode): not a key whose
@@ -85,18 +94,12 @@ static int script_of(const ferry *f, const request *r, rcpt_view *v)
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a, *k;
     size_t alen, klen;
-    long long argc = resp_read_header(&p, end, '*'), nkeys = 0;
+    long long argc = resp_read_header(&p, end, '*'), nkeys;
     memset(v, 0, sizeof(*v));
     if (argc < 4 || resp_read_bulk(&p, end, &a, &alen) != 0 ||
         resp_read_bulk(&p, end, &v->src, &v->srclen) != 0 ||
-        resp_read_bulk(&p, end, &a, &alen) != 0 || alen == 0 || alen > 6) {
+        resp_read_bulk(&p, end, &a, &alen) != 0 || digits_of(a, alen, 6, &nkeys) != 0) {
         return -1;
-    }
-    for (size_t i = 0; i < alen; i++) {
-        if (a[i] < '0' || a[i] > '9') {
-            return -1;
-        }
-        nkeys = nkeys * 10 + (a[i] - '0');
     }
     if (nkeys < 1 || nkeys > argc - 3) {
         return -1;
@@ -195,19 +198,13 @@ static int mpop_of(const ferry *f, const request *r, rcpt_view *v, int zset, int
 {
     const char *p = buf_head(&r->data), *end = p + buf_used(&r->data), *a;
     size_t alen;
-    long long argc = resp_read_header(&p, end, '*'), nkeys = 0;
+    long long argc = resp_read_header(&p, end, '*'), nkeys;
     memset(v, 0, sizeof(*v));
     if (argc < 4 + blocking || resp_read_bulk(&p, end, &a, &alen) != 0 ||
         (blocking && (resp_read_bulk(&p, end, &v->timeout, &v->tlen) != 0 ||
                       !timeout_ok(v->timeout, v->tlen))) ||
-        resp_read_bulk(&p, end, &a, &alen) != 0 || alen == 0 || alen > 2) {
+        resp_read_bulk(&p, end, &a, &alen) != 0 || digits_of(a, alen, 2, &nkeys) != 0) {
         return -1;
-    }
-    for (size_t i = 0; i < alen; i++) {
-        if (a[i] < '0' || a[i] > '9') {
-            return -1;
-        }
-        nkeys = nkeys * 10 + (a[i] - '0');
     }
     long long rest = argc - 2 - blocking - nkeys; /* side [COUNT n] */
     if (nkeys < 1 || nkeys > MULTI_KEYS_MAX || (rest != 1 && rest != 3)) {
